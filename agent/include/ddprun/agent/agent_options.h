@@ -1,0 +1,49 @@
+// Everything the agent needs to run one node of a job. The launcher fills it
+// from flags, PET_* variables and defaults (precedence: CLI > env > default).
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace ddprun::agent {
+
+inline constexpr double kDefaultGracePeriodS = 30.0;  // SIGTERM -> SIGKILL
+inline constexpr int kDefaultMasterPort = 29500;      // static backend only
+inline constexpr const char* kDefaultRole = "default";
+
+enum class RendezvousMode {
+  kEmbedded,  // this agent hosts the rendezvous (single node default, or endpoint is ours)
+  kRemote,    // join ddprund (or another agent's embedded server) at the endpoint
+  kStatic,    // torchrun's static backend: --master_addr/--master_port/--node_rank
+};
+
+struct AgentOptions {
+  // Job shape.
+  std::string job_id = "none";
+  int min_nodes = 1;
+  int max_nodes = 1;
+  int nproc_per_node = 1;
+  int max_restarts = 0;
+  std::string role = kDefaultRole;
+
+  // Rendezvous.
+  RendezvousMode mode = RendezvousMode::kEmbedded;
+  std::string rdzv_host = "127.0.0.1";
+  int rdzv_port = 0;              // 0 with kEmbedded: the OS picks
+  std::string join_token;         // --rdzv_conf token=...
+  double join_timeout_s = 600.0;
+  double last_call_timeout_s = 30.0;
+  int node_rank = -1;             // requested group rank, -1: any
+  std::string master_addr = "127.0.0.1";  // static
+  int master_port = kDefaultMasterPort;   // static
+  std::string local_addr;         // address advertised to other nodes ("" = hostname)
+
+  // Workers.
+  std::vector<std::string> command;  // argv of each worker, before ${local_rank} substitution
+  double grace_period_s = kDefaultGracePeriodS;
+  std::string log_dir;               // TORCHELASTIC_ERROR_FILE lives under it when set
+};
+
+}  // namespace ddprun::agent

@@ -1,0 +1,83 @@
+// The client side of the rendezvous protocol, used by agents (Join, Report)
+// and by workers through GrpcStore. The gRPC types stay behind the pimpl.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "ddprun/rendezvous/clock.h"
+#include "ddprun/rendezvous/store.h"
+#include "ddprun/rendezvous/types.h"
+
+namespace ddprun::rendezvous {
+
+// "host:port" -> (host, port). Accepts "[v6]:port"; port defaults to
+// default_port when absent.
+absl::Status ParseEndpoint(const std::string& endpoint, int default_port, std::string* host,
+                           int* port);
+
+class RendezvousClient;
+
+// One Join call: a stream of RoundEvents for one round. Thread-safe Cancel().
+class JoinStream {
+ public:
+  virtual ~JoinStream() = default;
+  // Blocks for the next event. A Status event ends the stream: the server's
+  // refusal, DeadlineExceeded after `timeout`, or Unavailable when the
+  // connection broke.
+  virtual RoundEvent Next(Duration timeout) = 0;
+  // Ends the stream from our side (another thread may be in Next()).
+  virtual void Cancel() = 0;
+};
+
+class RendezvousClient {
+ public:
+  // Creates a channel; does not connect yet.
+  static std::unique_ptr<RendezvousClient> Create(const std::string& host, int port);
+  ~RendezvousClient();
+
+  // Waits until the server accepts a connection, up to timeout.
+  absl::Status WaitForConnected(Duration timeout);
+  std::unique_ptr<JoinStream> Join(const JoinSpec& spec);
+  absl::Status Report(const std::string& job_id, const std::string& node_id, std::int64_t round,
+                      Outcome outcome, const std::vector<WorkerFailure>& failures,
+                      Duration timeout);
+  absl::StatusOr<std::vector<JobStatus>> Status(const std::string& job_id, Duration timeout);
+  const std::string& target() const;
+
+ private:
+  friend class GrpcStore;
+  class Impl;
+  explicit RendezvousClient(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The Store over gRPC, scoped to one job and round and authenticated with
+// the job's store token. Thread-safe.
+struct StoreScope {
+  std::string job_id;
+  std::string token;
+  std::int64_t round = 0;
+};
+
+class GrpcStore final : public Store {
+ public:
+  GrpcStore(const std::string& host, int port, StoreScope scope);
+  ~GrpcStore() override;
+  absl::Status Set(const std::string& key, const std::string& value) override;
+  absl::StatusOr<std::string> Get(const std::string& key, Duration timeout) override;
+  absl::StatusOr<std::int64_t> Add(const std::string& key, std::int64_t delta) override;
+  absl::StatusOr<bool> CompareSet(const std::string& key, const std::optional<std::string>& expected,
+                                  const std::string& desired, std::string* current) override;
+  absl::Status Wait(const std::vector<std::string>& keys, Duration timeout) override;
+  absl::StatusOr<bool> Delete(const std::string& key) override;
+  absl::StatusOr<std::vector<std::string>> MultiGet(const std::vector<std::string>& keys,
+                                                    Duration timeout) override;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ddprun::rendezvous

@@ -1,0 +1,105 @@
+// The round state machine of one job. No gRPC, no threads, no sleeping: the
+// caller serialises calls, injects the clock and delivers the Deliveries it
+// returns to the agents' streams.
+//
+// Protocol (one job):
+//  1. Agents Join the open round. The first joiner fixes the job's shape
+//     (min/max nodes, nproc, max_restarts, command, join token); a later
+//     joiner that disagrees is refused with a message naming the field.
+//  2. The round completes when max_nodes have joined, or last_call_timeout
+//     after min_nodes have joined. Group ranks follow requested ranks
+//     (--node_rank) and then (host, pid) order; global ranks are contiguous
+//     per node, rank 0 on group rank 0. Each member gets its Assignment.
+//  3. A member that waits longer than join_timeout in an incomplete round
+//     gets DeadlineExceeded and is removed.
+//  4. While running, a node that joins becomes a spare if the round is full;
+//     otherwise it triggers a scale-up: every member gets RestartRound
+//     (not a failure) and the round number increases.
+//  5. A member reports FAILED: the job-wide restart count increases. Within
+//     max_restarts every member gets RestartRound (a failure); beyond it the
+//     job closes and every member gets JobClosed with the failures.
+//  6. A member that is lost (stream broke) or leaves: the others get
+//     RestartRound (membership change). In a round still gathering it is
+//     simply removed.
+//  7. When every member reported SUCCEEDED the job closes successfully.
+//  Spares are promoted into each new round, up to max_nodes.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "ddprun/rendezvous/clock.h"
+#include "ddprun/rendezvous/types.h"
+
+namespace ddprun::rendezvous {
+
+// A message for one agent's stream.
+struct Delivery {
+  std::string node_id;
+  RoundEvent event;
+};
+
+class JobRendezvous {
+ public:
+  enum class State { kGathering, kRunning, kClosed };
+
+  JobRendezvous(std::string job_id, const Clock& clock);
+
+  // Adds a node to the job. Returns the node id under which the caller's
+  // stream must be registered; deliveries (possibly for this node) go to out.
+  absl::StatusOr<std::string> Join(const JoinSpec& spec, std::vector<Delivery>* out);
+  // An agent reports how its round ended.
+  absl::Status Report(const std::string& node_id, std::int64_t round, Outcome outcome,
+                      std::vector<WorkerFailure> failures, std::vector<Delivery>* out);
+  // The node's stream broke without a report.
+  void NodeLost(const std::string& node_id, std::vector<Delivery>* out);
+  // Applies deadlines (last call, join timeout).
+  void Tick(std::vector<Delivery>* out);
+  std::optional<TimePoint> NextDeadline() const;
+
+  const std::string& job_id() const { return job_id_; }
+  std::int64_t round() const { return round_; }
+  State state() const { return state_; }
+  const std::string& store_token() const { return store_token_; }
+  bool HasNode(const std::string& node_id) const;
+  JobStatus Status() const;
+
+ private:
+  struct Member {
+    JoinSpec spec;
+    TimePoint joined_at;
+    bool done = false;  // reported SUCCEEDED this round
+  };
+  static std::string NodeIdOf(const JoinSpec& spec);
+  absl::Status CheckCompatible(const JoinSpec& spec) const;
+  void Complete(std::vector<Delivery>* out);
+  // Ends the running round and opens the next; members must re-join.
+  void OpenNextRound(const std::string& reason, bool counts_as_failure,
+                     std::vector<Delivery>* out);
+  void Close(bool success, const std::string& reason, std::vector<Delivery>* out);
+  void AddToGathering(const std::string& node_id, const JoinSpec& spec,
+                      std::vector<Delivery>* out);
+  std::string Prefix() const;
+
+  const std::string job_id_;
+  const Clock& clock_;
+  std::string store_token_;
+  bool shaped_ = false;
+  JoinSpec shape_;  // the first joiner's spec
+
+  State state_ = State::kGathering;
+  std::int64_t round_ = 0;
+  int restart_count_ = 0;
+  std::map<std::string, Member> members_;   // this round's members (gathering or running)
+  std::map<std::string, Member> spares_;    // waiting for a place
+  std::optional<TimePoint> last_call_deadline_;
+  std::vector<NodeInfo> assigned_;          // the running round's nodes
+  std::vector<WorkerFailure> failures_;     // every failure so far, first first
+  std::string close_reason_;
+  bool close_success_ = false;
+};
+
+}  // namespace ddprun::rendezvous

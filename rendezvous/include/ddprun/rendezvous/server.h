@@ -1,0 +1,47 @@
+// The rendezvous server: the Rendezvous and Store gRPC services over the
+// round state machine of every job. ddprund runs one; ddprun embeds one when
+// it hosts the rendezvous itself. The gRPC types stay behind the pimpl.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "ddprun/rendezvous/clock.h"
+#include "ddprun/rendezvous/types.h"
+
+namespace ddprun::rendezvous {
+
+inline constexpr int kDefaultRendezvousPort = 29400;
+// How often the server applies deadlines (last call, join and wait timeouts).
+inline constexpr Duration kDefaultTickInterval = std::chrono::milliseconds(5);
+inline constexpr int kMaxMessageBytes = 8 << 20;
+
+struct ServerOptions {
+  std::string host = "0.0.0.0";
+  int port = kDefaultRendezvousPort;  // 0: the OS picks one; see RendezvousServer::port().
+  Duration tick_interval = kDefaultTickInterval;
+  const Clock* clock = &SystemClock::Get();
+};
+
+class RendezvousServer {
+ public:
+  // Binds and starts serving; fails with a one-line message if the port is in use.
+  static absl::StatusOr<std::unique_ptr<RendezvousServer>> Start(const ServerOptions& opts);
+  ~RendezvousServer();  // Shutdown() then join.
+
+  int port() const;
+  // Stops accepting calls and ends every open stream (with a deadline).
+  void Shutdown();
+  // Blocks until Shutdown() is called from another thread.
+  void Wait();
+  // A snapshot of every job (for `ddprun status` and tests).
+  std::vector<JobStatus> Status() const;
+
+ private:
+  class Impl;
+  explicit RendezvousServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ddprun::rendezvous

@@ -1,0 +1,103 @@
+// Domain types of the rendezvous protocol. proto_convert.cc is the only place
+// that maps them to and from ddprun.v1 protos.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace ddprun::rendezvous {
+
+inline constexpr std::uint32_t kProtocolVersion = 1;
+
+// Named defaults (torchrun's where it has one).
+inline constexpr double kDefaultJoinTimeoutS = 600.0;
+inline constexpr double kDefaultLastCallTimeoutS = 30.0;  // only used when MIN < MAX
+
+// What an agent sends when it joins a round.
+struct JoinSpec {
+  std::uint32_t protocol_version = kProtocolVersion;
+  std::string job_id;
+  std::string join_token;
+  std::string host;
+  std::int64_t pid = 0;
+  int requested_rank = -1;  // -1: any
+  int nproc = 1;
+  int min_nodes = 1;
+  int max_nodes = 1;
+  double last_call_timeout_s = kDefaultLastCallTimeoutS;
+  double join_timeout_s = kDefaultJoinTimeoutS;
+  int max_restarts = 0;
+  int master_port = 0;
+  std::string command;
+};
+
+struct NodeInfo {
+  int group_rank = 0;
+  std::string host;
+  std::int64_t pid = 0;
+  int nproc = 0;
+  int base_rank = 0;
+};
+
+struct Assignment {
+  std::string job_id;
+  std::int64_t round = 0;
+  int group_rank = 0;
+  int group_world_size = 0;
+  int base_rank = 0;
+  int world_size = 0;
+  int local_world_size = 0;
+  std::string master_addr;
+  int master_port = 0;
+  int restart_count = 0;
+  std::string store_token;
+  std::vector<NodeInfo> nodes;
+  std::string node_id;
+};
+
+struct WorkerFailure {
+  std::string host;
+  int global_rank = -1;
+  int local_rank = -1;
+  int exit_code = 0;
+  int signal = 0;
+  std::int64_t pid = 0;
+  double timestamp = 0;
+  std::string stderr_tail;
+  std::string error_message;
+  std::int64_t round = 0;
+};
+
+struct RestartRound {
+  std::int64_t next_round = 0;
+  std::string reason;
+  bool counts_as_failure = false;
+};
+
+struct JobClosed {
+  bool success = false;
+  std::string reason;
+  std::vector<WorkerFailure> failures;  // first failure first
+};
+
+// An event on an agent's Join stream. A Status ends the stream with an error
+// (join timeout, job closed before the node was admitted, ...).
+using RoundEvent = std::variant<Assignment, RestartRound, JobClosed, absl::Status>;
+
+enum class Outcome { kSucceeded, kFailed, kLeaving };
+
+struct JobStatus {
+  std::string job_id;
+  std::int64_t round = 0;
+  std::string state;
+  int restart_count = 0;
+  std::vector<NodeInfo> nodes;
+  int world_size = 0;
+  int waiting = 0;
+};
+
+}  // namespace ddprun::rendezvous
