@@ -1,1 +1,346 @@
-// (being written)
+#include "ddprun/rendezvous/client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <condition_variable>
+#include <deque>
+#include <thread>
+
+#include "ddprun/rendezvous/server.h"
+#include "ddprun/v1/ddprun.grpc.pb.h"
+#include "proto_convert.h"
+
+namespace ddprun::rendezvous {
+namespace {
+
+// Extra time a waiting store call allows the server to answer by itself.
+constexpr Duration kWaitSlack = std::chrono::seconds(5);
+constexpr Duration kDefaultCallTimeout = std::chrono::seconds(30);
+
+std::chrono::system_clock::time_point DeadlineAfter(Duration d) {
+  return std::chrono::system_clock::now() +
+         std::chrono::duration_cast<std::chrono::system_clock::duration>(d);
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  // Notice a dead peer (cut network) within seconds, even on an idle stream.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 2000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 3000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // Reconnect quickly when a server comes up.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // Each client gets its own connection (agents and workers in one process
+  // must not share a subchannel whose failure would take both down).
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+}
+
+std::string Target(const std::string& host, int port) {
+  const bool v6 = host.find(':') != std::string::npos;
+  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+}  // namespace
+
+absl::Status ParseEndpoint(const std::string& endpoint, int default_port, std::string* host,
+                           int* port) {
+  if (endpoint.empty())
+    return absl::InvalidArgumentError("empty endpoint; expected HOST[:PORT]");
+  std::string h, p;
+  if (endpoint.front() == '[') {
+    auto close = endpoint.find(']');
+    if (close == std::string::npos)
+      return absl::InvalidArgumentError("endpoint '" + endpoint + "' has an unclosed '['");
+    h = endpoint.substr(1, close - 1);
+    if (close + 1 < endpoint.size()) {
+      if (endpoint[close + 1] != ':')
+        return absl::InvalidArgumentError("endpoint '" + endpoint + "' is not [HOST]:PORT");
+      p = endpoint.substr(close + 2);
+    }
+  } else {
+    auto colon = endpoint.rfind(':');
+    if (colon != std::string::npos && endpoint.find(':') != colon) {
+      h = endpoint;  // a bare IPv6 address
+    } else if (colon != std::string::npos) {
+      h = endpoint.substr(0, colon);
+      p = endpoint.substr(colon + 1);
+    } else {
+      h = endpoint;
+    }
+  }
+  if (h.empty()) return absl::InvalidArgumentError("endpoint '" + endpoint + "' has no host");
+  int value = default_port;
+  if (!p.empty()) {
+    char* end = nullptr;
+    long v = std::strtol(p.c_str(), &end, 10);
+    if (*end != '\0' || v < 0 || v > 65535)
+      return absl::InvalidArgumentError("endpoint '" + endpoint +
+                                        "' has a bad port; expected HOST:PORT with PORT 0-65535");
+    value = static_cast<int>(v);
+  }
+  *host = h;
+  *port = value;
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------------- JoinStream
+
+namespace {
+
+// Reads the server stream on its own thread, so Next() can have a timeout.
+class GrpcJoinStream final : public JoinStream {
+ public:
+  GrpcJoinStream(pb::Rendezvous::Stub* stub, const JoinSpec& spec, std::string target)
+      : request_(ToProto(spec)), target_(std::move(target)) {
+    reader_ = stub->Join(&ctx_, request_);
+    thread_ = std::thread([this] { ReadLoop(); });
+  }
+
+  ~GrpcJoinStream() override {
+    Cancel();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  RoundEvent Next(Duration timeout) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, timeout, [&] { return !events_.empty(); })) {
+      return absl::DeadlineExceededError("no word from the rendezvous at " + target_ +
+                                         " in time");
+    }
+    RoundEvent e = std::move(events_.front());
+    events_.pop_front();
+    return e;
+  }
+
+  void Cancel() override { ctx_.TryCancel(); }
+
+ private:
+  void ReadLoop() {
+    pb::RoundEvent msg;
+    while (reader_->Read(&msg)) Push(FromProto(msg));
+    grpc::Status st = reader_->Finish();
+    if (st.ok()) {
+      Push(absl::CancelledError("the rendezvous ended the stream"));
+    } else if (st.error_code() == grpc::StatusCode::UNAVAILABLE &&
+               st.error_message().find("shutting down") == std::string::npos) {
+      Push(absl::UnavailableError("lost the connection to the rendezvous at " + target_ + " (" +
+                                  st.error_message() + ")"));
+    } else {
+      Push(FromGrpc(st));
+    }
+  }
+
+  void Push(RoundEvent e) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      events_.push_back(std::move(e));
+    }
+    cv_.notify_all();
+  }
+
+  grpc::ClientContext ctx_;
+  pb::JoinRequest request_;
+  std::string target_;
+  std::unique_ptr<grpc::ClientReader<pb::RoundEvent>> reader_;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<RoundEvent> events_;
+};
+
+}  // namespace
+
+// ------------------------------------------------------- RendezvousClient
+
+class RendezvousClient::Impl {
+ public:
+  Impl(const std::string& host, int port)
+      : target_(Target(host, port)),
+        channel_(MakeChannel(target_)),
+        rdzv_(pb::Rendezvous::NewStub(channel_)),
+        store_(pb::Store::NewStub(channel_)) {}
+
+  std::string target_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<pb::Rendezvous::Stub> rdzv_;
+  std::unique_ptr<pb::Store::Stub> store_;
+};
+
+RendezvousClient::RendezvousClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+RendezvousClient::~RendezvousClient() = default;
+
+std::unique_ptr<RendezvousClient> RendezvousClient::Create(const std::string& host, int port) {
+  return std::unique_ptr<RendezvousClient>(
+      new RendezvousClient(std::make_unique<Impl>(host, port)));
+}
+
+const std::string& RendezvousClient::target() const { return impl_->target_; }
+
+absl::Status RendezvousClient::WaitForConnected(Duration timeout) {
+  if (impl_->channel_->WaitForConnected(DeadlineAfter(timeout))) return absl::OkStatus();
+  return absl::UnavailableError("cannot reach the rendezvous at " + impl_->target_ + " within " +
+                                std::to_string(std::chrono::duration<double>(timeout).count()) +
+                                " s; check that ddprund runs there and the endpoint is right");
+}
+
+std::unique_ptr<JoinStream> RendezvousClient::Join(const JoinSpec& spec) {
+  return std::make_unique<GrpcJoinStream>(impl_->rdzv_.get(), spec, impl_->target_);
+}
+
+absl::Status RendezvousClient::Report(const std::string& job_id, const std::string& node_id,
+                                      std::int64_t round, Outcome outcome,
+                                      const std::vector<WorkerFailure>& failures,
+                                      Duration timeout) {
+  pb::ReportRequest req;
+  req.set_job_id(job_id);
+  req.set_node_id(node_id);
+  req.set_round(round);
+  req.set_outcome(ToProto(outcome));
+  for (const auto& f : failures) ToProto(f, req.add_failures());
+  pb::ReportResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(DeadlineAfter(timeout));
+  return FromGrpc(impl_->rdzv_->Report(&ctx, req, &resp));
+}
+
+absl::StatusOr<std::vector<JobStatus>> RendezvousClient::Status(const std::string& job_id,
+                                                                Duration timeout) {
+  pb::StatusRequest req;
+  req.set_job_id(job_id);
+  pb::StatusResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(DeadlineAfter(timeout));
+  grpc::Status st = impl_->rdzv_->Status(&ctx, req, &resp);
+  if (!st.ok()) return FromGrpc(st);
+  std::vector<JobStatus> out;
+  for (const auto& j : resp.jobs()) out.push_back(FromProto(j));
+  return out;
+}
+
+// --------------------------------------------------------------- GrpcStore
+
+class GrpcStore::Impl {
+ public:
+  Impl(const std::string& host, int port, StoreScope scope)
+      : target_(Target(host, port)),
+        stub_(pb::Store::NewStub(MakeChannel(target_))),
+        scope_(std::move(scope)) {}
+
+  void Fill(pb::StoreScope* s) const {
+    s->set_job_id(scope_.job_id);
+    s->set_token(scope_.token);
+    s->set_round(scope_.round);
+  }
+
+  // Runs one call with a deadline; maps transport failures to a clear message.
+  template <typename Req, typename Resp, typename Method>
+  absl::Status Call(Method method, const Req& req, Resp* resp, Duration timeout) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineAfter(timeout));
+    ctx.set_wait_for_ready(true);
+    grpc::Status st = ((*stub_).*method)(&ctx, req, resp);
+    if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
+        st.error_message() == "Deadline Exceeded") {
+      return absl::DeadlineExceededError("the store at " + target_ + " did not answer in time");
+    }
+    return FromGrpc(st);
+  }
+
+  std::string target_;
+  std::unique_ptr<pb::Store::Stub> stub_;
+  StoreScope scope_;
+};
+
+GrpcStore::GrpcStore(const std::string& host, int port, StoreScope scope)
+    : impl_(std::make_unique<Impl>(host, port, std::move(scope))) {}
+GrpcStore::~GrpcStore() = default;
+
+absl::Status GrpcStore::Set(const std::string& key, const std::string& value) {
+  pb::SetRequest req;
+  impl_->Fill(req.mutable_scope());
+  req.set_key(key);
+  req.set_value(value);
+  pb::SetResponse resp;
+  return impl_->Call(&pb::Store::Stub::Set, req, &resp, kDefaultCallTimeout);
+}
+
+absl::StatusOr<std::string> GrpcStore::Get(const std::string& key, Duration timeout) {
+  pb::GetRequest req;
+  impl_->Fill(req.mutable_scope());
+  req.set_key(key);
+  req.set_timeout_s(std::chrono::duration<double>(timeout).count());
+  pb::GetResponse resp;
+  absl::Status st = impl_->Call(&pb::Store::Stub::Get, req, &resp, timeout + kWaitSlack);
+  if (!st.ok()) return st;
+  return std::move(*resp.mutable_value());
+}
+
+absl::StatusOr<std::int64_t> GrpcStore::Add(const std::string& key, std::int64_t delta) {
+  pb::AddRequest req;
+  impl_->Fill(req.mutable_scope());
+  req.set_key(key);
+  req.set_delta(delta);
+  pb::AddResponse resp;
+  absl::Status st = impl_->Call(&pb::Store::Stub::Add, req, &resp, kDefaultCallTimeout);
+  if (!st.ok()) return st;
+  return resp.value();
+}
+
+absl::StatusOr<bool> GrpcStore::CompareSet(const std::string& key,
+                                           const std::optional<std::string>& expected,
+                                           const std::string& desired, std::string* current) {
+  pb::CompareSetRequest req;
+  impl_->Fill(req.mutable_scope());
+  req.set_key(key);
+  if (expected) {
+    req.set_expected(*expected);
+  } else {
+    req.set_expect_absent(true);
+  }
+  req.set_desired(desired);
+  pb::CompareSetResponse resp;
+  absl::Status st =
+      impl_->Call(&pb::Store::Stub::CompareSet, req, &resp, kDefaultCallTimeout);
+  if (!st.ok()) return st;
+  if (current) *current = resp.current();
+  return resp.swapped();
+}
+
+absl::Status GrpcStore::Wait(const std::vector<std::string>& keys, Duration timeout) {
+  pb::WaitRequest req;
+  impl_->Fill(req.mutable_scope());
+  for (const auto& k : keys) req.add_keys(k);
+  req.set_timeout_s(std::chrono::duration<double>(timeout).count());
+  pb::WaitResponse resp;
+  return impl_->Call(&pb::Store::Stub::Wait, req, &resp, timeout + kWaitSlack);
+}
+
+absl::StatusOr<bool> GrpcStore::Delete(const std::string& key) {
+  pb::DeleteRequest req;
+  impl_->Fill(req.mutable_scope());
+  req.set_key(key);
+  pb::DeleteResponse resp;
+  absl::Status st = impl_->Call(&pb::Store::Stub::Delete, req, &resp, kDefaultCallTimeout);
+  if (!st.ok()) return st;
+  return resp.deleted();
+}
+
+absl::StatusOr<std::vector<std::string>> GrpcStore::MultiGet(const std::vector<std::string>& keys,
+                                                             Duration timeout) {
+  pb::MultiGetRequest req;
+  impl_->Fill(req.mutable_scope());
+  for (const auto& k : keys) req.add_keys(k);
+  req.set_timeout_s(std::chrono::duration<double>(timeout).count());
+  pb::MultiGetResponse resp;
+  absl::Status st = impl_->Call(&pb::Store::Stub::MultiGet, req, &resp, timeout + kWaitSlack);
+  if (!st.ok()) return st;
+  return std::vector<std::string>(resp.values().begin(), resp.values().end());
+}
+
+}  // namespace ddprun::rendezvous

@@ -1,1 +1,396 @@
-// (being written)
+#include "ddprun/rendezvous/job_rendezvous.h"
+
+#include <algorithm>
+#include <random>
+#include <set>
+#include <tuple>
+
+#include "ddprun/rendezvous/errors.h"
+
+namespace ddprun::rendezvous {
+namespace {
+
+std::string RandomToken() {
+  std::random_device rd;
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string token(32, '0');
+  for (auto& c : token) c = kHex[rd() % 16];
+  return token;
+}
+
+}  // namespace
+
+JobRendezvous::JobRendezvous(std::string job_id, const Clock& clock)
+    : job_id_(std::move(job_id)), clock_(clock), store_token_(RandomToken()) {}
+
+std::string JobRendezvous::Prefix() const { return Fence(job_id_, round_); }
+
+std::string JobRendezvous::NodeIdOf(const JoinSpec& spec) {
+  return spec.host + ":" + std::to_string(spec.pid);
+}
+
+bool JobRendezvous::HasNode(const std::string& node_id) const {
+  return members_.count(node_id) > 0 || spares_.count(node_id) > 0;
+}
+
+absl::Status JobRendezvous::CheckCompatible(const JoinSpec& spec) const {
+  if (spec.protocol_version != kProtocolVersion) {
+    return absl::InvalidArgumentError(
+        Prefix() + "protocol version " + std::to_string(spec.protocol_version) +
+        " is not supported (this server speaks " + std::to_string(kProtocolVersion) +
+        "); run the same ddprun version on every node");
+  }
+  if (spec.nproc < 1 || spec.min_nodes < 1 || spec.min_nodes > spec.max_nodes) {
+    return absl::InvalidArgumentError(Prefix() + "invalid job shape: nproc " +
+                                      std::to_string(spec.nproc) + ", nnodes " +
+                                      std::to_string(spec.min_nodes) + ":" +
+                                      std::to_string(spec.max_nodes));
+  }
+  if (spec.requested_rank >= spec.max_nodes) {
+    return absl::InvalidArgumentError(Prefix() + "node rank " +
+                                      std::to_string(spec.requested_rank) +
+                                      " is out of range for --nnodes " +
+                                      std::to_string(spec.max_nodes) +
+                                      "; use a node rank below the node count");
+  }
+  if (!shaped_) return absl::OkStatus();
+  if (spec.join_token != shape_.join_token) {
+    return absl::PermissionDeniedError(Prefix() + "wrong join token for this job; pass the "
+                                                  "job's token (--rdzv_conf token=...)");
+  }
+  auto mismatch = [&](const std::string& what, const std::string& theirs,
+                      const std::string& ours) {
+    return absl::FailedPreconditionError(Prefix() + "this node's " + what + " (" + theirs +
+                                         ") differs from the job's (" + ours +
+                                         "); start every node of a job with the same " + what);
+  };
+  if (spec.nproc != shape_.nproc)
+    return mismatch("--nproc_per_node", std::to_string(spec.nproc),
+                    std::to_string(shape_.nproc));
+  if (spec.min_nodes != shape_.min_nodes || spec.max_nodes != shape_.max_nodes)
+    return mismatch("--nnodes",
+                    std::to_string(spec.min_nodes) + ":" + std::to_string(spec.max_nodes),
+                    std::to_string(shape_.min_nodes) + ":" + std::to_string(shape_.max_nodes));
+  if (spec.max_restarts != shape_.max_restarts)
+    return mismatch("--max_restarts", std::to_string(spec.max_restarts),
+                    std::to_string(shape_.max_restarts));
+  if (spec.command != shape_.command) return mismatch("command", spec.command, shape_.command);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> JobRendezvous::Join(const JoinSpec& spec,
+                                                std::vector<Delivery>* out) {
+  if (state_ == State::kClosed) {
+    return absl::FailedPreconditionError(
+        Prefix() + "the job is closed (" + close_reason_ +
+        "); start a new job with a different --rdzv_id");
+  }
+  DDPRUN_RETURN_IF_ERROR(CheckCompatible(spec));
+  const std::string node_id = NodeIdOf(spec);
+  if (HasNode(node_id)) {
+    return absl::AlreadyExistsError(Prefix() + "agent " + node_id +
+                                    " is already a member of this job");
+  }
+  if (spec.requested_rank >= 0) {
+    auto clash = [&](const std::map<std::string, Member>& set) -> const Member* {
+      for (const auto& [id, m] : set)
+        if (m.spec.requested_rank == spec.requested_rank) return &m;
+      return nullptr;
+    };
+    const Member* other = clash(members_);
+    if (!other) other = clash(spares_);
+    if (other) {
+      return absl::AlreadyExistsError(
+          Prefix() + "node rank " + std::to_string(spec.requested_rank) +
+          " is already claimed by the agent at " + NodeIdOf(other->spec) +
+          "; give each node a distinct --node_rank");
+    }
+  }
+  if (!shaped_) {
+    shaped_ = true;
+    shape_ = spec;
+  }
+  expected_.erase(node_id);
+  if (state_ == State::kRunning) {
+    Member m{spec, clock_.Now(), false};
+    if (static_cast<int>(members_.size()) >= shape_.max_nodes) {
+      spares_.emplace(node_id, std::move(m));  // a hot spare, promoted on the next round
+      return node_id;
+    }
+    // Scale-up: the running members re-join the next round with the newcomer.
+    OpenNextRound("node " + node_id + " joined", /*counts_as_failure=*/false, out);
+    AddToGathering(node_id, spec, out);
+    return node_id;
+  }
+  AddToGathering(node_id, spec, out);
+  return node_id;
+}
+
+void JobRendezvous::AddToGathering(const std::string& node_id, const JoinSpec& spec,
+                                   std::vector<Delivery>* out) {
+  if (static_cast<int>(members_.size()) >= shape_.max_nodes) {
+    spares_.emplace(node_id, Member{spec, clock_.Now(), false});
+    return;
+  }
+  members_.emplace(node_id, Member{spec, clock_.Now(), false});
+  MaybeComplete(out);
+}
+
+void JobRendezvous::MaybeComplete(std::vector<Delivery>* out) {
+  if (state_ != State::kGathering) return;
+  const int n = static_cast<int>(members_.size());
+  if (n >= shape_.max_nodes) {
+    Complete(out);
+    return;
+  }
+  if (n < shape_.min_nodes) {
+    last_call_deadline_.reset();
+    return;
+  }
+  // Enough nodes. Members of the previous round are re-joining after a
+  // restart: complete as soon as the last of them is back, without waiting
+  // for the last call.
+  if (round_ > 0 && expected_.empty()) {
+    Complete(out);
+    return;
+  }
+  if (!last_call_deadline_) {
+    last_call_deadline_ = clock_.Now() + Seconds(shape_.last_call_timeout_s);
+  }
+}
+
+void JobRendezvous::Complete(std::vector<Delivery>* out) {
+  struct Entry {
+    int requested;
+    std::string host;
+    std::int64_t pid;
+    std::string id;
+  };
+  std::vector<Entry> order;
+  order.reserve(members_.size());
+  for (const auto& [id, m] : members_) {
+    order.push_back({m.spec.requested_rank < 0 ? INT32_MAX : m.spec.requested_rank, m.spec.host,
+                     m.spec.pid, id});
+  }
+  std::sort(order.begin(), order.end(), [](const Entry& a, const Entry& b) {
+    return std::tie(a.requested, a.host, a.pid) < std::tie(b.requested, b.host, b.pid);
+  });
+  assigned_.clear();
+  int base = 0;
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    const Member& m = members_.at(order[i].id);
+    assigned_.push_back(
+        NodeInfo{static_cast<int>(i), m.spec.host, m.spec.pid, m.spec.nproc, base});
+    base += m.spec.nproc;
+  }
+  state_ = State::kRunning;
+  last_call_deadline_.reset();
+  expected_.clear();
+  const Member& master = members_.at(order[0].id);
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    const Member& m = members_.at(order[i].id);
+    Assignment a;
+    a.job_id = job_id_;
+    a.round = round_;
+    a.group_rank = static_cast<int>(i);
+    a.group_world_size = static_cast<int>(order.size());
+    a.base_rank = assigned_[i].base_rank;
+    a.world_size = base;
+    a.local_world_size = m.spec.nproc;
+    a.master_addr = master.spec.host;
+    a.master_port = master.spec.master_port;
+    a.restart_count = restart_count_;
+    a.store_token = store_token_;
+    a.nodes = assigned_;
+    a.node_id = order[i].id;
+    out->push_back({order[i].id, std::move(a)});
+  }
+}
+
+void JobRendezvous::OpenNextRound(const std::string& reason, bool counts_as_failure,
+                                  std::vector<Delivery>* out) {
+  ++round_;
+  for (const auto& [id, m] : members_) {
+    out->push_back({id, RestartRound{round_, reason, counts_as_failure}});
+    expected_.insert(id);
+  }
+  members_.clear();
+  assigned_.clear();
+  state_ = State::kGathering;
+  last_call_deadline_.reset();
+  // Promote spares into the new round.
+  while (!spares_.empty() && static_cast<int>(members_.size()) < shape_.max_nodes) {
+    auto it = spares_.begin();
+    members_.emplace(it->first, Member{it->second.spec, clock_.Now(), false});
+    spares_.erase(it);
+  }
+}
+
+void JobRendezvous::Close(bool success, const std::string& reason, std::vector<Delivery>* out) {
+  state_ = State::kClosed;
+  close_success_ = success;
+  close_reason_ = reason;
+  JobClosed closed{success, reason, failures_};
+  for (const auto& [id, m] : members_) out->push_back({id, closed});
+  for (const auto& [id, m] : spares_) out->push_back({id, closed});
+  members_.clear();
+  spares_.clear();
+  expected_.clear();
+  last_call_deadline_.reset();
+}
+
+absl::Status JobRendezvous::Report(const std::string& node_id, std::int64_t round,
+                                   Outcome outcome, std::vector<WorkerFailure> failures,
+                                   std::vector<Delivery>* out) {
+  if (state_ == State::kClosed) return absl::OkStatus();  // late reports change nothing
+  if (round != round_) {
+    return absl::FailedPreconditionError(
+        Prefix() + "report from agent " + node_id + " is for round " + std::to_string(round) +
+        ", which is over; the agent is stale and must re-join");
+  }
+  auto it = members_.find(node_id);
+  if (it == members_.end() || state_ != State::kRunning) {
+    if (spares_.erase(node_id) > 0) return absl::OkStatus();
+    return absl::FailedPreconditionError(Prefix() + "agent " + node_id +
+                                         " is not a member of the running round");
+  }
+  switch (outcome) {
+    case Outcome::kSucceeded: {
+      it->second.done = true;
+      bool all_done = std::all_of(members_.begin(), members_.end(),
+                                  [](const auto& kv) { return kv.second.done; });
+      if (all_done) Close(true, "every worker succeeded", out);
+      return absl::OkStatus();
+    }
+    case Outcome::kFailed: {
+      for (auto& f : failures) {
+        f.round = round_;
+        failures_.push_back(std::move(f));
+      }
+      ++restart_count_;
+      if (restart_count_ > shape_.max_restarts) {
+        Close(false,
+              "a worker failed and the restart budget (" + std::to_string(shape_.max_restarts) +
+                  ") is spent",
+              out);
+        return absl::OkStatus();
+      }
+      std::string reason = "worker failure on " + node_id + " (restart " +
+                           std::to_string(restart_count_) + " of " +
+                           std::to_string(shape_.max_restarts) + ")";
+      OpenNextRound(reason, /*counts_as_failure=*/true, out);
+      return absl::OkStatus();
+    }
+    case Outcome::kLeaving:
+      members_.erase(it);
+      HandleDeparture(node_id, "agent " + node_id + " left", out);
+      return absl::OkStatus();
+  }
+  return absl::OkStatus();
+}
+
+void JobRendezvous::HandleDeparture(const std::string& node_id, const std::string& reason,
+                                    std::vector<Delivery>* out) {
+  // Every remaining member either finished or must re-rendezvous without the
+  // departed node.
+  bool any_running = std::any_of(members_.begin(), members_.end(),
+                                 [](const auto& kv) { return !kv.second.done; });
+  if (!any_running) {
+    if (members_.empty() && spares_.empty()) {
+      Close(false, reason, out);
+    }
+    return;
+  }
+  // Finished members stay finished; the others re-join the next round.
+  for (auto it = members_.begin(); it != members_.end();) {
+    it = it->second.done ? members_.erase(it) : std::next(it);
+  }
+  OpenNextRound(reason, /*counts_as_failure=*/false, out);
+}
+
+void JobRendezvous::NodeLost(const std::string& node_id, std::vector<Delivery>* out) {
+  if (state_ == State::kClosed) return;
+  expected_.erase(node_id);
+  if (spares_.erase(node_id) > 0) return;
+  auto it = members_.find(node_id);
+  if (it == members_.end()) {
+    if (state_ == State::kGathering) MaybeComplete(out);
+    return;
+  }
+  if (state_ == State::kGathering) {
+    members_.erase(it);
+    MaybeComplete(out);
+    return;
+  }
+  if (it->second.done) {  // it finished and went away: nothing to do
+    return;
+  }
+  members_.erase(it);
+  HandleDeparture(node_id, "agent " + node_id + " was lost", out);
+}
+
+void JobRendezvous::Tick(std::vector<Delivery>* out) {
+  if (state_ != State::kGathering) return;
+  const TimePoint now = clock_.Now();
+  if (last_call_deadline_ && now >= *last_call_deadline_ &&
+      static_cast<int>(members_.size()) >= shape_.min_nodes) {
+    Complete(out);
+    return;
+  }
+  for (auto it = members_.begin(); it != members_.end();) {
+    if (now - it->second.joined_at >= Seconds(it->second.spec.join_timeout_s)) {
+      out->push_back(
+          {it->first,
+           absl::DeadlineExceededError(
+               Prefix() + "rendezvous timed out after " +
+               std::to_string(static_cast<int>(it->second.spec.join_timeout_s)) + " s with " +
+               std::to_string(members_.size()) + " of " + std::to_string(shape_.min_nodes) +
+               " required nodes; start the other nodes, or lower --nnodes")});
+      it = members_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (members_.empty() && expected_.empty() && round_ > 0 && spares_.empty()) {
+    Close(false, "every node left before the round completed", out);
+  }
+}
+
+std::optional<TimePoint> JobRendezvous::NextDeadline() const {
+  if (state_ != State::kGathering) return std::nullopt;
+  std::optional<TimePoint> next = last_call_deadline_;
+  for (const auto& [id, m] : members_) {
+    TimePoint t = m.joined_at + Seconds(m.spec.join_timeout_s);
+    if (!next || t < *next) next = t;
+  }
+  return next;
+}
+
+JobStatus JobRendezvous::Status() const {
+  JobStatus s;
+  s.job_id = job_id_;
+  s.round = round_;
+  switch (state_) {
+    case State::kGathering:
+      s.state = "gathering";
+      break;
+    case State::kRunning:
+      s.state = "running";
+      break;
+    case State::kClosed:
+      s.state = close_success_ ? "succeeded" : "failed";
+      break;
+  }
+  s.restart_count = restart_count_;
+  if (state_ == State::kRunning) {
+    s.nodes = assigned_;
+    for (const auto& n : assigned_) s.world_size += n.nproc;
+  } else {
+    for (const auto& [id, m] : members_)
+      s.nodes.push_back(NodeInfo{-1, m.spec.host, m.spec.pid, m.spec.nproc, -1});
+  }
+  s.waiting = static_cast<int>(spares_.size());
+  return s;
+}
+
+}  // namespace ddprun::rendezvous

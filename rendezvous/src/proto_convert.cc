@@ -1,1 +1,202 @@
-// (being written)
+#include "proto_convert.h"
+
+namespace ddprun::rendezvous {
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+JoinSpec FromProto(const pb::JoinRequest& p) {
+  JoinSpec s;
+  s.protocol_version = p.protocol_version();
+  s.job_id = p.job_id();
+  s.join_token = p.join_token();
+  s.host = p.host();
+  s.pid = p.pid();
+  s.requested_rank = p.requested_rank();
+  s.nproc = p.nproc();
+  s.min_nodes = p.min_nodes();
+  s.max_nodes = p.max_nodes();
+  s.last_call_timeout_s = p.last_call_timeout_s();
+  s.join_timeout_s = p.join_timeout_s();
+  s.max_restarts = p.max_restarts();
+  s.master_port = p.master_port();
+  s.command = p.command();
+  return s;
+}
+
+pb::JoinRequest ToProto(const JoinSpec& s) {
+  pb::JoinRequest p;
+  p.set_protocol_version(s.protocol_version);
+  p.set_job_id(s.job_id);
+  p.set_join_token(s.join_token);
+  p.set_host(s.host);
+  p.set_pid(s.pid);
+  p.set_requested_rank(s.requested_rank);
+  p.set_nproc(s.nproc);
+  p.set_min_nodes(s.min_nodes);
+  p.set_max_nodes(s.max_nodes);
+  p.set_last_call_timeout_s(s.last_call_timeout_s);
+  p.set_join_timeout_s(s.join_timeout_s);
+  p.set_max_restarts(s.max_restarts);
+  p.set_master_port(s.master_port);
+  p.set_command(s.command);
+  return p;
+}
+
+WorkerFailure FromProto(const pb::WorkerFailure& p) {
+  WorkerFailure f;
+  f.host = p.host();
+  f.global_rank = p.global_rank();
+  f.local_rank = p.local_rank();
+  f.exit_code = p.exit_code();
+  f.signal = p.signal();
+  f.pid = p.pid();
+  f.timestamp = p.timestamp();
+  f.stderr_tail = p.stderr_tail();
+  f.error_message = p.error_message();
+  f.round = p.round();
+  return f;
+}
+
+void ToProto(const WorkerFailure& f, pb::WorkerFailure* p) {
+  p->set_host(f.host);
+  p->set_global_rank(f.global_rank);
+  p->set_local_rank(f.local_rank);
+  p->set_exit_code(f.exit_code);
+  p->set_signal(f.signal);
+  p->set_pid(f.pid);
+  p->set_timestamp(f.timestamp);
+  p->set_stderr_tail(f.stderr_tail);
+  p->set_error_message(f.error_message);
+  p->set_round(f.round);
+}
+
+NodeInfo FromProto(const pb::NodeInfo& p) {
+  return NodeInfo{p.group_rank(), p.host(), p.pid(), p.nproc(), p.base_rank()};
+}
+
+void ToProto(const NodeInfo& n, pb::NodeInfo* p) {
+  p->set_group_rank(n.group_rank);
+  p->set_host(n.host);
+  p->set_pid(n.pid);
+  p->set_nproc(n.nproc);
+  p->set_base_rank(n.base_rank);
+}
+
+pb::RoundEvent ToProto(const RoundEvent& e) {
+  pb::RoundEvent p;
+  if (const auto* a = std::get_if<Assignment>(&e)) {
+    auto* q = p.mutable_assignment();
+    q->set_job_id(a->job_id);
+    q->set_round(a->round);
+    q->set_group_rank(a->group_rank);
+    q->set_group_world_size(a->group_world_size);
+    q->set_base_rank(a->base_rank);
+    q->set_world_size(a->world_size);
+    q->set_local_world_size(a->local_world_size);
+    q->set_master_addr(a->master_addr);
+    q->set_master_port(a->master_port);
+    q->set_restart_count(a->restart_count);
+    q->set_store_token(a->store_token);
+    for (const auto& n : a->nodes) ToProto(n, q->add_nodes());
+    q->set_node_id(a->node_id);
+  } else if (const auto* r = std::get_if<RestartRound>(&e)) {
+    auto* q = p.mutable_restart();
+    q->set_next_round(r->next_round);
+    q->set_reason(r->reason);
+    q->set_counts_as_failure(r->counts_as_failure);
+  } else if (const auto* c = std::get_if<JobClosed>(&e)) {
+    auto* q = p.mutable_closed();
+    q->set_success(c->success);
+    q->set_reason(c->reason);
+    for (const auto& f : c->failures) ToProto(f, q->add_failures());
+  }
+  return p;
+}
+
+RoundEvent FromProto(const pb::RoundEvent& p) {
+  switch (p.event_case()) {
+    case pb::RoundEvent::kAssignment: {
+      const auto& q = p.assignment();
+      Assignment a;
+      a.job_id = q.job_id();
+      a.round = q.round();
+      a.group_rank = q.group_rank();
+      a.group_world_size = q.group_world_size();
+      a.base_rank = q.base_rank();
+      a.world_size = q.world_size();
+      a.local_world_size = q.local_world_size();
+      a.master_addr = q.master_addr();
+      a.master_port = q.master_port();
+      a.restart_count = q.restart_count();
+      a.store_token = q.store_token();
+      for (const auto& n : q.nodes()) a.nodes.push_back(FromProto(n));
+      a.node_id = q.node_id();
+      return a;
+    }
+    case pb::RoundEvent::kRestart:
+      return RestartRound{p.restart().next_round(), p.restart().reason(),
+                          p.restart().counts_as_failure()};
+    case pb::RoundEvent::kClosed: {
+      JobClosed c{p.closed().success(), p.closed().reason(), {}};
+      for (const auto& f : p.closed().failures()) c.failures.push_back(FromProto(f));
+      return c;
+    }
+    default:
+      return absl::InternalError("the rendezvous server sent an empty event");
+  }
+}
+
+pb::ReportRequest::Outcome ToProto(Outcome o) {
+  switch (o) {
+    case Outcome::kSucceeded:
+      return pb::ReportRequest::SUCCEEDED;
+    case Outcome::kFailed:
+      return pb::ReportRequest::FAILED;
+    case Outcome::kLeaving:
+      return pb::ReportRequest::LEAVING;
+  }
+  return pb::ReportRequest::OUTCOME_UNSPECIFIED;
+}
+
+Outcome FromProto(pb::ReportRequest::Outcome o) {
+  switch (o) {
+    case pb::ReportRequest::SUCCEEDED:
+      return Outcome::kSucceeded;
+    case pb::ReportRequest::FAILED:
+      return Outcome::kFailed;
+    default:
+      return Outcome::kLeaving;
+  }
+}
+
+void ToProto(const JobStatus& s, pb::JobStatus* p) {
+  p->set_job_id(s.job_id);
+  p->set_round(s.round);
+  p->set_state(s.state);
+  p->set_restart_count(s.restart_count);
+  for (const auto& n : s.nodes) ToProto(n, p->add_nodes());
+  p->set_world_size(s.world_size);
+  p->set_waiting(s.waiting);
+}
+
+JobStatus FromProto(const pb::JobStatus& p) {
+  JobStatus s;
+  s.job_id = p.job_id();
+  s.round = p.round();
+  s.state = p.state();
+  s.restart_count = p.restart_count();
+  for (const auto& n : p.nodes()) s.nodes.push_back(FromProto(n));
+  s.world_size = p.world_size();
+  s.waiting = p.waiting();
+  return s;
+}
+
+}  // namespace ddprun::rendezvous

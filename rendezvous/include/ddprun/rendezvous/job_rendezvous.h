@@ -27,6 +27,7 @@
 
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -79,6 +80,11 @@ class JobRendezvous {
   // Ends the running round and opens the next; members must re-join.
   void OpenNextRound(const std::string& reason, bool counts_as_failure,
                      std::vector<Delivery>* out);
+  // Completes the gathering round if its conditions hold (or arms the last call).
+  void MaybeComplete(std::vector<Delivery>* out);
+  // A running member left or was lost: the rest re-rendezvous without it.
+  void HandleDeparture(const std::string& node_id, const std::string& reason,
+                       std::vector<Delivery>* out);
   void Close(bool success, const std::string& reason, std::vector<Delivery>* out);
   void AddToGathering(const std::string& node_id, const JoinSpec& spec,
                       std::vector<Delivery>* out);
@@ -95,6 +101,7 @@ class JobRendezvous {
   int restart_count_ = 0;
   std::map<std::string, Member> members_;   // this round's members (gathering or running)
   std::map<std::string, Member> spares_;    // waiting for a place
+  std::set<std::string> expected_;          // previous members not yet back
   std::optional<TimePoint> last_call_deadline_;
   std::vector<NodeInfo> assigned_;          // the running round's nodes
   std::vector<WorkerFailure> failures_;     // every failure so far, first first

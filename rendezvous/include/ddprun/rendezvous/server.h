@@ -38,8 +38,9 @@ class RendezvousServer {
   // A snapshot of every job (for `ddprun status` and tests).
   std::vector<JobStatus> Status() const;
 
+  class Impl;  // opaque; defined in server.cc
+
  private:
-  class Impl;
   explicit RendezvousServer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

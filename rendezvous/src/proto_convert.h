@@ -1,0 +1,37 @@
+// The one place where ddprun.v1 protos map to and from domain types, and
+// where absl::Status maps to and from grpc::Status.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/status.h"
+#include "ddprun/rendezvous/types.h"
+#include "ddprun/v1/ddprun.pb.h"
+
+namespace ddprun::rendezvous {
+
+namespace pb = ::ddprun::v1;
+
+grpc::Status ToGrpc(const absl::Status& s);
+absl::Status FromGrpc(const grpc::Status& s);
+
+JoinSpec FromProto(const pb::JoinRequest& p);
+pb::JoinRequest ToProto(const JoinSpec& s);
+
+WorkerFailure FromProto(const pb::WorkerFailure& p);
+void ToProto(const WorkerFailure& f, pb::WorkerFailure* p);
+
+NodeInfo FromProto(const pb::NodeInfo& p);
+void ToProto(const NodeInfo& n, pb::NodeInfo* p);
+
+// RoundEvent's Status alternative is not a message: it ends the stream.
+pb::RoundEvent ToProto(const RoundEvent& e);
+RoundEvent FromProto(const pb::RoundEvent& p);
+
+pb::ReportRequest::Outcome ToProto(Outcome o);
+Outcome FromProto(pb::ReportRequest::Outcome o);
+
+void ToProto(const JobStatus& s, pb::JobStatus* p);
+JobStatus FromProto(const pb::JobStatus& p);
+
+}  // namespace ddprun::rendezvous
