@@ -1,0 +1,288 @@
+// The round state machine with a fake clock: no sockets, no sleeping.
+#include <catch2/catch.hpp>
+
+#include "ddprun/rendezvous/job_rendezvous.h"
+
+namespace ddprun::rendezvous {
+namespace {
+
+JoinSpec Spec(const std::string& host, int pid, int min_nodes = 2, int max_nodes = 2,
+              int nproc = 4) {
+  JoinSpec s;
+  s.job_id = "job42";
+  s.host = host;
+  s.pid = pid;
+  s.nproc = nproc;
+  s.min_nodes = min_nodes;
+  s.max_nodes = max_nodes;
+  s.last_call_timeout_s = 1.0;
+  s.join_timeout_s = 10.0;
+  s.master_port = 1000 + pid;
+  s.command = "train";
+  s.max_restarts = 3;
+  return s;
+}
+
+template <typename T>
+std::vector<std::pair<std::string, T>> Of(const std::vector<Delivery>& out) {
+  std::vector<std::pair<std::string, T>> r;
+  for (const auto& d : out)
+    if (auto* e = std::get_if<T>(&d.event)) r.emplace_back(d.node_id, *e);
+  return r;
+}
+
+struct Fixture {
+  FakeClock clock;
+  JobRendezvous job{"job42", clock};
+  std::vector<Delivery> out;
+
+  std::string Join(const JoinSpec& s) {
+    auto id = job.Join(s, &out);
+    REQUIRE(id.ok());
+    return *id;
+  }
+};
+
+TEST_CASE("round completes when max nodes joined, ranks contiguous per node", "[unit]") {
+  Fixture f;
+  auto b = f.Join(Spec("10.0.0.2", 7));
+  CHECK(f.out.empty());
+  CHECK(f.job.state() == JobRendezvous::State::kGathering);
+  auto a = f.Join(Spec("10.0.0.1", 9));
+  auto as = Of<Assignment>(f.out);
+  REQUIRE(as.size() == 2);
+  CHECK(f.job.state() == JobRendezvous::State::kRunning);
+  std::map<std::string, Assignment> by;
+  for (auto& [id, x] : as) by[id] = x;
+  // Group ranks follow (host, pid) order, not join order.
+  CHECK(by[a].group_rank == 0);
+  CHECK(by[a].base_rank == 0);
+  CHECK(by[b].group_rank == 1);
+  CHECK(by[b].base_rank == 4);
+  for (auto& [id, x] : by) {
+    CHECK(x.world_size == 8);
+    CHECK(x.group_world_size == 2);
+    CHECK(x.local_world_size == 4);
+    CHECK(x.master_addr == "10.0.0.1");
+    CHECK(x.master_port == 1009);
+    CHECK(x.round == 0);
+    CHECK(x.store_token == f.job.store_token());
+    CHECK(x.store_token.size() == 32);
+  }
+}
+
+TEST_CASE("requested node ranks win over address order", "[unit]") {
+  Fixture f;
+  auto s1 = Spec("10.0.0.1", 1);
+  s1.requested_rank = 1;
+  auto s2 = Spec("10.0.0.2", 2);
+  s2.requested_rank = 0;
+  auto a = f.Join(s1);
+  auto b = f.Join(s2);
+  std::map<std::string, Assignment> by;
+  for (auto& [id, x] : Of<Assignment>(f.out)) by[id] = x;
+  CHECK(by[a].group_rank == 1);
+  CHECK(by[b].group_rank == 0);
+  CHECK(by[a].master_addr == "10.0.0.2");
+}
+
+TEST_CASE("two agents claiming the same node rank: the second is refused", "[unit]") {
+  Fixture f;
+  auto s1 = Spec("10.0.0.1", 1);
+  s1.requested_rank = 0;
+  auto s2 = Spec("10.0.0.2", 2);
+  s2.requested_rank = 0;
+  f.Join(s1);
+  auto r = f.job.Join(s2, &f.out);
+  REQUIRE_FALSE(r.ok());
+  CHECK(absl::IsAlreadyExists(r.status()));
+  CHECK_THAT(std::string(r.status().message()), Catch::Contains("node rank 0 is already claimed"));
+  CHECK_THAT(std::string(r.status().message()), Catch::Contains("[job job42 round 0]"));
+  // The same agent twice is refused too.
+  auto again = f.job.Join(s1, &f.out);
+  CHECK(absl::IsAlreadyExists(again.status()));
+}
+
+TEST_CASE("mismatched job shape is refused with the field named", "[unit]") {
+  Fixture f;
+  f.Join(Spec("h1", 1));
+  auto bad = Spec("h2", 2, 2, 2, /*nproc=*/8);
+  auto r = f.job.Join(bad, &f.out);
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(std::string(r.status().message()), Catch::Contains("--nproc_per_node"));
+  auto cmd = Spec("h2", 2);
+  cmd.command = "other";
+  CHECK_THAT(std::string(f.job.Join(cmd, &f.out).status().message()), Catch::Contains("command"));
+  auto tok = Spec("h2", 2);
+  tok.join_token = "secret";
+  CHECK(absl::IsPermissionDenied(f.job.Join(tok, &f.out).status()));
+  auto rank = Spec("h2", 2);
+  rank.requested_rank = 2;
+  CHECK(absl::IsInvalidArgument(f.job.Join(rank, &f.out).status()));
+}
+
+TEST_CASE("elastic: last call completes the round after min nodes", "[unit]") {
+  Fixture f;
+  f.Join(Spec("h1", 1, 2, 4));
+  f.Join(Spec("h2", 2, 2, 4));
+  CHECK(f.out.empty());
+  REQUIRE(f.job.NextDeadline().has_value());
+  f.clock.Advance(std::chrono::milliseconds(999));
+  f.job.Tick(&f.out);
+  CHECK(f.out.empty());
+  f.clock.Advance(std::chrono::milliseconds(2));
+  f.job.Tick(&f.out);
+  auto as = Of<Assignment>(f.out);
+  REQUIRE(as.size() == 2);
+  CHECK(as[0].second.world_size == 8);
+}
+
+TEST_CASE("uneven joins: a late third node makes a spare or a scale-up", "[unit]") {
+  Fixture f;
+  f.Join(Spec("h1", 1, 1, 2));
+  f.clock.Advance(std::chrono::seconds(2));
+  f.job.Tick(&f.out);
+  REQUIRE(Of<Assignment>(f.out).size() == 1);
+  f.out.clear();
+  // Scale-up: the running member is told to re-join; it is not a failure.
+  auto b = f.Join(Spec("h2", 2, 1, 2));
+  auto rs = Of<RestartRound>(f.out);
+  REQUIRE(rs.size() == 1);
+  CHECK(rs[0].first == "h1:1");
+  CHECK_FALSE(rs[0].second.counts_as_failure);
+  CHECK(f.job.round() == 1);
+  f.out.clear();
+  f.Join(Spec("h1", 1, 1, 2));
+  auto as = Of<Assignment>(f.out);
+  REQUIRE(as.size() == 2);
+  CHECK(as[0].second.round == 1);
+  CHECK(as[0].second.restart_count == 0);
+  f.out.clear();
+  // The round is full: a third node waits as a spare.
+  auto c = f.Join(Spec("h3", 3, 1, 2));
+  CHECK(f.out.empty());
+  CHECK(f.job.Status().waiting == 1);
+  // A member fails: the spare is promoted into the next round.
+  REQUIRE(f.job.Report(b, 1, Outcome::kFailed, {}, &f.out).ok());
+  CHECK(Of<RestartRound>(f.out).size() == 2);
+  f.out.clear();
+  f.Join(Spec("h1", 1, 1, 2));
+  f.Join(Spec("h2", 2, 1, 2));  // back, but the round is full with h1 and h3
+  auto as2 = Of<Assignment>(f.out);
+  REQUIRE(as2.size() == 2);
+  std::set<std::string> ids;
+  for (auto& [id, a] : as2) ids.insert(id);
+  CHECK(ids.count(c) == 1);
+  CHECK(ids.count("h1:1") == 1);
+}
+
+TEST_CASE("worker failure: job-wide restart count, then the job closes", "[unit]") {
+  Fixture f;
+  auto base = [](const std::string& h, int p) {
+    auto s = Spec(h, p);
+    s.max_restarts = 1;
+    return s;
+  };
+  auto a = f.Join(base("h1", 1));
+  auto b = f.Join(base("h2", 2));
+  f.out.clear();
+  WorkerFailure wf;
+  wf.host = "h2";
+  wf.global_rank = 5;
+  wf.local_rank = 1;
+  wf.exit_code = 3;
+  REQUIRE(f.job.Report(b, 0, Outcome::kFailed, {wf}, &f.out).ok());
+  auto rs = Of<RestartRound>(f.out);
+  REQUIRE(rs.size() == 2);  // both agents, the reporter too
+  CHECK(rs[0].second.counts_as_failure);
+  f.out.clear();
+  f.Join(base("h1", 1));
+  f.Join(base("h2", 2));
+  auto as = Of<Assignment>(f.out);
+  REQUIRE(as.size() == 2);  // completes without waiting for a last call
+  for (auto& [id, x] : as) CHECK(x.restart_count == 1);
+  f.out.clear();
+  // A stale report (round 0) is refused.
+  CHECK(absl::IsFailedPrecondition(f.job.Report(a, 0, Outcome::kFailed, {}, &f.out)));
+  // Second failure: budget spent, everyone gets JobClosed with both failures.
+  wf.exit_code = 4;
+  REQUIRE(f.job.Report(a, 1, Outcome::kFailed, {wf}, &f.out).ok());
+  auto cs = Of<JobClosed>(f.out);
+  REQUIRE(cs.size() == 2);
+  CHECK_FALSE(cs[0].second.success);
+  REQUIRE(cs[0].second.failures.size() == 2);
+  CHECK(cs[0].second.failures[0].exit_code == 3);  // first failure first
+  CHECK(cs[0].second.failures[0].round == 0);
+  CHECK(cs[0].second.failures[1].round == 1);
+  CHECK(f.job.state() == JobRendezvous::State::kClosed);
+  CHECK_FALSE(f.job.Join(base("h9", 9), &f.out).ok());
+}
+
+TEST_CASE("success closes the job once every member reported", "[unit]") {
+  Fixture f;
+  auto a = f.Join(Spec("h1", 1));
+  auto b = f.Join(Spec("h2", 2));
+  f.out.clear();
+  REQUIRE(f.job.Report(a, 0, Outcome::kSucceeded, {}, &f.out).ok());
+  CHECK(f.job.state() == JobRendezvous::State::kRunning);
+  // A finished agent going away is not a loss.
+  f.job.NodeLost(a, &f.out);
+  CHECK(f.out.empty());
+  REQUIRE(f.job.Report(b, 0, Outcome::kSucceeded, {}, &f.out).ok());
+  CHECK(f.job.state() == JobRendezvous::State::kClosed);
+  CHECK(f.job.Status().state == "succeeded");
+}
+
+TEST_CASE("a lost member makes the survivors re-rendezvous, not counted", "[unit]") {
+  Fixture f;
+  auto a = f.Join(Spec("h1", 1, 1, 3));
+  auto b = f.Join(Spec("h2", 2, 1, 3));
+  f.clock.Advance(std::chrono::seconds(2));
+  f.job.Tick(&f.out);
+  REQUIRE(Of<Assignment>(f.out).size() == 2);
+  f.out.clear();
+  f.job.NodeLost(b, &f.out);
+  auto rs = Of<RestartRound>(f.out);
+  REQUIRE(rs.size() == 1);
+  CHECK(rs[0].first == a);
+  CHECK_FALSE(rs[0].second.counts_as_failure);
+  f.out.clear();
+  f.Join(Spec("h1", 1, 1, 3));
+  auto as = Of<Assignment>(f.out);
+  REQUIRE(as.size() == 1);  // only survivor expected: no last-call wait
+  CHECK(as[0].second.world_size == 4);
+  CHECK(as[0].second.restart_count == 0);
+}
+
+TEST_CASE("join timeout: a lone node is told within the timeout", "[unit]") {
+  Fixture f;
+  auto a = f.Join(Spec("h1", 1));
+  f.clock.Advance(std::chrono::seconds(9));
+  f.job.Tick(&f.out);
+  CHECK(f.out.empty());
+  f.clock.Advance(std::chrono::seconds(1));
+  f.job.Tick(&f.out);
+  REQUIRE(f.out.size() == 1);
+  auto* st = std::get_if<absl::Status>(&f.out[0].event);
+  REQUIRE(st);
+  CHECK(absl::IsDeadlineExceeded(*st));
+  CHECK_THAT(std::string(st->message()), Catch::Contains("1 of 2 required nodes"));
+}
+
+TEST_CASE("rank assignment for many uneven joins is a permutation", "[unit]") {
+  const int n = GENERATE(1, 3, 8, 64);
+  Fixture f;
+  for (int i = n; i > 0; --i) f.Join(Spec("10.0.0." + std::to_string(i % 7), i, n, n, 2));
+  auto as = Of<Assignment>(f.out);
+  REQUIRE(static_cast<int>(as.size()) == n);
+  std::vector<int> seen(n, 0);
+  for (auto& [id, a] : as) {
+    seen.at(a.group_rank)++;
+    CHECK(a.base_rank == 2 * a.group_rank);
+    CHECK(a.world_size == 2 * n);
+  }
+  for (int s : seen) CHECK(s == 1);
+}
+
+}  // namespace
+}  // namespace ddprun::rendezvous
