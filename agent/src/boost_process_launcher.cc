@@ -1,1 +1,301 @@
-// (being written)
+// The real ProcessLauncher, over Boost.Process v1.
+//
+// Boost forks, runs our exec-setup hook in the child, and execs; an exec
+// failure travels back over Boost's CLOEXEC error pipe, so Spawn() learns of
+// it synchronously. After the spawn the bp::child is detached and this file
+// owns the pid: Poll() is waitpid(WNOHANG), SignalGroup() is killpg().
+//
+// Everything the child runs between fork and exec must be async-signal-safe
+// (the agent has gRPC threads): the hook uses only syscalls on data prepared
+// in the parent.
+#include <fcntl.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include <boost/process.hpp>
+#include <boost/process/extend.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "ddprun/agent/process_launcher.h"
+
+namespace ddprun::agent {
+namespace {
+
+namespace bp = boost::process;
+
+// Short names of the standard signals, for messages ("SIGSEGV").
+const char* SignalAbbrev(int sig) {
+  switch (sig) {
+    case SIGHUP: return "SIGHUP";
+    case SIGINT: return "SIGINT";
+    case SIGQUIT: return "SIGQUIT";
+    case SIGILL: return "SIGILL";
+    case SIGTRAP: return "SIGTRAP";
+    case SIGABRT: return "SIGABRT";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGKILL: return "SIGKILL";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGSEGV: return "SIGSEGV";
+    case SIGUSR2: return "SIGUSR2";
+    case SIGPIPE: return "SIGPIPE";
+    case SIGALRM: return "SIGALRM";
+    case SIGTERM: return "SIGTERM";
+    case SIGSTKFLT: return "SIGSTKFLT";
+    case SIGCHLD: return "SIGCHLD";
+    case SIGCONT: return "SIGCONT";
+    case SIGSTOP: return "SIGSTOP";
+    case SIGTSTP: return "SIGTSTP";
+    case SIGTTIN: return "SIGTTIN";
+    case SIGTTOU: return "SIGTTOU";
+    case SIGURG: return "SIGURG";
+    case SIGXCPU: return "SIGXCPU";
+    case SIGXFSZ: return "SIGXFSZ";
+    case SIGVTALRM: return "SIGVTALRM";
+    case SIGPROF: return "SIGPROF";
+    case SIGWINCH: return "SIGWINCH";
+    case SIGIO: return "SIGIO";
+    case SIGPWR: return "SIGPWR";
+    case SIGSYS: return "SIGSYS";
+    default: return nullptr;
+  }
+}
+
+// Resolves argv[0] like execvp: a name without '/' is looked up in the PATH
+// of the child's environment (the agent's PATH when the child has none).
+absl::StatusOr<std::string> ResolveExecutable(const SpawnSpec& spec) {
+  const std::string& name = spec.argv[0];
+  std::string path;
+  if (name.find('/') != std::string::npos) {
+    path = name;
+  } else {
+    auto it = spec.env.find("PATH");
+    std::string search = it != spec.env.end() ? it->second : "";
+    if (search.empty()) {
+      const char* own = std::getenv("PATH");
+      search = own ? own : "/usr/local/bin:/usr/bin:/bin";
+    }
+    std::vector<boost::filesystem::path> dirs;
+    std::size_t start = 0;
+    while (start <= search.size()) {
+      std::size_t end = search.find(':', start);
+      if (end == std::string::npos) end = search.size();
+      std::string dir = search.substr(start, end - start);
+      dirs.emplace_back(dir.empty() ? "." : dir);
+      start = end + 1;
+    }
+    boost::filesystem::path found = bp::search_path(name, dirs);
+    if (found.empty()) {
+      return absl::NotFoundError(absl::StrCat("cannot start worker: '", name,
+                                              "' was not found in PATH; check the command or "
+                                              "give its full path"));
+    }
+    path = found.string();
+  }
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    return absl::NotFoundError(absl::StrCat("cannot start worker: '", path,
+                                            "' does not exist; check the command"));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot start worker: '", path, "' is a directory; give the program to run"));
+  }
+  if (::access(path.c_str(), X_OK) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat("cannot start worker: '", path,
+                                                    "' is not executable; chmod +x it or run "
+                                                    "it through its interpreter"));
+  }
+  return path;
+}
+
+// Opens an output file for a child's stdout or stderr (append, so restarts
+// keep the earlier attempts' output).
+absl::StatusOr<int> OpenOutput(const std::string& path) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::PermissionDeniedError(absl::StrCat("cannot open worker log '", path,
+                                                    "': ", std::strerror(errno),
+                                                    "; check --log_dir"));
+  }
+  return fd;
+}
+
+class BoostChild final : public ChildProcess {
+ public:
+  explicit BoostChild(pid_t pid) : pid_(pid) {}
+  ~BoostChild() override = default;  // never kills: the agent decides
+
+  pid_t pid() const override { return pid_; }
+
+  std::optional<ExitStatus> Poll() override {
+    if (status_) return status_;
+    int st = 0;
+    pid_t r;
+    do {
+      r = ::waitpid(pid_, &st, WNOHANG);
+    } while (r < 0 && errno == EINTR);
+    if (r == 0) return std::nullopt;
+    ExitStatus es;
+    if (r < 0) {
+      // ECHILD: somebody else reaped it; its status is lost.
+      es.exit_code = -1;
+    } else if (WIFEXITED(st)) {
+      es.exit_code = WEXITSTATUS(st);
+    } else if (WIFSIGNALED(st)) {
+      es.signal = WTERMSIG(st);
+    } else {
+      return std::nullopt;  // stopped/continued: still alive
+    }
+    status_ = es;
+    return status_;
+  }
+
+  void SignalGroup(int sig) override {
+    if (status_) return;
+    if (::killpg(pid_, sig) != 0 && errno == ESRCH) {
+      // The group is not formed yet (the child has not run setpgid) or is
+      // gone: signal the child itself.
+      ::kill(pid_, sig);
+    }
+  }
+
+ private:
+  const pid_t pid_;
+  std::optional<ExitStatus> status_;
+};
+
+class BoostProcessLauncher final : public ProcessLauncher {
+ public:
+  absl::StatusOr<std::unique_ptr<ChildProcess>> Spawn(const SpawnSpec& spec) override {
+    if (spec.argv.empty() || spec.argv[0].empty()) {
+      return absl::InvalidArgumentError(
+          "cannot start worker: the command is empty; give the program to run after the flags");
+    }
+    absl::StatusOr<std::string> exe = ResolveExecutable(spec);
+    if (!exe.ok()) return exe.status();
+
+    // Everything the child needs, prepared before fork.
+    std::vector<std::string> env_strings;
+    env_strings.reserve(spec.env.size());
+    for (const auto& [k, v] : spec.env) env_strings.push_back(k + "=" + v);
+    std::vector<char*> envp;
+    envp.reserve(env_strings.size() + 1);
+    for (auto& s : env_strings) envp.push_back(s.data());
+    envp.push_back(nullptr);
+
+    int out_fd = -1;
+    int err_fd = -1;
+    auto close_fds = [&] {
+      if (out_fd >= 0) ::close(out_fd);
+      if (err_fd >= 0) ::close(err_fd);
+    };
+    if (!spec.stdout_path.empty()) {
+      absl::StatusOr<int> fd = OpenOutput(spec.stdout_path);
+      if (!fd.ok()) return fd.status();
+      out_fd = *fd;
+    }
+    if (!spec.stderr_path.empty()) {
+      absl::StatusOr<int> fd = spec.stderr_path == spec.stdout_path && out_fd >= 0
+                                   ? absl::StatusOr<int>(::fcntl(out_fd, F_DUPFD_CLOEXEC, 3))
+                                   : OpenOutput(spec.stderr_path);
+      if (!fd.ok() || *fd < 0) {
+        close_fds();
+        return fd.ok() ? absl::InternalError("cannot duplicate the worker log descriptor")
+                       : fd.status();
+      }
+      err_fd = *fd;
+    }
+
+    const pid_t parent = ::getpid();
+    auto exec_setup = [parent, out_fd, err_fd](auto& exec) {
+      // Runs in the child, between fork and exec: async-signal-safe only.
+      sigset_t empty;
+      sigemptyset(&empty);
+      struct sigaction dfl;
+      ::memset(&dfl, 0, sizeof(dfl));
+      dfl.sa_handler = SIG_DFL;
+      sigemptyset(&dfl.sa_mask);
+      for (int s = 1; s < NSIG; ++s) {
+        if (s == SIGKILL || s == SIGSTOP) continue;
+        ::sigaction(s, &dfl, nullptr);  // fails harmlessly for reserved signals
+      }
+      ::sigprocmask(SIG_SETMASK, &empty, nullptr);
+      if (::setpgid(0, 0) != 0) {
+        exec.set_error(std::error_code(errno, std::system_category()), "setpgid failed");
+        ::_exit(127);
+      }
+      if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) {
+        exec.set_error(std::error_code(errno, std::system_category()),
+                       "prctl(PR_SET_PDEATHSIG) failed");
+        ::_exit(127);
+      }
+      // The agent died before the death signal was armed: do not outlive it.
+      if (::getppid() != parent) ::_exit(127);
+      if (out_fd >= 0 && ::dup2(out_fd, STDOUT_FILENO) < 0) ::_exit(127);
+      if (err_fd >= 0 && ::dup2(err_fd, STDERR_FILENO) < 0) ::_exit(127);
+      // Do not leak the agent's descriptors (sockets of its servers) into the
+      // worker: mark them close-on-exec; Boost's error pipe must stay open
+      // until exec, so no plain close_range.
+#ifdef SYS_close_range
+      ::syscall(SYS_close_range, 3u, ~0u, 4u /* CLOSE_RANGE_CLOEXEC */);
+#endif
+    };
+    auto env_setup = [&envp](auto& exec) { exec.env = envp.data(); };
+
+    std::error_code ec;
+    bp::child child;
+    try {
+      std::vector<std::string> args(spec.argv.begin() + 1, spec.argv.end());
+      child = bp::child(bp::exe = *exe, bp::args = args, bp::extend::on_setup = env_setup,
+                        bp::extend::on_exec_setup = exec_setup, ec);
+    } catch (const std::exception& e) {
+      close_fds();
+      return absl::InternalError(absl::StrCat("cannot start worker '", *exe, "': ", e.what()));
+    }
+    close_fds();
+    if (ec || !child.valid()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot start worker '", *exe, "': ", ec ? ec.message() : "unknown error",
+          "; check that it is a runnable program"));
+    }
+    const pid_t pid = child.id();
+    // Also form the group from the parent side, so that a signal sent right
+    // after Spawn() reaches the group (EACCES once the child exec'd: fine).
+    ::setpgid(pid, pid);
+    child.detach();
+    return std::unique_ptr<ChildProcess>(std::make_unique<BoostChild>(pid));
+  }
+};
+
+}  // namespace
+
+std::string ExitStatus::Describe() const {
+  if (signal != 0) {
+    const char* name = SignalAbbrev(signal);
+    if (name != nullptr) return absl::StrCat("signal ", name, " (", signal, ")");
+    if (signal >= SIGRTMIN && signal <= SIGRTMAX) {
+      return absl::StrCat("signal SIGRTMIN+", signal - SIGRTMIN, " (", signal, ")");
+    }
+    return absl::StrCat("signal ", signal);
+  }
+  if (exit_code < 0) return "an unknown status (reaped elsewhere)";
+  return absl::StrCat("exit code ", exit_code);
+}
+
+std::unique_ptr<ProcessLauncher> MakeBoostProcessLauncher() {
+  return std::make_unique<BoostProcessLauncher>();
+}
+
+}  // namespace ddprun::agent

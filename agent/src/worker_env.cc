@@ -1,1 +1,82 @@
-// (being written)
+#include "ddprun/agent/worker_env.h"
+
+#include <string_view>
+
+extern char** environ;
+
+namespace ddprun::agent {
+
+Env CurrentEnvironment() {
+  Env env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    std::string_view entry(*e);
+    std::size_t eq = entry.find('=');
+    if (eq == std::string_view::npos || eq == 0) continue;
+    env.emplace(std::string(entry.substr(0, eq)), std::string(entry.substr(eq + 1)));
+  }
+  return env;
+}
+
+Env BuildWorkerEnv(const Env& base, const WorkerEnvInputs& in, int local_rank) {
+  const AgentOptions& opt = *in.options;
+  const rendezvous::Assignment& a = *in.assignment;
+  Env env = base;
+  auto set = [&env](const char* key, const std::string& value) { env[key] = value; };
+  auto set_default = [&env](const char* key, const std::string& value) {
+    env.emplace(key, value);  // keeps an inherited value
+  };
+  const int rank = a.base_rank + local_rank;
+
+  // torchrun's contract.
+  set("LOCAL_RANK", std::to_string(local_rank));
+  set("RANK", std::to_string(rank));
+  set("GROUP_RANK", std::to_string(a.group_rank));
+  set("ROLE_RANK", std::to_string(rank));  // one role per job
+  set("ROLE_NAME", opt.role);
+  set("LOCAL_WORLD_SIZE", std::to_string(a.local_world_size));
+  set("WORLD_SIZE", std::to_string(a.world_size));
+  set("GROUP_WORLD_SIZE", std::to_string(a.group_world_size));
+  set("ROLE_WORLD_SIZE", std::to_string(a.world_size));
+  set("MASTER_ADDR", a.master_addr);
+  set("MASTER_PORT", std::to_string(a.master_port));
+  set("TORCHELASTIC_RESTART_COUNT", std::to_string(a.restart_count));
+  set("TORCHELASTIC_MAX_RESTARTS", std::to_string(opt.max_restarts));
+  set("TORCHELASTIC_RUN_ID", opt.job_id);
+  // The group-rank-0 agent already serves a TCPStore at MASTER_ADDR:MASTER_PORT.
+  set("TORCHELASTIC_USE_AGENT_STORE", "True");
+  if (!in.error_file.empty()) {
+    set("TORCHELASTIC_ERROR_FILE", in.error_file);
+  } else {
+    env.erase("TORCHELASTIC_ERROR_FILE");  // never the agent's own error file
+  }
+  if (a.local_world_size > 1) set_default("OMP_NUM_THREADS", "1");
+  set_default("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");  // torch >= 2.2
+  set_default("NCCL_ASYNC_ERROR_HANDLING", "1");        // torch 1.13
+
+  // ddprun's own, for the worker SDK.
+  set(kEnvStoreAddr, in.store_endpoint);
+  set(kEnvJobId, a.job_id.empty() ? opt.job_id : a.job_id);
+  set(kEnvRound, std::to_string(a.round));
+  set(kEnvToken, a.store_token);
+  set(kEnvHost, in.host);
+  return env;
+}
+
+std::vector<std::string> SubstituteLocalRank(const std::vector<std::string>& argv,
+                                             int local_rank) {
+  static constexpr std::string_view kPattern = "${local_rank}";
+  const std::string value = std::to_string(local_rank);
+  std::vector<std::string> out;
+  out.reserve(argv.size());
+  for (const std::string& arg : argv) {
+    std::string s = arg;
+    for (std::size_t pos = s.find(kPattern); pos != std::string::npos;
+         pos = s.find(kPattern, pos + value.size())) {
+      s.replace(pos, kPattern.size(), value);
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+}  // namespace ddprun::agent
