@@ -1,1 +1,36 @@
-int main(){return 0;}
+// ddprun: parse the command line into AgentOptions and run this node's agent.
+// Exit status: 0 success, 1 a worker failed, 2 usage error, 3 rendezvous
+// error, 128+N killed by signal N (see docs/cli.md).
+#include <iostream>
+#include <utility>
+
+#include "ddprun/agent/agent.h"
+#include "ddprun/agent/process_launcher.h"
+#include "ddprun/agent/worker_env.h"
+#include "ddprun/launcher/cli.h"
+
+int main(int argc, char** argv) {
+  // First, so that every thread started later inherits the mask.
+  ddprun::agent::BlockAgentSignals();
+
+  auto parsed = ddprun::launcher::ParseCommandLine(
+      argc, argv, ddprun::agent::CurrentEnvironment(), ddprun::launcher::ProbeHost());
+  if (!parsed.ok()) {
+    std::cerr << parsed.status().message() << std::endl;
+    return ddprun::agent::kExitUsage;
+  }
+  switch (parsed->action) {
+    case ddprun::launcher::Action::kHelp:
+    case ddprun::launcher::Action::kVersion:
+      std::cout << parsed->text << std::endl;
+      return ddprun::agent::kExitSuccess;
+    case ddprun::launcher::Action::kRun:
+      break;
+  }
+  for (const std::string& warning : parsed->warnings) std::cerr << warning << '\n';
+  std::cerr.flush();
+
+  ddprun::agent::Agent agent(std::move(parsed->options),
+                             ddprun::agent::MakeBoostProcessLauncher());
+  return agent.Run();
+}

@@ -1,0 +1,111 @@
+// ddprun's command line: torchrun's flags (both the underscore and the dash
+// spelling), PET_<NAME> environment defaults and the worker command, turned
+// into the AgentOptions of one node.
+//
+// Contract:
+//  - Precedence is CLI > environment (PET_<NAME>, a few others) > default.
+//  - Everything after the training script is passed through verbatim.
+//  - Every bad input yields an InvalidArgument status whose message is ONE
+//    line, starting with "ddprun: ", that names the problem and the fix; the
+//    caller prints it and exits with agent::kExitUsage (2).
+//  - Pure apart from reading the file system (the script, PATH lookups) and
+//    drawing a random job id; the environment and the machine's CPU/GPU
+//    counts are injected so that tests control them.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "ddprun/agent/agent_options.h"
+#include "ddprun/agent/worker_env.h"
+
+namespace ddprun::launcher {
+
+using agent::Env;
+
+inline constexpr int kDefaultRendezvousPort = 29400;  // c10d's default, also ddprund's
+inline constexpr const char* kDefaultPythonExec = "python3";  // PYTHON_EXEC overrides it
+
+// Which standard streams of a worker go to files, torchrun's -r/-t value:
+// 0 none, 1 stdout, 2 stderr, 3 both; either one value for every local rank
+// ("3") or a per-local-rank map ("0:1,1:2", unlisted ranks get 0).
+struct StdStreams {
+  int all = 0;
+  std::map<int, int> per_rank;
+  int ForLocalRank(int local_rank) const;
+  bool IsDefault() const { return all == 0 && per_rank.empty(); }
+};
+
+// Flags ddprun accepts and validates but that AgentOptions has no field for
+// (agent_options.h belongs to the agent). The agent does not apply them yet.
+struct LauncherOptions {
+  StdStreams redirects;                  // -r/--redirects
+  StdStreams tee;                        // -t/--tee
+  std::vector<int> local_ranks_filter;   // --local_ranks_filter; empty: every rank
+  double monitor_interval_s = 0.1;       // accepted for compatibility; the agent is event-driven
+  std::string start_method = "spawn";    // accepted for compatibility; workers are processes
+};
+
+enum class Action {
+  kRun,      // run a node with `options`
+  kHelp,     // print `text` (the help) to stdout, exit 0
+  kVersion,  // print `text` (the version) to stdout, exit 0
+};
+
+struct ParsedCommand {
+  Action action = Action::kRun;
+  std::string text;
+  agent::AgentOptions options;
+  LauncherOptions launcher;
+  // Non-fatal notes (ignored flags, fallbacks), one line each, "ddprun: "
+  // prefixed; main prints them to stderr before running.
+  std::vector<std::string> warnings;
+};
+
+// Facts about this machine that --nproc_per_node=cpu|gpu|auto depend on.
+struct HostFacts {
+  int cpu_count = 1;
+  int gpu_count = 0;
+};
+
+// The real machine: hardware threads, and CountNvidiaGpus().
+HostFacts ProbeHost();
+
+// Counts NVIDIA GPUs without loading CUDA: the entries of proc_gpus_dir
+// (/proc/driver/nvidia/gpus/<bus id>), or if that is absent or empty the
+// /dev/nvidia<N> device nodes in dev_dir. Honours nothing else
+// (CUDA_VISIBLE_DEVICES is not applied).
+int CountNvidiaGpus(const std::string& dev_dir = "/dev",
+                    const std::string& proc_gpus_dir = "/proc/driver/nvidia/gpus");
+
+// Parses ddprun's arguments (args[0] is the program name).
+absl::StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& args,
+                                               const Env& env, const HostFacts& host);
+absl::StatusOr<ParsedCommand> ParseCommandLine(int argc, char** argv, const Env& env,
+                                               const HostFacts& host);
+
+// What runs in each worker, before ${local_rank} substitution.
+struct ScriptSpec {
+  std::string script;             // path, PATH name, or module with `module`
+  std::vector<std::string> args;  // verbatim
+  bool module = false;            // -m: `$PYTHON_EXEC -u -m script args`
+  bool no_python = false;         // --no_python: exec script directly
+};
+
+// Builds the worker argv:
+//  - module:    $PYTHON_EXEC -u -m MODULE ARGS
+//  - no_python: SCRIPT ARGS (must be an executable file, or on PATH)
+//  - otherwise: SCRIPT ARGS if SCRIPT is an executable file not ending in .py
+//               (a path with '/', a file in the working directory, or a name
+//               found on PATH), else $PYTHON_EXEC -u SCRIPT ARGS.
+// PYTHON_EXEC defaults to python3. Warnings go to `warnings` when non-null.
+absl::StatusOr<std::vector<std::string>> BuildWorkerCommand(const ScriptSpec& spec,
+                                                            const Env& env,
+                                                            std::vector<std::string>* warnings);
+
+// "ddprun 0.1.0".
+std::string VersionString();
+
+}  // namespace ddprun::launcher

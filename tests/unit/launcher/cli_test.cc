@@ -1,0 +1,623 @@
+// ddprun's command line: every flag in both spellings, PET_* precedence,
+// nproc/nnodes forms, mode selection, worker command construction and the
+// one-line messages of bad input. The environment and host facts are
+// injected; scripts are real files in a temporary directory.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "ddprun/launcher/cli.h"
+
+namespace ddprun::launcher {
+namespace {
+
+namespace fs = std::filesystem;
+using agent::RendezvousMode;
+
+// A temporary directory holding a Python script, an executable, a
+// non-executable non-.py file, and a bin/ directory used as PATH.
+class Scratch {
+ public:
+  Scratch() {
+    char tmpl[] = "/tmp/ddprun_cli_test_XXXXXX";
+    dir_ = ::mkdtemp(tmpl);
+    Write("train.py", "print('hi')\n", 0644);
+    Write("run.sh", "#!/bin/sh\necho hi\n", 0755);
+    Write("data.txt", "not a program\n", 0644);
+    Write("exec.py", "#!/usr/bin/env python3\n", 0755);
+    fs::create_directories(dir_ / "bin");
+    Write("bin/mytool", "#!/bin/sh\n", 0755);
+    Write("bin/python3", "#!/bin/sh\n", 0755);
+    Write("bin/notexec", "#!/bin/sh\n", 0644);
+  }
+  ~Scratch() {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
+  std::string BinDir() const { return Path("bin"); }
+
+ private:
+  void Write(const std::string& name, const std::string& text, mode_t mode) {
+    std::ofstream(dir_ / name) << text;
+    ::chmod((dir_ / name).c_str(), mode);
+  }
+  fs::path dir_;
+};
+
+const Scratch& S() {
+  static const Scratch scratch;
+  return scratch;
+}
+
+Env BaseEnv() { return {{"PATH", S().BinDir()}}; }
+
+HostFacts Host(int cpus = 8, int gpus = 0) { return HostFacts{cpus, gpus}; }
+
+absl::StatusOr<ParsedCommand> Parse(std::vector<std::string> args, Env env = BaseEnv(),
+                                    HostFacts host = Host()) {
+  args.insert(args.begin(), "ddprun");
+  return ParseCommandLine(args, env, host);
+}
+
+// Parses and requires success.
+ParsedCommand Ok(std::vector<std::string> args, Env env = BaseEnv(), HostFacts host = Host()) {
+  auto r = Parse(std::move(args), std::move(env), host);
+  INFO((r.ok() ? std::string("ok") : std::string(r.status().message())));
+  REQUIRE(r.ok());
+  return *std::move(r);
+}
+
+// Parses, requires a usage error, returns its message.
+std::string Err(std::vector<std::string> args, Env env = BaseEnv(), HostFacts host = Host()) {
+  auto r = Parse(std::move(args), std::move(env), host);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+  const std::string msg(r.status().message());
+  CHECK(msg.rfind("ddprun: ", 0) == 0);
+  CHECK(msg.find('\n') == std::string::npos);  // one line
+  return msg;
+}
+
+using Catch::Matchers::Contains;
+
+}  // namespace
+
+TEST_CASE("defaults: single node, one python worker, embedded rendezvous", "[unit]") {
+  ParsedCommand p = Ok({S().Path("train.py")});
+  CHECK(p.action == Action::kRun);
+  const auto& o = p.options;
+  CHECK(o.min_nodes == 1);
+  CHECK(o.max_nodes == 1);
+  CHECK(o.nproc_per_node == 1);
+  CHECK(o.max_restarts == 0);
+  CHECK(o.role == "default");
+  CHECK(o.mode == RendezvousMode::kEmbedded);
+  CHECK(o.rdzv_host == "127.0.0.1");
+  CHECK(o.rdzv_port == 0);
+  CHECK(o.job_id != "none");  // random for single node
+  CHECK(o.job_id.size() == 36);
+  CHECK(o.node_rank == -1);
+  CHECK(o.grace_period_s == 30.0);
+  CHECK(o.join_timeout_s == 600.0);
+  CHECK(o.last_call_timeout_s == 30.0);
+  CHECK(o.log_dir.empty());
+  CHECK(o.command == std::vector<std::string>{"python3", "-u", S().Path("train.py")});
+  CHECK(p.warnings.empty());
+  CHECK(p.launcher.redirects.IsDefault());
+  CHECK(p.launcher.tee.IsDefault());
+  CHECK(p.launcher.local_ranks_filter.empty());
+}
+
+TEST_CASE("random job ids differ between runs", "[unit]") {
+  CHECK(Ok({S().Path("train.py")}).options.job_id != Ok({S().Path("train.py")}).options.job_id);
+}
+
+TEST_CASE("both spellings of every flag", "[unit]") {
+  const auto [underscore, dash] = GENERATE(table<std::string, std::string>({
+      {"--nproc_per_node=3", "--nproc-per-node=3"},
+      {"--max_restarts=3", "--max-restarts=3"},
+      {"--rdzv_endpoint=h:3", "--rdzv-endpoint=h:3"},
+      {"--rdzv_id=3", "--rdzv-id=3"},
+      {"--rdzv_conf=join_timeout=3", "--rdzv-conf=join_timeout=3"},
+      {"--grace_period=3", "--grace-period=3"},
+      {"--log_dir=/tmp/3", "--log-dir=/tmp/3"},
+      {"--local_addr=3", "--local-addr=3"},
+      {"--monitor_interval=3", "--monitor-interval=3"},
+      {"--start_method=fork", "--start-method=fork"},
+      {"--local_ranks_filter=0", "--local-ranks-filter=0"},
+  }));
+  auto a = Ok({underscore, S().Path("train.py")});
+  auto b = Ok({dash, S().Path("train.py")});
+  CHECK(a.options.nproc_per_node == b.options.nproc_per_node);
+  CHECK(a.options.max_restarts == b.options.max_restarts);
+  CHECK(a.options.rdzv_port == b.options.rdzv_port);
+  CHECK(a.options.join_timeout_s == b.options.join_timeout_s);
+  CHECK(a.options.grace_period_s == b.options.grace_period_s);
+  CHECK(a.options.log_dir == b.options.log_dir);
+  CHECK(a.options.local_addr == b.options.local_addr);
+  CHECK(a.launcher.monitor_interval_s == b.launcher.monitor_interval_s);
+  CHECK(a.launcher.start_method == b.launcher.start_method);
+  CHECK(a.launcher.local_ranks_filter == b.launcher.local_ranks_filter);
+}
+
+TEST_CASE("value flags, separate and = forms", "[unit]") {
+  auto p = Ok({"--nproc_per_node", "4", "--max_restarts", "2", "--role", "trainer",
+               "--grace_period", "2.5", "--log_dir", "/tmp/logs", "--local_addr", "10.0.0.7",
+               S().Path("train.py")});
+  CHECK(p.options.nproc_per_node == 4);
+  CHECK(p.options.max_restarts == 2);
+  CHECK(p.options.role == "trainer");
+  CHECK(p.options.grace_period_s == 2.5);
+  CHECK(p.options.log_dir == "/tmp/logs");
+  CHECK(p.options.local_addr == "10.0.0.7");
+}
+
+TEST_CASE("a flag given twice: the last one wins, as with argparse", "[unit]") {
+  CHECK(Ok({"--nproc_per_node=2", "--nproc-per-node=5", S().Path("train.py")})
+            .options.nproc_per_node == 5);
+}
+
+TEST_CASE("--nproc_per_node forms", "[unit]") {
+  CHECK(Ok({"--nproc_per_node=cpu", S().Path("train.py")}, BaseEnv(), Host(6, 0))
+            .options.nproc_per_node == 6);
+  CHECK(Ok({"--nproc_per_node=gpu", S().Path("train.py")}, BaseEnv(), Host(6, 2))
+            .options.nproc_per_node == 2);
+  CHECK(Ok({"--nproc_per_node=auto", S().Path("train.py")}, BaseEnv(), Host(6, 2))
+            .options.nproc_per_node == 2);
+  CHECK(Ok({"--nproc_per_node=auto", S().Path("train.py")}, BaseEnv(), Host(6, 0))
+            .options.nproc_per_node == 6);
+  CHECK(Ok({"--nproc_per_node=GPU", S().Path("train.py")}, BaseEnv(), Host(6, 1))
+            .options.nproc_per_node == 1);
+  CHECK_THAT(Err({"--nproc_per_node=gpu", S().Path("train.py")}, BaseEnv(), Host(6, 0)),
+             Contains("no GPU found"));
+  CHECK(Err({"--nproc_per_node=", S().Path("train.py")}) ==
+        "ddprun: --nproc_per_node= has an empty value; give one (--nproc_per_node=VALUE) or "
+        "leave the flag out");
+  for (const char* bad : {"0", "-1", "two", "xpu", "1.5"}) {
+    CAPTURE(bad);
+    CHECK_THAT(Err({std::string("--nproc_per_node=") + bad, S().Path("train.py")}),
+               Contains("--nproc_per_node must be a positive number of workers"));
+  }
+}
+
+TEST_CASE("--nnodes forms", "[unit]") {
+  auto fixed = Ok({"--nnodes=3", "--rdzv_endpoint=h", S().Path("train.py")});
+  CHECK(fixed.options.min_nodes == 3);
+  CHECK(fixed.options.max_nodes == 3);
+  auto range = Ok({"--nnodes", "2:4", "--rdzv_endpoint=h", S().Path("train.py")});
+  CHECK(range.options.min_nodes == 2);
+  CHECK(range.options.max_nodes == 4);
+  auto one = Ok({"--nnodes=1:1", S().Path("train.py")});
+  CHECK(one.options.max_nodes == 1);
+  for (const char* bad : {"0", "3:2", "0:2", "a", "1:", ":2", "1:2:3", "-1", "1.5"}) {
+    CAPTURE(bad);
+    CHECK_THAT(Err({std::string("--nnodes=") + bad, "--rdzv_endpoint=h", S().Path("train.py")}),
+               Contains("--nnodes must be N or MIN:MAX with 0 < MIN <= MAX"));
+  }
+}
+
+TEST_CASE("PET_* variables are defaults: CLI > env > default", "[unit]") {
+  Env env = BaseEnv();
+  env["PET_NPROC_PER_NODE"] = "3";
+  env["PET_MAX_RESTARTS"] = "4";
+  env["PET_NNODES"] = "2:3";
+  env["PET_RDZV_ENDPOINT"] = "rdzv.example:1234";
+  env["PET_RDZV_ID"] = "kube-job";
+  env["PET_RDZV_CONF"] = "join_timeout=60,token=t0k";
+  env["PET_ROLE"] = "r";
+  env["PET_LOG_DIR"] = "/tmp/pet";
+  env["PET_LOCAL_ADDR"] = "10.1.1.1";
+  env["PET_NODE_RANK"] = "1";
+
+  auto from_env = Ok({S().Path("train.py")}, env);
+  const auto& o = from_env.options;
+  CHECK(o.nproc_per_node == 3);
+  CHECK(o.max_restarts == 4);
+  CHECK(o.min_nodes == 2);
+  CHECK(o.max_nodes == 3);
+  CHECK(o.mode == RendezvousMode::kRemote);
+  CHECK(o.rdzv_host == "rdzv.example");
+  CHECK(o.rdzv_port == 1234);
+  CHECK(o.job_id == "kube-job");
+  CHECK(o.join_timeout_s == 60);
+  CHECK(o.join_token == "t0k");
+  CHECK(o.role == "r");
+  CHECK(o.log_dir == "/tmp/pet");
+  CHECK(o.local_addr == "10.1.1.1");
+  CHECK(o.node_rank == 1);
+
+  auto cli_wins = Ok({"--nproc_per_node=5", "--max-restarts=0", "--rdzv_id=cli", "--node_rank=0",
+                      S().Path("train.py")},
+                     env);
+  CHECK(cli_wins.options.nproc_per_node == 5);
+  CHECK(cli_wins.options.max_restarts == 0);
+  CHECK(cli_wins.options.job_id == "cli");
+  CHECK(cli_wins.options.node_rank == 0);
+
+  // An empty variable counts as unset.
+  Env empty = BaseEnv();
+  empty["PET_NPROC_PER_NODE"] = "";
+  CHECK(Ok({S().Path("train.py")}, empty).options.nproc_per_node == 1);
+}
+
+TEST_CASE("a bad PET_* value names the variable", "[unit]") {
+  Env env = BaseEnv();
+  env["PET_NPROC_PER_NODE"] = "zero";
+  CHECK_THAT(Err({S().Path("train.py")}, env), Contains("PET_NPROC_PER_NODE (--nproc_per_node)"));
+  Env env2 = BaseEnv();
+  env2["PET_STANDALONE"] = "yes";
+  CHECK_THAT(Err({S().Path("train.py")}, env2), Contains("PET_STANDALONE must be an integer"));
+}
+
+TEST_CASE("boolean flags read PET_* as integers", "[unit]") {
+  Env env = BaseEnv();
+  env["PET_NO_PYTHON"] = "1";
+  CHECK(Ok({S().Path("run.sh")}, env).options.command ==
+        std::vector<std::string>{S().Path("run.sh")});
+  env["PET_NO_PYTHON"] = "0";
+  CHECK(Ok({S().Path("train.py")}, env).options.command[0] == "python3");
+  Env m = BaseEnv();
+  m["PET_MODULE"] = "1";
+  CHECK(Ok({"pkg.train"}, m).options.command ==
+        std::vector<std::string>{"python3", "-u", "-m", "pkg.train"});
+  Env sa = BaseEnv();
+  sa["PET_STANDALONE"] = "1";
+  sa["PET_RDZV_ENDPOINT"] = "h:1";  // ignored by standalone
+  CHECK(Ok({S().Path("train.py")}, sa).options.mode == RendezvousMode::kEmbedded);
+}
+
+TEST_CASE("--grace_period: CLI > PET_GRACE_PERIOD > TORCH_ELASTIC_SHUTDOWN_TIMEOUT > 30",
+          "[unit]") {
+  Env env = BaseEnv();
+  env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = "7";
+  CHECK(Ok({S().Path("train.py")}, env).options.grace_period_s == 7);
+  env["PET_GRACE_PERIOD"] = "8";
+  CHECK(Ok({S().Path("train.py")}, env).options.grace_period_s == 8);
+  CHECK(Ok({"--grace_period=0", S().Path("train.py")}, env).options.grace_period_s == 0);
+  CHECK_THAT(Err({"--grace_period=-1", S().Path("train.py")}),
+             Contains("--grace_period must be a non-negative number of seconds"));
+  Env bad = BaseEnv();
+  bad["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = "soon";
+  CHECK_THAT(Err({S().Path("train.py")}, bad), Contains("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"));
+}
+
+TEST_CASE("mode: remote when an endpoint is given", "[unit]") {
+  auto p = Ok({"--nnodes=2", "--rdzv_endpoint=node0", "--rdzv_id=j1", S().Path("train.py")});
+  CHECK(p.options.mode == RendezvousMode::kRemote);
+  CHECK(p.options.rdzv_host == "node0");
+  CHECK(p.options.rdzv_port == 29400);
+  CHECK(p.options.job_id == "j1");
+  CHECK(p.options.node_rank == -1);
+  // torchrun's default id when none is given.
+  CHECK(Ok({"--rdzv_endpoint=node0:1", S().Path("train.py")}).options.job_id == "none");
+  auto v6 = Ok({"--rdzv_endpoint=[::1]:5000", S().Path("train.py")});
+  CHECK(v6.options.rdzv_host == "::1");
+  CHECK(v6.options.rdzv_port == 5000);
+  auto v6_default = Ok({"--rdzv_endpoint=[fe80::1]", S().Path("train.py")});
+  CHECK(v6_default.options.rdzv_port == 29400);
+  // The alias backend name.
+  CHECK(Ok({"--rdzv_backend=ddprun", "--rdzv_endpoint=h", S().Path("train.py")}).options.mode ==
+        RendezvousMode::kRemote);
+}
+
+TEST_CASE("bad endpoints", "[unit]") {
+  for (const char* bad : {":29400", "h:", "h:0", "h:70000", "h:x", "::1:5", "[::1", "[::1]x"}) {
+    CAPTURE(bad);
+    CHECK_THAT(Err({std::string("--rdzv_endpoint=") + bad, S().Path("train.py")}),
+               Contains("--rdzv_endpoint must be HOST[:PORT]"));
+  }
+}
+
+TEST_CASE("mode: several nodes need an endpoint", "[unit]") {
+  CHECK_THAT(Err({"--nnodes=2", S().Path("train.py")}),
+             Contains("--nnodes=2 needs a rendezvous shared by the nodes") &&
+                 Contains("--rdzv_endpoint"));
+  CHECK_THAT(Err({"--nnodes=1:2", S().Path("train.py")}), Contains("--nnodes=1:2"));
+}
+
+TEST_CASE("mode: embedded keeps an explicit --rdzv_id", "[unit]") {
+  CHECK(Ok({"--rdzv_id=mine", S().Path("train.py")}).options.job_id == "mine");
+}
+
+TEST_CASE("--standalone", "[unit]") {
+  auto p = Ok({"--standalone", "--rdzv_endpoint=h:1", "--rdzv_id=x", "--nproc_per_node=2",
+               S().Path("train.py")});
+  CHECK(p.options.mode == RendezvousMode::kEmbedded);
+  CHECK(p.options.rdzv_port == 0);
+  CHECK(p.options.job_id != "x");
+  REQUIRE(p.warnings.size() == 1);
+  CHECK_THAT(p.warnings[0], Contains("--standalone ignores --rdzv_endpoint, --rdzv_id"));
+  CHECK_THAT(Err({"--standalone", "--nnodes=2", S().Path("train.py")}),
+             Contains("--standalone runs a single node"));
+}
+
+TEST_CASE("mode: static", "[unit]") {
+  auto p = Ok({"--rdzv_backend=static", "--nnodes=2", "--node_rank=1", "--master_addr=10.0.0.1",
+               "--master_port=1234", S().Path("train.py")});
+  const auto& o = p.options;
+  CHECK(o.mode == RendezvousMode::kStatic);
+  CHECK(o.node_rank == 1);
+  CHECK(o.master_addr == "10.0.0.1");
+  CHECK(o.master_port == 1234);
+  CHECK(o.job_id == "none");
+  CHECK(p.warnings.empty());
+
+  auto d = Ok({"--rdzv-backend", "static", S().Path("train.py")});
+  CHECK(d.options.node_rank == 0);
+  CHECK(d.options.master_addr == "127.0.0.1");
+  CHECK(d.options.master_port == 29500);
+
+  // torchrun: with static, an endpoint stands for master_addr:master_port.
+  auto e = Ok({"--rdzv_backend=static", "--rdzv_endpoint=m:99", S().Path("train.py")});
+  CHECK(e.options.master_addr == "m");
+  CHECK(e.options.master_port == 99);
+  CHECK_THAT(Err({"--rdzv_backend=static", "--rdzv_endpoint=m", S().Path("train.py")}),
+             Contains("the port is required"));
+
+  Env kube = BaseEnv();
+  kube["PET_RDZV_BACKEND"] = "static";
+  kube["PET_NNODES"] = "4";
+  kube["PET_NODE_RANK"] = "3";
+  kube["PET_MASTER_ADDR"] = "master-0";
+  kube["PET_MASTER_PORT"] = "23456";
+  auto k = Ok({S().Path("train.py")}, kube);
+  CHECK(k.options.mode == RendezvousMode::kStatic);
+  CHECK(k.options.node_rank == 3);
+  CHECK(k.options.master_addr == "master-0");
+  CHECK(k.options.master_port == 23456);
+
+  CHECK_THAT(Err({"--rdzv_backend=static", "--nnodes=1:2", S().Path("train.py")}),
+             Contains("static needs a fixed number of nodes"));
+  CHECK_THAT(Err({"--rdzv_backend=static", "--nnodes=2", "--node_rank=2", S().Path("train.py")}),
+             Contains("--node_rank must be in 0..1"));
+  CHECK_THAT(Err({"--rdzv_backend=static", "--master_port=0", S().Path("train.py")}),
+             Contains("--master_port must be a port in 1..65535"));
+  CHECK_THAT(Err({"--rdzv_backend=static", "--master_port=http", S().Path("train.py")}),
+             Contains("--master_port must be a port"));
+}
+
+TEST_CASE("--master_addr outside static is ignored with a warning", "[unit]") {
+  auto p = Ok({"--master_addr=x", S().Path("train.py")});
+  REQUIRE(p.warnings.size() == 1);
+  CHECK_THAT(p.warnings[0], Contains("only used with --rdzv_backend=static"));
+  // From the environment (Kubeflow sets them always): silent.
+  Env env = BaseEnv();
+  env["PET_MASTER_ADDR"] = "x";
+  CHECK(Ok({S().Path("train.py")}, env).warnings.empty());
+}
+
+TEST_CASE("--rdzv_backend values", "[unit]") {
+  CHECK_THAT(Err({"--rdzv_backend=etcd", S().Path("train.py")}), Contains("is not supported"));
+  CHECK_THAT(Err({"--rdzv_backend=etcd-v2", S().Path("train.py")}), Contains("is not supported"));
+  CHECK_THAT(Err({"--rdzv_backend=zk", S().Path("train.py")}),
+             Contains("--rdzv_backend must be c10d (alias ddprun) or static, got 'zk'"));
+  CHECK(Ok({"--rdzv_backend=c10d", S().Path("train.py")}).options.mode ==
+        RendezvousMode::kEmbedded);
+}
+
+TEST_CASE("--node_rank with c10d is a requested rank", "[unit]") {
+  CHECK(Ok({"--nnodes=3", "--rdzv_endpoint=h", "--node_rank=2", S().Path("train.py")})
+            .options.node_rank == 2);
+  CHECK_THAT(Err({"--nnodes=3", "--rdzv_endpoint=h", "--node_rank=3", S().Path("train.py")}),
+             Contains("--node_rank must be in 0..2"));
+  CHECK_THAT(Err({"--node_rank=-1", S().Path("train.py")}), Contains("--node_rank must be"));
+}
+
+TEST_CASE("--rdzv_conf", "[unit]") {
+  auto p = Ok({"--rdzv_endpoint=h",
+               "--rdzv_conf=join_timeout=900, last_call_timeout=5,token=a=b", S().Path("train.py")});
+  CHECK(p.options.join_timeout_s == 900);
+  CHECK(p.options.last_call_timeout_s == 5);
+  CHECK(p.options.join_token == "a=b");
+  CHECK(p.warnings.empty());
+
+  auto torchrun_keys = Ok({"--rdzv_endpoint=h", "--rdzv_conf=read_timeout=60,is_host=1",
+                           S().Path("train.py")});
+  CHECK(torchrun_keys.warnings.size() == 2);
+  CHECK_THAT(torchrun_keys.warnings[0], Contains("'read_timeout' is a torchrun setting"));
+
+  // static: timeout is how long nodes wait for each other.
+  CHECK(Ok({"--rdzv_backend=static", "--rdzv_conf=timeout=42", S().Path("train.py")})
+            .options.join_timeout_s == 42);
+  CHECK(Ok({"--rdzv_backend=static", "--rdzv_conf=timeout=42,join_timeout=7", S().Path("train.py")})
+            .options.join_timeout_s == 7);
+
+  CHECK_THAT(Err({"--rdzv_conf=colour=blue", S().Path("train.py")}),
+             Contains("--rdzv_conf has unknown key 'colour'") &&
+                 Contains("join_timeout, last_call_timeout and token"));
+  CHECK_THAT(Err({"--rdzv_conf=join_timeout", S().Path("train.py")}), Contains("has no '='"));
+  CHECK_THAT(Err({"--rdzv_conf=join_timeout=0", S().Path("train.py")}),
+             Contains("--rdzv_conf join_timeout must be a positive number of seconds"));
+  CHECK_THAT(Err({"--rdzv_conf=last_call_timeout=x", S().Path("train.py")}),
+             Contains("last_call_timeout"));
+}
+
+TEST_CASE("--max_restarts", "[unit]") {
+  CHECK_THAT(Err({"--max_restarts=-1", S().Path("train.py")}),
+             Contains("--max_restarts must be a non-negative integer, got '-1'"));
+  CHECK_THAT(Err({"--max_restarts=x", S().Path("train.py")}), Contains("--max_restarts"));
+}
+
+TEST_CASE("compatibility flags are accepted and validated", "[unit]") {
+  auto p = Ok({"--monitor_interval=5", "--start_method=forkserver", S().Path("train.py")});
+  CHECK(p.launcher.monitor_interval_s == 5);
+  CHECK(p.launcher.start_method == "forkserver");
+  CHECK(p.warnings.empty());
+  CHECK_THAT(Err({"--monitor_interval=-1", S().Path("train.py")}), Contains("--monitor_interval"));
+  CHECK_THAT(Err({"--start_method=thread", S().Path("train.py")}),
+             Contains("--start_method must be spawn, fork or forkserver"));
+  CHECK_THAT(Err({"--role", "", S().Path("train.py")}), Contains("--role must not be empty"));
+  CHECK_THAT(Err({"--role=", S().Path("train.py")}), Contains("--role= has an empty value"));
+  // Only options before the script are checked.
+  CHECK(Ok({"-r", "1", "--role", "x", S().Path("train.py"), "--role="}).options.command.back() ==
+        "--role=");
+}
+
+TEST_CASE("-r/--redirects, -t/--tee, --local_ranks_filter", "[unit]") {
+  auto p = Ok({"-r", "3", "--tee=0:1,2:2", "--nproc_per_node=4", "--local_ranks_filter=0,3",
+               S().Path("train.py")});
+  CHECK(p.launcher.redirects.all == 3);
+  CHECK(p.launcher.redirects.ForLocalRank(2) == 3);
+  CHECK(p.launcher.tee.ForLocalRank(0) == 1);
+  CHECK(p.launcher.tee.ForLocalRank(1) == 0);
+  CHECK(p.launcher.tee.ForLocalRank(2) == 2);
+  CHECK(p.launcher.local_ranks_filter == std::vector<int>{0, 3});
+  REQUIRE(p.warnings.size() == 1);
+  CHECK_THAT(p.warnings[0], Contains("not applied yet"));
+
+  CHECK(Ok({"--redirects=1", S().Path("train.py")}).launcher.redirects.all == 1);
+  CHECK(Ok({"-t2", S().Path("train.py")}).launcher.tee.all == 2);
+  for (const char* bad : {"4", "x", "0:4", "a:1", "-1"}) {
+    CAPTURE(bad);
+    CHECK_THAT(Err({"-r", bad, S().Path("train.py")}),
+               Contains("--redirects must be 0 (none), 1 (stdout), 2 (stderr), 3 (both)"));
+  }
+  CHECK_THAT(Err({"--tee=9", S().Path("train.py")}), Contains("--tee must be"));
+  CHECK_THAT(Err({"--local_ranks_filter=0,x", S().Path("train.py")}),
+             Contains("--local_ranks_filter must be a comma-separated list"));
+  CHECK_THAT(Err({"--nproc_per_node=2", "--local_ranks_filter=2", S().Path("train.py")}),
+             Contains("names local rank 2 but --nproc_per_node is 2"));
+}
+
+TEST_CASE("worker command: python script, args passed through verbatim", "[unit]") {
+  auto p = Ok({"--nproc_per_node=2", S().Path("train.py"), "--epochs", "3", "--nproc_per_node=9",
+               "-m", "--", "${local_rank}", "--help"});
+  CHECK(p.options.nproc_per_node == 2);
+  CHECK(p.options.command == std::vector<std::string>{"python3", "-u", S().Path("train.py"),
+                                                      "--epochs", "3", "--nproc_per_node=9", "-m",
+                                                      "--", "${local_rank}", "--help"});
+}
+
+TEST_CASE("worker command: -- ends the options", "[unit]") {
+  CHECK(Ok({"--", S().Path("train.py"), "x"}).options.command ==
+        std::vector<std::string>{"python3", "-u", S().Path("train.py"), "x"});
+}
+
+TEST_CASE("worker command: PYTHON_EXEC", "[unit]") {
+  Env env = BaseEnv();
+  env["PYTHON_EXEC"] = S().Path("bin/python3");
+  CHECK(Ok({S().Path("train.py")}, env).options.command[0] == S().Path("bin/python3"));
+  env["PYTHON_EXEC"] = "/nonexistent/python";
+  CHECK_THAT(Err({S().Path("train.py")}, env),
+             Contains("Python interpreter '/nonexistent/python' not found") &&
+                 Contains("PYTHON_EXEC"));
+  Env no_python = {{"PATH", "/nonexistent"}};
+  CHECK_THAT(Err({S().Path("train.py")}, no_python), Contains("'python3' not found"));
+}
+
+TEST_CASE("worker command: -m runs a module", "[unit]") {
+  auto p = Ok({"-m", "pkg.train", "--lr", "0.1"});
+  CHECK(p.options.command ==
+        std::vector<std::string>{"python3", "-u", "-m", "pkg.train", "--lr", "0.1"});
+  CHECK(Ok({"--module", "pkg.train"}).options.command[3] == "pkg.train");
+  CHECK_THAT(Err({"-m", "--no_python", "x"}),
+             Contains("-m/--module and --no_python cannot be used together"));
+}
+
+TEST_CASE("worker command: executables run directly", "[unit]") {
+  CHECK(Ok({S().Path("run.sh"), "a"}).options.command ==
+        std::vector<std::string>{S().Path("run.sh"), "a"});
+  // A name found on PATH.
+  CHECK(Ok({"mytool", "-v"}).options.command == std::vector<std::string>{"mytool", "-v"});
+  // An executable .py still goes through Python, as with torchrun.
+  CHECK(Ok({S().Path("exec.py")}).options.command[0] == "python3");
+}
+
+TEST_CASE("worker command: a file in the working directory", "[unit]") {
+  const fs::path old = fs::current_path();
+  fs::current_path(S().Path(""));
+  auto exe = Parse({"run.sh"});
+  auto py = Parse({"train.py"});
+  auto no_python = Parse({"--no_python", "run.sh"});
+  fs::current_path(old);
+  REQUIRE(exe.ok());
+  CHECK(exe->options.command == std::vector<std::string>{"./run.sh"});
+  REQUIRE(py.ok());
+  CHECK(py->options.command == std::vector<std::string>{"python3", "-u", "train.py"});
+  REQUIRE(no_python.ok());
+  CHECK(no_python->options.command == std::vector<std::string>{"./run.sh"});
+}
+
+TEST_CASE("worker command: --no_python", "[unit]") {
+  CHECK(Ok({"--no_python", S().Path("run.sh")}).options.command ==
+        std::vector<std::string>{S().Path("run.sh")});
+  CHECK(Ok({"--no-python", "mytool"}).options.command == std::vector<std::string>{"mytool"});
+  CHECK(Ok({"--no_python", S().Path("exec.py")}).options.command ==
+        std::vector<std::string>{S().Path("exec.py")});
+  CHECK_THAT(Err({"--no_python", S().Path("data.txt")}),
+             Contains("is not an executable file; chmod +x it, or drop --no_python"));
+  CHECK_THAT(Err({"--no_python", "notexec"}), Contains("training script 'notexec' not found"));
+}
+
+TEST_CASE("worker command: a non-executable non-.py file runs with python and a warning",
+          "[unit]") {
+  auto p = Ok({S().Path("data.txt")});
+  CHECK(p.options.command == std::vector<std::string>{"python3", "-u", S().Path("data.txt")});
+  REQUIRE(p.warnings.size() == 1);
+  CHECK_THAT(p.warnings[0], Contains("is not executable"));
+}
+
+TEST_CASE("worker command: missing script", "[unit]") {
+  CHECK(Err({"./train_missing.py"}) ==
+        "ddprun: training script './train_missing.py' not found; check the path");
+  CHECK_THAT(Err({"no_such_tool"}),
+             Contains("'no_such_tool' not found (in the working directory or on PATH)"));
+  CHECK_THAT(Err({}), Contains("missing the training script"));
+  CHECK_THAT(Err({"--nproc_per_node=2"}), Contains("missing the training script"));
+}
+
+TEST_CASE("--run_path is refused", "[unit]") {
+  CHECK_THAT(Err({"--run_path", S().Path("train.py")}), Contains("--run_path is not supported"));
+}
+
+TEST_CASE("unknown options", "[unit]") {
+  CHECK(Err({"--nproc_per_nod=2", S().Path("train.py")}) ==
+        "ddprun: unknown option '--nproc_per_nod' (did you mean --nproc_per_node?); options go "
+        "before the training script, see ddprun --help");
+  CHECK_THAT(Err({"--frobnicate", S().Path("train.py")}),
+             Contains("unknown option '--frobnicate';"));
+  CHECK_THAT(Err({"--nproc_per_node"}), Contains("--nproc_per_node needs a value"));
+}
+
+TEST_CASE("--help and --version", "[unit]") {
+  auto help = Ok({"--help"});
+  CHECK(help.action == Action::kHelp);
+  CHECK_THAT(help.text, Contains("Usage: ddprun [OPTIONS] SCRIPT [SCRIPT_ARGS...]"));
+  CHECK_THAT(help.text, Contains("Examples:"));
+  CHECK_THAT(help.text, Contains("ddprund --port 29400"));
+  CHECK_THAT(help.text, Contains("--rdzv_backend=static"));
+  CHECK_THAT(help.text, Contains("Job shape"));
+  CHECK_THAT(help.text, Contains("PET_NPROC_PER_NODE"));
+  CHECK(Ok({"-h"}).action == Action::kHelp);
+  // After the script, --help belongs to the script.
+  CHECK(Ok({S().Path("train.py"), "--help"}).action == Action::kRun);
+  auto version = Ok({"--version"});
+  CHECK(version.action == Action::kVersion);
+  CHECK_THAT(version.text, Contains("ddprun "));
+}
+
+TEST_CASE("CountNvidiaGpus", "[unit]") {
+  char tmpl[] = "/tmp/ddprun_gpu_test_XXXXXX";
+  const fs::path root = ::mkdtemp(tmpl);
+  fs::create_directories(root / "dev");
+  fs::create_directories(root / "proc");
+  const std::string dev = (root / "dev").string();
+  const std::string proc = (root / "proc").string();
+  CHECK(CountNvidiaGpus(dev, proc) == 0);
+  for (const char* name : {"nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "nvidia-modeset"}) {
+    std::ofstream(root / "dev" / name) << "";
+  }
+  CHECK(CountNvidiaGpus(dev, proc) == 2);
+  fs::create_directories(root / "proc" / "0000:01:00.0");
+  CHECK(CountNvidiaGpus(dev, proc) == 1);  // the driver's list wins
+  CHECK(CountNvidiaGpus(dev, (root / "absent").string()) == 2);
+  fs::remove_all(root);
+}
+
+}  // namespace ddprun::launcher
