@@ -23,6 +23,7 @@ std::chrono::system_clock::time_point DeadlineAfter(Duration d) {
 }
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
+  SilenceGrpcLogging();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);

@@ -12,6 +12,9 @@ namespace ddprun::rendezvous {
 
 namespace pb = ::ddprun::v1;
 
+// Routes gRPC's internal logging away from the console (see server.cc).
+void SilenceGrpcLogging();
+
 grpc::Status ToGrpc(const absl::Status& s);
 absl::Status FromGrpc(const grpc::Status& s);
 

@@ -4,6 +4,7 @@
 #include "ddprun/rendezvous/server.h"
 
 #include <arpa/inet.h>
+#include <grpc/support/log.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -62,12 +63,24 @@ absl::Status ValidateJoin(const JoinSpec& s) {
   return absl::OkStatus();
 }
 
+// gRPC's own log lines (for example a bind failure) would duplicate our
+// one-line errors; DDPRUN_GRPC_LOG=1 lets them through for debugging.
+void DropGrpcLog(gpr_log_func_args*) {}
+
 Duration ClampTimeout(double seconds) {
   if (!(seconds > 0)) return Duration::zero();
   return Seconds(std::min(seconds, kMaxTimeoutS));
 }
 
 }  // namespace
+
+void SilenceGrpcLogging() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* v = std::getenv("DDPRUN_GRPC_LOG");
+    if (!v || std::string(v) != "1") gpr_set_log_function(DropGrpcLog);
+  });
+}
 
 // ------------------------------------------------------------------ Sinks
 
@@ -191,6 +204,11 @@ class JoinReactor final : public grpc::ServerWriteReactor<pb::RoundEvent> {
     std::string job, node;
     {
       std::lock_guard<std::mutex> lock(sink_->mu);
+      // A cancelled call must still be finished, or OnDone never comes.
+      if (!finishing_ && !writing_) {
+        finishing_ = true;
+        Finish(grpc::Status(grpc::StatusCode::CANCELLED, "stream cancelled"));
+      }
       if (terminal_queued_) return;  // the stream was ending anyway
       job = job_id_;
       node = node_id_;
@@ -423,6 +441,7 @@ class StoreServiceImpl final : public pb::Store::CallbackService {
 // ---------------------------------------------------------------- Impl
 
 absl::Status RendezvousServer::Impl::Start() {
+  SilenceGrpcLogging();
   rdzv_service_ = std::make_unique<RendezvousServiceImpl>(this);
   store_service_ = std::make_unique<StoreServiceImpl>(this);
   grpc::ServerBuilder builder;
