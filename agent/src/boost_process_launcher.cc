@@ -86,22 +86,26 @@ absl::StatusOr<std::string> ResolveExecutable(const SpawnSpec& spec) {
       const char* own = std::getenv("PATH");
       search = own ? own : "/usr/local/bin:/usr/bin:/bin";
     }
-    std::vector<boost::filesystem::path> dirs;
+    // execvp's search (bp::search_path would need the compiled
+    // Boost.Filesystem): the first regular executable file on PATH.
     std::size_t start = 0;
-    while (start <= search.size()) {
+    while (path.empty() && start <= search.size()) {
       std::size_t end = search.find(':', start);
       if (end == std::string::npos) end = search.size();
       std::string dir = search.substr(start, end - start);
-      dirs.emplace_back(dir.empty() ? "." : dir);
+      std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + name;
+      struct stat st;
+      if (::stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+          ::access(candidate.c_str(), X_OK) == 0) {
+        path = candidate;
+      }
       start = end + 1;
     }
-    boost::filesystem::path found = bp::search_path(name, dirs);
-    if (found.empty()) {
+    if (path.empty()) {
       return absl::NotFoundError(absl::StrCat("cannot start worker: '", name,
                                               "' was not found in PATH; check the command or "
                                               "give its full path"));
     }
-    path = found.string();
   }
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) {

@@ -1,0 +1,231 @@
+// ExitStatus::Describe, and the real Boost launcher on trivial children
+// (every wait bounded).
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "ddprun/agent/agent.h"
+#include "ddprun/agent/process_launcher.h"
+
+namespace ddprun::agent {
+namespace {
+
+using std::chrono::milliseconds;
+
+ExitStatus Exited(int code) { return ExitStatus{code, 0}; }
+ExitStatus Killed(int sig) { return ExitStatus{0, sig}; }
+
+TEST_CASE("ExitStatus::Describe", "[unit]") {
+  CHECK(Exited(0).Describe() == "exit code 0");
+  CHECK(Exited(3).Describe() == "exit code 3");
+  CHECK(Killed(SIGSEGV).Describe() == "signal SIGSEGV (11)");
+  CHECK(Killed(SIGKILL).Describe() == "signal SIGKILL (9)");
+  CHECK(Killed(SIGTERM).Describe() == "signal SIGTERM (15)");
+  CHECK(Killed(SIGABRT).Describe() == "signal SIGABRT (6)");
+  CHECK(Exited(0).ok());
+  CHECK_FALSE(Exited(1).ok());
+  CHECK_FALSE(Killed(SIGINT).ok());
+}
+
+std::map<std::string, std::string> MinimalEnv() {
+  return {{"PATH", "/usr/local/bin:/usr/bin:/bin"}};
+}
+
+// Polls until the child exits, up to 10 s.
+std::optional<ExitStatus> WaitExit(ChildProcess& c) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (auto st = c.Poll()) return st;
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  return std::nullopt;
+}
+
+std::unique_ptr<ChildProcess> MustSpawn(ProcessLauncher& l, std::vector<std::string> argv,
+                                        std::map<std::string, std::string> env = MinimalEnv(),
+                                        std::string out = "") {
+  SpawnSpec spec;
+  spec.argv = std::move(argv);
+  spec.env = std::move(env);
+  spec.stdout_path = std::move(out);
+  auto c = l.Spawn(spec);
+  REQUIRE(c.ok());
+  return std::move(*c);
+}
+
+std::string TempPath(const std::string& name) {
+  return "/tmp/ddprun_launcher_test_" + std::to_string(::getpid()) + "_" + name;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST_CASE("Boost launcher: exit codes and signals", "[unit]") {
+  BlockAgentSignals();  // as in the agent: children must not inherit the mask
+  auto launcher = MakeBoostProcessLauncher();
+  auto t = MustSpawn(*launcher, {"true"});
+  auto st = WaitExit(*t);
+  REQUIRE(st);
+  CHECK(st->ok());
+  CHECK(t->Poll()->ok());  // the same value again
+
+  auto three = MustSpawn(*launcher, {"/bin/sh", "-c", "exit 3"});
+  st = WaitExit(*three);
+  REQUIRE(st);
+  CHECK(st->exit_code == 3);
+  CHECK(st->signal == 0);
+
+  auto segv = MustSpawn(*launcher, {"sh", "-c", "kill -SEGV $$"});
+  st = WaitExit(*segv);
+  REQUIRE(st);
+  CHECK(st->signal == SIGSEGV);
+}
+
+TEST_CASE("Boost launcher: own process group, SignalGroup reaches it", "[unit]") {
+  BlockAgentSignals();
+  auto launcher = MakeBoostProcessLauncher();
+  auto c = MustSpawn(*launcher, {"sleep", "30"});
+  CHECK(::getpgid(c->pid()) == c->pid());
+  CHECK_FALSE(c->Poll());
+  c->SignalGroup(SIGTERM);
+  auto st = WaitExit(*c);
+  REQUIRE(st);
+  CHECK(st->signal == SIGTERM);
+  c->SignalGroup(SIGKILL);  // no-op once reaped
+}
+
+TEST_CASE("Boost launcher: the child gets exactly the given environment", "[unit]") {
+  BlockAgentSignals();
+  auto launcher = MakeBoostProcessLauncher();
+  auto env = MinimalEnv();
+  env["FOO"] = "bar baz";
+  env["EMPTY"] = "";
+  ::setenv("DDPRUN_LAUNCHER_TEST_LEAK", "1", 1);
+  auto c = MustSpawn(*launcher,
+                     {"sh", "-c",
+                      "test \"$FOO\" = 'bar baz' && test -z \"$DDPRUN_LAUNCHER_TEST_LEAK\" && "
+                      "env | grep -q '^EMPTY=$'"},
+                     env);
+  ::unsetenv("DDPRUN_LAUNCHER_TEST_LEAK");
+  auto st = WaitExit(*c);
+  REQUIRE(st);
+  CHECK(st->ok());
+}
+
+TEST_CASE("Boost launcher: empty signal mask, default dispositions, stdout to a file",
+          "[unit]") {
+  BlockAgentSignals();
+  ::signal(SIGUSR1, SIG_IGN);  // an ignored signal would survive exec without the reset
+  auto launcher = MakeBoostProcessLauncher();
+  const std::string out = TempPath("sigmask");
+  ::unlink(out.c_str());
+  auto c = MustSpawn(*launcher, {"grep", "-E", "^Sig(Blk|Ign)", "/proc/self/status"},
+                     MinimalEnv(), out);
+  ::signal(SIGUSR1, SIG_DFL);
+  auto st = WaitExit(*c);
+  REQUIRE(st);
+  CHECK(st->ok());
+  std::string text = ReadAll(out);
+  ::unlink(out.c_str());
+  CHECK(text.find("SigBlk:\t0000000000000000") != std::string::npos);
+  CHECK(text.find("SigIgn:\t0000000000000000") != std::string::npos);
+}
+
+TEST_CASE("Boost launcher: missing or non-executable programs are errors, not exceptions",
+          "[unit]") {
+  auto launcher = MakeBoostProcessLauncher();
+  SpawnSpec spec;
+  spec.env = MinimalEnv();
+
+  spec.argv = {"ddprun-no-such-program-xyz"};
+  auto r = launcher->Spawn(spec);
+  REQUIRE_FALSE(r.ok());
+  CHECK(std::string(r.status().message()).find("not found in PATH") != std::string::npos);
+
+  spec.argv = {"/nonexistent/dir/prog"};
+  r = launcher->Spawn(spec);
+  REQUIRE_FALSE(r.ok());
+  CHECK(std::string(r.status().message()).find("does not exist") != std::string::npos);
+
+  const std::string plain = TempPath("plain");
+  { std::ofstream(plain) << "not a program\n"; }
+  ::chmod(plain.c_str(), 0644);
+  spec.argv = {plain};
+  r = launcher->Spawn(spec);
+  REQUIRE_FALSE(r.ok());
+  CHECK(std::string(r.status().message()).find("not executable") != std::string::npos);
+
+  // Executable bit but no valid format: exec itself fails.
+  ::chmod(plain.c_str(), 0755);
+  r = launcher->Spawn(spec);
+  ::unlink(plain.c_str());
+  REQUIRE_FALSE(r.ok());
+  CHECK(std::string(r.status().message()).find("cannot start worker") != std::string::npos);
+
+  spec.argv = {};
+  CHECK_FALSE(launcher->Spawn(spec).ok());
+}
+
+// True once pid is gone or a zombie (its parent, init, may not have reaped it).
+bool Dead(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  if (!stat) return true;
+  std::string line;
+  std::getline(stat, line);
+  auto close = line.rfind(')');
+  return close == std::string::npos || line.size() < close + 3 || line[close + 2] == 'Z' ||
+         line[close + 2] == 'X';
+}
+
+TEST_CASE("Boost launcher: a worker dies with its agent (PDEATHSIG), even on kill -9",
+          "[unit]") {
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  pid_t agent = ::fork();
+  REQUIRE(agent >= 0);
+  if (agent == 0) {
+    // The stand-in agent: spawns a long sleeper, reports its pid, waits.
+    ::close(fds[0]);
+    auto launcher = MakeBoostProcessLauncher();
+    SpawnSpec spec;
+    spec.argv = {"sleep", "30"};
+    spec.env = MinimalEnv();
+    auto c = launcher->Spawn(spec);
+    pid_t pid = c.ok() ? (*c)->pid() : -1;
+    if (::write(fds[1], &pid, sizeof(pid)) != sizeof(pid)) ::_exit(1);
+    ::sleep(30);
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  pid_t worker = -1;
+  REQUIRE(::read(fds[0], &worker, sizeof(worker)) == sizeof(worker));
+  ::close(fds[0]);
+  REQUIRE(worker > 0);
+  CHECK_FALSE(Dead(worker));
+  ::kill(agent, SIGKILL);
+  int st = 0;
+  REQUIRE(::waitpid(agent, &st, 0) == agent);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!Dead(worker) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  bool dead = Dead(worker);
+  if (!dead) ::kill(worker, SIGKILL);  // do not leak it
+  CHECK(dead);
+}
+
+}  // namespace
+}  // namespace ddprun::agent

@@ -1,0 +1,140 @@
+// The worker environment: torchrun's variables, ddprun's, and the rules for
+// inherited values.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+
+#include "ddprun/agent/worker_env.h"
+
+namespace ddprun::agent {
+namespace {
+
+struct Fixture {
+  AgentOptions options;
+  rendezvous::Assignment assignment;
+  WorkerEnvInputs in;
+
+  Fixture() {
+    options.job_id = "job42";
+    options.nproc_per_node = 2;
+    options.max_restarts = 3;
+    options.role = "trainer";
+    assignment.job_id = "job42";
+    assignment.round = 5;
+    assignment.group_rank = 1;
+    assignment.group_world_size = 2;
+    assignment.base_rank = 2;
+    assignment.world_size = 4;
+    assignment.local_world_size = 2;
+    assignment.master_addr = "10.0.0.1";
+    assignment.master_port = 40001;
+    assignment.restart_count = 2;
+    assignment.store_token = "tok";
+    in.options = &options;
+    in.assignment = &assignment;
+    in.store_endpoint = "10.0.0.1:29400";
+    in.error_file = "/logs/job42/attempt_2/1/error.json";
+    in.host = "10.0.0.2";
+  }
+};
+
+TEST_CASE("BuildWorkerEnv sets every torchrun and ddprun variable", "[unit]") {
+  Fixture f;
+  Env env = BuildWorkerEnv({}, f.in, 1);
+  CHECK(env.at("RANK") == "3");  // base_rank + local_rank
+  CHECK(env.at("LOCAL_RANK") == "1");
+  CHECK(env.at("WORLD_SIZE") == "4");
+  CHECK(env.at("LOCAL_WORLD_SIZE") == "2");
+  CHECK(env.at("GROUP_RANK") == "1");
+  CHECK(env.at("GROUP_WORLD_SIZE") == "2");
+  CHECK(env.at("ROLE_NAME") == "trainer");
+  CHECK(env.at("ROLE_RANK") == "3");
+  CHECK(env.at("ROLE_WORLD_SIZE") == "4");
+  CHECK(env.at("MASTER_ADDR") == "10.0.0.1");
+  CHECK(env.at("MASTER_PORT") == "40001");
+  CHECK(env.at("TORCHELASTIC_RESTART_COUNT") == "2");
+  CHECK(env.at("TORCHELASTIC_MAX_RESTARTS") == "3");
+  CHECK(env.at("TORCHELASTIC_RUN_ID") == "job42");
+  CHECK(env.at("TORCHELASTIC_USE_AGENT_STORE") == "True");
+  CHECK(env.at("TORCHELASTIC_ERROR_FILE") == "/logs/job42/attempt_2/1/error.json");
+  CHECK(env.at("OMP_NUM_THREADS") == "1");
+  CHECK(env.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "1");
+  CHECK(env.at("NCCL_ASYNC_ERROR_HANDLING") == "1");
+  CHECK(env.at(kEnvStoreAddr) == "10.0.0.1:29400");
+  CHECK(env.at(kEnvJobId) == "job42");
+  CHECK(env.at(kEnvRound) == "5");
+  CHECK(env.at(kEnvToken) == "tok");
+  CHECK(env.at(kEnvHost) == "10.0.0.2");
+}
+
+TEST_CASE("BuildWorkerEnv: RANK is base rank plus local rank for each local rank", "[unit]") {
+  Fixture f;
+  f.assignment.base_rank = 8;
+  f.assignment.local_world_size = 4;
+  f.assignment.world_size = 16;
+  for (int j = 0; j < 4; ++j) {
+    Env env = BuildWorkerEnv({}, f.in, j);
+    CHECK(env.at("RANK") == std::to_string(8 + j));
+    CHECK(env.at("LOCAL_RANK") == std::to_string(j));
+  }
+}
+
+TEST_CASE("BuildWorkerEnv inherits the agent's environment and overrides its variables",
+          "[unit]") {
+  Fixture f;
+  Env base = {{"PATH", "/usr/bin"}, {"CUDA_VISIBLE_DEVICES", "0,1"}, {"RANK", "99"},
+              {"MASTER_PORT", "1"}};
+  Env env = BuildWorkerEnv(base, f.in, 0);
+  CHECK(env.at("PATH") == "/usr/bin");
+  CHECK(env.at("CUDA_VISIBLE_DEVICES") == "0,1");
+  CHECK(env.at("RANK") == "2");
+  CHECK(env.at("MASTER_PORT") == "40001");
+}
+
+TEST_CASE("BuildWorkerEnv: OMP_NUM_THREADS rules", "[unit]") {
+  Fixture f;
+  SECTION("unset and nproc > 1: 1") {
+    CHECK(BuildWorkerEnv({}, f.in, 0).at("OMP_NUM_THREADS") == "1");
+  }
+  SECTION("inherited: kept") {
+    CHECK(BuildWorkerEnv({{"OMP_NUM_THREADS", "8"}}, f.in, 0).at("OMP_NUM_THREADS") == "8");
+  }
+  SECTION("unset and one worker per node: left unset") {
+    f.assignment.local_world_size = 1;
+    CHECK(BuildWorkerEnv({}, f.in, 0).count("OMP_NUM_THREADS") == 0);
+  }
+}
+
+TEST_CASE("BuildWorkerEnv keeps inherited NCCL error handling settings", "[unit]") {
+  Fixture f;
+  Env env = BuildWorkerEnv(
+      {{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"}, {"NCCL_ASYNC_ERROR_HANDLING", "3"}}, f.in, 0);
+  CHECK(env.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "0");
+  CHECK(env.at("NCCL_ASYNC_ERROR_HANDLING") == "3");
+}
+
+TEST_CASE("BuildWorkerEnv without a log dir drops an inherited error file", "[unit]") {
+  Fixture f;
+  f.in.error_file.clear();
+  Env env = BuildWorkerEnv({{"TORCHELASTIC_ERROR_FILE", "/agent/own.json"}}, f.in, 0);
+  CHECK(env.count("TORCHELASTIC_ERROR_FILE") == 0);
+}
+
+TEST_CASE("SubstituteLocalRank replaces every ${local_rank}", "[unit]") {
+  std::vector<std::string> argv = {"train", "--gpu=${local_rank}", "x${local_rank}y${local_rank}",
+                                   "${local_rank}", "$local_rank", "plain"};
+  std::vector<std::string> out = SubstituteLocalRank(argv, 12);
+  CHECK(out == std::vector<std::string>{"train", "--gpu=12", "x12y12", "12", "$local_rank",
+                                        "plain"});
+}
+
+TEST_CASE("CurrentEnvironment reflects the process environment", "[unit]") {
+  ::setenv("DDPRUN_TEST_VAR", "a=b=c", 1);
+  Env env = CurrentEnvironment();
+  CHECK(env.at("DDPRUN_TEST_VAR") == "a=b=c");  // split at the first '='
+  ::unsetenv("DDPRUN_TEST_VAR");
+  CHECK(CurrentEnvironment().count("DDPRUN_TEST_VAR") == 0);
+}
+
+}  // namespace
+}  // namespace ddprun::agent
