@@ -43,7 +43,7 @@ constexpr const char* kDescription =
     "torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...),\n"
     "restarts the whole job when a worker fails (up to --max_restarts) and re-forms it when\n"
     "nodes join or leave (--nnodes=MIN:MAX). It accepts torchrun's flags, in both the\n"
-    "--flag_name and --flag-name spellings; every flag not given reads PET_<FLAG_NAME>.";
+    "--flag_name and --flag-name spellings; every flag not given reads PET_<FLAG_NAME>.\n";
 
 constexpr const char* kFooter =
     "Examples:\n"
@@ -90,10 +90,35 @@ struct Setting {
   }
 };
 
+constexpr size_t kHelpNameColumn = 36;
+constexpr size_t kHelpWidth = 100;
+
+// Greedy word wrap; CLI11 indents the lines after each '\n'.
+std::string Wrap(const std::string& text, size_t width) {
+  std::string out;
+  size_t line = 0;
+  for (absl::string_view word : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+    if (line > 0 && line + 1 + word.size() > width) {
+      out += '\n';
+      line = 0;
+    } else if (line > 0) {
+      out += ' ';
+      ++line;
+    }
+    absl::StrAppend(&out, word);
+    line += word.size();
+  }
+  return out;
+}
+
 // Hides the --dash-spelling of each flag in --help (the description says both
-// spellings work) so that option names stay readable.
+// spellings work) so that option names stay readable, and wraps descriptions.
 class DdprunFormatter : public CLI::Formatter {
  public:
+  std::string make_option_desc(const CLI::Option* opt) const override {
+    return Wrap(opt->get_description(), kHelpWidth - kHelpNameColumn);
+  }
+
   std::string make_option_name(const CLI::Option* opt, bool is_positional) const override {
     std::vector<std::string> names;
     for (const std::string& s : opt->get_snames()) names.push_back("-" + s);
@@ -631,7 +656,7 @@ absl::StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& a
                                                const Env& env, const HostFacts& host) {
   CLI::App app{kDescription, "ddprun"};
   auto formatter = std::make_shared<DdprunFormatter>();
-  formatter->column_width(36);
+  formatter->column_width(kHelpNameColumn);
   formatter->label("OPTIONS", "OPTIONS] SCRIPT [SCRIPT_ARGS...");
   app.formatter(formatter);
   app.footer(kFooter);
