@@ -26,8 +26,11 @@
 // STOP_WAITING=0 once every key exists; CANCEL_WAIT u8 WAIT_CANCELED=1;
 // MULTI_GET one string per key; PING the nonce.
 //
-// Not supported (the connection is closed with a log line): WATCH_KEY and the
-// queue queries, which env:// rendezvous and the process groups never send.
+// Not supported (the connection is closed with a log line): WATCH_KEY, the
+// queue queries and anything newer than QUEUE_LEN (e.g. LIST_KEYS), which
+// env:// rendezvous and the gloo/NCCL process groups do not send. Neither is
+// the torch 2.1-era numbering (no VALIDATE, no WATCH_KEY: DELETE_KEY=7 ...),
+// which cannot be told apart from the legacy one on the wire.
 #include "ddprun/rendezvous/c10d_store_server.h"
 
 #include <arpa/inet.h>
@@ -104,14 +107,14 @@ enum class Op {
 };
 
 Op DecodeOp(Dialect dialect, std::uint8_t b) {
-  static constexpr Op kLegacy[] = {Op::kSet,       Op::kCompareSet, Op::kGet,       Op::kAdd,
+  static constexpr Op kLegacy[] = {Op::kSet,       Op::kCompareSet, Op::kGet,        Op::kAdd,
                                    Op::kCheck,     Op::kWait,       Op::kGetNumKeys, Op::kWatchKey,
-                                   Op::kDeleteKey, Op::kAppend,     Op::kMultiGet,  Op::kMultiSet,
-                                   Op::kCancelWait};
-  static constexpr Op kModern[] = {Op::kValidate,  Op::kSet,        Op::kCompareSet, Op::kGet,
-                                   Op::kAdd,       Op::kCheck,      Op::kWait,       Op::kGetNumKeys,
                                    Op::kDeleteKey, Op::kAppend,     Op::kMultiGet,   Op::kMultiSet,
-                                   Op::kCancelWait, Op::kPing,      Op::kQueuePush,  Op::kQueuePop,
+                                   Op::kCancelWait};
+  static constexpr Op kModern[] = {Op::kValidate,   Op::kSet,    Op::kCompareSet, Op::kGet,
+                                   Op::kAdd,        Op::kCheck,  Op::kWait,       Op::kGetNumKeys,
+                                   Op::kDeleteKey,  Op::kAppend, Op::kMultiGet,   Op::kMultiSet,
+                                   Op::kCancelWait, Op::kPing,   Op::kQueuePush,  Op::kQueuePop,
                                    Op::kQueueLen};
   if (dialect == Dialect::kLegacy && b < std::size(kLegacy)) return kLegacy[b];
   if (dialect == Dialect::kModern && b < std::size(kModern)) return kModern[b];
@@ -120,25 +123,44 @@ Op DecodeOp(Dialect dialect, std::uint8_t b) {
 
 const char* OpName(Op op) {
   switch (op) {
-    case Op::kValidate: return "VALIDATE";
-    case Op::kSet: return "SET";
-    case Op::kCompareSet: return "COMPARE_SET";
-    case Op::kGet: return "GET";
-    case Op::kAdd: return "ADD";
-    case Op::kCheck: return "CHECK";
-    case Op::kWait: return "WAIT";
-    case Op::kGetNumKeys: return "GETNUMKEYS";
-    case Op::kWatchKey: return "WATCH_KEY";
-    case Op::kDeleteKey: return "DELETE_KEY";
-    case Op::kAppend: return "APPEND";
-    case Op::kMultiGet: return "MULTI_GET";
-    case Op::kMultiSet: return "MULTI_SET";
-    case Op::kCancelWait: return "CANCEL_WAIT";
-    case Op::kPing: return "PING";
-    case Op::kQueuePush: return "QUEUE_PUSH";
-    case Op::kQueuePop: return "QUEUE_POP";
-    case Op::kQueueLen: return "QUEUE_LEN";
-    case Op::kUnknown: break;
+    case Op::kValidate:
+      return "VALIDATE";
+    case Op::kSet:
+      return "SET";
+    case Op::kCompareSet:
+      return "COMPARE_SET";
+    case Op::kGet:
+      return "GET";
+    case Op::kAdd:
+      return "ADD";
+    case Op::kCheck:
+      return "CHECK";
+    case Op::kWait:
+      return "WAIT";
+    case Op::kGetNumKeys:
+      return "GETNUMKEYS";
+    case Op::kWatchKey:
+      return "WATCH_KEY";
+    case Op::kDeleteKey:
+      return "DELETE_KEY";
+    case Op::kAppend:
+      return "APPEND";
+    case Op::kMultiGet:
+      return "MULTI_GET";
+    case Op::kMultiSet:
+      return "MULTI_SET";
+    case Op::kCancelWait:
+      return "CANCEL_WAIT";
+    case Op::kPing:
+      return "PING";
+    case Op::kQueuePush:
+      return "QUEUE_PUSH";
+    case Op::kQueuePop:
+      return "QUEUE_POP";
+    case Op::kQueueLen:
+      return "QUEUE_LEN";
+    case Op::kUnknown:
+      break;
   }
   return "UNKNOWN";
 }
@@ -213,8 +235,8 @@ ParseResult ParseRequest(Dialect dialect, std::string_view data, Request* req,
     std::string_view k;
     if (!r.Bytes(kMaxKeyBytes, &k, &too_big, &len)) {
       if (too_big) {
-        *error = absl::StrCat(OpName(req->op), " sent a key of ", len,
-                              " bytes, over the limit of ", kMaxKeyBytes);
+        *error = absl::StrCat(OpName(req->op), " sent a key of ", len, " bytes, over the limit of ",
+                              kMaxKeyBytes);
       }
       return false;
     }
@@ -289,7 +311,10 @@ ParseResult ParseRequest(Dialect dialect, std::string_view data, Request* req,
     case Op::kCancelWait:
       break;
     case Op::kUnknown:
-      *error = absl::StrCat("unknown query type ", static_cast<int>(type));
+      *error = absl::StrCat("unknown query type ", static_cast<int>(type),
+                            dialect == Dialect::kModern
+                                ? " (queries newer than torch 2.8's QUEUE_LEN are not supported)"
+                                : " (torch 1.13 dialect)");
       return ParseResult::kBad;
   }
   *consumed = r.pos();
@@ -342,7 +367,10 @@ std::string PeerName(const sockaddr_storage& addr) {
 class C10dStoreServer::Impl {
  public:
   Impl(int listen_fd, int wake_fd, int port)
-      : listen_fd_(listen_fd), wake_fd_(wake_fd), port_(port), engine_(std::make_unique<KvEngine>()) {}
+      : listen_fd_(listen_fd),
+        wake_fd_(wake_fd),
+        port_(port),
+        engine_(std::make_unique<KvEngine>()) {}
 
   ~Impl() {
     stop_.store(true);
@@ -357,7 +385,9 @@ class C10dStoreServer::Impl {
     wake_fd_ = -1;
   }
 
-  void Start() { thread_ = std::thread([this] { Run(); }); }
+  void Start() {
+    thread_ = std::thread([this] { Run(); });
+  }
   int port() const { return port_; }
   KvEngine& engine() { return *engine_; }
 
@@ -407,7 +437,8 @@ class C10dStoreServer::Impl {
       fds.clear();
       ids.clear();
       fds.push_back(pollfd{wake_fd_, POLLIN, 0});
-      fds.push_back(pollfd{listen_fd_, static_cast<short>(conns_.size() < kMaxConnections ? POLLIN : 0), 0});
+      fds.push_back(
+          pollfd{listen_fd_, static_cast<short>(conns_.size() < kMaxConnections ? POLLIN : 0), 0});
       for (auto& [id, conn] : conns_) {
         short events = 0;
         if (!conn.eof && conn.out.size() - conn.out_off < kOutputHighWater) events |= POLLIN;
@@ -665,10 +696,10 @@ class C10dStoreServer::Impl {
         const std::uint64_t token = conn.next_token++;
         const std::uint64_t conn_id = conn.id;
         conn.waits[token] = 0;
-        KvEngine::WaiterId id = engine_->WaitAsync(
-            std::move(keys), TimePoint::max(), [this, conn_id, token](absl::Status status) {
-              OnWaitDone(conn_id, token, std::move(status));
-            });
+        KvEngine::WaiterId id = engine_->WaitAsync(std::move(keys), TimePoint::max(),
+                                                   [this, conn_id, token](absl::Status status) {
+                                                     OnWaitDone(conn_id, token, std::move(status));
+                                                   });
         auto it = conn.waits.find(token);
         if (it != conn.waits.end()) it->second = id;
         return;
@@ -761,8 +792,8 @@ absl::StatusOr<std::unique_ptr<C10dStoreServer>> C10dStoreServer::Start(
     const C10dStoreServerOptions& opts) {
   const std::string where = absl::StrCat(opts.host, ":", opts.port);
   if (opts.port < 0 || opts.port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot bind the TCPStore on ", where, ": the port is out of range; use 0..65535"));
+    return absl::InvalidArgumentError(absl::StrCat("cannot bind the TCPStore on ", where,
+                                                   ": the port is out of range; use 0..65535"));
   }
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -770,18 +801,18 @@ absl::StatusOr<std::unique_ptr<C10dStoreServer>> C10dStoreServer::Start(
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* res = nullptr;
   const std::string port_str = std::to_string(opts.port);
-  int gai = ::getaddrinfo(opts.host.empty() ? nullptr : opts.host.c_str(), port_str.c_str(),
-                          &hints, &res);
+  int gai = ::getaddrinfo(opts.host.empty() ? nullptr : opts.host.c_str(), port_str.c_str(), &hints,
+                          &res);
   if (gai != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot bind the TCPStore on ", where, ": ", ::gai_strerror(gai),
-                     "; use a local address such as 0.0.0.0"));
+    return absl::InvalidArgumentError(absl::StrCat("cannot bind the TCPStore on ", where, ": ",
+                                                   ::gai_strerror(gai),
+                                                   "; use a local address such as 0.0.0.0"));
   }
   int listen_fd = -1;
   int last_errno = 0;
   for (addrinfo* ai = res; ai != nullptr && listen_fd < 0; ai = ai->ai_next) {
-    int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                      ai->ai_protocol);
+    int fd =
+        ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
     if (fd < 0) {
       last_errno = errno;
       continue;
@@ -825,9 +856,9 @@ absl::StatusOr<std::unique_ptr<C10dStoreServer>> C10dStoreServer::Start(
   if (wake_fd < 0) {
     const int err = errno;
     ::close(listen_fd);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "cannot start the TCPStore: eventfd failed: ", std::strerror(err),
-        "; raise the open-file limit (ulimit -n)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot start the TCPStore: eventfd failed: ", std::strerror(err),
+                     "; raise the open-file limit (ulimit -n)"));
   }
   auto impl = std::make_unique<Impl>(listen_fd, wake_fd, port);
   impl->Start();
@@ -889,9 +920,9 @@ absl::Status SendAll(int fd, std::string_view data, SteadyClock::time_point dead
       }
       if (rc > 0) continue;
     }
-    return absl::UnavailableError(absl::StrCat("lost the connection to the TCPStore: ",
-                                               std::strerror(errno),
-                                               "; the store server may have stopped"));
+    return absl::UnavailableError(
+        absl::StrCat("lost the connection to the TCPStore: ", std::strerror(errno),
+                     "; the store server may have stopped"));
   }
   return absl::OkStatus();
 }
@@ -917,9 +948,9 @@ absl::Status RecvExact(int fd, char* buf, std::size_t n, SteadyClock::time_point
       }
       if (rc > 0) continue;
     }
-    return absl::UnavailableError(absl::StrCat("lost the connection to the TCPStore: ",
-                                               std::strerror(errno),
-                                               "; the store server may have stopped"));
+    return absl::UnavailableError(
+        absl::StrCat("lost the connection to the TCPStore: ", std::strerror(errno),
+                     "; the store server may have stopped"));
   }
   return absl::OkStatus();
 }
@@ -933,8 +964,7 @@ absl::StatusOr<T> RecvValue(int fd, SteadyClock::time_point deadline) {
 
 // Connects to one address; returns the fd or -1 with *err set.
 int ConnectOne(const addrinfo* ai, SteadyClock::time_point deadline, std::string* err) {
-  int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                    ai->ai_protocol);
+  int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
   if (fd < 0) {
     *err = std::strerror(errno);
     return -1;
@@ -990,9 +1020,8 @@ absl::StatusOr<std::unique_ptr<C10dStoreClient>> C10dStoreClient::Connect(const 
                                                                           double timeout_s) {
   const std::string where = absl::StrCat(host, ":", port);
   const auto start = SteadyClock::now();
-  const auto deadline =
-      start + std::chrono::duration_cast<SteadyClock::duration>(std::chrono::duration<double>(
-                  std::max(0.0, timeout_s)));
+  const auto deadline = start + std::chrono::duration_cast<SteadyClock::duration>(
+                                    std::chrono::duration<double>(std::max(0.0, timeout_s)));
   std::string last_error = "no attempt was made";
   auto backoff = std::chrono::milliseconds(20);
   while (true) {
@@ -1008,7 +1037,8 @@ absl::StatusOr<std::unique_ptr<C10dStoreClient>> C10dStoreClient::Connect(const 
     } else {
       for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
         // Each attempt gets at least a few seconds, even past a short deadline.
-        const auto attempt_deadline = std::max(deadline, SteadyClock::now() + std::chrono::seconds(5));
+        const auto attempt_deadline =
+            std::max(deadline, SteadyClock::now() + std::chrono::seconds(5));
         int fd = ConnectOne(ai, attempt_deadline, &last_error);
         if (fd < 0) continue;
         absl::Status st = Handshake(fd, attempt_deadline);
@@ -1060,14 +1090,15 @@ absl::StatusOr<std::string> C10dStoreClient::Get(const std::string& key, double 
   DDPRUN_RETURN_IF_ERROR(SendAll(fd_, msg, SteadyClock::now() + kReplyTimeout));
   const auto wait_deadline =
       SteadyClock::now() + std::chrono::duration_cast<SteadyClock::duration>(
-                         std::chrono::duration<double>(std::max(0.0, timeout_s)));
+                               std::chrono::duration<double>(std::max(0.0, timeout_s)));
   absl::StatusOr<std::uint8_t> reply = RecvValue<std::uint8_t>(fd_, wait_deadline);
   if (!reply.ok() && absl::IsDeadlineExceeded(reply.status())) {
     // Cancel; the server answers WAIT_CANCELED, possibly after a late STOP_WAITING.
     std::string cancel;
     AppendValue<std::uint8_t>(&cancel, kModernCancelWait);
     DDPRUN_RETURN_IF_ERROR(SendAll(fd_, cancel, SteadyClock::now() + kReplyTimeout));
-    absl::StatusOr<std::uint8_t> ack = RecvValue<std::uint8_t>(fd_, SteadyClock::now() + kReplyTimeout);
+    absl::StatusOr<std::uint8_t> ack =
+        RecvValue<std::uint8_t>(fd_, SteadyClock::now() + kReplyTimeout);
     if (!ack.ok()) return ack.status();
     const bool arrived = *ack == kStopWaiting;
     if (arrived) {
@@ -1079,9 +1110,9 @@ absl::StatusOr<std::string> C10dStoreClient::Get(const std::string& key, double 
           "the TCPStore answered CANCEL_WAIT unexpectedly; the port is not a c10d TCPStore");
     }
     if (!arrived) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "timed out after ", timeout_s, "s waiting for store key '", key,
-          "'; the process that should set it may have failed or not started yet"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("timed out after ", timeout_s, "s waiting for store key '", key,
+                       "'; the process that should set it may have failed or not started yet"));
     }
   } else if (!reply.ok()) {
     return reply.status();

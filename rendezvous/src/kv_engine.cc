@@ -124,8 +124,8 @@ absl::StatusOr<std::int64_t> KvEngine::Add(const std::string& key, std::int64_t 
     }
     if ((delta > 0 && current > std::numeric_limits<std::int64_t>::max() - delta) ||
         (delta < 0 && current < std::numeric_limits<std::int64_t>::min() - delta)) {
-      return absl::OutOfRangeError(absl::StrCat("adding ", delta, " to store key '",
-                                                Preview(key), "' (", current,
+      return absl::OutOfRangeError(absl::StrCat("adding ", delta, " to store key '", Preview(key),
+                                                "' (", current,
                                                 ") overflows int64; reset the counter"));
     }
     result = current + delta;
@@ -133,10 +133,10 @@ absl::StatusOr<std::int64_t> KvEngine::Add(const std::string& key, std::int64_t 
     const std::size_t old_bytes = it == data_.end() ? 0 : key.size() + it->second.size();
     const std::size_t new_bytes = key.size() + value.size();
     if (bytes_ - old_bytes + new_bytes > kMaxEngineBytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the store holds ", bytes_, " bytes and adding to key '", Preview(key),
-          "' would exceed the limit of ", kMaxEngineBytes,
-          " bytes; delete keys that are no longer needed"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the store holds ", bytes_, " bytes and adding to key '", Preview(key),
+                       "' would exceed the limit of ", kMaxEngineBytes,
+                       " bytes; delete keys that are no longer needed"));
     }
     bytes_ = bytes_ - old_bytes + new_bytes;
     if (it == data_.end()) {
@@ -160,8 +160,8 @@ absl::StatusOr<CompareSetResult> KvEngine::CompareSet(const std::string& key,
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = data_.find(key);
-    const bool matches = expected.has_value() ? (it != data_.end() && it->second == *expected)
-                                              : it == data_.end();
+    const bool matches =
+        expected.has_value() ? (it != data_.end() && it->second == *expected) : it == data_.end();
     if (!matches) {
       result.swapped = false;
       result.exists = it != data_.end();

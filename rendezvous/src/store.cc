@@ -46,16 +46,15 @@ absl::Status WaitOn(KvEngine& engine, const std::vector<std::string>& keys, Dura
     absl::Status status;
   };
   auto state = std::make_shared<State>();
-  KvEngine::WaiterId id =
-      engine.WaitAsync(keys, TimePoint::max(), [state](absl::Status status) {
-        {
-          std::lock_guard<std::mutex> lock(state->mu);
-          if (state->done) return;
-          state->done = true;
-          state->status = std::move(status);
-        }
-        state->cv.notify_all();
-      });
+  KvEngine::WaiterId id = engine.WaitAsync(keys, TimePoint::max(), [state](absl::Status status) {
+    {
+      std::lock_guard<std::mutex> lock(state->mu);
+      if (state->done) return;
+      state->done = true;
+      state->status = std::move(status);
+    }
+    state->cv.notify_all();
+  });
   {
     std::unique_lock<std::mutex> lock(state->mu);
     if (timeout > Duration::zero()) {
@@ -112,9 +111,7 @@ absl::Status InMemoryStore::Wait(const std::vector<std::string>& keys, Duration 
   return WaitOn(*engine_, keys, timeout);
 }
 
-absl::StatusOr<bool> InMemoryStore::Delete(const std::string& key) {
-  return engine_->Delete(key);
-}
+absl::StatusOr<bool> InMemoryStore::Delete(const std::string& key) { return engine_->Delete(key); }
 
 absl::StatusOr<std::vector<std::string>> InMemoryStore::MultiGet(
     const std::vector<std::string>& keys, Duration timeout) {
@@ -171,12 +168,10 @@ absl::Status PrefixStore::Wait(const std::vector<std::string>& keys, Duration ti
   return base_->Wait(Keys(keys), timeout);
 }
 
-absl::StatusOr<bool> PrefixStore::Delete(const std::string& key) {
-  return base_->Delete(Key(key));
-}
+absl::StatusOr<bool> PrefixStore::Delete(const std::string& key) { return base_->Delete(Key(key)); }
 
-absl::StatusOr<std::vector<std::string>> PrefixStore::MultiGet(
-    const std::vector<std::string>& keys, Duration timeout) {
+absl::StatusOr<std::vector<std::string>> PrefixStore::MultiGet(const std::vector<std::string>& keys,
+                                                               Duration timeout) {
   return base_->MultiGet(Keys(keys), timeout);
 }
 

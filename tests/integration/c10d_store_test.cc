@@ -2,8 +2,6 @@
 // 2.x dialect), raw sockets speaking both dialects, PyTorch 1.13's own
 // TCPStore client and a 2-process gloo init_process_group(env://) through it,
 // misbehaving clients, port conflicts and prompt shutdown.
-#include <catch2/catch.hpp>
-
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -11,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>

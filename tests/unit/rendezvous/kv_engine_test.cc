@@ -1,12 +1,12 @@
 // Unit tests for KvEngine: data operations, waiters (satisfied, expired with a
 // FakeClock, cancelled) and the size limits.
-#include <catch2/catch.hpp>
+#include "ddprun/rendezvous/kv_engine.h"
 
+#include <catch2/catch.hpp>
 #include <string>
 #include <vector>
 
 #include "ddprun/rendezvous/clock.h"
-#include "ddprun/rendezvous/kv_engine.h"
 
 namespace ddprun::rendezvous {
 namespace {

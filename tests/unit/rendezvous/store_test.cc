@@ -1,11 +1,10 @@
 // Unit tests for InMemoryStore and PrefixStore (no sockets, short timeouts).
-#include <catch2/catch.hpp>
+#include "ddprun/rendezvous/store.h"
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <memory>
 #include <thread>
-
-#include "ddprun/rendezvous/store.h"
 
 namespace ddprun::rendezvous {
 namespace {
