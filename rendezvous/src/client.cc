@@ -94,18 +94,23 @@ absl::Status ParseEndpoint(const std::string& endpoint, int default_port, std::s
 
 namespace {
 
-// Reads the server stream on its own thread, so Next() can have a timeout.
-class GrpcJoinStream final : public JoinStream {
+// Reads the server stream with gRPC's callback API (no thread per stream);
+// events wait in a queue so Next() can have a timeout.
+class GrpcJoinStream final : public JoinStream,
+                             public grpc::ClientReadReactor<pb::RoundEvent> {
  public:
   GrpcJoinStream(pb::Rendezvous::Stub* stub, const JoinSpec& spec, std::string target)
       : request_(ToProto(spec)), target_(std::move(target)) {
-    reader_ = stub->Join(&ctx_, request_);
-    thread_ = std::thread([this] { ReadLoop(); });
+    stub->async()->Join(&ctx_, &request_, this);
+    StartRead(&msg_);
+    StartCall();
   }
 
   ~GrpcJoinStream() override {
-    Cancel();
-    if (thread_.joinable()) thread_.join();
+    ctx_.TryCancel();
+    std::unique_lock<std::mutex> lock(mu_);
+    // OnDone follows a cancel promptly; the bound only guards against a bug.
+    cv_.wait_for(lock, std::chrono::seconds(10), [&] { return done_; });
   }
 
   RoundEvent Next(Duration timeout) override {
@@ -121,38 +126,44 @@ class GrpcJoinStream final : public JoinStream {
 
   void Cancel() override { ctx_.TryCancel(); }
 
- private:
-  void ReadLoop() {
-    pb::RoundEvent msg;
-    while (reader_->Read(&msg)) Push(FromProto(msg));
-    grpc::Status st = reader_->Finish();
-    if (st.ok()) {
-      Push(absl::CancelledError("the rendezvous ended the stream"));
-    } else if (st.error_code() == grpc::StatusCode::UNAVAILABLE &&
-               st.error_message().find("shutting down") == std::string::npos) {
-      Push(absl::UnavailableError("lost the connection to the rendezvous at " + target_ + " (" +
-                                  st.error_message() + ")"));
-    } else {
-      Push(FromGrpc(st));
-    }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // the stream ended; OnDone has the status
+    Push(FromProto(msg_));
+    StartRead(&msg_);
   }
 
-  void Push(RoundEvent e) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      events_.push_back(std::move(e));
+  void OnDone(const grpc::Status& st) override {
+    RoundEvent last;
+    if (st.ok()) {
+      last = absl::CancelledError("the rendezvous ended the stream");
+    } else if (st.error_code() == grpc::StatusCode::UNAVAILABLE &&
+               st.error_message().find("shutting down") == std::string::npos) {
+      last = absl::UnavailableError("lost the connection to the rendezvous at " + target_ + " (" +
+                                    st.error_message() + ")");
+    } else {
+      last = FromGrpc(st);
     }
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(std::move(last));
+    done_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  void Push(RoundEvent e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(std::move(e));
     cv_.notify_all();
   }
 
   grpc::ClientContext ctx_;
   pb::JoinRequest request_;
+  pb::RoundEvent msg_;
   std::string target_;
-  std::unique_ptr<grpc::ClientReader<pb::RoundEvent>> reader_;
-  std::thread thread_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<RoundEvent> events_;
+  bool done_ = false;
 };
 
 }  // namespace

@@ -201,7 +201,6 @@ void JobRendezvous::Complete(std::vector<Delivery>* out) {
     a.master_port = master.spec.master_port;
     a.restart_count = restart_count_;
     a.store_token = store_token_;
-    a.nodes = assigned_;
     a.node_id = order[i].id;
     out->push_back({order[i].id, std::move(a)});
   }

@@ -105,7 +105,6 @@ pb::RoundEvent ToProto(const RoundEvent& e) {
     q->set_master_port(a->master_port);
     q->set_restart_count(a->restart_count);
     q->set_store_token(a->store_token);
-    for (const auto& n : a->nodes) ToProto(n, q->add_nodes());
     q->set_node_id(a->node_id);
   } else if (const auto* r = std::get_if<RestartRound>(&e)) {
     auto* q = p.mutable_restart();
@@ -137,7 +136,6 @@ RoundEvent FromProto(const pb::RoundEvent& p) {
       a.master_port = q.master_port();
       a.restart_count = q.restart_count();
       a.store_token = q.store_token();
-      for (const auto& n : q.nodes()) a.nodes.push_back(FromProto(n));
       a.node_id = q.node_id();
       return a;
     }

@@ -43,6 +43,17 @@ JoinSpec Spec(const std::string& job, int pid, int nodes = 2) {
   return s;
 }
 
+// Joins are asynchronous: wait until the server has seen n members of job.
+void WaitForMembers(RendezvousServer& server, const std::string& job, std::size_t n) {
+  auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    for (const auto& j : server.Status())
+      if (j.job_id == job && j.nodes.size() >= n) return;
+    std::this_thread::sleep_for(1ms);
+  }
+  FAIL("job " << job << " never had " << n << " members");
+}
+
 Assignment NextAssignment(JoinStream& stream) {
   RoundEvent e = stream.Next(5s);
   if (auto* st = std::get_if<absl::Status>(&e)) FAIL("stream error: " << st->ToString());
@@ -56,6 +67,7 @@ TEST_CASE("two agents join a round over gRPC and get consistent ranks", "[integr
   auto c2 = RendezvousClient::Create("127.0.0.1", server->port());
   REQUIRE(c1->WaitForConnected(5s).ok());
   auto s1 = c1->Join(Spec("job-a", 11));
+  WaitForMembers(*server, "job-a", 1);
   auto s2 = c2->Join(Spec("job-a", 12));
   Assignment a1 = NextAssignment(*s1);
   Assignment a2 = NextAssignment(*s2);
@@ -123,7 +135,7 @@ TEST_CASE("two agents join a round over gRPC and get consistent ranks", "[integr
   SECTION("a failure report restarts both agents into round 1 with one counter") {
     // max_restarts is 0 in Spec: the job closes for everyone.
     REQUIRE(c2->Report("job-a", a2.node_id, a2.round, Outcome::kFailed,
-                       {WorkerFailure{"127.0.0.1", 3, 1, 7}}, 5s)
+                       {[] { WorkerFailure f; f.host = "127.0.0.1"; f.global_rank = 3; f.local_rank = 1; f.exit_code = 7; return f; }()}, 5s)
                 .ok());
     for (auto* s : {s1.get(), s2.get()}) {
       RoundEvent e = s->Next(5s);
@@ -180,6 +192,7 @@ TEST_CASE("join errors: duplicate node rank, timeout, other jobs undisturbed", "
   auto b = Spec("job-x", 2);
   b.requested_rank = 0;
   auto sa = c->Join(a);
+  WaitForMembers(*server, "job-x", 1);
   auto sb = c->Join(b);
   RoundEvent e = sb->Next(5s);
   REQUIRE(std::holds_alternative<absl::Status>(e));

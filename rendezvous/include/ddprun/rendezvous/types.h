@@ -55,7 +55,6 @@ struct Assignment {
   int master_port = 0;
   int restart_count = 0;
   std::string store_token;
-  std::vector<NodeInfo> nodes;
   std::string node_id;
 };
 
