@@ -24,7 +24,7 @@ deps:
 	bash scripts/install-deps.sh
 
 test: deps
-	$(MAKE) build
+	$(MAKE) --no-print-directory build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j$(JOBS) $(CTEST_ARGS)
 
 # The fast tier only.
@@ -32,7 +32,7 @@ test-unit: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j$(JOBS) -L unit
 
 demo: deps
-	$(MAKE) build
+	$(MAKE) --no-print-directory build
 	$(BUILD_DIR)/bin/ddprun --nproc_per_node=4 examples/hello.sh
 
 clean:
