@@ -227,16 +227,18 @@ TEST_CASE("C10dStoreClient Get waits for a key another client sets later", "[int
   auto server = StartServer();
   auto waiter = C10dStoreClient::Connect("127.0.0.1", server->port(), 5.0);
   REQUIRE(waiter.ok());
-  std::thread setter([port = server->port()] {
+  // Catch2 assertions are not thread-safe: threads record, the test asserts.
+  absl::Status set_status;
+  std::thread setter([&set_status, port = server->port()] {
     std::this_thread::sleep_for(milliseconds(200));
     auto other = C10dStoreClient::Connect("127.0.0.1", port, 5.0);
-    REQUIRE(other.ok());
-    REQUIRE((*other)->Set("late", "arrived").ok());
+    set_status = other.ok() ? (*other)->Set("late", "arrived") : other.status();
   });
   const auto start = SteadyClock::now();
   auto v = (*waiter)->Get("late", 20.0);
   const auto elapsed = SteadyClock::now() - start;
   setter.join();
+  REQUIRE(set_status.ok());
   REQUIRE(v.ok());
   CHECK(*v == "arrived");
   CHECK(elapsed >= milliseconds(150));
@@ -268,19 +270,18 @@ TEST_CASE("C10dStoreClient Connect retries until the server is up, then times ou
     auto probe = StartServer();
     port = probe->port();
   }
-  std::unique_ptr<C10dStoreServer> late;
+  absl::StatusOr<std::unique_ptr<C10dStoreServer>> late;
   std::thread starter([&] {
     std::this_thread::sleep_for(milliseconds(300));
-    auto s = C10dStoreServer::Start(C10dStoreServerOptions{"127.0.0.1", port});
-    REQUIRE(s.ok());
-    late = *std::move(s);
+    late = C10dStoreServer::Start(C10dStoreServerOptions{"127.0.0.1", port});
   });
   auto client = C10dStoreClient::Connect("127.0.0.1", port, 10.0);
   starter.join();
+  REQUIRE(late.ok());
   REQUIRE(client.ok());
   REQUIRE((*client)->Set("a", "b").ok());
   CHECK(*(*client)->Get("a", 5.0) == "b");
-  late.reset();
+  late->reset();
 
   const auto start = SteadyClock::now();
   auto none = C10dStoreClient::Connect("127.0.0.1", port, 0.3);
@@ -624,17 +625,15 @@ TEST_CASE("C10dStoreServer shuts down promptly with clients connected and waitin
   waiting.Send(Msg(modern::kWait).U64(1).Str("never"));
   CHECK(waiting.Silent(milliseconds(50)));
 
-  std::thread getter([&] {
-    auto v = (*client)->Get("never", 30.0);
-    CHECK_FALSE(v.ok());
-    CHECK(absl::IsUnavailable(v.status()));
-  });
+  absl::Status get_status;
+  std::thread getter([&] { get_status = (*client)->Get("never", 30.0).status(); });
   std::this_thread::sleep_for(milliseconds(100));
   const auto start = SteadyClock::now();
   server.reset();
   CHECK(SteadyClock::now() - start < seconds(2));
   getter.join();
   CHECK(SteadyClock::now() - start < seconds(5));
+  CHECK(absl::IsUnavailable(get_status));
   CHECK(waiting.ClosedByServer(seconds(2)));
   CHECK(idle.ClosedByServer(seconds(2)));
 }

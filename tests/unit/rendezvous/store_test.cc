@@ -84,26 +84,32 @@ TEST_CASE("InMemoryStore waits time out with DeadlineExceeded", "[unit]") {
 
 TEST_CASE("InMemoryStore wakes a waiter when another thread sets the key", "[unit]") {
   InMemoryStore store;
+  // Catch2 assertions are not thread-safe: threads record, the test asserts.
+  absl::Status set_status;
   std::thread setter([&] {
     std::this_thread::sleep_for(milliseconds(30));
-    REQUIRE(store.Set("late", "value").ok());
+    set_status = store.Set("late", "value");
   });
   const auto start = SteadyClock::now();
   auto v = store.Get("late", std::chrono::seconds(10));
   const auto elapsed = SteadyClock::now() - start;
   setter.join();
+  REQUIRE(set_status.ok());
   REQUIRE(v.ok());
   CHECK(*v == "value");
   CHECK(elapsed < std::chrono::seconds(5));
 
+  bool adds_ok = false;
   std::thread adder([&] {
     std::this_thread::sleep_for(milliseconds(20));
-    REQUIRE(store.Add("k1", 1).ok());
+    const bool first = store.Add("k1", 1).ok();
     std::this_thread::sleep_for(milliseconds(20));
-    REQUIRE(store.Add("k2", 1).ok());
+    adds_ok = first && store.Add("k2", 1).ok();
   });
-  CHECK(store.Wait({"k1", "k2"}, std::chrono::seconds(10)).ok());
+  absl::Status waited = store.Wait({"k1", "k2"}, std::chrono::seconds(10));
   adder.join();
+  CHECK(adds_ok);
+  CHECK(waited.ok());
 }
 
 TEST_CASE("PrefixStore namespaces keys of the base store", "[unit]") {
