@@ -141,8 +141,8 @@ class FlagTable {
   CLI::Option* Value(const std::string& dest, const std::string& shorts,
                      const std::string& option_text, const std::string& help,
                      const std::string& default_text, const char* group) {
-    CLI::Option* opt = app_.add_option(Names(dest, shorts), values_[dest],
-                                       Describe(dest, help, default_text));
+    CLI::Option* opt =
+        app_.add_option(Names(dest, shorts), values_[dest], Describe(dest, help, default_text));
     opt->option_text(option_text);
     opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // argparse: last one wins
     opt->group(group);
@@ -276,9 +276,9 @@ absl::Status ParseNnodes(const Setting& s, AgentOptions& options) {
     hi = ParseInt(parts[1]);
   }
   if (!lo || !hi || *lo <= 0 || *lo > *hi || *hi > 1'000'000) {
-    return UsageError(absl::StrCat(s.Name("--nnodes"),
-                                   " must be N or MIN:MAX with 0 < MIN <= MAX (e.g. 2 or 1:4), got '",
-                                   s.value, "'"));
+    return UsageError(absl::StrCat(
+        s.Name("--nnodes"), " must be N or MIN:MAX with 0 < MIN <= MAX (e.g. 2 or 1:4), got '",
+        s.value, "'"));
   }
   options.min_nodes = static_cast<int>(*lo);
   options.max_nodes = static_cast<int>(*hi);
@@ -302,7 +302,8 @@ absl::StatusOr<int> ParseNproc(const Setting& s, const HostFacts& host) {
   if (!n || *n <= 0 || *n > 1'000'000) {
     return UsageError(absl::StrCat(s.Name("--nproc_per_node"),
                                    " must be a positive number of workers, 'cpu', 'gpu' or 'auto', "
-                                   "got '", s.value, "'"));
+                                   "got '",
+                                   s.value, "'"));
   }
   return static_cast<int>(*n);
 }
@@ -312,7 +313,8 @@ absl::StatusOr<StdStreams> ParseStdStreams(const Setting& s, const std::string& 
   auto bad = [&] {
     return UsageError(absl::StrCat(s.Name(flag),
                                    " must be 0 (none), 1 (stdout), 2 (stderr), 3 (both) or a "
-                                   "per-local-rank map like 0:3,1:2; got '", s.value, "'"));
+                                   "per-local-rank map like 0:3,1:2; got '",
+                                   s.value, "'"));
   };
   StdStreams out;
   if (s.value.find(':') == std::string::npos) {
@@ -339,7 +341,8 @@ absl::StatusOr<std::vector<int>> ParseRankList(const Setting& s, int nproc) {
     if (!r || *r < 0) {
       return UsageError(absl::StrCat(s.Name("--local_ranks_filter"),
                                      " must be a comma-separated list of local ranks like 0,1; "
-                                     "got '", s.value, "'"));
+                                     "got '",
+                                     s.value, "'"));
     }
     if (*r >= nproc) {
       return UsageError(absl::StrCat(s.Name("--local_ranks_filter"), " names local rank ", *r,
@@ -413,9 +416,10 @@ absl::Status ParseRdzvConf(const Setting& s, bool is_static, AgentOptions& optio
   for (absl::string_view item : absl::StrSplit(s.value, ',', absl::SkipWhitespace())) {
     const size_t eq = item.find('=');
     if (eq == absl::string_view::npos) {
-      return UsageError(absl::StrCat(s.Name("--rdzv_conf"), " must be KEY=VALUE pairs separated "
-                                     "by commas (e.g. join_timeout=900,token=s3cret); '", item,
-                                     "' has no '='"));
+      return UsageError(absl::StrCat(s.Name("--rdzv_conf"),
+                                     " must be KEY=VALUE pairs separated "
+                                     "by commas (e.g. join_timeout=900,token=s3cret); '",
+                                     item, "' has no '='"));
     }
     const std::string key(absl::StripAsciiWhitespace(item.substr(0, eq)));
     const std::string value(absl::StripAsciiWhitespace(item.substr(eq + 1)));
@@ -518,16 +522,15 @@ absl::Status FromCliError(const CLI::ParseError& e) {
   std::string what = e.what();
   if (absl::StrContains(what, "required") && absl::StrContains(what, "missing")) {
     const std::string flag = what.substr(0, what.find(':'));
-    return UsageError(absl::StrCat(flag, " needs a value (e.g. ", flag,
-                                   "=VALUE); see ddprun --help"));
+    return UsageError(
+        absl::StrCat(flag, " needs a value (e.g. ", flag, "=VALUE); see ddprun --help"));
   }
   return UsageError(absl::StrCat(what, "; see ddprun --help"));
 }
 
 bool IsExecutableFile(const std::string& path) {
   struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
-         ::access(path.c_str(), X_OK) == 0;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
 }
 
 bool PathExists(const std::string& path) {
@@ -599,8 +602,7 @@ HostFacts ProbeHost() {
 
 std::string VersionString() { return absl::StrCat("ddprun ", DDPRUN_VERSION); }
 
-absl::StatusOr<std::vector<std::string>> BuildWorkerCommand(const ScriptSpec& spec,
-                                                            const Env& env,
+absl::StatusOr<std::vector<std::string>> BuildWorkerCommand(const ScriptSpec& spec, const Env& env,
                                                             std::vector<std::string>* warnings) {
   const std::string python = PythonExec(env);
   const std::string& script = spec.script;
@@ -628,8 +630,10 @@ absl::StatusOr<std::vector<std::string>> BuildWorkerCommand(const ScriptSpec& sp
   if (spec.no_python) {
     if (exists) {
       if (IsExecutableFile(script)) return Concat({as_path}, spec.args);
-      return UsageError(absl::StrCat("'", script, "' is not an executable file; chmod +x it, "
-                                     "or drop --no_python to run it with ", python));
+      return UsageError(absl::StrCat("'", script,
+                                     "' is not an executable file; chmod +x it, "
+                                     "or drop --no_python to run it with ",
+                                     python));
     }
     if (!has_slash && FindOnPath(script, env)) return Concat({script}, spec.args);
     return not_found();
@@ -643,7 +647,8 @@ absl::StatusOr<std::vector<std::string>> BuildWorkerCommand(const ScriptSpec& sp
     if (IsExecutableFile(script)) return Concat({as_path}, spec.args);
     if (warnings != nullptr) {
       warnings->push_back(absl::StrCat("ddprun: '", script, "' is not executable; running it as ",
-                                       python, " -u ", script, " (chmod +x it to run it directly)"));
+                                       python, " -u ", script,
+                                       " (chmod +x it to run it directly)"));
     }
     if (auto s = CheckPython(python, env); !s.ok()) return s;
     return Concat({python, "-u", script}, spec.args);
@@ -652,8 +657,8 @@ absl::StatusOr<std::vector<std::string>> BuildWorkerCommand(const ScriptSpec& sp
   return not_found();
 }
 
-absl::StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& args,
-                                               const Env& env, const HostFacts& host) {
+absl::StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& args, const Env& env,
+                                               const HostFacts& host) {
   CLI::App app{kDescription, "ddprun"};
   auto formatter = std::make_shared<DdprunFormatter>();
   formatter->column_width(kHelpNameColumn);
@@ -731,8 +736,8 @@ absl::StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& a
               "Like --redirects, and also to the console; parsed, not applied yet", "0",
               kGroupOutput);
   flags.Value("local_ranks_filter", "", "RANK,...",
-              "Show only these local ranks' output on the console; parsed, not applied yet",
-              "all", kGroupOutput);
+              "Show only these local ranks' output on the console; parsed, not applied yet", "all",
+              kGroupOutput);
   // Compatibility.
   flags.Value("monitor_interval", "", "SECONDS",
               "Ignored: ddprun reacts to worker exits as they happen instead of polling", "0.1",
@@ -766,7 +771,8 @@ absl::StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& a
 
   // The worker command: everything CLI11 did not consume.
   std::vector<std::string> rest = app.remaining();
-  if (!rest.empty() && rest[0] == "--") rest.erase(rest.begin());
+  if (!rest.empty() && rest[0] == "--")
+    rest.erase(rest.begin());
   else if (!rest.empty() && rest[0].size() > 1 && rest[0][0] == '-') {
     return UnknownOption(rest[0], flags);
   }
@@ -883,9 +889,9 @@ absl::StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& a
     return s;
   }
   if (node_rank.is_set()) {
-    auto r = ParseIntIn(node_rank, "--node_rank", 0, o.max_nodes - 1,
-                        absl::StrCat("in 0..", o.max_nodes - 1, " (--nnodes max is ", o.max_nodes,
-                                     ")"));
+    auto r =
+        ParseIntIn(node_rank, "--node_rank", 0, o.max_nodes - 1,
+                   absl::StrCat("in 0..", o.max_nodes - 1, " (--nnodes max is ", o.max_nodes, ")"));
     if (!r.ok()) return r.status();
     o.node_rank = *r;
   }
@@ -896,7 +902,8 @@ absl::StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& a
       if (absl::StartsWith(s->source, "--")) ignored.push_back(s->source);
     }
     if (!ignored.empty()) {
-      warnings.push_back(absl::StrCat("ddprun: --standalone ignores ", absl::StrJoin(ignored, ", ")));
+      warnings.push_back(
+          absl::StrCat("ddprun: --standalone ignores ", absl::StrJoin(ignored, ", ")));
     }
     if (o.max_nodes > 1) {
       return UsageError(absl::StrCat("--standalone runs a single node but --nnodes is ",
@@ -911,9 +918,10 @@ absl::StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& a
     o.rdzv_port = 0;
   } else if (is_static) {
     if (o.min_nodes != o.max_nodes) {
-      return UsageError(absl::StrCat("--rdzv_backend=static needs a fixed number of nodes but "
-                                     "--nnodes is ", o.min_nodes, ":", o.max_nodes,
-                                     "; pass --nnodes=N, or use c10d for an elastic job"));
+      return UsageError(absl::StrCat(
+          "--rdzv_backend=static needs a fixed number of nodes but "
+          "--nnodes is ",
+          o.min_nodes, ":", o.max_nodes, "; pass --nnodes=N, or use c10d for an elastic job"));
     }
     o.mode = RendezvousMode::kStatic;
     o.job_id = rdzv_id.value;
@@ -953,8 +961,9 @@ absl::StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& a
     } else {
       if (o.max_nodes > 1) {
         return UsageError(absl::StrCat(
-            "--nnodes=", o.min_nodes == o.max_nodes ? std::to_string(o.max_nodes)
-                                                    : absl::StrCat(o.min_nodes, ":", o.max_nodes),
+            "--nnodes=",
+            o.min_nodes == o.max_nodes ? std::to_string(o.max_nodes)
+                                       : absl::StrCat(o.min_nodes, ":", o.max_nodes),
             " needs a rendezvous shared by the nodes: start ddprund on one host and pass "
             "--rdzv_endpoint=HOST:29400 to every node (or use --rdzv_backend=static)"));
       }

@@ -13,8 +13,8 @@ int main(int argc, char** argv) {
   // First, so that every thread started later inherits the mask.
   ddprun::agent::BlockAgentSignals();
 
-  auto parsed = ddprun::launcher::ParseCommandLine(
-      argc, argv, ddprun::agent::CurrentEnvironment(), ddprun::launcher::ProbeHost());
+  auto parsed = ddprun::launcher::ParseCommandLine(argc, argv, ddprun::agent::CurrentEnvironment(),
+                                                   ddprun::launcher::ProbeHost());
   if (!parsed.ok()) {
     std::cerr << parsed.status().message() << std::endl;
     return ddprun::agent::kExitUsage;
@@ -30,7 +30,6 @@ int main(int argc, char** argv) {
   for (const std::string& warning : parsed->warnings) std::cerr << warning << '\n';
   std::cerr.flush();
 
-  ddprun::agent::Agent agent(std::move(parsed->options),
-                             ddprun::agent::MakeBoostProcessLauncher());
+  ddprun::agent::Agent agent(std::move(parsed->options), ddprun::agent::MakeBoostProcessLauncher());
   return agent.Run();
 }

@@ -48,7 +48,8 @@ int main(int argc, char** argv) {
       "  ddprund --port 0             # the OS picks a free port; read it from the first line\n"
       "  ddprund --host 10.0.0.1 --port 29401\n"
       "then on each node:\n"
-      "  ddprun --nnodes=2 --nproc_per_node=4 --rdzv_endpoint=HOST:29400 --rdzv_id=job1 train.py\n");
+      "  ddprun --nnodes=2 --nproc_per_node=4 --rdzv_endpoint=HOST:29400 --rdzv_id=job1 "
+      "train.py\n");
   app.set_help_flag("-h,--help", "Print this help and exit");
   bool version = false;
   app.add_flag("--version", version, "Print the version and exit");

@@ -2,6 +2,8 @@
 // nproc/nnodes forms, mode selection, worker command construction and the
 // one-line messages of bad input. The environment and host facts are
 // injected; scripts are real files in a temporary directory.
+#include "ddprun/launcher/cli.h"
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,8 +12,6 @@
 #include <fstream>
 #include <string>
 #include <vector>
-
-#include "ddprun/launcher/cli.h"
 
 namespace ddprun::launcher {
 namespace {
@@ -147,9 +147,9 @@ TEST_CASE("both spellings of every flag", "[unit]") {
 }
 
 TEST_CASE("value flags, separate and = forms", "[unit]") {
-  auto p = Ok({"--nproc_per_node", "4", "--max_restarts", "2", "--role", "trainer",
-               "--grace_period", "2.5", "--log_dir", "/tmp/logs", "--local_addr", "10.0.0.7",
-               S().Path("train.py")});
+  auto p =
+      Ok({"--nproc_per_node", "4", "--max_restarts", "2", "--role", "trainer", "--grace_period",
+          "2.5", "--log_dir", "/tmp/logs", "--local_addr", "10.0.0.7", S().Path("train.py")});
   CHECK(p.options.nproc_per_node == 4);
   CHECK(p.options.max_restarts == 2);
   CHECK(p.options.role == "trainer");
@@ -315,9 +315,9 @@ TEST_CASE("bad endpoints", "[unit]") {
 }
 
 TEST_CASE("mode: several nodes need an endpoint", "[unit]") {
-  CHECK_THAT(Err({"--nnodes=2", S().Path("train.py")}),
-             Contains("--nnodes=2 needs a rendezvous shared by the nodes") &&
-                 Contains("--rdzv_endpoint"));
+  CHECK_THAT(
+      Err({"--nnodes=2", S().Path("train.py")}),
+      Contains("--nnodes=2 needs a rendezvous shared by the nodes") && Contains("--rdzv_endpoint"));
   CHECK_THAT(Err({"--nnodes=1:2", S().Path("train.py")}), Contains("--nnodes=1:2"));
 }
 
@@ -410,15 +410,15 @@ TEST_CASE("--node_rank with c10d is a requested rank", "[unit]") {
 }
 
 TEST_CASE("--rdzv_conf", "[unit]") {
-  auto p = Ok({"--rdzv_endpoint=h",
-               "--rdzv_conf=join_timeout=900, last_call_timeout=5,token=a=b", S().Path("train.py")});
+  auto p = Ok({"--rdzv_endpoint=h", "--rdzv_conf=join_timeout=900, last_call_timeout=5,token=a=b",
+               S().Path("train.py")});
   CHECK(p.options.join_timeout_s == 900);
   CHECK(p.options.last_call_timeout_s == 5);
   CHECK(p.options.join_token == "a=b");
   CHECK(p.warnings.empty());
 
-  auto torchrun_keys = Ok({"--rdzv_endpoint=h", "--rdzv_conf=read_timeout=60,is_host=1",
-                           S().Path("train.py")});
+  auto torchrun_keys =
+      Ok({"--rdzv_endpoint=h", "--rdzv_conf=read_timeout=60,is_host=1", S().Path("train.py")});
   CHECK(torchrun_keys.warnings.size() == 2);
   CHECK_THAT(torchrun_keys.warnings[0], Contains("'read_timeout' is a torchrun setting"));
 
@@ -504,9 +504,9 @@ TEST_CASE("worker command: PYTHON_EXEC", "[unit]") {
   env["PYTHON_EXEC"] = S().Path("bin/python3");
   CHECK(Ok({S().Path("train.py")}, env).options.command[0] == S().Path("bin/python3"));
   env["PYTHON_EXEC"] = "/nonexistent/python";
-  CHECK_THAT(Err({S().Path("train.py")}, env),
-             Contains("Python interpreter '/nonexistent/python' not found") &&
-                 Contains("PYTHON_EXEC"));
+  CHECK_THAT(
+      Err({S().Path("train.py")}, env),
+      Contains("Python interpreter '/nonexistent/python' not found") && Contains("PYTHON_EXEC"));
   Env no_python = {{"PATH", "/nonexistent"}};
   CHECK_THAT(Err({S().Path("train.py")}, no_python), Contains("'python3' not found"));
 }

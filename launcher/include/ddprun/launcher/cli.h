@@ -25,7 +25,7 @@ namespace ddprun::launcher {
 
 using agent::Env;
 
-inline constexpr int kDefaultRendezvousPort = 29400;  // c10d's default, also ddprund's
+inline constexpr int kDefaultRendezvousPort = 29400;          // c10d's default, also ddprund's
 inline constexpr const char* kDefaultPythonExec = "python3";  // PYTHON_EXEC overrides it
 
 // Which standard streams of a worker go to files, torchrun's -r/-t value:
@@ -41,11 +41,11 @@ struct StdStreams {
 // Flags ddprun accepts and validates but that AgentOptions has no field for
 // (agent_options.h belongs to the agent). The agent does not apply them yet.
 struct LauncherOptions {
-  StdStreams redirects;                  // -r/--redirects
-  StdStreams tee;                        // -t/--tee
-  std::vector<int> local_ranks_filter;   // --local_ranks_filter; empty: every rank
-  double monitor_interval_s = 0.1;       // accepted for compatibility; the agent is event-driven
-  std::string start_method = "spawn";    // accepted for compatibility; workers are processes
+  StdStreams redirects;                 // -r/--redirects
+  StdStreams tee;                       // -t/--tee
+  std::vector<int> local_ranks_filter;  // --local_ranks_filter; empty: every rank
+  double monitor_interval_s = 0.1;      // accepted for compatibility; the agent is event-driven
+  std::string start_method = "spawn";   // accepted for compatibility; workers are processes
 };
 
 enum class Action {
@@ -81,8 +81,8 @@ int CountNvidiaGpus(const std::string& dev_dir = "/dev",
                     const std::string& proc_gpus_dir = "/proc/driver/nvidia/gpus");
 
 // Parses ddprun's arguments (args[0] is the program name).
-absl::StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& args,
-                                               const Env& env, const HostFacts& host);
+absl::StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& args, const Env& env,
+                                               const HostFacts& host);
 absl::StatusOr<ParsedCommand> ParseCommandLine(int argc, char** argv, const Env& env,
                                                const HostFacts& host);
 
@@ -101,8 +101,7 @@ struct ScriptSpec {
 //               (a path with '/', a file in the working directory, or a name
 //               found on PATH), else $PYTHON_EXEC -u SCRIPT ARGS.
 // PYTHON_EXEC defaults to python3. Warnings go to `warnings` when non-null.
-absl::StatusOr<std::vector<std::string>> BuildWorkerCommand(const ScriptSpec& spec,
-                                                            const Env& env,
+absl::StatusOr<std::vector<std::string>> BuildWorkerCommand(const ScriptSpec& spec, const Env& env,
                                                             std::vector<std::string>* warnings);
 
 // "ddprun 0.1.0".
