@@ -307,6 +307,8 @@ class Agent::Impl {
     EndStream();
     if (watcher_.joinable()) {
       stop_watcher_ = true;
+      // Wake the watcher now rather than at the end of its slice.
+      ::pthread_kill(watcher_.native_handle(), SIGCHLD);
       watcher_.join();
     }
     client_.reset();
