@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Launch latency: time for a launcher, with a trivial worker (`true`), to have
+all N workers exit, N = 1, 2, 8. ddprun and its peers run in the same run;
+medians of --reps runs; prints a Markdown table with the ratios.
+
+    python3 bench/launch_latency.py [--reps 5] [--ddprun build/bin/ddprun]
+
+Peers measured when present: torchrun (torch.distributed.run via
+bench/torchrun_compat.py and Debian's /usr/bin/python3) with its default
+monitor interval and with --monitor_interval=0.1, and mpirun.
+"""
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def timed(cmd, env=None):
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    dt = time.perf_counter() - t0
+    if r.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({r.returncode}): {r.stderr.decode()[-500:]}")
+    return dt
+
+
+def median_of(cmd, reps, env=None):
+    return statistics.median(timed(cmd, env) for _ in range(reps))
+
+
+def torch_python():
+    py = os.environ.get("PYTHON_EXEC", "/usr/bin/python3")
+    ok = subprocess.run([py, "-c", "import torch.distributed.run"],
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
+    return py if ok else None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--peer-reps", type=int, default=3)
+    ap.add_argument("--ddprun", default=os.path.join(HERE, "..", "build", "bin", "ddprun"))
+    ap.add_argument("--sizes", default="1,2,8")
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    true_bin = shutil.which("true")
+    py = torch_python()
+    mpirun = shutil.which("mpirun")
+
+    rows = []
+    for n in sizes:
+        row = {"n": n}
+        row["ddprun"] = median_of([args.ddprun, f"--nproc_per_node={n}", "--no_python", true_bin],
+                                  args.reps)
+        if py:
+            base = [py, os.path.join(HERE, "torchrun_compat.py"), "--standalone",
+                    f"--nproc_per_node={n}", "--no_python"]
+            row["torchrun"] = median_of(base + [true_bin], args.peer_reps)
+            row["torchrun_fast"] = median_of(
+                base[:2] + ["--monitor_interval=0.1"] + base[2:] + [true_bin], args.peer_reps)
+        if mpirun:
+            row["mpirun"] = median_of([mpirun, "--allow-run-as-root", "--oversubscribe", "-np",
+                                       str(n), true_bin], args.peer_reps)
+        rows.append(row)
+        print(f"n={n}: " + ", ".join(f"{k} {v:.3f}s" for k, v in row.items() if k != "n"),
+              file=sys.stderr, flush=True)
+
+    print("| N | ddprun | torchrun (5 s monitor) | ratio | torchrun --monitor_interval=0.1 | ratio |"
+          " mpirun | ratio |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        def cell(key):
+            if key not in r:
+                return "n/a | n/a"
+            return f"{r[key]:.3f} s | {r[key] / r['ddprun']:.0f}x"
+        print(f"| {r['n']} | {r['ddprun']:.3f} s | {cell('torchrun')} | {cell('torchrun_fast')} |"
+              f" {cell('mpirun')} |")
+
+
+if __name__ == "__main__":
+    main()
