@@ -1,0 +1,152 @@
+// Bad input: each one gets one clear line on stderr and a non-zero exit, fast,
+// and no worker is started.
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "support/process_helpers.h"
+
+using namespace ddprun::test;
+
+namespace {
+
+// Runs ddprun with args; it must exit `code` within max_s with exactly one
+// stderr line that starts with "ddprun:" and contains `needle`. Returns the
+// seconds it took.
+double ExpectOneLineError(const std::vector<std::string>& args, int code, const std::string& needle,
+                          double max_s = 2.0) {
+  Harness h;
+  const std::string pids = h.PidDir("pids");
+  Proc& p = h.StartDdprun("ddprun", args, {{"FIXTURE_PIDFILE_DIR", pids}});
+  const int rc = h.Wait(p, max_s + 5);
+  const std::string err = p.Err();
+  std::string cmd;
+  for (const std::string& a : args) cmd += " " + a;
+  INFO("ddprun" << cmd);
+  INFO("stderr:\n" << err << "stdout:\n" << p.Out());
+  CHECK(rc == code);
+  CHECK(p.Seconds() < max_s);
+  const std::vector<std::string> lines = Lines(err);
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0].rfind("ddprun: ", 0) == 0);
+  CHECK(lines[0].find(needle) != std::string::npos);
+  CHECK(ReadPids(pids).empty());  // no worker ran
+  return p.Seconds();
+}
+
+}  // namespace
+
+TEST_CASE("bad command lines: one line on stderr, exit 2, fast", "[multiproc]") {
+  const std::string fw = FixtureWorker();
+  SECTION("unknown flag") {
+    ExpectOneLineError({"--bogus_flag=1", fw}, 2, "unknown option '--bogus_flag");
+  }
+  SECTION("misspelt flag gets a suggestion") {
+    ExpectOneLineError({"--nproc_per_nod=2", fw}, 2, "did you mean");
+  }
+  SECTION("--nnodes MIN > MAX") { ExpectOneLineError({"--nnodes=3:2", fw}, 2, "--nnodes"); }
+  SECTION("--nproc_per_node=0") {
+    ExpectOneLineError({"--nproc_per_node=0", fw}, 2, "--nproc_per_node");
+  }
+  SECTION("missing script") {
+    ExpectOneLineError({"/nonexistent/dir/train.py"}, 2, "not found");
+  }
+  SECTION("--no_python on a file that is not executable") {
+    Harness h;
+    const std::string file = h.dir() + "/plain.txt";
+    { std::ofstream(file) << "not a program\n"; }
+    ::chmod(file.c_str(), 0644);
+    ExpectOneLineError({"--no_python", file}, 2, "not an executable file");
+  }
+}
+
+TEST_CASE("an endpoint that does not speak gRPC: exit 3 within join_timeout", "[multiproc]") {
+  // Every 127.x address counts as local, and a local endpoint with nobody
+  // listening makes the agent host the rendezvous itself. So the "wrong
+  // endpoint" here is a listening socket that never answers.
+  SilentListener silent;
+  const double took = ExpectOneLineError(
+      {"--nnodes=2", "--rdzv_endpoint=127.0.0.1:" + std::to_string(silent.port),
+       "--rdzv_id=wrong", "--rdzv_conf=join_timeout=2", FixtureWorker()},
+      3, "cannot reach the rendezvous at 127.0.0.1:" + std::to_string(silent.port), 5.0);
+  CHECK(took >= 1.5);
+}
+
+TEST_CASE("a lone agent of a 2-node job times out naming the node count", "[multiproc]") {
+  Harness h;
+  Proc* daemon = nullptr;
+  const int port = h.StartDaemon("ddprund", &daemon);
+  const double took = ExpectOneLineError(
+      {"--nnodes=2", "--rdzv_endpoint=127.0.0.1:" + std::to_string(port), "--rdzv_id=lone",
+       "--rdzv_conf=join_timeout=2", FixtureWorker()},
+      3, "1 of 2 required nodes", 5.0);
+  CHECK(took >= 1.5);
+  h.StopDaemon(*daemon);
+}
+
+TEST_CASE("ddprund on a port in use: one line, exit 1", "[multiproc]") {
+  Harness h;
+  Proc* first = nullptr;
+  const int port = h.StartDaemon("first", &first);
+  Proc& second =
+      h.Start("second", {Ddprund(), "--host", "127.0.0.1", "--port", std::to_string(port)});
+  const int rc = h.Wait(second, 10);
+  const std::string err = second.Err();
+  INFO("stderr:\n" << err);
+  CHECK(rc == 1);
+  const std::vector<std::string> lines = Lines(err);
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0].find("address already in use") != std::string::npos);
+  CHECK(lines[0].find(std::to_string(port)) != std::string::npos);
+  CHECK(second.Out().find("listening") == std::string::npos);
+  h.StopDaemon(*first);
+}
+
+TEST_CASE("two agents claiming the same --node_rank: the second is refused", "[multiproc]") {
+  Harness h;
+  Proc* daemon = nullptr;
+  const int port = h.StartDaemon("ddprund", &daemon);
+  const std::string endpoint = "--rdzv_endpoint=127.0.0.1:" + std::to_string(port);
+  const std::string pids = h.PidDir("pids");
+  const EnvList env{{"FIXTURE_PIDFILE_DIR", pids}};
+  Proc& a = h.StartDdprun("a",
+                          {"--nnodes=2", "--node_rank=0", endpoint, "--rdzv_id=dup",
+                           "--local_addr=127.0.0.1", "--rdzv_conf=join_timeout=20", FixtureWorker()},
+                          env);
+  // Let the first agent claim rank 0 before the second asks for it.
+  SleepMs(500);
+  Proc& b = h.StartDdprun("b",
+                          {"--nnodes=2", "--node_rank=0", endpoint, "--rdzv_id=dup",
+                           "--local_addr=127.0.0.2", "--rdzv_conf=join_timeout=20", FixtureWorker()},
+                          env);
+  const int rc = h.Wait(b, 10);
+  INFO("b stderr:\n" << b.Err());
+  CHECK(rc != 0);
+  CHECK(rc == 3);
+  CHECK(b.Err().find("already claimed") != std::string::npos);
+  CHECK(b.Seconds() < 3.0);
+  // The first agent is still waiting for a second node; stop it.
+  REQUIRE_FALSE(a.exit.has_value());
+  REQUIRE(::kill(a.pid, SIGTERM) == 0);
+  CHECK(h.Wait(a, 10) == 143);
+  CHECK(ReadPids(pids).empty());
+
+  // The daemon still serves jobs, including one with the same node ranks.
+  const std::string out = h.MakeDir("out");
+  std::vector<Proc*> next;
+  for (int i = 0; i < 2; ++i)
+    next.push_back(&h.StartDdprun(
+        "next" + std::to_string(i),
+        {"--nnodes=2", "--node_rank=" + std::to_string(i), endpoint, "--rdzv_id=after_dup",
+         "--local_addr=127.0.0." + std::to_string(i + 1), "--rdzv_conf=join_timeout=20",
+         FixtureWorker()},
+        {{"FIXTURE_OUT_DIR", out}, {"FIXTURE_PIDFILE_DIR", pids}}));
+  for (Proc* n : next) {
+    const int nrc = h.Wait(*n, 20);
+    INFO(n->name << " stderr:\n" << n->Err());
+    CHECK(nrc == 0);
+  }
+  CHECK(ReadRecords(out).size() == 2);
+  h.RequireAllGone(pids, 2);
+  h.StopDaemon(*daemon);
+}

@@ -1,0 +1,102 @@
+// Signals to ddprun: forwarded to every worker's process group, the grace
+// period before SIGKILL, and PDEATHSIG when ddprun itself is SIGKILLed.
+#include <signal.h>
+
+#include <string>
+#include <vector>
+
+#include "support/process_helpers.h"
+
+using namespace ddprun::test;
+
+namespace {
+
+constexpr int kNproc = 3;
+
+// Sends sig to a ddprun whose workers hang; ddprun must exit 128+sig quickly
+// and take every worker with it.
+void ForwardsSignal(int sig) {
+  Harness h;
+  const std::string pids = h.PidDir("pids");
+  Proc& p = h.StartDdprun("ddprun",
+                          {"--nproc_per_node=" + std::to_string(kNproc), "--grace_period=10",
+                           FixtureWorker()},
+                          {{"FIXTURE_PIDFILE_DIR", pids}, {"FIXTURE_HANG", "1"}});
+  const std::vector<pid_t> workers = h.WaitForPids(pids, kNproc, 10);
+  REQUIRE(::kill(p.pid, sig) == 0);
+  const auto t0 = Clock::now();
+  const int rc = h.Wait(p, 10);
+  const double took = SecondsSince(t0);
+  INFO("stderr:\n" << p.Err());
+  CHECK(rc == 128 + sig);
+  // The workers die of the signal itself, well before --grace_period.
+  CHECK(took < 3.0);
+  h.RequireAllGone(pids, 1);
+}
+
+}  // namespace
+
+TEST_CASE("SIGTERM to ddprun reaches every worker; ddprun exits 143", "[multiproc]") {
+  ForwardsSignal(SIGTERM);
+}
+
+TEST_CASE("SIGINT to ddprun reaches every worker; ddprun exits 130", "[multiproc]") {
+  ForwardsSignal(SIGINT);
+}
+
+TEST_CASE("workers that ignore SIGTERM are SIGKILLed after --grace_period", "[multiproc]") {
+  Harness h;
+  const std::string pids = h.PidDir("pids");
+  Proc& p = h.StartDdprun(
+      "ddprun", {"--nproc_per_node=2", "--grace_period=1", FixtureWorker()},
+      {{"FIXTURE_PIDFILE_DIR", pids}, {"FIXTURE_HANG", "1"}, {"FIXTURE_IGNORE_TERM", "1"}});
+  const std::vector<pid_t> workers = h.WaitForPids(pids, 2, 10);
+  // The fixture writes its pid file before it ignores SIGTERM: wait for that.
+  const auto w0 = Clock::now();
+  for (pid_t w : workers) {
+    while (!IgnoresSigterm(w) && SecondsSince(w0) < 5) SleepMs(5);
+    REQUIRE(IgnoresSigterm(w));
+  }
+  REQUIRE(::kill(p.pid, SIGTERM) == 0);
+  const auto t0 = Clock::now();
+  const int rc = h.Wait(p, 10);
+  const double took = SecondsSince(t0);
+  INFO("stderr:\n" << p.Err() << "took " << took << " s");
+  CHECK(rc == 143);
+  CHECK(took >= 0.9);  // the workers survived SIGTERM for the grace period
+  CHECK(took < 3.0);   // and were then killed
+  h.RequireAllGone(pids, 1);
+}
+
+TEST_CASE("kill -9 of ddprun leaves no worker alive (PDEATHSIG)", "[multiproc]") {
+  Harness h;
+  const std::string pids = h.PidDir("pids");
+  Proc& p = h.StartDdprun("ddprun", {"--nproc_per_node=3", FixtureWorker()},
+                          {{"FIXTURE_PIDFILE_DIR", pids}, {"FIXTURE_HANG", "1"}});
+  h.WaitForPids(pids, 3, 10);
+  REQUIRE(::kill(p.pid, SIGKILL) == 0);
+  CHECK(h.Wait(p, 5) == 128 + SIGKILL);
+  h.RequireAllGone(pids, 2);
+}
+
+TEST_CASE("SIGTERM also kills a worker's own children (its process group)", "[multiproc]") {
+  Harness h;
+  const std::string pids = h.PidDir("pids");
+  // Each worker is a shell that records its pid and waits on a background
+  // fixture_worker, whose pid file records the grandchild's pid. PDEATHSIG
+  // does not cover the grandchild; only the process-group kill does.
+  const std::string script = "echo $$ > \"$FIXTURE_PIDFILE_DIR/sh$LOCAL_RANK.pid\"; '" +
+                             FixtureWorker() + "' & wait";
+  Proc& p = h.StartDdprun(
+      "ddprun", {"--nproc_per_node=2", "--grace_period=10", "--no_python", "/bin/sh", "-c", script},
+      {{"FIXTURE_PIDFILE_DIR", pids}, {"FIXTURE_HANG", "1"}});
+  const std::vector<pid_t> all = h.WaitForPids(pids, 4, 10);  // 2 shells + 2 fixtures
+  REQUIRE(all.size() == 4);
+  REQUIRE(::kill(p.pid, SIGTERM) == 0);
+  const auto t0 = Clock::now();
+  const int rc = h.Wait(p, 10);
+  INFO("stderr:\n" << p.Err());
+  CHECK(rc == 143);
+  CHECK(SecondsSince(t0) < 3.0);
+  h.RequireAllGone(pids, 2);
+}
