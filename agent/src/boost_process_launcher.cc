@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <system_error>
@@ -33,6 +34,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "ddprun/agent/process_launcher.h"
+#include "orphan_guard.h"
 
 namespace ddprun::agent {
 namespace {
@@ -143,7 +145,9 @@ absl::StatusOr<int> OpenOutput(const std::string& path) {
 
 class BoostChild final : public ChildProcess {
  public:
-  explicit BoostChild(pid_t pid) : pid_(pid) {}
+  BoostChild(pid_t pid, OrphanGuard* guard) : pid_(pid), guard_(guard) {
+    if (guard_) guard_->Register(pid_);
+  }
   ~BoostChild() override = default;  // never kills: the agent decides
 
   pid_t pid() const override { return pid_; }
@@ -168,6 +172,10 @@ class BoostChild final : public ChildProcess {
       return std::nullopt;  // stopped/continued: still alive
     }
     status_ = es;
+    // The worker is reaped; grandchildren it left in its group are still
+    // signalled by the agent's stop path, not by the guard (the pgid may be
+    // reused once the group is empty).
+    if (guard_) guard_->Unregister(pid_);
     return status_;
   }
 
@@ -182,11 +190,16 @@ class BoostChild final : public ChildProcess {
 
  private:
   const pid_t pid_;
+  OrphanGuard* const guard_;  // owned by the launcher, which outlives its children
   std::optional<ExitStatus> status_;
 };
 
 class BoostProcessLauncher final : public ProcessLauncher {
  public:
+  // Without a guard (fork failed) workers are still covered by PDEATHSIG;
+  // only grandchildren could then outlive a SIGKILLed agent.
+  explicit BoostProcessLauncher(std::unique_ptr<OrphanGuard> guard) : guard_(std::move(guard)) {}
+
   absl::StatusOr<std::unique_ptr<ChildProcess>> Spawn(const SpawnSpec& spec) override {
     if (spec.argv.empty() || spec.argv[0].empty()) {
       return absl::InvalidArgumentError(
@@ -288,8 +301,11 @@ class BoostProcessLauncher final : public ProcessLauncher {
     // after Spawn() reaches the group (EACCES once the child exec'd: fine).
     ::setpgid(pid, pid);
     child.detach();
-    return std::unique_ptr<ChildProcess>(std::make_unique<BoostChild>(pid));
+    return std::unique_ptr<ChildProcess>(std::make_unique<BoostChild>(pid, guard_.get()));
   }
+
+ private:
+  std::unique_ptr<OrphanGuard> guard_;
 };
 
 }  // namespace
@@ -308,7 +324,13 @@ std::string ExitStatus::Describe() const {
 }
 
 std::unique_ptr<ProcessLauncher> MakeBoostProcessLauncher() {
-  return std::make_unique<BoostProcessLauncher>();
+  auto guard = OrphanGuard::Start();
+  if (!guard.ok()) {
+    std::fprintf(stderr, "ddprun: warning: %s; grandchildren of workers may outlive a killed ddprun\n",
+                 std::string(guard.status().message()).c_str());
+    return std::make_unique<BoostProcessLauncher>(nullptr);
+  }
+  return std::make_unique<BoostProcessLauncher>(std::move(*guard));
 }
 
 }  // namespace ddprun::agent

@@ -234,5 +234,42 @@ TEST_CASE("Boost launcher: a worker dies with its agent (PDEATHSIG), even on kil
   CHECK(dead);
 }
 
+TEST_CASE("Boost launcher: grandchildren die with a kill -9'd agent (orphan guard)", "[unit]") {
+  const std::string pidfile = TempPath("grandchild");
+  ::unlink(pidfile.c_str());
+  pid_t agent = ::fork();
+  REQUIRE(agent >= 0);
+  if (agent == 0) {
+    // The stand-in agent: a wrapper script whose child is the real work.
+    auto launcher = MakeBoostProcessLauncher();
+    SpawnSpec spec;
+    spec.argv = {"sh", "-c", "sleep 30 & echo $! > " + pidfile + "; wait"};
+    spec.env = MinimalEnv();
+    auto c = launcher->Spawn(spec);
+    ::sleep(30);
+    ::_exit(c.ok() ? 0 : 1);
+  }
+  pid_t grandchild = -1;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (grandchild <= 0 && std::chrono::steady_clock::now() < deadline) {
+    std::string text = ReadAll(pidfile);
+    if (!text.empty() && text.back() == '\n') grandchild = std::stoi(text);
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  REQUIRE(grandchild > 0);
+  CHECK_FALSE(Dead(grandchild));
+  ::kill(agent, SIGKILL);
+  int st = 0;
+  REQUIRE(::waitpid(agent, &st, 0) == agent);
+  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!Dead(grandchild) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  bool dead = Dead(grandchild);
+  if (!dead) ::kill(grandchild, SIGKILL);  // do not leak it
+  CHECK(dead);
+  ::unlink(pidfile.c_str());
+}
+
 }  // namespace
 }  // namespace ddprun::agent
