@@ -86,6 +86,7 @@ absl::StatusOr<std::string> JobRendezvous::Join(const JoinSpec& spec,
         "); start a new job with a different --rdzv_id");
   }
   DDPRUN_RETURN_IF_ERROR(CheckCompatible(spec));
+  if (spec.resume_round >= 0) return Resume(spec, out);
   const std::string node_id = NodeIdOf(spec);
   if (HasNode(node_id)) {
     return absl::AlreadyExistsError(Prefix() + "agent " + node_id +
@@ -186,29 +187,61 @@ void JobRendezvous::Complete(std::vector<Delivery>* out) {
   state_ = State::kRunning;
   last_call_deadline_.reset();
   expected_.clear();
+  assigned_ids_.clear();
+  for (const auto& e : order) assigned_ids_.push_back(e.id);
   const Member& master = members_.at(order[0].id);
-  for (std::size_t i = 0; i < order.size(); ++i) {
-    const Member& m = members_.at(order[i].id);
-    Assignment a;
-    a.job_id = job_id_;
-    a.round = round_;
-    a.group_rank = static_cast<int>(i);
-    a.group_world_size = static_cast<int>(order.size());
-    a.base_rank = assigned_[i].base_rank;
-    a.world_size = base;
-    a.local_world_size = m.spec.nproc;
-    a.master_addr = master.spec.host;
-    a.master_port = master.spec.master_port;
-    a.restart_count = restart_count_;
-    a.store_token = store_token_;
-    a.node_id = order[i].id;
-    out->push_back({order[i].id, std::move(a)});
+  master_addr_ = master.spec.host;
+  master_port_ = master.spec.master_port;
+  ++version_;
+  for (std::size_t i = 0; i < order.size(); ++i) out->push_back({order[i].id, AssignmentFor(i)});
+}
+
+Assignment JobRendezvous::AssignmentFor(std::size_t i) const {
+  Assignment a;
+  a.job_id = job_id_;
+  a.round = round_;
+  a.group_rank = static_cast<int>(i);
+  a.group_world_size = static_cast<int>(assigned_.size());
+  a.base_rank = assigned_[i].base_rank;
+  a.world_size = assigned_.back().base_rank + assigned_.back().nproc;
+  a.local_world_size = assigned_[i].nproc;
+  a.master_addr = master_addr_;
+  a.master_port = master_port_;
+  a.restart_count = restart_count_;
+  a.store_token = store_token_;
+  a.node_id = assigned_ids_[i];
+  return a;
+}
+
+absl::StatusOr<std::string> JobRendezvous::Resume(const JoinSpec& spec,
+                                                  std::vector<Delivery>* out) {
+  const std::string& node_id = spec.resume_node_id;
+  if (state_ == State::kRunning && spec.resume_round == round_) {
+    auto it = members_.find(node_id);
+    if (it != members_.end()) {
+      it->second.detached_since.reset();
+      for (std::size_t i = 0; i < assigned_ids_.size(); ++i) {
+        if (assigned_ids_[i] == node_id) out->push_back({node_id, AssignmentFor(i)});
+      }
+      return node_id;
+    }
   }
+  if (spec.resume_round > round_) {
+    return absl::FailedPreconditionError(
+        Prefix() + "agent " + node_id + " resumes round " + std::to_string(spec.resume_round) +
+        ", which this server never reached; was ddprund restarted without its --state_dir?");
+  }
+  // The job moved on while the agent was away: it must join the next round.
+  out->push_back({node_id, RestartRound{round_, "the job moved on while this agent was "
+                                                "disconnected from the rendezvous",
+                                        false}});
+  return node_id;
 }
 
 void JobRendezvous::OpenNextRound(const std::string& reason, bool counts_as_failure,
                                   std::vector<Delivery>* out) {
   ++round_;
+  ++version_;
   for (const auto& [id, m] : members_) {
     out->push_back({id, RestartRound{round_, reason, counts_as_failure}});
     expected_.insert(id);
@@ -227,6 +260,7 @@ void JobRendezvous::OpenNextRound(const std::string& reason, bool counts_as_fail
 
 void JobRendezvous::Close(bool success, const std::string& reason, std::vector<Delivery>* out) {
   state_ = State::kClosed;
+  ++version_;
   close_success_ = success;
   close_reason_ = reason;
   JobClosed closed{success, reason, failures_};
@@ -256,6 +290,7 @@ absl::Status JobRendezvous::Report(const std::string& node_id, std::int64_t roun
   switch (outcome) {
     case Outcome::kSucceeded: {
       it->second.done = true;
+      ++version_;
       bool all_done = std::all_of(members_.begin(), members_.end(),
                                   [](const auto& kv) { return kv.second.done; });
       if (all_done) Close(true, "every worker succeeded", out);
@@ -329,8 +364,19 @@ void JobRendezvous::NodeLost(const std::string& node_id, std::vector<Delivery>* 
 }
 
 void JobRendezvous::Tick(std::vector<Delivery>* out) {
-  if (state_ != State::kGathering) return;
   const TimePoint now = clock_.Now();
+  if (state_ == State::kRunning) {
+    // Restored members that did not re-attach in time are lost.
+    std::vector<std::string> gone;
+    for (const auto& [id, m] : members_) {
+      if (m.detached_since && now - *m.detached_since >= reattach_timeout_) gone.push_back(id);
+    }
+    for (const auto& id : gone) {
+      if (state_ == State::kRunning) NodeLost(id, out);
+    }
+    return;
+  }
+  if (state_ != State::kGathering) return;
   if (last_call_deadline_ && now >= *last_call_deadline_ &&
       static_cast<int>(members_.size()) >= shape_.min_nodes) {
     Complete(out);
@@ -356,6 +402,15 @@ void JobRendezvous::Tick(std::vector<Delivery>* out) {
 }
 
 std::optional<TimePoint> JobRendezvous::NextDeadline() const {
+  if (state_ == State::kRunning) {
+    std::optional<TimePoint> next;
+    for (const auto& [id, m] : members_) {
+      if (!m.detached_since) continue;
+      TimePoint t = *m.detached_since + reattach_timeout_;
+      if (!next || t < *next) next = t;
+    }
+    return next;
+  }
   if (state_ != State::kGathering) return std::nullopt;
   std::optional<TimePoint> next = last_call_deadline_;
   for (const auto& [id, m] : members_) {
@@ -390,6 +445,66 @@ JobStatus JobRendezvous::Status() const {
   }
   s.waiting = static_cast<int>(spares_.size());
   return s;
+}
+
+JobSnapshot JobRendezvous::Snapshot() const {
+  JobSnapshot s;
+  s.job_id = job_id_;
+  s.store_token = store_token_;
+  s.shaped = shaped_;
+  s.shape = shape_;
+  s.state = state_ == State::kRunning ? "running" : state_ == State::kClosed ? "closed" : "gathering";
+  s.round = round_;
+  s.restart_count = restart_count_;
+  if (state_ == State::kRunning) {
+    for (const auto& [id, m] : members_) s.members.push_back({id, m.spec, m.done});
+    s.assigned = assigned_;
+    s.assigned_ids = assigned_ids_;
+  } else {
+    // A gathering round is re-formed by re-joins; remember who to wait for.
+    for (const auto& [id, m] : members_) s.expected.push_back(id);
+  }
+  for (const auto& id : expected_) s.expected.push_back(id);
+  s.failures = failures_;
+  s.close_reason = close_reason_;
+  s.close_success = close_success_;
+  return s;
+}
+
+std::unique_ptr<JobRendezvous> JobRendezvous::Restore(const JobSnapshot& snap, const Clock& clock,
+                                                      Duration reattach_timeout) {
+  auto job = std::make_unique<JobRendezvous>(snap.job_id, clock);
+  job->store_token_ = snap.store_token;
+  job->shaped_ = snap.shaped;
+  job->shape_ = snap.shape;
+  job->round_ = snap.round;
+  job->restart_count_ = snap.restart_count;
+  job->failures_ = snap.failures;
+  job->close_reason_ = snap.close_reason;
+  job->close_success_ = snap.close_success;
+  job->reattach_timeout_ = reattach_timeout;
+  job->version_ = 1;
+  const TimePoint now = clock.Now();
+  if (snap.state == "closed") {
+    job->state_ = State::kClosed;
+  } else if (snap.state == "running" && !snap.assigned.empty() &&
+             snap.assigned.size() == snap.assigned_ids.size()) {
+    job->state_ = State::kRunning;
+    for (const auto& m : snap.members) {
+      Member member{m.spec, now, m.done};
+      if (!m.done) member.detached_since = now;
+      job->members_.emplace(m.node_id, std::move(member));
+    }
+    job->assigned_ = snap.assigned;
+    job->assigned_ids_ = snap.assigned_ids;
+    auto master = job->members_.find(snap.assigned_ids[0]);
+    job->master_addr_ = snap.assigned[0].host;
+    job->master_port_ = master != job->members_.end() ? master->second.spec.master_port : 0;
+  } else {
+    job->state_ = State::kGathering;
+    job->expected_.insert(snap.expected.begin(), snap.expected.end());
+  }
+  return job;
 }
 
 }  // namespace ddprun::rendezvous

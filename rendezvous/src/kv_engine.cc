@@ -205,6 +205,11 @@ std::size_t KvEngine::NumKeys() const {
   return data_.size();
 }
 
+std::vector<std::pair<std::string, std::string>> KvEngine::Dump() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {data_.begin(), data_.end()};
+}
+
 bool KvEngine::Check(const std::vector<std::string>& keys) const {
   std::lock_guard<std::mutex> lock(mu_);
   return HasAllLocked(keys);

@@ -58,6 +58,22 @@ int main(int argc, char** argv) {
   app.add_option("--port", options.port, "Port to listen on; 0 lets the OS pick one")
       ->check(CLI::Range(0, 65535))
       ->option_text("PORT [29400]");
+  app.add_option("--state_dir,--state-dir", options.state_dir,
+                 "Persist jobs and their stores here (fsync), so that a restarted ddprund\n"
+                 "resumes them; running jobs keep running across a restart")
+      ->option_text("DIR [none: in memory]");
+  double lease_s = std::chrono::duration<double>(options.lease_timeout).count();
+  app.add_option("--lease_timeout,--lease-timeout", lease_s,
+                 "An agent whose connection stays silent this long (cut network) is lost\n"
+                 "and its job re-forms without it")
+      ->check(CLI::Range(0.2, 3600.0))
+      ->option_text("SECONDS [4]");
+  double reattach_s = std::chrono::duration<double>(options.reattach_timeout).count();
+  app.add_option("--reattach_timeout,--reattach-timeout", reattach_s,
+                 "After a restart with --state_dir, how long a running job's agents have\n"
+                 "to reconnect before they count as lost")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->option_text("SECONDS [10]");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -75,6 +91,8 @@ int main(int argc, char** argv) {
     std::cout << "ddprund " << DDPRUN_VERSION << std::endl;
     return kExitOk;
   }
+  options.lease_timeout = ddprun::rendezvous::Seconds(lease_s);
+  options.reattach_timeout = ddprun::rendezvous::Seconds(reattach_s);
 
   // gRPC's own error lines (a multi-line dump for a port in use) would drown
   // our one-line messages; GRPC_VERBOSITY=ERROR or DEBUG brings them back.
@@ -84,6 +102,10 @@ int main(int argc, char** argv) {
     // The server's message says why ("cannot listen on HOST:PORT: address
     // already in use; ..."); keep its first clause and give our own fix.
     std::string why(server.status().message());
+    if (why.rfind("cannot listen", 0) != 0) {
+      std::cerr << "ddprund: " << why << std::endl;  // e.g. a corrupt --state_dir
+      return kExitCannotListen;
+    }
     why = why.substr(0, why.find(';'));
     std::cerr << "ddprund: " << why << "; pick another --port or stop the other daemon"
               << std::endl;

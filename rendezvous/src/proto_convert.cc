@@ -28,6 +28,8 @@ JoinSpec FromProto(const pb::JoinRequest& p) {
   s.max_restarts = p.max_restarts();
   s.master_port = p.master_port();
   s.command = p.command();
+  s.resume_round = p.resume_node_id().empty() ? -1 : p.resume_round();
+  s.resume_node_id = p.resume_node_id();
   return s;
 }
 
@@ -47,6 +49,8 @@ pb::JoinRequest ToProto(const JoinSpec& s) {
   p.set_max_restarts(s.max_restarts);
   p.set_master_port(s.master_port);
   p.set_command(s.command);
+  p.set_resume_round(s.resume_round);
+  p.set_resume_node_id(s.resume_node_id);
   return p;
 }
 
@@ -62,6 +66,7 @@ WorkerFailure FromProto(const pb::WorkerFailure& p) {
   f.stderr_tail = p.stderr_tail();
   f.error_message = p.error_message();
   f.round = p.round();
+  f.log_file = p.log_file();
   return f;
 }
 
@@ -76,6 +81,7 @@ void ToProto(const WorkerFailure& f, pb::WorkerFailure* p) {
   p->set_stderr_tail(f.stderr_tail);
   p->set_error_message(f.error_message);
   p->set_round(f.round);
+  p->set_log_file(f.log_file);
 }
 
 NodeInfo FromProto(const pb::NodeInfo& p) {

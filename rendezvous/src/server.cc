@@ -22,6 +22,7 @@
 #include "ddprun/rendezvous/kv_engine.h"
 #include "ddprun/v1/ddprun.grpc.pb.h"
 #include "proto_convert.h"
+#include "state_log.h"
 
 namespace ddprun::rendezvous {
 namespace {
@@ -117,6 +118,12 @@ class RendezvousServer::Impl {
 
   // ---- Store service: the engine for a scope, after checking token and round.
   absl::StatusOr<std::shared_ptr<KvEngine>> StoreFor(const pb::StoreScope& scope);
+  // Makes a store write durable before it is acknowledged (no-op in memory).
+  absl::Status PersistKey(const pb::StoreScope& scope, const std::string& key,
+                          const KvEngine& engine) {
+    if (!state_) return absl::OkStatus();
+    return state_->AppendKey(scope.job_id(), scope.round(), key, engine);
+  }
   TimePoint Now() const { return clock_.Now(); }
 
  private:
@@ -126,6 +133,7 @@ class RendezvousServer::Impl {
     std::int64_t store_round = 0;
     std::map<std::string, std::shared_ptr<Sink>> sinks;
     std::optional<TimePoint> closed_at;
+    std::uint64_t persisted_version = 0;
   };
   using Batch = std::vector<std::pair<std::shared_ptr<Sink>, RoundEvent>>;
 
@@ -133,11 +141,14 @@ class RendezvousServer::Impl {
   void CollectLocked(Job& job, std::vector<Delivery>& out, Batch* batch);
   static void Send(Batch& batch);
   void RotateStoreLocked(Job& job);
+  void PersistLocked(Job& job);
+  absl::Status RecoverLocked();
   void TickLoop();
 
   ServerOptions opts_;
   const Clock& clock_;
   int port_ = 0;
+  std::unique_ptr<StateLog> state_;
 
   mutable std::mutex mu_;
   std::map<std::string, Job> jobs_;
@@ -320,15 +331,19 @@ class StoreServiceImpl final : public pb::Store::CallbackService {
 
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* ctx, const pb::SetRequest* req,
                                 pb::SetResponse*) override {
-    return Run(ctx, req->scope(), [&](KvEngine& e) { return e.Set(req->key(), req->value()); });
+    return Run(ctx, req->scope(), [&](KvEngine& e) {
+      DDPRUN_RETURN_IF_ERROR(e.Set(req->key(), req->value()));
+      return impl_->PersistKey(req->scope(), req->key(), e);
+    });
   }
 
   grpc::ServerUnaryReactor* Add(grpc::CallbackServerContext* ctx, const pb::AddRequest* req,
                                 pb::AddResponse* resp) override {
     return Run(ctx, req->scope(), [&](KvEngine& e) -> absl::Status {
       auto v = e.Add(req->key(), req->delta());
-      if (v.ok()) resp->set_value(*v);
-      return v.status();
+      if (!v.ok()) return v.status();
+      resp->set_value(*v);
+      return impl_->PersistKey(req->scope(), req->key(), e);
     });
   }
 
@@ -339,11 +354,10 @@ class StoreServiceImpl final : public pb::Store::CallbackService {
       std::optional<std::string> expected;
       if (!req->expect_absent()) expected = req->expected();
       auto r = e.CompareSet(req->key(), expected, req->desired());
-      if (r.ok()) {
-        resp->set_swapped(r->swapped);
-        resp->set_current(r->current);
-      }
-      return r.status();
+      if (!r.ok()) return r.status();
+      resp->set_swapped(r->swapped);
+      resp->set_current(r->current);
+      return r->swapped ? impl_->PersistKey(req->scope(), req->key(), e) : absl::OkStatus();
     });
   }
 
@@ -352,7 +366,7 @@ class StoreServiceImpl final : public pb::Store::CallbackService {
                                    pb::DeleteResponse* resp) override {
     return Run(ctx, req->scope(), [&](KvEngine& e) {
       resp->set_deleted(e.Delete(req->key()));
-      return absl::OkStatus();
+      return resp->deleted() ? impl_->PersistKey(req->scope(), req->key(), e) : absl::OkStatus();
     });
   }
 
@@ -442,6 +456,15 @@ class StoreServiceImpl final : public pb::Store::CallbackService {
 
 absl::Status RendezvousServer::Impl::Start() {
   SilenceGrpcLogging();
+  if (!opts_.state_dir.empty()) {
+    auto log = StateLog::Open(opts_.state_dir);
+    if (!log.ok()) return log.status();
+    state_ = std::move(*log);
+    std::lock_guard<std::mutex> lock(mu_);
+    DDPRUN_RETURN_IF_ERROR(RecoverLocked());
+  }
+  const int lease_ms = static_cast<int>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(opts_.lease_timeout).count());
   rdzv_service_ = std::make_unique<RendezvousServiceImpl>(this);
   store_service_ = std::make_unique<StoreServiceImpl>(this);
   grpc::ServerBuilder builder;
@@ -452,8 +475,9 @@ absl::Status RendezvousServer::Impl::Start() {
   // gRPC sets SO_REUSEPORT by default, which would let two servers share a
   // port silently. A port in use must be an error.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 2000);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 3000);
+  // Keepalive pings detect a silent peer (cut network) within the lease.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, std::max(100, lease_ms / 2));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, std::max(100, lease_ms / 2));
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 500);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
@@ -523,6 +547,38 @@ void RendezvousServer::Impl::CollectLocked(Job& job, std::vector<Delivery>& out,
     job.closed_at = clock_.Now();
   }
   RotateStoreLocked(job);
+  // Durable before anyone hears of it: deliveries are sent after this returns.
+  PersistLocked(job);
+}
+
+void RendezvousServer::Impl::PersistLocked(Job& job) {
+  if (!state_ || job.persisted_version == job.rdzv->version()) return;
+  absl::Status st = state_->WriteSnapshot(job.rdzv->Snapshot(), job.store_round, *job.store);
+  if (!st.ok()) {
+    std::fprintf(stderr, "ddprund: %scannot persist the job: %s\n",
+                 Fence(job.rdzv->job_id(), job.rdzv->round()).c_str(),
+                 std::string(st.message()).c_str());
+    return;  // retried on the next change
+  }
+  job.persisted_version = job.rdzv->version();
+}
+
+absl::Status RendezvousServer::Impl::RecoverLocked() {
+  auto recovered = state_->Recover();
+  if (!recovered.ok()) return recovered.status();
+  for (auto& r : *recovered) {
+    for (const auto& w : r.warnings) std::fprintf(stderr, "ddprund: warning: %s\n", w.c_str());
+    Job job;
+    job.rdzv = JobRendezvous::Restore(r.snapshot, clock_, opts_.reattach_timeout);
+    job.store = std::make_shared<KvEngine>();
+    job.store_round = r.store_round;
+    for (auto& [k, v] : r.store) (void)job.store->Set(k, std::move(v));
+    job.persisted_version = job.rdzv->version();
+    if (job.rdzv->state() == JobRendezvous::State::kClosed) job.closed_at = clock_.Now();
+    const std::string id = r.snapshot.job_id;
+    jobs_.emplace(id, std::move(job));
+  }
+  return absl::OkStatus();
 }
 
 void RendezvousServer::Impl::Send(Batch& batch) {
@@ -663,6 +719,7 @@ void RendezvousServer::Impl::TickLoop() {
       for (auto it = jobs_.begin(); it != jobs_.end();) {
         Job& job = it->second;
         if (job.closed_at && now - *job.closed_at > kClosedJobRetention && job.sinks.empty()) {
+          if (state_) state_->Forget(it->first);
           it = jobs_.erase(it);
           continue;
         }

@@ -286,3 +286,87 @@ TEST_CASE("rank assignment for many uneven joins is a permutation", "[unit]") {
 
 }  // namespace
 }  // namespace ddprun::rendezvous
+
+namespace ddprun::rendezvous {
+namespace {
+
+TEST_CASE("snapshot and restore: members re-attach to the same round", "[unit]") {
+  Fixture f;
+  auto a = f.Join(Spec("h1", 1));
+  auto b = f.Join(Spec("h2", 2));
+  REQUIRE(Of<Assignment>(f.out).size() == 2);
+  REQUIRE(f.job.Report(a, 0, Outcome::kSucceeded, {}, &f.out).ok());
+  const auto v = f.job.version();
+  JobSnapshot snap = f.job.Snapshot();
+  CHECK(snap.state == "running");
+  REQUIRE(snap.assigned_ids.size() == 2);
+
+  auto restored = JobRendezvous::Restore(snap, f.clock, std::chrono::seconds(5));
+  CHECK(restored->state() == JobRendezvous::State::kRunning);
+  CHECK(restored->store_token() == f.job.store_token());
+  CHECK(v > 0);
+  // b re-attaches: it gets the same assignment, nothing else happens.
+  std::vector<Delivery> out;
+  auto rs = Spec("h2", 2);
+  rs.resume_round = 0;
+  rs.resume_node_id = b;
+  auto id = restored->Join(rs, &out);
+  REQUIRE(id.ok());
+  auto as = Of<Assignment>(out);
+  REQUIRE(as.size() == 1);
+  CHECK(as[0].second.group_rank == 1);
+  CHECK(as[0].second.base_rank == 4);
+  CHECK(as[0].second.master_port == 1001);
+  CHECK(as[0].second.store_token == f.job.store_token());
+  // Nothing is pending: a finished member needs no re-attach.
+  CHECK_FALSE(restored->NextDeadline().has_value());
+  out.clear();
+  REQUIRE(restored->Report(b, 0, Outcome::kSucceeded, {}, &out).ok());
+  CHECK(restored->state() == JobRendezvous::State::kClosed);
+}
+
+TEST_CASE("restore: a member that does not re-attach in time is lost", "[unit]") {
+  Fixture f;
+  auto snapshot_of = [&] {
+    f.Join(Spec("h1", 1, 1, 2));
+    f.Join(Spec("h2", 2, 1, 2));
+    return f.job.Snapshot();
+  };
+  JobSnapshot snap = snapshot_of();
+  auto job = JobRendezvous::Restore(snap, f.clock, std::chrono::seconds(5));
+  std::vector<Delivery> out;
+  auto rs = Spec("h1", 1, 1, 2);
+  rs.resume_round = 0;
+  rs.resume_node_id = "h1:1";
+  REQUIRE(job->Join(rs, &out).ok());
+  out.clear();
+  f.clock.Advance(std::chrono::seconds(4));
+  job->Tick(&out);
+  CHECK(out.empty());
+  f.clock.Advance(std::chrono::seconds(1));
+  job->Tick(&out);
+  auto r = Of<RestartRound>(out);
+  REQUIRE(r.size() == 1);  // the survivor re-rendezvous without h2
+  CHECK(r[0].first == "h1:1");
+  CHECK(job->round() == 1);
+}
+
+TEST_CASE("resume for a round that is over gets RestartRound", "[unit]") {
+  Fixture f;
+  auto a = f.Join(Spec("h1", 1));
+  auto b = f.Join(Spec("h2", 2));
+  REQUIRE(f.job.Report(a, 0, Outcome::kFailed, {}, &f.out).ok());  // round 1 opens
+  f.out.clear();
+  auto rs = Spec("h2", 2);
+  rs.resume_round = 0;
+  rs.resume_node_id = b;
+  REQUIRE(f.job.Join(rs, &f.out).ok());
+  auto r = Of<RestartRound>(f.out);
+  REQUIRE(r.size() == 1);
+  CHECK(r[0].second.next_round == 1);
+  rs.resume_round = 7;
+  CHECK(absl::IsFailedPrecondition(f.job.Join(rs, &f.out).status()));
+}
+
+}  // namespace
+}  // namespace ddprun::rendezvous

@@ -23,9 +23,15 @@
 //     simply removed.
 //  7. When every member reported SUCCEEDED the job closes successfully.
 //  Spares are promoted into each new round, up to max_nodes.
+//  8. Restart of the server (--state_dir): Snapshot() is persisted on every
+//     change of version(); Restore() brings a running round back with its
+//     members detached. An agent re-attaches with a resumed Join and gets
+//     its Assignment again; a member not back within the reattach timeout is
+//     lost (6). A resumed Join for a round that is over gets RestartRound.
 #pragma once
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -36,6 +42,31 @@
 #include "ddprun/rendezvous/types.h"
 
 namespace ddprun::rendezvous {
+
+class JobRendezvous;
+
+// Everything needed to bring a job back after a server restart.
+struct JobSnapshot {
+  struct Member {
+    std::string node_id;
+    JoinSpec spec;
+    bool done = false;
+  };
+  std::string job_id;
+  std::string store_token;
+  bool shaped = false;
+  JoinSpec shape;
+  std::string state;  // "gathering", "running", "closed"
+  std::int64_t round = 0;
+  int restart_count = 0;
+  std::vector<Member> members;  // the running round's members
+  std::vector<NodeInfo> assigned;
+  std::vector<std::string> assigned_ids;
+  std::vector<WorkerFailure> failures;
+  std::string close_reason;
+  bool close_success = false;
+  std::vector<std::string> expected;
+};
 
 // A message for one agent's stream.
 struct Delivery {
@@ -68,12 +99,23 @@ class JobRendezvous {
   bool HasNode(const std::string& node_id) const;
   JobStatus Status() const;
 
+  // Increases on every change that a restarted server must remember.
+  std::uint64_t version() const { return version_; }
+  JobSnapshot Snapshot() const;
+  // A job as it was; running members are detached until they re-attach or
+  // reattach_timeout passes.
+  static std::unique_ptr<JobRendezvous> Restore(const JobSnapshot& snap, const Clock& clock,
+                                                Duration reattach_timeout);
+
  private:
   struct Member {
     JoinSpec spec;
     TimePoint joined_at;
     bool done = false;  // reported SUCCEEDED this round
+    std::optional<TimePoint> detached_since;  // restored, stream not back yet
   };
+  Assignment AssignmentFor(std::size_t group_rank) const;
+  absl::StatusOr<std::string> Resume(const JoinSpec& spec, std::vector<Delivery>* out);
   static std::string NodeIdOf(const JoinSpec& spec);
   absl::Status CheckCompatible(const JoinSpec& spec) const;
   void Complete(std::vector<Delivery>* out);
@@ -104,6 +146,11 @@ class JobRendezvous {
   std::set<std::string> expected_;          // previous members not yet back
   std::optional<TimePoint> last_call_deadline_;
   std::vector<NodeInfo> assigned_;          // the running round's nodes
+  std::vector<std::string> assigned_ids_;   // their node ids, by group rank
+  std::string master_addr_;
+  int master_port_ = 0;
+  std::uint64_t version_ = 0;
+  Duration reattach_timeout_{};
   std::vector<WorkerFailure> failures_;     // every failure so far, first first
   std::string close_reason_;
   bool close_success_ = false;

@@ -60,6 +60,8 @@ class KvEngine {
                                               std::string desired);
   bool Delete(const std::string& key);
   std::size_t NumKeys() const;
+  // Every key and value, for persisting the engine (unordered).
+  std::vector<std::pair<std::string, std::string>> Dump() const;
   bool Check(const std::vector<std::string>& keys) const;
 
   // Calls cb(OK) once every key exists (synchronously if they already do),

@@ -16,12 +16,21 @@ inline constexpr int kDefaultRendezvousPort = 29400;
 // How often the server applies deadlines (last call, join and wait timeouts).
 inline constexpr Duration kDefaultTickInterval = std::chrono::milliseconds(5);
 inline constexpr int kMaxMessageBytes = 8 << 20;
+inline constexpr Duration kDefaultReattachTimeout = std::chrono::seconds(10);
+inline constexpr Duration kDefaultLeaseTimeout = std::chrono::seconds(4);
 
 struct ServerOptions {
   std::string host = "0.0.0.0";
   int port = kDefaultRendezvousPort;  // 0: the OS picks one; see RendezvousServer::port().
   Duration tick_interval = kDefaultTickInterval;
   const Clock* clock = &SystemClock::Get();
+  // Where jobs and their stores are persisted (fsync) so that a restarted
+  // server resumes them; "" keeps everything in memory.
+  std::string state_dir;
+  // How long a restored member has to re-attach before it counts as lost.
+  Duration reattach_timeout = kDefaultReattachTimeout;
+  // An agent whose connection is silent this long (cut network) is lost.
+  Duration lease_timeout = kDefaultLeaseTimeout;
 };
 
 class RendezvousServer {

@@ -33,6 +33,9 @@ struct JoinSpec {
   int max_restarts = 0;
   int master_port = 0;
   std::string command;
+  // Re-attach to a running round (see JoinRequest.resume_round); -1: join.
+  std::int64_t resume_round = -1;
+  std::string resume_node_id;
 };
 
 struct NodeInfo {
@@ -69,6 +72,7 @@ struct WorkerFailure {
   std::string stderr_tail;
   std::string error_message;
   std::int64_t round = 0;
+  std::string log_file;  // the worker's log file on its host, "" without one
 };
 
 struct RestartRound {
