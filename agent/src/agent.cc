@@ -74,6 +74,9 @@ constexpr auto kJoinSlack = seconds(15);
 constexpr auto kDecisionTimeout = seconds(120);
 // A reader's wait for the next RoundEvent; Cancel() ends it sooner.
 constexpr auto kStreamWait = std::chrono::hours(24 * 365);
+// After losing the rendezvous mid-round (ddprund restarting), how long the
+// agent keeps its workers running while it tries to re-attach.
+constexpr auto kReattachWindow = seconds(30);
 // Key under which a static node rank 0 publishes its rendezvous endpoint.
 constexpr const char* kRdzvEndpointKey = "ddprun/rdzv_endpoint";
 
@@ -495,6 +498,10 @@ class Agent::Impl {
     spec.nproc = options_.nproc_per_node;
     spec.min_nodes = options_.min_nodes;
     spec.max_nodes = options_.max_nodes;
+    if (resuming_ && assignment_) {
+      spec.resume_round = assignment_->round;
+      spec.resume_node_id = assignment_->node_id;
+    }
     spec.requested_rank = options_.node_rank;
     if (options_.mode == RendezvousMode::kStatic) {
       spec.requested_rank = options_.node_rank < 0 ? 0 : options_.node_rank;
@@ -829,11 +836,85 @@ class Agent::Impl {
         return kExitWorkerFailed;
       }
       if (auto* st = std::get_if<absl::Status>(ev)) {
+        if (absl::IsUnavailable(*st) && !server_) {
+          switch (Reattach(*st)) {
+            case ReattachResult::kResumed:
+              continue;  // same round, workers untouched
+            case ReattachResult::kRestart:
+              StopWorkers(SIGTERM);
+              return std::nullopt;
+            case ReattachResult::kSignal:
+            case ReattachResult::kFailed:
+              break;
+          }
+          if (!deferred_.empty()) continue;  // a signal or worker exit to act on
+        }
         Error(absl::StrCat("lost the rendezvous: ", st->message(), "; stopping the workers"));
         StopWorkers(SIGTERM);
         return kExitRendezvousError;
       }
     }
+  }
+
+  enum class ReattachResult { kResumed, kRestart, kSignal, kFailed };
+
+  // The rendezvous went away mid-round (ddprund restarting, a network blip).
+  // The workers keep running while the agent re-joins its own round with
+  // backoff, for up to kReattachWindow. Worker exits and signals that arrive
+  // meanwhile are deferred for the caller's loop.
+  ReattachResult Reattach(const absl::Status& why) {
+    Log(absl::StrCat("lost the rendezvous (", why.message(), "); the workers keep running while ",
+                     "re-attaching for up to ",
+                     std::chrono::duration_cast<seconds>(kReattachWindow).count(), " s"));
+    const TimePoint deadline = SteadyClock::now() + kReattachWindow;
+    auto backoff = milliseconds(20);
+    while (SteadyClock::now() < deadline) {
+      // Anything but stream events is for the caller.
+      while (auto e = queue_.PopUntil(SteadyClock::now())) {
+        if (std::holds_alternative<StreamEvent>(*e)) continue;
+        const bool act = std::holds_alternative<SignalEvent>(*e) ||
+                         std::holds_alternative<ChildrenChanged>(*e);
+        deferred_.push_back(std::move(*e));
+        if (act) {
+          EndStream();
+          return ReattachResult::kSignal;
+        }
+      }
+      if (client_->WaitForConnected(std::min<rdzv::Duration>(seconds(1), deadline - SteadyClock::now()))
+              .ok()) {
+        resuming_ = true;
+        StartJoin();
+        resuming_ = false;
+        auto e = queue_.PopUntil(std::min(deadline, SteadyClock::now() + seconds(5)));
+        while (e && !CurrentStreamEvent(*e)) {
+          deferred_.push_back(std::move(*e));
+          EndStream();
+          return ReattachResult::kSignal;
+        }
+        if (e) {
+          rdzv::RoundEvent* ev = CurrentStreamEvent(*e);
+          if (auto* a = std::get_if<rdzv::Assignment>(ev)) {
+            if (a->round == assignment_->round) {
+              Log("re-attached to the rendezvous; the round goes on");
+              return ReattachResult::kResumed;
+            }
+          } else if (auto* r = std::get_if<rdzv::RestartRound>(ev)) {
+            Log(absl::StrCat("re-attached, but ", r->reason, "; restarting the workers"));
+            round_ = r->next_round;
+            return ReattachResult::kRestart;
+          } else if (auto* st = std::get_if<absl::Status>(ev); st && !absl::IsUnavailable(*st)) {
+            Error(absl::StrCat("cannot re-attach: ", st->message()));
+            return ReattachResult::kFailed;
+          } else if (std::holds_alternative<rdzv::JobClosed>(*ev)) {
+            deferred_.push_back(std::move(*e));
+            return ReattachResult::kSignal;
+          }
+        }
+      }
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min(backoff * 2, milliseconds(500));
+    }
+    return ReattachResult::kFailed;
   }
 
   std::optional<int> OnWorkerFailure() {
@@ -929,6 +1010,7 @@ class Agent::Impl {
 
   EventQueue queue_;
   std::deque<Event> deferred_;
+  bool resuming_ = false;  // MakeJoinSpec asks to re-attach to assignment_
   std::atomic<bool> stop_watcher_{false};
   std::thread watcher_;
 
