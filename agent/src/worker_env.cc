@@ -21,6 +21,7 @@ Env BuildWorkerEnv(const Env& base, const WorkerEnvInputs& in, int local_rank) {
   const AgentOptions& opt = *in.options;
   const rendezvous::Assignment& a = *in.assignment;
   Env env = base;
+  for (const auto& [key, value] : opt.extra_env) env[key] = value;
   auto set = [&env](const char* key, const std::string& value) { env[key] = value; };
   auto set_default = [&env](const char* key, const std::string& value) {
     env.emplace(key, value);  // keeps an inherited value

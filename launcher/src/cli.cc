@@ -25,6 +25,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "ddprun/launcher/job_config.h"
+#include "ddprun/launcher/placement.h"
+#include "ddprun/launcher/print_config.h"
 
 #ifndef DDPRUN_VERSION
 #define DDPRUN_VERSION "unknown"
@@ -72,23 +75,16 @@ constexpr const char* kGroupStatic = "Static rendezvous (--rdzv_backend=static)"
 constexpr const char* kGroupCommand = "Worker command";
 constexpr const char* kGroupOutput = "Worker output and logs";
 constexpr const char* kGroupCompat = "Accepted for torchrun compatibility";
+constexpr const char* kGroupConfig = "Job file (docs/config.md)";
 
 absl::Status UsageError(absl::string_view message) {
   return absl::InvalidArgumentError(absl::StrCat("ddprun: ", message));
 }
 
 // A resolved flag value and where it came from, so that messages name what
-// the user actually wrote.
-struct Setting {
-  std::string value;
-  std::string source;  // "--name", "PET_NAME", or "" for the default
-  bool is_set() const { return !source.empty(); }
-  // "--nnodes" or "PET_NNODES (--nnodes)".
-  std::string Name(const std::string& flag) const {
-    return absl::StartsWith(source, "--") || source.empty() ? flag
-                                                            : absl::StrCat(source, " (", flag, ")");
-  }
-};
+// the user actually wrote: "--name", "PET_NAME", a job file position, or ""
+// for the default (job_config.h).
+using Setting = KnobValue;
 
 constexpr size_t kHelpNameColumn = 36;
 constexpr size_t kHelpWidth = 100;
@@ -160,22 +156,40 @@ class FlagTable {
     return opt;
   }
 
-  // CLI > PET_<DEST> (non-empty) > default.
+  // The one precedence rule: CLI > PET_<DEST> (non-empty) > the job file
+  // (--config) > default. A value placement resolved (first_node, a node
+  // rank found from the host list or the scheduler) replaces its layer.
   Setting Get(const std::string& dest, const std::string& default_value) const {
-    if (options_.at(dest)->count() > 0) return {values_.at(dest), "--" + dest};
+    if (auto it = resolved_.find(dest); it != resolved_.end()) return it->second;
+    if (options_.count(dest) > 0 && options_.at(dest)->count() > 0) {
+      auto v = values_.find(dest);  // an on/off flag has no value: "true"
+      return {v != values_.end() ? v->second : "true", "--" + dest, Origin::kFlag};
+    }
     const std::string pet = PetName(dest);
     if (auto it = env_.find(pet); it != env_.end() && !it->second.empty()) {
-      return {it->second, pet};
+      return {it->second, pet, Origin::kEnv};
     }
-    return {default_value, ""};
+    if (auto it = file_.find(dest); it != file_.end()) return it->second;
+    return {default_value, "", Origin::kDefault};
   }
 
-  // CLI presence > PET_<DEST> as an integer (non-zero: on) > off.
+  // The job file's layer, and values placement resolved (job_config.h).
+  void SetFile(const std::string& dest, Setting s) { file_[dest] = std::move(s); }
+  void SetResolved(const std::string& dest, Setting s) { resolved_[dest] = std::move(s); }
+  const Setting* File(const std::string& dest) const {
+    auto it = file_.find(dest);
+    return it == file_.end() ? nullptr : &it->second;
+  }
+
+  // CLI presence > PET_<DEST> as an integer (non-zero: on) > file > off.
   absl::StatusOr<bool> GetBool(const std::string& dest) const {
     if (options_.at(dest)->count() > 0) return true;
     const std::string pet = PetName(dest);
     auto it = env_.find(pet);
-    if (it == env_.end() || it->second.empty()) return false;
+    if (it == env_.end() || it->second.empty()) {
+      const Setting* f = File(dest);
+      return f != nullptr && f->value == "true";
+    }
     int v = 0;
     const std::string& s = it->second;
     auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
@@ -228,6 +242,8 @@ class FlagTable {
   std::map<std::string, std::string> values_;
   std::map<std::string, bool> bools_;
   std::map<std::string, CLI::Option*> options_;
+  std::map<std::string, Setting> file_;
+  std::map<std::string, Setting> resolved_;
 };
 
 std::optional<std::int64_t> ParseInt(absl::string_view s) {
@@ -595,6 +611,7 @@ int CountNvidiaGpus(const std::string& dev_dir, const std::string& proc_gpus_dir
 
 HostFacts ProbeHost() {
   HostFacts facts;
+  facts.names = ProbeHostNames();
   facts.cpu_count = std::max(1u, std::thread::hardware_concurrency());
   facts.gpu_count = CountNvidiaGpus();
   return facts;
@@ -744,6 +761,15 @@ absl::StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& a
               kGroupCompat);
   flags.Value("start_method", "", "spawn|fork|forkserver",
               "Ignored: workers are always separate processes", "spawn", kGroupCompat);
+  // Job file.
+  flags.Value("config", "", "FILE",
+              "A YAML job file (docs/config.md), the same on every node; flags and PET_* "
+              "override its values",
+              "none", kGroupConfig);
+  flags.Bool("print_config", "",
+             "Print the merged job and where each value came from (flag, env, file, default), "
+             "then exit without starting anything",
+             kGroupConfig);
 
   // CLI11 consumes a reversed vector.
   if (auto s = CheckEmptyValues(args, flags); !s.ok()) return s;
@@ -769,12 +795,36 @@ absl::StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& a
   AgentOptions& o = out.options;
   std::vector<std::string>& warnings = out.warnings;
 
+  // --config: the job file becomes the layer below flags and PET_*; then
+  // placement finds this node's rank, the node count and first_node.
+  std::optional<JobConfig> job;
+  std::string placement_summary;
+  if (const Setting config = flags.Get("config", ""); config.is_set()) {
+    auto loaded = LoadJobConfig(config.value);
+    if (!loaded.ok()) return UsageError(loaded.status().message());
+    job = std::move(*loaded);
+    for (const auto& [dest, value] : job->FlagValues()) flags.SetFile(dest, value);
+    const PlacementInput in{flags.Get("nnodes", ""), flags.Get("node_rank", ""),
+                            flags.Get("rdzv_endpoint", ""), flags.Get("local_addr", ""),
+                            flags.Get("rdzv_backend", "c10d")};
+    auto placed = ResolvePlacement(*job, in, env, host.names);
+    if (!placed.ok()) return placed.status();
+    for (const auto& [dest, value] : placed->values) flags.SetResolved(dest, value);
+    warnings.insert(warnings.end(), placed->warnings.begin(), placed->warnings.end());
+    placement_summary = placed->summary;
+  }
+
   // The worker command: everything CLI11 did not consume.
   std::vector<std::string> rest = app.remaining();
   if (!rest.empty() && rest[0] == "--")
     rest.erase(rest.begin());
   else if (!rest.empty() && rest[0].size() > 1 && rest[0][0] == '-') {
     return UnknownOption(rest[0], flags);
+  }
+  Setting command_from{"", "the command line", Origin::kFlag};
+  if (rest.empty() && job && !job->command.empty()) {
+    rest = job->command;
+    command_from = {"", absl::StrCat(job->command_location, ": command"), Origin::kFile};
   }
   if (rest.empty()) {
     return UsageError(
@@ -817,10 +867,10 @@ absl::StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& a
   }
   {
     Setting grace = flags.Get("grace_period", "");
-    if (!grace.is_set()) {
+    if (!grace.is_set() || grace.origin == Origin::kFile) {
       if (auto it = env.find("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
           it != env.end() && !it->second.empty()) {
-        grace = {it->second, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"};
+        grace = {it->second, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", Origin::kEnv};
       }
     }
     if (grace.is_set()) {
@@ -885,6 +935,19 @@ absl::StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& a
                                    "'"));
   }
   const bool is_static = backend_name == "static" && !*standalone;
+  if (job) {
+    // The file's --rdzv_conf keys first; a --rdzv_conf flag or PET_RDZV_CONF
+    // then overrides the keys it names.
+    std::vector<std::string> file_conf;
+    for (const char* key : {"join_timeout", "last_call_timeout", "token"}) {
+      if (const Setting* f = flags.File(absl::StrCat("rdzv_conf.", key))) {
+        file_conf.push_back(absl::StrCat(key, "=", f->value));
+      }
+    }
+    const Setting file_setting{absl::StrJoin(file_conf, ","), job->path + ": rendezvous",
+                               Origin::kFile};
+    if (auto s = ParseRdzvConf(file_setting, is_static, o, warnings); !s.ok()) return s;
+  }
   if (auto s = ParseRdzvConf(flags.Get("rdzv_conf", ""), is_static, o, warnings); !s.ok()) {
     return s;
   }
@@ -984,6 +1047,36 @@ absl::StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& a
   auto command = BuildWorkerCommand(spec, env, &warnings);
   if (!command.ok()) return command.status();
   o.command = std::move(*command);
+
+  if (job) {
+    // nccl: and environment.set: go to every worker, unless the node's own
+    // environment already sets the variable (env > file).
+    for (const auto* list : {&job->nccl, &job->env_set}) {
+      for (const auto& [name, value] : *list) {
+        if (auto it = env.find(name); it != env.end() && !it->second.empty()) continue;
+        o.extra_env[name] = value.text;
+      }
+    }
+    for (const FileValue& pass : job->env_pass) {
+      if (auto it = env.find(pass.text); it == env.end()) {
+        warnings.push_back(absl::StrCat("ddprun: ", pass.Source(), ": ", pass.text,
+                                        " is not set on this node, so workers do not get it"));
+      }
+    }
+  }
+  auto print_config = flags.GetBool("print_config");
+  if (!print_config.ok()) return print_config.status();
+  if (*print_config) {
+    MergedJobView view;
+    view.options = &o;
+    view.job = job ? &*job : nullptr;
+    view.lookup = [&flags](const std::string& dest) { return flags.Get(dest, ""); };
+    view.env = &env;
+    view.command_from = command_from;
+    view.placement = placement_summary;
+    out.action = Action::kPrintConfig;
+    out.text = RenderMergedConfig(view);
+  }
   return out;
 }
 

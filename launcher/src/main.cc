@@ -2,14 +2,22 @@
 // Exit status: 0 success, 1 a worker failed, 2 usage error, 3 rendezvous
 // error, 128+N killed by signal N (see docs/cli.md).
 #include <iostream>
+#include <string>
+#include <vector>
 #include <utility>
 
 #include "ddprun/agent/agent.h"
 #include "ddprun/agent/process_launcher.h"
 #include "ddprun/agent/worker_env.h"
 #include "ddprun/launcher/cli.h"
+#include "ddprun/launcher/status_command.h"
 
 int main(int argc, char** argv) {
+  // `ddprun status ...` is a subcommand; anything else is a training job.
+  if (argc > 1 && std::string(argv[1]) == "status") {
+    return ddprun::launcher::RunStatusCommand(std::vector<std::string>(argv, argv + argc),
+                                              std::cout, std::cerr);
+  }
   // First, so that every thread started later inherits the mask.
   ddprun::agent::BlockAgentSignals();
 
@@ -21,6 +29,9 @@ int main(int argc, char** argv) {
   }
   switch (parsed->action) {
     case ddprun::launcher::Action::kHelp:
+    case ddprun::launcher::Action::kPrintConfig:
+      for (const std::string& warning : parsed->warnings) std::cerr << warning << '\n';
+      [[fallthrough]];
     case ddprun::launcher::Action::kVersion:
       std::cout << parsed->text << std::endl;
       return ddprun::agent::kExitSuccess;

@@ -120,6 +120,21 @@ TEST_CASE("BuildWorkerEnv without a log dir drops an inherited error file", "[un
   CHECK(env.count("TORCHELASTIC_ERROR_FILE") == 0);
 }
 
+TEST_CASE("BuildWorkerEnv applies extra_env (a job file's nccl/environment) below its own",
+          "[unit]") {
+  Fixture f;
+  f.options.extra_env = {{"NCCL_SOCKET_IFNAME", "eth0"},
+                         {"NCCL_DEBUG", "WARN"},
+                         {"OMP_NUM_THREADS", "8"},
+                         {"RANK", "99"}};
+  Env env = BuildWorkerEnv({{"NCCL_DEBUG", "INFO"}, {"HOME", "/root"}}, f.in, 0);
+  CHECK(env.at("NCCL_SOCKET_IFNAME") == "eth0");
+  CHECK(env.at("NCCL_DEBUG") == "WARN");     // over the inherited value
+  CHECK(env.at("OMP_NUM_THREADS") == "8");   // not forced to 1 when given
+  CHECK(env.at("RANK") == "2");              // ddprun's own variables win
+  CHECK(env.at("HOME") == "/root");
+}
+
 TEST_CASE("SubstituteLocalRank replaces every ${local_rank}", "[unit]") {
   std::vector<std::string> argv = {"train", "--gpu=${local_rank}", "x${local_rank}y${local_rank}",
                                    "${local_rank}", "$local_rank", "plain"};

@@ -44,6 +44,10 @@ struct AgentOptions {
   std::vector<std::string> command;  // argv of each worker, before ${local_rank} substitution
   double grace_period_s = kDefaultGracePeriodS;
   std::string log_dir;               // TORCHELASTIC_ERROR_FILE lives under it when set
+  // Extra variables for every worker (a job file's nccl: and environment:
+  // settings). They override the inherited environment; ddprun's own
+  // variables (RANK, MASTER_ADDR, ...) override them.
+  std::map<std::string, std::string> extra_env;
 };
 
 }  // namespace ddprun::agent

@@ -52,6 +52,7 @@ enum class Action {
   kRun,      // run a node with `options`
   kHelp,     // print `text` (the help) to stdout, exit 0
   kVersion,  // print `text` (the version) to stdout, exit 0
+  kPrintConfig,  // --print-config: print `text` (the merged job) to stdout, exit 0
 };
 
 struct ParsedCommand {
@@ -68,9 +69,12 @@ struct ParsedCommand {
 struct HostFacts {
   int cpu_count = 1;
   int gpu_count = 0;
+  // This machine's host names and interface addresses, matched against a job
+  // file's nodes.hosts (placement.h).
+  std::vector<std::string> names;
 };
 
-// The real machine: hardware threads, and CountNvidiaGpus().
+// The real machine: hardware threads, CountNvidiaGpus() and ProbeHostNames().
 HostFacts ProbeHost();
 
 // Counts NVIDIA GPUs without loading CUDA: the entries of proc_gpus_dir

@@ -1,0 +1,155 @@
+// `ddprun status`: one Status RPC, rendered as a table or JSON.
+#include "ddprun/launcher/status_command.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "ddprun/rendezvous/client.h"
+
+namespace ddprun::launcher {
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitUsage = 2;
+constexpr int kExitRendezvous = 3;
+constexpr int kDefaultPort = 29400;
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      default:
+        if (c < 0x20) {
+          out += absl::StrFormat("\\u%04x", c);
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+// "0-3" for a node's global ranks, "-" before it has any.
+std::string Ranks(const rendezvous::NodeInfo& n) {
+  if (n.base_rank < 0 || n.nproc <= 0) return "-";
+  if (n.nproc == 1) return std::to_string(n.base_rank);
+  return absl::StrCat(n.base_rank, "-", n.base_rank + n.nproc - 1);
+}
+
+}  // namespace
+
+std::string FormatStatusText(const std::vector<rendezvous::JobStatus>& jobs) {
+  if (jobs.empty()) return "no jobs\n";
+  std::string out = absl::StrFormat("%-24s %-6s %-10s %-6s %-6s %-8s %s\n", "JOB", "ROUND",
+                                    "STATE", "NODES", "WORLD", "RESTARTS", "WAITING");
+  for (const auto& j : jobs) {
+    absl::StrAppendFormat(&out, "%-24s %-6d %-10s %-6d %-6d %-8d %d\n", j.job_id, j.round, j.state,
+                          j.nodes.size(), j.world_size, j.restart_count, j.waiting);
+    for (const auto& n : j.nodes) {
+      absl::StrAppendFormat(&out, "  node %-3s %-28s pid %-8d nproc %-4d ranks %s\n",
+                            n.group_rank >= 0 ? std::to_string(n.group_rank) : std::string("-"),
+                            n.host, n.pid, n.nproc, Ranks(n));
+    }
+  }
+  return out;
+}
+
+std::string FormatStatusJson(const std::string& endpoint,
+                             const std::vector<rendezvous::JobStatus>& jobs) {
+  std::vector<std::string> js;
+  for (const auto& j : jobs) {
+    std::vector<std::string> nodes;
+    for (const auto& n : j.nodes) {
+      nodes.push_back(absl::StrCat(
+          "{\"group_rank\":", n.group_rank, ",\"host\":", JsonString(n.host), ",\"pid\":", n.pid,
+          ",\"nproc\":", n.nproc, ",\"base_rank\":", n.base_rank, ",\"ranks\":",
+          JsonString(Ranks(n)), "}"));
+    }
+    js.push_back(absl::StrCat("{\"job_id\":", JsonString(j.job_id), ",\"round\":", j.round,
+                              ",\"state\":", JsonString(j.state), ",\"world_size\":", j.world_size,
+                              ",\"restarts\":", j.restart_count, ",\"waiting\":", j.waiting,
+                              ",\"nodes\":[", absl::StrJoin(nodes, ","), "]}"));
+  }
+  return absl::StrCat("{\"endpoint\":", JsonString(endpoint), ",\"jobs\":[",
+                      absl::StrJoin(js, ","), "]}\n");
+}
+
+int RunStatusCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  CLI::App app{
+      "ddprun status: list the jobs a ddprund serves (round, state, nodes, ranks, world size, "
+      "restarts).",
+      "ddprun status"};
+  app.set_help_flag("-h,--help", "Print this help and exit");
+  std::string endpoint, job_id;
+  bool json = false;
+  double timeout_s = 5;
+  app.add_option("--rdzv_endpoint,--rdzv-endpoint", endpoint,
+                 "ddprund to ask, HOST[:PORT] (port 29400 by default; env PET_RDZV_ENDPOINT)");
+  app.add_option("--rdzv_id,--rdzv-id", job_id, "Only this job");
+  app.add_flag("--json", json, "Print JSON instead of a table");
+  app.add_option("--timeout", timeout_s, "Seconds to wait for the daemon")
+      ->check(CLI::Range(0.1, 3600.0));
+  std::vector<std::string> rest(args.begin() + std::min<std::size_t>(2, args.size()), args.end());
+  std::reverse(rest.begin(), rest.end());
+  try {
+    app.parse(rest);
+  } catch (const CLI::CallForHelp&) {
+    out << app.help();
+    return kExitOk;
+  } catch (const CLI::ParseError& e) {
+    err << "ddprun status: " << e.what() << "; see ddprun status --help" << std::endl;
+    return kExitUsage;
+  }
+  if (endpoint.empty()) {
+    if (const char* e = std::getenv("PET_RDZV_ENDPOINT"); e != nullptr) endpoint = e;
+  }
+  if (endpoint.empty()) {
+    err << "ddprun status: --rdzv_endpoint is required; pass the daemon's HOST:PORT" << std::endl;
+    return kExitUsage;
+  }
+  std::string host;
+  int port = 0;
+  if (absl::Status st = rendezvous::ParseEndpoint(endpoint, kDefaultPort, &host, &port); !st.ok()) {
+    err << "ddprun status: --rdzv_endpoint '" << endpoint << "': " << st.message()
+        << "; write HOST[:PORT]" << std::endl;
+    return kExitUsage;
+  }
+  const auto timeout = std::chrono::duration_cast<rendezvous::Duration>(
+      std::chrono::duration<double>(timeout_s));
+  auto client = rendezvous::RendezvousClient::Create(host, port);
+  if (absl::Status st = client->WaitForConnected(timeout); !st.ok()) {
+    err << "ddprun status: cannot reach the rendezvous at " << host << ":" << port << " within "
+        << timeout_s << " s; check that ddprund runs there" << std::endl;
+    return kExitRendezvous;
+  }
+  auto jobs = client->Status(job_id, timeout);
+  if (!jobs.ok()) {
+    err << "ddprun status: " << jobs.status().message() << std::endl;
+    return kExitRendezvous;
+  }
+  out << (json ? FormatStatusJson(absl::StrCat(host, ":", port), *jobs) : FormatStatusText(*jobs));
+  out.flush();
+  return kExitOk;
+}
+
+}  // namespace ddprun::launcher
