@@ -1,0 +1,137 @@
+// Worker SDK benchmarks, run under ddprun (bench/allreduce_bench.sh runs them
+// next to torch's Gloo in the same run):
+//   allreduce_bench allreduce   bus bandwidth (nccl-tests: busbw = S/t * 2(n-1)/n),
+//                               f32 sum, 4 KiB .. 256 MiB, median per call
+//   allreduce_bench resnet50    the ResNet-50 gradient set (161 f32 tensors,
+//                               25.6 M values): per tensor, blocking; per tensor,
+//                               all issued then waited; bucketed (Reducer, defaults)
+// Buffers are allocated and touched once, then reused (first-touch page faults
+// are slow on these VMs). Rank 0 prints one line per measurement.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ddp/ddp.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+template <class Fn>
+double MedianSeconds(ddp::ProcessGroup& pg, int iters, Fn&& fn) {
+  std::vector<double> t;
+  for (int i = 0; i < iters; ++i) {
+    pg.Barrier().Wait();
+    const auto t0 = Clock::now();
+    fn();
+    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return Median(t);
+}
+
+// torchvision's resnet50().parameters() sizes, in order (161 tensors).
+std::vector<std::size_t> ResNet50() {
+  std::vector<std::size_t> p;
+  auto conv = [&](std::size_t out, std::size_t in, std::size_t k) { p.push_back(out * in * k * k); };
+  auto bn = [&](std::size_t c) { p.push_back(c); p.push_back(c); };
+  conv(64, 3, 7);
+  bn(64);
+  std::size_t in = 64;
+  const int blocks[4] = {3, 4, 6, 3};
+  for (int layer = 0; layer < 4; ++layer) {
+    const std::size_t planes = 64u << layer;
+    for (int b = 0; b < blocks[layer]; ++b) {
+      conv(planes, in, 1); bn(planes);
+      conv(planes, planes, 3); bn(planes);
+      conv(planes * 4, planes, 1); bn(planes * 4);
+      if (b == 0) { conv(planes * 4, in, 1); bn(planes * 4); }
+      in = planes * 4;
+    }
+  }
+  p.push_back(1000 * 2048);
+  p.push_back(1000);
+  return p;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "allreduce";
+  try {
+    auto pg = ddp::Init();
+    const int n = pg->size();
+    const bool print = pg->rank() == 0;
+    if (mode == "allreduce") {
+      const std::size_t max_bytes = std::size_t(256) << 20;
+      std::vector<float> buf(max_bytes / 4, 1.0f);  // touched once
+      for (std::size_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
+        const std::size_t count = bytes / 4;
+        const int iters = bytes <= (1 << 20) ? 200 : bytes <= (16 << 20) ? 30 : 7;
+        pg->Allreduce(buf.data(), count, ddp::DType::kFloat32).Wait();  // warm-up
+        const double t = MedianSeconds(*pg, iters, [&] {
+          pg->Allreduce(buf.data(), count, ddp::DType::kFloat32).Wait();
+        });
+        const double busbw = bytes / t * 2.0 * (n - 1) / n / 1e9;
+        if (print)
+          std::printf("sdk allreduce bytes=%zu ranks=%d median_ms=%.4f busbw_GBps=%.3f\n", bytes,
+                      n, t * 1e3, busbw);
+      }
+    } else if (mode == "resnet50") {
+      const std::vector<std::size_t> sizes = ResNet50();
+      std::size_t total = 0;
+      for (auto s : sizes) total += s;
+      std::vector<std::vector<float>> grads;
+      for (auto s : sizes) grads.emplace_back(s, 0.5f);
+      if (print) std::printf("sdk resnet50 tensors=%zu values=%zu\n", sizes.size(), total);
+      const int iters = 9;
+      const double blocking = MedianSeconds(*pg, iters, [&] {
+        for (auto& g : grads) pg->Allreduce(std::span<float>(g)).Wait();
+      });
+      const double issued = MedianSeconds(*pg, iters, [&] {
+        std::vector<ddp::Work> w;
+        for (auto& g : grads) w.push_back(pg->Allreduce(std::span<float>(g)));
+        for (auto& x : w) x.Wait();
+      });
+      ddp::Reducer reducer(pg);
+      for (auto& g : grads) reducer.Register(std::span<float>(g));
+      auto step = [&] {
+        for (std::size_t k = grads.size(); k-- > 0;) reducer.MarkReady(k);
+        reducer.Finish();
+      };
+      step();  // builds (and touches) the buckets, checks ranks agree
+      const double bucketed = MedianSeconds(*pg, iters, step);
+      ddp::ReducerOptions view_opts;
+      view_opts.gradient_as_bucket_view = true;
+      ddp::Reducer view(pg, view_opts);
+      for (auto& g : grads) view.Register(std::span<float>(g));
+      auto vstep = [&] {
+        for (std::size_t k = grads.size(); k-- > 0;) view.MarkReady(k);
+        view.Finish();
+      };
+      vstep();
+      const double viewed = MedianSeconds(*pg, iters, vstep);
+      if (print) {
+        std::printf("sdk resnet50 per_tensor_blocking_ms=%.1f\n", blocking * 1e3);
+        std::printf("sdk resnet50 per_tensor_issued_ms=%.1f\n", issued * 1e3);
+        std::printf("sdk resnet50 bucketed_ms=%.1f buckets=%zu\n", bucketed * 1e3,
+                    reducer.num_buckets());
+        std::printf("sdk resnet50 bucketed_view_ms=%.1f\n", viewed * 1e3);
+      }
+    } else {
+      std::fprintf(stderr, "usage: allreduce_bench allreduce|resnet50\n");
+      return 2;
+    }
+    return 0;
+  } catch (const ddp::Error& e) {
+    std::fprintf(stderr, "allreduce_bench: %s\n", e.what());
+    return 1;
+  }
+}

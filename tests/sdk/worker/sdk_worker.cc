@@ -1,0 +1,535 @@
+// The rank side of the [sdk] tier: a Catch2 program that every rank of a
+// ddprun job runs with the same test filter, so every rank issues the same
+// collectives in the same order. tests/sdk/sdk_test.cc starts it under the
+// real ddprun with 1-4 ranks. A failed check on one rank makes the others
+// time out (DDP_TIMEOUT_SEC is short there), so a failure never hangs.
+//
+// The group is created once per process (ddp::Init is per round).
+#include <signal.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "ddp/ddp.h"
+#include "half.h"
+
+namespace {
+
+using ddp::DType;
+using ddp::ReduceOp;
+using ddp::detail::BFloat16ToFloat;
+using ddp::detail::Float16ToFloat;
+using ddp::detail::FloatToBFloat16;
+using ddp::detail::FloatToFloat16;
+
+std::shared_ptr<ddp::ProcessGroup>& Group() {
+  static std::shared_ptr<ddp::ProcessGroup> pg = ddp::Init();
+  return pg;
+}
+
+// Deterministic per-(rank, index) values, the same formula on every rank, so
+// each rank can compute every other rank's input for the reference.
+// Halves get small integers (sums stay exact); ints get signed values.
+double Value(int rank, std::size_t i, DType dtype, std::uint64_t salt) {
+  std::uint64_t x = (rank + 1) * 0x9E3779B97F4A7C15ull ^ (i + 1) * 0xBF58476D1CE4E5B9ull ^ salt;
+  x ^= x >> 31;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 29;
+  switch (dtype) {
+    case DType::kFloat16:
+    case DType::kBFloat16: return double(std::int64_t(x % 17) - 8);
+    case DType::kInt32:
+    case DType::kInt64: return double(std::int64_t(x % 2001) - 1000);
+    default: return double(std::int64_t(x % 2000001) - 1000000) / 1024.0;
+  }
+}
+
+// A typed buffer held as bytes.
+struct Buf {
+  DType dtype;
+  std::vector<unsigned char> bytes;
+  Buf(DType d, std::size_t n) : dtype(d), bytes(n * ddp::DTypeSize(d) + 1) {}
+  void* data() { return bytes.data(); }
+  void Set(std::size_t i, double v) {
+    switch (dtype) {
+      case DType::kFloat32: reinterpret_cast<float*>(data())[i] = float(v); break;
+      case DType::kFloat64: reinterpret_cast<double*>(data())[i] = v; break;
+      case DType::kInt32: reinterpret_cast<std::int32_t*>(data())[i] = std::int32_t(v); break;
+      case DType::kInt64: reinterpret_cast<std::int64_t*>(data())[i] = std::int64_t(v); break;
+      case DType::kFloat16:
+        reinterpret_cast<std::uint16_t*>(data())[i] = FloatToFloat16(float(v));
+        break;
+      case DType::kBFloat16:
+        reinterpret_cast<std::uint16_t*>(data())[i] = FloatToBFloat16(float(v));
+        break;
+    }
+  }
+  double Get(std::size_t i) {
+    switch (dtype) {
+      case DType::kFloat32: return reinterpret_cast<float*>(data())[i];
+      case DType::kFloat64: return reinterpret_cast<double*>(data())[i];
+      case DType::kInt32: return reinterpret_cast<std::int32_t*>(data())[i];
+      case DType::kInt64: return double(reinterpret_cast<std::int64_t*>(data())[i]);
+      case DType::kFloat16: return Float16ToFloat(reinterpret_cast<std::uint16_t*>(data())[i]);
+      case DType::kBFloat16: return BFloat16ToFloat(reinterpret_cast<std::uint16_t*>(data())[i]);
+    }
+    return 0;
+  }
+};
+
+bool IsInt(DType d) { return d == DType::kInt32 || d == DType::kInt64; }
+
+double Reference(ReduceOp op, DType dtype, int world, std::size_t i, std::uint64_t salt) {
+  double acc = Value(0, i, dtype, salt);
+  for (int r = 1; r < world; ++r) {
+    const double v = Value(r, i, dtype, salt);
+    if (op == ReduceOp::kMax) acc = std::max(acc, v);
+    else if (op == ReduceOp::kMin) acc = std::min(acc, v);
+    else acc += v;
+  }
+  if (op == ReduceOp::kAvg) {
+    if (IsInt(dtype)) return double(std::int64_t(acc) / world);  // truncation
+    return acc / world;
+  }
+  return acc;
+}
+
+void CheckClose(double got, double want, DType dtype, std::size_t i) {
+  INFO("element " << i << " dtype " << ddp::DTypeName(dtype));
+  if (IsInt(dtype)) {
+    REQUIRE(got == want);
+  } else {
+    // f32 sums of several ranks may be added in a different order than here.
+    const double tol = dtype == DType::kFloat64 ? 1e-12
+                       : dtype == DType::kFloat32 ? 1e-6
+                       : dtype == DType::kFloat16 ? 1e-3
+                                                   : 8e-3;
+    REQUIRE(std::fabs(got - want) <= tol * std::max(1.0, std::fabs(want)));
+  }
+}
+
+const std::vector<DType> kDTypes = {DType::kFloat32, DType::kFloat16, DType::kBFloat16,
+                                    DType::kFloat64, DType::kInt32,   DType::kInt64};
+const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax,
+                                    ReduceOp::kMin};
+// Zero, one, uneven (not a multiple of any world size), and above Gloo's 1 MiB segment.
+const std::vector<std::size_t> kSizes = {0, 1, 7, 1001, 300007};
+
+}  // namespace
+
+TEST_CASE("allreduce: every dtype and op against a local reference", "[collectives]") {
+  auto& pg = Group();
+  const int world = pg->size(), rank = pg->rank();
+  std::uint64_t salt = 1;
+  for (DType dtype : kDTypes) {
+    for (ReduceOp op : kOps) {
+      for (std::size_t n : kSizes) {
+        INFO(ddp::DTypeName(dtype) << " " << ddp::ReduceOpName(op) << " n=" << n);
+        Buf b(dtype, n);
+        for (std::size_t i = 0; i < n; ++i) b.Set(i, Value(rank, i, dtype, salt));
+        pg->Allreduce(b.data(), n, dtype, op).Wait();
+        for (std::size_t i = 0; i < n; ++i) {
+          double want = Reference(op, dtype, world, i, salt);
+          if (dtype == DType::kFloat16 || dtype == DType::kBFloat16) {
+            // The SDK averages in the element type: round like it does.
+            Buf r(dtype, 1);
+            r.Set(0, want);
+            want = r.Get(0);
+          }
+          CheckClose(b.Get(i), want, dtype, i);
+        }
+        ++salt;
+      }
+    }
+  }
+}
+
+TEST_CASE("allreduce: many in flight complete in issue order", "[collectives]") {
+  auto& pg = Group();
+  const int world = pg->size();
+  std::vector<std::vector<std::int64_t>> bufs(16, std::vector<std::int64_t>(1000));
+  std::vector<ddp::Work> works;
+  for (std::size_t k = 0; k < bufs.size(); ++k) {
+    for (std::size_t i = 0; i < bufs[k].size(); ++i) bufs[k][i] = std::int64_t(k * 1000 + i);
+    works.push_back(pg->Allreduce(std::span<std::int64_t>(bufs[k])));
+  }
+  for (auto& w : works) w.Wait();
+  for (std::size_t k = 0; k < bufs.size(); ++k)
+    for (std::size_t i = 0; i < bufs[k].size(); i += 97)
+      REQUIRE(bufs[k][i] == std::int64_t(k * 1000 + i) * world);
+}
+
+TEST_CASE("broadcast from every root", "[collectives]") {
+  auto& pg = Group();
+  const int world = pg->size(), rank = pg->rank();
+  for (int root = 0; root < world; ++root) {
+    for (DType dtype : kDTypes) {
+      for (std::size_t n : kSizes) {
+        Buf b(dtype, n);
+        for (std::size_t i = 0; i < n; ++i) b.Set(i, Value(rank, i, dtype, 77));
+        pg->Broadcast(b.data(), n, dtype, root).Wait();
+        for (std::size_t i = 0; i < n; ++i) {
+          Buf r(dtype, 1);
+          r.Set(0, Value(root, i, dtype, 77));
+          INFO("root " << root << " " << ddp::DTypeName(dtype) << " n=" << n << " i=" << i);
+          REQUIRE(b.Get(i) == r.Get(0));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("allgather and reduce_scatter", "[collectives]") {
+  auto& pg = Group();
+  const int world = pg->size(), rank = pg->rank();
+  for (DType dtype : kDTypes) {
+    for (std::size_t n : {std::size_t(0), std::size_t(1), std::size_t(13), std::size_t(40001)}) {
+      INFO(ddp::DTypeName(dtype) << " n=" << n);
+      Buf in(dtype, n), out(dtype, n * world);
+      for (std::size_t i = 0; i < n; ++i) in.Set(i, Value(rank, i, dtype, 5));
+      pg->Allgather(in.data(), out.data(), n, dtype).Wait();
+      for (int r = 0; r < world; ++r)
+        for (std::size_t i = 0; i < n; ++i) {
+          Buf want(dtype, 1);
+          want.Set(0, Value(r, i, dtype, 5));
+          REQUIRE(out.Get(r * n + i) == want.Get(0));
+        }
+
+      for (ReduceOp op : kOps) {
+        Buf rin(dtype, n * world), rout(dtype, n);
+        for (std::size_t i = 0; i < n * world; ++i) rin.Set(i, Value(rank, i, dtype, 9));
+        pg->ReduceScatter(rin.data(), rout.data(), n, dtype, op).Wait();
+        for (std::size_t i = 0; i < n; ++i) {
+          double want = Reference(op, dtype, world, rank * n + i, 9);
+          Buf r(dtype, 1);
+          r.Set(0, want);
+          CheckClose(rout.Get(i), r.Get(0), dtype, i);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("barrier holds every rank until the last arrives", "[collectives]") {
+  auto& pg = Group();
+  // Rank 0 arrives 300 ms late; nobody may leave before it arrived.
+  const auto t0 = std::chrono::steady_clock::now();
+  pg->Barrier().Wait();  // align
+  const auto t1 = std::chrono::steady_clock::now();
+  if (pg->rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  pg->Barrier().Wait();
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  (void)t0;
+  if (pg->size() > 1) REQUIRE(waited >= 0.25);
+}
+
+// ---- Reducer ----
+
+namespace {
+
+// A fake model: tensors of uneven sizes, gradients g[k][i] from (rank, k, i, step).
+struct FakeGrads {
+  std::vector<std::vector<float>> g;
+  explicit FakeGrads(const std::vector<std::size_t>& sizes) {
+    for (std::size_t s : sizes) g.emplace_back(s);
+  }
+  void Fill(int rank, int step, bool dyadic) {
+    for (std::size_t k = 0; k < g.size(); ++k)
+      for (std::size_t i = 0; i < g[k].size(); ++i) {
+        double v = Value(rank, i + 1000003 * k, DType::kFloat32, step);
+        g[k][i] = dyadic ? float(v) : float(v * 0.7310585786300049);
+      }
+  }
+};
+
+const std::vector<std::size_t> kModel = {1000, 7, 250000, 3, 70000, 1, 300001, 64};
+
+}  // namespace
+
+TEST_CASE("reducer: bucketed equals per-tensor allreduce bit for bit (f32 sum)", "[reducer]") {
+  auto& pg = Group();
+  // Two ranks add in either order with the same result; with more ranks the
+  // ring's order depends on an element's offset, so use exactly summable values.
+  const bool dyadic = pg->size() > 2;
+  FakeGrads bucketed(kModel), plain(kModel);
+  ddp::ReducerOptions opts;
+  opts.average = false;
+  opts.bucket_cap_bytes = 512 * 1024;
+  opts.first_bucket_bytes = 16 * 1024;
+  ddp::Reducer reducer(pg, opts);
+  for (auto& t : bucketed.g) reducer.Register(std::span<float>(t));
+  for (int step = 0; step < 3; ++step) {
+    bucketed.Fill(pg->rank(), step, dyadic);
+    plain.Fill(pg->rank(), step, dyadic);
+    for (std::size_t k = kModel.size(); k-- > 0;) reducer.MarkReady(k);  // backward order
+    reducer.Finish();
+    std::vector<ddp::Work> w;
+    for (auto& t : plain.g) w.push_back(pg->Allreduce(std::span<float>(t)));
+    for (auto& x : w) x.Wait();
+    for (std::size_t k = 0; k < kModel.size(); ++k)
+      REQUIRE(std::memcmp(bucketed.g[k].data(), plain.g[k].data(), kModel[k] * 4) == 0);
+  }
+  REQUIRE(reducer.num_buckets() > 2);
+  REQUIRE(reducer.num_steps() == 3);
+}
+
+TEST_CASE("reducer: averages; out-of-order MarkReady; gradient as bucket view", "[reducer]") {
+  auto& pg = Group();
+  const int world = pg->size();
+  for (bool view : {false, true}) {
+    INFO("gradient_as_bucket_view=" << view);
+    FakeGrads grads(kModel);
+    ddp::ReducerOptions opts;
+    opts.gradient_as_bucket_view = view;
+    opts.bucket_cap_bytes = 256 * 1024;
+    ddp::Reducer reducer(pg, opts);
+    for (auto& t : grads.g) reducer.Register(std::span<float>(t));
+    std::vector<float*> where;
+    for (std::size_t k = 0; k < kModel.size(); ++k)
+      where.push_back(static_cast<float*>(reducer.GradientBuffer(k)));
+    if (!view) REQUIRE(where[0] == grads.g[0].data());
+    if (view) REQUIRE(where[0] != grads.g[0].data());
+    for (int step = 0; step < 2; ++step) {
+      grads.Fill(pg->rank(), step, true);
+      for (std::size_t k = 0; k < kModel.size(); ++k)
+        std::memcpy(where[k], grads.g[k].data(), kModel[k] * 4);
+      // Registration order, not backward order: buckets still launch in order.
+      for (std::size_t k = 0; k < kModel.size(); ++k) reducer.MarkReady(k);
+      reducer.Finish();
+      for (std::size_t k = 0; k < kModel.size(); ++k)
+        for (std::size_t i = 0; i < kModel[k]; i += 101) {
+          double want = 0;
+          for (int r = 0; r < world; ++r) want += Value(r, i + 1000003 * k, DType::kFloat32, step);
+          REQUIRE(where[k][i] == Approx(want / world).margin(1e-6));
+        }
+    }
+  }
+}
+
+TEST_CASE("reducer: no_sync accumulates locally, the next step syncs the sum", "[reducer]") {
+  auto& pg = Group();
+  const int world = pg->size();
+  std::vector<float> g(5000, 0.0f);
+  ddp::Reducer reducer(pg);
+  reducer.Register(std::span<float>(g));
+  // Three micro-batches: two inside NoSync, one outside; the trainer accumulates.
+  for (int micro = 0; micro < 3; ++micro) {
+    auto add = [&] {
+      for (std::size_t i = 0; i < g.size(); ++i) g[i] += float(pg->rank() + micro + 1);
+    };
+    if (micro < 2) {
+      auto guard = reducer.NoSync();
+      add();
+      reducer.MarkReady(0);
+      reducer.Finish();
+      REQUIRE(g[0] == float((micro + 1) * (pg->rank() + 1) + micro * (micro + 1) / 2));
+    } else {
+      add();
+      reducer.MarkReady(0);
+      reducer.Finish();
+    }
+  }
+  // Rank r accumulated 3(r+1) + 3; the mean over ranks.
+  double want = 0;
+  for (int r = 0; r < world; ++r) want += 3.0 * (r + 1) + 3.0;
+  REQUIRE(g[0] == Approx(want / world));
+  REQUIRE(g[4999] == Approx(want / world));
+  REQUIRE(reducer.num_steps() == 1);
+}
+
+TEST_CASE("reducer: f16 and bf16 compression stay within their error bounds", "[reducer]") {
+  auto& pg = Group();
+  const int world = pg->size();
+  for (auto c : {ddp::Compression::kFloat16, ddp::Compression::kBFloat16}) {
+    std::vector<float> g(100000);
+    ddp::ReducerOptions opts;
+    opts.compression = c;
+    ddp::Reducer reducer(pg, opts);
+    reducer.Register(std::span<float>(g));
+    for (std::size_t i = 0; i < g.size(); ++i)
+      g[i] = float(Value(pg->rank(), i, DType::kFloat32, 3) / 1000.0);
+    reducer.MarkReady(0);
+    reducer.Finish();
+    // Unit roundoff u = 2^-11 (f16) or 2^-8 (bf16): each of the `world`
+    // inputs is rounded once and each of the world-1 partial sums once.
+    const double u = c == ddp::Compression::kFloat16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
+    double worst = 0;
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      double exact = 0, mag = 0;
+      for (int r = 0; r < world; ++r) {
+        const double v = Value(r, i, DType::kFloat32, 3) / 1000.0 / world;
+        exact += v;
+        mag += std::fabs(v);
+      }
+      const double bound = 2.0 * world * u * mag + 6e-8;  // + f16 subnormal spacing
+      const double err = std::fabs(double(g[i]) - exact);
+      worst = std::max(worst, err / bound);
+      REQUIRE(err <= bound);
+    }
+    WARN(ddp::DTypeName(c == ddp::Compression::kFloat16 ? DType::kFloat16 : DType::kBFloat16)
+         << " compression: worst error " << worst << " of its bound");
+  }
+}
+
+TEST_CASE("reducer: broadcast of initial parameters from rank 0", "[reducer]") {
+  auto& pg = Group();
+  std::vector<float> w1(1000);
+  std::vector<double> w2(33);
+  std::vector<std::int64_t> w3(5);
+  for (auto& x : w1) x = float(pg->rank() + 1);
+  for (auto& x : w2) x = pg->rank() * 2.5;
+  for (auto& x : w3) x = pg->rank() - 7;
+  ddp::BroadcastParameters(*pg, {{w1.data(), w1.size(), DType::kFloat32, {}},
+                                 {w2.data(), w2.size(), DType::kFloat64, {}},
+                                 {w3.data(), w3.size(), DType::kInt64, {}}});
+  REQUIRE(w1[999] == 1.0f);
+  REQUIRE(w2[32] == 0.0);
+  REQUIRE(w3[4] == -7);
+}
+
+TEST_CASE("reducer: register after the first step is refused", "[reducer]") {
+  auto& pg = Group();
+  std::vector<float> a(10), b(10);
+  ddp::Reducer reducer(pg);
+  reducer.Register(std::span<float>(a));
+  reducer.MarkReady(0);
+  reducer.Finish();
+  REQUIRE_THROWS_AS(reducer.Register(std::span<float>(b)), ddp::StateError);
+  REQUIRE_THROWS_AS(reducer.MarkReady(1), ddp::InvalidArgumentError);
+  reducer.MarkReady(0);
+  REQUIRE_THROWS_WITH(reducer.MarkReady(0), Catch::Contains("twice"));
+  reducer.Finish();
+}
+
+TEST_CASE("reducer: mismatched gradients across ranks name the first differing one",
+          "[reducer]") {
+  auto& pg = Group();
+  if (pg->size() == 1) return;
+  std::vector<float> a(100), b(pg->rank() == 1 ? 200 : 100), c(5);
+  ddp::Reducer reducer(pg);
+  reducer.Register(std::span<float>(a));
+  reducer.Register(std::span<float>(b));
+  reducer.Register(std::span<float>(c));
+  try {
+    reducer.MarkReady(2);
+    FAIL("no error");
+  } catch (const ddp::InvalidArgumentError& e) {
+    const std::string msg = e.what();
+    INFO(msg);
+    REQUIRE(msg.find("gradient 1") != std::string::npos);
+    REQUIRE(msg.find("rank 0 has 100 x f32") != std::string::npos);
+    REQUIRE(msg.find("rank 1 has 200 x f32") != std::string::npos);
+  }
+  // The reducer is unusable now; the group is not.
+  REQUIRE_THROWS_AS(reducer.Finish(), ddp::StateError);
+  pg->Barrier().Wait();
+}
+
+// ---- bad input ----
+
+TEST_CASE("bad input: null pointer, wrong dtype, bad root", "[bad-input]") {
+  auto& pg = Group();
+  REQUIRE_THROWS_AS(pg->Allreduce(nullptr, 10, DType::kFloat32), ddp::InvalidArgumentError);
+  float x = 1;
+  REQUIRE_THROWS_WITH(pg->Allreduce(&x, 1, static_cast<DType>(42)),
+                      Catch::Contains("invalid dtype 42"));
+  REQUIRE_THROWS_AS(pg->Allreduce(&x, 1, DType::kFloat32, static_cast<ReduceOp>(9)),
+                    ddp::InvalidArgumentError);
+  REQUIRE_THROWS_WITH(pg->Broadcast(&x, 1, DType::kFloat32, pg->size()),
+                      Catch::Contains("not a rank"));
+  // Zero elements at a null pointer is fine.
+  pg->Allreduce(nullptr, 0, DType::kFloat32).Wait();
+  pg->Barrier().Wait();
+}
+
+TEST_CASE("bad input: a second group, aborted, refuses every call", "[bad-input]") {
+  auto pg2 = ddp::Init();
+  float x = 1;
+  pg2->Allreduce(&x, 1, DType::kFloat32).Wait();
+  REQUIRE(x == float(pg2->size()));
+  pg2->Abort("test abort");
+  REQUIRE(pg2->aborted());
+  REQUIRE_THROWS_AS(pg2->Allreduce(&x, 1, DType::kFloat32), ddp::StateError);
+  REQUIRE_THROWS_WITH(pg2->Barrier(), Catch::Contains("test abort"));
+  Group()->Barrier().Wait();  // the first group is untouched
+}
+
+// ---- failures (run alone: they end the job) ----
+
+namespace {
+void WriteResult(const std::string& text) {
+  if (const char* path = std::getenv("SDK_RESULT_FILE")) {
+    std::ofstream(std::string(path) + "." + std::to_string(Group()->rank())) << text << "\n";
+  }
+}
+}  // namespace
+
+TEST_CASE("a peer killed mid-collective is an error within the timeout", "[kill]") {
+  ::signal(SIGTERM, SIG_IGN);  // outlive the agent's stop long enough to report
+  auto& pg = Group();
+  REQUIRE(pg->size() >= 2);
+  std::vector<float> big(16 << 20);
+  pg->Allreduce(std::span<float>(big)).Wait();  // everyone is connected
+  if (pg->rank() == 1) {
+    auto w = pg->Allreduce(std::span<float>(big));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ::kill(::getpid(), SIGKILL);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    for (int i = 0; i < 100; ++i) pg->Allreduce(std::span<float>(big)).Wait();
+    WriteResult("no error");
+  } catch (const ddp::Error& e) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    WriteResult(std::string("code=") + ddp::ErrorCodeName(e.code()) +
+                " seconds=" + std::to_string(s) + " what=" + e.what());
+    // Later calls fail fast, naming the first failure.
+    try {
+      pg->Barrier().Wait();
+    } catch (const ddp::StateError& e2) {
+      WriteResult(std::string("code=") + ddp::ErrorCodeName(e.code()) +
+                  " seconds=" + std::to_string(s) + " what=" + e.what() + "\nthen=" + e2.what());
+    }
+  }
+  std::_Exit(3);
+}
+
+TEST_CASE("a hung peer is a timeout error", "[hang]") {
+  ::signal(SIGTERM, SIG_IGN);
+  auto& pg = Group();
+  REQUIRE(pg->size() >= 2);
+  std::vector<float> v(1000);
+  pg->Allreduce(std::span<float>(v)).Wait();
+  if (pg->rank() == 1) ::raise(SIGSTOP);  // the agent SIGKILLs it at the end
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    pg->Allreduce(std::span<float>(v)).Wait();
+    WriteResult("no error");
+  } catch (const ddp::Error& e) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    WriteResult(std::string("code=") + ddp::ErrorCodeName(e.code()) +
+                " seconds=" + std::to_string(s) + " what=" + e.what());
+  }
+  std::_Exit(3);
+}
+
+TEST_CASE("a wrong token is refused with an auth error", "[wrong-token]") {
+  ::setenv("DDPRUN_TOKEN", "not-the-token", 1);
+  try {
+    ddp::Init();
+    FAIL("Init accepted a wrong token");
+  } catch (const ddp::AuthError& e) {
+    INFO(e.what());
+    REQUIRE(std::string(e.what()).find("DDPRUN_TOKEN") != std::string::npos);
+  }
+}

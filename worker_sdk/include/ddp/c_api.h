@@ -1,0 +1,114 @@
+/* The worker SDK's C API: a stable ABI over ddp::ProcessGroup and
+ * ddp::Reducer, for C trainers and for the Python module (ctypes).
+ *
+ * Every function returns a ddp_status_t; on failure ddp_last_error() gives
+ * the message (thread-local, valid until the next call on this thread).
+ * Handles are opaque; ABI rules: enums and struct layouts never change,
+ * functions are only added. ddp_abi_version() is bumped when they are.
+ *
+ *   ddp_group_t* g;
+ *   if (ddp_init(NULL, &g) != DDP_OK) { fprintf(stderr, "%s\n", ddp_last_error()); exit(1); }
+ *   ddp_allreduce(g, buf, n, DDP_FLOAT32, DDP_SUM, NULL);   // NULL work: blocking
+ */
+#ifndef DDP_C_API_H_
+#define DDP_C_API_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DDP_ABI_VERSION 1
+
+typedef enum {
+  DDP_OK = 0,
+  DDP_ERR_INVALID_ARGUMENT = 1,
+  DDP_ERR_TIMEOUT = 2,
+  DDP_ERR_CONNECTION = 3,
+  DDP_ERR_AUTH = 4,
+  DDP_ERR_STATE = 5,
+  DDP_ERR_UNSUPPORTED = 6,
+  DDP_ERR_INTERNAL = 7
+} ddp_status_t;
+
+typedef enum {
+  DDP_FLOAT32 = 0,
+  DDP_FLOAT16 = 1,
+  DDP_BFLOAT16 = 2,
+  DDP_FLOAT64 = 3,
+  DDP_INT32 = 4,
+  DDP_INT64 = 5
+} ddp_dtype_t;
+
+typedef enum { DDP_SUM = 0, DDP_AVG = 1, DDP_MAX = 2, DDP_MIN = 3 } ddp_reduce_op_t;
+typedef enum { DDP_BACKEND_AUTO = 0, DDP_BACKEND_GLOO = 1, DDP_BACKEND_NCCL = 2 } ddp_backend_t;
+typedef enum { DDP_COMPRESS_NONE = 0, DDP_COMPRESS_FP16 = 1, DDP_COMPRESS_BF16 = 2 } ddp_compression_t;
+
+typedef struct ddp_group ddp_group_t;
+typedef struct ddp_work ddp_work_t;
+typedef struct ddp_reducer ddp_reducer_t;
+
+/* Init options; zero-initialise, then set what you need (0 = default). */
+typedef struct {
+  int backend;          /* ddp_backend_t */
+  double timeout_sec;   /* 0: 300 s (or DDP_TIMEOUT_SEC) */
+} ddp_init_options_t;
+
+typedef struct {
+  size_t bucket_cap_bytes;      /* 0: 25 MiB */
+  size_t first_bucket_bytes;    /* 0: 1 MiB */
+  int gradient_as_bucket_view;  /* bool */
+  int compression;              /* ddp_compression_t */
+  int no_average;               /* bool: plain sum instead of the mean */
+} ddp_reducer_options_t;
+
+int ddp_abi_version(void);
+const char* ddp_last_error(void);
+const char* ddp_status_name(ddp_status_t status);
+
+ddp_status_t ddp_init(const ddp_init_options_t* options, ddp_group_t** out);
+void ddp_group_destroy(ddp_group_t* group);
+int ddp_rank(const ddp_group_t* group);
+int ddp_world_size(const ddp_group_t* group);
+int ddp_local_rank(const ddp_group_t* group);
+int ddp_backend(const ddp_group_t* group);
+int64_t ddp_round(const ddp_group_t* group);
+ddp_status_t ddp_abort(ddp_group_t* group, const char* reason);
+
+/* Collectives. `work` may be NULL: the call then blocks until done.
+ * Otherwise *work receives a handle to pass to ddp_work_wait (which frees it). */
+ddp_status_t ddp_allreduce(ddp_group_t* g, void* data, size_t count, int dtype, int op,
+                           ddp_work_t** work);
+ddp_status_t ddp_broadcast(ddp_group_t* g, void* data, size_t count, int dtype, int root,
+                           ddp_work_t** work);
+ddp_status_t ddp_allgather(ddp_group_t* g, const void* in, void* out, size_t count, int dtype,
+                           ddp_work_t** work);
+ddp_status_t ddp_reduce_scatter(ddp_group_t* g, const void* in, void* out, size_t count,
+                                int dtype, int op, ddp_work_t** work);
+ddp_status_t ddp_barrier(ddp_group_t* g, ddp_work_t** work);
+/* Waits (timeout_sec <= 0: the group's timeout) and frees the handle. */
+ddp_status_t ddp_work_wait(ddp_work_t* work, double timeout_sec);
+void ddp_work_free(ddp_work_t* work);
+
+ddp_status_t ddp_reducer_create(ddp_group_t* g, const ddp_reducer_options_t* options,
+                                ddp_reducer_t** out);
+void ddp_reducer_destroy(ddp_reducer_t* r);
+ddp_status_t ddp_reducer_register(ddp_reducer_t* r, void* data, size_t count, int dtype,
+                                  size_t* index);
+ddp_status_t ddp_reducer_gradient_buffer(ddp_reducer_t* r, size_t index, void** out);
+ddp_status_t ddp_reducer_mark_ready(ddp_reducer_t* r, size_t index);
+ddp_status_t ddp_reducer_finish(ddp_reducer_t* r);
+ddp_status_t ddp_reducer_set_require_sync(ddp_reducer_t* r, int require_sync);
+size_t ddp_reducer_num_buckets(const ddp_reducer_t* r);
+
+/* Broadcasts `n` buffers from `root` (initial parameter sync). */
+ddp_status_t ddp_broadcast_parameters(ddp_group_t* g, void* const* data, const size_t* counts,
+                                      const int* dtypes, size_t n, int root);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DDP_C_API_H_ */

@@ -1,0 +1,7 @@
+// The worker SDK in one include: ddp::Init, ProcessGroup, Work, Reducer.
+#pragma once
+
+#include "ddp/error.h"
+#include "ddp/process_group.h"
+#include "ddp/reducer.h"
+#include "ddp/types.h"

@@ -1,0 +1,249 @@
+"""ddprun worker SDK for Python, over the C API (ddp/c_api.h) with ctypes.
+
+No PyTorch needed. Buffers may be numpy arrays (C-contiguous) or anything
+with data_ptr(), numel() and dtype (torch tensors):
+
+    import numpy as np, ddprun_sdk as ddp
+    pg = ddp.init()                       # reads ddprun's environment
+    a = np.ones(1000, np.float32)
+    pg.allreduce(a)                       # in place, blocking
+    w = pg.allreduce(a, op="avg", async_op=True); w.wait()
+
+The library is found through $DDPRUN_SDK_LIB, next to this file, in ../lib
+(the build tree) or ../.. (an install's lib/ddprun/python), then the system path.
+"""
+import ctypes
+import os
+
+__all__ = ["init", "ProcessGroup", "Reducer", "Work", "Error", "TimeoutError_", "DTYPES", "OPS"]
+
+DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2, "float64": 3, "int32": 4, "int64": 5}
+OPS = {"sum": 0, "avg": 1, "max": 2, "min": 3}
+_CODES = {1: "invalid argument", 2: "timeout", 3: "connection", 4: "auth", 5: "state",
+          6: "unsupported", 7: "internal"}
+
+
+class Error(RuntimeError):
+    """A ddp error; .code is the C API status (2 timeout, 3 connection, ...)."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+        self.kind = _CODES.get(code, "unknown")
+
+
+class TimeoutError_(Error):
+    pass
+
+
+def _load():
+    here = os.path.dirname(os.path.abspath(__file__))
+    names = []
+    if os.environ.get("DDPRUN_SDK_LIB"):
+        names.append(os.environ["DDPRUN_SDK_LIB"])
+    for d in (here, os.path.join(here, "..", "lib"), os.path.join(here, "..", "..")):
+        names.append(os.path.join(d, "libddprun_worker_sdk.so"))
+    names.append("libddprun_worker_sdk.so")
+    last = None
+    for n in names:
+        if os.path.sep in n and not os.path.exists(n):
+            continue
+        try:
+            return ctypes.CDLL(n)
+        except OSError as e:
+            last = e
+    raise ImportError("ddprun_sdk: cannot find libddprun_worker_sdk.so (set DDPRUN_SDK_LIB): %s" % last)
+
+
+_lib = _load()
+_c = ctypes
+_P, _SZ, _I = _c.c_void_p, _c.c_size_t, _c.c_int
+for name, args, res in [
+    ("ddp_last_error", [], _c.c_char_p),
+    ("ddp_init", [_P, _c.POINTER(_P)], _I),
+    ("ddp_group_destroy", [_P], None),
+    ("ddp_rank", [_P], _I), ("ddp_world_size", [_P], _I), ("ddp_local_rank", [_P], _I),
+    ("ddp_backend", [_P], _I), ("ddp_round", [_P], _c.c_int64),
+    ("ddp_abort", [_P, _c.c_char_p], _I),
+    ("ddp_allreduce", [_P, _P, _SZ, _I, _I, _c.POINTER(_P)], _I),
+    ("ddp_broadcast", [_P, _P, _SZ, _I, _I, _c.POINTER(_P)], _I),
+    ("ddp_allgather", [_P, _P, _P, _SZ, _I, _c.POINTER(_P)], _I),
+    ("ddp_reduce_scatter", [_P, _P, _P, _SZ, _I, _I, _c.POINTER(_P)], _I),
+    ("ddp_barrier", [_P, _c.POINTER(_P)], _I),
+    ("ddp_work_wait", [_P, _c.c_double], _I),
+    ("ddp_work_free", [_P], None),
+    ("ddp_reducer_create", [_P, _P, _c.POINTER(_P)], _I),
+    ("ddp_reducer_destroy", [_P], None),
+    ("ddp_reducer_register", [_P, _P, _SZ, _I, _c.POINTER(_SZ)], _I),
+    ("ddp_reducer_mark_ready", [_P, _SZ], _I),
+    ("ddp_reducer_finish", [_P], _I),
+    ("ddp_reducer_set_require_sync", [_P, _I], _I),
+    ("ddp_reducer_num_buckets", [_P], _SZ),
+    ("ddp_broadcast_parameters", [_P, _c.POINTER(_P), _c.POINTER(_SZ), _c.POINTER(_I), _SZ, _I], _I),
+]:
+    f = getattr(_lib, name)
+    f.argtypes, f.restype = args, res
+
+
+def _check(status):
+    if status != 0:
+        msg = _lib.ddp_last_error().decode("utf-8", "replace")
+        raise (TimeoutError_ if status == 2 else Error)(status, msg)
+
+
+def _buffer(x):
+    """(pointer, element count, dtype code) of a numpy array or a tensor-like."""
+    if hasattr(x, "data_ptr"):  # torch.Tensor and friends
+        if hasattr(x, "is_contiguous") and not x.is_contiguous():
+            raise Error(1, "tensor is not contiguous")
+        name = str(x.dtype).replace("torch.", "")
+        if name not in DTYPES:
+            raise Error(1, "unsupported dtype %s (supported: %s)" % (name, ", ".join(DTYPES)))
+        return x.data_ptr(), int(x.numel()), DTYPES[name]
+    if hasattr(x, "__array_interface__"):
+        ai = x.__array_interface__
+        if ai.get("strides") is not None and not x.flags["C_CONTIGUOUS"]:
+            raise Error(1, "array is not C-contiguous")
+        if getattr(x, "flags", None) is not None and not x.flags["WRITEABLE"]:
+            raise Error(1, "array is read-only")
+        name = str(x.dtype)
+        if name not in DTYPES:
+            # numpy has no bfloat16; a uint16 array can carry one via dtype=
+            raise Error(1, "unsupported dtype %s (supported: %s)" % (name, ", ".join(DTYPES)))
+        return ai["data"][0], int(x.size), DTYPES[name]
+    raise Error(1, "expected a numpy array or an object with data_ptr(), got %s" % type(x).__name__)
+
+
+class Work:
+    """Handle of an asynchronous collective; wait() raises Error on failure."""
+
+    def __init__(self, handle, keep):
+        self._h, self._keep = handle, keep
+
+    def wait(self, timeout=0.0):
+        if self._h is None:
+            return
+        h, self._h = self._h, None
+        _check(_lib.ddp_work_wait(h, float(timeout)))
+
+    def __del__(self):
+        if getattr(self, "_h", None):
+            _lib.ddp_work_free(self._h)
+
+
+class ProcessGroup:
+    def __init__(self, backend=0, timeout=0.0):
+        class Opts(ctypes.Structure):
+            _fields_ = [("backend", ctypes.c_int), ("timeout_sec", ctypes.c_double)]
+        b = {"auto": 0, "gloo": 1, "nccl": 2}.get(backend, backend)
+        self._opts = Opts(b, float(timeout))
+        self._h = _P()
+        _check(_lib.ddp_init(ctypes.byref(self._opts), ctypes.byref(self._h)))
+
+    rank = property(lambda self: _lib.ddp_rank(self._h))
+    size = property(lambda self: _lib.ddp_world_size(self._h))
+    local_rank = property(lambda self: _lib.ddp_local_rank(self._h))
+    round = property(lambda self: _lib.ddp_round(self._h))
+
+    def _run(self, fn, args, keep, async_op):
+        w = _P()
+        _check(fn(self._h, *args, ctypes.byref(w) if async_op else None))
+        return Work(w, keep) if async_op else None
+
+    def allreduce(self, x, op="sum", async_op=False):
+        p, n, d = _buffer(x)
+        return self._run(_lib.ddp_allreduce, (p, n, d, OPS[op]), x, async_op)
+
+    def broadcast(self, x, root=0, async_op=False):
+        p, n, d = _buffer(x)
+        return self._run(_lib.ddp_broadcast, (p, n, d, root), x, async_op)
+
+    def allgather(self, inp, out, async_op=False):
+        p, n, d = _buffer(inp)
+        q, m, e = _buffer(out)
+        if e != d or m != n * self.size:
+            raise Error(1, "allgather: out must hold world_size * len(in) elements of in's dtype")
+        return self._run(_lib.ddp_allgather, (p, q, n, d), (inp, out), async_op)
+
+    def reduce_scatter(self, inp, out, op="sum", async_op=False):
+        p, n, d = _buffer(inp)
+        q, m, e = _buffer(out)
+        if e != d or n != m * self.size:
+            raise Error(1, "reduce_scatter: in must hold world_size * len(out) elements of out's dtype")
+        return self._run(_lib.ddp_reduce_scatter, (p, q, m, d, OPS[op]), (inp, out), async_op)
+
+    def barrier(self, async_op=False):
+        return self._run(_lib.ddp_barrier, (), None, async_op)
+
+    def broadcast_parameters(self, tensors, root=0):
+        bufs = [_buffer(t) for t in tensors]
+        n = len(bufs)
+        ptrs = (_P * n)(*[b[0] for b in bufs])
+        counts = (_SZ * n)(*[b[1] for b in bufs])
+        dts = (_I * n)(*[b[2] for b in bufs])
+        _check(_lib.ddp_broadcast_parameters(self._h, ptrs, counts, dts, n, root))
+
+    def abort(self, reason=""):
+        _check(_lib.ddp_abort(self._h, reason.encode()))
+
+    def __del__(self):
+        if getattr(self, "_h", None):
+            _lib.ddp_group_destroy(self._h)
+            self._h = None
+
+
+class Reducer:
+    """Bucketed gradient all-reduce; see ddp/reducer.h. Register gradients in
+    model order, mark_ready(i) during backward, finish() after it."""
+
+    def __init__(self, group, bucket_cap_bytes=0, first_bucket_bytes=0,
+                 gradient_as_bucket_view=False, compression=None, average=True):
+        class Opts(ctypes.Structure):
+            _fields_ = [("bucket_cap_bytes", ctypes.c_size_t), ("first_bucket_bytes", ctypes.c_size_t),
+                        ("gradient_as_bucket_view", ctypes.c_int), ("compression", ctypes.c_int),
+                        ("no_average", ctypes.c_int)]
+        comp = {None: 0, "fp16": 1, "bf16": 2}[compression]
+        self._opts = Opts(bucket_cap_bytes, first_bucket_bytes, int(gradient_as_bucket_view), comp,
+                          0 if average else 1)
+        self._group = group  # keeps the group alive
+        self._keep = []
+        self._h = _P()
+        _check(_lib.ddp_reducer_create(group._h, ctypes.byref(self._opts), ctypes.byref(self._h)))
+
+    def register(self, grad):
+        p, n, d = _buffer(grad)
+        self._keep.append(grad)
+        i = _SZ()
+        _check(_lib.ddp_reducer_register(self._h, p, n, d, ctypes.byref(i)))
+        return i.value
+
+    def mark_ready(self, i):
+        _check(_lib.ddp_reducer_mark_ready(self._h, i))
+
+    def finish(self):
+        _check(_lib.ddp_reducer_finish(self._h))
+
+    def no_sync(self):
+        reducer = self
+
+        class _NoSync:
+            def __enter__(self):
+                _check(_lib.ddp_reducer_set_require_sync(reducer._h, 0))
+
+            def __exit__(self, *exc):
+                _check(_lib.ddp_reducer_set_require_sync(reducer._h, 1))
+        return _NoSync()
+
+    @property
+    def num_buckets(self):
+        return _lib.ddp_reducer_num_buckets(self._h)
+
+    def __del__(self):
+        if getattr(self, "_h", None):
+            _lib.ddp_reducer_destroy(self._h)
+            self._h = None
+
+
+def init(backend="auto", timeout=0.0):
+    """ddp_init: reads ddprun's environment and bootstraps this round's communicator."""
+    return ProcessGroup(backend, timeout)

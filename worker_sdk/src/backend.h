@@ -1,0 +1,149 @@
+// The communicator interface behind ddp::ProcessGroup. Backends return
+// absl::Status; ProcessGroup and Reducer convert at the public boundary.
+//
+// Contract for implementations:
+//  - Collectives are asynchronous, executed in issue order, and return a
+//    WorkState. Argument checks happen at issue time (InvalidArgument).
+//  - The first failure aborts the group (Fail): every later call and every
+//    pending WorkState returns FailedPrecondition naming that first failure.
+//  - Messages start with Fence() and name the operation.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ddp/process_group.h"
+#include "ddp/types.h"
+
+// Returns the absl::Status of expr when it is not ok.
+#define DDP_RETURN_IF_ERROR(expr) \
+  do {                            \
+    ::absl::Status _s = (expr);   \
+    if (!_s.ok()) return _s;      \
+  } while (0)
+
+namespace ddp::detail {
+
+class WorkState {
+ public:
+  virtual ~WorkState() = default;
+  // Ok once the operation completed; DeadlineExceeded (after aborting the
+  // group) when it did not within timeout; its error otherwise.
+  virtual absl::Status Wait(Duration timeout) = 0;
+  virtual absl::StatusOr<bool> IsCompleted() = 0;
+  // Orders `stream` after the operation (GPU); host wait on CPU.
+  virtual absl::Status Synchronize(void* stream) = 0;
+  // Wait() with the group's timeout plus a margin, so that the backend's own
+  // timeout (which knows more) normally reports first.
+  virtual absl::Status WaitDefault() { return Wait(kDefaultTimeout * 2); }
+};
+
+// An already finished operation (zero-size collectives, world size 1).
+class DoneWork final : public WorkState {
+ public:
+  explicit DoneWork(absl::Status s = absl::OkStatus()) : status_(std::move(s)) {}
+  absl::Status Wait(Duration) override { return status_; }
+  absl::StatusOr<bool> IsCompleted() override {
+    if (!status_.ok()) return status_;
+    return true;
+  }
+  absl::Status Synchronize(void*) override { return status_; }
+
+ private:
+  absl::Status status_;
+};
+
+using WorkPtr = std::shared_ptr<WorkState>;
+
+class Backend {
+ public:
+  Backend(WorkerInfo info, Duration timeout) : info_(std::move(info)), timeout_(timeout) {}
+  virtual ~Backend() = default;
+
+  virtual ddp::Backend kind() const = 0;
+  virtual absl::StatusOr<WorkPtr> Allreduce(void* data, std::size_t count, DType dtype,
+                                            ReduceOp op) = 0;
+  virtual absl::StatusOr<WorkPtr> Broadcast(void* data, std::size_t count, DType dtype,
+                                            int root) = 0;
+  virtual absl::StatusOr<WorkPtr> Allgather(const void* in, void* out, std::size_t count,
+                                            DType dtype) = 0;
+  virtual absl::StatusOr<WorkPtr> ReduceScatter(const void* in, void* out, std::size_t count,
+                                                DType dtype, ReduceOp op) = 0;
+  virtual absl::StatusOr<WorkPtr> Barrier() = 0;
+  virtual void SetStream(void* stream) {}
+
+  // Memory the collectives accept (host memory for Gloo, device memory for
+  // NCCL), for the Reducer's flat buckets. Copy is ordered before later
+  // collectives (NCCL: on the caller's stream).
+  virtual absl::StatusOr<void*> Alloc(std::size_t bytes) = 0;
+  virtual void Free(void* p) = 0;
+  virtual absl::Status Copy(void* dst, const void* src, std::size_t bytes) = 0;
+  virtual bool device_memory() const { return false; }
+  // Waits for the copies issued by Copy (NCCL: synchronises the caller's stream).
+  virtual absl::Status SyncCopies() { return absl::OkStatus(); }
+
+  // Aborts the group with `reason` (the first reason wins). Thread-safe.
+  void Fail(const std::string& reason) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (aborted_.load()) return;
+      abort_reason_ = reason;
+      aborted_.store(true);
+    }
+    OnAbort();
+  }
+  bool aborted() const { return aborted_.load(); }
+  // FailedPrecondition naming the first failure, for calls after an abort.
+  absl::Status AbortedStatus(const std::string& op) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return absl::FailedPreconditionError(Fence() + op + ": the communicator was aborted (" +
+                                         abort_reason_ + "); exit so that ddprun restarts the job");
+  }
+
+  const WorkerInfo& info() const { return info_; }
+  int rank() const { return info_.rank; }
+  int size() const { return info_.world_size; }
+  Duration timeout() const { return timeout_; }
+  std::string Fence() const {
+    return "[job " + info_.job_id + " round " + std::to_string(info_.round) + " rank " +
+           std::to_string(info_.rank) + "] ";
+  }
+
+ protected:
+  // Backend-specific teardown of in-flight work (NCCL: ncclCommAbort).
+  virtual void OnAbort() {}
+
+ private:
+  WorkerInfo info_;
+  Duration timeout_;
+  mutable std::mutex mu_;
+  std::atomic<bool> aborted_{false};
+  std::string abort_reason_;
+};
+
+// Argument checks shared by the backends.
+absl::Status CheckBuffer(const Backend& b, const char* op, const void* p, std::size_t count,
+                         DType dtype, const char* name = "data");
+absl::Status CheckReduceOp(const Backend& b, const char* op, ReduceOp r);
+std::string DescribeOp(const char* op, std::size_t count, DType dtype, const char* extra = "");
+
+}  // namespace ddp::detail
+
+namespace ddprun::rendezvous {
+class Store;
+}
+
+namespace ddp::detail {
+absl::StatusOr<std::shared_ptr<Backend>> CreateGlooBackend(
+    const WorkerInfo& info, const InitOptions& options,
+    std::shared_ptr<ddprun::rendezvous::Store> store, const std::string& key_prefix);
+absl::StatusOr<std::shared_ptr<Backend>> CreateNcclBackend(
+    const WorkerInfo& info, const InitOptions& options,
+    std::shared_ptr<ddprun::rendezvous::Store> store, const std::string& key_prefix);
+bool NcclCompiledIn();
+int CudaDeviceCount();
+}  // namespace ddp::detail

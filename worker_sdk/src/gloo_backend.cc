@@ -1,0 +1,482 @@
+// The Gloo backend: CPU collectives over Gloo's TCP transport, bootstrapped
+// through our store.
+//
+// Collectives are queued to one communication thread per group and run there
+// in issue order, so the caller (the backward pass) goes on while they run.
+// Gloo has no abort: a failed or timed-out group is marked aborted, queued
+// work is failed, and the thread finishes the operation it is in when Gloo's
+// own timeout (the group timeout) fires. Everything the thread touches lives
+// in a Core it shares, so a group destroyed while its thread is stuck in Gloo
+// leaves the thread to finish on its own.
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "backend.h"
+#include "ddprun/rendezvous/store.h"
+#include "gloo/allgather.h"
+#include "gloo/allreduce.h"
+#include "gloo/barrier.h"
+#include "gloo/broadcast.h"
+#include "gloo/common/error.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/rendezvous/store.h"
+#include "gloo/transport/tcp/device.h"
+#include "elementwise.h"
+#include "half.h"
+
+namespace ddp::detail {
+namespace {
+
+namespace rdzv = ddprun::rendezvous;
+
+// gloo::rendezvous::Store over our Store, under a key prefix of this round.
+// Gloo expects exceptions; the first error is kept for Init to report.
+class GlooStoreAdapter final : public gloo::rendezvous::Store {
+ public:
+  GlooStoreAdapter(std::shared_ptr<rdzv::Store> base, std::string prefix, Duration timeout)
+      : base_(std::move(base)), prefix_(std::move(prefix)), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    Check(base_->Set(prefix_ + key, std::string(data.begin(), data.end())));
+  }
+  std::vector<char> get(const std::string& key) override {
+    auto v = base_->Get(prefix_ + key, timeout_);
+    Check(v.status());
+    return std::vector<char>(v->begin(), v->end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& t) override {
+    std::vector<std::string> full;
+    for (const auto& k : keys) full.push_back(prefix_ + k);
+    Check(base_->Wait(full, std::min<Duration>(t, timeout_)));
+  }
+
+  const absl::Status& error() const { return error_; }
+
+ private:
+  void Check(const absl::Status& s) {
+    if (s.ok()) return;
+    if (error_.ok()) error_ = s;
+    throw gloo::IoException(std::string(s.message()));
+  }
+  std::shared_ptr<rdzv::Store> base_;
+  std::string prefix_;
+  Duration timeout_;
+  absl::Status error_;
+};
+
+// Elementwise reductions Gloo calls as f(out, a, b, n).
+template <class T, class Op>
+void ReduceTyped(void* c, const void* a, const void* b, std::size_t n) {
+  T* out = static_cast<T*>(c);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  Op op;
+  for (std::size_t i = 0; i < n; ++i) out[i] = op(x[i], y[i]);
+}
+
+template <float (*ToF)(std::uint16_t), std::uint16_t (*FromF)(float), class Op>
+void ReduceHalf(void* c, const void* a, const void* b, std::size_t n) {
+  auto* out = static_cast<std::uint16_t*>(c);
+  const auto* x = static_cast<const std::uint16_t*>(a);
+  const auto* y = static_cast<const std::uint16_t*>(b);
+  Op op;
+  for (std::size_t i = 0; i < n; ++i) out[i] = FromF(op(ToF(x[i]), ToF(y[i])));
+}
+
+struct Plus {
+  template <class T> T operator()(T a, T b) const { return a + b; }
+};
+struct Max {
+  template <class T> T operator()(T a, T b) const { return a < b ? b : a; }
+};
+struct Min {
+  template <class T> T operator()(T a, T b) const { return b < a ? b : a; }
+};
+
+template <class Op>
+gloo::AllreduceOptions::Func FuncFor(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return &ReduceTyped<float, Op>;
+    case DType::kFloat64: return &ReduceTyped<double, Op>;
+    case DType::kInt32: return &ReduceTyped<std::int32_t, Op>;
+    case DType::kInt64: return &ReduceTyped<std::int64_t, Op>;
+    case DType::kFloat16: return &ReduceHalf<Float16ToFloat, FloatToFloat16, Op>;
+    case DType::kBFloat16: return &ReduceHalf<BFloat16ToFloat, FloatToBFloat16, Op>;
+  }
+  return nullptr;
+}
+
+gloo::AllreduceOptions::Func ReduceFunc(DType dtype, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg: return FuncFor<Plus>(dtype);
+    case ReduceOp::kMax: return FuncFor<Max>(dtype);
+    case ReduceOp::kMin: return FuncFor<Min>(dtype);
+  }
+  return nullptr;
+}
+
+// Gloo's option setters are templates on the element type; only its size matters.
+template <class Fn>
+void WithElementType(DType dtype, Fn&& fn) {
+  switch (DTypeSize(dtype)) {
+    case 2: fn(std::uint16_t{}); break;
+    case 4: fn(std::uint32_t{}); break;
+    case 8: fn(std::uint64_t{}); break;
+  }
+}
+
+class Core;
+
+// One queued collective and its completion.
+class GlooWork final : public WorkState {
+ public:
+  GlooWork(std::weak_ptr<Backend> owner, std::string desc, Duration default_timeout)
+      : owner_(std::move(owner)), desc_(std::move(desc)), default_timeout_(default_timeout) {}
+
+  void Complete(absl::Status s) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+      status_ = std::move(s);
+    }
+    cv_.notify_all();
+  }
+
+  absl::Status Wait(Duration timeout) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (cv_.wait_for(lock, timeout, [&] { return done_; })) return status_;
+    lock.unlock();
+    const std::string what =
+        absl::StrCat(desc_, " did not complete within ", timeout.count() / 1000.0, " s");
+    std::string fence;
+    if (auto b = owner_.lock()) {
+      b->Fail(what);
+      fence = b->Fence();
+    }
+    return absl::DeadlineExceededError(
+        absl::StrCat(fence, what, " (a peer is slow, hung or issued a different collective)"));
+  }
+  absl::StatusOr<bool> IsCompleted() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_ && !status_.ok()) return status_;
+    return done_;
+  }
+  absl::Status Synchronize(void*) override { return WaitDefault(); }
+  absl::Status WaitDefault() override { return Wait(default_timeout_ + std::chrono::seconds(5)); }
+
+ private:
+  std::weak_ptr<Backend> owner_;
+  std::string desc_;
+  Duration default_timeout_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  absl::Status status_;
+};
+
+struct Task {
+  std::string desc;
+  std::function<void()> run;  // may throw gloo exceptions
+  std::shared_ptr<GlooWork> work;
+};
+
+// State shared by the group and its communication thread.
+class Core {
+ public:
+  std::shared_ptr<gloo::rendezvous::Context> context;
+  std::shared_ptr<gloo::transport::Device> device;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Task> queue;
+  bool stop = false;
+  bool busy = false;
+  // Reused scratch for reduce-scatter (first-touch page faults are slow).
+  std::vector<char> scratch;
+};
+
+class GlooBackend final : public Backend, public std::enable_shared_from_this<GlooBackend> {
+ public:
+  GlooBackend(WorkerInfo info, Duration timeout, std::shared_ptr<Core> core)
+      : Backend(std::move(info), timeout), core_(std::move(core)) {}
+
+  ~GlooBackend() override {
+    bool busy;
+    {
+      std::lock_guard<std::mutex> lock(core_->mu);
+      core_->stop = true;
+      busy = core_->busy;
+    }
+    core_->cv.notify_all();
+    // A thread stuck in Gloo on an aborted group finishes on its own.
+    if (busy && aborted()) {
+      thread_.detach();
+    } else {
+      thread_.join();
+    }
+  }
+
+  void Start() {
+    thread_ = std::thread([core = core_, weak = weak_from_this()] { Loop(core, weak); });
+  }
+
+  ddp::Backend kind() const override { return ddp::Backend::kGloo; }
+
+  absl::StatusOr<WorkPtr> Allreduce(void* data, std::size_t count, DType dtype,
+                                    ReduceOp op) override {
+    DDP_RETURN_IF_ERROR(CheckBuffer(*this, "allreduce", data, count, dtype));
+    DDP_RETURN_IF_ERROR(CheckReduceOp(*this, "allreduce", op));
+    const std::string desc = DescribeOp("allreduce", count, dtype, ReduceOpName(op));
+    if (count == 0) return Enqueue(desc, nullptr);
+    const int n = size();
+    if (n == 1) {
+      return Enqueue(desc, [=] { if (op == ReduceOp::kAvg) DivideInPlace(data, count, dtype, 1); });
+    }
+    auto func = ReduceFunc(dtype, op);
+    const Duration t = timeout();
+    return Enqueue(desc, [=, ctx = core_->context, tag = NextTag()] {
+      gloo::AllreduceOptions opts(ctx);
+      WithElementType(dtype, [&](auto e) {
+        opts.setOutput(static_cast<decltype(e)*>(data), count);
+      });
+      opts.setReduceFunction(func);
+      opts.setTag(tag);
+      opts.setTimeout(t);
+      gloo::allreduce(opts);
+      if (op == ReduceOp::kAvg) DivideInPlace(data, count, dtype, n);
+    });
+  }
+
+  absl::StatusOr<WorkPtr> Broadcast(void* data, std::size_t count, DType dtype,
+                                    int root) override {
+    DDP_RETURN_IF_ERROR(CheckBuffer(*this, "broadcast", data, count, dtype));
+    if (root < 0 || root >= size()) {
+      return absl::InvalidArgumentError(absl::StrCat(Fence(), "broadcast: root ", root,
+                                                     " is not a rank of this group (size ",
+                                                     size(), ")"));
+    }
+    const std::string desc = DescribeOp("broadcast", count, dtype, "");
+    if (count == 0 || size() == 1) return Enqueue(desc, nullptr);
+    const Duration t = timeout();
+    return Enqueue(desc, [=, ctx = core_->context, tag = NextTag()] {
+      gloo::BroadcastOptions opts(ctx);
+      WithElementType(dtype, [&](auto e) {
+        opts.setOutput(static_cast<decltype(e)*>(data), count);
+      });
+      opts.setRoot(root);
+      opts.setTag(tag);
+      opts.setTimeout(t);
+      gloo::broadcast(opts);
+    });
+  }
+
+  absl::StatusOr<WorkPtr> Allgather(const void* in, void* out, std::size_t count,
+                                    DType dtype) override {
+    DDP_RETURN_IF_ERROR(CheckBuffer(*this, "allgather", in, count, dtype, "input"));
+    DDP_RETURN_IF_ERROR(CheckBuffer(*this, "allgather", out, count, dtype, "output"));
+    const std::string desc = DescribeOp("allgather", count, dtype, "");
+    if (count == 0) return Enqueue(desc, nullptr);
+    const std::size_t bytes = count * DTypeSize(dtype);
+    if (size() == 1) {
+      return Enqueue(desc, [=] { if (out != in) std::memmove(out, in, bytes); });
+    }
+    const Duration t = timeout();
+    const std::size_t n = size();
+    return Enqueue(desc, [=, ctx = core_->context, tag = NextTag()] {
+      gloo::AllgatherOptions opts(ctx);
+      WithElementType(dtype, [&](auto e) {
+        using E = decltype(e);
+        opts.setInput(const_cast<E*>(static_cast<const E*>(in)), count);
+        opts.setOutput(static_cast<E*>(out), count * n);
+      });
+      opts.setTag(tag);
+      opts.setTimeout(t);
+      gloo::allgather(opts);
+    });
+  }
+
+  // Gloo 0.5's new API has no reduce-scatter: all-reduce a copy in a reused
+  // scratch buffer, then keep this rank's block.
+  absl::StatusOr<WorkPtr> ReduceScatter(const void* in, void* out, std::size_t count,
+                                        DType dtype, ReduceOp op) override {
+    DDP_RETURN_IF_ERROR(CheckBuffer(*this, "reduce_scatter", in, count, dtype, "input"));
+    DDP_RETURN_IF_ERROR(CheckBuffer(*this, "reduce_scatter", out, count, dtype, "output"));
+    DDP_RETURN_IF_ERROR(CheckReduceOp(*this, "reduce_scatter", op));
+    const std::string desc = DescribeOp("reduce_scatter", count, dtype, ReduceOpName(op));
+    if (count == 0) return Enqueue(desc, nullptr);
+    const std::size_t esize = DTypeSize(dtype);
+    const int n = size();
+    const int r = rank();
+    auto func = ReduceFunc(dtype, op);
+    const Duration t = timeout();
+    return Enqueue(desc, [=, core = core_.get(), tag = NextTag()] {
+      const std::size_t total = count * esize * n;
+      if (core->scratch.size() < total) core->scratch.resize(total);
+      char* s = core->scratch.data();
+      std::memcpy(s, in, total);
+      if (n > 1) {
+        gloo::AllreduceOptions opts(core->context);
+        WithElementType(dtype, [&](auto e) {
+          opts.setOutput(reinterpret_cast<decltype(e)*>(s), count * n);
+        });
+        opts.setReduceFunction(func);
+        opts.setTag(tag);
+        opts.setTimeout(t);
+        gloo::allreduce(opts);
+      }
+      std::memcpy(out, s + r * count * esize, count * esize);
+      if (op == ReduceOp::kAvg) DivideInPlace(out, count, dtype, n);
+    });
+  }
+
+  absl::StatusOr<WorkPtr> Barrier() override {
+    if (aborted()) return AbortedStatus("barrier");
+    if (size() == 1) return Enqueue("barrier", nullptr);
+    const Duration t = timeout();
+    return Enqueue("barrier", [=, ctx = core_->context, tag = NextTag()] {
+      gloo::BarrierOptions opts(ctx);
+      opts.setTag(tag);
+      opts.setTimeout(t);
+      gloo::barrier(opts);
+    });
+  }
+
+  absl::StatusOr<void*> Alloc(std::size_t bytes) override {
+    void* p = nullptr;
+    if (::posix_memalign(&p, 64, std::max<std::size_t>(bytes, 64)) != 0) {
+      return absl::ResourceExhaustedError(absl::StrCat(Fence(), "out of memory for ", bytes,
+                                                       " bytes of buckets"));
+    }
+    // Touch every page now: first-touch page faults are slow on VMs.
+    std::memset(p, 0, bytes);
+    return p;
+  }
+  void Free(void* p) override { std::free(p); }
+  absl::Status Copy(void* dst, const void* src, std::size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+
+ protected:
+  void OnAbort() override {
+    // Fail what is queued; what runs finishes or times out inside Gloo.
+    std::deque<Task> dropped;
+    {
+      std::lock_guard<std::mutex> lock(core_->mu);
+      dropped.swap(core_->queue);
+    }
+    for (Task& t : dropped) t.work->Complete(AbortedStatus(t.desc));
+  }
+
+ private:
+  std::uint32_t NextTag() { return tag_++; }
+
+  absl::StatusOr<WorkPtr> Enqueue(const std::string& desc, std::function<void()> run) {
+    if (aborted()) return AbortedStatus(desc);
+    auto work = std::make_shared<GlooWork>(weak_from_this(), desc, timeout());
+    if (!run) {
+      // Nothing to communicate, but keep issue order: completes after earlier work.
+      run = [] {};
+    }
+    {
+      std::lock_guard<std::mutex> lock(core_->mu);
+      core_->queue.push_back(Task{desc, std::move(run), work});
+    }
+    core_->cv.notify_one();
+    return work;
+  }
+
+  static void Loop(std::shared_ptr<Core> core, std::weak_ptr<GlooBackend> weak) {
+    for (;;) {
+      Task task;
+      {
+        std::unique_lock<std::mutex> lock(core->mu);
+        core->cv.wait(lock, [&] { return core->stop || !core->queue.empty(); });
+        if (core->queue.empty()) return;  // stop requested and nothing left
+        task = std::move(core->queue.front());
+        core->queue.pop_front();
+        core->busy = true;
+      }
+      absl::Status status;
+      try {
+        task.run();
+      } catch (const std::exception& e) {
+        status = Classify(task.desc, e.what(), weak);
+      }
+      {
+        std::lock_guard<std::mutex> lock(core->mu);
+        core->busy = false;
+      }
+      task.work->Complete(std::move(status));
+    }
+  }
+
+  // A Gloo exception as a Status: timeouts are DeadlineExceeded, everything
+  // else (a closed connection: a dead peer) Unavailable. Aborts the group.
+  static absl::Status Classify(const std::string& desc, const std::string& what,
+                               const std::weak_ptr<GlooBackend>& weak) {
+    std::string fence;
+    auto self = weak.lock();
+    if (self) fence = self->Fence();
+    const bool timed_out = what.find("imed out") != std::string::npos ||
+                           what.find("imeout") != std::string::npos;
+    std::string msg = absl::StrCat(fence, desc, timed_out ? " timed out" : " failed",
+                                   ": a peer died, hung or left the job (gloo: ", what, ")");
+    if (self) self->Fail(absl::StrCat(desc, ": ", what));
+    return timed_out ? absl::DeadlineExceededError(msg) : absl::UnavailableError(msg);
+  }
+
+  std::shared_ptr<Core> core_;
+  std::thread thread_;
+  std::uint32_t tag_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Backend>> CreateGlooBackend(const WorkerInfo& info,
+                                                           const InitOptions& options,
+                                                           std::shared_ptr<rdzv::Store> store,
+                                                           const std::string& key_prefix) {
+  auto core = std::make_shared<Core>();
+  const std::string host = options.gloo_host.empty() ? info.host : options.gloo_host;
+  const std::string fence =
+      absl::StrCat("[job ", info.job_id, " round ", info.round, " rank ", info.rank, "] ");
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = host.empty() ? "127.0.0.1" : host;
+    core->device = gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        fence, "gloo: cannot use address '", host, "' (DDPRUN_HOST) for TCP: ", e.what()));
+  }
+  auto ctx = std::make_shared<gloo::rendezvous::Context>(info.rank, info.world_size);
+  ctx->setTimeout(options.timeout);
+  if (info.world_size > 1) {
+    GlooStoreAdapter adapter(store, key_prefix + "gloo/", options.timeout);
+    try {
+      ctx->connectFullMesh(adapter, core->device);
+    } catch (const std::exception& e) {
+      if (!adapter.error().ok()) {
+        const absl::Status& s = adapter.error();
+        return absl::Status(s.code(), absl::StrCat(fence, "gloo bootstrap through the store: ",
+                                                   s.message()));
+      }
+      return absl::UnavailableError(
+          absl::StrCat(fence, "gloo bootstrap: connecting to the other ", info.world_size - 1,
+                       " ranks failed: ", e.what()));
+    }
+  }
+  core->context = ctx;
+  auto backend = std::make_shared<GlooBackend>(info, options.timeout, core);
+  backend->Start();
+  return std::shared_ptr<Backend>(backend);
+}
+
+}  // namespace ddp::detail

@@ -1,0 +1,383 @@
+// The NCCL backend (GPU workers). Built only with DDPRUN_WITH_CUDA.
+//
+// Bootstrap: rank 0 calls ncclGetUniqueId and publishes the 128 bytes under
+// "<group prefix>nccl/unique_id" in this round's store scope; the others wait
+// for the key (a restarted job is a new round, so a stale id is never read).
+// The communicator is nonblocking (ncclConfig_t.blocking = 0): init and every
+// collective may return ncclInProgress, and ncclCommGetAsyncError is polled
+// against a deadline. On a failure or a timeout the group calls ncclCommAbort.
+//
+// Streams: collectives run on a dedicated stream of the highest priority.
+// Before each one, an event recorded on the caller's stream (SetStream,
+// default the legacy stream) is waited on; after it, an event is recorded
+// that Work::Wait polls and Work::Synchronize makes another stream wait on.
+#include "absl/strings/str_cat.h"
+#include "backend.h"
+#include "ddprun/rendezvous/store.h"
+
+#if DDPRUN_WITH_CUDA
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+#endif
+
+namespace ddp::detail {
+
+#if !DDPRUN_WITH_CUDA
+
+bool NcclCompiledIn() { return false; }
+int CudaDeviceCount() { return 0; }
+absl::StatusOr<std::shared_ptr<Backend>> CreateNcclBackend(
+    const WorkerInfo& info, const InitOptions&, std::shared_ptr<ddprun::rendezvous::Store>,
+    const std::string&) {
+  return absl::UnimplementedError("this build has no CUDA/NCCL");
+}
+
+#else
+
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+std::string CudaErr(cudaError_t e) { return absl::StrCat(cudaGetErrorString(e), " (", e, ")"); }
+std::string NcclErr(ncclResult_t r) { return absl::StrCat(ncclGetErrorString(r), " (", r, ")"); }
+
+ncclDataType_t NcclType(DType d) {
+  switch (d) {
+    case DType::kFloat32: return ncclFloat32;
+    case DType::kFloat16: return ncclFloat16;
+    case DType::kBFloat16: return ncclBfloat16;
+    case DType::kFloat64: return ncclFloat64;
+    case DType::kInt32: return ncclInt32;
+    case DType::kInt64: return ncclInt64;
+  }
+  return ncclFloat32;
+}
+
+ncclRedOp_t NcclOp(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kAvg: return ncclAvg;
+    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kMin: return ncclMin;
+  }
+  return ncclSum;
+}
+
+class NcclBackend;
+
+class NcclWork final : public WorkState {
+ public:
+  NcclWork(std::weak_ptr<NcclBackend> owner, std::string desc, cudaEvent_t done,
+           Duration default_timeout)
+      : owner_(std::move(owner)), desc_(std::move(desc)), done_(done),
+        default_timeout_(default_timeout) {}
+  ~NcclWork() override { cudaEventDestroy(done_); }
+
+  absl::Status Wait(Duration timeout) override;
+  absl::StatusOr<bool> IsCompleted() override;
+  absl::Status Synchronize(void* stream) override {
+    cudaError_t e = cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), done_, 0);
+    if (e != cudaSuccess) {
+      return absl::InternalError(absl::StrCat(desc_, ": cudaStreamWaitEvent: ", CudaErr(e)));
+    }
+    return absl::OkStatus();
+  }
+  absl::Status WaitDefault() override { return Wait(default_timeout_); }
+
+ private:
+  std::weak_ptr<NcclBackend> owner_;
+  std::string desc_;
+  cudaEvent_t done_;
+  Duration default_timeout_;
+};
+
+class NcclBackend final : public Backend, public std::enable_shared_from_this<NcclBackend> {
+ public:
+  NcclBackend(WorkerInfo info, Duration timeout, int device)
+      : Backend(std::move(info), timeout), device_(device) {}
+
+  ~NcclBackend() override {
+    cudaSetDevice(device_);
+    if (comm_ != nullptr) {
+      if (aborted()) {
+        // Already aborted in OnAbort.
+      } else {
+        // Flush, then destroy; a finalize that does not finish becomes an abort.
+        ncclResult_t r = ncclCommFinalize(comm_);
+        if (r == ncclSuccess || r == ncclInProgress) r = PollAsync(timeout());
+        if (r == ncclSuccess) ncclCommDestroy(comm_);
+        else ncclCommAbort(comm_);
+      }
+    }
+    if (scratch_ != nullptr) cudaFree(scratch_);
+    if (ready_ != nullptr) cudaEventDestroy(ready_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  absl::Status Bootstrap(std::shared_ptr<ddprun::rendezvous::Store> store,
+                         const std::string& prefix) {
+    cudaError_t e = cudaSetDevice(device_);
+    if (e != cudaSuccess) return Cuda("cudaSetDevice", e);
+    int least = 0, greatest = 0;
+    cudaDeviceGetStreamPriorityRange(&least, &greatest);
+    e = cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest);
+    if (e != cudaSuccess) return Cuda("cudaStreamCreateWithPriority", e);
+    e = cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming);
+    if (e != cudaSuccess) return Cuda("cudaEventCreate", e);
+    e = cudaMalloc(&scratch_, 64);
+    if (e != cudaSuccess) return Cuda("cudaMalloc", e);
+
+    const std::string key = prefix + "nccl/unique_id";
+    ncclUniqueId id;
+    if (rank() == 0) {
+      ncclResult_t r = ncclGetUniqueId(&id);
+      if (r != ncclSuccess) return Nccl("ncclGetUniqueId", r);
+      DDP_RETURN_IF_ERROR(store->Set(key, std::string(id.internal, sizeof(id.internal))));
+    } else {
+      auto v = store->Get(key, timeout());
+      if (!v.ok()) {
+        return absl::Status(v.status().code(),
+                            absl::StrCat(Fence(), "nccl bootstrap: waiting for rank 0's unique id: ",
+                                         v.status().message()));
+      }
+      if (v->size() != sizeof(id.internal)) {
+        return absl::InternalError(absl::StrCat(Fence(), "nccl bootstrap: the unique id has ",
+                                                v->size(), " bytes, expected ",
+                                                sizeof(id.internal)));
+      }
+      std::memcpy(id.internal, v->data(), sizeof(id.internal));
+    }
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclResult_t r = ncclCommInitRankConfig(&comm_, size(), id, rank(), &config);
+    if (r != ncclSuccess && r != ncclInProgress) return Nccl("ncclCommInitRankConfig", r);
+    r = PollAsync(timeout());
+    if (r == ncclInProgress) {
+      ncclCommAbort(comm_);
+      comm_ = nullptr;
+      return absl::DeadlineExceededError(
+          absl::StrCat(Fence(), "nccl bootstrap: ncclCommInitRankConfig did not finish within ",
+                       timeout().count() / 1000.0, " s (a peer did not arrive); aborted"));
+    }
+    if (r != ncclSuccess) {
+      ncclCommAbort(comm_);
+      comm_ = nullptr;
+      return Nccl("ncclCommInitRankConfig", r);
+    }
+    return absl::OkStatus();
+  }
+
+  ddp::Backend kind() const override { return ddp::Backend::kNccl; }
+  bool device_memory() const override { return true; }
+  void SetStream(void* stream) override { user_stream_ = static_cast<cudaStream_t>(stream); }
+
+  absl::StatusOr<WorkPtr> Allreduce(void* data, std::size_t count, DType dtype,
+                                    ReduceOp op) override {
+    DDP_RETURN_IF_ERROR(CheckBuffer(*this, "allreduce", data, count, dtype));
+    DDP_RETURN_IF_ERROR(CheckReduceOp(*this, "allreduce", op));
+    return Launch(DescribeOp("allreduce", count, dtype, ReduceOpName(op)), [&] {
+      return ncclAllReduce(data, data, count, NcclType(dtype), NcclOp(op), comm_, stream_);
+    });
+  }
+  absl::StatusOr<WorkPtr> Broadcast(void* data, std::size_t count, DType dtype,
+                                    int root) override {
+    DDP_RETURN_IF_ERROR(CheckBuffer(*this, "broadcast", data, count, dtype));
+    if (root < 0 || root >= size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Fence(), "broadcast: root ", root, " is not a rank (size ", size(), ")"));
+    }
+    return Launch(DescribeOp("broadcast", count, dtype, ""), [&] {
+      return ncclBroadcast(data, data, count, NcclType(dtype), root, comm_, stream_);
+    });
+  }
+  absl::StatusOr<WorkPtr> Allgather(const void* in, void* out, std::size_t count,
+                                    DType dtype) override {
+    DDP_RETURN_IF_ERROR(CheckBuffer(*this, "allgather", in, count, dtype, "input"));
+    DDP_RETURN_IF_ERROR(CheckBuffer(*this, "allgather", out, count, dtype, "output"));
+    return Launch(DescribeOp("allgather", count, dtype, ""), [&] {
+      return ncclAllGather(in, out, count, NcclType(dtype), comm_, stream_);
+    });
+  }
+  absl::StatusOr<WorkPtr> ReduceScatter(const void* in, void* out, std::size_t count,
+                                        DType dtype, ReduceOp op) override {
+    DDP_RETURN_IF_ERROR(CheckBuffer(*this, "reduce_scatter", in, count, dtype, "input"));
+    DDP_RETURN_IF_ERROR(CheckBuffer(*this, "reduce_scatter", out, count, dtype, "output"));
+    DDP_RETURN_IF_ERROR(CheckReduceOp(*this, "reduce_scatter", op));
+    return Launch(DescribeOp("reduce_scatter", count, dtype, ReduceOpName(op)), [&] {
+      return ncclReduceScatter(in, out, count, NcclType(dtype), NcclOp(op), comm_, stream_);
+    });
+  }
+  absl::StatusOr<WorkPtr> Barrier() override {
+    if (aborted()) return AbortedStatus("barrier");
+    return Launch("barrier", [&] {
+      return ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_);
+    });
+  }
+
+  absl::StatusOr<void*> Alloc(std::size_t bytes) override {
+    cudaSetDevice(device_);
+    void* p = nullptr;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) return Cuda("cudaMalloc (buckets)", e);
+    return p;
+  }
+  void Free(void* p) override { cudaFree(p); }
+  absl::Status Copy(void* dst, const void* src, std::size_t bytes) override {
+    if (bytes == 0) return absl::OkStatus();
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, user_stream_);
+    if (e != cudaSuccess) return Cuda("cudaMemcpyAsync", e);
+    return absl::OkStatus();
+  }
+
+  absl::Status SyncCopies() override {
+    cudaError_t e = cudaStreamSynchronize(user_stream_);
+    if (e != cudaSuccess) return Cuda("cudaStreamSynchronize", e);
+    return absl::OkStatus();
+  }
+
+  // Polls ncclCommGetAsyncError until it is not ncclInProgress or timeout passes.
+  ncclResult_t PollAsync(Duration timeout) {
+    const auto deadline = SteadyClock::now() + timeout;
+    ncclResult_t state = ncclInProgress;
+    for (;;) {
+      ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+      if (r != ncclSuccess) return r;
+      if (state != ncclInProgress) return state;
+      if (SteadyClock::now() >= deadline) return ncclInProgress;
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+
+  // The comm's asynchronous error (ncclSuccess or ncclInProgress = healthy).
+  ncclResult_t AsyncError() {
+    ncclResult_t state = ncclSuccess;
+    if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) return ncclInternalError;
+    return state;
+  }
+  std::weak_ptr<NcclBackend> weak() { return weak_from_this(); }
+
+ protected:
+  void OnAbort() override {
+    std::lock_guard<std::mutex> lock(launch_mu_);
+    if (comm_ != nullptr) ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+
+ private:
+  absl::Status Cuda(const char* what, cudaError_t e) const {
+    return absl::InternalError(absl::StrCat(Fence(), what, ": ", CudaErr(e)));
+  }
+  absl::Status Nccl(const char* what, ncclResult_t r) const {
+    return absl::UnavailableError(absl::StrCat(Fence(), what, ": ", NcclErr(r)));
+  }
+
+  template <class Fn>
+  absl::StatusOr<WorkPtr> Launch(const std::string& desc, Fn&& call) {
+    std::lock_guard<std::mutex> lock(launch_mu_);
+    if (aborted() || comm_ == nullptr) return AbortedStatus(desc);
+    cudaSetDevice(device_);
+    // Order after the caller's stream.
+    cudaError_t e = cudaEventRecord(ready_, user_stream_);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(stream_, ready_, 0);
+    if (e != cudaSuccess) return Cuda("ordering against the caller's stream", e);
+    ncclResult_t r = call();
+    if (r == ncclInProgress) r = PollAsync(timeout());
+    if (r != ncclSuccess) {
+      const std::string why = r == ncclInProgress ? "did not enqueue within the timeout"
+                                                  : NcclErr(r);
+      launch_mu_.unlock();
+      Fail(absl::StrCat(desc, ": ", why));
+      launch_mu_.lock();
+      return absl::UnavailableError(absl::StrCat(Fence(), desc, " failed: ", why));
+    }
+    cudaEvent_t done = nullptr;
+    e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventRecord(done, stream_);
+    if (e != cudaSuccess) return Cuda("cudaEventRecord", e);
+    return WorkPtr(std::make_shared<NcclWork>(weak_from_this(), desc, done, timeout()));
+  }
+
+  int device_;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  cudaStream_t user_stream_ = nullptr;  // legacy default stream
+  cudaEvent_t ready_ = nullptr;
+  void* scratch_ = nullptr;
+  std::mutex launch_mu_;
+};
+
+absl::Status NcclWork::Wait(Duration timeout) {
+  const auto deadline = SteadyClock::now() + timeout;
+  for (;;) {
+    cudaError_t e = cudaEventQuery(done_);
+    if (e == cudaSuccess) return absl::OkStatus();
+    auto owner = owner_.lock();
+    if (e != cudaErrorNotReady) {
+      if (owner) owner->Fail(absl::StrCat(desc_, ": ", CudaErr(e)));
+      return absl::InternalError(absl::StrCat(owner ? owner->Fence() : "", desc_, ": ",
+                                              CudaErr(e)));
+    }
+    if (owner) {
+      if (owner->aborted()) return owner->AbortedStatus(desc_);
+      ncclResult_t r = owner->AsyncError();
+      if (r != ncclSuccess && r != ncclInProgress) {
+        owner->Fail(absl::StrCat(desc_, ": ", NcclErr(r)));
+        return absl::UnavailableError(absl::StrCat(owner->Fence(), desc_,
+                                                   " failed: a peer died or a link broke (nccl: ",
+                                                   NcclErr(r), ")"));
+      }
+    }
+    if (SteadyClock::now() >= deadline) {
+      const std::string what = absl::StrCat(desc_, " did not complete within ",
+                                            timeout.count() / 1000.0, " s");
+      if (owner) owner->Fail(what);  // ncclCommAbort
+      return absl::DeadlineExceededError(absl::StrCat(
+          owner ? owner->Fence() : "", what, "; the communicator was aborted"));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+absl::StatusOr<bool> NcclWork::IsCompleted() {
+  cudaError_t e = cudaEventQuery(done_);
+  if (e == cudaSuccess) return true;
+  if (e == cudaErrorNotReady) return false;
+  return absl::InternalError(absl::StrCat(desc_, ": ", CudaErr(e)));
+}
+
+}  // namespace
+
+bool NcclCompiledIn() { return true; }
+
+int CudaDeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    return 0;
+  }
+  return n;
+}
+
+absl::StatusOr<std::shared_ptr<Backend>> CreateNcclBackend(
+    const WorkerInfo& info, const InitOptions& options,
+    std::shared_ptr<ddprun::rendezvous::Store> store, const std::string& prefix) {
+  const int n = CudaDeviceCount();
+  if (n == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "[job ", info.job_id, " round ", info.round, " rank ", info.rank,
+        "] backend nccl: no CUDA device is visible (CUDA_VISIBLE_DEVICES?)"));
+  }
+  // LOCAL_RANK's device, or the only one CUDA_VISIBLE_DEVICES leaves.
+  const int device = n == 1 ? 0 : info.local_rank % n;
+  auto backend = std::make_shared<NcclBackend>(info, options.timeout, device);
+  DDP_RETURN_IF_ERROR(backend->Bootstrap(std::move(store), prefix));
+  return std::shared_ptr<Backend>(backend);
+}
+
+#endif  // DDPRUN_WITH_CUDA
+
+}  // namespace ddp::detail
