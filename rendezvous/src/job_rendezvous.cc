@@ -20,8 +20,11 @@ std::string RandomToken() {
 
 }  // namespace
 
-JobRendezvous::JobRendezvous(std::string job_id, const Clock& clock)
-    : job_id_(std::move(job_id)), clock_(clock), store_token_(RandomToken()) {}
+JobRendezvous::JobRendezvous(std::string job_id, const Clock& clock, QuarantinePolicy quarantine)
+    : job_id_(std::move(job_id)),
+      clock_(clock),
+      store_token_(RandomToken()),
+      quarantine_(quarantine) {}
 
 std::string JobRendezvous::Prefix() const { return Fence(job_id_, round_); }
 
@@ -87,6 +90,20 @@ absl::StatusOr<std::string> JobRendezvous::Join(const JoinSpec& spec,
   }
   DDPRUN_RETURN_IF_ERROR(CheckCompatible(spec));
   if (spec.resume_round >= 0) return Resume(spec, out);
+  if (auto q = quarantined_until_.find(spec.host); q != quarantined_until_.end()) {
+    const TimePoint now = clock_.Now();
+    if (now < q->second) {
+      // The others do not wait for it.
+      if (expected_.erase(NodeIdOf(spec)) > 0) MaybeComplete(out);
+      const auto left = std::chrono::duration_cast<std::chrono::seconds>(q->second - now).count();
+      return absl::UnavailableError(
+          Prefix() + "host " + spec.host + " is quarantined for " + std::to_string(left + 1) +
+          " more s after " + std::to_string(host_failures_[spec.host]) +
+          " worker failures in this job; fix the host, or wait and re-join");
+    }
+    quarantined_until_.erase(q);
+    host_failures_.erase(spec.host);
+  }
   const std::string node_id = NodeIdOf(spec);
   if (HasNode(node_id)) {
     return absl::AlreadyExistsError(Prefix() + "agent " + node_id +
@@ -302,6 +319,10 @@ absl::Status JobRendezvous::Report(const std::string& node_id, std::int64_t roun
         failures_.push_back(std::move(f));
       }
       ++restart_count_;
+      const std::string& host = it->second.spec.host;
+      if (quarantine_.failures > 0 && ++host_failures_[host] >= quarantine_.failures) {
+        quarantined_until_[host] = clock_.Now() + quarantine_.cooldown;
+      }
       if (restart_count_ > shape_.max_restarts) {
         Close(false,
               "a worker failed and the restart budget (" + std::to_string(shape_.max_restarts) +
@@ -444,6 +465,14 @@ JobStatus JobRendezvous::Status() const {
       s.nodes.push_back(NodeInfo{-1, m.spec.host, m.spec.pid, m.spec.nproc, -1});
   }
   s.waiting = static_cast<int>(spares_.size());
+  const TimePoint now = clock_.Now();
+  for (const auto& [host, until] : quarantined_until_) {
+    if (until <= now) continue;
+    s.quarantined.push_back(
+        host + ": " + std::to_string(host_failures_.at(host)) + " worker failures, " +
+        std::to_string(std::chrono::duration_cast<std::chrono::seconds>(until - now).count() + 1) +
+        " s left");
+  }
   return s;
 }
 

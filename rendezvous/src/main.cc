@@ -13,12 +13,51 @@
 
 #include "CLI/CLI.hpp"
 #include "ddprun/rendezvous/server.h"
+#include "yaml-cpp/yaml.h"
 
 namespace {
 
 constexpr int kExitOk = 0;
 constexpr int kExitCannotListen = 1;
 constexpr int kExitUsage = 2;
+
+// --config FILE: `host:` and `port:` (configs/ddprund.yaml); flags win.
+// Returns "" or a one-line error "FILE:LINE:COL: key: problem; fix".
+std::string LoadConfig(const std::string& path, bool host_given, bool port_given,
+                       ddprun::rendezvous::ServerOptions& options) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::BadFile&) {
+    return path + ": cannot read the config file; check the --config path";
+  } catch (const YAML::Exception& e) {
+    return path + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) +
+           ": (syntax): " + e.msg + "; fix the YAML syntax";
+  }
+  auto where = [&](const YAML::Node& n) {
+    return path + ":" + std::to_string(n.Mark().line + 1) + ":" +
+           std::to_string(n.Mark().column + 1);
+  };
+  if (!root.IsMap()) return path + ":1:1: (top level): must be a mapping; write host: and port:";
+  for (const auto& kv : root) {
+    const std::string key = kv.first.Scalar();
+    if (key != "host" && key != "port") {
+      return where(kv.first) + ": " + key + ": unknown key; ddprund knows host and port";
+    }
+    if (!kv.second.IsScalar()) return where(kv.second) + ": " + key + ": must be a single value";
+  }
+  if (root["host"] && !host_given) options.host = root["host"].Scalar();
+  if (root["port"] && !port_given) {
+    const std::string text = root["port"].Scalar();
+    char* end = nullptr;
+    const long port = std::strtol(text.c_str(), &end, 10);
+    if (text.empty() || *end != '\0' || port < 0 || port > 65535) {
+      return where(root["port"]) + ": port: must be 0..65535, got '" + text + "'; write a port";
+    }
+    options.port = static_cast<int>(port);
+  }
+  return "";
+}
 
 #ifndef DDPRUN_VERSION
 #define DDPRUN_VERSION "0.1.0"
@@ -55,9 +94,14 @@ int main(int argc, char** argv) {
   app.add_flag("--version", version, "Print the version and exit");
   app.add_option("--host", options.host, "Address to listen on (0.0.0.0: every IPv4 interface)")
       ->option_text("ADDR [0.0.0.0]");
-  app.add_option("--port", options.port, "Port to listen on; 0 lets the OS pick one")
-      ->check(CLI::Range(0, 65535))
-      ->option_text("PORT [29400]");
+  CLI::Option* port_opt =
+      app.add_option("--port", options.port, "Port to listen on; 0 lets the OS pick one")
+          ->check(CLI::Range(0, 65535))
+          ->option_text("PORT [29400]");
+  std::string config;
+  app.add_option("--config", config,
+                 "YAML file with host: and port: (configs/ddprund.yaml); flags override it")
+      ->option_text("FILE");
   app.add_option("--state_dir,--state-dir", options.state_dir,
                  "Persist jobs and their stores here (fsync), so that a restarted ddprund\n"
                  "resumes them; running jobs keep running across a restart")
@@ -74,6 +118,16 @@ int main(int argc, char** argv) {
                  "to reconnect before they count as lost")
       ->check(CLI::Range(0.1, 3600.0))
       ->option_text("SECONDS [10]");
+  app.add_option("--quarantine_failures,--quarantine-failures", options.quarantine.failures,
+                 "A host whose workers fail this many times in one job is refused for the\n"
+                 "cooldown, so the job re-forms without it (0: never)")
+      ->check(CLI::Range(0, 1000000))
+      ->option_text("N [3]");
+  double cooldown_s = std::chrono::duration<double>(options.quarantine.cooldown).count();
+  app.add_option("--quarantine_cooldown,--quarantine-cooldown", cooldown_s,
+                 "How long a quarantined host is refused; `ddprun status` shows why")
+      ->check(CLI::Range(0.0, 1e7))
+      ->option_text("SECONDS [300]");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -91,8 +145,17 @@ int main(int argc, char** argv) {
     std::cout << "ddprund " << DDPRUN_VERSION << std::endl;
     return kExitOk;
   }
+  if (!config.empty()) {
+    const std::string error =
+        LoadConfig(config, app.count("--host") > 0, port_opt->count() > 0, options);
+    if (!error.empty()) {
+      std::cerr << "ddprund: " << error << std::endl;
+      return kExitUsage;
+    }
+  }
   options.lease_timeout = ddprun::rendezvous::Seconds(lease_s);
   options.reattach_timeout = ddprun::rendezvous::Seconds(reattach_s);
+  options.quarantine.cooldown = ddprun::rendezvous::Seconds(cooldown_s);
 
   // gRPC's own error lines (a multi-line dump for a port in use) would drown
   // our one-line messages; GRPC_VERBOSITY=ERROR or DEBUG brings them back.

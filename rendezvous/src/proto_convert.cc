@@ -189,6 +189,7 @@ void ToProto(const JobStatus& s, pb::JobStatus* p) {
   for (const auto& n : s.nodes) ToProto(n, p->add_nodes());
   p->set_world_size(s.world_size);
   p->set_waiting(s.waiting);
+  for (const auto& q : s.quarantined) p->add_quarantined(q);
 }
 
 JobStatus FromProto(const pb::JobStatus& p) {
@@ -200,6 +201,7 @@ JobStatus FromProto(const pb::JobStatus& p) {
   for (const auto& n : p.nodes()) s.nodes.push_back(FromProto(n));
   s.world_size = p.world_size();
   s.waiting = p.waiting();
+  s.quarantined.assign(p.quarantined().begin(), p.quarantined().end());
   return s;
 }
 

@@ -611,7 +611,7 @@ absl::StatusOr<std::string> RendezvousServer::Impl::Join(const JoinSpec& spec,
       if (jobs_.size() >= kMaxJobs)
         return absl::ResourceExhaustedError("the rendezvous server holds too many jobs");
       Job job;
-      job.rdzv = std::make_unique<JobRendezvous>(spec.job_id, clock_);
+      job.rdzv = std::make_unique<JobRendezvous>(spec.job_id, clock_, opts_.quarantine);
       it = jobs_.emplace(spec.job_id, std::move(job)).first;
     }
     Job& job = it->second;

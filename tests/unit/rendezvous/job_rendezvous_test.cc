@@ -370,3 +370,44 @@ TEST_CASE("resume for a round that is over gets RestartRound", "[unit]") {
 
 }  // namespace
 }  // namespace ddprun::rendezvous
+
+namespace ddprun::rendezvous {
+namespace {
+
+TEST_CASE("a host that fails repeatedly is quarantined for the cooldown", "[unit]") {
+  FakeClock clock;
+  JobRendezvous job("job42", clock, QuarantinePolicy{2, std::chrono::seconds(60)});
+  std::vector<Delivery> out;
+  auto spec = [](const std::string& h, int p) {
+    auto s = Spec(h, p, 1, 2);
+    s.max_restarts = 10;
+    return s;
+  };
+  auto join_both = [&] {
+    REQUIRE(job.Join(spec("good", 1), &out).ok());
+    REQUIRE(job.Join(spec("bad", 2), &out).ok());
+  };
+  join_both();
+  REQUIRE(job.Report("bad:2", 0, Outcome::kFailed, {}, &out).ok());
+  join_both();  // round 1
+  REQUIRE(job.Report("bad:2", 1, Outcome::kFailed, {}, &out).ok());  // second failure
+  out.clear();
+  REQUIRE(job.Join(spec("good", 1), &out).ok());
+  auto refused = job.Join(spec("bad", 2), &out);
+  REQUIRE(absl::IsUnavailable(refused.status()));
+  CHECK_THAT(std::string(refused.status().message()), Catch::Contains("quarantined"));
+  // The good host does not wait for the quarantined one.
+  auto as = Of<Assignment>(out);
+  REQUIRE(as.size() == 1);
+  CHECK(as[0].second.world_size == 4);
+  auto st = job.Status();
+  REQUIRE(st.quarantined.size() == 1);
+  CHECK_THAT(st.quarantined[0], Catch::StartsWith("bad: 2 worker failures"));
+  // After the cooldown it may join again (as a scale-up).
+  clock.Advance(std::chrono::seconds(61));
+  CHECK(job.Join(spec("bad", 2), &out).ok());
+  CHECK(job.Status().quarantined.empty());
+}
+
+}  // namespace
+}  // namespace ddprun::rendezvous

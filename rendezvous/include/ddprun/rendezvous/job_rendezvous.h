@@ -74,11 +74,21 @@ struct Delivery {
   RoundEvent event;
 };
 
+// A host whose workers fail this often in one job is quarantined: its agent
+// is refused for the cooldown, so the job goes on without it (elastic).
+inline constexpr int kDefaultQuarantineFailures = 3;
+inline constexpr Duration kDefaultQuarantineCooldown = std::chrono::seconds(300);
+
+struct QuarantinePolicy {
+  int failures = kDefaultQuarantineFailures;  // 0 disables quarantine
+  Duration cooldown = kDefaultQuarantineCooldown;
+};
+
 class JobRendezvous {
  public:
   enum class State { kGathering, kRunning, kClosed };
 
-  JobRendezvous(std::string job_id, const Clock& clock);
+  JobRendezvous(std::string job_id, const Clock& clock, QuarantinePolicy quarantine = {});
 
   // Adds a node to the job. Returns the node id under which the caller's
   // stream must be registered; deliveries (possibly for this node) go to out.
@@ -150,6 +160,9 @@ class JobRendezvous {
   std::string master_addr_;
   int master_port_ = 0;
   std::uint64_t version_ = 0;
+  QuarantinePolicy quarantine_;
+  std::map<std::string, int> host_failures_;             // failure reports per host
+  std::map<std::string, TimePoint> quarantined_until_;   // host -> end of cooldown
   Duration reattach_timeout_{};
   std::vector<WorkerFailure> failures_;     // every failure so far, first first
   std::string close_reason_;

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "ddprun/rendezvous/clock.h"
+#include "ddprun/rendezvous/job_rendezvous.h"
 #include "ddprun/rendezvous/types.h"
 
 namespace ddprun::rendezvous {
@@ -31,6 +32,8 @@ struct ServerOptions {
   Duration reattach_timeout = kDefaultReattachTimeout;
   // An agent whose connection is silent this long (cut network) is lost.
   Duration lease_timeout = kDefaultLeaseTimeout;
+  // Hosts that keep failing are refused for a while (see job_rendezvous.h).
+  QuarantinePolicy quarantine;
 };
 
 class RendezvousServer {

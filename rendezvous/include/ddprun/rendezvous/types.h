@@ -101,6 +101,8 @@ struct JobStatus {
   std::vector<NodeInfo> nodes;
   int world_size = 0;
   int waiting = 0;
+  // Hosts refused for now after repeated failures, each with the reason.
+  std::vector<std::string> quarantined;
 };
 
 }  // namespace ddprun::rendezvous
