@@ -74,9 +74,30 @@ TEST_CASE("kill -9 of ddprun leaves no worker alive (PDEATHSIG)", "[multiproc]")
   Proc& p = h.StartDdprun("ddprun", {"--nproc_per_node=3", FixtureWorker()},
                           {{"FIXTURE_PIDFILE_DIR", pids}, {"FIXTURE_HANG", "1"}});
   h.WaitForPids(pids, 3, 10);
+  // Everything ddprun started (workers, helpers) must go with it.
+  const std::vector<pid_t> descendants = Descendants(p.pid);
+  CHECK(descendants.size() >= 3);
   REQUIRE(::kill(p.pid, SIGKILL) == 0);
   CHECK(h.Wait(p, 5) == 128 + SIGKILL);
   h.RequireAllGone(pids, 2);
+  h.RequireAllGone(descendants, 2);
+}
+
+TEST_CASE("kill -9 of ddprun also kills the workers' own children", "[multiproc]") {
+  Harness h;
+  const std::string pids = h.PidDir("pids");
+  // PDEATHSIG reaches only the direct workers (the shells); the background
+  // fixture_workers need the agent's orphan guard to kill their process group.
+  const std::string script = "echo $$ > \"$FIXTURE_PIDFILE_DIR/sh$LOCAL_RANK.pid\"; '" +
+                             FixtureWorker() + "' & wait";
+  Proc& p = h.StartDdprun("ddprun", {"--nproc_per_node=2", "--no_python", "/bin/sh", "-c", script},
+                          {{"FIXTURE_PIDFILE_DIR", pids}, {"FIXTURE_HANG", "1"}});
+  h.WaitForPids(pids, 4, 10);
+  const std::vector<pid_t> descendants = Descendants(p.pid);
+  REQUIRE(::kill(p.pid, SIGKILL) == 0);
+  CHECK(h.Wait(p, 5) == 128 + SIGKILL);
+  h.RequireAllGone(pids, 2);
+  h.RequireAllGone(descendants, 2);
 }
 
 TEST_CASE("SIGTERM also kills a worker's own children (its process group)", "[multiproc]") {

@@ -171,6 +171,27 @@ inline void ReapOrphans(const std::set<pid_t>& ours) {
   }
 }
 
+// Every live descendant of pid (children, grandchildren, ...), from
+// /proc/<pid>/task/<tid>/children.
+inline std::vector<pid_t> Descendants(pid_t pid) {
+  std::vector<pid_t> out;
+  std::vector<pid_t> todo{pid};
+  while (!todo.empty()) {
+    pid_t p = todo.back();
+    todo.pop_back();
+    const std::string task = "/proc/" + std::to_string(p) + "/task";
+    for (const std::string& tid : ListDir(task)) {
+      std::istringstream ss(ReadFile(task + "/" + tid + "/children"));
+      long c = 0;
+      while (ss >> c) {
+        out.push_back(static_cast<pid_t>(c));
+        todo.push_back(static_cast<pid_t>(c));
+      }
+    }
+  }
+  return out;
+}
+
 // The decoded wait status: the exit code, or 128+signal as a shell reports it.
 inline int DecodeStatus(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
@@ -192,7 +213,8 @@ struct Proc {
 };
 
 // What one fixture worker saw: the key=value pairs of its FIXTURE line, and
-// the round from its file name (rank<R>.round<N>.txt).
+// the round from its file name (rank<R>.round<N>.txt). Incomplete files
+// (a worker killed while writing) are left out.
 struct Record {
   std::map<std::string, std::string> kv;
   long round = -1;
@@ -217,7 +239,11 @@ inline std::vector<Record> ReadRecords(const std::string& dir) {
     r.file = dir + "/" + n;
     std::size_t p = n.find(".round");
     if (p != std::string::npos) r.round = std::stol(n.substr(p + 6));
-    std::istringstream ss(ReadFile(r.file));
+    const std::string text = ReadFile(r.file);
+    // A worker stopped by the agent (the others after a failure) may die
+    // between creating its file and writing the line: skip such a record.
+    if (text.empty() || text.back() != '\n') continue;
+    std::istringstream ss(text);
     std::string tok;
     ss >> tok;
     if (tok != "FIXTURE") FAIL("not a fixture record: " << r.file);
@@ -377,7 +403,7 @@ class Harness {
         p.exit = DecodeStatus(status);
         return *p.exit;
       }
-      REQUIRE(r == 0);
+      if (r != 0) FAIL("waitpid(" << p.pid << ") failed: " << std::strerror(errno));
       if (Clock::now() >= deadline) break;
       SleepMs(5);
     }
@@ -394,10 +420,13 @@ class Harness {
     return -1;
   }
 
-  // Starts ddprund on 127.0.0.1 with --port 0 and returns its port, parsed
-  // from its ready line.
-  int StartDaemon(const std::string& name, Proc** out = nullptr) {
-    Proc& d = Start(name, {Ddprund(), "--host", "127.0.0.1", "--port", "0"});
+  // Starts ddprund on 127.0.0.1 with --port 0 (and extra flags) and returns
+  // its port, parsed from its ready line.
+  int StartDaemon(const std::string& name, Proc** out = nullptr,
+                  const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> argv{Ddprund(), "--host", "127.0.0.1", "--port", "0"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    Proc& d = Start(name, argv);
     if (out) *out = &d;
     const auto t0 = Clock::now();
     while (SecondsSince(t0) < 10) {
@@ -448,7 +477,12 @@ class Harness {
 
   // Asserts that every process whose pid is in dir is gone within within_s.
   void RequireAllGone(const std::string& dir, double within_s) {
-    const std::vector<pid_t> pids = ReadPids(dir);
+    INFO("pid directory " << dir);
+    RequireAllGone(ReadPids(dir), within_s);
+  }
+
+  // Asserts that every process in pids is gone within within_s.
+  void RequireAllGone(const std::vector<pid_t>& pids, double within_s) {
     const auto t0 = Clock::now();
     std::vector<pid_t> alive;
     do {
@@ -458,7 +492,7 @@ class Harness {
       if (alive.empty()) break;
       SleepMs(5);
     } while (SecondsSince(t0) < within_s);
-    INFO("pids in " << dir << " still alive after " << within_s << " s: " << Join(alive));
+    INFO("pids still alive after " << within_s << " s: " << Join(alive));
     REQUIRE(alive.empty());
   }
 
