@@ -241,7 +241,10 @@ class BoostProcessLauncher final : public ProcessLauncher {
     }
 
     const pid_t parent = ::getpid();
-    auto exec_setup = [parent, out_fd, err_fd](auto& exec) {
+    // A descriptor given by the caller (a log pipe) wins over a path.
+    const int child_out = spec.stdout_fd >= 0 ? spec.stdout_fd : out_fd;
+    const int child_err = spec.stderr_fd >= 0 ? spec.stderr_fd : err_fd;
+    auto exec_setup = [parent, child_out, child_err](auto& exec) {
       // Runs in the child, between fork and exec: async-signal-safe only.
       sigset_t empty;
       sigemptyset(&empty);
@@ -265,8 +268,8 @@ class BoostProcessLauncher final : public ProcessLauncher {
       }
       // The agent died before the death signal was armed: do not outlive it.
       if (::getppid() != parent) ::_exit(127);
-      if (out_fd >= 0 && ::dup2(out_fd, STDOUT_FILENO) < 0) ::_exit(127);
-      if (err_fd >= 0 && ::dup2(err_fd, STDERR_FILENO) < 0) ::_exit(127);
+      if (child_out >= 0 && ::dup2(child_out, STDOUT_FILENO) < 0) ::_exit(127);
+      if (child_err >= 0 && ::dup2(child_err, STDERR_FILENO) < 0) ::_exit(127);
       // Do not leak the agent's descriptors (sockets of its servers) into the
       // worker: mark them close-on-exec; Boost's error pipe must stay open
       // until exec, so no plain close_range.

@@ -27,6 +27,10 @@ struct SpawnSpec {
   std::map<std::string, std::string> env;  // the complete environment.
   std::string stdout_path;                 // empty: inherit the agent's stdout.
   std::string stderr_path;                 // empty: inherit the agent's stderr.
+  // When >= 0, the child's stdout/stderr is this descriptor (a pipe to the
+  // agent's log pump) instead of a path; the caller keeps and closes it.
+  int stdout_fd = -1;
+  int stderr_fd = -1;
 };
 
 // How a child ended.

@@ -1,0 +1,82 @@
+// The agent's side of worker output, one round at a time: the log directory
+// (torchrun's layout, one attempt directory per rendezvous round), the error
+// file of each worker, where each of its streams goes (see log_spec.h), the
+// pipes and the pump, and the details the failure report needs.
+//
+//   <log_dir>/<run_id>/attempt_<round>/<local_rank>/{stdout.log,stderr.log,error.json}
+//
+// Without --log_dir, a fresh mkdtemp directory (/tmp/ddprun_XXXXXX) holds
+// the error files, and the logs when -r/-t ask for files; it is removed at
+// exit when it holds no log file (the error messages are in the report).
+//
+// Only the agent's main thread calls it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "ddprun/agent/log_pump.h"
+#include "ddprun/agent/log_spec.h"
+#include "ddprun/agent/process_launcher.h"
+#include "ddprun/rendezvous/types.h"
+
+namespace ddprun::agent {
+
+class WorkerLogs {
+ public:
+  struct Options {
+    LogSpec spec;
+    std::string log_dir;  // --log_dir; empty: a temporary directory
+    std::string job_id;
+    std::string role;
+    std::string host;     // in console prefixes
+    int console_out = 1;  // ddprun's stdout / stderr (tests pass others)
+    int console_err = 2;
+  };
+  explicit WorkerLogs(Options options);
+  ~WorkerLogs();  // Finish(), then removes a temporary directory without logs
+
+  // Creates the log directory (or the temporary one). A one-line error when
+  // it cannot.
+  absl::Status Init();
+  const std::string& log_dir() const { return dir_; }
+  bool is_temporary() const { return temporary_; }
+
+  // Starts the attempt directory of `round`; the previous round's streams
+  // are drained and closed.
+  void BeginRound(std::int64_t round);
+  // Prepares one worker of the round: its directory (stale files removed),
+  // its error file path, and its stdout/stderr in `spec` (a path, or a pipe
+  // to the pump). Call AfterSpawn(local_rank) once Spawn returned.
+  absl::Status Prepare(int local_rank, int global_rank, SpawnSpec* spec, std::string* error_file);
+  void AfterSpawn(int local_rank);
+
+  // Everything the workers wrote so far has reached the console and files.
+  void Sync();
+  // The last lines of the worker's stderr ("" without a tail), after Sync().
+  std::string StderrTail(int local_rank);
+  // The worker's log file for the report: stderr.log, else stdout.log, else "".
+  std::string LogFile(int local_rank) const;
+  // Drains and closes every stream (at exit).
+  void Finish();
+
+ private:
+  std::string WorkerDir(int local_rank) const;
+
+  Options o_;
+  std::string dir_;
+  bool temporary_ = false;
+  bool wrote_logs_ = false;
+  std::int64_t round_ = -1;
+  LogPump pump_;
+  std::vector<int> open_fds_;  // write ends handed to the child being spawned
+};
+
+// The report lines after a failure's headline: the error file's message, the
+// log file, and the stderr tail; each line starts with "ddprun:   ".
+std::string FormatFailureDetails(const rendezvous::WorkerFailure& failure);
+
+}  // namespace ddprun::agent

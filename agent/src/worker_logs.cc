@@ -1,0 +1,187 @@
+#include "ddprun/agent/worker_logs.h"
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+namespace ddprun::agent {
+namespace {
+
+namespace fs = std::filesystem;
+using std::chrono::milliseconds;
+
+// How long a drain may take before the agent moves on (a console that does
+// not read blocks the pump, never the agent for longer than this).
+constexpr milliseconds kSyncTimeout(2000);
+// The stderr tail travels in every report: at most this many bytes.
+constexpr std::size_t kMaxTailBytes = 4096;
+
+int StreamId(int local_rank, StdStream s) { return local_rank * 2 + (s == StdStream::kStderr); }
+
+const char* FileName(StdStream s) { return s == StdStream::kStdout ? "stdout.log" : "stderr.log"; }
+
+}  // namespace
+
+WorkerLogs::WorkerLogs(Options options) : o_(std::move(options)) {}
+
+WorkerLogs::~WorkerLogs() {
+  Finish();
+  if (temporary_ && !wrote_logs_ && !dir_.empty()) {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+}
+
+absl::Status WorkerLogs::Init() {
+  if (!o_.log_dir.empty()) {
+    std::error_code ec;
+    fs::create_directories(o_.log_dir, ec);
+    if (ec || ::access(o_.log_dir.c_str(), W_OK) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot use --log_dir '", o_.log_dir, "': ", ec ? ec.message() : std::strerror(errno),
+          "; give a writable directory"));
+    }
+    dir_ = o_.log_dir;
+    return absl::OkStatus();
+  }
+  const char* tmp = std::getenv("TMPDIR");
+  std::string tmpl = absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/ddprun_XXXXXX");
+  if (::mkdtemp(tmpl.data()) == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot create a log directory from '", tmpl, "': ", std::strerror(errno),
+                     "; set TMPDIR to a writable directory or pass --log_dir"));
+  }
+  dir_ = tmpl;
+  temporary_ = true;
+  if (o_.spec.WritesFiles()) {
+    std::string line = absl::StrCat("ddprun: worker logs in ", dir_, "/", o_.job_id, "\n");
+    std::fputs(line.c_str(), stderr);
+    std::fflush(stderr);
+  }
+  return absl::OkStatus();
+}
+
+void WorkerLogs::BeginRound(std::int64_t round) {
+  pump_.CloseAll(kSyncTimeout);
+  round_ = round;
+}
+
+std::string WorkerLogs::WorkerDir(int local_rank) const {
+  return (fs::path(dir_) / o_.job_id / absl::StrCat("attempt_", round_) /
+          std::to_string(local_rank))
+      .string();
+}
+
+absl::Status WorkerLogs::Prepare(int local_rank, int global_rank, SpawnSpec* spec,
+                                 std::string* error_file) {
+  const std::string dir = WorkerDir(local_rank);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) {
+    return absl::PermissionDeniedError(absl::StrCat("cannot create the worker log directory '", dir,
+                                                    "': ", ec.message(), "; check --log_dir"));
+  }
+  // Files of an earlier run with the same id and round would be taken for
+  // this one's (torchrun recreates the attempt directory likewise).
+  for (const char* name : {"error.json", "stdout.log", "stderr.log"})
+    fs::remove(fs::path(dir) / name, ec);
+  *error_file = (fs::path(dir) / "error.json").string();
+
+  for (StdStream stream : {StdStream::kStdout, StdStream::kStderr}) {
+    const StreamPlan plan = PlanStream(o_.spec, local_rank, stream);
+    const std::string path = (fs::path(dir) / FileName(stream)).string();
+    std::string& spec_path = stream == StdStream::kStdout ? spec->stdout_path : spec->stderr_path;
+    int& spec_fd = stream == StdStream::kStdout ? spec->stdout_fd : spec->stderr_fd;
+    if (plan.file) wrote_logs_ = true;
+    if (!plan.NeedsPipe()) {
+      // The child gets the file, /dev/null or the console itself: no copy.
+      if (plan.file) {
+        spec_path = path;
+      } else if (!plan.console) {
+        spec_path = "/dev/null";
+      }
+      continue;
+    }
+    LogPump::Sink sink;
+    if (plan.file) {
+      sink.file_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (sink.file_fd < 0) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            "cannot open worker log '", path, "': ", std::strerror(errno), "; check --log_dir"));
+      }
+    }
+    if (plan.console)
+      sink.console_fd = stream == StdStream::kStdout ? o_.console_out : o_.console_err;
+    if (plan.prefix) {
+      sink.prefix = LinePrefix(o_.spec.prefix_template, o_.host, o_.role, global_rank, local_rank);
+    }
+    sink.tail_lines = plan.tail_lines;
+    absl::StatusOr<int> fd = pump_.Add(StreamId(local_rank, stream), std::move(sink));
+    if (!fd.ok()) return fd.status();
+    spec_fd = *fd;
+    open_fds_.push_back(*fd);
+  }
+  return absl::OkStatus();
+}
+
+void WorkerLogs::AfterSpawn(int /*local_rank*/) {
+  // The child has its own copies now; ours would keep the pipes from ever
+  // reaching end-of-file.
+  for (int fd : open_fds_) ::close(fd);
+  open_fds_.clear();
+}
+
+void WorkerLogs::Sync() { pump_.Sync(kSyncTimeout); }
+
+std::string WorkerLogs::StderrTail(int local_rank) {
+  Sync();
+  std::vector<std::string> lines = pump_.Tail(StreamId(local_rank, StdStream::kStderr));
+  std::size_t bytes = 0;
+  std::size_t first = lines.size();
+  while (first > 0 && bytes + lines[first - 1].size() + 1 <= kMaxTailBytes) {
+    bytes += lines[--first].size() + 1;
+  }
+  return absl::StrJoin(lines.begin() + static_cast<std::ptrdiff_t>(first), lines.end(), "\n");
+}
+
+std::string WorkerLogs::LogFile(int local_rank) const {
+  if (round_ < 0) return "";
+  for (StdStream s : {StdStream::kStderr, StdStream::kStdout}) {
+    if (PlanStream(o_.spec, local_rank, s).file) {
+      return (fs::path(WorkerDir(local_rank)) / FileName(s)).string();
+    }
+  }
+  return "";
+}
+
+void WorkerLogs::Finish() { pump_.CloseAll(kSyncTimeout); }
+
+std::string FormatFailureDetails(const rendezvous::WorkerFailure& f) {
+  std::string out;
+  if (!f.error_message.empty()) {
+    std::string msg = f.error_message.substr(0, 500);
+    for (char& c : msg)
+      if (c == '\n' || c == '\r') c = ' ';
+    absl::StrAppend(&out, "ddprun:   error: ", msg, "\n");
+  }
+  if (!f.log_file.empty()) absl::StrAppend(&out, "ddprun:   log: ", f.log_file, "\n");
+  if (!f.stderr_tail.empty()) {
+    std::vector<std::string> lines = absl::StrSplit(f.stderr_tail, '\n');
+    absl::StrAppend(&out, "ddprun:   stderr (last ", lines.size(),
+                    lines.size() == 1 ? " line" : " lines", "):\n");
+    for (const std::string& line : lines) absl::StrAppend(&out, "ddprun:   | ", line, "\n");
+  }
+  return out;
+}
+
+}  // namespace ddprun::agent
