@@ -39,6 +39,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ddprun/agent/worker_env.h"
+#include "ddprun/agent/worker_logs.h"
 #include "ddprun/rendezvous/c10d_store_server.h"
 #include "ddprun/rendezvous/client.h"
 #include "ddprun/rendezvous/errors.h"
@@ -210,17 +211,6 @@ std::string Endpoint(const std::string& host, int port) {
   return absl::StrCat(host, ":", port);
 }
 
-// First bytes of a worker's error file (torchelastic's @record JSON).
-std::string ReadErrorFile(const std::string& path) {
-  if (path.empty()) return "";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return "";
-  std::string data(4096, '\0');
-  in.read(data.data(), static_cast<std::streamsize>(data.size()));
-  data.resize(static_cast<std::size_t>(in.gcount()));
-  return data;
-}
-
 struct Worker {
   int local_rank = 0;
   int global_rank = 0;
@@ -253,6 +243,10 @@ class Agent::Impl {
   int Run() {
     BlockAgentSignals();  // in case the caller forgot; threads started below inherit it
     base_env_ = CurrentEnvironment();
+    if (absl::Status st = InitLogs(); !st.ok()) {
+      Error(std::string(st.message()));
+      return kExitUsage;
+    }
     watcher_ = std::thread([this] { WatchSignals(); });
     int rc = RunRounds();
     Shutdown();
@@ -307,6 +301,7 @@ class Agent::Impl {
   }
 
   void Shutdown() {
+    if (logs_) logs_->Finish();  // the workers' last output reaches the console and files
     EndStream();
     if (watcher_.joinable()) {
       stop_watcher_ = true;
@@ -555,22 +550,32 @@ class Agent::Impl {
 
   // ------------------------------------------------------------- workers
 
-  std::string ErrorFilePath(int local_rank) const {
-    if (options_.log_dir.empty()) return "";
-    std::filesystem::path dir = std::filesystem::path(options_.log_dir) / options_.job_id /
-                                absl::StrCat("attempt_", assignment_->restart_count) /
-                                std::to_string(local_rank);
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    std::filesystem::path file = dir / "error.json";
-    std::filesystem::remove(file, ec);  // a stale one would be taken for this run's
-    return file.string();
+  // The log directory, error files and output plumbing (worker_logs.h).
+  absl::Status InitLogs() {
+    WorkerLogs::Options lo;
+    lo.spec = options_.logs;
+    if (auto it = base_env_.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
+        lo.spec.prefix_template.empty() && it != base_env_.end()) {
+      lo.spec.prefix_template = it->second;
+    }
+    lo.log_dir = options_.log_dir;
+    lo.job_id = options_.job_id;
+    lo.role = options_.role;
+    lo.host = options_.local_addr;
+    if (lo.host.empty()) {
+      lo.host = Hostname();  // "node1", not "node1.cluster.example"
+      if (lo.host.find_first_not_of("0123456789.") != std::string::npos)
+        lo.host = lo.host.substr(0, lo.host.find('.'));
+    }
+    logs_ = std::make_unique<WorkerLogs>(std::move(lo));
+    return logs_->Init();
   }
 
   // Spawns every local worker. Returns false if one could not be started.
   bool SpawnWorkers() {
     workers_.clear();
     const rdzv::Assignment& a = *assignment_;
+    logs_->BeginRound(a.round);
     WorkerEnvInputs in;
     in.options = &options_;
     in.assignment = &a;
@@ -581,12 +586,14 @@ class Agent::Impl {
       Worker w;
       w.local_rank = j;
       w.global_rank = a.base_rank + j;
-      w.error_file = ErrorFilePath(j);
-      in.error_file = w.error_file;
       SpawnSpec spec;
+      absl::Status logs_ok = logs_->Prepare(j, w.global_rank, &spec, &w.error_file);
+      in.error_file = w.error_file;
       spec.argv = SubstituteLocalRank(options_.command, j);
       spec.env = BuildWorkerEnv(base_env_, in, j);
-      auto child = launcher_->Spawn(spec);
+      auto child = logs_ok.ok() ? launcher_->Spawn(spec)
+                                : absl::StatusOr<std::unique_ptr<ChildProcess>>(logs_ok);
+      logs_->AfterSpawn(j);
       if (child.ok()) {
         w.child = std::move(*child);
       } else {
@@ -685,7 +692,9 @@ class Agent::Impl {
     f.pid = w.child ? w.child->pid() : 0;
     f.timestamp = w.exited_at;
     f.round = assignment_ ? assignment_->round : round_;
-    f.error_message = !w.spawn_error.empty() ? w.spawn_error : ReadErrorFile(w.error_file);
+    f.error_message = !w.spawn_error.empty() ? w.spawn_error : ReadErrorMessage(w.error_file);
+    f.stderr_tail = logs_->StderrTail(w.local_rank);
+    f.log_file = logs_->LogFile(w.local_rank);
     return f;
   }
 
@@ -711,6 +720,7 @@ class Agent::Impl {
 
   // The job's failure report, one block on stderr, first failure first.
   void PrintJobFailure(const std::string& reason, const std::vector<rdzv::WorkerFailure>& failures) {
+    if (logs_) logs_->Sync();  // the workers' last output comes before the report
     const std::string head = absl::StrCat("ddprun: job ", options_.job_id, " failed: ");
     std::string block = absl::StrCat(head, reason, "\n");
     for (std::size_t i = 0; i < failures.size(); ++i) {
@@ -718,12 +728,7 @@ class Agent::Impl {
       absl::StrAppend(&block, head, DescribeFailure(f), " (pid ", f.pid, ", round ", f.round,
                       f.timestamp > 0 ? absl::StrCat(", at ", FormatTime(f.timestamp)) : "",
                       i == 0 ? "; first failure" : "", ")\n");
-      if (!f.error_message.empty()) {
-        std::string msg = f.error_message.substr(0, 500);
-        for (char& c : msg)
-          if (c == '\n') c = ' ';
-        absl::StrAppend(&block, "ddprun:   error: ", msg, "\n");
-      }
+      absl::StrAppend(&block, FormatFailureDetails(f));
     }
     std::fputs(block.c_str(), stderr);
     std::fflush(stderr);
@@ -1029,6 +1034,7 @@ class Agent::Impl {
   std::int64_t round_ = 0;
   std::optional<rdzv::Assignment> assignment_;
   std::vector<Worker> workers_;
+  std::unique_ptr<WorkerLogs> logs_;  // set by Run()
 };
 
 Agent::Agent(AgentOptions options, std::unique_ptr<ProcessLauncher> launcher)

@@ -587,12 +587,6 @@ std::vector<std::string> Concat(std::vector<std::string> head,
 
 }  // namespace
 
-int StdStreams::ForLocalRank(int local_rank) const {
-  if (per_rank.empty()) return all;
-  auto it = per_rank.find(local_rank);
-  return it == per_rank.end() ? 0 : it->second;
-}
-
 int CountNvidiaGpus(const std::string& dev_dir, const std::string& proc_gpus_dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -743,18 +737,26 @@ absl::StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& a
              kGroupCommand);
   // Output.
   flags.Value("log_dir", "", "DIR",
-              "Directory for per-worker error files (TORCHELASTIC_ERROR_FILE) and logs", "none",
-              kGroupOutput);
+              "Base of <run_id>/attempt_<round>/<local_rank>/{stdout,stderr}.log and error.json",
+              "a temp dir", kGroupOutput);
   flags.Value("redirects", "-r", "0-3|RANK:V,...",
-              "Send worker stdout (1), stderr (2) or both (3) to files in --log_dir; parsed, "
-              "not applied yet",
+              "Send worker stdout (1), stderr (2) or both (3) to files in the log dir instead "
+              "of the console",
               "0", kGroupOutput);
   flags.Value("tee", "-t", "0-3|RANK:V,...",
-              "Like --redirects, and also to the console; parsed, not applied yet", "0",
-              kGroupOutput);
+              "Like --redirects, and also to the console, each line prefixed "
+              "[host:rank:local_rank]:",
+              "0", kGroupOutput);
   flags.Value("local_ranks_filter", "", "RANK,...",
-              "Show only these local ranks' output on the console; parsed, not applied yet", "all",
+              "Show only these local ranks' output on the console (files keep everything)", "all",
               kGroupOutput);
+  flags.Bool("prefix_output", "",
+             "Prefix every console line of the workers with [host:rank:local_rank]:",
+             kGroupOutput);
+  flags.Value("stderr_tail_lines", "", "N",
+              "Lines of each worker's stderr kept for the failure report; 0 leaves stderr "
+              "unpiped",
+              "20", kGroupOutput);
   // Compatibility.
   flags.Value("monitor_interval", "", "SECONDS",
               "Ignored: ddprun reacts to worker exits as they happen instead of polling", "0.1",
@@ -906,12 +908,16 @@ absl::StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& a
     auto f = ParseRankList(flags.Get("local_ranks_filter", ""), o.nproc_per_node);
     if (!f.ok()) return f.status();
     out.launcher.local_ranks_filter = *f;
-    if (!out.launcher.redirects.IsDefault() || !out.launcher.tee.IsDefault() ||
-        !out.launcher.local_ranks_filter.empty()) {
-      warnings.push_back(
-          "ddprun: --redirects, --tee and --local_ranks_filter are accepted but not applied yet; "
-          "every worker's output goes to this console");
-    }
+    o.logs.redirects = out.launcher.redirects;
+    o.logs.tee = out.launcher.tee;
+    o.logs.local_ranks_filter = out.launcher.local_ranks_filter;
+    auto prefix = flags.GetBool("prefix_output");
+    if (!prefix.ok()) return prefix.status();
+    o.logs.prefix_output = *prefix;
+    auto tail = ParseIntIn(flags.Get("stderr_tail_lines", "20"), "--stderr_tail_lines", 0, 10'000,
+                           "a number of lines in 0..10000");
+    if (!tail.ok()) return tail.status();
+    o.logs.stderr_tail_lines = *tail;
   }
 
   // Rendezvous.

@@ -468,8 +468,19 @@ TEST_CASE("-r/--redirects, -t/--tee, --local_ranks_filter", "[unit]") {
   CHECK(p.launcher.tee.ForLocalRank(1) == 0);
   CHECK(p.launcher.tee.ForLocalRank(2) == 2);
   CHECK(p.launcher.local_ranks_filter == std::vector<int>{0, 3});
-  REQUIRE(p.warnings.size() == 1);
-  CHECK_THAT(p.warnings[0], Contains("not applied yet"));
+  CHECK(p.warnings.empty());  // applied by the agent, no "not applied yet" warning
+  // The agent gets them.
+  CHECK(p.options.logs.redirects.all == 3);
+  CHECK(p.options.logs.tee.ForLocalRank(2) == 2);
+  CHECK(p.options.logs.local_ranks_filter == std::vector<int>{0, 3});
+  CHECK_FALSE(p.options.logs.prefix_output);
+  CHECK(p.options.logs.stderr_tail_lines == 20);
+  auto q = Ok({"--prefix_output", "--stderr_tail_lines=5", S().Path("train.py")});
+  CHECK(q.options.logs.prefix_output);
+  CHECK(q.options.logs.stderr_tail_lines == 5);
+  CHECK(Ok({"--stderr-tail-lines", "0", S().Path("train.py")}).options.logs.stderr_tail_lines == 0);
+  CHECK_THAT(Err({"--stderr_tail_lines=-1", S().Path("train.py")}),
+             Contains("--stderr_tail_lines must be a number of lines"));
 
   CHECK(Ok({"--redirects=1", S().Path("train.py")}).launcher.redirects.all == 1);
   CHECK(Ok({"-t2", S().Path("train.py")}).launcher.tee.all == 2);

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "ddprun/agent/log_spec.h"
+
 namespace ddprun::agent {
 
 inline constexpr double kDefaultGracePeriodS = 30.0;  // SIGTERM -> SIGKILL
@@ -43,7 +45,8 @@ struct AgentOptions {
   // Workers.
   std::vector<std::string> command;  // argv of each worker, before ${local_rank} substitution
   double grace_period_s = kDefaultGracePeriodS;
-  std::string log_dir;               // TORCHELASTIC_ERROR_FILE lives under it when set
+  std::string log_dir;               // --log_dir; empty: a temporary directory (worker_logs.h)
+  LogSpec logs;                      // -r/-t/--local_ranks_filter/--prefix_output (log_spec.h)
   // Extra variables for every worker (a job file's nccl: and environment:
   // settings). They override the inherited environment; ddprun's own
   // variables (RANK, MASTER_ADDR, ...) override them.

@@ -28,18 +28,12 @@ using agent::Env;
 inline constexpr int kDefaultRendezvousPort = 29400;          // c10d's default, also ddprund's
 inline constexpr const char* kDefaultPythonExec = "python3";  // PYTHON_EXEC overrides it
 
-// Which standard streams of a worker go to files, torchrun's -r/-t value:
-// 0 none, 1 stdout, 2 stderr, 3 both; either one value for every local rank
-// ("3") or a per-local-rank map ("0:1,1:2", unlisted ranks get 0).
-struct StdStreams {
-  int all = 0;
-  std::map<int, int> per_rank;
-  int ForLocalRank(int local_rank) const;
-  bool IsDefault() const { return all == 0 && per_rank.empty(); }
-};
+// Which standard streams of a worker go to files, torchrun's -r/-t value
+// (agent/log_spec.h).
+using StdStreams = agent::StdStreams;
 
-// Flags ddprun accepts and validates but that AgentOptions has no field for
-// (agent_options.h belongs to the agent). The agent does not apply them yet.
+// Flags as the launcher parsed them. The output flags are also copied into
+// AgentOptions::logs, which the agent applies.
 struct LauncherOptions {
   StdStreams redirects;                 // -r/--redirects
   StdStreams tee;                       // -t/--tee
