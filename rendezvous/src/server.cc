@@ -151,6 +151,7 @@ class RendezvousServer::Impl {
   std::unique_ptr<StateLog> state_;
 
   mutable std::mutex mu_;
+  bool closing_ = false;  // Shutdown() began: refuse changes
   std::map<std::string, Job> jobs_;
 
   // Services outlive the server that calls them (members die in reverse order).
@@ -513,6 +514,13 @@ void RendezvousServer::Impl::Shutdown() {
     if (shutting_down_) return;
     shutting_down_ = true;
   }
+  {
+    // From now on nothing changes a job: streams that end because we stop
+    // are not lost agents, and a restarted server must find the jobs as they
+    // were (--state_dir).
+    std::lock_guard<std::mutex> lock(mu_);
+    closing_ = true;
+  }
   shutdown_cv_.notify_all();
   stop_ = true;
   if (ticker_.joinable()) ticker_.join();
@@ -606,6 +614,7 @@ absl::StatusOr<std::string> RendezvousServer::Impl::Join(const JoinSpec& spec,
   std::string node;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (closing_) return absl::UnavailableError("the rendezvous server is shutting down");
     auto it = jobs_.find(spec.job_id);
     if (it == jobs_.end()) {
       if (jobs_.size() >= kMaxJobs)
@@ -638,6 +647,7 @@ absl::Status RendezvousServer::Impl::Report(const std::string& job_id, const std
   absl::Status st;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (closing_) return absl::UnavailableError("the rendezvous server is shutting down");
     auto it = jobs_.find(job_id);
     if (it == jobs_.end())
       return absl::NotFoundError(Fence(job_id, round) + "no such job on this server");
@@ -654,6 +664,7 @@ void RendezvousServer::Impl::StreamLost(const std::string& job_id, const std::st
   Batch batch;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (closing_) return;
     auto it = jobs_.find(job_id);
     if (it == jobs_.end()) return;
     auto s = it->second.sinks.find(node_id);
@@ -688,6 +699,7 @@ absl::StatusOr<std::shared_ptr<KvEngine>> RendezvousServer::Impl::StoreFor(
     const pb::StoreScope& scope) {
   DDPRUN_RETURN_IF_ERROR(ValidateJobId(scope.job_id()));
   std::lock_guard<std::mutex> lock(mu_);
+  if (closing_) return absl::UnavailableError("the rendezvous server is shutting down");
   auto it = jobs_.find(scope.job_id());
   // The same answer for an unknown job and a wrong token: a stranger learns nothing.
   if (scope.token().empty())
@@ -715,6 +727,7 @@ void RendezvousServer::Impl::TickLoop() {
     std::vector<std::shared_ptr<KvEngine>> engines;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (closing_) break;
       const TimePoint now = clock_.Now();
       for (auto it = jobs_.begin(); it != jobs_.end();) {
         Job& job = it->second;
