@@ -907,7 +907,8 @@ class Agent::Impl {
             Log(absl::StrCat("re-attached, but ", r->reason, "; restarting the workers"));
             round_ = r->next_round;
             return ReattachResult::kRestart;
-          } else if (auto* st = std::get_if<absl::Status>(ev); st && !absl::IsUnavailable(*st)) {
+          } else if (auto* st = std::get_if<absl::Status>(ev);
+                     st && !absl::IsUnavailable(*st) && !absl::IsCancelled(*st)) {
             Error(absl::StrCat("cannot re-attach: ", st->message()));
             return ReattachResult::kFailed;
           } else if (std::holds_alternative<rdzv::JobClosed>(*ev)) {
@@ -994,8 +995,14 @@ class Agent::Impl {
         PrintJobFailure(c->reason, c->failures);
         return kExitWorkerFailed;
       }
-      // A restart after our workers finished, or the end of the stream: this
-      // node's part is done.
+      // The job restarts as a whole: ranks that finished run again with the
+      // others (a DDP job needs every rank), so join the next round.
+      if (auto* r = std::get_if<rdzv::RestartRound>(ev)) {
+        Log(absl::StrCat("the job restarts (", r->reason, "); running this node's workers again"));
+        round_ = r->next_round;
+        return std::nullopt;
+      }
+      // The end of the stream: this node's part is done.
       return kExitSuccess;
     }
   }
