@@ -9,3 +9,6 @@ python3 bench/launch_latency.py --ddprun "$BUILD_DIR/bin/ddprun"
 echo
 echo "## rendezvous time for N agents"
 "$BUILD_DIR/bin/rendezvous_bench" 4096
+echo
+echo "## failure recovery (worker death, agent kill -9, daemon restart)"
+python3 bench/restart_latency.py --build "$BUILD_DIR"
