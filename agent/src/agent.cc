@@ -315,6 +315,20 @@ class Agent::Impl {
     store_server_.reset();
   }
 
+  // SIGUSR1/SIGUSR2: forwarded to every worker group when --signals_to_handle
+  // lists them (the job goes on), otherwise ignored.
+  void ForwardNonTerminating(int sig) {
+    const bool forward = (sig == SIGUSR1 && options_.forward_sigusr1) ||
+                         (sig == SIGUSR2 && options_.forward_sigusr2);
+    if (!forward) {
+      Log(absl::StrCat("ignoring ", SignalName(sig), "; add it to --signals_to_handle to forward it "
+                       "to the workers"));
+      return;
+    }
+    Log(absl::StrCat("forwarding ", SignalName(sig), " to the workers"));
+    SignalAlive(sig, false);
+  }
+
   // ---------------------------------------------------------- rendezvous
 
   // Pending terminating signal, without blocking (used between the slices of
@@ -649,7 +663,7 @@ class Agent::Impl {
             deferred_.push_back(std::move(*e));  // the caller's loop still acts on it
             return false;
           }
-          SignalAlive(s->signo, false);
+          ForwardNonTerminating(s->signo);
         } else if (std::holds_alternative<StreamEvent>(*e)) {
           deferred_.push_back(std::move(*e));
         }
@@ -823,7 +837,7 @@ class Agent::Impl {
       }
       if (auto* s = std::get_if<SignalEvent>(&*e)) {
         if (IsTerminatingSignal(s->signo)) return OnSignal(s->signo);
-        SignalAlive(s->signo, false);  // SIGUSR1/2: forwarded, workers keep running
+        ForwardNonTerminating(s->signo);  // SIGUSR1/2 when asked; workers keep running
         continue;
       }
       rdzv::RoundEvent* ev = CurrentStreamEvent(*e);

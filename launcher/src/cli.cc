@@ -697,6 +697,11 @@ absl::StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& a
               "Time between SIGTERM and SIGKILL when stopping workers (also read from "
               "TORCH_ELASTIC_SHUTDOWN_TIMEOUT)",
               "30", kGroupJob);
+  flags.Value("signals_to_handle", "", "SIG,...",
+              "Signals forwarded to every worker: SIGTERM, SIGINT, SIGHUP and SIGQUIT always "
+              "(then the node stops); add SIGUSR1/SIGUSR2 to forward them while the job keeps "
+              "running (e.g. Slurm's pre-emption warning)",
+              "SIGTERM,SIGINT,SIGHUP,SIGQUIT", kGroupJob);
   // Rendezvous.
   flags.Value("rdzv_backend", "", "c10d|static",
               "c10d: dynamic rendezvous, hosted by ddprun (single node) or by ddprund at "
@@ -879,6 +884,23 @@ absl::StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& a
       auto g = ParseSeconds(grace, "--grace_period", /*allow_zero=*/true);
       if (!g.ok()) return g.status();
       o.grace_period_s = *g;
+    }
+  }
+
+  {
+    Setting sigs = flags.Get("signals_to_handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
+    for (absl::string_view name : absl::StrSplit(sigs.value, ',', absl::SkipWhitespace())) {
+      std::string n(absl::StripAsciiWhitespace(name));
+      if (n.rfind("SIG", 0) != 0) n = "SIG" + n;
+      if (n == "SIGUSR1") {
+        o.forward_sigusr1 = true;
+      } else if (n == "SIGUSR2") {
+        o.forward_sigusr2 = true;
+      } else if (n != "SIGTERM" && n != "SIGINT" && n != "SIGHUP" && n != "SIGQUIT") {
+        return UsageError(absl::StrCat("--signals_to_handle: '", std::string(name),
+                                       "' is not a signal ddprun forwards; use SIGTERM, SIGINT, "
+                                       "SIGHUP, SIGQUIT, SIGUSR1 or SIGUSR2"));
+      }
     }
   }
 

@@ -632,3 +632,25 @@ TEST_CASE("CountNvidiaGpus", "[unit]") {
 }
 
 }  // namespace ddprun::launcher
+
+namespace ddprun::launcher {
+namespace {
+
+TEST_CASE("--signals_to_handle: SIGUSR1/2 forwarded only when listed", "[unit]") {
+  auto d = Ok({S().Path("train.py")});
+  CHECK_FALSE(d.options.forward_sigusr1);
+  CHECK_FALSE(d.options.forward_sigusr2);
+  auto u = Ok({"--signals_to_handle=SIGTERM,SIGUSR1", S().Path("train.py")});
+  CHECK(u.options.forward_sigusr1);
+  CHECK_FALSE(u.options.forward_sigusr2);
+  auto both = Ok({"--signals-to-handle", "USR1, USR2", S().Path("train.py")});
+  CHECK(both.options.forward_sigusr1);
+  CHECK(both.options.forward_sigusr2);
+  Env env = BaseEnv();
+  env["PET_SIGNALS_TO_HANDLE"] = "SIGUSR2";
+  CHECK(Ok({S().Path("train.py")}, env).options.forward_sigusr2);
+  CHECK_THAT(Err({"--signals_to_handle=SIGKILL", S().Path("train.py")}), Contains("SIGKILL"));
+}
+
+}  // namespace
+}  // namespace ddprun::launcher

@@ -45,6 +45,12 @@ struct AgentOptions {
   // Workers.
   std::vector<std::string> command;  // argv of each worker, before ${local_rank} substitution
   double grace_period_s = kDefaultGracePeriodS;
+  // --signals_to_handle: SIGUSR1/SIGUSR2 listed here are forwarded to every
+  // worker's process group and the job keeps running (e.g. Slurm's
+  // pre-emption warning). Unlisted, ddprun ignores them. SIGTERM, SIGINT,
+  // SIGHUP and SIGQUIT are always forwarded and stop the node.
+  bool forward_sigusr1 = false;
+  bool forward_sigusr2 = false;
   std::string log_dir;               // --log_dir; empty: a temporary directory (worker_logs.h)
   LogSpec logs;                      // -r/-t/--local_ranks_filter/--prefix_output (log_spec.h)
   // Extra variables for every worker (a job file's nccl: and environment:
