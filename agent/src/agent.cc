@@ -10,7 +10,6 @@
 #include "ddprun/agent/agent.h"
 
 #include <arpa/inet.h>
-#include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -38,6 +37,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "ddprun/agent/host.h"
 #include "ddprun/agent/worker_env.h"
 #include "ddprun/agent/worker_logs.h"
 #include "ddprun/rendezvous/c10d_store_server.h"
@@ -163,26 +163,8 @@ bool IsAnyAddress(const std::string& host) {
 // hostname, or an address of one of our interfaces.
 bool IsLocalHost(const std::string& host) {
   if (IsAnyAddress(host) || IsLoopbackHost(host) || host == Hostname()) return true;
-  std::set<std::string> local;
-  struct ifaddrs* ifs = nullptr;
-  if (::getifaddrs(&ifs) == 0) {
-    for (struct ifaddrs* i = ifs; i != nullptr; i = i->ifa_next) {
-      if (i->ifa_addr == nullptr) continue;
-      char buf[INET6_ADDRSTRLEN] = {};
-      if (i->ifa_addr->sa_family == AF_INET) {
-        ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, buf,
-                    sizeof(buf));
-      } else if (i->ifa_addr->sa_family == AF_INET6) {
-        ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr, buf,
-                    sizeof(buf));
-      } else {
-        continue;
-      }
-      local.insert(buf);
-    }
-    ::freeifaddrs(ifs);
-  }
-  if (local.count(host)) return true;
+  const std::vector<std::string> local = LocalAddresses();
+  if (std::find(local.begin(), local.end(), host) != local.end()) return true;
   struct addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -198,7 +180,7 @@ bool IsLocalHost(const std::string& host) {
       ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(r->ai_addr)->sin6_addr, buf,
                   sizeof(buf));
     }
-    found = IsLoopbackHost(buf) || local.count(buf) > 0;
+    found = IsLoopbackHost(buf) || std::find(local.begin(), local.end(), buf) != local.end();
   }
   ::freeaddrinfo(res);
   return found;

@@ -2,8 +2,9 @@
 // machine against the file's node list.
 #include "ddprun/launcher/placement.h"
 
+#include "ddprun/agent/host.h"
+
 #include <arpa/inet.h>
-#include <ifaddrs.h>
 #include <netinet/in.h>
 #include <unistd.h>
 
@@ -277,23 +278,8 @@ std::vector<std::string> ProbeHostNames() {
     const std::string s = ShortName(buf);
     if (s != buf) names.push_back(s);
   }
-  ifaddrs* ifs = nullptr;
-  if (::getifaddrs(&ifs) == 0) {
-    for (ifaddrs* i = ifs; i != nullptr; i = i->ifa_next) {
-      if (i->ifa_addr == nullptr) continue;
-      char addr[INET6_ADDRSTRLEN] = {};
-      if (i->ifa_addr->sa_family == AF_INET) {
-        ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, addr,
-                    sizeof(addr));
-      } else if (i->ifa_addr->sa_family == AF_INET6) {
-        ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr, addr,
-                    sizeof(addr));
-      } else {
-        continue;
-      }
-      if (std::find(names.begin(), names.end(), addr) == names.end()) names.push_back(addr);
-    }
-    ::freeifaddrs(ifs);
+  for (const std::string& addr : agent::LocalAddresses()) {
+    if (std::find(names.begin(), names.end(), addr) == names.end()) names.push_back(addr);
   }
   return names;
 }
