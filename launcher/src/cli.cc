@@ -2,6 +2,7 @@
 // (CLI > PET_<NAME> > default) and validated with a one-line message, so the
 // same checks apply whether a value came from a flag or from the environment.
 #include "ddprun/launcher/cli.h"
+#include "parse_util.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -245,22 +246,6 @@ class FlagTable {
   std::map<std::string, Setting> file_;
   std::map<std::string, Setting> resolved_;
 };
-
-std::optional<std::int64_t> ParseInt(absl::string_view s) {
-  std::int64_t v = 0;
-  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (s.empty() || ec != std::errc() || end != s.data() + s.size()) return std::nullopt;
-  return v;
-}
-
-std::optional<double> ParseDouble(const std::string& s) {
-  if (s.empty()) return std::nullopt;
-  char* end = nullptr;
-  errno = 0;
-  const double v = std::strtod(s.c_str(), &end);
-  if (errno != 0 || end != s.c_str() + s.size() || !std::isfinite(v)) return std::nullopt;
-  return v;
-}
 
 absl::StatusOr<int> ParseIntIn(const Setting& s, const std::string& flag, std::int64_t lo,
                                std::int64_t hi, const std::string& what) {

@@ -1,6 +1,7 @@
 // The job file: YAML (yaml-cpp, which keeps each node's line and column)
 // into a validated JobConfig. Every check names the position and key path.
 #include "ddprun/launcher/job_config.h"
+#include "parse_util.h"
 
 #include <sys/stat.h>
 
@@ -57,22 +58,6 @@ bool IsEnvName(const std::string& name) {
   return std::all_of(name.begin(), name.end(), [](char c) {
     return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
   });
-}
-
-std::optional<long long> ToInt(const std::string& s) {
-  long long v = 0;
-  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (s.empty() || ec != std::errc() || end != s.data() + s.size()) return std::nullopt;
-  return v;
-}
-
-std::optional<double> ToDouble(const std::string& s) {
-  if (s.empty()) return std::nullopt;
-  char* end = nullptr;
-  errno = 0;
-  const double v = std::strtod(s.c_str(), &end);
-  if (errno != 0 || end != s.c_str() + s.size() || !std::isfinite(v)) return std::nullopt;
-  return v;
 }
 
 std::optional<bool> ToBool(const std::string& s) {
@@ -181,7 +166,7 @@ class Parser {
     const std::string fix = absl::StrCat("write ", what);
     auto s = Scalar(n, key, fix);
     if (!s.ok()) return s.status();
-    auto v = ToInt(*s);
+    auto v = ParseInt(*s);
     if (!v) return Error(n, key, absl::StrCat("must be an integer, got '", *s, "'"), fix);
     if (*v < lo) return Error(n, key, absl::StrCat("must be >= ", lo, ", got ", *v), fix);
     if (*v > hi) return Error(n, key, absl::StrCat("must be <= ", hi, ", got ", *v), fix);
@@ -194,7 +179,7 @@ class Parser {
         allow_zero ? "write a number of seconds >= 0" : "write a number of seconds > 0";
     auto s = Scalar(n, key, fix);
     if (!s.ok()) return s.status();
-    auto v = ToDouble(*s);
+    auto v = ParseDouble(*s);
     if (!v) return Error(n, key, absl::StrCat("must be a number of seconds, got '", *s, "'"), fix);
     if (*v < 0 || (!allow_zero && *v == 0)) {
       return Error(n, key, absl::StrCat("must be ", allow_zero ? ">= 0" : "> 0", ", got ", *s), fix);
@@ -220,8 +205,8 @@ class Parser {
     if (!s.ok()) return s.status();
     const std::vector<std::string> parts = absl::StrSplit(*s, ':');
     if (parts.size() > 2) return Error(n, key, absl::StrCat("'", *s, "' has two ':'"), fix);
-    auto lo = ToInt(parts[0]);
-    auto hi = parts.size() == 2 ? ToInt(parts[1]) : lo;
+    auto lo = ParseInt(parts[0]);
+    auto hi = parts.size() == 2 ? ParseInt(parts[1]) : lo;
     if (!lo || !hi) return Error(n, key, absl::StrCat("'", *s, "' is not N or MIN:MAX"), fix);
     if (*lo <= 0 || *hi <= 0) {
       return Error(n, key, absl::StrCat("node counts must be > 0, got '", *s, "'"), fix);
@@ -244,13 +229,13 @@ class Parser {
       for (const auto& kv : n) {
         auto r = Scalar(kv.first, key, fix);
         if (!r.ok()) return r.status();
-        auto rank = ToInt(*r);
+        auto rank = ParseInt(*r);
         if (!rank || *rank < 0) {
           return Error(kv.first, key, absl::StrCat("'", *r, "' is not a local rank"), fix);
         }
         auto v = Scalar(kv.second, absl::StrCat(key, ".", *r), fix);
         if (!v.ok()) return v.status();
-        auto iv = ToInt(*v);
+        auto iv = ParseInt(*v);
         if (!iv || *iv < 0 || *iv > 3) {
           return Error(kv.second, absl::StrCat(key, ".", *r),
                        absl::StrCat("must be 0..3, got '", *v, "'"), fix);
@@ -264,10 +249,10 @@ class Parser {
       for (absl::string_view item : absl::StrSplit(*s, ',')) {
         const std::vector<std::string> rv = absl::StrSplit(item, ':');
         const std::string v = std::string(absl::StripAsciiWhitespace(rv.back()));
-        auto iv = ToInt(v);
+        auto iv = ParseInt(v);
         bool ok = rv.size() <= 2 && iv && *iv >= 0 && *iv <= 3;
         if (ok && rv.size() == 2) {
-          auto r = ToInt(std::string(absl::StripAsciiWhitespace(rv[0])));
+          auto r = ParseInt(std::string(absl::StripAsciiWhitespace(rv[0])));
           ok = r && *r >= 0;
         }
         if (!ok) return Error(n, key, absl::StrCat("'", *s, "' is not 0..3 or RANK:V,..."), fix);
@@ -282,7 +267,7 @@ class Parser {
     const std::string fix = "write a list of local ranks, e.g. [0] or [0, 1]";
     std::vector<std::string> ranks;
     auto add = [&](const YAML::Node& at, const std::string& s) -> absl::Status {
-      auto r = ToInt(std::string(absl::StripAsciiWhitespace(s)));
+      auto r = ParseInt(std::string(absl::StripAsciiWhitespace(s)));
       if (!r || *r < 0) return Error(at, key, absl::StrCat("'", s, "' is not a local rank"), fix);
       ranks.push_back(std::to_string(*r));
       return absl::OkStatus();
@@ -313,7 +298,7 @@ class Parser {
     // The full check (IPv6 brackets, port range) is the command line's.
     const std::size_t colon = s->rfind(':');
     if (colon != std::string::npos && s->find(':') == colon) {
-      auto port = ToInt(s->substr(colon + 1));
+      auto port = ParseInt(s->substr(colon + 1));
       if (!port || *port < 1 || *port > 65535) {
         return Error(n, key, absl::StrCat("the port in '", *s, "' must be 1..65535"), fix);
       }
@@ -418,7 +403,7 @@ class Parser {
       return Error(n, key, absl::StrCat("'", e.host, "' is not a host name or address"), fix);
     }
     if (!slots_text.empty()) {
-      auto v = ToInt(slots_text);
+      auto v = ParseInt(slots_text);
       if (!v || *v <= 0 || *v > 100000) {
         return ErrorAt(slots_mark, key + ".slots",
                      absl::StrCat("must be a positive integer, got '", slots_text, "'"),
@@ -473,7 +458,7 @@ class Parser {
       Store("nproc_per_node", n, l);
       return absl::OkStatus();
     }
-    auto v = ToInt(*s);
+    auto v = ParseInt(*s);
     if (!v) {
       return Error(n, "nproc_per_node", absl::StrCat("must be a number, cpu, gpu or auto, got '", *s, "'"),
                    fix);
@@ -645,7 +630,7 @@ class Parser {
         }
         text = *b ? "1" : "0";
       } else if (var == "NCCL_BUFFSIZE") {
-        auto v = ToInt(text);
+        auto v = ParseInt(text);
         if (!v || *v <= 0) {
           return Error(kv.second, key, absl::StrCat("must be a positive number of bytes, got '", text, "'"),
                        "write e.g. 4194304 (4 MiB, NCCL's default)");
@@ -701,7 +686,7 @@ class Parser {
       }
       auto np = job_.values.find("nproc_per_node");
       if (first != nullptr && np != job_.values.end()) {
-        auto v = ToInt(np->second.text);
+        auto v = ParseInt(np->second.text);
         if (v && *v != first->slots) {
           return absl::InvalidArgumentError(absl::StrCat(
               np->second.location, ": nproc_per_node: is ", *v, " but the hosts have slots=",
@@ -711,7 +696,7 @@ class Parser {
       auto count = job_.values.find("nodes.count");
       if (count != job_.values.end()) {
         const std::vector<std::string> parts = absl::StrSplit(count->second.text, ':');
-        const long long lo = *ToInt(parts[0]);
+        const long long lo = *ParseInt(parts[0]);
         if (lo > static_cast<long long>(job_.hosts.size())) {
           return absl::InvalidArgumentError(absl::StrCat(
               count->second.location, ": nodes.count: needs at least ", lo, " nodes but nodes.hosts lists ",
