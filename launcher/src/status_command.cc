@@ -65,6 +65,8 @@ std::string FormatStatusText(const std::vector<rendezvous::JobStatus>& jobs) {
   for (const auto& j : jobs) {
     absl::StrAppendFormat(&out, "%-24s %-6d %-10s %-6d %-6d %-8d %d\n", j.job_id, j.round, j.state,
                           j.nodes.size(), j.world_size, j.restart_count, j.waiting);
+    // Hosts the daemon refuses for now, and why ("HOST: N worker failures, S s left").
+    for (const auto& q : j.quarantined) absl::StrAppend(&out, "  quarantined ", q, "\n");
     for (const auto& n : j.nodes) {
       absl::StrAppendFormat(&out, "  node %-3s %-28s pid %-8d nproc %-4d ranks %s\n",
                             n.group_rank >= 0 ? std::to_string(n.group_rank) : std::string("-"),
@@ -85,9 +87,12 @@ std::string FormatStatusJson(const std::string& endpoint,
           ",\"nproc\":", n.nproc, ",\"base_rank\":", n.base_rank, ",\"ranks\":",
           JsonString(Ranks(n)), "}"));
     }
+    std::vector<std::string> quarantined;
+    for (const auto& q : j.quarantined) quarantined.push_back(JsonString(q));
     js.push_back(absl::StrCat("{\"job_id\":", JsonString(j.job_id), ",\"round\":", j.round,
                               ",\"state\":", JsonString(j.state), ",\"world_size\":", j.world_size,
                               ",\"restarts\":", j.restart_count, ",\"waiting\":", j.waiting,
+                              ",\"quarantined\":[", absl::StrJoin(quarantined, ","), "]",
                               ",\"nodes\":[", absl::StrJoin(nodes, ","), "]}"));
   }
   return absl::StrCat("{\"endpoint\":", JsonString(endpoint), ",\"jobs\":[",

@@ -354,11 +354,13 @@ TEST_CASE("ddprun status renders jobs as a table and as JSON", "[unit]") {
   const std::string json = FormatStatusJson("h:1", {a, b});
   CHECK(json ==
         "{\"endpoint\":\"h:1\",\"jobs\":[{\"job_id\":\"jobA\",\"round\":2,\"state\":\"running\","
-        "\"world_size\":4,\"restarts\":1,\"waiting\":0,\"nodes\":[{\"group_rank\":0,\"host\":"
+        "\"world_size\":4,\"restarts\":1,\"waiting\":0,\"quarantined\":[],"
+        "\"nodes\":[{\"group_rank\":0,\"host\":"
         "\"127.0.0.1\",\"pid\":100,\"nproc\":2,\"base_rank\":0,\"ranks\":\"0-1\"},{\"group_rank\":"
         "1,\"host\":\"127.0.0.2\",\"pid\":101,\"nproc\":2,\"base_rank\":2,\"ranks\":\"2-3\"}]},"
         "{\"job_id\":\"job\\\"B\",\"round\":0,\"state\":\"gathering\",\"world_size\":0,"
-        "\"restarts\":0,\"waiting\":1,\"nodes\":[{\"group_rank\":-1,\"host\":\"h\",\"pid\":7,"
+        "\"restarts\":0,\"waiting\":1,\"quarantined\":[],"
+        "\"nodes\":[{\"group_rank\":-1,\"host\":\"h\",\"pid\":7,"
         "\"nproc\":1,\"base_rank\":-1,\"ranks\":\"-\"}]}]}\n");
 }
 
