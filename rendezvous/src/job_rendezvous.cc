@@ -96,7 +96,7 @@ absl::StatusOr<std::string> JobRendezvous::Join(const JoinSpec& spec,
       // The others do not wait for it.
       if (expected_.erase(NodeIdOf(spec)) > 0) MaybeComplete(out);
       const auto left = std::chrono::duration_cast<std::chrono::seconds>(q->second - now).count();
-      return absl::UnavailableError(
+      return absl::FailedPreconditionError(
           Prefix() + "host " + spec.host + " is quarantined for " + std::to_string(left + 1) +
           " more s after " + std::to_string(host_failures_[spec.host]) +
           " worker failures in this job; fix the host, or wait and re-join");

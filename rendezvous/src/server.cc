@@ -612,11 +612,13 @@ absl::StatusOr<std::string> RendezvousServer::Impl::Join(const JoinSpec& spec,
                                                          std::shared_ptr<Sink> sink) {
   Batch batch;
   std::string node;
+  absl::Status refused;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closing_) return absl::UnavailableError("the rendezvous server is shutting down");
     auto it = jobs_.find(spec.job_id);
-    if (it == jobs_.end()) {
+    const bool created = it == jobs_.end();
+    if (created) {
       if (jobs_.size() >= kMaxJobs)
         return absl::ResourceExhaustedError("the rendezvous server holds too many jobs");
       Job job;
@@ -625,18 +627,30 @@ absl::StatusOr<std::string> RendezvousServer::Impl::Join(const JoinSpec& spec,
     }
     Job& job = it->second;
     std::vector<Delivery> out;
-    // Register first so that an assignment completed by this very join reaches us.
     auto id = job.rdzv->Join(spec, &out);
-    if (!id.ok()) return id.status();
-    node = *id;
-    {
-      std::lock_guard<std::mutex> sl(sink->mu);
-      if (sink->reactor) sink->reactor->SetNodeLocked(spec.job_id, node);
+    if (!id.ok()) {
+      refused = id.status();
+      if (created) {
+        jobs_.erase(it);  // a refused first join leaves no empty job behind
+      } else {
+        // A refused join can still change the job (a quarantined node that
+        // the others were waiting for completes their round): tell them.
+        CollectLocked(job, out, &batch);
+      }
+    } else {
+      node = *id;
+      {
+        std::lock_guard<std::mutex> sl(sink->mu);
+        if (sink->reactor) sink->reactor->SetNodeLocked(spec.job_id, node);
+      }
+      // Registered before delivering, so an assignment completed by this very
+      // join reaches its own stream.
+      job.sinks[node] = sink;
+      CollectLocked(job, out, &batch);
     }
-    job.sinks[node] = sink;
-    CollectLocked(job, out, &batch);
   }
   Send(batch);
+  if (!refused.ok()) return refused;
   return node;
 }
 

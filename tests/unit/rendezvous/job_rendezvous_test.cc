@@ -394,7 +394,7 @@ TEST_CASE("a host that fails repeatedly is quarantined for the cooldown", "[unit
   out.clear();
   REQUIRE(job.Join(spec("good", 1), &out).ok());
   auto refused = job.Join(spec("bad", 2), &out);
-  REQUIRE(absl::IsUnavailable(refused.status()));
+  REQUIRE(absl::IsFailedPrecondition(refused.status()));
   CHECK_THAT(std::string(refused.status().message()), Catch::Contains("quarantined"));
   // The good host does not wait for the quarantined one.
   auto as = Of<Assignment>(out);
