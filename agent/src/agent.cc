@@ -789,6 +789,12 @@ class Agent::Impl {
         round_ = r->next_round;
         return std::nullopt;
       } else if (auto* c = std::get_if<rdzv::JobClosed>(ev)) {
+        if (c->success) {
+          // A hot spare of a job that succeeded: nothing went wrong here.
+          Log(absl::StrCat("the job finished before this node was needed (", c->reason,
+                           "); exiting"));
+          return kExitSuccess;
+        }
         Error(absl::StrCat("the job closed before this node was admitted (", c->reason,
                            "); start a new job with a different --rdzv_id"));
         return kExitRendezvousError;
