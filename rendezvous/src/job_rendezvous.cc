@@ -146,7 +146,9 @@ absl::StatusOr<std::string> JobRendezvous::Join(const JoinSpec& spec,
 
 void JobRendezvous::AddToGathering(const std::string& node_id, const JoinSpec& spec,
                                    std::vector<Delivery>* out) {
-  if (static_cast<int>(members_.size()) >= shape_.max_nodes) {
+  // Seats of the previous round's members that are still coming back are
+  // held for them (the caller already removed node_id from expected_).
+  if (static_cast<int>(members_.size() + expected_.size()) >= shape_.max_nodes) {
     spares_.emplace(node_id, Member{spec, clock_.Now(), false});
     return;
   }
@@ -256,7 +258,7 @@ absl::StatusOr<std::string> JobRendezvous::Resume(const JoinSpec& spec,
 }
 
 void JobRendezvous::OpenNextRound(const std::string& reason, bool counts_as_failure,
-                                  std::vector<Delivery>* out) {
+                                  std::vector<Delivery>* out, const std::string& failed_node) {
   ++round_;
   ++version_;
   for (const auto& [id, m] : members_) {
@@ -267,8 +269,12 @@ void JobRendezvous::OpenNextRound(const std::string& reason, bool counts_as_fail
   assigned_.clear();
   state_ = State::kGathering;
   last_call_deadline_.reset();
-  // Promote spares into the new round.
-  while (!spares_.empty() && static_cast<int>(members_.size()) < shape_.max_nodes) {
+  // A hot spare takes the failed node's seat: the round does not wait for
+  // the failed node, which becomes a spare if it comes back to a full round.
+  if (!failed_node.empty() && !spares_.empty()) expected_.erase(failed_node);
+  // Promote spares into the seats not held for returning members.
+  while (!spares_.empty() &&
+         static_cast<int>(members_.size() + expected_.size()) < shape_.max_nodes) {
     auto it = spares_.begin();
     members_.emplace(it->first, Member{it->second.spec, clock_.Now(), false});
     spares_.erase(it);
@@ -333,7 +339,7 @@ absl::Status JobRendezvous::Report(const std::string& node_id, std::int64_t roun
       std::string reason = "worker failure on " + node_id + " (restart " +
                            std::to_string(restart_count_) + " of " +
                            std::to_string(shape_.max_restarts) + ")";
-      OpenNextRound(reason, /*counts_as_failure=*/true, out);
+      OpenNextRound(reason, /*counts_as_failure=*/true, out, /*failed_node=*/node_id);
       return absl::OkStatus();
     }
     case Outcome::kLeaving:

@@ -411,3 +411,49 @@ TEST_CASE("a host that fails repeatedly is quarantined for the cooldown", "[unit
 
 }  // namespace
 }  // namespace ddprun::rendezvous
+
+namespace ddprun::rendezvous {
+namespace {
+
+TEST_CASE("a hot spare takes the failed node's seat, whatever the re-join order", "[unit]") {
+  Fixture f;
+  auto a = f.Join(Spec("h1", 1));
+  auto b = f.Join(Spec("h2", 2));
+  auto c = f.Join(Spec("h3", 3));  // the round is full: a spare
+  CHECK(f.job.Status().waiting == 1);
+  f.out.clear();
+  REQUIRE(f.job.Report(b, 0, Outcome::kFailed, {}, &f.out).ok());
+  f.out.clear();
+  // The failed node comes back first: its seat is taken, it waits as a spare.
+  f.Join(Spec("h2", 2));
+  CHECK(f.out.empty());
+  CHECK(f.job.Status().waiting == 1);
+  // The healthy member comes back: round 1 runs on it and the promoted spare.
+  f.Join(Spec("h1", 1));
+  auto as = Of<Assignment>(f.out);
+  REQUIRE(as.size() == 2);
+  std::set<std::string> ids;
+  for (auto& [id, x] : as) {
+    ids.insert(id);
+    CHECK(x.round == 1);
+    CHECK(x.restart_count == 1);
+  }
+  CHECK(ids == std::set<std::string>{a, c});
+}
+
+TEST_CASE("without a spare the failed node keeps its seat (no early completion)", "[unit]") {
+  Fixture f;
+  auto a = f.Join(Spec("h1", 1, 1, 2));
+  auto b = f.Join(Spec("h2", 2, 1, 2));
+  f.out.clear();
+  REQUIRE(f.job.Report(b, 0, Outcome::kFailed, {}, &f.out).ok());
+  f.out.clear();
+  f.Join(Spec("h1", 1, 1, 2));
+  CHECK(Of<Assignment>(f.out).empty());  // waits for h2 although MIN is met
+  f.Join(Spec("h2", 2, 1, 2));
+  CHECK(Of<Assignment>(f.out).size() == 2);
+  (void)a;
+}
+
+}  // namespace
+}  // namespace ddprun::rendezvous

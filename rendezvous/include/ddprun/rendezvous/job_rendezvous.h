@@ -22,7 +22,9 @@
 //     RestartRound (membership change). In a round still gathering it is
 //     simply removed.
 //  7. When every member reported SUCCEEDED the job closes successfully.
-//  Spares are promoted into each new round, up to max_nodes.
+//  Spares are promoted into each new round, up to max_nodes; seats of the
+//     previous round's members are held for them while they re-join, except
+//     the seat of a node whose worker failed when a spare can take it.
 //  8. Restart of the server (--state_dir): Snapshot() is persisted on every
 //     change of version(); Restore() brings a running round back with its
 //     members detached. An agent re-attaches with a resumed Join and gets
@@ -129,9 +131,10 @@ class JobRendezvous {
   static std::string NodeIdOf(const JoinSpec& spec);
   absl::Status CheckCompatible(const JoinSpec& spec) const;
   void Complete(std::vector<Delivery>* out);
-  // Ends the running round and opens the next; members must re-join.
+  // Ends the running round and opens the next; members must re-join. With a
+  // failed_node and a hot spare waiting, the spare takes the failed seat.
   void OpenNextRound(const std::string& reason, bool counts_as_failure,
-                     std::vector<Delivery>* out);
+                     std::vector<Delivery>* out, const std::string& failed_node = "");
   // Completes the gathering round if its conditions hold (or arms the last call).
   void MaybeComplete(std::vector<Delivery>* out);
   // A running member left or was lost: the rest re-rendezvous without it.
