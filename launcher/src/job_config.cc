@@ -39,8 +39,11 @@ const std::vector<std::string> kRdzvKeys = {"backend", "endpoint", "token", "joi
                                             "last_call_timeout"};
 const std::vector<std::string> kNodesKeys = {"count", "hosts"};
 const std::vector<std::string> kHostKeys = {"host", "slots"};
-const std::vector<std::string> kRestartKeys = {"max_restarts", "grace_period"};
-const std::vector<std::string> kLogsKeys = {"log_dir", "redirects", "tee", "local_ranks_filter"};
+const std::vector<std::string> kRestartKeys = {"max_restarts", "grace_period",
+                                               "signals_to_handle"};
+const std::vector<std::string> kLogsKeys = {"log_dir",           "redirects",     "tee",
+                                            "local_ranks_filter", "prefix_output",
+                                            "stderr_tail_lines"};
 const std::vector<std::string> kEnvKeys = {"set", "pass"};
 
 // Variables ddprun itself gives every worker: a file may not set them.
@@ -517,6 +520,12 @@ class Parser {
     if (n["grace_period"]) {
       if (auto st = Seconds(n["grace_period"], "restart.grace_period", true); !st.ok()) return st;
     }
+    if (n["signals_to_handle"]) {
+      if (auto st = String(n["signals_to_handle"], "restart.signals_to_handle",
+                           "write signal names, e.g. SIGTERM,SIGUSR1");
+          !st.ok())
+        return st;
+    }
     return absl::OkStatus();
   }
 
@@ -534,6 +543,15 @@ class Parser {
     }
     if (n["local_ranks_filter"]) {
       if (auto st = RankList(n["local_ranks_filter"], "logs.local_ranks_filter"); !st.ok())
+        return st;
+    }
+    if (n["prefix_output"]) {
+      if (auto st = Bool(n["prefix_output"], "logs.prefix_output"); !st.ok()) return st;
+    }
+    if (n["stderr_tail_lines"]) {
+      if (auto st = Int(n["stderr_tail_lines"], "logs.stderr_tail_lines", 0, 10000,
+                        "an integer 0-10000 (0: workers write stderr to the console directly)");
+          !st.ok())
         return st;
     }
     return absl::OkStatus();

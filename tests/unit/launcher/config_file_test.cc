@@ -178,7 +178,7 @@ const BadFile kBadFiles[] = {
      "job.yaml:1:7: nccl: must be a mapping, got a value; write settings such as socket_ifname: eth0 indented below it"},
     {"section is a scalar",
      "restart: 3\n",
-     "job.yaml:1:10: restart: must be a mapping of keys, got a value; write its keys (max_restarts, grace_period) indented below it"},
+     "job.yaml:1:10: restart: must be a mapping of keys, got a value; write its keys (max_restarts, grace_period, signals_to_handle) indented below it"},
     {"job id with a space",
      "job:\n  id: has space\n",
      "job.yaml:2:7: job.id: 'has space' contains a space or '/'; use letters, digits, '-', '_' or '.'"},
@@ -365,3 +365,20 @@ TEST_CASE("job file: every example in configs/ is valid", "[unit]") {
 
 }  // namespace
 }  // namespace ddprun::launcher
+
+TEST_CASE("job file: log and signal knobs added after the first schema", "[unit]") {
+  char tmpl[] = "/tmp/ddprun_cfg_XXXXXX";
+  REQUIRE(mkdtemp(tmpl) != nullptr);
+  const std::string path = std::string(tmpl) + "/job.yaml";
+  std::ofstream(path) << "nproc_per_node: 2\ncommand: [true]\n"
+                         "logs:\n  prefix_output: true\n  stderr_tail_lines: 5\n"
+                         "restart:\n  signals_to_handle: SIGTERM,SIGUSR1\n";
+  auto job = ddprun::launcher::LoadJobConfig(path);
+  INFO((job.ok() ? std::string("ok") : std::string(job.status().message())));
+  REQUIRE(job.ok());
+  std::ofstream(path) << "nproc_per_node: 2\ncommand: [true]\nlogs:\n  stderr_tail_lines: -1\n";
+  auto bad = ddprun::launcher::LoadJobConfig(path);
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(std::string(bad.status().message()), Catch::Contains("logs.stderr_tail_lines"));
+  std::filesystem::remove_all(tmpl);
+}

@@ -71,6 +71,7 @@ inline constexpr Knob kKnobs[] = {
     {"role", nullptr, "role", "default"},
     {"max_restarts", nullptr, "restart.max_restarts", "0"},
     {"grace_period", nullptr, "restart.grace_period", "30"},
+    {"signals_to_handle", nullptr, "restart.signals_to_handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT"},
     {"rdzv_backend", nullptr, "rendezvous.backend", "c10d"},
     {"rdzv_endpoint", nullptr, "rendezvous.endpoint", "none (first_node when hosts are known)"},
     {"rdzv_conf", "join_timeout", "rendezvous.join_timeout", "600"},
@@ -83,6 +84,8 @@ inline constexpr Knob kKnobs[] = {
     {"redirects", nullptr, "logs.redirects", "0"},
     {"tee", nullptr, "logs.tee", "0"},
     {"local_ranks_filter", nullptr, "logs.local_ranks_filter", "all"},
+    {"prefix_output", nullptr, "logs.prefix_output", "false"},
+    {"stderr_tail_lines", nullptr, "logs.stderr_tail_lines", "20"},
 };
 
 // The nccl: keys that have a name of their own; any NCCL_* key is also
