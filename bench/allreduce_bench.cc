@@ -5,6 +5,8 @@
 //   allreduce_bench resnet50    the ResNet-50 gradient set (161 f32 tensors,
 //                               25.6 M values): per tensor, blocking; per tensor,
 //                               all issued then waited; bucketed (Reducer, defaults)
+//   allreduce_bench latency     small-message latency: 4 KiB .. 1 MiB, 300 calls
+//                               back to back (no barrier), p10/p50/p90 per call
 // Buffers are allocated and touched once, then reused (first-touch page faults
 // are slow on these VMs). Rank 0 prints one line per measurement.
 #include <algorithm>
@@ -23,6 +25,11 @@ using Clock = std::chrono::steady_clock;
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+double Percentile(std::vector<double> v, int pct) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() * pct / 100];
 }
 
 template <class Fn>
@@ -84,6 +91,22 @@ int main(int argc, char** argv) {
           std::printf("sdk allreduce bytes=%zu ranks=%d median_ms=%.4f busbw_GBps=%.3f\n", bytes,
                       n, t * 1e3, busbw);
       }
+    } else if (mode == "latency") {
+      std::vector<float> buf((std::size_t(1) << 20) / 4, 1.0f);  // touched once
+      for (std::size_t bytes = 4096; bytes <= (std::size_t(1) << 20); bytes *= 4) {
+        const std::size_t count = bytes / 4;
+        pg->Allreduce(buf.data(), count, ddp::DType::kFloat32).Wait();  // warm-up
+        pg->Barrier().Wait();
+        std::vector<double> t;
+        for (int i = 0; i < 300; ++i) {
+          const auto t0 = Clock::now();
+          pg->Allreduce(buf.data(), count, ddp::DType::kFloat32).Wait();
+          t.push_back(std::chrono::duration<double>(Clock::now() - t0).count() * 1e3);
+        }
+        if (print)
+          std::printf("sdk latency bytes=%zu ranks=%d p10_ms=%.4f p50_ms=%.4f p90_ms=%.4f\n",
+                      bytes, n, Percentile(t, 10), Percentile(t, 50), Percentile(t, 90));
+      }
     } else if (mode == "resnet50") {
       const std::vector<std::size_t> sizes = ResNet50();
       std::size_t total = 0;
@@ -126,7 +149,7 @@ int main(int argc, char** argv) {
         std::printf("sdk resnet50 bucketed_view_ms=%.1f\n", viewed * 1e3);
       }
     } else {
-      std::fprintf(stderr, "usage: allreduce_bench allreduce|resnet50\n");
+      std::fprintf(stderr, "usage: allreduce_bench allreduce|latency|resnet50\n");
       return 2;
     }
     return 0;

@@ -1,6 +1,7 @@
 """torch.distributed Gloo peer of allreduce_bench.cc (same sizes, same medians).
 Run under ddprun with /usr/bin/python3 (Debian's torch 1.13):
-    PYTHON_EXEC=/usr/bin/python3 build/bin/ddprun --nproc_per_node=2 bench/allreduce_bench_torch.py allreduce|resnet50
+    PYTHON_EXEC=/usr/bin/python3 build/bin/ddprun --nproc_per_node=2 bench/allreduce_bench_torch.py allreduce|latency|resnet50
+latency: 4 KiB .. 1 MiB, 300 calls back to back, p10/p50/p90.
 resnet50: per tensor blocking, per tensor issued at once, and the DDP reducer
 (a module holding ResNet-50's 161 parameter shapes; backward of sum(p * c)
 produces the gradients; DDP's step time minus the same step under no_sync()
@@ -59,6 +60,23 @@ if mode == "allreduce":
         if rank == 0:
             print("torch allreduce bytes=%d ranks=%d median_ms=%.4f busbw_GBps=%.3f"
                   % (size, n, m * 1e3, size / m * 2 * (n - 1) / n / 1e9), flush=True)
+        size *= 4
+elif mode == "latency":
+    buf = torch.ones((1 << 20) // 4)
+    size = 4096
+    while size <= 1 << 20:
+        t = buf[: size // 4]
+        dist.all_reduce(t)
+        dist.barrier()
+        lat = []
+        for _ in range(300):
+            t0 = time.perf_counter()
+            dist.all_reduce(t)
+            lat.append((time.perf_counter() - t0) * 1e3)
+        lat.sort()
+        if rank == 0:
+            print("torch latency bytes=%d ranks=%d p10_ms=%.4f p50_ms=%.4f p90_ms=%.4f"
+                  % (size, n, lat[30], lat[150], lat[270]), flush=True)
         size *= 4
 else:
     shapes = resnet50_sizes()
