@@ -480,9 +480,13 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
   // message must fit in the socket's send buffer or the ranks deadlock: Gloo
   // sizes SO_SNDBUF to the message, which the kernel caps at net.core.wmem_max
   // (and then doubles). Above that, the async context.
+  // Only at two ranks: AllreduceRing has every rank sum the buffers in its
+  // own order, which is bit-identical only when there are two terms (a+b ==
+  // b+a). With more ranks the ranks' results could differ in the last bit and
+  // replicas would drift apart, so they keep Gloo's chunked ring.
   std::size_t SyncAllreduceMaxBytes(int n) const {
-    return std::min<std::size_t>(n == 2 ? (std::size_t(4) << 20) : (std::size_t(64) << 10),
-                                 core_->sync_max_bytes);
+    if (n != 2) return 0;
+    return std::min<std::size_t>(std::size_t(4) << 20, core_->sync_max_bytes);
   }
 
   absl::StatusOr<WorkPtr> Enqueue(const std::string& desc, std::function<void()> run) {

@@ -188,6 +188,30 @@ TEST_CASE("broadcast from every root", "[collectives]") {
   }
 }
 
+// Replicas must not drift: every rank ends an allreduce with the same bits,
+// also for values whose sum depends on the order of addition.
+TEST_CASE("allreduce results are bit-identical on every rank (f32 sum)", "[collectives]") {
+  auto& pg = Group();
+  const int world = pg->size(), rank = pg->rank();
+  for (std::size_t n : {std::size_t(1), std::size_t(1000), std::size_t(16384),
+                        std::size_t(300007)}) {
+    INFO("n=" << n);
+    std::vector<float> v(n);
+    std::uint32_t x = 0x9e3779b9u * static_cast<std::uint32_t>(rank + 1);
+    for (auto& f : v) {
+      x = x * 1664525u + 1013904223u;
+      f = static_cast<float>(static_cast<std::int32_t>(x)) * 1.2345e-7f;  // not exactly summable
+    }
+    pg->Allreduce(std::span<float>(v)).Wait();
+    std::vector<float> all(n * world);
+    pg->Allgather(v.data(), all.data(), n, ddp::DType::kFloat32).Wait();
+    for (int r = 0; r < world; ++r) {
+      INFO("rank " << r << " vs rank " << rank);
+      REQUIRE(std::memcmp(all.data() + r * n, v.data(), n * sizeof(float)) == 0);
+    }
+  }
+}
+
 TEST_CASE("allgather and reduce_scatter", "[collectives]") {
   auto& pg = Group();
   const int world = pg->size(), rank = pg->rank();
