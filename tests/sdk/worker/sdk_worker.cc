@@ -504,6 +504,10 @@ TEST_CASE("a peer killed mid-collective is an error within the timeout", "[kill]
   REQUIRE(pg->size() >= 2);
   std::vector<float> big(16 << 20);
   pg->Allreduce(std::span<float>(big)).Wait();  // everyone is connected
+  // Rank 1 must not die while a slower rank is still in the warm-up above
+  // (its error would then escape the try below): once the barrier returns on
+  // rank 1, every rank has finished the warm-up.
+  pg->Barrier().Wait();
   if (pg->rank() == 1) {
     auto w = pg->Allreduce(std::span<float>(big));
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
