@@ -71,28 +71,34 @@ absl::Status KvEngine::CheckKey(const std::string& key) {
   return absl::OkStatus();
 }
 
+absl::Status KvEngine::PutLocked(std::unordered_map<std::string, std::string>::iterator it,
+                                 const std::string& key, std::string value,
+                                 std::vector<WaitCallback>* ready) {
+  const std::size_t old_bytes = it == data_.end() ? 0 : key.size() + it->second.size();
+  const std::size_t new_bytes = key.size() + value.size();
+  if (bytes_ - old_bytes + new_bytes > kMaxEngineBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the store holds ", bytes_, " bytes and writing key '", Preview(key),
+        "' would exceed the limit of ", kMaxEngineBytes,
+        " bytes; delete keys that are no longer needed or store large data elsewhere"));
+  }
+  bytes_ = bytes_ - old_bytes + new_bytes;
+  if (it == data_.end()) {
+    data_.emplace(key, std::move(value));
+  } else {
+    it->second = std::move(value);
+  }
+  CollectReadyLocked(key, ready);
+  return absl::OkStatus();
+}
+
 absl::Status KvEngine::Set(const std::string& key, std::string value) {
   DDPRUN_RETURN_IF_ERROR(CheckKey(key));
   DDPRUN_RETURN_IF_ERROR(CheckValue(value));
   std::vector<WaitCallback> ready;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = data_.find(key);
-    const std::size_t old_bytes = it == data_.end() ? 0 : key.size() + it->second.size();
-    const std::size_t new_bytes = key.size() + value.size();
-    if (bytes_ - old_bytes + new_bytes > kMaxEngineBytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the store holds ", bytes_, " bytes and setting key '", Preview(key),
-          "' would exceed the limit of ", kMaxEngineBytes,
-          " bytes; delete keys that are no longer needed or store large data elsewhere"));
-    }
-    bytes_ = bytes_ - old_bytes + new_bytes;
-    if (it == data_.end()) {
-      data_.emplace(key, std::move(value));
-    } else {
-      it->second = std::move(value);
-    }
-    CollectReadyLocked(key, &ready);
+    DDPRUN_RETURN_IF_ERROR(PutLocked(data_.find(key), key, std::move(value), &ready));
   }
   RunAll(ready, absl::OkStatus());
   return absl::OkStatus();
@@ -129,22 +135,7 @@ absl::StatusOr<std::int64_t> KvEngine::Add(const std::string& key, std::int64_t 
                                                 ") overflows int64; reset the counter"));
     }
     result = current + delta;
-    std::string value = std::to_string(result);
-    const std::size_t old_bytes = it == data_.end() ? 0 : key.size() + it->second.size();
-    const std::size_t new_bytes = key.size() + value.size();
-    if (bytes_ - old_bytes + new_bytes > kMaxEngineBytes) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("the store holds ", bytes_, " bytes and adding to key '", Preview(key),
-                       "' would exceed the limit of ", kMaxEngineBytes,
-                       " bytes; delete keys that are no longer needed"));
-    }
-    bytes_ = bytes_ - old_bytes + new_bytes;
-    if (it == data_.end()) {
-      data_.emplace(key, std::move(value));
-    } else {
-      it->second = std::move(value);
-    }
-    CollectReadyLocked(key, &ready);
+    DDPRUN_RETURN_IF_ERROR(PutLocked(it, key, std::to_string(result), &ready));
   }
   RunAll(ready, absl::OkStatus());
   return result;
@@ -168,24 +159,10 @@ absl::StatusOr<CompareSetResult> KvEngine::CompareSet(const std::string& key,
       if (result.exists) result.current = it->second;
       return result;
     }
-    const std::size_t old_bytes = it == data_.end() ? 0 : key.size() + it->second.size();
-    const std::size_t new_bytes = key.size() + desired.size();
-    if (bytes_ - old_bytes + new_bytes > kMaxEngineBytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the store holds ", bytes_, " bytes and setting key '", Preview(key),
-          "' would exceed the limit of ", kMaxEngineBytes,
-          " bytes; delete keys that are no longer needed or store large data elsewhere"));
-    }
-    bytes_ = bytes_ - old_bytes + new_bytes;
+    result.current = desired;
+    DDPRUN_RETURN_IF_ERROR(PutLocked(it, key, std::move(desired), &ready));
     result.swapped = true;
     result.exists = true;
-    result.current = desired;
-    if (it == data_.end()) {
-      data_.emplace(key, std::move(desired));
-    } else {
-      it->second = std::move(desired);
-    }
-    CollectReadyLocked(key, &ready);
   }
   RunAll(ready, absl::OkStatus());
   return result;

@@ -84,6 +84,11 @@ class KvEngine {
     WaitCallback cb;
   };
   bool HasAllLocked(const std::vector<std::string>& keys) const;
+  // Stores value at key (it: data_.find(key)) within kMaxEngineBytes and
+  // collects the waiters it satisfies.
+  absl::Status PutLocked(std::unordered_map<std::string, std::string>::iterator it,
+                         const std::string& key, std::string value,
+                         std::vector<WaitCallback>* ready);
   // Moves the callbacks of waiters that are now satisfied by `key` into out.
   void CollectReadyLocked(const std::string& key, std::vector<WaitCallback>* out);
 
