@@ -567,33 +567,17 @@ absl::StatusOr<std::shared_ptr<Backend>> CreateGlooBackend(const WorkerInfo& inf
     return absl::InvalidArgumentError(absl::StrCat(
         fence, "gloo: cannot use address '", host, "' (DDPRUN_HOST) for TCP: ", e.what()));
   }
-  auto ctx = std::make_shared<gloo::rendezvous::Context>(info.rank, info.world_size);
-  ctx->setTimeout(options.timeout);
-  if (info.world_size > 1) {
-    GlooStoreAdapter adapter(store, key_prefix + "gloo/", options.timeout);
+  // One full mesh of Gloo pairs, bootstrapped through our store under prefix.
+  auto connect = [&](const std::string& prefix,
+                     bool sync) -> absl::StatusOr<std::shared_ptr<gloo::rendezvous::Context>> {
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(info.rank, info.world_size);
+    ctx->setTimeout(options.timeout);
+    if (info.world_size == 1) return ctx;
+    GlooStoreAdapter adapter(store, key_prefix + prefix, options.timeout);
     try {
       ctx->connectFullMesh(adapter, core->device);
-    } catch (const std::exception& e) {
-      if (!adapter.error().ok()) {
-        const absl::Status& s = adapter.error();
-        return absl::Status(s.code(), absl::StrCat(fence, "gloo bootstrap through the store: ",
-                                                   s.message()));
-      }
-      return absl::UnavailableError(
-          absl::StrCat(fence, "gloo bootstrap: connecting to the other ", info.world_size - 1,
-                       " ranks failed: ", e.what()));
-    }
-  }
-  core->context = ctx;
-  if (info.world_size > 1) {
-    // A second full mesh whose pairs the communication thread drives itself.
-    auto sync_ctx = std::make_shared<gloo::rendezvous::Context>(info.rank, info.world_size);
-    sync_ctx->setTimeout(options.timeout);
-    GlooStoreAdapter adapter(store, key_prefix + "gloo-sync/", options.timeout);
-    try {
-      sync_ctx->connectFullMesh(adapter, core->device);
-      for (int i = 0; i < info.world_size; ++i) {
-        if (i != info.rank) sync_ctx->getPair(i)->setSync(true, false);
+      for (int i = 0; sync && i < info.world_size; ++i) {
+        if (i != info.rank) ctx->getPair(i)->setSync(true, false);
       }
     } catch (const std::exception& e) {
       if (!adapter.error().ok()) {
@@ -605,7 +589,17 @@ absl::StatusOr<std::shared_ptr<Backend>> CreateGlooBackend(const WorkerInfo& inf
           absl::StrCat(fence, "gloo bootstrap: connecting to the other ", info.world_size - 1,
                        " ranks failed: ", e.what()));
     }
-    core->sync_context = sync_ctx;
+    return ctx;
+  };
+  auto ctx = connect("gloo/", /*sync=*/false);
+  if (!ctx.ok()) return ctx.status();
+  core->context = *ctx;
+  // The sync-mode mesh serves small all-reduces at exactly two ranks (see
+  // SyncAllreduceMaxBytes); other sizes of job do not pay for a second mesh.
+  if (info.world_size == 2) {
+    auto sync_ctx = connect("gloo-sync/", /*sync=*/true);
+    if (!sync_ctx.ok()) return sync_ctx.status();
+    core->sync_context = *sync_ctx;
     core->sync_max_bytes = WmemMax();
   }
   auto backend = std::make_shared<GlooBackend>(info, options.timeout, core);
