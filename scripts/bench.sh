@@ -4,11 +4,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
+# The peers measured next to ddprun (mpirun, MPI_Allreduce); the tests never need them.
+bash scripts/install-deps.sh --bench ||
+  echo "bench: OpenMPI could not be installed; its columns will be empty" >&2
 echo "## launch latency (ddprun vs torchrun vs mpirun, same run)"
 python3 bench/launch_latency.py --ddprun "$BUILD_DIR/bin/ddprun"
 echo
 echo "## rendezvous time for N agents"
 "$BUILD_DIR/bin/rendezvous_bench" 4096
+echo
+echo "## worker SDK allreduce and ResNet-50 gradient set (SDK vs torch Gloo vs OpenMPI, same run)"
+bash bench/allreduce_bench.sh "$BUILD_DIR"
 echo
 echo "## failure recovery (worker death, agent kill -9, daemon restart)"
 python3 bench/restart_latency.py --build "$BUILD_DIR"

@@ -2,6 +2,8 @@
 # Installs the Debian 12 packages ddprun needs to build and test, and only
 # those that are missing: when everything is installed it does not touch apt.
 # Uses sudo only when not root.
+#   scripts/install-deps.sh           build and test dependencies
+#   scripts/install-deps.sh --bench   benchmark peers only (OpenMPI); the tests never need them
 set -euo pipefail
 
 packages=(
@@ -11,6 +13,13 @@ packages=(
   libspdlog-dev libfmt-dev nlohmann-json3-dev
   python3-torch python3-numpy iproute2
 )
+bench_packages=(openmpi-bin libopenmpi-dev)
+
+case "${1:-}" in
+  "") ;;
+  --bench) packages=("${bench_packages[@]}") ;;
+  *) echo "usage: install-deps.sh [--bench]" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do
