@@ -11,7 +11,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libboost-dev libyaml-cpp-dev catch2 libgloo-dev libcli11-dev
   libspdlog-dev libfmt-dev nlohmann-json3-dev
-  python3-torch python3-numpy iproute2
+  python3-torch python3-numpy iproute2 pkg-config
 )
 bench_packages=(openmpi-bin libopenmpi-dev)
 
