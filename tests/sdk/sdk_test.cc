@@ -1,6 +1,8 @@
 // The [sdk] tier: the worker SDK on Gloo under the real ddprun, 1-4 ranks.
 // Each case runs build/bin/ddprun --nproc_per_node=N sdk_worker <filter>;
 // the Catch2 checks run on every rank (tests/sdk/worker/sdk_worker.cc).
+// Ranks on one host use the shared memory path by default; each case runs
+// again with DDP_SHM=0 over Gloo's TCP transport (the path of multi-node jobs).
 #include <catch2/catch.hpp>
 #include <string>
 
@@ -12,14 +14,19 @@ namespace {
 
 std::string SdkWorker() { return Bin("sdk_worker"); }
 
+// The two transports of CPU groups: DDP_SHM's values.
+constexpr const char* kTransports[] = {"1", "0"};
+const char* TransportName(const std::string& shm) { return shm == "1" ? "shm" : "tcp"; }
+
 // Runs the filter at world size n; requires success and prints the ranks' output.
-void RunRanks(int n, const std::string& filter, double timeout_s = 240) {
+void RunRanks(int n, const std::string& filter, const std::string& shm = "1",
+              double timeout_s = 240) {
   Harness h;
-  Proc& p = h.StartDdprun("ddprun", {"--nproc_per_node=" + std::to_string(n), "--no_python",
-                                     SdkWorker(), filter},
-                          {{"DDP_TIMEOUT_SEC", "30"}});
+  Proc& p = h.StartDdprun(
+      "ddprun", {"--nproc_per_node=" + std::to_string(n), "--no_python", SdkWorker(), filter},
+      {{"DDP_TIMEOUT_SEC", "30"}, {"DDP_SHM", shm}});
   const int rc = h.Wait(p, timeout_s);
-  INFO("world size " << n << ", filter " << filter << "\nstdout:\n"
+  INFO("world size " << n << ", filter " << filter << ", " << TransportName(shm) << "\nstdout:\n"
                      << p.Out() << "\nstderr:\n"
                      << p.Err());
   REQUIRE(rc == 0);
@@ -28,14 +35,22 @@ void RunRanks(int n, const std::string& filter, double timeout_s = 240) {
 }  // namespace
 
 TEST_CASE("collectives match a local reference at 1-4 ranks", "[sdk]") {
-  for (int n = 1; n <= 4; ++n) {
-    DYNAMIC_SECTION("world size " << n) { RunRanks(n, "[collectives]"); }
+  RunRanks(1, "[collectives]");
+  for (const char* shm : kTransports) {
+    for (int n = 2; n <= 4; ++n) {
+      DYNAMIC_SECTION(TransportName(shm) << ", world size " << n) {
+        RunRanks(n, "[collectives]", shm);
+      }
+    }
   }
 }
 
 TEST_CASE("reducer at 1-4 ranks", "[sdk]") {
-  for (int n = 1; n <= 4; ++n) {
-    DYNAMIC_SECTION("world size " << n) { RunRanks(n, "[reducer]"); }
+  RunRanks(1, "[reducer]");
+  for (const char* shm : kTransports) {
+    for (int n = 2; n <= 4; ++n) {
+      DYNAMIC_SECTION(TransportName(shm) << ", world size " << n) { RunRanks(n, "[reducer]", shm); }
+    }
   }
 }
 
@@ -45,45 +60,71 @@ TEST_CASE("bad input at 1 and 3 ranks", "[sdk]") {
 }
 
 TEST_CASE("a peer killed mid-collective: an error within the timeout, no hang", "[sdk]") {
-  Harness h;
-  const std::string result = h.dir() + "/result";
-  Proc& p = h.StartDdprun("ddprun", {"--nproc_per_node=3", "--grace_period=20", "--no_python",
-                                     SdkWorker(), "[kill]"},
-                          {{"DDP_TIMEOUT_SEC", "10"}, {"SDK_RESULT_FILE", result}});
-  const int rc = h.Wait(p, 60);
-  const std::string r0 = ReadFile(result + ".0");
-  INFO("rank 0 reported: " << r0 << "\nddprun stderr:\n" << p.Err());
-  REQUIRE(rc != 0);
-  REQUIRE(r0.find("code=") != std::string::npos);
-  REQUIRE(r0.find("allreduce(16777216 x f32, sum)") != std::string::npos);
-  REQUIRE(r0.find("round 0") != std::string::npos);
-  // Seconds until the error: well within the 10 s timeout (a closed connection).
-  const double s = std::stod(r0.substr(r0.find("seconds=") + 8));
-  REQUIRE(s < 10.0);
-  REQUIRE(r0.find("then=") != std::string::npos);  // later calls refuse, naming the failure
+  // Large (chunked) and small (latency path: Gloo's sync-mode pairs at two
+  // ranks over TCP) collectives, on both transports.
+  struct Case {
+    const char* shm;
+    int ranks;
+    const char* count;
+  };
+  const Case cases[] = {
+      {"1", 3, "16777216"}, {"0", 3, "16777216"}, {"1", 2, "1024"}, {"0", 2, "1024"}};
+  for (const Case& c : cases) {
+    DYNAMIC_SECTION(TransportName(c.shm) << ", " << c.ranks << " ranks, " << c.count << " floats") {
+      Harness h;
+      const std::string result = h.dir() + "/result";
+      Proc& p = h.StartDdprun("ddprun",
+                              {"--nproc_per_node=" + std::to_string(c.ranks), "--grace_period=20",
+                               "--no_python", SdkWorker(), "[kill]"},
+                              {{"DDP_TIMEOUT_SEC", "10"},
+                               {"SDK_RESULT_FILE", result},
+                               {"DDP_SHM", c.shm},
+                               {"SDK_KILL_COUNT", c.count}});
+      const int rc = h.Wait(p, 60);
+      const std::string r0 = ReadFile(result + ".0");
+      INFO("rank 0 reported: " << r0 << "\nddprun stderr:\n" << p.Err());
+      REQUIRE(rc != 0);
+      REQUIRE(r0.find("code=") != std::string::npos);
+      REQUIRE(r0.find(std::string("allreduce(") + c.count + " x f32, sum)") != std::string::npos);
+      if (std::string(c.shm) == "1") {
+        // The shared memory path names the dead peer.
+        REQUIRE(r0.find("rank 1 (pid ") != std::string::npos);
+      }
+      REQUIRE(r0.find("round 0") != std::string::npos);
+      // Seconds until the error: well within the 10 s timeout (a closed connection).
+      const double s = std::stod(r0.substr(r0.find("seconds=") + 8));
+      REQUIRE(s < 10.0);
+      REQUIRE(r0.find("then=") != std::string::npos);  // later calls refuse, naming the failure
+    }
+  }
 }
 
 TEST_CASE("a hung peer: a timeout error after the group timeout", "[sdk]") {
-  Harness h;
-  const std::string result = h.dir() + "/result";
-  Proc& p = h.StartDdprun("ddprun", {"--nproc_per_node=2", "--grace_period=5", "--no_python",
-                                     SdkWorker(), "[hang]"},
-                          {{"DDP_TIMEOUT_SEC", "3"}, {"SDK_RESULT_FILE", result}});
-  const int rc = h.Wait(p, 60);
-  const std::string r0 = ReadFile(result + ".0");
-  INFO("rank 0 reported: " << r0 << "\nddprun stderr:\n" << p.Err());
-  REQUIRE(rc != 0);
-  REQUIRE(r0.find("code=timeout") != std::string::npos);
-  REQUIRE(r0.find("round 0") != std::string::npos);
-  const double s = std::stod(r0.substr(r0.find("seconds=") + 8));
-  REQUIRE(s >= 2.5);
-  REQUIRE(s < 10.0);
+  for (const char* shm : kTransports) {
+    DYNAMIC_SECTION(TransportName(shm)) {
+      Harness h;
+      const std::string result = h.dir() + "/result";
+      Proc& p = h.StartDdprun(
+          "ddprun",
+          {"--nproc_per_node=2", "--grace_period=2", "--no_python", SdkWorker(), "[hang]"},
+          {{"DDP_TIMEOUT_SEC", "3"}, {"SDK_RESULT_FILE", result}, {"DDP_SHM", shm}});
+      const int rc = h.Wait(p, 60);
+      const std::string r0 = ReadFile(result + ".0");
+      INFO("rank 0 reported: " << r0 << "\nddprun stderr:\n" << p.Err());
+      REQUIRE(rc != 0);
+      REQUIRE(r0.find("code=timeout") != std::string::npos);
+      REQUIRE(r0.find("round 0") != std::string::npos);
+      const double s = std::stod(r0.substr(r0.find("seconds=") + 8));
+      REQUIRE(s >= 2.5);
+      REQUIRE(s < 10.0);
+    }
+  }
 }
 
 TEST_CASE("outside ddprun, Init says so and shows how to run", "[sdk]") {
   Harness h;
-  Proc& p = h.Start("bare", {SdkWorker(), "[collectives]"},
-                    {{"DDPRUN_STORE_ADDR", ""}, {"RANK", ""}});
+  Proc& p =
+      h.Start("bare", {SdkWorker(), "[collectives]"}, {{"DDPRUN_STORE_ADDR", ""}, {"RANK", ""}});
   const int rc = h.Wait(p, 30);
   REQUIRE(rc != 0);
   const std::string all = p.Out() + p.Err();
@@ -95,8 +136,8 @@ TEST_CASE("a wrong token is refused with an auth error", "[sdk]") {
   Harness h;
   // Overriding DDPRUN_TOKEN in the launcher's environment would be replaced by
   // the agent; the worker rewrites it itself when SDK_WRONG_TOKEN is set.
-  Proc& p = h.StartDdprun("ddprun", {"--nproc_per_node=1", "--no_python", SdkWorker(),
-                                     "[wrong-token]"});
+  Proc& p =
+      h.StartDdprun("ddprun", {"--nproc_per_node=1", "--no_python", SdkWorker(), "[wrong-token]"});
   const int rc = h.Wait(p, 60);
   INFO("stdout:\n" << p.Out() << "\nstderr:\n" << p.Err());
   REQUIRE(rc == 0);

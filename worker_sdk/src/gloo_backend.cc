@@ -16,6 +16,10 @@
 // pair lock (Pair::handleEvents only try-locks); on a 2-core machine a spinner
 // that preempts the lock holder burns a whole scheduler slice, and those calls
 // took 4 ms instead of 0.3 ms (docs/benchmarks.md, worker SDK).
+//
+// When every rank runs on this host, the collectives use a shared memory
+// segment instead (shm_group.h) and no Gloo mesh is built: memcpy bandwidth
+// instead of TCP loopback. DDP_SHM=0 (InitOptions::shared_memory) opts out.
 #include <algorithm>
 #include <condition_variable>
 #include <cstdio>
@@ -39,6 +43,7 @@
 #include "gloo/transport/tcp/device.h"
 #include "elementwise.h"
 #include "half.h"
+#include "shm_group.h"
 
 namespace ddp::detail {
 namespace {
@@ -81,25 +86,6 @@ class GlooStoreAdapter final : public gloo::rendezvous::Store {
   absl::Status error_;
 };
 
-// Elementwise reductions Gloo calls as f(out, a, b, n).
-template <class T, class Op>
-void ReduceTyped(void* c, const void* a, const void* b, std::size_t n) {
-  T* out = static_cast<T*>(c);
-  const T* x = static_cast<const T*>(a);
-  const T* y = static_cast<const T*>(b);
-  Op op;
-  for (std::size_t i = 0; i < n; ++i) out[i] = op(x[i], y[i]);
-}
-
-template <float (*ToF)(std::uint16_t), std::uint16_t (*FromF)(float), class Op>
-void ReduceHalf(void* c, const void* a, const void* b, std::size_t n) {
-  auto* out = static_cast<std::uint16_t*>(c);
-  const auto* x = static_cast<const std::uint16_t*>(a);
-  const auto* y = static_cast<const std::uint16_t*>(b);
-  Op op;
-  for (std::size_t i = 0; i < n; ++i) out[i] = FromF(op(ToF(x[i]), ToF(y[i])));
-}
-
 // In-place reductions for Gloo's bound-buffer algorithms: x = op(x, y).
 template <class T, class Op>
 void ReduceInPlace(T* x, const T* y, std::size_t n) {
@@ -122,29 +108,6 @@ struct Max {
 struct Min {
   template <class T> T operator()(T a, T b) const { return b < a ? b : a; }
 };
-
-template <class Op>
-gloo::AllreduceOptions::Func FuncFor(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32: return &ReduceTyped<float, Op>;
-    case DType::kFloat64: return &ReduceTyped<double, Op>;
-    case DType::kInt32: return &ReduceTyped<std::int32_t, Op>;
-    case DType::kInt64: return &ReduceTyped<std::int64_t, Op>;
-    case DType::kFloat16: return &ReduceHalf<Float16ToFloat, FloatToFloat16, Op>;
-    case DType::kBFloat16: return &ReduceHalf<BFloat16ToFloat, FloatToBFloat16, Op>;
-  }
-  return nullptr;
-}
-
-gloo::AllreduceOptions::Func ReduceFunc(DType dtype, ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg: return FuncFor<Plus>(dtype);
-    case ReduceOp::kMax: return FuncFor<Max>(dtype);
-    case ReduceOp::kMin: return FuncFor<Min>(dtype);
-  }
-  return nullptr;
-}
 
 // A ReductionFunction for the sync path, one static per (type, op).
 template <class T, void (*Fn)(T*, const T*, std::size_t)>
@@ -204,6 +167,23 @@ void WithElementType(DType dtype, Fn&& fn) {
     case 4: fn(std::uint32_t{}); break;
     case 8: fn(std::uint64_t{}); break;
   }
+}
+
+// A failed shared-memory collective, thrown inside a task like Gloo's
+// exceptions and turned into its Status by the communication thread.
+struct ShmFailure {
+  absl::Status status;
+};
+
+void ThrowIfFailed(absl::Status s) {
+  if (!s.ok()) throw ShmFailure{std::move(s)};
+}
+
+ShmGroup::Clock::time_point DeadlineIn(Duration t) { return ShmGroup::Clock::now() + t; }
+
+std::size_t ShmChunkBytesFromEnv() {
+  if (const char* c = std::getenv("DDP_SHM_CHUNK_BYTES")) return std::stoul(c);
+  return kDefaultShmChunkBytes;
 }
 
 class Core;
@@ -282,6 +262,8 @@ class Core {
   std::shared_ptr<gloo::rendezvous::Context> sync_context;
   std::size_t sync_max_bytes = 0;  // net.core.wmem_max
   std::shared_ptr<gloo::transport::Device> device;
+  // Every rank on this host: the shared memory path, and no Gloo contexts.
+  std::unique_ptr<ShmGroup> shm;
   std::mutex mu;
   std::condition_variable cv;
   std::deque<Task> queue;
@@ -328,6 +310,11 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
     if (n == 1) {
       return Enqueue(desc, [=] { if (op == ReduceOp::kAvg) DivideInPlace(data, count, dtype, 1); });
     }
+    if (ShmGroup* shm = core_->shm.get()) {
+      return Enqueue(desc, [=, t = timeout()] {
+        ThrowIfFailed(shm->Allreduce(data, count, dtype, op, DeadlineIn(t)));
+      });
+    }
     const std::size_t bytes = count * DTypeSize(dtype);
     if (core_->sync_context && bytes <= SyncAllreduceMaxBytes(n)) {
       return Enqueue(desc, [=, ctx = core_->sync_context] {
@@ -361,6 +348,11 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
     const std::string desc = DescribeOp("broadcast", count, dtype, "");
     if (count == 0 || size() == 1) return Enqueue(desc, nullptr);
     const Duration t = timeout();
+    if (ShmGroup* shm = core_->shm.get()) {
+      return Enqueue(desc, [=] {
+        ThrowIfFailed(shm->Broadcast(data, count * DTypeSize(dtype), root, DeadlineIn(t)));
+      });
+    }
     return Enqueue(desc, [=, ctx = core_->context, tag = NextTag()] {
       gloo::BroadcastOptions opts(ctx);
       WithElementType(dtype, [&](auto e) {
@@ -385,6 +377,9 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
     }
     const Duration t = timeout();
     const std::size_t n = size();
+    if (ShmGroup* shm = core_->shm.get()) {
+      return Enqueue(desc, [=] { ThrowIfFailed(shm->Allgather(in, out, bytes, DeadlineIn(t))); });
+    }
     return Enqueue(desc, [=, ctx = core_->context, tag = NextTag()] {
       gloo::AllgatherOptions opts(ctx);
       WithElementType(dtype, [&](auto e) {
@@ -417,7 +412,9 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
       if (core->scratch.size() < total) core->scratch.resize(total);
       char* s = core->scratch.data();
       std::memcpy(s, in, total);
-      if (n > 1) {
+      if (n > 1 && core->shm) {
+        ThrowIfFailed(core->shm->Allreduce(s, count * n, dtype, op, DeadlineIn(t)));
+      } else if (n > 1) {
         gloo::AllreduceOptions opts(core->context);
         WithElementType(dtype, [&](auto e) {
           opts.setOutput(reinterpret_cast<decltype(e)*>(s), count * n);
@@ -428,7 +425,7 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
         gloo::allreduce(opts);
       }
       std::memcpy(out, s + r * count * esize, count * esize);
-      if (op == ReduceOp::kAvg) DivideInPlace(out, count, dtype, n);
+      if (op == ReduceOp::kAvg && !core->shm) DivideInPlace(out, count, dtype, n);
     });
   }
 
@@ -436,6 +433,9 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
     if (aborted()) return AbortedStatus("barrier");
     if (size() == 1) return Enqueue("barrier", nullptr);
     const Duration t = timeout();
+    if (ShmGroup* shm = core_->shm.get()) {
+      return Enqueue("barrier", [=] { ThrowIfFailed(shm->Barrier(DeadlineIn(t))); });
+    }
     return Enqueue("barrier", [=, ctx = core_->context, tag = NextTag()] {
       gloo::BarrierOptions opts(ctx);
       opts.setTag(tag);
@@ -462,6 +462,8 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
 
  protected:
   void OnAbort() override {
+    // Wakes a shared-memory collective in progress (and tells the peers).
+    if (core_->shm) core_->shm->Abort();
     // Fail what is queued; what runs finishes or times out inside Gloo.
     std::deque<Task> dropped;
     {
@@ -518,6 +520,8 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
       absl::Status status;
       try {
         task.run();
+      } catch (const ShmFailure& f) {
+        status = ClassifyShm(task.desc, f.status, weak);
       } catch (const std::exception& e) {
         status = Classify(task.desc, e.what(), weak);
       }
@@ -544,6 +548,20 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
     return timed_out ? absl::DeadlineExceededError(msg) : absl::UnavailableError(msg);
   }
 
+  // A failed shared-memory collective (its message names the peer): fenced,
+  // and the group aborted.
+  static absl::Status ClassifyShm(const std::string& desc, const absl::Status& s,
+                                  const std::weak_ptr<GlooBackend>& weak) {
+    std::string fence;
+    auto self = weak.lock();
+    if (self) {
+      fence = self->Fence();
+      self->Fail(absl::StrCat(desc, ": ", s.message()));
+    }
+    return absl::Status(s.code(), absl::StrCat(fence, desc, " failed (shared memory): ",
+                                               s.message()));
+  }
+
   std::shared_ptr<Core> core_;
   std::thread thread_;
   std::uint32_t tag_ = 0;
@@ -559,6 +577,26 @@ absl::StatusOr<std::shared_ptr<Backend>> CreateGlooBackend(const WorkerInfo& inf
   const std::string host = options.gloo_host.empty() ? info.host : options.gloo_host;
   const std::string fence =
       absl::StrCat("[job ", info.job_id, " round ", info.round, " rank ", info.rank, "] ");
+  if (options.shared_memory && info.world_size > 1) {
+    std::string why;
+    auto shm = ConnectShmGroup(info, *store, key_prefix, options.timeout, ShmChunkBytesFromEnv(),
+                               &why);
+    if (!shm.ok()) {
+      return absl::Status(shm.status().code(),
+                          absl::StrCat(fence, "shared memory bootstrap through the store: ",
+                                       shm.status().message()));
+    }
+    if (*shm) {
+      core->shm = std::move(*shm);
+      auto backend = std::make_shared<GlooBackend>(info, options.timeout, core);
+      backend->Start();
+      return std::shared_ptr<Backend>(backend);
+    }
+    if (!why.empty() && info.rank == 0) {
+      std::fprintf(stderr, "%sddp: no shared memory between the ranks of this host (%s); "
+                   "collectives go over Gloo's TCP transport\n", fence.c_str(), why.c_str());
+    }
+  }
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = host.empty() ? "127.0.0.1" : host;

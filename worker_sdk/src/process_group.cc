@@ -146,6 +146,15 @@ absl::StatusOr<std::shared_ptr<Backend>> InitBackend(const InitOptions& in) {
     }
   }
 
+  if (const char* m = std::getenv("DDP_SHM"); m && *m) {
+    const std::string s = m;
+    if (s == "0") options.shared_memory = false;
+    else if (s != "1") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(fence, "DDP_SHM='", s, "' is not 0 (TCP only) or 1 (shared memory)"));
+    }
+  }
+
   std::string host;
   int port = 0;
   DDP_RETURN_IF_ERROR(ddprun::rendezvous::ParseEndpoint(info.store_addr, 0, &host, &port));

@@ -502,7 +502,10 @@ TEST_CASE("a peer killed mid-collective is an error within the timeout", "[kill]
   ::signal(SIGTERM, SIG_IGN);  // outlive the agent's stop long enough to report
   auto& pg = Group();
   REQUIRE(pg->size() >= 2);
-  std::vector<float> big(16 << 20);
+  // SDK_KILL_COUNT: the size of the collective the peer dies in (default
+  // 16 Mi floats; a small one takes the latency paths).
+  const char* count = std::getenv("SDK_KILL_COUNT");
+  std::vector<float> big(count ? std::stoul(count) : std::size_t(16) << 20);
   pg->Allreduce(std::span<float>(big)).Wait();  // everyone is connected
   // Rank 1 must not die while a slower rank is still in the warm-up above
   // (its error would then escape the try below): once the barrier returns on

@@ -70,6 +70,10 @@ struct InitOptions {
   Duration timeout = kDefaultTimeout;
   // The address Gloo's TCP transport binds; empty = DDPRUN_HOST.
   std::string gloo_host;
+  // CPU groups whose ranks all run on one host use a shared memory segment
+  // instead of TCP loopback (memfd; falls back to TCP, with one line on
+  // stderr, when it cannot be set up). DDP_SHM=0 turns it off.
+  bool shared_memory = true;
 };
 
 // What Init read from the environment.

@@ -1,0 +1,247 @@
+// [unit] tests of the shared-memory collectives (shm_group.h): W threads of
+// this process stand in for W ranks, each with its own ShmGroup over one
+// MAP_SHARED anonymous mapping. No sockets, no store, no other process.
+#include <sys/mman.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "elementwise.h"
+#include "half.h"
+#include "shm_group.h"
+
+using ddp::DType;
+using ddp::ReduceOp;
+using ddp::detail::ShmGroup;
+using namespace std::chrono_literals;
+
+namespace {
+
+// One segment and `size` ranks attached to it.
+class Segment {
+ public:
+  Segment(int size, std::size_t chunk) : bytes_(ShmGroup::SegmentBytes(size, chunk)) {
+    base_ = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(base_ != MAP_FAILED);
+    ShmGroup::Format(base_, size, chunk);
+    for (int r = 0; r < size; ++r) {
+      ranks_.push_back(std::make_unique<ShmGroup>(base_, bytes_, r, /*owns_mapping=*/false));
+    }
+  }
+  ~Segment() {
+    ranks_.clear();
+    ::munmap(base_, bytes_);
+  }
+  ShmGroup& rank(int r) { return *ranks_[r]; }
+  int size() const { return static_cast<int>(ranks_.size()); }
+
+  // Runs fn(rank) on one thread per rank; returns each rank's status.
+  std::vector<absl::Status> Run(const std::function<absl::Status(int)>& fn) {
+    std::vector<absl::Status> out(ranks_.size());
+    std::vector<std::thread> threads;
+    for (int r = 0; r < size(); ++r) threads.emplace_back([&, r] { out[r] = fn(r); });
+    for (auto& t : threads) t.join();
+    return out;
+  }
+
+ private:
+  std::size_t bytes_;
+  void* base_;
+  std::vector<std::unique_ptr<ShmGroup>> ranks_;
+};
+
+ShmGroup::Clock::time_point In(std::chrono::milliseconds t) { return ShmGroup::Clock::now() + t; }
+
+void RequireAllOk(const std::vector<absl::Status>& s) {
+  for (std::size_t r = 0; r < s.size(); ++r) {
+    INFO("rank " << r);
+    REQUIRE(s[r].ok());
+  }
+}
+
+template <class T>
+T Value(int rank, std::size_t i) {
+  return static_cast<T>(static_cast<int>((i * 7 + rank * 13) % 23) - 11);
+}
+
+// Reference: rank-order fold of every rank's input, as the group computes it.
+template <class T>
+std::vector<T> Reference(int size, std::size_t n, ReduceOp op) {
+  std::vector<T> acc(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    T a = Value<T>(0, i);
+    for (int r = 1; r < size; ++r) {
+      T b = Value<T>(r, i);
+      if (op == ReduceOp::kMax) a = a < b ? b : a;
+      else if (op == ReduceOp::kMin) a = b < a ? b : a;
+      else a = a + b;
+    }
+    if (op == ReduceOp::kAvg) a = a / static_cast<T>(size);
+    acc[i] = a;
+  }
+  return acc;
+}
+
+template <class T>
+void CheckAllreduce(int size, std::size_t n, ReduceOp op, std::size_t chunk) {
+  Segment seg(size, chunk);
+  std::vector<std::vector<T>> data(size, std::vector<T>(n));
+  for (int r = 0; r < size; ++r) {
+    for (std::size_t i = 0; i < n; ++i) data[r][i] = Value<T>(r, i);
+  }
+  RequireAllOk(seg.Run([&](int r) {
+    return seg.rank(r).Allreduce(data[r].data(), n, ddp::DTypeOf<T>(), op, In(10s));
+  }));
+  const auto want = Reference<T>(size, n, op);
+  for (int r = 0; r < size; ++r) {
+    INFO("size " << size << " n " << n << " rank " << r << " op " << int(op));
+    REQUIRE(data[r] == want);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("shm allreduce: every op, 1-4 ranks, sizes across step boundaries", "[unit]") {
+  // 64-byte steps: 16 floats per step, so 0..100 elements cross many steps and
+  // leave some ranks with empty shares.
+  for (int size = 1; size <= 4; ++size) {
+    for (std::size_t n : {0, 1, 3, 16, 17, 100}) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+        CheckAllreduce<float>(size, n, op, 64);
+        CheckAllreduce<double>(size, n, op, 64);
+        CheckAllreduce<std::int32_t>(size, n, op, 64);
+        CheckAllreduce<std::int64_t>(size, n, op, 64);
+      }
+    }
+  }
+}
+
+TEST_CASE("shm allreduce: f16 and bf16 round once per term, in rank order", "[unit]") {
+  using ddp::detail::BFloat16ToFloat;
+  using ddp::detail::Float16ToFloat;
+  using ddp::detail::FloatToBFloat16;
+  using ddp::detail::FloatToFloat16;
+  const int size = 3;
+  const std::size_t n = 77;
+  for (DType dt : {DType::kFloat16, DType::kBFloat16}) {
+    auto to = dt == DType::kFloat16 ? FloatToFloat16 : FloatToBFloat16;
+    auto from = dt == DType::kFloat16 ? Float16ToFloat : BFloat16ToFloat;
+    Segment seg(size, 32);
+    std::vector<std::vector<std::uint16_t>> data(size, std::vector<std::uint16_t>(n));
+    for (int r = 0; r < size; ++r) {
+      for (std::size_t i = 0; i < n; ++i) data[r][i] = to(0.1f * float(i) + 0.37f * float(r));
+    }
+    std::vector<std::uint16_t> want(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      std::uint16_t a = data[0][i];
+      for (int r = 1; r < size; ++r) a = to(from(a) + from(data[r][i]));
+      want[i] = a;
+    }
+    RequireAllOk(seg.Run([&](int r) {
+      return seg.rank(r).Allreduce(data[r].data(), n, dt, ReduceOp::kSum, In(10s));
+    }));
+    for (int r = 0; r < size; ++r) REQUIRE(data[r] == want);
+  }
+}
+
+TEST_CASE("shm allreduce: every rank ends with the same bits (random f32, 4 ranks)", "[unit]") {
+  const int size = 4;
+  const std::size_t n = (1 << 16) + 5;
+  Segment seg(size, 4096);
+  std::mt19937 gen(42);
+  std::normal_distribution<float> d(0.f, 1e3f);
+  std::vector<std::vector<float>> data(size, std::vector<float>(n));
+  for (auto& v : data) {
+    for (auto& x : v) x = d(gen);
+  }
+  // The reference folds ranks 0..3 in order for every element.
+  std::vector<float> want(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    want[i] = ((data[0][i] + data[1][i]) + data[2][i]) + data[3][i];
+  }
+  // Several collectives back to back: buffer sets alternate across calls.
+  for (int rep = 0; rep < 3; ++rep) {
+    auto copy = data;
+    RequireAllOk(seg.Run([&](int r) {
+      return seg.rank(r).Allreduce(copy[r].data(), n, DType::kFloat32, ReduceOp::kSum, In(10s));
+    }));
+    for (int r = 0; r < size; ++r) REQUIRE(std::memcmp(copy[r].data(), want.data(), n * 4) == 0);
+  }
+}
+
+TEST_CASE("shm broadcast, allgather and barrier", "[unit]") {
+  for (int size = 1; size <= 4; ++size) {
+    Segment seg(size, 64);
+    const std::size_t bytes = 300;  // 5 steps of 64 bytes
+    for (int root = 0; root < size; ++root) {
+      std::vector<std::vector<char>> buf(size, std::vector<char>(bytes));
+      for (int r = 0; r < size; ++r) {
+        for (std::size_t i = 0; i < bytes; ++i) buf[r][i] = char(r * 31 + i);
+      }
+      RequireAllOk(seg.Run([&](int r) {
+        return seg.rank(r).Broadcast(buf[r].data(), bytes, root, In(10s));
+      }));
+      for (int r = 0; r < size; ++r) REQUIRE(buf[r] == buf[root]);
+    }
+    std::vector<std::vector<char>> in(size, std::vector<char>(bytes));
+    std::vector<std::vector<char>> out(size, std::vector<char>(bytes * size));
+    std::vector<char> want;
+    for (int r = 0; r < size; ++r) {
+      for (std::size_t i = 0; i < bytes; ++i) in[r][i] = char(r * 7 + i * 3);
+      want.insert(want.end(), in[r].begin(), in[r].end());
+    }
+    RequireAllOk(seg.Run([&](int r) {
+      return seg.rank(r).Allgather(in[r].data(), out[r].data(), bytes, In(10s));
+    }));
+    for (int r = 0; r < size; ++r) REQUIRE(out[r] == want);
+    RequireAllOk(seg.Run([&](int r) { return seg.rank(r).Barrier(In(10s)); }));
+  }
+}
+
+TEST_CASE("shm: a rank that never arrives gives DeadlineExceeded naming it", "[unit]") {
+  Segment seg(3, 64);
+  float x = 1;
+  const auto t0 = ShmGroup::Clock::now();
+  auto s = seg.Run([&](int r) -> absl::Status {
+    if (r == 2) return absl::OkStatus();  // never calls
+    return seg.rank(r).Allreduce(&x, 1, DType::kFloat32, ReduceOp::kSum, In(300ms));
+  });
+  const auto took = ShmGroup::Clock::now() - t0;
+  CHECK(took < 3s);
+  for (int r = 0; r < 2; ++r) {
+    INFO(s[r].ToString());
+    // The first rank to time out aborts the group: the other may see that.
+    CHECK((s[r].code() == absl::StatusCode::kDeadlineExceeded ||
+           s[r].code() == absl::StatusCode::kAborted));
+  }
+  const bool named = std::string(s[0].message()).find("rank(s) 2") != std::string::npos ||
+                     std::string(s[1].message()).find("rank(s) 2") != std::string::npos;
+  CHECK(named);
+  // The group stays aborted: the next collective fails at once.
+  auto again = seg.rank(2).Barrier(In(5s));
+  CHECK(again.code() == absl::StatusCode::kAborted);
+}
+
+TEST_CASE("shm: Abort wakes a rank waiting in a collective and names the aborting rank",
+          "[unit]") {
+  Segment seg(2, 64);
+  double v = 1;
+  const auto t0 = ShmGroup::Clock::now();
+  auto s = seg.Run([&](int r) -> absl::Status {
+    if (r == 1) {
+      std::this_thread::sleep_for(50ms);
+      seg.rank(1).Abort();
+      return absl::OkStatus();
+    }
+    return seg.rank(0).Allreduce(&v, 1, DType::kFloat64, ReduceOp::kSum, In(30s));
+  });
+  CHECK(ShmGroup::Clock::now() - t0 < 5s);
+  INFO(s[0].ToString());
+  CHECK(s[0].code() == absl::StatusCode::kAborted);
+  CHECK(std::string(s[0].message()).find("rank 1 aborted") != std::string::npos);
+}

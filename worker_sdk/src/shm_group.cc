@@ -1,0 +1,413 @@
+#include "shm_group.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <fstream>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "ddprun/rendezvous/store.h"
+#include "elementwise.h"
+
+namespace ddp::detail {
+
+inline constexpr std::uint64_t kShmMagic = 0x3170'6d68'7370'6464ULL;  // "ddpshmp1"
+
+struct alignas(64) ShmHeader {
+  std::uint64_t magic;
+  std::uint32_t size;
+  std::uint32_t reserved;
+  std::uint64_t chunk_bytes;
+  std::uint64_t data_offset;
+  // The barrier counter (a futex word) and how many ranks sleep on it.
+  alignas(64) std::atomic<std::uint32_t> arrived;
+  std::atomic<std::uint32_t> sleepers;
+  // 0 while the group runs; rank + 1 of the first rank that aborted it.
+  alignas(64) std::atomic<std::uint32_t> aborted_by;
+};
+
+struct alignas(64) ShmRankState {
+  std::atomic<std::int32_t> pid;
+  std::atomic<std::uint32_t> epoch;  // barriers this rank entered
+};
+
+static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
+static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t));
+
+namespace {
+
+constexpr std::size_t kPage = 4096;
+// How long a waiter spins, then spins yielding the CPU (more ranks than
+// cores: the rank it waits for may need this core), before it sleeps; and how
+// long it sleeps between checks of the deadline, an abort and its peers'
+// pids. Waking a sleeper costs tens of microseconds on a VM.
+constexpr auto kSpin = std::chrono::microseconds(20);
+constexpr auto kYieldSpin = std::chrono::microseconds(1000);
+constexpr auto kSleepSlice = std::chrono::milliseconds(10);
+
+std::size_t RoundUp(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
+
+std::size_t DataOffset(int size) {
+  return RoundUp(sizeof(ShmHeader) + sizeof(ShmRankState) * static_cast<std::size_t>(size), kPage);
+}
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+std::uint32_t* FutexWord(std::atomic<std::uint32_t>* a) {
+  return reinterpret_cast<std::uint32_t*>(a);
+}
+
+// Shared (not FUTEX_PRIVATE) futex: the word lives in a MAP_SHARED segment.
+void FutexWait(std::atomic<std::uint32_t>* a, std::uint32_t expected, std::chrono::nanoseconds t) {
+  timespec ts{static_cast<time_t>(t.count() / 1000000000), static_cast<long>(t.count() % 1000000000)};
+  ::syscall(SYS_futex, FutexWord(a), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void FutexWakeAll(std::atomic<std::uint32_t>* a) {
+  ::syscall(SYS_futex, FutexWord(a), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+}  // namespace
+
+std::size_t ShmGroup::SegmentBytes(int size, std::size_t chunk_bytes) {
+  return DataOffset(size) + chunk_bytes * 2 * (static_cast<std::size_t>(size) + 1);
+}
+
+void ShmGroup::Format(void* base, int size, std::size_t chunk_bytes) {
+  auto* h = new (base) ShmHeader();
+  h->magic = kShmMagic;
+  h->size = static_cast<std::uint32_t>(size);
+  h->chunk_bytes = chunk_bytes;
+  h->data_offset = DataOffset(size);
+  h->arrived.store(0);
+  h->sleepers.store(0);
+  h->aborted_by.store(0);
+  auto* r = reinterpret_cast<ShmRankState*>(h + 1);
+  for (int i = 0; i < size; ++i) new (r + i) ShmRankState();
+}
+
+ShmGroup::ShmGroup(void* base, std::size_t bytes, int rank, bool owns_mapping)
+    : header_(static_cast<ShmHeader*>(base)),
+      ranks_(reinterpret_cast<ShmRankState*>(header_ + 1)),
+      data_(static_cast<char*>(base) + header_->data_offset),
+      base_(base),
+      bytes_(bytes),
+      rank_(rank),
+      size_(static_cast<int>(header_->size)),
+      chunk_(header_->chunk_bytes),
+      owns_(owns_mapping) {
+  ranks_[rank_].pid.store(static_cast<std::int32_t>(::getpid()));
+}
+
+ShmGroup::~ShmGroup() {
+  if (owns_) ::munmap(base_, bytes_);
+}
+
+char* ShmGroup::Slot(int buffer, int rank) const {
+  return data_ + (static_cast<std::size_t>(buffer) * (size_ + 1) + rank) * chunk_;
+}
+
+char* ShmGroup::Result(int buffer) const { return Slot(buffer, size_); }
+
+void ShmGroup::Abort() {
+  std::uint32_t none = 0;
+  header_->aborted_by.compare_exchange_strong(none, static_cast<std::uint32_t>(rank_) + 1);
+  // Waiters sleep on `arrived`; they re-check the flag when woken.
+  FutexWakeAll(&header_->arrived);
+}
+
+absl::Status ShmGroup::Failed(absl::Status s) {
+  Abort();
+  return s;
+}
+
+absl::Status ShmGroup::AbortedStatus(const char* op) const {
+  const std::uint32_t by = header_->aborted_by.load(std::memory_order_relaxed);
+  if (by == 0) return absl::OkStatus();
+  if (static_cast<int>(by) - 1 == rank_) {
+    return absl::AbortedError(absl::StrCat(op, ": the group was aborted"));
+  }
+  return absl::AbortedError(
+      absl::StrCat(op, ": rank ", by - 1, " aborted the group (its own error names why)"));
+}
+
+std::string ShmGroup::Missing() const {
+  std::vector<int> missing;
+  for (int r = 0; r < size_; ++r) {
+    if (static_cast<std::int32_t>(ranks_[r].epoch.load() - epoch_) < 0) missing.push_back(r);
+  }
+  return absl::StrJoin(missing, ", ");
+}
+
+absl::Status ShmGroup::Sync(const char* op, Clock::time_point deadline) {
+  if (auto s = AbortedStatus(op); !s.ok()) return s;
+  ++epoch_;
+  ranks_[rank_].epoch.store(epoch_, std::memory_order_relaxed);
+  const std::uint32_t target = epoch_ * static_cast<std::uint32_t>(size_);
+  const std::uint32_t now = header_->arrived.fetch_add(1) + 1;
+  if (now == target) {
+    // Last to arrive. seq_cst pairs with the waiter's sleepers++ then load of
+    // `arrived`: either it sees our add, or we see it sleeping.
+    if (header_->sleepers.load() != 0) FutexWakeAll(&header_->arrived);
+    return absl::OkStatus();
+  }
+  return Wait(target, op, deadline);
+}
+
+absl::Status ShmGroup::Wait(std::uint32_t target, const char* op, Clock::time_point deadline) {
+  auto reached = [&](std::uint32_t v) { return static_cast<std::int32_t>(v - target) >= 0; };
+  const auto start = Clock::now();
+  for (int i = 1;; ++i) {
+    if (reached(header_->arrived.load(std::memory_order_acquire))) return absl::OkStatus();
+    if ((i & 63) == 0 && Clock::now() - start >= kSpin) break;
+    CpuRelax();
+  }
+  while (Clock::now() - start < kYieldSpin) {
+    if (reached(header_->arrived.load(std::memory_order_acquire))) return absl::OkStatus();
+    if (header_->aborted_by.load(std::memory_order_relaxed) != 0) break;
+    ::sched_yield();
+  }
+  for (;;) {
+    if (auto s = AbortedStatus(op); !s.ok()) return s;
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      return Failed(absl::DeadlineExceededError(
+          absl::StrCat(op, ": rank(s) ", Missing(), " did not arrive in time")));
+    }
+    for (int r = 0; r < size_; ++r) {
+      const std::int32_t pid = ranks_[r].pid.load();
+      if (r != rank_ && pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) {
+        return Failed(absl::UnavailableError(
+            absl::StrCat(op, ": rank ", r, " (pid ", pid, ") died")));
+      }
+    }
+    header_->sleepers.fetch_add(1);
+    const std::uint32_t v = header_->arrived.load();
+    if (reached(v)) {
+      header_->sleepers.fetch_sub(1);
+      return absl::OkStatus();
+    }
+    FutexWait(&header_->arrived, v, std::min<Clock::duration>(kSleepSlice, deadline - now));
+    header_->sleepers.fetch_sub(1);
+    if (reached(header_->arrived.load(std::memory_order_acquire))) return absl::OkStatus();
+  }
+}
+
+absl::Status ShmGroup::Allreduce(void* data, std::size_t count, DType dtype, ReduceOp op,
+                                 Clock::time_point deadline) {
+  const std::size_t es = DTypeSize(dtype);
+  const std::size_t per_step = chunk_ / es;
+  const ReduceFn fn = ReduceFunc(dtype, op);
+  char* p = static_cast<char*>(data);
+  const auto w = static_cast<std::size_t>(size_);
+  for (std::size_t off = 0; off < count; off += per_step) {
+    const std::size_t n = std::min(per_step, count - off);
+    char* chunk = p + off * es;
+    const int b = NextBuffer();
+    const std::size_t lo = n * rank_ / w;
+    const std::size_t hi = n * (rank_ + 1) / w;
+    // The others' shares of this rank's input.
+    char* mine = Slot(b, rank_);
+    std::memcpy(mine, chunk, lo * es);
+    std::memcpy(mine + hi * es, chunk + hi * es, (n - hi) * es);
+    if (auto s = Sync("allreduce", deadline); !s.ok()) return s;
+    if (hi > lo) {
+      // This rank's share, folded over ranks 0..W-1 in order.
+      auto src = [&](int r) -> const char* {
+        return (r == rank_ ? chunk : Slot(b, r)) + lo * es;
+      };
+      char* res = Result(b) + lo * es;
+      if (size_ == 1) {
+        std::memcpy(res, src(0), (hi - lo) * es);
+      } else {
+        fn(res, src(0), src(1), hi - lo);
+        for (int r = 2; r < size_; ++r) fn(res, res, src(r), hi - lo);
+      }
+      // Averages while the share is in cache, once for every rank.
+      if (op == ReduceOp::kAvg) DivideInPlace(res, hi - lo, dtype, size_);
+      std::memcpy(chunk + lo * es, res, (hi - lo) * es);
+    }
+    if (auto s = Sync("allreduce", deadline); !s.ok()) return s;
+    std::memcpy(chunk, Result(b), lo * es);
+    std::memcpy(chunk + hi * es, Result(b) + hi * es, (n - hi) * es);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShmGroup::Broadcast(void* data, std::size_t bytes, int root,
+                                 Clock::time_point deadline) {
+  char* p = static_cast<char*>(data);
+  for (std::size_t off = 0; off < bytes; off += chunk_) {
+    const std::size_t n = std::min(chunk_, bytes - off);
+    const int b = NextBuffer();
+    if (rank_ == root) std::memcpy(Slot(b, root), p + off, n);
+    if (auto s = Sync("broadcast", deadline); !s.ok()) return s;
+    if (rank_ != root) std::memcpy(p + off, Slot(b, root), n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShmGroup::Allgather(const void* in, void* out, std::size_t bytes,
+                                 Clock::time_point deadline) {
+  const char* src = static_cast<const char*>(in);
+  char* dst = static_cast<char*>(out);
+  for (std::size_t off = 0; off < bytes; off += chunk_) {
+    const std::size_t n = std::min(chunk_, bytes - off);
+    const int b = NextBuffer();
+    std::memcpy(Slot(b, rank_), src + off, n);
+    if (auto s = Sync("allgather", deadline); !s.ok()) return s;
+    for (int r = 0; r < size_; ++r) {
+      char* to = dst + static_cast<std::size_t>(r) * bytes + off;
+      if (to != src + off) std::memcpy(to, Slot(b, r), n);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShmGroup::Barrier(Clock::time_point deadline) { return Sync("barrier", deadline); }
+
+// ---- Bootstrap ----
+
+namespace {
+
+namespace rdzv = ddprun::rendezvous;
+
+// What must be equal for ranks to share memory: the kernel instance, the pid
+// namespace (peers' pids are checked and /proc/<pid>/fd opened) and the user.
+std::string HostIdentity() {
+  std::string boot;
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::getline(f, boot);
+  struct stat st {};
+  const std::uint64_t pidns = ::stat("/proc/self/ns/pid", &st) == 0 ? st.st_ino : 0;
+  return absl::StrCat(boot, "|", pidns, "|", ::getuid());
+}
+
+struct Mapping {
+  void* base = MAP_FAILED;
+  std::size_t bytes = 0;
+};
+
+absl::StatusOr<Mapping> MapFd(int fd, std::size_t bytes) {
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (p == MAP_FAILED) return absl::ResourceExhaustedError(absl::StrCat("mmap: ", std::strerror(errno)));
+  return Mapping{p, bytes};
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(const WorkerInfo& info,
+                                                          rdzv::Store& store,
+                                                          const std::string& key_prefix,
+                                                          Duration timeout,
+                                                          std::size_t chunk_bytes,
+                                                          std::string* why) {
+  why->clear();
+  const int w = info.world_size;
+  const std::string p = key_prefix + "shm/";
+  auto keys = [&](const std::string& what) {
+    std::vector<std::string> k;
+    for (int r = 0; r < w; ++r) k.push_back(absl::StrCat(p, what, "/", r));
+    return k;
+  };
+
+  // 1. Same host for every rank? Every rank reads the same answers.
+  const std::string id = HostIdentity();
+  if (auto s = store.Set(absl::StrCat(p, "id/", info.rank), id); !s.ok()) return s;
+  auto ids = store.MultiGet(keys("id"), timeout);
+  if (!ids.ok()) return ids.status();
+  for (const auto& other : *ids) {
+    if (other != id) return std::unique_ptr<ShmGroup>();  // ranks span hosts
+  }
+
+  // 2. Rank 0 makes the segment and publishes "<pid>/<fd>", or "!<why>".
+  const std::size_t bytes = ShmGroup::SegmentBytes(w, chunk_bytes);
+  Mapping map;
+  int fd = -1;
+  std::string error;
+  if (info.rank == 0) {
+    fd = ::memfd_create("ddprun-shm", MFD_CLOEXEC);
+    if (fd < 0) {
+      error = absl::StrCat("memfd_create: ", std::strerror(errno));
+    } else if (int e = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); e != 0) {
+      error = absl::StrCat("cannot allocate ", bytes >> 20, " MiB of shared memory: ",
+                           std::strerror(e));
+    } else if (auto m = MapFd(fd, bytes); !m.ok()) {
+      error = std::string(m.status().message());
+    } else {
+      map = *m;
+      ShmGroup::Format(map.base, w, chunk_bytes);
+    }
+    const std::string seg = error.empty() ? absl::StrCat(::getpid(), "/", fd) : "!" + error;
+    if (auto s = store.Set(p + "segment", seg); !s.ok()) {
+      if (map.base != MAP_FAILED) ::munmap(map.base, map.bytes);
+      if (fd >= 0) ::close(fd);
+      return s;
+    }
+  } else {
+    auto seg = store.Get(p + "segment", timeout);
+    if (!seg.ok()) return seg.status();
+    if (!seg->empty() && (*seg)[0] == '!') {
+      error = seg->substr(1);
+    } else {
+      const std::string path = "/proc/" + seg->substr(0, seg->find('/')) + "/fd/" +
+                               seg->substr(seg->find('/') + 1);
+      fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+      if (fd < 0) {
+        error = absl::StrCat("open ", path, ": ", std::strerror(errno));
+      } else if (auto m = MapFd(fd, bytes); !m.ok()) {
+        error = std::string(m.status().message());
+      } else {
+        map = *m;
+      }
+    }
+  }
+  // The mapping keeps the memory; rank 0's fd stays open until every rank
+  // reported (they report after their open).
+  struct CloseFd {
+    int fd;
+    ~CloseFd() {
+      if (fd >= 0) ::close(fd);
+    }
+  } close_fd{fd};
+
+  std::unique_ptr<ShmGroup> group;
+  if (error.empty()) {
+    group = std::make_unique<ShmGroup>(map.base, map.bytes, info.rank, /*owns_mapping=*/true);
+  }
+  // 3. Everyone reports; the path is used only if every rank mapped it.
+  if (auto s = store.Set(absl::StrCat(p, "ok/", info.rank), error.empty() ? "" : "!" + error);
+      !s.ok()) {
+    return s;
+  }
+  auto oks = store.MultiGet(keys("ok"), timeout);
+  if (!oks.ok()) return oks.status();
+  for (int r = 0; r < w; ++r) {
+    if (!(*oks)[r].empty()) {
+      *why = absl::StrCat("rank ", r, ": ", (*oks)[r].substr(1));
+      return std::unique_ptr<ShmGroup>();
+    }
+  }
+  return group;
+}
+
+}  // namespace ddp::detail

@@ -1,0 +1,126 @@
+// ShmGroup: the collectives of a group whose ranks all run on one host,
+// through one shared memory segment instead of TCP loopback.
+//
+// Segment (made by rank 0 with memfd_create, opened by the others through
+// /proc/<pid>/fd/<fd>, so nothing is left in /dev/shm when a rank dies):
+//
+//   ShmHeader | ShmRankState[size] | in[2][size] | res[2]     (slots of chunk_bytes)
+//
+// Protocol. Every rank issues the same collectives in the same order (the
+// group's contract). A collective is cut into steps of at most chunk_bytes;
+// step k uses buffer set k % 2. A step writes its slots, passes a barrier,
+// reads (all-reduce: reduces its share, a second barrier, reads the results).
+// A rank writes buffer set b again only at step k + 2, after it passed step
+// k + 1's first barrier, which every rank reached only after its reads of
+// step k: two buffer sets need no barrier at the end of a step.
+//
+// All-reduce step of n elements: rank r owns elements [n*r/W, n*(r+1)/W). Each
+// rank copies the others' shares of its input to in[b][rank]; after the
+// barrier, rank r folds its share over ranks 0, 1, ..., W-1 in that order into
+// res[b] (its own input read in place) and after the second barrier every rank
+// copies res[b]. Every element is computed once, in one order, so every rank
+// ends with the same bits (unlike a per-rank summation order).
+//
+// Barrier: one shared counter; barrier number e completes when it reaches
+// e*W (mod 2^32). Waiters spin briefly, then sleep on the counter with
+// FUTEX_WAIT in slices, checking between slices the deadline, a rank that
+// aborted the group (Abort() sets a shared flag and wakes everyone) and
+// peers that died (their pid is gone). Nothing waits without a deadline.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ddp/process_group.h"
+#include "ddp/types.h"
+
+namespace ddprun::rendezvous {
+class Store;
+}
+
+namespace ddp::detail {
+
+// Bytes per rank per step. 1 MiB keeps a step's working set ((W+1) slots
+// read and written) near the last-level cache while barriers stay rare.
+inline constexpr std::size_t kDefaultShmChunkBytes = std::size_t(1) << 20;
+
+struct ShmHeader;
+struct ShmRankState;
+
+class ShmGroup {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // Bytes of a segment for `size` ranks.
+  static std::size_t SegmentBytes(int size, std::size_t chunk_bytes);
+  // Lays out a zeroed segment of SegmentBytes(size, chunk_bytes) at base.
+  static void Format(void* base, int size, std::size_t chunk_bytes);
+
+  // Rank `rank` of the group whose segment (formatted) is mapped at base.
+  // With owns_mapping the destructor unmaps it. `fence` prefixes messages.
+  ShmGroup(void* base, std::size_t bytes, int rank, bool owns_mapping);
+  ~ShmGroup();
+  ShmGroup(const ShmGroup&) = delete;
+  ShmGroup& operator=(const ShmGroup&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  std::size_t chunk_bytes() const { return chunk_; }
+
+  // The collectives, in place, blocking until done or `deadline`. Errors:
+  // DeadlineExceeded (naming the ranks that did not arrive), Unavailable (a
+  // peer died: rank and pid), Aborted (a rank aborted the group). After an
+  // error the group is aborted for every rank.
+  absl::Status Allreduce(void* data, std::size_t count, DType dtype, ReduceOp op,
+                         Clock::time_point deadline);
+  absl::Status Broadcast(void* data, std::size_t bytes, int root, Clock::time_point deadline);
+  // `in` holds `bytes`; out receives size()*bytes, rank-major.
+  absl::Status Allgather(const void* in, void* out, std::size_t bytes,
+                         Clock::time_point deadline);
+  absl::Status Barrier(Clock::time_point deadline);
+
+  // Marks the group aborted for every rank and wakes the waiting ones.
+  // Thread-safe; the first abort wins.
+  void Abort();
+
+ private:
+  char* Slot(int buffer, int rank) const;
+  char* Result(int buffer) const;
+  int NextBuffer() { return static_cast<int>(step_++ & 1); }
+  absl::Status Sync(const char* op, Clock::time_point deadline);
+  absl::Status Wait(std::uint32_t target, const char* op, Clock::time_point deadline);
+  absl::Status Failed(absl::Status s);
+  absl::Status AbortedStatus(const char* op) const;
+  std::string Missing() const;
+
+  ShmHeader* header_;
+  ShmRankState* ranks_;
+  char* data_;
+  void* base_;
+  std::size_t bytes_;
+  int rank_;
+  int size_;
+  std::size_t chunk_;
+  bool owns_;
+  std::uint32_t epoch_ = 0;  // barriers this rank passed
+  std::uint64_t step_ = 0;   // steps this rank ran (buffer set = step % 2)
+};
+
+// Sets up the ShmGroup of this round through the store (keys under
+// key_prefix + "shm/"). Every rank reaches the same answer: a group when all
+// ranks share this host (boot id, pid namespace and user) and each could map
+// the segment; nullptr otherwise, with the reason in *why (empty when the
+// ranks simply span hosts). Errors only for store failures.
+absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(const WorkerInfo& info,
+                                                          ddprun::rendezvous::Store& store,
+                                                          const std::string& key_prefix,
+                                                          Duration timeout,
+                                                          std::size_t chunk_bytes,
+                                                          std::string* why);
+
+}  // namespace ddp::detail
