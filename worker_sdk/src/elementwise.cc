@@ -6,13 +6,22 @@ namespace ddp::detail {
 namespace {
 
 struct Plus {
-  template <class T> T operator()(T a, T b) const { return a + b; }
+  template <class T>
+  T operator()(T a, T b) const {
+    return a + b;
+  }
 };
 struct Max {
-  template <class T> T operator()(T a, T b) const { return a < b ? b : a; }
+  template <class T>
+  T operator()(T a, T b) const {
+    return a < b ? b : a;
+  }
 };
 struct Min {
-  template <class T> T operator()(T a, T b) const { return b < a ? b : a; }
+  template <class T>
+  T operator()(T a, T b) const {
+    return b < a ? b : a;
+  }
 };
 
 template <class T, class Op>
@@ -36,12 +45,18 @@ void ReduceHalf(void* c, const void* a, const void* b, std::size_t n) {
 template <class Op>
 ReduceFn FuncFor(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return &ReduceTyped<float, Op>;
-    case DType::kFloat64: return &ReduceTyped<double, Op>;
-    case DType::kInt32: return &ReduceTyped<std::int32_t, Op>;
-    case DType::kInt64: return &ReduceTyped<std::int64_t, Op>;
-    case DType::kFloat16: return &ReduceHalf<Float16ToFloat, FloatToFloat16, Op>;
-    case DType::kBFloat16: return &ReduceHalf<BFloat16ToFloat, FloatToBFloat16, Op>;
+    case DType::kFloat32:
+      return &ReduceTyped<float, Op>;
+    case DType::kFloat64:
+      return &ReduceTyped<double, Op>;
+    case DType::kInt32:
+      return &ReduceTyped<std::int32_t, Op>;
+    case DType::kInt64:
+      return &ReduceTyped<std::int64_t, Op>;
+    case DType::kFloat16:
+      return &ReduceHalf<Float16ToFloat, FloatToFloat16, Op>;
+    case DType::kBFloat16:
+      return &ReduceHalf<BFloat16ToFloat, FloatToBFloat16, Op>;
   }
   return nullptr;
 }
@@ -56,9 +71,12 @@ void DivideTyped(T* p, std::size_t n, T d) {
 ReduceFn ReduceFunc(DType dtype, ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return FuncFor<Plus>(dtype);
-    case ReduceOp::kMax: return FuncFor<Max>(dtype);
-    case ReduceOp::kMin: return FuncFor<Min>(dtype);
+    case ReduceOp::kAvg:
+      return FuncFor<Plus>(dtype);
+    case ReduceOp::kMax:
+      return FuncFor<Max>(dtype);
+    case ReduceOp::kMin:
+      return FuncFor<Min>(dtype);
   }
   return nullptr;
 }
@@ -86,8 +104,7 @@ void DivideInPlace(void* data, std::size_t n, DType dtype, int divisor) {
   }
 }
 
-void CompressFloat32(const float* src, std::uint16_t* dst, std::size_t n, DType wire,
-                     float scale) {
+void CompressFloat32(const float* src, std::uint16_t* dst, std::size_t n, DType wire, float scale) {
   if (wire == DType::kFloat16) {
     for (std::size_t i = 0; i < n; ++i) dst[i] = FloatToFloat16(src[i] * scale);
   } else {

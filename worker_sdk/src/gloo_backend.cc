@@ -181,11 +181,6 @@ void ThrowIfFailed(absl::Status s) {
 
 ShmGroup::Clock::time_point DeadlineIn(Duration t) { return ShmGroup::Clock::now() + t; }
 
-std::size_t ShmChunkBytesFromEnv() {
-  if (const char* c = std::getenv("DDP_SHM_CHUNK_BYTES")) return std::stoul(c);
-  return kDefaultShmChunkBytes;
-}
-
 class Core;
 
 // net.core.wmem_max, the most SO_SNDBUF a process may ask for (Linux's
@@ -579,7 +574,7 @@ absl::StatusOr<std::shared_ptr<Backend>> CreateGlooBackend(const WorkerInfo& inf
       absl::StrCat("[job ", info.job_id, " round ", info.round, " rank ", info.rank, "] ");
   if (options.shared_memory && info.world_size > 1) {
     std::string why;
-    auto shm = ConnectShmGroup(info, *store, key_prefix, options.timeout, ShmChunkBytesFromEnv(),
+    auto shm = ConnectShmGroup(info, *store, key_prefix, options.timeout, kDefaultShmChunkBytes,
                                &why);
     if (!shm.ok()) {
       return absl::Status(shm.status().code(),

@@ -1,8 +1,8 @@
 #include "shm_group.h"
 
 #include <fcntl.h>
-#include <sched.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -78,7 +78,8 @@ std::uint32_t* FutexWord(std::atomic<std::uint32_t>* a) {
 
 // Shared (not FUTEX_PRIVATE) futex: the word lives in a MAP_SHARED segment.
 void FutexWait(std::atomic<std::uint32_t>* a, std::uint32_t expected, std::chrono::nanoseconds t) {
-  timespec ts{static_cast<time_t>(t.count() / 1000000000), static_cast<long>(t.count() % 1000000000)};
+  timespec ts{static_cast<time_t>(t.count() / 1000000000),
+              static_cast<long>(t.count() % 1000000000)};
   ::syscall(SYS_futex, FutexWord(a), FUTEX_WAIT, expected, &ts, nullptr, 0);
 }
 
@@ -196,8 +197,8 @@ absl::Status ShmGroup::Wait(std::uint32_t target, const char* op, Clock::time_po
     for (int r = 0; r < size_; ++r) {
       const std::int32_t pid = ranks_[r].pid.load();
       if (r != rank_ && pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) {
-        return Failed(absl::UnavailableError(
-            absl::StrCat(op, ": rank ", r, " (pid ", pid, ") died")));
+        return Failed(
+            absl::UnavailableError(absl::StrCat(op, ": rank ", r, " (pid ", pid, ") died")));
       }
     }
     header_->sleepers.fetch_add(1);
@@ -232,9 +233,7 @@ absl::Status ShmGroup::Allreduce(void* data, std::size_t count, DType dtype, Red
     if (auto s = Sync("allreduce", deadline); !s.ok()) return s;
     if (hi > lo) {
       // This rank's share, folded over ranks 0..W-1 in order.
-      auto src = [&](int r) -> const char* {
-        return (r == rank_ ? chunk : Slot(b, r)) + lo * es;
-      };
+      auto src = [&](int r) -> const char* { return (r == rank_ ? chunk : Slot(b, r)) + lo * es; };
       char* res = Result(b) + lo * es;
       if (size_ == 1) {
         std::memcpy(res, src(0), (hi - lo) * es);
@@ -309,7 +308,8 @@ struct Mapping {
 
 absl::StatusOr<Mapping> MapFd(int fd, std::size_t bytes) {
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  if (p == MAP_FAILED) return absl::ResourceExhaustedError(absl::StrCat("mmap: ", std::strerror(errno)));
+  if (p == MAP_FAILED)
+    return absl::ResourceExhaustedError(absl::StrCat("mmap: ", std::strerror(errno)));
   return Mapping{p, bytes};
 }
 
@@ -318,8 +318,7 @@ absl::StatusOr<Mapping> MapFd(int fd, std::size_t bytes) {
 absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(const WorkerInfo& info,
                                                           rdzv::Store& store,
                                                           const std::string& key_prefix,
-                                                          Duration timeout,
-                                                          std::size_t chunk_bytes,
+                                                          Duration timeout, std::size_t chunk_bytes,
                                                           std::string* why) {
   why->clear();
   const int w = info.world_size;
@@ -349,8 +348,8 @@ absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(const WorkerInfo& info
     if (fd < 0) {
       error = absl::StrCat("memfd_create: ", std::strerror(errno));
     } else if (int e = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); e != 0) {
-      error = absl::StrCat("cannot allocate ", bytes >> 20, " MiB of shared memory: ",
-                           std::strerror(e));
+      error = absl::StrCat("cannot allocate ", bytes >> 20,
+                           " MiB of shared memory: ", std::strerror(e));
     } else if (auto m = MapFd(fd, bytes); !m.ok()) {
       error = std::string(m.status().message());
     } else {
@@ -369,8 +368,8 @@ absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(const WorkerInfo& info
     if (!seg->empty() && (*seg)[0] == '!') {
       error = seg->substr(1);
     } else {
-      const std::string path = "/proc/" + seg->substr(0, seg->find('/')) + "/fd/" +
-                               seg->substr(seg->find('/') + 1);
+      const std::string path =
+          "/proc/" + seg->substr(0, seg->find('/')) + "/fd/" + seg->substr(seg->find('/') + 1);
       fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
       if (fd < 0) {
         error = absl::StrCat("open ", path, ": ", std::strerror(errno));

@@ -80,8 +80,7 @@ class ShmGroup {
                          Clock::time_point deadline);
   absl::Status Broadcast(void* data, std::size_t bytes, int root, Clock::time_point deadline);
   // `in` holds `bytes`; out receives size()*bytes, rank-major.
-  absl::Status Allgather(const void* in, void* out, std::size_t bytes,
-                         Clock::time_point deadline);
+  absl::Status Allgather(const void* in, void* out, std::size_t bytes, Clock::time_point deadline);
   absl::Status Barrier(Clock::time_point deadline);
 
   // Marks the group aborted for every rank and wakes the waiting ones.
@@ -119,8 +118,7 @@ class ShmGroup {
 absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(const WorkerInfo& info,
                                                           ddprun::rendezvous::Store& store,
                                                           const std::string& key_prefix,
-                                                          Duration timeout,
-                                                          std::size_t chunk_bytes,
+                                                          Duration timeout, std::size_t chunk_bytes,
                                                           std::string* why);
 
 }  // namespace ddp::detail

@@ -1,6 +1,8 @@
 // [unit] tests of the shared-memory collectives (shm_group.h): W threads of
 // this process stand in for W ranks, each with its own ShmGroup over one
 // MAP_SHARED anonymous mapping. No sockets, no store, no other process.
+#include "shm_group.h"
+
 #include <sys/mman.h>
 
 #include <catch2/catch.hpp>
@@ -13,7 +15,6 @@
 
 #include "elementwise.h"
 #include "half.h"
-#include "shm_group.h"
 
 using ddp::DType;
 using ddp::ReduceOp;
@@ -77,9 +78,12 @@ std::vector<T> Reference(int size, std::size_t n, ReduceOp op) {
     T a = Value<T>(0, i);
     for (int r = 1; r < size; ++r) {
       T b = Value<T>(r, i);
-      if (op == ReduceOp::kMax) a = a < b ? b : a;
-      else if (op == ReduceOp::kMin) a = b < a ? b : a;
-      else a = a + b;
+      if (op == ReduceOp::kMax)
+        a = a < b ? b : a;
+      else if (op == ReduceOp::kMin)
+        a = b < a ? b : a;
+      else
+        a = a + b;
     }
     if (op == ReduceOp::kAvg) a = a / static_cast<T>(size);
     acc[i] = a;
@@ -183,9 +187,8 @@ TEST_CASE("shm broadcast, allgather and barrier", "[unit]") {
       for (int r = 0; r < size; ++r) {
         for (std::size_t i = 0; i < bytes; ++i) buf[r][i] = char(r * 31 + i);
       }
-      RequireAllOk(seg.Run([&](int r) {
-        return seg.rank(r).Broadcast(buf[r].data(), bytes, root, In(10s));
-      }));
+      RequireAllOk(seg.Run(
+          [&](int r) { return seg.rank(r).Broadcast(buf[r].data(), bytes, root, In(10s)); }));
       for (int r = 0; r < size; ++r) REQUIRE(buf[r] == buf[root]);
     }
     std::vector<std::vector<char>> in(size, std::vector<char>(bytes));
@@ -195,9 +198,8 @@ TEST_CASE("shm broadcast, allgather and barrier", "[unit]") {
       for (std::size_t i = 0; i < bytes; ++i) in[r][i] = char(r * 7 + i * 3);
       want.insert(want.end(), in[r].begin(), in[r].end());
     }
-    RequireAllOk(seg.Run([&](int r) {
-      return seg.rank(r).Allgather(in[r].data(), out[r].data(), bytes, In(10s));
-    }));
+    RequireAllOk(seg.Run(
+        [&](int r) { return seg.rank(r).Allgather(in[r].data(), out[r].data(), bytes, In(10s)); }));
     for (int r = 0; r < size; ++r) REQUIRE(out[r] == want);
     RequireAllOk(seg.Run([&](int r) { return seg.rank(r).Barrier(In(10s)); }));
   }
@@ -227,8 +229,7 @@ TEST_CASE("shm: a rank that never arrives gives DeadlineExceeded naming it", "[u
   CHECK(again.code() == absl::StatusCode::kAborted);
 }
 
-TEST_CASE("shm: Abort wakes a rank waiting in a collective and names the aborting rank",
-          "[unit]") {
+TEST_CASE("shm: Abort wakes a rank waiting in a collective and names the aborting rank", "[unit]") {
   Segment seg(2, 64);
   double v = 1;
   const auto t0 = ShmGroup::Clock::now();
