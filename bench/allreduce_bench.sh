@@ -1,6 +1,8 @@
 #!/bin/bash
 # Worker SDK vs torch.distributed (Gloo) vs OpenMPI (MPI_Allreduce) in the same run,
-# 2 ranks on this node, from the repository root:
+# 2 ranks on this node, from the repository root. The SDK runs twice: on its default
+# path for ranks of one host (shared memory, "sdk") and on Gloo's TCP transport like
+# torch (DDP_SHM=0, "tcp"):
 #   bench/allreduce_bench.sh [build-dir]     (default: build)
 # Prints every peer's lines, then the allreduce table with the ratios (peer time / SDK
 # time: > 1 means the SDK is faster). OpenMPI is installed when missing
@@ -25,6 +27,8 @@ mpirun_args=(-np 2)
 
 for mode in allreduce resnet50; do
   "$B/bin/ddprun" --nproc_per_node=2 --no_python "$B/bin/allreduce_bench" $mode | grep '^sdk' | tee "$out/sdk.$mode"
+  DDP_SHM=0 "$B/bin/ddprun" --nproc_per_node=2 --no_python "$B/bin/allreduce_bench" $mode |
+    grep '^sdk' | sed 's/^sdk /tcp /' | tee "$out/tcp.$mode"
   "$B/bin/ddprun" --nproc_per_node=2 bench/allreduce_bench_torch.py $mode 2>/dev/null | grep '^torch' | tee "$out/torch.$mode"
   if [[ $mode == allreduce && -x "$B/bin/allreduce_mpi" ]] && command -v mpirun >/dev/null; then
     # OpenMPI's defaults (shared memory, cross-memory attach for large messages); where a
@@ -37,20 +41,20 @@ for mode in allreduce resnet50; do
     fi
   fi
 done
-echo "--- allreduce: bytes, sdk ms, torch ms, mpi ms, torch/sdk, mpi/sdk"
-sed -nE 's/^(sdk|torch|mpi) allreduce bytes=([0-9]+) .*median_ms=([0-9.]+).*/\2 \1 \3/p' \
+echo "--- allreduce: bytes, sdk ms, tcp ms, torch ms, mpi ms, torch/sdk, torch/tcp, mpi/sdk"
+sed -nE 's/^(sdk|tcp|torch|mpi) allreduce bytes=([0-9]+) .*median_ms=([0-9.]+).*/\2 \1 \3/p' \
     "$out"/*.allreduce | sort -n -k1,1 | awk '
   !($1 in seen) { seen[$1] = 1; sizes[++n] = $1 }
   { ms[$1, $2] = $3 }
   function cell(b, p) { return ((b, p) in ms) ? sprintf("%9.3f", ms[b, p]) : sprintf("%9s", "-") }
-  function ratio(b, p) {
-    if (!((b, p) in ms) || !((b, "sdk") in ms) || ms[b, "sdk"] <= 0) return sprintf("%7s", "-")
-    return sprintf("%7.2f", ms[b, p] / ms[b, "sdk"])
+  function ratio(b, p, q) {
+    if (!((b, p) in ms) || !((b, q) in ms) || ms[b, q] <= 0) return sprintf("%7s", "-")
+    return sprintf("%7.2f", ms[b, p] / ms[b, q])
   }
   END {
     for (i = 1; i <= n; ++i) {
       b = sizes[i]
-      printf "%10d %s %s %s %s %s\n", b, cell(b, "sdk"), cell(b, "torch"), cell(b, "mpi"),
-             ratio(b, "torch"), ratio(b, "mpi")
+      printf "%10d %s %s %s %s %s %s %s\n", b, cell(b, "sdk"), cell(b, "tcp"), cell(b, "torch"),
+             cell(b, "mpi"), ratio(b, "torch", "sdk"), ratio(b, "torch", "tcp"), ratio(b, "mpi", "sdk")
     }
   }'
