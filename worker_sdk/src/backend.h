@@ -85,6 +85,18 @@ class Backend {
   virtual bool device_memory() const { return false; }
   // Waits for the copies issued by Copy (NCCL: synchronises the caller's stream).
   virtual absl::Status SyncCopies() { return absl::OkStatus(); }
+  // Device-memory backends (NCCL): the Reducer's f32 <-> f16/bf16 conversion
+  // of bucket memory on the device, ordered like Copy (on the caller's
+  // stream). dst[i] = wire(src[i] * scale), and dst[i] = float(src[i]).
+  // Host-memory backends convert on the host (elementwise.h) and do not
+  // implement these.
+  virtual absl::Status CompressF32(const float* src, void* dst, std::size_t n, DType wire,
+                                   float scale) {
+    return absl::UnimplementedError(Fence() + "compression on device memory: not implemented");
+  }
+  virtual absl::Status DecompressF32(const void* src, float* dst, std::size_t n, DType wire) {
+    return absl::UnimplementedError(Fence() + "compression on device memory: not implemented");
+  }
 
   // Aborts the group with `reason` (the first reason wins). Thread-safe.
   void Fail(const std::string& reason) {

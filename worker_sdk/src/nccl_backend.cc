@@ -11,6 +11,11 @@
 // Before each one, an event recorded on the caller's stream (SetStream,
 // default the legacy stream) is waited on; after it, an event is recorded
 // that Work::Wait polls and Work::Synchronize makes another stream wait on.
+// Zero-element collectives are not sent to NCCL: they are done at once.
+//
+// Compression (the Reducer's f16/bf16 buckets): CompressF32/DecompressF32
+// launch the kernels of cuda_kernels.cu on the caller's stream, like Copy, so
+// they are ordered after the trainer's work and before the next collective.
 #include "absl/strings/str_cat.h"
 #include "backend.h"
 #include "ddprun/rendezvous/store.h"
@@ -22,6 +27,8 @@
 #include <chrono>
 #include <cstring>
 #include <thread>
+
+#include "cuda_kernels.h"
 #endif
 
 namespace ddp::detail {
@@ -179,6 +186,7 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
                                     ReduceOp op) override {
     DDP_RETURN_IF_ERROR(CheckBuffer(*this, "allreduce", data, count, dtype));
     DDP_RETURN_IF_ERROR(CheckReduceOp(*this, "allreduce", op));
+    if (count == 0) return Done();
     return Launch(DescribeOp("allreduce", count, dtype, ReduceOpName(op)), [&] {
       return ncclAllReduce(data, data, count, NcclType(dtype), NcclOp(op), comm_, stream_);
     });
@@ -190,6 +198,7 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
       return absl::InvalidArgumentError(
           absl::StrCat(Fence(), "broadcast: root ", root, " is not a rank (size ", size(), ")"));
     }
+    if (count == 0) return Done();
     return Launch(DescribeOp("broadcast", count, dtype, ""), [&] {
       return ncclBroadcast(data, data, count, NcclType(dtype), root, comm_, stream_);
     });
@@ -198,6 +207,7 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
                                     DType dtype) override {
     DDP_RETURN_IF_ERROR(CheckBuffer(*this, "allgather", in, count, dtype, "input"));
     DDP_RETURN_IF_ERROR(CheckBuffer(*this, "allgather", out, count, dtype, "output"));
+    if (count == 0) return Done();
     return Launch(DescribeOp("allgather", count, dtype, ""), [&] {
       return ncclAllGather(in, out, count, NcclType(dtype), comm_, stream_);
     });
@@ -207,6 +217,7 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
     DDP_RETURN_IF_ERROR(CheckBuffer(*this, "reduce_scatter", in, count, dtype, "input"));
     DDP_RETURN_IF_ERROR(CheckBuffer(*this, "reduce_scatter", out, count, dtype, "output"));
     DDP_RETURN_IF_ERROR(CheckReduceOp(*this, "reduce_scatter", op));
+    if (count == 0) return Done();
     return Launch(DescribeOp("reduce_scatter", count, dtype, ReduceOpName(op)), [&] {
       return ncclReduceScatter(in, out, count, NcclType(dtype), NcclOp(op), comm_, stream_);
     });
@@ -236,6 +247,29 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
   absl::Status SyncCopies() override {
     cudaError_t e = cudaStreamSynchronize(user_stream_);
     if (e != cudaSuccess) return Cuda("cudaStreamSynchronize", e);
+    return absl::OkStatus();
+  }
+
+  absl::Status CompressF32(const float* src, void* dst, std::size_t n, DType wire,
+                           float scale) override {
+    if (wire != DType::kFloat16 && wire != DType::kBFloat16) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Fence(), "compress: wire dtype ", DTypeName(wire), " is not f16/bf16"));
+    }
+    cudaSetDevice(device_);
+    const int e = cuda::LaunchCompressF32(src, dst, n, wire == DType::kBFloat16, scale,
+                                          user_stream_);
+    if (e != 0) return Cuda("compress kernel (f32 -> half)", static_cast<cudaError_t>(e));
+    return absl::OkStatus();
+  }
+  absl::Status DecompressF32(const void* src, float* dst, std::size_t n, DType wire) override {
+    if (wire != DType::kFloat16 && wire != DType::kBFloat16) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Fence(), "decompress: wire dtype ", DTypeName(wire), " is not f16/bf16"));
+    }
+    cudaSetDevice(device_);
+    const int e = cuda::LaunchDecompressF32(src, dst, n, wire == DType::kBFloat16, user_stream_);
+    if (e != 0) return Cuda("decompress kernel (half -> f32)", static_cast<cudaError_t>(e));
     return absl::OkStatus();
   }
 
@@ -275,6 +309,8 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
     return absl::UnavailableError(absl::StrCat(Fence(), what, ": ", NcclErr(r)));
   }
 
+  static absl::StatusOr<WorkPtr> Done() { return WorkPtr(std::make_shared<DoneWork>()); }
+
   template <class Fn>
   absl::StatusOr<WorkPtr> Launch(const std::string& desc, Fn&& call) {
     std::lock_guard<std::mutex> lock(launch_mu_);
@@ -311,7 +347,11 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
 };
 
 absl::Status NcclWork::Wait(Duration timeout) {
-  const auto deadline = SteadyClock::now() + timeout;
+  const auto start = SteadyClock::now();
+  const auto deadline = start + timeout;
+  // The first 200 us poll without sleeping: a 20 us sleep is 60-80 us on
+  // Linux (timer slack), longer than a small collective on a GPU.
+  const auto spin_until = start + std::chrono::microseconds(200);
   for (;;) {
     cudaError_t e = cudaEventQuery(done_);
     if (e == cudaSuccess) return absl::OkStatus();
@@ -338,7 +378,11 @@ absl::Status NcclWork::Wait(Duration timeout) {
       return absl::DeadlineExceededError(absl::StrCat(
           owner ? owner->Fence() : "", what, "; the communicator was aborted"));
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
+    if (SteadyClock::now() < spin_until) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
   }
 }
 
