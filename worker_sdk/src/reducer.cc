@@ -1,8 +1,13 @@
 // The Reducer (ddp/reducer.h): bucket assignment, launch in bucket order,
 // averaging/compression and the first-step cross-rank check.
+//
+// Compression converts on the host for host-memory backends (Gloo,
+// elementwise.h) and on the device for device-memory ones (NCCL:
+// Backend::CompressF32/DecompressF32, kernels on the caller's stream).
 #include "ddp/reducer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <vector>
@@ -65,6 +70,8 @@ std::vector<std::vector<std::size_t>> ComputeBucketAssignment(const std::vector<
 }
 
 class ReducerImpl {
+  using Clock = std::chrono::steady_clock;
+
  public:
   ReducerImpl(std::shared_ptr<ProcessGroup> group, ReducerOptions options)
       : group_(std::move(group)), b_(group_->backend_impl()), options_(options) {}
@@ -99,10 +106,6 @@ class ReducerImpl {
           absl::StrCat(b_.Fence(), "Reducer::Register: gradient ", grads_.size(), " is ",
                        DTypeName(dtype), "; compression applies to f32 gradients only"));
     }
-    if (options_.compression != Compression::kNone && b_.device_memory()) {
-      return absl::UnimplementedError(absl::StrCat(
-          b_.Fence(), "Reducer: compression is implemented for the Gloo backend only"));
-    }
     grads_.push_back(GradSpec{data, count, dtype, device});
     return grads_.size() - 1;
   }
@@ -127,7 +130,10 @@ class ReducerImpl {
     }
     ready_[index] = true;
     Bucket& bucket = buckets_[slots_[index].bucket];
-    if (--bucket.pending == 0) return LaunchReadyBuckets();
+    if (--bucket.pending == 0) {
+      bucket.ready_at = Clock::now();
+      return LaunchReadyBuckets();
+    }
     return absl::OkStatus();
   }
 
@@ -140,7 +146,8 @@ class ReducerImpl {
     for (std::size_t i = 0; i < grads_.size(); ++i) {
       if (!ready_[i]) {
         ready_[i] = true;
-        --buckets_[slots_[i].bucket].pending;
+        Bucket& bucket = buckets_[slots_[i].bucket];
+        if (--bucket.pending == 0) bucket.ready_at = Clock::now();
       }
     }
     DDP_RETURN_IF_ERROR(LaunchReadyBuckets());
@@ -154,8 +161,20 @@ class ReducerImpl {
       }
       if (bucket.wire != bucket.flat) {
         // Compressed: pre-divided on the way out, so only widen.
-        DecompressFloat32(static_cast<const std::uint16_t*>(bucket.wire),
-                          static_cast<float*>(bucket.flat), bucket.count, bucket.wire_dtype);
+        if (b_.device_memory()) {
+          // The collective is complete (waited above); the kernel runs on the
+          // caller's stream, before the unpacking copies below.
+          s = b_.DecompressF32(bucket.wire, static_cast<float*>(bucket.flat), bucket.count,
+                               bucket.wire_dtype);
+          if (!s.ok()) {
+            broken_ = true;
+            broken_why_ = std::string(s.message());
+            return s;
+          }
+        } else {
+          DecompressFloat32(static_cast<const std::uint16_t*>(bucket.wire),
+                            static_cast<float*>(bucket.flat), bucket.count, bucket.wire_dtype);
+        }
       } else if (options_.average && !b_.device_memory()) {
         DivideInPlace(bucket.flat, bucket.count, bucket.dtype, world);
       }
@@ -181,6 +200,7 @@ class ReducerImpl {
     for (const Bucket& b : buckets_) out.push_back(b.members);
     return out;
   }
+  const std::vector<BucketStats>& last_step_stats() const { return last_stats_; }
 
  private:
   struct Bucket {
@@ -192,6 +212,9 @@ class ReducerImpl {
     void* flat = nullptr;  // the gradients, packed (or viewed)
     void* wire = nullptr;  // what is all-reduced: flat, or its compressed copy
     detail::WorkPtr work;
+    // This step: its last gradient became ready; LaunchReadyBuckets took it
+    // up; its collective was issued (BucketStats).
+    Clock::time_point ready_at, start_at, launched_at;
   };
   struct Slot {
     std::size_t bucket = 0;
@@ -278,6 +301,16 @@ class ReducerImpl {
   }
 
   void EndStep() {
+    last_stats_.resize(buckets_.size());
+    for (std::size_t k = 0; k < buckets_.size(); ++k) {
+      const Bucket& b = buckets_[k];
+      BucketStats& st = last_stats_[k];
+      st.count = b.count;
+      st.wire_bytes = b.count * DTypeSize(b.wire_dtype);
+      st.ready_to_launch = std::chrono::duration_cast<std::chrono::nanoseconds>(
+          b.launched_at - b.ready_at);
+      st.issue = std::chrono::duration_cast<std::chrono::nanoseconds>(b.launched_at - b.start_at);
+    }
     ResetPending();
     ++steps_;
   }
@@ -286,6 +319,7 @@ class ReducerImpl {
   absl::Status LaunchReadyBuckets() {
     while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
       Bucket& bucket = buckets_[next_bucket_];
+      bucket.start_at = Clock::now();
       const std::size_t esize = DTypeSize(bucket.dtype);
       if (!options_.gradient_as_bucket_view) {
         for (std::size_t i : bucket.members) {
@@ -297,9 +331,19 @@ class ReducerImpl {
       if (bucket.wire != bucket.flat) {
         // Pre-divide so that the sum of world values stays in half range.
         const float scale = options_.average ? 1.0f / float(b_.size()) : 1.0f;
-        CompressFloat32(static_cast<const float*>(bucket.flat),
-                        static_cast<std::uint16_t*>(bucket.wire), bucket.count,
-                        bucket.wire_dtype, scale);
+        if (b_.device_memory()) {
+          absl::Status s = b_.CompressF32(static_cast<const float*>(bucket.flat), bucket.wire,
+                                          bucket.count, bucket.wire_dtype, scale);
+          if (!s.ok()) {
+            broken_ = true;
+            broken_why_ = std::string(s.message());
+            return s;
+          }
+        } else {
+          CompressFloat32(static_cast<const float*>(bucket.flat),
+                          static_cast<std::uint16_t*>(bucket.wire), bucket.count,
+                          bucket.wire_dtype, scale);
+        }
       } else if (options_.average && b_.device_memory()) {
         op = ReduceOp::kAvg;  // ncclAvg
       }
@@ -310,6 +354,7 @@ class ReducerImpl {
         return work.status();
       }
       bucket.work = *work;
+      bucket.launched_at = Clock::now();
       ++next_bucket_;
     }
     return absl::OkStatus();
@@ -404,6 +449,7 @@ class ReducerImpl {
   bool require_sync_ = true;
   bool broken_ = false;
   std::string broken_why_;
+  std::vector<BucketStats> last_stats_;
 };
 
 // ---- public boundary ----
@@ -431,6 +477,7 @@ std::vector<std::vector<std::size_t>> Reducer::bucket_assignment() const {
   return impl_->assignment();
 }
 std::size_t Reducer::num_steps() const { return impl_->num_steps(); }
+std::vector<BucketStats> Reducer::last_step_stats() const { return impl_->last_step_stats(); }
 
 Reducer::NoSyncGuard::NoSyncGuard(Reducer& r) : r_(r), previous_(r.impl_->require_sync()) {
   r_.SetRequireSync(false);

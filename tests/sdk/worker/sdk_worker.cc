@@ -305,6 +305,19 @@ TEST_CASE("reducer: bucketed equals per-tensor allreduce bit for bit (f32 sum)",
   }
   REQUIRE(reducer.num_buckets() > 2);
   REQUIRE(reducer.num_steps() == 3);
+  // Per-bucket timing of the last step: every bucket, every byte, ready
+  // before issued.
+  const auto stats = reducer.last_step_stats();
+  REQUIRE(stats.size() == reducer.num_buckets());
+  std::size_t bytes = 0;
+  for (const auto& st : stats) {
+    bytes += st.wire_bytes;
+    REQUIRE(st.issue.count() >= 0);
+    REQUIRE(st.ready_to_launch >= st.issue);
+  }
+  std::size_t want_bytes = 0;
+  for (std::size_t s : kModel) want_bytes += s * 4;
+  REQUIRE(bytes == want_bytes);
 }
 
 TEST_CASE("reducer: averages; out-of-order MarkReady; gradient as bucket view", "[reducer]") {

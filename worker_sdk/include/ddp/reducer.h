@@ -24,6 +24,7 @@
 // the communication itself runs on the group's communication thread/stream.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <memory>
 #include <vector>
@@ -59,6 +60,21 @@ struct GradSpec {
   std::size_t count = 0;
   DType dtype = DType::kFloat32;
   Device device = {};
+};
+
+// Host-side timing of one bucket in the last synchronised step
+// (Reducer::last_step_stats), steady clock. Taking it costs three clock
+// reads per bucket and step.
+struct BucketStats {
+  std::size_t count = 0;       // elements
+  std::size_t wire_bytes = 0;  // bytes all-reduced (halves with compression)
+  // From the bucket becoming ready (the MarkReady of its last gradient, or
+  // Finish for gradients never marked) to its collective having been issued
+  // (the backend's Allreduce returned). Buckets launch in bucket order, so
+  // this includes waiting for an earlier bucket that was not ready yet.
+  std::chrono::nanoseconds ready_to_launch{0};
+  // The launch itself: packing copies, compression, the enqueue.
+  std::chrono::nanoseconds issue{0};
 };
 
 // Bucket assignment, exposed for tests: returns bucket -> gradient indices.
@@ -116,6 +132,9 @@ class Reducer {
   // The assignment in use (valid after the first step or GradientBuffer()).
   std::vector<std::vector<std::size_t>> bucket_assignment() const;
   std::size_t num_steps() const;
+  // One entry per bucket (bucket order) for the last step that communicated;
+  // empty before it. See BucketStats.
+  std::vector<BucketStats> last_step_stats() const;
 
  private:
   std::unique_ptr<ReducerImpl> impl_;
