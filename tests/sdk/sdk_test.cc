@@ -142,3 +142,28 @@ TEST_CASE("a wrong token is refused with an auth error", "[sdk]") {
   INFO("stdout:\n" << p.Out() << "\nstderr:\n" << p.Err());
   REQUIRE(rc == 0);
 }
+
+TEST_CASE("two hosts with two ranks each: hierarchical all-reduce (shm, then TCP leaders)",
+          "[sdk]") {
+  // Two agents on loopback (127.0.0.1 hosts the embedded rendezvous); each
+  // node's ranks get their own DDP_SHM_HOST_ID, so the SDK sees two hosts.
+  for (const char* filter : {"[collectives]", "[reducer]"}) {
+    DYNAMIC_SECTION(filter) {
+      Harness h;
+      const std::string endpoint = "--rdzv_endpoint=127.0.0.1:" + std::to_string(FreePort());
+      auto node = [&](const std::string& name, const std::string& addr, const std::string& id) {
+        return &h.StartDdprun(name,
+                              {"--nnodes=2", "--nproc_per_node=2", endpoint, "--rdzv_id=hier",
+                               "--local_addr=" + addr, "--no_python", SdkWorker(), filter},
+                              {{"DDP_TIMEOUT_SEC", "30"}, {"DDP_SHM_HOST_ID", id}});
+      };
+      Proc* a = node("node-a", "127.0.0.1", "host-a");
+      Proc* b = node("node-b", "127.0.0.2", "host-b");
+      const int ra = h.Wait(*a, 240);
+      const int rb = h.Wait(*b, 240);
+      INFO("node a:\n" << a->Out() << a->Err() << "\nnode b:\n" << b->Out() << b->Err());
+      REQUIRE(ra == 0);
+      REQUIRE(rb == 0);
+    }
+  }
+}

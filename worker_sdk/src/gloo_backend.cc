@@ -257,8 +257,14 @@ class Core {
   std::shared_ptr<gloo::rendezvous::Context> sync_context;
   std::size_t sync_max_bytes = 0;  // net.core.wmem_max
   std::shared_ptr<gloo::transport::Device> device;
-  // Every rank on this host: the shared memory path, and no Gloo contexts.
+  // The ranks of this host, when some host has more than one. With one host
+  // every collective uses it and there are no Gloo contexts; with several,
+  // all-reduces are hierarchical: shm, then the leaders' contexts (set on
+  // each host's first rank only), then an shm broadcast.
   std::unique_ptr<ShmGroup> shm;
+  bool leader = false;
+  std::shared_ptr<gloo::rendezvous::Context> leaders;
+  std::shared_ptr<gloo::rendezvous::Context> leaders_sync;  // two hosts only
   std::mutex mu;
   std::condition_variable cv;
   std::deque<Task> queue;
@@ -305,29 +311,33 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
     if (n == 1) {
       return Enqueue(desc, [=] { if (op == ReduceOp::kAvg) DivideInPlace(data, count, dtype, 1); });
     }
-    if (ShmGroup* shm = core_->shm.get()) {
-      return Enqueue(desc, [=, t = timeout()] {
+    const Duration t = timeout();
+    ShmGroup* shm = core_->shm.get();
+    if (shm && !core_->context) {  // one host: OneHostShm()
+      return Enqueue(desc, [=] {
         ThrowIfFailed(shm->Allreduce(data, count, dtype, op, DeadlineIn(t)));
       });
     }
     const std::size_t bytes = count * DTypeSize(dtype);
-    if (core_->sync_context && bytes <= SyncAllreduceMaxBytes(n)) {
-      return Enqueue(desc, [=, ctx = core_->sync_context] {
-        RunSyncAllreduce(ctx, data, count, dtype, op);
+    if (shm) {
+      // Hierarchical: the host's sum (every rank of a host gets the same
+      // bits), the leaders' all-reduce of the hosts' sums (Gloo gives every
+      // leader the same bits), then the leader's result to its host.
+      const ReduceOp partial = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+      return Enqueue(desc, [=, core = core_.get(), tag = NextTag()] {
+        const auto deadline = DeadlineIn(t);
+        if (shm->size() > 1) ThrowIfFailed(shm->Allreduce(data, count, dtype, partial, deadline));
+        if (core->leader) {
+          TcpAllreduce(core->leaders, core->leaders_sync, core->sync_max_bytes, data, count, dtype,
+                       partial, tag, t);
+        }
+        if (shm->size() > 1) ThrowIfFailed(shm->Broadcast(data, bytes, 0, deadline));
         if (op == ReduceOp::kAvg) DivideInPlace(data, count, dtype, n);
       });
     }
-    auto func = ReduceFunc(dtype, op);
-    const Duration t = timeout();
-    return Enqueue(desc, [=, ctx = core_->context, tag = NextTag()] {
-      gloo::AllreduceOptions opts(ctx);
-      WithElementType(dtype, [&](auto e) {
-        opts.setOutput(static_cast<decltype(e)*>(data), count);
-      });
-      opts.setReduceFunction(func);
-      opts.setTag(tag);
-      opts.setTimeout(t);
-      gloo::allreduce(opts);
+    return Enqueue(desc, [=, core = core_.get(), tag = NextTag()] {
+      TcpAllreduce(core->context, core->sync_context, core->sync_max_bytes, data, count, dtype,
+                   op, tag, t);
       if (op == ReduceOp::kAvg) DivideInPlace(data, count, dtype, n);
     });
   }
@@ -343,7 +353,7 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
     const std::string desc = DescribeOp("broadcast", count, dtype, "");
     if (count == 0 || size() == 1) return Enqueue(desc, nullptr);
     const Duration t = timeout();
-    if (ShmGroup* shm = core_->shm.get()) {
+    if (ShmGroup* shm = OneHostShm()) {
       return Enqueue(desc, [=] {
         ThrowIfFailed(shm->Broadcast(data, count * DTypeSize(dtype), root, DeadlineIn(t)));
       });
@@ -372,7 +382,7 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
     }
     const Duration t = timeout();
     const std::size_t n = size();
-    if (ShmGroup* shm = core_->shm.get()) {
+    if (ShmGroup* shm = OneHostShm()) {
       return Enqueue(desc, [=] { ThrowIfFailed(shm->Allgather(in, out, bytes, DeadlineIn(t))); });
     }
     return Enqueue(desc, [=, ctx = core_->context, tag = NextTag()] {
@@ -402,13 +412,13 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
     const int r = rank();
     auto func = ReduceFunc(dtype, op);
     const Duration t = timeout();
-    return Enqueue(desc, [=, core = core_.get(), tag = NextTag()] {
+    return Enqueue(desc, [=, core = core_.get(), one_host = OneHostShm(), tag = NextTag()] {
       const std::size_t total = count * esize * n;
       if (core->scratch.size() < total) core->scratch.resize(total);
       char* s = core->scratch.data();
       std::memcpy(s, in, total);
-      if (n > 1 && core->shm) {
-        ThrowIfFailed(core->shm->Allreduce(s, count * n, dtype, op, DeadlineIn(t)));
+      if (n > 1 && one_host) {
+        ThrowIfFailed(one_host->Allreduce(s, count * n, dtype, op, DeadlineIn(t)));
       } else if (n > 1) {
         gloo::AllreduceOptions opts(core->context);
         WithElementType(dtype, [&](auto e) {
@@ -420,7 +430,7 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
         gloo::allreduce(opts);
       }
       std::memcpy(out, s + r * count * esize, count * esize);
-      if (op == ReduceOp::kAvg && !core->shm) DivideInPlace(out, count, dtype, n);
+      if (op == ReduceOp::kAvg && !one_host) DivideInPlace(out, count, dtype, n);
     });
   }
 
@@ -428,7 +438,7 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
     if (aborted()) return AbortedStatus("barrier");
     if (size() == 1) return Enqueue("barrier", nullptr);
     const Duration t = timeout();
-    if (ShmGroup* shm = core_->shm.get()) {
+    if (ShmGroup* shm = OneHostShm()) {
       return Enqueue("barrier", [=] { ThrowIfFailed(shm->Barrier(DeadlineIn(t))); });
     }
     return Enqueue("barrier", [=, ctx = core_->context, tag = NextTag()] {
@@ -470,6 +480,9 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
 
  private:
   std::uint32_t NextTag() { return tag_++; }
+  // The shared memory group when every rank is on this host (then there is
+  // no Gloo context and every collective uses it).
+  ShmGroup* OneHostShm() const { return core_->context ? nullptr : core_->shm.get(); }
 
   // The sync ring sends the whole buffer in each of its n-1 rounds: worth it
   // while latency dominates, and for two ranks it moves as many bytes as
@@ -477,13 +490,33 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
   // message must fit in the socket's send buffer or the ranks deadlock: Gloo
   // sizes SO_SNDBUF to the message, which the kernel caps at net.core.wmem_max
   // (and then doubles). Above that, the async context.
-  // Only at two ranks: AllreduceRing has every rank sum the buffers in its
-  // own order, which is bit-identical only when there are two terms (a+b ==
-  // b+a). With more ranks the ranks' results could differ in the last bit and
-  // replicas would drift apart, so they keep Gloo's chunked ring.
-  std::size_t SyncAllreduceMaxBytes(int n) const {
-    if (n != 2) return 0;
-    return std::min<std::size_t>(std::size_t(4) << 20, core_->sync_max_bytes);
+  // Only at two ranks (sync contexts exist only there): AllreduceRing has
+  // every rank sum the buffers in its own order, which is bit-identical only
+  // when there are two terms (a+b == b+a). With more ranks the ranks' results
+  // could differ in the last bit and replicas would drift apart, so they keep
+  // Gloo's chunked ring.
+  static std::size_t SyncAllreduceMaxBytes(std::size_t wmem_max) {
+    return std::min<std::size_t>(std::size_t(4) << 20, wmem_max);
+  }
+
+  // An all-reduce (kAvg not divided) over a Gloo context: on its sync-mode
+  // twin when there is one and the message is small. Throws Gloo's exceptions.
+  static void TcpAllreduce(const std::shared_ptr<gloo::rendezvous::Context>& ctx,
+                           const std::shared_ptr<gloo::rendezvous::Context>& sync_ctx,
+                           std::size_t wmem_max, void* data, std::size_t count, DType dtype,
+                           ReduceOp op, std::uint32_t tag, Duration timeout) {
+    if (ctx->size == 1) return;
+    if (sync_ctx && count * DTypeSize(dtype) <= SyncAllreduceMaxBytes(wmem_max)) {
+      RunSyncAllreduce(sync_ctx, data, count, dtype, op);
+      return;
+    }
+    gloo::AllreduceOptions opts(ctx);
+    WithElementType(dtype,
+                    [&](auto e) { opts.setOutput(static_cast<decltype(e)*>(data), count); });
+    opts.setReduceFunction(ReduceFunc(dtype, op));
+    opts.setTag(tag);
+    opts.setTimeout(timeout);
+    gloo::allreduce(opts);
   }
 
   absl::StatusOr<WorkPtr> Enqueue(const std::string& desc, std::function<void()> run) {
@@ -572,10 +605,22 @@ absl::StatusOr<std::shared_ptr<Backend>> CreateGlooBackend(const WorkerInfo& inf
   const std::string host = options.gloo_host.empty() ? info.host : options.gloo_host;
   const std::string fence =
       absl::StrCat("[job ", info.job_id, " round ", info.round, " rank ", info.rank, "] ");
+  // Which ranks share a host decides the path (see the top of this file).
+  HostLayout layout;
+  bool max_local_above_one = false;
   if (options.shared_memory && info.world_size > 1) {
+    auto l = ExchangeHostLayout(info, *store, key_prefix, options.timeout);
+    if (!l.ok()) {
+      return absl::Status(l.status().code(), absl::StrCat(fence, "host layout through the store: ",
+                                                          l.status().message()));
+    }
+    layout = *l;
+    max_local_above_one = layout.num_hosts < info.world_size;
+  }
+  if (max_local_above_one) {
     std::string why;
-    auto shm = ConnectShmGroup(info, *store, key_prefix, options.timeout, kDefaultShmChunkBytes,
-                               &why);
+    auto shm = ConnectShmGroup(layout, info, *store, key_prefix, options.timeout,
+                               kDefaultShmChunkBytes, &why);
     if (!shm.ok()) {
       return absl::Status(shm.status().code(),
                           absl::StrCat(fence, "shared memory bootstrap through the store: ",
@@ -583,13 +628,16 @@ absl::StatusOr<std::shared_ptr<Backend>> CreateGlooBackend(const WorkerInfo& inf
     }
     if (*shm) {
       core->shm = std::move(*shm);
-      auto backend = std::make_shared<GlooBackend>(info, options.timeout, core);
-      backend->Start();
-      return std::shared_ptr<Backend>(backend);
-    }
-    if (!why.empty() && info.rank == 0) {
-      std::fprintf(stderr, "%sddp: no shared memory between the ranks of this host (%s); "
-                   "collectives go over Gloo's TCP transport\n", fence.c_str(), why.c_str());
+      if (layout.num_hosts == 1) {
+        auto backend = std::make_shared<GlooBackend>(info, options.timeout, core);
+        backend->Start();
+        return std::shared_ptr<Backend>(backend);
+      }
+    } else if (info.rank == 0) {
+      std::fprintf(stderr,
+                   "%sddp: no shared memory between the ranks of a host (%s); "
+                   "collectives go over Gloo's TCP transport\n",
+                   fence.c_str(), why.c_str());
     }
   }
   try {
@@ -600,17 +648,18 @@ absl::StatusOr<std::shared_ptr<Backend>> CreateGlooBackend(const WorkerInfo& inf
     return absl::InvalidArgumentError(absl::StrCat(
         fence, "gloo: cannot use address '", host, "' (DDPRUN_HOST) for TCP: ", e.what()));
   }
-  // One full mesh of Gloo pairs, bootstrapped through our store under prefix.
-  auto connect = [&](const std::string& prefix,
-                     bool sync) -> absl::StatusOr<std::shared_ptr<gloo::rendezvous::Context>> {
-    auto ctx = std::make_shared<gloo::rendezvous::Context>(info.rank, info.world_size);
+  // One full mesh of Gloo pairs between `size` members, bootstrapped through
+  // our store under prefix.
+  auto connect = [&](const std::string& prefix, int rank, int size, bool sync)
+      -> absl::StatusOr<std::shared_ptr<gloo::rendezvous::Context>> {
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
     ctx->setTimeout(options.timeout);
-    if (info.world_size == 1) return ctx;
+    if (size == 1) return ctx;
     GlooStoreAdapter adapter(store, key_prefix + prefix, options.timeout);
     try {
       ctx->connectFullMesh(adapter, core->device);
-      for (int i = 0; sync && i < info.world_size; ++i) {
-        if (i != info.rank) ctx->getPair(i)->setSync(true, false);
+      for (int i = 0; sync && i < size; ++i) {
+        if (i != rank) ctx->getPair(i)->setSync(true, false);
       }
     } catch (const std::exception& e) {
       if (!adapter.error().ok()) {
@@ -618,22 +667,35 @@ absl::StatusOr<std::shared_ptr<Backend>> CreateGlooBackend(const WorkerInfo& inf
         return absl::Status(s.code(), absl::StrCat(fence, "gloo bootstrap through the store: ",
                                                    s.message()));
       }
-      return absl::UnavailableError(
-          absl::StrCat(fence, "gloo bootstrap: connecting to the other ", info.world_size - 1,
-                       " ranks failed: ", e.what()));
+      return absl::UnavailableError(absl::StrCat(fence, "gloo bootstrap: connecting to the other ",
+                                                 size - 1, " ranks failed: ", e.what()));
     }
     return ctx;
   };
-  auto ctx = connect("gloo/", /*sync=*/false);
+  auto ctx = connect("gloo/", info.rank, info.world_size, /*sync=*/false);
   if (!ctx.ok()) return ctx.status();
   core->context = *ctx;
-  // The sync-mode mesh serves small all-reduces at exactly two ranks (see
-  // SyncAllreduceMaxBytes); other sizes of job do not pay for a second mesh.
-  if (info.world_size == 2) {
-    auto sync_ctx = connect("gloo-sync/", /*sync=*/true);
+  core->sync_max_bytes = WmemMax();
+  if (core->shm) {
+    // Hierarchical all-reduce: the hosts' first ranks (leaders) all-reduce
+    // the hosts' sums among themselves.
+    core->leader = layout.local_index == 0;
+    if (core->leader) {
+      auto lctx = connect("gloo-leaders/", layout.host, layout.num_hosts, /*sync=*/false);
+      if (!lctx.ok()) return lctx.status();
+      core->leaders = *lctx;
+      if (layout.num_hosts == 2) {
+        auto lsync = connect("gloo-leaders-sync/", layout.host, 2, /*sync=*/true);
+        if (!lsync.ok()) return lsync.status();
+        core->leaders_sync = *lsync;
+      }
+    }
+  } else if (info.world_size == 2) {
+    // The sync-mode mesh serves small all-reduces at exactly two ranks (see
+    // SyncAllreduceMaxBytes); other sizes of job do not pay for a second mesh.
+    auto sync_ctx = connect("gloo-sync/", info.rank, 2, /*sync=*/true);
     if (!sync_ctx.ok()) return sync_ctx.status();
     core->sync_context = *sync_ctx;
-    core->sync_max_bytes = WmemMax();
   }
   auto backend = std::make_shared<GlooBackend>(info, options.timeout, core);
   backend->Start();

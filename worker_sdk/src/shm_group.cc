@@ -147,14 +147,16 @@ absl::Status ShmGroup::AbortedStatus(const char* op) const {
   if (static_cast<int>(by) - 1 == rank_) {
     return absl::AbortedError(absl::StrCat(op, ": the group was aborted"));
   }
-  return absl::AbortedError(
-      absl::StrCat(op, ": rank ", by - 1, " aborted the group (its own error names why)"));
+  return absl::AbortedError(absl::StrCat(op, ": rank ", Name(static_cast<int>(by) - 1),
+                                         " aborted the group (its own error names why)"));
 }
 
 std::string ShmGroup::Missing() const {
   std::vector<int> missing;
   for (int r = 0; r < size_; ++r) {
-    if (static_cast<std::int32_t>(ranks_[r].epoch.load() - epoch_) < 0) missing.push_back(r);
+    if (static_cast<std::int32_t>(ranks_[r].epoch.load() - epoch_) < 0) {
+      missing.push_back(Name(r));
+    }
   }
   return absl::StrJoin(missing, ", ");
 }
@@ -198,7 +200,7 @@ absl::Status ShmGroup::Wait(std::uint32_t target, const char* op, Clock::time_po
       const std::int32_t pid = ranks_[r].pid.load();
       if (r != rank_ && pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) {
         return Failed(
-            absl::UnavailableError(absl::StrCat(op, ": rank ", r, " (pid ", pid, ") died")));
+            absl::UnavailableError(absl::StrCat(op, ": rank ", Name(r), " (pid ", pid, ") died")));
       }
     }
     header_->sleepers.fetch_add(1);
@@ -292,7 +294,9 @@ namespace rdzv = ddprun::rendezvous;
 
 // What must be equal for ranks to share memory: the kernel instance, the pid
 // namespace (peers' pids are checked and /proc/<pid>/fd opened) and the user.
+// DDP_SHM_HOST_ID replaces it (tests simulate several hosts on one machine).
 std::string HostIdentity() {
+  if (const char* id = std::getenv("DDP_SHM_HOST_ID"); id && *id) return id;
   std::string boot;
   std::ifstream f("/proc/sys/kernel/random/boot_id");
   std::getline(f, boot);
@@ -308,42 +312,67 @@ struct Mapping {
 
 absl::StatusOr<Mapping> MapFd(int fd, std::size_t bytes) {
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  if (p == MAP_FAILED)
+  if (p == MAP_FAILED) {
     return absl::ResourceExhaustedError(absl::StrCat("mmap: ", std::strerror(errno)));
+  }
   return Mapping{p, bytes};
+}
+
+std::vector<std::string> RankKeys(const std::string& prefix, int world) {
+  std::vector<std::string> k;
+  for (int r = 0; r < world; ++r) k.push_back(absl::StrCat(prefix, r));
+  return k;
 }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(const WorkerInfo& info,
-                                                          rdzv::Store& store,
-                                                          const std::string& key_prefix,
-                                                          Duration timeout, std::size_t chunk_bytes,
-                                                          std::string* why) {
-  why->clear();
-  const int w = info.world_size;
-  const std::string p = key_prefix + "shm/";
-  auto keys = [&](const std::string& what) {
-    std::vector<std::string> k;
-    for (int r = 0; r < w; ++r) k.push_back(absl::StrCat(p, what, "/", r));
-    return k;
-  };
-
-  // 1. Same host for every rank? Every rank reads the same answers.
-  const std::string id = HostIdentity();
-  if (auto s = store.Set(absl::StrCat(p, "id/", info.rank), id); !s.ok()) return s;
-  auto ids = store.MultiGet(keys("id"), timeout);
-  if (!ids.ok()) return ids.status();
-  for (const auto& other : *ids) {
-    if (other != id) return std::unique_ptr<ShmGroup>();  // ranks span hosts
+HostLayout LayoutFromIdentities(const std::vector<std::string>& ids, int rank) {
+  HostLayout l;
+  std::vector<std::string> seen;
+  std::vector<int> host_of(ids.size());
+  for (std::size_t r = 0; r < ids.size(); ++r) {
+    auto it = std::find(seen.begin(), seen.end(), ids[r]);
+    if (it == seen.end()) {
+      seen.push_back(ids[r]);
+      l.leaders.push_back(static_cast<int>(r));
+      it = seen.end() - 1;
+    }
+    host_of[r] = static_cast<int>(it - seen.begin());
   }
+  l.num_hosts = static_cast<int>(seen.size());
+  l.host = host_of[rank];
+  for (std::size_t r = 0; r < ids.size(); ++r) {
+    if (host_of[r] == l.host) {
+      if (static_cast<int>(r) == rank) l.local_index = static_cast<int>(l.local.size());
+      l.local.push_back(static_cast<int>(r));
+    }
+  }
+  return l;
+}
 
-  // 2. Rank 0 makes the segment and publishes "<pid>/<fd>", or "!<why>".
+absl::StatusOr<HostLayout> ExchangeHostLayout(const WorkerInfo& info, rdzv::Store& store,
+                                              const std::string& key_prefix, Duration timeout) {
+  const std::string p = key_prefix + "shm/id/";
+  if (auto s = store.Set(absl::StrCat(p, info.rank), HostIdentity()); !s.ok()) return s;
+  auto ids = store.MultiGet(RankKeys(p, info.world_size), timeout);
+  if (!ids.ok()) return ids.status();
+  return LayoutFromIdentities(*ids, info.rank);
+}
+
+absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(
+    const HostLayout& layout, const WorkerInfo& info, rdzv::Store& store,
+    const std::string& key_prefix, Duration timeout, std::size_t chunk_bytes, std::string* why) {
+  why->clear();
+  const int w = static_cast<int>(layout.local.size());
+  const std::string p = absl::StrCat(key_prefix, "shm/host", layout.host, "/");
+
+  // 1. The host's first rank makes the segment and publishes "<pid>/<fd>",
+  // or "!<why>".
   const std::size_t bytes = ShmGroup::SegmentBytes(w, chunk_bytes);
   Mapping map;
   int fd = -1;
   std::string error;
-  if (info.rank == 0) {
+  if (layout.local_index == 0) {
     fd = ::memfd_create("ddprun-shm", MFD_CLOEXEC);
     if (fd < 0) {
       error = absl::StrCat("memfd_create: ", std::strerror(errno));
@@ -380,8 +409,8 @@ absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(const WorkerInfo& info
       }
     }
   }
-  // The mapping keeps the memory; rank 0's fd stays open until every rank
-  // reported (they report after their open).
+  // The mapping keeps the memory; the creator's fd stays open until every
+  // rank reported (they report after their open).
   struct CloseFd {
     int fd;
     ~CloseFd() {
@@ -391,16 +420,19 @@ absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(const WorkerInfo& info
 
   std::unique_ptr<ShmGroup> group;
   if (error.empty()) {
-    group = std::make_unique<ShmGroup>(map.base, map.bytes, info.rank, /*owns_mapping=*/true);
+    group = std::make_unique<ShmGroup>(map.base, map.bytes, layout.local_index,
+                                       /*owns_mapping=*/true);
+    group->set_rank_names(layout.local);
   }
-  // 3. Everyone reports; the path is used only if every rank mapped it.
-  if (auto s = store.Set(absl::StrCat(p, "ok/", info.rank), error.empty() ? "" : "!" + error);
-      !s.ok()) {
+  // 2. Every rank of the job reports; the path is used only if every rank
+  // (on every host) mapped its segment, so that all ranks run one algorithm.
+  const std::string ok = absl::StrCat(key_prefix, "shm/ok/");
+  if (auto s = store.Set(absl::StrCat(ok, info.rank), error.empty() ? "" : "!" + error); !s.ok()) {
     return s;
   }
-  auto oks = store.MultiGet(keys("ok"), timeout);
+  auto oks = store.MultiGet(RankKeys(ok, info.world_size), timeout);
   if (!oks.ok()) return oks.status();
-  for (int r = 0; r < w; ++r) {
+  for (int r = 0; r < info.world_size; ++r) {
     if (!(*oks)[r].empty()) {
       *why = absl::StrCat("rank ", r, ": ", (*oks)[r].substr(1));
       return std::unique_ptr<ShmGroup>();

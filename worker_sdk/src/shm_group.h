@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -87,6 +88,9 @@ class ShmGroup {
   // Thread-safe; the first abort wins.
   void Abort();
 
+  // The job's rank of each member, for messages (default: the member index).
+  void set_rank_names(std::vector<int> names) { names_ = std::move(names); }
+
  private:
   char* Slot(int buffer, int rank) const;
   char* Result(int buffer) const;
@@ -96,6 +100,9 @@ class ShmGroup {
   absl::Status Failed(absl::Status s);
   absl::Status AbortedStatus(const char* op) const;
   std::string Missing() const;
+  int Name(int member) const {
+    return member < static_cast<int>(names_.size()) ? names_[member] : member;
+  }
 
   ShmHeader* header_;
   ShmRankState* ranks_;
@@ -108,17 +115,35 @@ class ShmGroup {
   bool owns_;
   std::uint32_t epoch_ = 0;  // barriers this rank passed
   std::uint64_t step_ = 0;   // steps this rank ran (buffer set = step % 2)
+  std::vector<int> names_;
 };
 
-// Sets up the ShmGroup of this round through the store (keys under
-// key_prefix + "shm/"). Every rank reaches the same answer: a group when all
-// ranks share this host (boot id, pid namespace and user) and each could map
-// the segment; nullptr otherwise, with the reason in *why (empty when the
-// ranks simply span hosts). Errors only for store failures.
-absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(const WorkerInfo& info,
-                                                          ddprun::rendezvous::Store& store,
-                                                          const std::string& key_prefix,
-                                                          Duration timeout, std::size_t chunk_bytes,
-                                                          std::string* why);
+// Which ranks share a host. Hosts are numbered in the order of their lowest
+// rank; a host's ranks are listed in ascending order.
+struct HostLayout {
+  int num_hosts = 1;
+  int host = 0;              // this rank's host
+  std::vector<int> local;    // the ranks on this rank's host
+  int local_index = 0;       // this rank's position in `local`
+  std::vector<int> leaders;  // the lowest rank of each host, by host
+};
+
+// The layout from every rank's host identity (ids[r] is rank r's).
+HostLayout LayoutFromIdentities(const std::vector<std::string>& ids, int rank);
+
+// Every rank publishes its host identity (boot id, pid namespace and user;
+// DDP_SHM_HOST_ID overrides it) under key_prefix + "shm/id/<rank>" and reads
+// everyone's: every rank computes the same layout.
+absl::StatusOr<HostLayout> ExchangeHostLayout(const WorkerInfo& info,
+                                              ddprun::rendezvous::Store& store,
+                                              const std::string& key_prefix, Duration timeout);
+
+// Sets up the ShmGroup of this rank's host (keys under key_prefix + "shm/").
+// Every rank of the job reaches the same answer: groups when every rank could
+// map its host's segment; nullptr otherwise, with the first failing rank and
+// why in *why. Errors only for store failures.
+absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(
+    const HostLayout& layout, const WorkerInfo& info, ddprun::rendezvous::Store& store,
+    const std::string& key_prefix, Duration timeout, std::size_t chunk_bytes, std::string* why);
 
 }  // namespace ddp::detail

@@ -246,3 +246,22 @@ TEST_CASE("shm: Abort wakes a rank waiting in a collective and names the abortin
   CHECK(s[0].code() == absl::StatusCode::kAborted);
   CHECK(std::string(s[0].message()).find("rank 1 aborted") != std::string::npos);
 }
+
+TEST_CASE("host layout: hosts numbered by their lowest rank, members ascending", "[unit]") {
+  using ddp::detail::LayoutFromIdentities;
+  const std::vector<std::string> ids = {"b", "a", "b", "c", "a"};
+  auto l = LayoutFromIdentities(ids, 2);
+  CHECK(l.num_hosts == 3);
+  CHECK(l.host == 0);
+  CHECK(l.local == std::vector<int>{0, 2});
+  CHECK(l.local_index == 1);
+  CHECK(l.leaders == std::vector<int>{0, 1, 3});
+  l = LayoutFromIdentities(ids, 3);
+  CHECK(l.host == 2);
+  CHECK(l.local == std::vector<int>{3});
+  CHECK(l.local_index == 0);
+  l = LayoutFromIdentities({"x", "x", "x"}, 1);
+  CHECK(l.num_hosts == 1);
+  CHECK(l.local == std::vector<int>{0, 1, 2});
+  CHECK(l.local_index == 1);
+}
