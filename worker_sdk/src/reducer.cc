@@ -20,7 +20,6 @@
 namespace ddp {
 using detail::CompressFloat32;
 using detail::DecompressFloat32;
-using detail::DivideInPlace;
 
 std::vector<std::vector<std::size_t>> ComputeBucketAssignment(const std::vector<GradSpec>& grads,
                                                               std::size_t first_bucket_bytes,
@@ -151,7 +150,6 @@ class ReducerImpl {
       }
     }
     DDP_RETURN_IF_ERROR(LaunchReadyBuckets());
-    const int world = b_.size();
     for (Bucket& bucket : buckets_) {
       absl::Status s = bucket.work ? bucket.work->WaitDefault() : absl::OkStatus();
       bucket.work.reset();
@@ -175,8 +173,6 @@ class ReducerImpl {
           DecompressFloat32(static_cast<const std::uint16_t*>(bucket.wire),
                             static_cast<float*>(bucket.flat), bucket.count, bucket.wire_dtype);
         }
-      } else if (options_.average && !b_.device_memory()) {
-        DivideInPlace(bucket.flat, bucket.count, bucket.dtype, world);
       }
       if (!options_.gradient_as_bucket_view) {
         const std::size_t esize = DTypeSize(bucket.dtype);
@@ -344,8 +340,11 @@ class ReducerImpl {
                           static_cast<std::uint16_t*>(bucket.wire), bucket.count,
                           bucket.wire_dtype, scale);
         }
-      } else if (options_.average && b_.device_memory()) {
-        op = ReduceOp::kAvg;  // ncclAvg
+      } else if (options_.average) {
+        // ncclAvg on NCCL; on the CPU paths the communication thread divides
+        // (shared memory: each rank its share, while it is in cache), so the
+        // caller's Finish() does not pass over the buckets again.
+        op = ReduceOp::kAvg;
       }
       auto work = b_.Allreduce(bucket.wire, bucket.count, bucket.wire_dtype, op);
       if (!work.ok()) {
