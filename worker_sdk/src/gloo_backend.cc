@@ -1,5 +1,5 @@
-// The Gloo backend: CPU collectives over Gloo's TCP transport, bootstrapped
-// through our store.
+// The CPU backend (ddp::Backend::kGloo): collectives over Gloo's TCP
+// transport and shared memory, bootstrapped through our store.
 //
 // Collectives are queued to one communication thread per group and run there
 // in issue order, so the caller (the backward pass) goes on while they run.
@@ -17,9 +17,18 @@
 // that preempts the lock holder burns a whole scheduler slice, and those calls
 // took 4 ms instead of 0.3 ms (docs/benchmarks.md, worker SDK).
 //
-// When every rank runs on this host, the collectives use a shared memory
-// segment instead (shm_group.h) and no Gloo mesh is built: memcpy bandwidth
-// instead of TCP loopback. DDP_SHM=0 (InitOptions::shared_memory) opts out.
+// The CPU backend: shared memory between the ranks of a host (shm_group.h)
+// and Gloo's TCP transport between hosts. Init learns which ranks share a
+// host, then:
+//   one host            every collective through shared memory; no Gloo mesh
+//                       (memcpy bandwidth instead of TCP loopback);
+//   several hosts, some all-reduces hierarchical: the host's sum in shared
+//   with several ranks  memory, an all-reduce of the hosts' sums among the
+//                       hosts' first ranks (their own Gloo mesh, sync-mode at
+//                       two hosts), a shared memory broadcast back; the other
+//                       collectives on a Gloo mesh of all ranks;
+//   one rank per host   Gloo only.
+// DDP_SHM=0 (InitOptions::shared_memory) opts out of shared memory.
 #include <algorithm>
 #include <condition_variable>
 #include <cstdio>
