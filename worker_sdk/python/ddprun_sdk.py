@@ -91,8 +91,9 @@ def _check(status):
         raise (TimeoutError_ if status == 2 else Error)(status, msg)
 
 
-def _buffer(x):
-    """(pointer, element count, dtype code) of a numpy array or a tensor-like."""
+def _buffer(x, writes=True):
+    """(pointer, element count, dtype code) of a numpy array or a tensor-like.
+    writes=False for a buffer the call only reads (a read-only array is fine)."""
     if hasattr(x, "data_ptr"):  # torch.Tensor and friends
         if hasattr(x, "is_contiguous") and not x.is_contiguous():
             raise Error(1, "tensor is not contiguous")
@@ -104,7 +105,7 @@ def _buffer(x):
         ai = x.__array_interface__
         if ai.get("strides") is not None and not x.flags["C_CONTIGUOUS"]:
             raise Error(1, "array is not C-contiguous")
-        if getattr(x, "flags", None) is not None and not x.flags["WRITEABLE"]:
+        if writes and getattr(x, "flags", None) is not None and not x.flags["WRITEABLE"]:
             raise Error(1, "array is read-only")
         name = str(x.dtype)
         if name not in DTYPES:
@@ -159,14 +160,14 @@ class ProcessGroup:
         return self._run(_lib.ddp_broadcast, (p, n, d, root), x, async_op)
 
     def allgather(self, inp, out, async_op=False):
-        p, n, d = _buffer(inp)
+        p, n, d = _buffer(inp, writes=False)
         q, m, e = _buffer(out)
         if e != d or m != n * self.size:
             raise Error(1, "allgather: out must hold world_size * len(in) elements of in's dtype")
         return self._run(_lib.ddp_allgather, (p, q, n, d), (inp, out), async_op)
 
     def reduce_scatter(self, inp, out, op="sum", async_op=False):
-        p, n, d = _buffer(inp)
+        p, n, d = _buffer(inp, writes=False)
         q, m, e = _buffer(out)
         if e != d or n != m * self.size:
             raise Error(1, "reduce_scatter: in must hold world_size * len(out) elements of out's dtype")
