@@ -75,6 +75,7 @@ for name, args, res in [
     ("ddp_reducer_create", [_P, _P, _c.POINTER(_P)], _I),
     ("ddp_reducer_destroy", [_P], None),
     ("ddp_reducer_register", [_P, _P, _SZ, _I, _c.POINTER(_SZ)], _I),
+    ("ddp_reducer_gradient_buffer", [_P, _SZ, _c.POINTER(_P)], _I),
     ("ddp_reducer_mark_ready", [_P, _SZ], _I),
     ("ddp_reducer_finish", [_P], _I),
     ("ddp_reducer_set_require_sync", [_P, _I], _I),
@@ -208,15 +209,35 @@ class Reducer:
                           0 if average else 1)
         self._group = group  # keeps the group alive
         self._keep = []
+        self._specs = []  # (count, dtype code, shape) per gradient
         self._h = _P()
         _check(_lib.ddp_reducer_create(group._h, ctypes.byref(self._opts), ctypes.byref(self._h)))
 
     def register(self, grad):
         p, n, d = _buffer(grad)
-        self._keep.append(grad)
         i = _SZ()
         _check(_lib.ddp_reducer_register(self._h, p, n, d, ctypes.byref(i)))
+        self._keep.append(grad)
+        self._specs.append((n, d, tuple(getattr(grad, "shape", (n,)))))
         return i.value
+
+    def gradient_buffer(self, i):
+        """Where gradient i must be written: with gradient_as_bucket_view, a
+        numpy view into its bucket (the averaged result is there after
+        finish()); without, a view of the registered buffer. Shape and dtype
+        are the gradient's (bfloat16: uint16 holding the bits). The view keeps
+        the Reducer alive."""
+        import numpy as np
+        p = _P()
+        _check(_lib.ddp_reducer_gradient_buffer(self._h, i, ctypes.byref(p)))
+        n, d, shape = self._specs[i]
+        dtype = np.dtype({0: "float32", 1: "float16", 2: "uint16", 3: "float64", 4: "int32",
+                          5: "int64"}[d])
+        if n == 0 or not p.value:
+            return np.zeros(shape, dtype)
+        raw = (ctypes.c_char * (n * dtype.itemsize)).from_address(p.value)
+        raw._owner = self  # the bucket lives as long as the Reducer
+        return np.frombuffer(raw, dtype, n).reshape(shape)
 
     def mark_ready(self, i):
         _check(_lib.ddp_reducer_mark_ready(self._h, i))
