@@ -92,6 +92,14 @@ def _check(status):
         raise (TimeoutError_ if status == 2 else Error)(status, msg)
 
 
+def _choice(table, key, what):
+    """table[key], or an Error that lists the valid names."""
+    try:
+        return table[key]
+    except (KeyError, TypeError):
+        raise Error(1, "unknown %s %r (one of: %s)" % (what, key, ", ".join(map(str, table)))) from None
+
+
 def _buffer(x, writes=True):
     """(pointer, element count, dtype code) of a numpy array or a tensor-like.
     writes=False for a buffer the call only reads (a read-only array is fine)."""
@@ -137,7 +145,8 @@ class ProcessGroup:
     def __init__(self, backend=0, timeout=0.0):
         class Opts(ctypes.Structure):
             _fields_ = [("backend", ctypes.c_int), ("timeout_sec", ctypes.c_double)]
-        b = {"auto": 0, "gloo": 1, "nccl": 2}.get(backend, backend)
+        b = backend if isinstance(backend, int) else \
+            _choice({"auto": 0, "gloo": 1, "nccl": 2}, backend, "backend")
         self._opts = Opts(b, float(timeout))
         self._h = _P()
         _check(_lib.ddp_init(ctypes.byref(self._opts), ctypes.byref(self._h)))
@@ -154,7 +163,7 @@ class ProcessGroup:
 
     def allreduce(self, x, op="sum", async_op=False):
         p, n, d = _buffer(x)
-        return self._run(_lib.ddp_allreduce, (p, n, d, OPS[op]), x, async_op)
+        return self._run(_lib.ddp_allreduce, (p, n, d, _choice(OPS, op, "op")), x, async_op)
 
     def broadcast(self, x, root=0, async_op=False):
         p, n, d = _buffer(x)
@@ -172,7 +181,8 @@ class ProcessGroup:
         q, m, e = _buffer(out)
         if e != d or n != m * self.size:
             raise Error(1, "reduce_scatter: in must hold world_size * len(out) elements of out's dtype")
-        return self._run(_lib.ddp_reduce_scatter, (p, q, m, d, OPS[op]), (inp, out), async_op)
+        return self._run(_lib.ddp_reduce_scatter, (p, q, m, d, _choice(OPS, op, "op")), (inp, out),
+                         async_op)
 
     def barrier(self, async_op=False):
         return self._run(_lib.ddp_barrier, (), None, async_op)
@@ -204,7 +214,7 @@ class Reducer:
             _fields_ = [("bucket_cap_bytes", ctypes.c_size_t), ("first_bucket_bytes", ctypes.c_size_t),
                         ("gradient_as_bucket_view", ctypes.c_int), ("compression", ctypes.c_int),
                         ("no_average", ctypes.c_int)]
-        comp = {None: 0, "fp16": 1, "bf16": 2}[compression]
+        comp = _choice({None: 0, "fp16": 1, "bf16": 2}, compression, "compression")
         self._opts = Opts(bucket_cap_bytes, first_bucket_bytes, int(gradient_as_bucket_view), comp,
                           0 if average else 1)
         self._group = group  # keeps the group alive
