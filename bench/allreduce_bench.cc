@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "ddp/ddp.h"
+#include "resnet50_sizes.h"
 
 namespace {
 
@@ -44,29 +45,7 @@ double MedianSeconds(ddp::ProcessGroup& pg, int iters, Fn&& fn) {
   return Median(t);
 }
 
-// torchvision's resnet50().parameters() sizes, in order (161 tensors).
-std::vector<std::size_t> ResNet50() {
-  std::vector<std::size_t> p;
-  auto conv = [&](std::size_t out, std::size_t in, std::size_t k) { p.push_back(out * in * k * k); };
-  auto bn = [&](std::size_t c) { p.push_back(c); p.push_back(c); };
-  conv(64, 3, 7);
-  bn(64);
-  std::size_t in = 64;
-  const int blocks[4] = {3, 4, 6, 3};
-  for (int layer = 0; layer < 4; ++layer) {
-    const std::size_t planes = 64u << layer;
-    for (int b = 0; b < blocks[layer]; ++b) {
-      conv(planes, in, 1); bn(planes);
-      conv(planes, planes, 3); bn(planes);
-      conv(planes * 4, planes, 1); bn(planes * 4);
-      if (b == 0) { conv(planes * 4, in, 1); bn(planes * 4); }
-      in = planes * 4;
-    }
-  }
-  p.push_back(1000 * 2048);
-  p.push_back(1000);
-  return p;
-}
+using ddprun::bench::ResNet50;
 
 }  // namespace
 

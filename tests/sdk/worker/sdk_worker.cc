@@ -21,6 +21,7 @@
 
 #include "ddp/ddp.h"
 #include "half.h"
+#include "support/sdk_values.h"
 
 namespace {
 
@@ -36,57 +37,9 @@ std::shared_ptr<ddp::ProcessGroup>& Group() {
   return pg;
 }
 
-// Deterministic per-(rank, index) values, the same formula on every rank, so
-// each rank can compute every other rank's input for the reference.
-// Halves get small integers (sums stay exact); ints get signed values.
-double Value(int rank, std::size_t i, DType dtype, std::uint64_t salt) {
-  std::uint64_t x = (rank + 1) * 0x9E3779B97F4A7C15ull ^ (i + 1) * 0xBF58476D1CE4E5B9ull ^ salt;
-  x ^= x >> 31;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 29;
-  switch (dtype) {
-    case DType::kFloat16:
-    case DType::kBFloat16: return double(std::int64_t(x % 17) - 8);
-    case DType::kInt32:
-    case DType::kInt64: return double(std::int64_t(x % 2001) - 1000);
-    default: return double(std::int64_t(x % 2000001) - 1000000) / 1024.0;
-  }
-}
-
-// A typed buffer held as bytes.
-struct Buf {
-  DType dtype;
-  std::vector<unsigned char> bytes;
-  Buf(DType d, std::size_t n) : dtype(d), bytes(n * ddp::DTypeSize(d) + 1) {}
-  void* data() { return bytes.data(); }
-  void Set(std::size_t i, double v) {
-    switch (dtype) {
-      case DType::kFloat32: reinterpret_cast<float*>(data())[i] = float(v); break;
-      case DType::kFloat64: reinterpret_cast<double*>(data())[i] = v; break;
-      case DType::kInt32: reinterpret_cast<std::int32_t*>(data())[i] = std::int32_t(v); break;
-      case DType::kInt64: reinterpret_cast<std::int64_t*>(data())[i] = std::int64_t(v); break;
-      case DType::kFloat16:
-        reinterpret_cast<std::uint16_t*>(data())[i] = FloatToFloat16(float(v));
-        break;
-      case DType::kBFloat16:
-        reinterpret_cast<std::uint16_t*>(data())[i] = FloatToBFloat16(float(v));
-        break;
-    }
-  }
-  double Get(std::size_t i) {
-    switch (dtype) {
-      case DType::kFloat32: return reinterpret_cast<float*>(data())[i];
-      case DType::kFloat64: return reinterpret_cast<double*>(data())[i];
-      case DType::kInt32: return reinterpret_cast<std::int32_t*>(data())[i];
-      case DType::kInt64: return double(reinterpret_cast<std::int64_t*>(data())[i]);
-      case DType::kFloat16: return Float16ToFloat(reinterpret_cast<std::uint16_t*>(data())[i]);
-      case DType::kBFloat16: return BFloat16ToFloat(reinterpret_cast<std::uint16_t*>(data())[i]);
-    }
-    return 0;
-  }
-};
-
-bool IsInt(DType d) { return d == DType::kInt32 || d == DType::kInt64; }
+using ddprun::test::IsInt;
+using ddprun::test::Value;
+using Buf = ddprun::test::TypedBuf;
 
 double Reference(ReduceOp op, DType dtype, int world, std::size_t i, std::uint64_t salt) {
   double acc = Value(0, i, dtype, salt);
@@ -117,10 +70,8 @@ void CheckClose(double got, double want, DType dtype, std::size_t i) {
   }
 }
 
-const std::vector<DType> kDTypes = {DType::kFloat32, DType::kFloat16, DType::kBFloat16,
-                                    DType::kFloat64, DType::kInt32,   DType::kInt64};
-const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax,
-                                    ReduceOp::kMin};
+using ddprun::test::kDTypes;
+using ddprun::test::kOps;
 // Zero, one, uneven (not a multiple of any world size), and above Gloo's 1 MiB segment.
 const std::vector<std::size_t> kSizes = {0, 1, 7, 1001, 300007};
 
