@@ -35,8 +35,14 @@ struct alignas(64) ShmHeader {
   // The barrier counter (a futex word) and how many ranks sleep on it.
   alignas(64) std::atomic<std::uint32_t> arrived;
   std::atomic<std::uint32_t> sleepers;
-  // 0 while the group runs; rank + 1 of the first rank that aborted it.
+  // 0 while the group runs; member + 1 of the first rank that aborted it.
+  // That rank first wins `abort_claim`, writes why (kind, the member it is
+  // about, its pid), then publishes aborted_by (release).
   alignas(64) std::atomic<std::uint32_t> aborted_by;
+  std::atomic<std::uint32_t> abort_claim;
+  std::uint32_t abort_kind;  // ShmGroup::AbortKind
+  std::int32_t abort_subject;
+  std::int32_t abort_pid;
 };
 
 struct alignas(64) ShmRankState {
@@ -102,6 +108,10 @@ void ShmGroup::Format(void* base, int size, std::size_t chunk_bytes) {
   h->arrived.store(0);
   h->sleepers.store(0);
   h->aborted_by.store(0);
+  h->abort_claim.store(0);
+  h->abort_kind = 0;
+  h->abort_subject = -1;
+  h->abort_pid = 0;
   auto* r = reinterpret_cast<ShmRankState*>(h + 1);
   for (int i = 0; i < size; ++i) new (r + i) ShmRankState();
 }
@@ -129,36 +139,47 @@ char* ShmGroup::Slot(int buffer, int rank) const {
 
 char* ShmGroup::Result(int buffer) const { return Slot(buffer, size_); }
 
-void ShmGroup::Abort() {
+void ShmGroup::Abort() { AbortFor(AbortKind::kAborted, -1, 0); }
+
+void ShmGroup::AbortFor(AbortKind kind, int subject, std::int32_t pid) {
   std::uint32_t none = 0;
-  header_->aborted_by.compare_exchange_strong(none, static_cast<std::uint32_t>(rank_) + 1);
+  if (header_->abort_claim.compare_exchange_strong(none, 1)) {
+    header_->abort_kind = static_cast<std::uint32_t>(kind);
+    header_->abort_subject = subject;
+    header_->abort_pid = pid;
+    header_->aborted_by.store(static_cast<std::uint32_t>(rank_) + 1, std::memory_order_release);
+  }
   // Waiters sleep on `arrived`; they re-check the flag when woken.
   FutexWakeAll(&header_->arrived);
 }
 
-absl::Status ShmGroup::Failed(absl::Status s) {
-  Abort();
-  return s;
-}
-
 absl::Status ShmGroup::AbortedStatus(const char* op) const {
-  const std::uint32_t by = header_->aborted_by.load(std::memory_order_relaxed);
+  const std::uint32_t by = header_->aborted_by.load(std::memory_order_acquire);
   if (by == 0) return absl::OkStatus();
-  if (static_cast<int>(by) - 1 == rank_) {
-    return absl::AbortedError(absl::StrCat(op, ": the group was aborted"));
+  const int who = static_cast<int>(by) - 1;
+  const int subject = header_->abort_subject;
+  switch (static_cast<AbortKind>(header_->abort_kind)) {
+    case AbortKind::kPeerDied:
+      return absl::UnavailableError(
+          absl::StrCat(op, ": rank ", Name(subject), " (pid ", header_->abort_pid, ") died"));
+    case AbortKind::kTimedOut:
+      if (subject < 0) break;
+      return absl::DeadlineExceededError(
+          absl::StrCat(op, ": rank ", Name(who), " timed out waiting for rank ", Name(subject)));
+    case AbortKind::kAborted:
+      break;
   }
-  return absl::AbortedError(absl::StrCat(op, ": rank ", Name(static_cast<int>(by) - 1),
-                                         " aborted the group (its own error names why)"));
+  if (who == rank_) return absl::AbortedError(absl::StrCat(op, ": the group was aborted"));
+  return absl::AbortedError(
+      absl::StrCat(op, ": rank ", Name(who), " aborted the group (its own error names why)"));
 }
 
-std::string ShmGroup::Missing() const {
+std::vector<int> ShmGroup::Missing() const {
   std::vector<int> missing;
   for (int r = 0; r < size_; ++r) {
-    if (static_cast<std::int32_t>(ranks_[r].epoch.load() - epoch_) < 0) {
-      missing.push_back(Name(r));
-    }
+    if (static_cast<std::int32_t>(ranks_[r].epoch.load() - epoch_) < 0) missing.push_back(r);
   }
-  return absl::StrJoin(missing, ", ");
+  return missing;
 }
 
 absl::Status ShmGroup::Sync(const char* op, Clock::time_point deadline) {
@@ -189,19 +210,27 @@ absl::Status ShmGroup::Wait(std::uint32_t target, const char* op, Clock::time_po
     if (header_->aborted_by.load(std::memory_order_relaxed) != 0) break;
     ::sched_yield();
   }
+  // Sleeping. Between slices, in this order: done (a rank that finished and
+  // then aborted must not fail this one), a dead peer, a failure another
+  // rank published (naming its cause), the deadline.
   for (;;) {
-    if (auto s = AbortedStatus(op); !s.ok()) return s;
-    const auto now = Clock::now();
-    if (now >= deadline) {
-      return Failed(absl::DeadlineExceededError(
-          absl::StrCat(op, ": rank(s) ", Missing(), " did not arrive in time")));
-    }
+    if (reached(header_->arrived.load(std::memory_order_acquire))) return absl::OkStatus();
     for (int r = 0; r < size_; ++r) {
       const std::int32_t pid = ranks_[r].pid.load();
       if (r != rank_ && pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) {
-        return Failed(
-            absl::UnavailableError(absl::StrCat(op, ": rank ", Name(r), " (pid ", pid, ") died")));
+        AbortFor(AbortKind::kPeerDied, r, pid);
+        return absl::UnavailableError(
+            absl::StrCat(op, ": rank ", Name(r), " (pid ", pid, ") died"));
       }
+    }
+    if (auto s = AbortedStatus(op); !s.ok()) return s;
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      std::vector<int> missing = Missing();
+      AbortFor(AbortKind::kTimedOut, missing.empty() ? -1 : missing.front(), 0);
+      for (int& m : missing) m = Name(m);
+      return absl::DeadlineExceededError(
+          absl::StrCat(op, ": rank(s) ", absl::StrJoin(missing, ", "), " did not arrive in time"));
     }
     header_->sleepers.fetch_add(1);
     const std::uint32_t v = header_->arrived.load();

@@ -97,11 +97,13 @@ class ShmGroup {
   int NextBuffer() { return static_cast<int>(step_++ & 1); }
   absl::Status Sync(const char* op, Clock::time_point deadline);
   absl::Status Wait(std::uint32_t target, const char* op, Clock::time_point deadline);
-  absl::Status Failed(absl::Status s);
+  // Why the group was aborted, as the other ranks report it.
+  enum class AbortKind : std::uint32_t { kAborted = 0, kPeerDied = 1, kTimedOut = 2 };
+  void AbortFor(AbortKind kind, int subject, std::int32_t pid);
   absl::Status AbortedStatus(const char* op) const;
-  std::string Missing() const;
+  std::vector<int> Missing() const;  // members that did not reach this barrier
   int Name(int member) const {
-    return member < static_cast<int>(names_.size()) ? names_[member] : member;
+    return member >= 0 && member < static_cast<int>(names_.size()) ? names_[member] : member;
   }
 
   ShmHeader* header_;
