@@ -118,7 +118,7 @@ def _buffer(x, writes=True):
             raise Error(1, "array is read-only")
         name = str(x.dtype)
         if name not in DTYPES:
-            # numpy has no bfloat16; a uint16 array can carry one via dtype=
+            # numpy has no bfloat16: pass a torch.bfloat16 tensor for that
             raise Error(1, "unsupported dtype %s (supported: %s)" % (name, ", ".join(DTYPES)))
         return ai["data"][0], int(x.size), DTYPES[name]
     raise Error(1, "expected a numpy array or an object with data_ptr(), got %s" % type(x).__name__)
@@ -137,8 +137,16 @@ class Work:
         _check(_lib.ddp_work_wait(h, float(timeout)))
 
     def __del__(self):
-        if getattr(self, "_h", None):
-            _lib.ddp_work_free(self._h)
+        # A handle dropped without wait() still completes before the arrays it
+        # keeps alive can be freed (the backend writes into them until then);
+        # its error, if any, is the group's and the next call reports it.
+        h = getattr(self, "_h", None)
+        if h:
+            self._h = None
+            try:
+                _lib.ddp_work_wait(h, 0.0)
+            except Exception:  # interpreter shutdown
+                pass
 
 
 class ProcessGroup:
