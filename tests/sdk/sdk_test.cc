@@ -60,15 +60,19 @@ TEST_CASE("bad input at 1 and 3 ranks", "[sdk]") {
 }
 
 TEST_CASE("a peer killed mid-collective: an error within the timeout, no hang", "[sdk]") {
-  // Large (chunked) and small (latency path: Gloo's sync-mode pairs at two
-  // ranks over TCP) collectives, on both transports.
+  // Large (chunked) and small (latency paths: over TCP, Gloo's sync-mode
+  // rings, plain at two ranks and chunked at three) collectives, on both
+  // transports.
   struct Case {
     const char* shm;
     int ranks;
     const char* count;
   };
-  const Case cases[] = {
-      {"1", 3, "16777216"}, {"0", 3, "16777216"}, {"1", 2, "1024"}, {"0", 2, "1024"}};
+  const Case cases[] = {{"1", 3, "16777216"},
+                        {"0", 3, "16777216"},
+                        {"1", 2, "1024"},
+                        {"0", 2, "1024"},
+                        {"0", 3, "1024"}};
   for (const Case& c : cases) {
     DYNAMIC_SECTION(TransportName(c.shm) << ", " << c.ranks << " ranks, " << c.count << " floats") {
       Harness h;
