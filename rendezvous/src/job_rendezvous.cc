@@ -130,7 +130,7 @@ absl::StatusOr<std::string> JobRendezvous::Join(const JoinSpec& spec,
   }
   expected_.erase(node_id);
   if (state_ == State::kRunning) {
-    Member m{spec, clock_.Now(), false};
+    Member m{spec, clock_.Now(), false, std::nullopt};
     if (static_cast<int>(members_.size()) >= shape_.max_nodes) {
       spares_.emplace(node_id, std::move(m));  // a hot spare, promoted on the next round
       return node_id;
@@ -149,10 +149,10 @@ void JobRendezvous::AddToGathering(const std::string& node_id, const JoinSpec& s
   // Seats of the previous round's members that are still coming back are
   // held for them (the caller already removed node_id from expected_).
   if (static_cast<int>(members_.size() + expected_.size()) >= shape_.max_nodes) {
-    spares_.emplace(node_id, Member{spec, clock_.Now(), false});
+    spares_.emplace(node_id, Member{spec, clock_.Now(), false, std::nullopt});
     return;
   }
-  members_.emplace(node_id, Member{spec, clock_.Now(), false});
+  members_.emplace(node_id, Member{spec, clock_.Now(), false, std::nullopt});
   MaybeComplete(out);
 }
 
@@ -276,7 +276,7 @@ void JobRendezvous::OpenNextRound(const std::string& reason, bool counts_as_fail
   while (!spares_.empty() &&
          static_cast<int>(members_.size() + expected_.size()) < shape_.max_nodes) {
     auto it = spares_.begin();
-    members_.emplace(it->first, Member{it->second.spec, clock_.Now(), false});
+    members_.emplace(it->first, Member{it->second.spec, clock_.Now(), false, std::nullopt});
     spares_.erase(it);
   }
 }
@@ -526,7 +526,7 @@ std::unique_ptr<JobRendezvous> JobRendezvous::Restore(const JobSnapshot& snap, c
              snap.assigned.size() == snap.assigned_ids.size()) {
     job->state_ = State::kRunning;
     for (const auto& m : snap.members) {
-      Member member{m.spec, now, m.done};
+      Member member{m.spec, now, m.done, std::nullopt};
       if (!m.done) member.detached_since = now;
       job->members_.emplace(m.node_id, std::move(member));
     }
