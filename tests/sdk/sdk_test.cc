@@ -171,3 +171,21 @@ TEST_CASE("two hosts with two ranks each: hierarchical all-reduce (shm, then TCP
     }
   }
 }
+
+TEST_CASE("a restarted job bootstraps round 1's communicator on both paths", "[sdk]") {
+  for (const char* shm : kTransports) {
+    DYNAMIC_SECTION(TransportName(shm)) {
+      Harness h;
+      const std::string result = h.dir() + "/result";
+      Proc& p = h.StartDdprun(
+          "ddprun",
+          {"--nproc_per_node=3", "--max_restarts=1", "--no_python", SdkWorker(), "[restart]"},
+          {{"DDP_TIMEOUT_SEC", "30"}, {"DDP_SHM", shm}, {"SDK_RESULT_FILE", result}});
+      const int rc = h.Wait(p, 120);
+      INFO("stdout:\n" << p.Out() << "\nstderr:\n" << p.Err());
+      REQUIRE(rc == 0);
+      for (int r = 0; r < 3; ++r)
+        REQUIRE(ReadFile(result + "." + std::to_string(r)) == "round=1\n");
+    }
+  }
+}

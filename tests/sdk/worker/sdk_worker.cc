@@ -528,3 +528,26 @@ TEST_CASE("a wrong token is refused with an auth error", "[wrong-token]") {
     REQUIRE(std::string(e.what()).find("DDPRUN_TOKEN") != std::string::npos);
   }
 }
+
+TEST_CASE("after a restart, Init bootstraps the new round's communicator", "[restart]") {
+  // Round 0: every rank initialises and all-reduces, then rank 1 fails; the
+  // agent restarts the job (--max_restarts). Round 1 must bootstrap from its
+  // own keys (never round 0's segment, Gloo addresses or unique id) and work.
+  auto& pg = Group();
+  const std::int64_t round = pg->info().round;
+  std::vector<float> v(4096, 1.0f);
+  pg->Allreduce(std::span<float>(v)).Wait();
+  REQUIRE(v[0] == float(pg->size()));
+  if (round == 0) {
+    pg->Barrier().Wait();
+    if (pg->rank() == 1) std::_Exit(7);
+    // The others wait for the agent to stop them for the restart.
+    std::this_thread::sleep_for(std::chrono::seconds(30));
+    FAIL("round 0 was not restarted");
+  }
+  REQUIRE(round >= 1);
+  std::vector<double> w(1 << 20, double(pg->rank()));
+  pg->Allreduce(w.data(), w.size(), DType::kFloat64, ReduceOp::kMax).Wait();
+  REQUIRE(w.back() == double(pg->size() - 1));
+  WriteResult("round=" + std::to_string(round));
+}
