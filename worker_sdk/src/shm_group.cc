@@ -397,6 +397,11 @@ absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(
 
   // 1. The host's first rank makes the segment and publishes "<pid>/<fd>",
   // or "!<why>".
+  // Many ranks on one host: smaller steps, so that the segment stays within
+  // kMaxShmSegmentBytes (each rank has two slots, plus two result slots).
+  const std::size_t fit =
+      kMaxShmSegmentBytes / (2 * (static_cast<std::size_t>(w) + 1)) / kPage * kPage;
+  chunk_bytes = std::max<std::size_t>(kPage, std::min(chunk_bytes, fit));
   const std::size_t bytes = ShmGroup::SegmentBytes(w, chunk_bytes);
   Mapping map;
   int fd = -1;

@@ -49,6 +49,9 @@ namespace ddp::detail {
 // Bytes per rank per step. 1 MiB keeps a step's working set ((W+1) slots
 // read and written) near the last-level cache while barriers stay rare.
 inline constexpr std::size_t kDefaultShmChunkBytes = std::size_t(1) << 20;
+// The most memory one host's segment takes: with more than 127 ranks on a
+// host the steps shrink below kDefaultShmChunkBytes to stay within it.
+inline constexpr std::size_t kMaxShmSegmentBytes = std::size_t(256) << 20;
 
 struct ShmHeader;
 struct ShmRankState;
