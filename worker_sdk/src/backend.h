@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -74,6 +75,20 @@ class Backend {
   virtual absl::StatusOr<WorkPtr> ReduceScatter(const void* in, void* out, std::size_t count,
                                                 DType dtype, ReduceOp op) = 0;
   virtual absl::StatusOr<WorkPtr> Barrier() = 0;
+
+  // An all-reduce of several buffers of one dtype taken as one concatenated
+  // buffer, without packing them first (the Reducer's copy-mode buckets).
+  // Only where SupportsAllreducePieces(); the same bits as Allreduce of the
+  // packed buffer.
+  struct Piece {
+    void* data;
+    std::size_t count;
+  };
+  virtual bool SupportsAllreducePieces() const { return false; }
+  virtual absl::StatusOr<WorkPtr> AllreducePieces(std::vector<Piece> pieces, DType dtype,
+                                                  ReduceOp op) {
+    return absl::UnimplementedError(Fence() + "allreduce of pieces: not on this backend");
+  }
   virtual void SetStream(void* stream) {}
 
   // Memory the collectives accept (host memory for Gloo, device memory for

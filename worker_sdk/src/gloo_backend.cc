@@ -368,6 +368,27 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
     });
   }
 
+  bool SupportsAllreducePieces() const override { return OneHostShm() != nullptr; }
+
+  absl::StatusOr<WorkPtr> AllreducePieces(std::vector<Piece> pieces, DType dtype,
+                                          ReduceOp op) override {
+    ShmGroup* shm = OneHostShm();
+    if (shm == nullptr) return Backend::AllreducePieces(std::move(pieces), dtype, op);
+    std::size_t count = 0;
+    std::vector<ShmPiece> shm_pieces;
+    for (const Piece& p : pieces) {
+      DDP_RETURN_IF_ERROR(CheckBuffer(*this, "allreduce", p.data, p.count, dtype));
+      count += p.count;
+      if (p.count) shm_pieces.push_back(ShmPiece{p.data, p.count * DTypeSize(dtype)});
+    }
+    DDP_RETURN_IF_ERROR(CheckReduceOp(*this, "allreduce", op));
+    const std::string desc = DescribeOp("allreduce", count, dtype, ReduceOpName(op));
+    if (count == 0) return Enqueue(desc, nullptr);
+    return Enqueue(desc, [=, t = timeout()] {
+      ThrowIfFailed(shm->Allreduce(shm_pieces, dtype, op, DeadlineIn(t)));
+    });
+  }
+
   absl::StatusOr<WorkPtr> Broadcast(void* data, std::size_t count, DType dtype,
                                     int root) override {
     DDP_RETURN_IF_ERROR(CheckBuffer(*this, "broadcast", data, count, dtype));

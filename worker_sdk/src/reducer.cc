@@ -174,7 +174,7 @@ class ReducerImpl {
                             static_cast<float*>(bucket.flat), bucket.count, bucket.wire_dtype);
         }
       }
-      if (!options_.gradient_as_bucket_view) {
+      if (!options_.gradient_as_bucket_view && !unpacked_) {
         const std::size_t esize = DTypeSize(bucket.dtype);
         for (std::size_t i : bucket.members) {
           DDP_RETURN_IF_ERROR(b_.Copy(grads_[i].data,
@@ -239,6 +239,11 @@ class ReducerImpl {
     }
     const auto assignment = ComputeBucketAssignment(grads_, options_.first_bucket_bytes,
                                                     options_.bucket_cap_bytes);
+    // Copy mode on a backend that all-reduces a list of buffers in place
+    // (shared memory): no packing into flat buckets and back; the backend's
+    // own copy into shared memory is the packing.
+    unpacked_ = !options_.gradient_as_bucket_view &&
+                options_.compression == Compression::kNone && b_.SupportsAllreducePieces();
     slots_.assign(grads_.size(), Slot{});
     for (const auto& members : assignment) {
       Bucket bucket;
@@ -248,11 +253,15 @@ class ReducerImpl {
         slots_[i] = Slot{buckets_.size(), bucket.count};
         bucket.count += grads_[i].count;
       }
+      bucket.wire_dtype = bucket.dtype;
+      if (unpacked_) {
+        buckets_.push_back(std::move(bucket));
+        continue;  // no flat buffer: the backend reads and writes the gradients
+      }
       auto flat = b_.Alloc(bucket.count * DTypeSize(bucket.dtype));
       if (!flat.ok()) return flat.status();
       bucket.flat = *flat;
       bucket.wire = bucket.flat;
-      bucket.wire_dtype = bucket.dtype;
       if (options_.compression != Compression::kNone) {
         bucket.wire_dtype =
             options_.compression == Compression::kFloat16 ? DType::kFloat16 : DType::kBFloat16;
@@ -317,6 +326,21 @@ class ReducerImpl {
       Bucket& bucket = buckets_[next_bucket_];
       bucket.start_at = Clock::now();
       const std::size_t esize = DTypeSize(bucket.dtype);
+      if (unpacked_) {
+        std::vector<detail::Backend::Piece> pieces;
+        for (std::size_t i : bucket.members) pieces.push_back({grads_[i].data, grads_[i].count});
+        auto work = b_.AllreducePieces(std::move(pieces), bucket.dtype,
+                                       options_.average ? ReduceOp::kAvg : ReduceOp::kSum);
+        if (!work.ok()) {
+          broken_ = true;
+          broken_why_ = std::string(work.status().message());
+          return work.status();
+        }
+        bucket.work = *work;
+        bucket.launched_at = Clock::now();
+        ++next_bucket_;
+        continue;
+      }
       if (!options_.gradient_as_bucket_view) {
         for (std::size_t i : bucket.members) {
           DDP_RETURN_IF_ERROR(b_.Copy(static_cast<char*>(bucket.flat) + slots_[i].offset * esize,
@@ -443,6 +467,7 @@ class ReducerImpl {
   std::vector<bool> ready_;
   std::size_t next_bucket_ = 0;
   std::size_t steps_ = 0;
+  bool unpacked_ = false;  // copy mode without flat buckets (AllreducePieces)
   bool built_ = false;
   bool checked_ = false;
   bool require_sync_ = true;

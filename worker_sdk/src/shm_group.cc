@@ -283,6 +283,87 @@ absl::Status ShmGroup::Allreduce(void* data, std::size_t count, DType dtype, Red
   return absl::OkStatus();
 }
 
+namespace {
+
+// Byte ranges of a list of buffers taken as one concatenated buffer.
+class Pieces {
+ public:
+  explicit Pieces(const std::vector<ShmPiece>& pieces) : pieces_(pieces) {
+    std::size_t at = 0;
+    for (const ShmPiece& p : pieces_) {
+      starts_.push_back(at);
+      at += p.bytes;
+    }
+  }
+  // dst <- bytes [off, off + n) of the concatenation.
+  void Gather(std::size_t off, char* dst, std::size_t n) const {
+    ForEach(off, n, [&](char* piece, std::size_t done, std::size_t len) {
+      std::memcpy(dst + done, piece, len);
+    });
+  }
+  // Bytes [off, off + n) of the concatenation <- src.
+  void Scatter(std::size_t off, const char* src, std::size_t n) const {
+    ForEach(off, n, [&](char* piece, std::size_t done, std::size_t len) {
+      std::memcpy(piece, src + done, len);
+    });
+  }
+
+ private:
+  template <class Fn>
+  void ForEach(std::size_t off, std::size_t n, Fn&& fn) const {
+    auto it = std::upper_bound(starts_.begin(), starts_.end(), off);
+    std::size_t i = static_cast<std::size_t>(it - starts_.begin()) - 1;
+    std::size_t done = 0;
+    while (done < n) {
+      const std::size_t in_piece = off + done - starts_[i];
+      const std::size_t len = std::min(pieces_[i].bytes - in_piece, n - done);
+      if (len > 0) fn(static_cast<char*>(pieces_[i].data) + in_piece, done, len);
+      done += len;
+      ++i;
+    }
+  }
+  const std::vector<ShmPiece>& pieces_;
+  std::vector<std::size_t> starts_;
+};
+
+}  // namespace
+
+absl::Status ShmGroup::Allreduce(const std::vector<ShmPiece>& pieces, DType dtype, ReduceOp op,
+                                 Clock::time_point deadline) {
+  const std::size_t es = DTypeSize(dtype);
+  std::size_t total = 0;
+  for (const ShmPiece& p : pieces) total += p.bytes;
+  if (pieces.size() == 1) return Allreduce(pieces[0].data, total / es, dtype, op, deadline);
+  const Pieces view(pieces);
+  const std::size_t count = total / es;
+  const std::size_t per_step = chunk_ / es;
+  const ReduceFn fn = ReduceFunc(dtype, op);
+  const auto w = static_cast<std::size_t>(size_);
+  for (std::size_t off = 0; off < count; off += per_step) {
+    const std::size_t n = std::min(per_step, count - off);
+    const int b = NextBuffer();
+    const std::size_t lo = n * rank_ / w;
+    const std::size_t hi = n * (rank_ + 1) / w;
+    // The whole step of this rank's input: packing and the copy into shared
+    // memory in one pass.
+    view.Gather(off * es, Slot(b, rank_), n * es);
+    if (auto s = Sync("allreduce", deadline); !s.ok()) return s;
+    if (hi > lo) {
+      char* res = Result(b) + lo * es;
+      if (size_ == 1) {
+        std::memcpy(res, Slot(b, 0) + lo * es, (hi - lo) * es);
+      } else {
+        fn(res, Slot(b, 0) + lo * es, Slot(b, 1) + lo * es, hi - lo);
+        for (int r = 2; r < size_; ++r) fn(res, res, Slot(b, r) + lo * es, hi - lo);
+      }
+      if (op == ReduceOp::kAvg) DivideInPlace(res, hi - lo, dtype, size_);
+    }
+    if (auto s = Sync("allreduce", deadline); !s.ok()) return s;
+    view.Scatter(off * es, Result(b), n * es);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ShmGroup::Broadcast(void* data, std::size_t bytes, int root,
                                  Clock::time_point deadline) {
   char* p = static_cast<char*>(data);

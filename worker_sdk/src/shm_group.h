@@ -56,6 +56,12 @@ inline constexpr std::size_t kMaxShmSegmentBytes = std::size_t(256) << 20;
 struct ShmHeader;
 struct ShmRankState;
 
+// One buffer of a list all-reduced as if concatenated.
+struct ShmPiece {
+  void* data;
+  std::size_t bytes;
+};
+
 class ShmGroup {
  public:
   using Clock = std::chrono::steady_clock;
@@ -81,6 +87,11 @@ class ShmGroup {
   // peer died: rank and pid), Aborted (a rank aborted the group). After an
   // error the group is aborted for every rank.
   absl::Status Allreduce(void* data, std::size_t count, DType dtype, ReduceOp op,
+                         Clock::time_point deadline);
+  // The same over the concatenation of `pieces` (whole elements each): the
+  // Reducer's buckets without packing them first. Same bits as Allreduce of
+  // the packed buffer.
+  absl::Status Allreduce(const std::vector<ShmPiece>& pieces, DType dtype, ReduceOp op,
                          Clock::time_point deadline);
   absl::Status Broadcast(void* data, std::size_t bytes, int root, Clock::time_point deadline);
   // `in` holds `bytes`; out receives size()*bytes, rank-major.

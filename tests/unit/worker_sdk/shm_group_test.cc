@@ -287,3 +287,44 @@ TEST_CASE("shm: a rank that finishes a collective and aborts does not fail a slo
     REQUIRE(b == 3);
   }
 }
+
+TEST_CASE("shm allreduce of pieces: the same bits as the packed buffer", "[unit]") {
+  using ddp::detail::ShmPiece;
+  const int size = 3;
+  // Uneven pieces, one empty, crossing 256-byte steps (64 floats) anywhere.
+  const std::vector<std::size_t> lens = {5, 0, 130, 1, 64, 77};
+  std::size_t total = 0;
+  for (auto l : lens) total += l;
+  std::mt19937 gen(7);
+  std::normal_distribution<float> d(0.f, 10.f);
+  std::vector<std::vector<float>> packed(size, std::vector<float>(total));
+  for (auto& v : packed) {
+    for (auto& x : v) x = d(gen);
+  }
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+    auto pieces_data = packed;  // split into separate vectors below
+    std::vector<std::vector<std::vector<float>>> split(size);
+    for (int r = 0; r < size; ++r) {
+      std::size_t at = 0;
+      for (auto l : lens) {
+        split[r].emplace_back(packed[r].begin() + at, packed[r].begin() + at + l);
+        at += l;
+      }
+    }
+    Segment a(size, 256), b(size, 256);
+    RequireAllOk(a.Run([&](int r) {
+      return a.rank(r).Allreduce(pieces_data[r].data(), total, DType::kFloat32, op, In(10s));
+    }));
+    RequireAllOk(b.Run([&](int r) {
+      std::vector<ShmPiece> pieces;
+      for (auto& v : split[r]) pieces.push_back(ShmPiece{v.data(), v.size() * sizeof(float)});
+      return b.rank(r).Allreduce(pieces, DType::kFloat32, op, In(10s));
+    }));
+    for (int r = 0; r < size; ++r) {
+      std::vector<float> joined;
+      for (auto& v : split[r]) joined.insert(joined.end(), v.begin(), v.end());
+      INFO("rank " << r << " op " << int(op));
+      REQUIRE(std::memcmp(joined.data(), pieces_data[0].data(), total * sizeof(float)) == 0);
+    }
+  }
+}
