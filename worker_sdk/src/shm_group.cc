@@ -210,20 +210,27 @@ absl::Status ShmGroup::Wait(std::uint32_t target, const char* op, Clock::time_po
     if (header_->aborted_by.load(std::memory_order_relaxed) != 0) break;
     ::sched_yield();
   }
-  // Sleeping. Between slices, in this order: done (a rank that finished and
-  // then aborted must not fail this one), a dead peer, a failure another
-  // rank published (naming its cause), the deadline.
+  // Sleeping. Between slices: a dead peer, a failure another rank published
+  // (naming its cause), the deadline. Each is re-checked against `arrived`
+  // after it is seen: a rank that arrived, finished and then aborted (or
+  // died) must not fail a peer still leaving the same barrier. Its arrival
+  // happens before its abort, so a load of `arrived` after seeing the abort
+  // sees the arrival.
   for (;;) {
     if (reached(header_->arrived.load(std::memory_order_acquire))) return absl::OkStatus();
     for (int r = 0; r < size_; ++r) {
       const std::int32_t pid = ranks_[r].pid.load();
       if (r != rank_ && pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) {
+        if (reached(header_->arrived.load())) return absl::OkStatus();
         AbortFor(AbortKind::kPeerDied, r, pid);
         return absl::UnavailableError(
             absl::StrCat(op, ": rank ", Name(r), " (pid ", pid, ") died"));
       }
     }
-    if (auto s = AbortedStatus(op); !s.ok()) return s;
+    if (auto s = AbortedStatus(op); !s.ok()) {
+      if (reached(header_->arrived.load())) return absl::OkStatus();
+      return s;
+    }
     const auto now = Clock::now();
     if (now >= deadline) {
       std::vector<int> missing = Missing();
