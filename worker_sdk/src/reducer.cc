@@ -153,10 +153,7 @@ class ReducerImpl {
     for (Bucket& bucket : buckets_) {
       absl::Status s = bucket.work ? bucket.work->WaitDefault() : absl::OkStatus();
       bucket.work.reset();
-      if (!s.ok()) {
-        broken_ = true;
-        return s;
-      }
+      if (!s.ok()) return Break(s);
       if (bucket.wire != bucket.flat) {
         // Compressed: pre-divided on the way out, so only widen.
         if (b_.device_memory()) {
@@ -164,11 +161,7 @@ class ReducerImpl {
           // caller's stream, before the unpacking copies below.
           s = b_.DecompressF32(bucket.wire, static_cast<float*>(bucket.flat), bucket.count,
                                bucket.wire_dtype);
-          if (!s.ok()) {
-            broken_ = true;
-            broken_why_ = std::string(s.message());
-            return s;
-          }
+          if (!s.ok()) return Break(s);
         } else {
           DecompressFloat32(static_cast<const std::uint16_t*>(bucket.wire),
                             static_cast<float*>(bucket.flat), bucket.count, bucket.wire_dtype);
@@ -295,11 +288,7 @@ class ReducerImpl {
     DDP_RETURN_IF_ERROR(EnsureBuilt());
     if (!checked_) {
       absl::Status s = CheckAcrossRanks();
-      if (!s.ok()) {
-        broken_ = true;
-        broken_why_ = std::string(s.message());
-        return s;
-      }
+      if (!s.ok()) return Break(s);
       checked_ = true;
     }
     return absl::OkStatus();
@@ -325,62 +314,55 @@ class ReducerImpl {
     while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
       Bucket& bucket = buckets_[next_bucket_];
       bucket.start_at = Clock::now();
-      const std::size_t esize = DTypeSize(bucket.dtype);
-      if (unpacked_) {
-        std::vector<detail::Backend::Piece> pieces;
-        for (std::size_t i : bucket.members) pieces.push_back({grads_[i].data, grads_[i].count});
-        auto work = b_.AllreducePieces(std::move(pieces), bucket.dtype,
-                                       options_.average ? ReduceOp::kAvg : ReduceOp::kSum);
-        if (!work.ok()) {
-          broken_ = true;
-          broken_why_ = std::string(work.status().message());
-          return work.status();
-        }
-        bucket.work = *work;
-        bucket.launched_at = Clock::now();
-        ++next_bucket_;
-        continue;
-      }
-      if (!options_.gradient_as_bucket_view) {
-        for (std::size_t i : bucket.members) {
-          DDP_RETURN_IF_ERROR(b_.Copy(static_cast<char*>(bucket.flat) + slots_[i].offset * esize,
-                                      grads_[i].data, grads_[i].count * esize));
-        }
-      }
-      ReduceOp op = ReduceOp::kSum;
-      if (bucket.wire != bucket.flat) {
-        // Pre-divide so that the sum of world values stays in half range.
-        const float scale = options_.average ? 1.0f / float(b_.size()) : 1.0f;
-        if (b_.device_memory()) {
-          absl::Status s = b_.CompressF32(static_cast<const float*>(bucket.flat), bucket.wire,
-                                          bucket.count, bucket.wire_dtype, scale);
-          if (!s.ok()) {
-            broken_ = true;
-            broken_why_ = std::string(s.message());
-            return s;
-          }
-        } else {
-          CompressFloat32(static_cast<const float*>(bucket.flat),
-                          static_cast<std::uint16_t*>(bucket.wire), bucket.count,
-                          bucket.wire_dtype, scale);
-        }
-      } else if (options_.average) {
-        // ncclAvg on NCCL; on the CPU paths the communication thread divides
-        // (shared memory: each rank its share, while it is in cache), so the
-        // caller's Finish() does not pass over the buckets again.
-        op = ReduceOp::kAvg;
-      }
-      auto work = b_.Allreduce(bucket.wire, bucket.count, bucket.wire_dtype, op);
-      if (!work.ok()) {
-        broken_ = true;
-        broken_why_ = std::string(work.status().message());
-        return work.status();
-      }
+      auto work = Launch(bucket);
+      if (!work.ok()) return Break(work.status());
       bucket.work = *work;
       bucket.launched_at = Clock::now();
       ++next_bucket_;
     }
     return absl::OkStatus();
+  }
+
+  // Packs (or compresses) a bucket as its mode needs and issues its all-reduce.
+  absl::StatusOr<detail::WorkPtr> Launch(Bucket& bucket) {
+    // Averaging is the backend's kAvg (ncclAvg on NCCL; on the CPU paths the
+    // communication thread divides, on shared memory each rank its share
+    // while it is in cache), so Finish() does not pass over the buckets again.
+    const ReduceOp reduce = options_.average ? ReduceOp::kAvg : ReduceOp::kSum;
+    if (unpacked_) {
+      std::vector<detail::Backend::Piece> pieces;
+      for (std::size_t i : bucket.members) pieces.push_back({grads_[i].data, grads_[i].count});
+      return b_.AllreducePieces(std::move(pieces), bucket.dtype, reduce);
+    }
+    const std::size_t esize = DTypeSize(bucket.dtype);
+    if (!options_.gradient_as_bucket_view) {
+      for (std::size_t i : bucket.members) {
+        DDP_RETURN_IF_ERROR(b_.Copy(static_cast<char*>(bucket.flat) + slots_[i].offset * esize,
+                                    grads_[i].data, grads_[i].count * esize));
+      }
+    }
+    if (bucket.wire == bucket.flat) {
+      return b_.Allreduce(bucket.wire, bucket.count, bucket.wire_dtype, reduce);
+    }
+    // Compressed: pre-divided so that the sum of world values stays in half
+    // range, then summed.
+    const float scale = options_.average ? 1.0f / float(b_.size()) : 1.0f;
+    if (b_.device_memory()) {
+      DDP_RETURN_IF_ERROR(b_.CompressF32(static_cast<const float*>(bucket.flat), bucket.wire,
+                                         bucket.count, bucket.wire_dtype, scale));
+    } else {
+      CompressFloat32(static_cast<const float*>(bucket.flat),
+                      static_cast<std::uint16_t*>(bucket.wire), bucket.count, bucket.wire_dtype,
+                      scale);
+    }
+    return b_.Allreduce(bucket.wire, bucket.count, bucket.wire_dtype, ReduceOp::kSum);
+  }
+
+  // Marks the Reducer unusable; later calls name s.
+  absl::Status Break(absl::Status s) {
+    broken_ = true;
+    broken_why_ = std::string(s.message());
+    return s;
   }
 
   // At the first step every rank allgathers (count, hash of (count, dtype)
