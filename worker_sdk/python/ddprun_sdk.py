@@ -72,6 +72,7 @@ for name, args, res in [
     ("ddp_barrier", [_P, _c.POINTER(_P)], _I),
     ("ddp_work_wait", [_P, _c.c_double], _I),
     ("ddp_work_free", [_P], None),
+    ("ddp_work_test", [_P, _c.POINTER(_c.c_int)], _I),
     ("ddp_reducer_create", [_P, _P, _c.POINTER(_P)], _I),
     ("ddp_reducer_destroy", [_P], None),
     ("ddp_reducer_register", [_P, _P, _SZ, _I, _c.POINTER(_SZ)], _I),
@@ -129,6 +130,14 @@ class Work:
 
     def __init__(self, handle, keep):
         self._h, self._keep = handle, keep
+
+    def is_completed(self):
+        """True once the collective is done (without blocking); raises its error."""
+        if self._h is None:
+            return True
+        done = ctypes.c_int(0)
+        _check(_lib.ddp_work_test(self._h, ctypes.byref(done)))
+        return bool(done.value)
 
     def wait(self, timeout=0.0):
         if self._h is None:

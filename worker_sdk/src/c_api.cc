@@ -172,6 +172,12 @@ ddp_status_t ddp_work_wait(ddp_work_t* work, double timeout_sec) {
   });
 }
 
+ddp_status_t ddp_work_test(ddp_work_t* work, int* done) {
+  DDP_REQUIRE(work != nullptr, "ddp_work_test: work is a null pointer");
+  DDP_REQUIRE(done != nullptr, "ddp_work_test: done is a null pointer");
+  return Guard([&] { *done = work->work.IsCompleted() ? 1 : 0; });
+}
+
 void ddp_work_free(ddp_work_t* work) { delete work; }
 
 ddp_status_t ddp_reducer_create(ddp_group_t* g, const ddp_reducer_options_t* options,

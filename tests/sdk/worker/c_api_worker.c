@@ -113,6 +113,13 @@ static void Collectives(ddp_group_t* g, int rank, int world) {
   OK(ddp_allreduce(g, h, 4, DDP_FLOAT16, DDP_SUM, &w4));
   OK(ddp_allreduce(g, bf, 4, DDP_BFLOAT16, DDP_MAX, &w5));
   CHECK(w1 && w2 && w3 && w4 && w5, "an async call gave no work handle");
+  /* ddp_work_test polls without freeing; a null out-pointer is refused. */
+  if (w5) {
+    int done = 0;
+    for (int spin = 0; spin < 1000000 && !done; ++spin) OK(ddp_work_test(w5, &done));
+    CHECK(done == 1, "ddp_work_test never reported the collective done");
+    FAILS(ddp_work_test(w5, NULL), DDP_ERR_INVALID_ARGUMENT, "done is a null pointer");
+  }
   /* ddp_work_wait frees the handle; wait in reverse issue order. */
   if (w5) OK(ddp_work_wait(w5, 30.0));
   if (w4) OK(ddp_work_wait(w4, 0));

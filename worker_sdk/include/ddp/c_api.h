@@ -20,7 +20,8 @@
 extern "C" {
 #endif
 
-#define DDP_ABI_VERSION 1
+/* 1: the first release; 2: ddp_work_test. */
+#define DDP_ABI_VERSION 2
 
 typedef enum {
   DDP_OK = 0,
@@ -90,6 +91,9 @@ ddp_status_t ddp_reduce_scatter(ddp_group_t* g, const void* in, void* out, size_
 ddp_status_t ddp_barrier(ddp_group_t* g, ddp_work_t** work);
 /* Waits (timeout_sec <= 0: the group's timeout) and frees the handle. */
 ddp_status_t ddp_work_wait(ddp_work_t* work, double timeout_sec);
+/* Non-blocking: *done = 1 once the collective completed, else 0. The handle
+ * stays valid (wait or free it after). A failed collective returns its error. */
+ddp_status_t ddp_work_test(ddp_work_t* work, int* done);
 void ddp_work_free(ddp_work_t* work);
 
 ddp_status_t ddp_reducer_create(ddp_group_t* g, const ddp_reducer_options_t* options,
