@@ -53,7 +53,12 @@ inline double SecondsSince(Clock::time_point t0) {
 
 inline void SleepMs(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
 
-inline std::string Bin(const std::string& name) { return std::string(DDPRUN_BIN_DIR) + "/" + name; }
+// The build's executables; DDPRUN_TEST_BIN_DIR moves them (a bundle run on
+// another machine: scripts/gpu-bundle.sh).
+inline std::string Bin(const std::string& name) {
+  const char* dir = std::getenv("DDPRUN_TEST_BIN_DIR");
+  return std::string(dir && *dir ? dir : DDPRUN_BIN_DIR) + "/" + name;
+}
 inline std::string Ddprun() { return Bin("ddprun"); }
 inline std::string Ddprund() { return Bin("ddprund"); }
 inline std::string FixtureWorker() { return Bin("fixture_worker"); }

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Packs what the GPU tier and the NCCL benchmark need into .device/gpu (ignored
+# by git, small enough for the device tool's carry limit of 64 MiB), for a GPU
+# machine on which nothing can be installed:
+#   bash scripts/gpu-bundle.sh [build-dir]        (here, after `make`)
+#   bash .device/gpu/run.sh                       (there, from the repository root)
+# Executables and libraries are stripped copies. Not packed: glibc (the target
+# must have glibc >= this machine's), the CUDA driver, and NCCL (218 MB here):
+# run.sh takes NCCL from the target's PyTorch (its nvidia-nccl wheel) or from
+# /usr/local/cuda.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+B=${1:-build}
+out=.device/gpu
+for f in ddprun gpu_tests gpu_worker nccl_bench; do
+  [[ -x "$B/bin/$f" ]] || { echo "gpu-bundle: $B/bin/$f is missing: build with DDPRUN_WITH_CUDA=ON first" >&2; exit 1; }
+done
+rm -rf "$out" && mkdir -p "$out/bin" "$out/lib"
+for f in ddprun gpu_tests gpu_worker nccl_bench; do
+  strip -o "$out/bin/$f" "$B/bin/$f"
+done
+# Every shared library they load, except glibc's, the driver's and NCCL.
+skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libcuda\.so|libnccl\.so)'
+ldd "$B"/bin/{ddprun,gpu_tests,gpu_worker,nccl_bench} | awk '/=> \//{print $1, $3}' | sort -u |
+  while read -r name path; do
+    [[ $name =~ $skip ]] && continue
+    strip -o "$out/lib/$name" "$path" 2>/dev/null || cp -L "$path" "$out/lib/$name"
+  done
+cat > "$out/run.sh" <<'RUN'
+#!/usr/bin/env bash
+# Runs the GPU tier and the NCCL benchmark from this bundle (see scripts/gpu-bundle.sh).
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+nccl=$(python3 -c 'import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], "lib"))' 2>/dev/null ||
+       true)
+[[ -n "$nccl" && -e "$nccl/libnccl.so.2" ]] || nccl=/usr/local/cuda/lib
+export LD_LIBRARY_PATH="$here/lib:$nccl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export DDPRUN_TEST_BIN_DIR="$here/bin"
+echo "== nvidia-smi"; nvidia-smi -L || true
+echo "== NCCL from $nccl"
+echo "== gpu_tests"; "$here/bin/gpu_tests" --durations yes; rc=$?
+echo "== nccl_bench"; "$here/bin/ddprun" --nproc_per_node=1 --no_python "$here/bin/nccl_bench" all
+exit $rc
+RUN
+chmod +x "$out/run.sh"
+du -sh "$out"
