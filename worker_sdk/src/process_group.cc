@@ -1,5 +1,7 @@
 // ddp::Init, environment parsing, and the public ProcessGroup/Work wrappers
 // that turn the backends' absl::Status into ddp::Error.
+#include <signal.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <string>
@@ -121,9 +123,22 @@ absl::StatusOr<WorkerInfo> ParseEnvironment() {
   return info;
 }
 
+// Gloo writes to its sockets with writev, which raises SIGPIPE when a peer
+// has died: the default action would kill the worker instead of failing the
+// collective with an error naming it. Ignored only if nobody chose an action
+// (Python already ignores it).
+static void IgnoreSigpipeIfDefault() {
+  struct sigaction old {};
+  if (::sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL &&
+      !(old.sa_flags & SA_SIGINFO)) {
+    ::signal(SIGPIPE, SIG_IGN);
+  }
+}
+
 absl::StatusOr<std::shared_ptr<Backend>> InitBackend(const InitOptions& in) {
   auto info_or = ParseEnvironment();
   if (!info_or.ok()) return info_or.status();
+  IgnoreSigpipeIfDefault();
   WorkerInfo info = *info_or;
   InitOptions options = in;
   const std::string fence = absl::StrCat("[job ", info.job_id, " round ", info.round, " rank ",

@@ -141,6 +141,13 @@ TEST_CASE("broadcast from every root", "[collectives]") {
 
 // Replicas must not drift: every rank ends an allreduce with the same bits,
 // also for values whose sum depends on the order of addition.
+TEST_CASE("after Init, SIGPIPE is ignored: a dead peer is an error, not a signal", "[collectives]") {
+  Group();
+  struct sigaction sa {};
+  REQUIRE(::sigaction(SIGPIPE, nullptr, &sa) == 0);
+  REQUIRE(sa.sa_handler == SIG_IGN);
+}
+
 TEST_CASE("allreduce results are bit-identical on every rank (f32 sum)", "[collectives]") {
   auto& pg = Group();
   const int world = pg->size(), rank = pg->rank();
