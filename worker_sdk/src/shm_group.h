@@ -17,15 +17,18 @@
 // All-reduce step of n elements: rank r owns elements [n*r/W, n*(r+1)/W). Each
 // rank copies the others' shares of its input to in[b][rank]; after the
 // barrier, rank r folds its share over ranks 0, 1, ..., W-1 in that order into
-// res[b] (its own input read in place) and after the second barrier every rank
-// copies res[b]. Every element is computed once, in one order, so every rank
-// ends with the same bits (unlike a per-rank summation order).
+// res[b] (its own input read in place; kAvg divided there) and after the
+// second barrier every rank copies res[b]. Every element is computed once, in
+// one order, so every rank ends with the same bits (unlike a per-rank
+// summation order). The list-of-buffers variant (the Reducer's buckets)
+// copies a whole step, its own share too, and reads its share from there.
 //
 // Barrier: one shared counter; barrier number e completes when it reaches
-// e*W (mod 2^32). Waiters spin briefly, then sleep on the counter with
-// FUTEX_WAIT in slices, checking between slices the deadline, a rank that
-// aborted the group (Abort() sets a shared flag and wakes everyone) and
-// peers that died (their pid is gone). Nothing waits without a deadline.
+// e*W (mod 2^32). Waiters spin briefly, spin yielding the CPU, then sleep on
+// the counter with FUTEX_WAIT in slices, checking between slices for peers
+// that died (their pid is gone), a failure another rank published (the first
+// failing rank writes its cause: a dead peer, a timeout, an Abort(); then
+// wakes everyone) and the deadline. Nothing waits without a deadline.
 #pragma once
 
 #include <chrono>
