@@ -189,3 +189,28 @@ TEST_CASE("a restarted job bootstraps round 1's communicator on both paths", "[s
     }
   }
 }
+
+TEST_CASE("ranks that all-reduce different sizes get an error on both paths", "[sdk]") {
+  for (const char* shm : kTransports) {
+    DYNAMIC_SECTION(TransportName(shm)) {
+      Harness h;
+      const std::string result = h.dir() + "/result";
+      Proc& p = h.StartDdprun(
+          "ddprun",
+          {"--nproc_per_node=2", "--grace_period=2", "--no_python", SdkWorker(), "[mismatch]"},
+          {{"DDP_TIMEOUT_SEC", "5"}, {"DDP_SHM", shm}, {"SDK_RESULT_FILE", result}});
+      const int rc = h.Wait(p, 60);
+      const std::string r0 = ReadFile(result + ".0");
+      INFO("rank 0 reported: " << r0 << "\nddprun stderr:\n" << p.Err());
+      REQUIRE(rc != 0);
+      REQUIRE(r0.find("code=") != std::string::npos);
+      REQUIRE(std::stod(r0.substr(r0.find("seconds=") + 8)) < 5.0);
+      if (std::string(shm) == "1") {
+        // Every rank names both collectives.
+        REQUIRE(r0.find("code=invalid argument") != std::string::npos);
+        REQUIRE(r0.find("allreduce(1024 x f32, sum)") != std::string::npos);
+        REQUIRE(ReadFile(result + ".1").find("allreduce(1000 x f32, sum)") != std::string::npos);
+      }
+    }
+  }
+}

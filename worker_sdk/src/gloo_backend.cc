@@ -613,11 +613,17 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
     std::string fence;
     auto self = weak.lock();
     if (self) fence = self->Fence();
+    if (self) self->Fail(absl::StrCat(desc, ": ", what));
+    // A peer sent more than this rank's buffer holds: Gloo's size check.
+    if (what.find("op.buf->size_") != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          fence, desc, " failed: a peer issued a collective of another size (every rank must ",
+          "issue the same collectives with the same sizes, in the same order; gloo: ", what, ")"));
+    }
     const bool timed_out = what.find("imed out") != std::string::npos ||
                            what.find("imeout") != std::string::npos;
     std::string msg = absl::StrCat(fence, desc, timed_out ? " timed out" : " failed",
                                    ": a peer died, hung or left the job (gloo: ", what, ")");
-    if (self) self->Fail(absl::StrCat(desc, ": ", what));
     return timed_out ? absl::DeadlineExceededError(msg) : absl::UnavailableError(msg);
   }
 

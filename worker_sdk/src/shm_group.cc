@@ -48,6 +48,11 @@ struct alignas(64) ShmHeader {
 struct alignas(64) ShmRankState {
   std::atomic<std::int32_t> pid;
   std::atomic<std::uint32_t> epoch;  // barriers this rank entered
+  // What this rank's collective number c is (ShmGroup::OpSig), in slot c % 2:
+  // written before the collective's first barrier, read by the others after
+  // it. A rank writes slot c % 2 again only for collective c + 2, after every
+  // rank passed the first barrier of c + 1, i.e. after they all checked c.
+  std::uint64_t sig[2][2];
 };
 
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
@@ -113,7 +118,7 @@ void ShmGroup::Format(void* base, int size, std::size_t chunk_bytes) {
   h->abort_subject = -1;
   h->abort_pid = 0;
   auto* r = reinterpret_cast<ShmRankState*>(h + 1);
-  for (int i = 0; i < size; ++i) new (r + i) ShmRankState();
+  for (int i = 0; i < size; ++i) new (r + i) ShmRankState{};
 }
 
 ShmGroup::ShmGroup(void* base, std::size_t bytes, int rank, bool owns_mapping)
@@ -166,6 +171,10 @@ absl::Status ShmGroup::AbortedStatus(const char* op) const {
       if (subject < 0) break;
       return absl::DeadlineExceededError(
           absl::StrCat(op, ": rank ", Name(who), " timed out waiting for rank ", Name(subject)));
+    case AbortKind::kMismatch:
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, ": rank ", Name(who), " found that the ranks issued different ",
+                       "collectives (rank ", Name(subject), " differs; its error says how)"));
     case AbortKind::kAborted:
       break;
   }
@@ -182,7 +191,59 @@ std::vector<int> ShmGroup::Missing() const {
   return missing;
 }
 
+void ShmGroup::Begin(OpKind kind, DType dtype, ReduceOp op, int root, std::uint64_t count) {
+  const std::uint64_t word =
+      static_cast<std::uint64_t>(kind) | static_cast<std::uint64_t>(dtype) << 8 |
+      static_cast<std::uint64_t>(op) << 16 | static_cast<std::uint64_t>(root + 1) << 24;
+  std::uint64_t* sig = ranks_[rank_].sig[collective_ & 1];
+  sig[0] = word;
+  sig[1] = count;
+  check_pending_ = true;
+}
+
+std::string ShmGroup::DescribeSig(const std::uint64_t* sig) {
+  const auto kind = static_cast<OpKind>(sig[0] & 0xff);
+  const auto dtype = static_cast<DType>((sig[0] >> 8) & 0xff);
+  const auto op = static_cast<ReduceOp>((sig[0] >> 16) & 0xff);
+  const int root = static_cast<int>((sig[0] >> 24) & 0xffff) - 1;
+  switch (kind) {
+    case OpKind::kAllreduce:
+      return absl::StrCat("allreduce(", sig[1], " x ", DTypeName(dtype), ", ", ReduceOpName(op),
+                          ")");
+    case OpKind::kBroadcast:
+      return absl::StrCat("broadcast(", sig[1], " bytes, root ", root, ")");
+    case OpKind::kAllgather:
+      return absl::StrCat("allgather(", sig[1], " bytes)");
+    case OpKind::kBarrier:
+      return "barrier";
+  }
+  return "an unknown collective";
+}
+
+// After a collective's first barrier: did every rank issue the same one?
+absl::Status ShmGroup::CheckSame(const char* op) {
+  check_pending_ = false;
+  const int slot = static_cast<int>(collective_++ & 1);
+  const std::uint64_t* mine = ranks_[rank_].sig[slot];
+  for (int r = 0; r < size_; ++r) {
+    const std::uint64_t* theirs = ranks_[r].sig[slot];
+    if (theirs[0] == mine[0] && theirs[1] == mine[1]) continue;
+    AbortFor(AbortKind::kMismatch, r, 0);
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": the ranks issued different collectives: this rank (", Name(rank_), ") ",
+        DescribeSig(mine), ", rank ", Name(r), " ", DescribeSig(theirs),
+        "; every rank must issue the same collectives with the same sizes, in the same order"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ShmGroup::Sync(const char* op, Clock::time_point deadline) {
+  absl::Status s = Barrier(op, deadline);
+  if (s.ok() && check_pending_) return CheckSame(op);
+  return s;
+}
+
+absl::Status ShmGroup::Barrier(const char* op, Clock::time_point deadline) {
   if (auto s = AbortedStatus(op); !s.ok()) return s;
   ++epoch_;
   ranks_[rank_].epoch.store(epoch_, std::memory_order_relaxed);
@@ -253,6 +314,7 @@ absl::Status ShmGroup::Wait(std::uint32_t target, const char* op, Clock::time_po
 
 absl::Status ShmGroup::Allreduce(void* data, std::size_t count, DType dtype, ReduceOp op,
                                  Clock::time_point deadline) {
+  Begin(OpKind::kAllreduce, dtype, op, -1, count);
   const std::size_t es = DTypeSize(dtype);
   const std::size_t per_step = chunk_ / es;
   const ReduceFn fn = ReduceFunc(dtype, op);
@@ -341,6 +403,7 @@ absl::Status ShmGroup::Allreduce(const std::vector<ShmPiece>& pieces, DType dtyp
   std::size_t total = 0;
   for (const ShmPiece& p : pieces) total += p.bytes;
   if (pieces.size() == 1) return Allreduce(pieces[0].data, total / es, dtype, op, deadline);
+  Begin(OpKind::kAllreduce, dtype, op, -1, total / es);
   const Pieces view(pieces);
   const std::size_t count = total / es;
   const std::size_t per_step = chunk_ / es;
@@ -373,6 +436,7 @@ absl::Status ShmGroup::Allreduce(const std::vector<ShmPiece>& pieces, DType dtyp
 
 absl::Status ShmGroup::Broadcast(void* data, std::size_t bytes, int root,
                                  Clock::time_point deadline) {
+  Begin(OpKind::kBroadcast, DType::kFloat32, ReduceOp::kSum, root, bytes);
   char* p = static_cast<char*>(data);
   for (std::size_t off = 0; off < bytes; off += chunk_) {
     const std::size_t n = std::min(chunk_, bytes - off);
@@ -386,6 +450,7 @@ absl::Status ShmGroup::Broadcast(void* data, std::size_t bytes, int root,
 
 absl::Status ShmGroup::Allgather(const void* in, void* out, std::size_t bytes,
                                  Clock::time_point deadline) {
+  Begin(OpKind::kAllgather, DType::kFloat32, ReduceOp::kSum, -1, bytes);
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
   for (std::size_t off = 0; off < bytes; off += chunk_) {
@@ -401,7 +466,10 @@ absl::Status ShmGroup::Allgather(const void* in, void* out, std::size_t bytes,
   return absl::OkStatus();
 }
 
-absl::Status ShmGroup::Barrier(Clock::time_point deadline) { return Sync("barrier", deadline); }
+absl::Status ShmGroup::Barrier(Clock::time_point deadline) {
+  Begin(OpKind::kBarrier, DType::kFloat32, ReduceOp::kSum, -1, 0);
+  return Sync("barrier", deadline);
+}
 
 // ---- Bootstrap ----
 

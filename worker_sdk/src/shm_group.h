@@ -115,7 +115,20 @@ class ShmGroup {
   absl::Status Sync(const char* op, Clock::time_point deadline);
   absl::Status Wait(std::uint32_t target, const char* op, Clock::time_point deadline);
   // Why the group was aborted, as the other ranks report it.
-  enum class AbortKind : std::uint32_t { kAborted = 0, kPeerDied = 1, kTimedOut = 2 };
+  enum class AbortKind : std::uint32_t {
+    kAborted = 0,
+    kPeerDied = 1,
+    kTimedOut = 2,
+    kMismatch = 3
+  };
+  // Every collective announces what it is; after its first barrier each rank
+  // compares (CheckSame), so mismatched collectives fail instead of mixing data.
+  enum class OpKind : std::uint8_t { kAllreduce = 1, kBroadcast, kAllgather, kBarrier };
+  void Begin(OpKind kind, DType dtype, ReduceOp op, int root, std::uint64_t count);
+  absl::Status CheckSame(const char* op);
+  static std::string DescribeSig(const std::uint64_t* sig);
+  // A barrier; after the first of a collective, CheckSame.
+  absl::Status Barrier(const char* op, Clock::time_point deadline);
   void AbortFor(AbortKind kind, int subject, std::int32_t pid);
   absl::Status AbortedStatus(const char* op) const;
   std::vector<int> Missing() const;  // members that did not reach this barrier
@@ -132,8 +145,10 @@ class ShmGroup {
   int size_;
   std::size_t chunk_;
   bool owns_;
-  std::uint32_t epoch_ = 0;  // barriers this rank passed
-  std::uint64_t step_ = 0;   // steps this rank ran (buffer set = step % 2)
+  std::uint32_t epoch_ = 0;       // barriers this rank passed
+  std::uint64_t step_ = 0;        // steps this rank ran (buffer set = step % 2)
+  std::uint64_t collective_ = 0;  // collectives this rank issued (sig slot)
+  bool check_pending_ = false;
   std::vector<int> names_;
 };
 

@@ -558,3 +558,19 @@ TEST_CASE("after a restart, Init bootstraps the new round's communicator", "[res
   REQUIRE(w.back() == double(pg->size() - 1));
   WriteResult("round=" + std::to_string(round));
 }
+
+TEST_CASE("ranks that all-reduce different sizes get an error, not mixed data", "[mismatch]") {
+  ::signal(SIGTERM, SIG_IGN);
+  auto& pg = Group();
+  std::vector<float> v(1000 + 24 * pg->rank(), 1.0f);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    pg->Allreduce(std::span<float>(v)).Wait();
+    WriteResult("no error");
+  } catch (const ddp::Error& e) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    WriteResult(std::string("code=") + ddp::ErrorCodeName(e.code()) +
+                " seconds=" + std::to_string(s) + " what=" + e.what());
+  }
+  std::_Exit(3);
+}

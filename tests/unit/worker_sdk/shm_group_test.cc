@@ -328,3 +328,37 @@ TEST_CASE("shm allreduce of pieces: the same bits as the packed buffer", "[unit]
     }
   }
 }
+
+TEST_CASE("shm: ranks that issue different collectives get an error, not mixed data", "[unit]") {
+  // Different sizes of one all-reduce.
+  {
+    Segment seg(2, 64);
+    std::vector<float> a(10, 1.f), b(20, 2.f);
+    auto s = seg.Run([&](int r) {
+      auto& v = r == 0 ? a : b;
+      return seg.rank(r).Allreduce(v.data(), v.size(), DType::kFloat32, ReduceOp::kSum, In(10s));
+    });
+    for (int r = 0; r < 2; ++r) {
+      INFO(s[r].ToString());
+      CHECK(s[r].code() == absl::StatusCode::kInvalidArgument);
+      CHECK(std::string(s[r].message()).find("allreduce(10 x f32, sum)") != std::string::npos);
+      CHECK(std::string(s[r].message()).find("allreduce(20 x f32, sum)") != std::string::npos);
+    }
+    CHECK(a[0] == 1.f);  // untouched: the check runs before any result is written
+  }
+  // A barrier against a broadcast, then the group refuses further calls.
+  {
+    Segment seg(3, 64);
+    std::vector<char> buf(100);
+    auto s = seg.Run([&](int r) -> absl::Status {
+      if (r == 2) return seg.rank(r).Broadcast(buf.data(), buf.size(), 0, In(10s));
+      return seg.rank(r).Barrier(In(10s));
+    });
+    for (int r = 0; r < 3; ++r) {
+      INFO(s[r].ToString());
+      CHECK(s[r].code() == absl::StatusCode::kInvalidArgument);
+    }
+    CHECK(std::string(s[2].message()).find("broadcast(100 bytes, root 0)") != std::string::npos);
+    CHECK(seg.rank(0).Barrier(In(1s)).code() == absl::StatusCode::kInvalidArgument);
+  }
+}
