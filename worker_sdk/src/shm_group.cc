@@ -15,10 +15,13 @@
 #include <climits>
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "ddprun/rendezvous/store.h"
 #include "elementwise.h"
 
@@ -32,6 +35,9 @@ struct alignas(64) ShmHeader {
   std::uint32_t reserved;
   std::uint64_t chunk_bytes;
   std::uint64_t data_offset;
+  // Random, published with the segment's address: a rank that opened
+  // something else (a stale or foreign pid/fd) finds out before writing.
+  std::uint64_t nonce;
   // The barrier counter (a futex word) and how many ranks sleep on it.
   alignas(64) std::atomic<std::uint32_t> arrived;
   std::atomic<std::uint32_t> sleepers;
@@ -559,6 +565,8 @@ absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(
       kMaxShmSegmentBytes / (2 * (static_cast<std::size_t>(w) + 1)) / kPage * kPage;
   chunk_bytes = std::max<std::size_t>(kPage, std::min(chunk_bytes, fit));
   const std::size_t bytes = ShmGroup::SegmentBytes(w, chunk_bytes);
+  const std::uint64_t nonce =
+      (std::uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
   Mapping map;
   int fd = -1;
   std::string error;
@@ -574,8 +582,10 @@ absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(
     } else {
       map = *m;
       ShmGroup::Format(map.base, w, chunk_bytes);
+      static_cast<ShmHeader*>(map.base)->nonce = nonce;
     }
-    const std::string seg = error.empty() ? absl::StrCat(::getpid(), "/", fd) : "!" + error;
+    const std::string seg =
+        error.empty() ? absl::StrCat(::getpid(), "/", fd, "/", nonce) : "!" + error;
     if (auto s = store.Set(p + "segment", seg); !s.ok()) {
       if (map.base != MAP_FAILED) ::munmap(map.base, map.bytes);
       if (fd >= 0) ::close(fd);
@@ -587,15 +597,32 @@ absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(
     if (!seg->empty() && (*seg)[0] == '!') {
       error = seg->substr(1);
     } else {
+      // "<pid>/<fd>/<nonce>"
+      const std::vector<std::string> parts = absl::StrSplit(*seg, '/');
+      std::uint64_t want_nonce = 0;
+      struct stat st {};
       const std::string path =
-          "/proc/" + seg->substr(0, seg->find('/')) + "/fd/" + seg->substr(seg->find('/') + 1);
-      fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-      if (fd < 0) {
+          parts.size() == 3 ? absl::StrCat("/proc/", parts[0], "/fd/", parts[1]) : "";
+      if (path.empty() || !absl::SimpleAtoi(parts[2], &want_nonce)) {
+        error = absl::StrCat("the segment address '", *seg, "' is garbled");
+      } else if (fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC); fd < 0) {
         error = absl::StrCat("open ", path, ": ", std::strerror(errno));
+      } else if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) != bytes) {
+        error = absl::StrCat(path, " is not the host's segment (", st.st_size, " bytes, expected ",
+                             bytes, "): is DDP_SHM_HOST_ID shared by two machines?");
       } else if (auto m = MapFd(fd, bytes); !m.ok()) {
         error = std::string(m.status().message());
       } else {
-        map = *m;
+        const auto* h = static_cast<const ShmHeader*>(m->base);
+        if (h->magic != kShmMagic || h->nonce != want_nonce ||
+            h->size != static_cast<std::uint32_t>(w) || h->chunk_bytes != chunk_bytes) {
+          ::munmap(m->base, m->bytes);
+          error = absl::StrCat(path,
+                               " is not the host's segment (its header differs): is "
+                               "DDP_SHM_HOST_ID shared by two machines?");
+        } else {
+          map = *m;
+        }
       }
     }
   }

@@ -4,6 +4,7 @@
 #include "shm_group.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -13,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "ddprun/rendezvous/store.h"
 #include "elementwise.h"
 #include "half.h"
 
@@ -361,4 +363,68 @@ TEST_CASE("shm: ranks that issue different collectives get an error, not mixed d
     CHECK(std::string(s[2].message()).find("broadcast(100 bytes, root 0)") != std::string::npos);
     CHECK(seg.rank(0).Barrier(In(1s)).code() == absl::StatusCode::kInvalidArgument);
   }
+}
+
+namespace {
+ddp::WorkerInfo Info(int rank, int world) {
+  ddp::WorkerInfo info;
+  info.rank = rank;
+  info.world_size = world;
+  info.job_id = "unit";
+  return info;
+}
+}  // namespace
+
+TEST_CASE("shm bootstrap through a store: two ranks map one segment and reduce", "[unit]") {
+  ddprun::rendezvous::InMemoryStore store;
+  std::vector<std::unique_ptr<ShmGroup>> groups(2);
+  std::vector<std::string> why(2);
+  std::vector<std::thread> t;
+  for (int r = 0; r < 2; ++r) {
+    t.emplace_back([&, r] {
+      const auto layout = ddp::detail::LayoutFromIdentities({"h", "h"}, r);
+      auto g = ddp::detail::ConnectShmGroup(layout, Info(r, 2), store, "pg/", 10s, 4096, &why[r]);
+      if (g.ok()) groups[r] = std::move(*g);
+    });
+  }
+  for (auto& x : t) x.join();
+  REQUIRE(groups[0]);
+  REQUIRE(groups[1]);
+  double v[2] = {1.5, 2.25};
+  std::vector<absl::Status> s(2);
+  std::thread a(
+      [&] { s[0] = groups[0]->Allreduce(&v[0], 1, DType::kFloat64, ReduceOp::kSum, In(10s)); });
+  std::thread b(
+      [&] { s[1] = groups[1]->Allreduce(&v[1], 1, DType::kFloat64, ReduceOp::kSum, In(10s)); });
+  a.join();
+  b.join();
+  RequireAllOk(s);
+  CHECK(v[0] == 3.75);
+  CHECK(v[1] == 3.75);
+}
+
+TEST_CASE("shm bootstrap refuses a segment address that is not the host's segment", "[unit]") {
+  // Rank 1 of 2 is given (as if rank 0 lived on another machine with the same
+  // DDP_SHM_HOST_ID) the pid/fd of a file of this process that is not a segment.
+  char path[] = "/tmp/ddprun-shm-test-XXXXXX";
+  const int fd = ::mkstemp(path);
+  REQUIRE(fd >= 0);
+  ::unlink(path);
+  REQUIRE(::ftruncate(fd, 4096) == 0);
+  ddprun::rendezvous::InMemoryStore store;
+  REQUIRE(store
+              .Set("pg/shm/host0/segment",
+                   std::to_string(::getpid()) + "/" + std::to_string(fd) + "/12345")
+              .ok());
+  REQUIRE(store.Set("pg/shm/ok/0", "").ok());
+  std::string why;
+  const auto layout = ddp::detail::LayoutFromIdentities({"h", "h"}, 1);
+  auto g = ddp::detail::ConnectShmGroup(layout, Info(1, 2), store, "pg/", 5s, 4096, &why);
+  ::close(fd);
+  REQUIRE(g.ok());
+  CHECK(*g == nullptr);
+  INFO(why);
+  CHECK(why.find("rank 1") != std::string::npos);
+  CHECK(why.find("is not the host's segment") != std::string::npos);
+  CHECK(why.find("DDP_SHM_HOST_ID") != std::string::npos);
 }
