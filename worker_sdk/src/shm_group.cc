@@ -318,46 +318,6 @@ absl::Status ShmGroup::Wait(std::uint32_t target, const char* op, Clock::time_po
   }
 }
 
-absl::Status ShmGroup::Allreduce(void* data, std::size_t count, DType dtype, ReduceOp op,
-                                 Clock::time_point deadline) {
-  Begin(OpKind::kAllreduce, dtype, op, -1, count);
-  const std::size_t es = DTypeSize(dtype);
-  const std::size_t per_step = chunk_ / es;
-  const ReduceFn fn = ReduceFunc(dtype, op);
-  char* p = static_cast<char*>(data);
-  const auto w = static_cast<std::size_t>(size_);
-  for (std::size_t off = 0; off < count; off += per_step) {
-    const std::size_t n = std::min(per_step, count - off);
-    char* chunk = p + off * es;
-    const int b = NextBuffer();
-    const std::size_t lo = n * rank_ / w;
-    const std::size_t hi = n * (rank_ + 1) / w;
-    // The others' shares of this rank's input.
-    char* mine = Slot(b, rank_);
-    std::memcpy(mine, chunk, lo * es);
-    std::memcpy(mine + hi * es, chunk + hi * es, (n - hi) * es);
-    if (auto s = Sync("allreduce", deadline); !s.ok()) return s;
-    if (hi > lo) {
-      // This rank's share, folded over ranks 0..W-1 in order.
-      auto src = [&](int r) -> const char* { return (r == rank_ ? chunk : Slot(b, r)) + lo * es; };
-      char* res = Result(b) + lo * es;
-      if (size_ == 1) {
-        std::memcpy(res, src(0), (hi - lo) * es);
-      } else {
-        fn(res, src(0), src(1), hi - lo);
-        for (int r = 2; r < size_; ++r) fn(res, res, src(r), hi - lo);
-      }
-      // Averages while the share is in cache, once for every rank.
-      if (op == ReduceOp::kAvg) DivideInPlace(res, hi - lo, dtype, size_);
-      std::memcpy(chunk + lo * es, res, (hi - lo) * es);
-    }
-    if (auto s = Sync("allreduce", deadline); !s.ok()) return s;
-    std::memcpy(chunk, Result(b), lo * es);
-    std::memcpy(chunk + hi * es, Result(b) + hi * es, (n - hi) * es);
-  }
-  return absl::OkStatus();
-}
-
 namespace {
 
 // Byte ranges of a list of buffers taken as one concatenated buffer.
@@ -376,6 +336,13 @@ class Pieces {
       std::memcpy(dst + done, piece, len);
     });
   }
+  // Bytes [off, off + n) as one pointer when they lie in one buffer, else null.
+  const char* Contiguous(std::size_t off, std::size_t n) const {
+    if (pieces_.empty()) return nullptr;
+    const std::size_t i = Index(off);
+    if (off - starts_[i] + n > pieces_[i].bytes) return nullptr;
+    return static_cast<const char*>(pieces_[i].data) + (off - starts_[i]);
+  }
   // Bytes [off, off + n) of the concatenation <- src.
   void Scatter(std::size_t off, const char* src, std::size_t n) const {
     ForEach(off, n, [&](char* piece, std::size_t done, std::size_t len) {
@@ -384,10 +351,15 @@ class Pieces {
   }
 
  private:
+  // The buffer that holds byte `off` (the last one that starts at or before it).
+  std::size_t Index(std::size_t off) const {
+    auto it = std::upper_bound(starts_.begin(), starts_.end(), off);
+    return static_cast<std::size_t>(it - starts_.begin()) - 1;
+  }
   template <class Fn>
   void ForEach(std::size_t off, std::size_t n, Fn&& fn) const {
-    auto it = std::upper_bound(starts_.begin(), starts_.end(), off);
-    std::size_t i = static_cast<std::size_t>(it - starts_.begin()) - 1;
+    if (n == 0) return;
+    std::size_t i = Index(off);
     std::size_t done = 0;
     while (done < n) {
       const std::size_t in_piece = off + done - starts_[i];
@@ -403,39 +375,58 @@ class Pieces {
 
 }  // namespace
 
+absl::Status ShmGroup::Allreduce(void* data, std::size_t count, DType dtype, ReduceOp op,
+                                 Clock::time_point deadline) {
+  return Allreduce({ShmPiece{data, count * DTypeSize(dtype)}}, dtype, op, deadline);
+}
+
 absl::Status ShmGroup::Allreduce(const std::vector<ShmPiece>& pieces, DType dtype, ReduceOp op,
                                  Clock::time_point deadline) {
   const std::size_t es = DTypeSize(dtype);
   std::size_t total = 0;
   for (const ShmPiece& p : pieces) total += p.bytes;
-  if (pieces.size() == 1) return Allreduce(pieces[0].data, total / es, dtype, op, deadline);
-  Begin(OpKind::kAllreduce, dtype, op, -1, total / es);
-  const Pieces view(pieces);
   const std::size_t count = total / es;
+  Begin(OpKind::kAllreduce, dtype, op, -1, count);
+  const Pieces view(pieces);
   const std::size_t per_step = chunk_ / es;
   const ReduceFn fn = ReduceFunc(dtype, op);
   const auto w = static_cast<std::size_t>(size_);
   for (std::size_t off = 0; off < count; off += per_step) {
     const std::size_t n = std::min(per_step, count - off);
+    const std::size_t at = off * es;  // this step's first byte in the input
     const int b = NextBuffer();
     const std::size_t lo = n * rank_ / w;
     const std::size_t hi = n * (rank_ + 1) / w;
-    // The whole step of this rank's input: packing and the copy into shared
-    // memory in one pass.
-    view.Gather(off * es, Slot(b, rank_), n * es);
-    if (auto s = Sync("allreduce", deadline); !s.ok()) return s;
-    if (hi > lo) {
-      char* res = Result(b) + lo * es;
-      if (size_ == 1) {
-        std::memcpy(res, Slot(b, 0) + lo * es, (hi - lo) * es);
-      } else {
-        fn(res, Slot(b, 0) + lo * es, Slot(b, 1) + lo * es, hi - lo);
-        for (int r = 2; r < size_; ++r) fn(res, res, Slot(b, r) + lo * es, hi - lo);
-      }
-      if (op == ReduceOp::kAvg) DivideInPlace(res, hi - lo, dtype, size_);
+    // The others' shares of this rank's input (the copy into shared memory
+    // is also the packing of a list of buffers).
+    char* mine = Slot(b, rank_);
+    view.Gather(at, mine, lo * es);
+    view.Gather(at + hi * es, mine + hi * es, (n - hi) * es);
+    // This rank's own share is read where it is, unless it spans buffers.
+    const char* own = view.Contiguous(at + lo * es, (hi - lo) * es);
+    if (own == nullptr) {
+      view.Gather(at + lo * es, mine + lo * es, (hi - lo) * es);
+      own = mine + lo * es;
     }
     if (auto s = Sync("allreduce", deadline); !s.ok()) return s;
-    view.Scatter(off * es, Result(b), n * es);
+    if (hi > lo) {
+      // This rank's share, folded over ranks 0..W-1 in order.
+      auto src = [&](int r) -> const char* { return r == rank_ ? own : Slot(b, r) + lo * es; };
+      char* res = Result(b) + lo * es;
+      if (size_ == 1) {
+        std::memcpy(res, src(0), (hi - lo) * es);
+      } else {
+        fn(res, src(0), src(1), hi - lo);
+        for (int r = 2; r < size_; ++r) fn(res, res, src(r), hi - lo);
+      }
+      // Averages while the share is in cache, once for every rank.
+      if (op == ReduceOp::kAvg) DivideInPlace(res, hi - lo, dtype, size_);
+      // This rank's own result now, while the others still reduce theirs.
+      view.Scatter(at + lo * es, res, (hi - lo) * es);
+    }
+    if (auto s = Sync("allreduce", deadline); !s.ok()) return s;
+    view.Scatter(at, Result(b), lo * es);
+    view.Scatter(at + hi * es, Result(b) + hi * es, (n - hi) * es);
   }
   return absl::OkStatus();
 }

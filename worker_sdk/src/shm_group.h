@@ -20,8 +20,9 @@
 // res[b] (its own input read in place; kAvg divided there) and after the
 // second barrier every rank copies res[b]. Every element is computed once, in
 // one order, so every rank ends with the same bits (unlike a per-rank
-// summation order). The list-of-buffers variant (the Reducer's buckets)
-// copies a whole step, its own share too, and reads its share from there.
+// summation order). The input may be a list of buffers (the Reducer's
+// buckets): the copies gather from it and scatter back; a share that spans
+// two buffers is gathered into the rank's own slot first.
 //
 // Barrier: one shared counter; barrier number e completes when it reaches
 // e*W (mod 2^32). Waiters spin briefly, spin yielding the CPU, then sleep on
