@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "ddp/process_group.h"
 #include "ddp/types.h"
+#include "elementwise.h"
 
 // Returns the absl::Status of expr when it is not ok.
 #define DDP_RETURN_IF_ERROR(expr) \
@@ -100,17 +101,18 @@ class Backend {
   virtual bool device_memory() const { return false; }
   // Waits for the copies issued by Copy (NCCL: synchronises the caller's stream).
   virtual absl::Status SyncCopies() { return absl::OkStatus(); }
-  // Device-memory backends (NCCL): the Reducer's f32 <-> f16/bf16 conversion
-  // of bucket memory on the device, ordered like Copy (on the caller's
-  // stream). dst[i] = wire(src[i] * scale), and dst[i] = float(src[i]).
-  // Host-memory backends convert on the host (elementwise.h) and do not
-  // implement these.
+  // The Reducer's f32 <-> f16/bf16 conversion of bucket memory, ordered
+  // like Copy: dst[i] = wire(src[i] * scale), and dst[i] = float(src[i]).
+  // Here for host memory (elementwise.h); device-memory backends (NCCL)
+  // override them with kernels on the caller's stream.
   virtual absl::Status CompressF32(const float* src, void* dst, std::size_t n, DType wire,
                                    float scale) {
-    return absl::UnimplementedError(Fence() + "compression on device memory: not implemented");
+    CompressFloat32(src, static_cast<std::uint16_t*>(dst), n, wire, scale);
+    return absl::OkStatus();
   }
   virtual absl::Status DecompressF32(const void* src, float* dst, std::size_t n, DType wire) {
-    return absl::UnimplementedError(Fence() + "compression on device memory: not implemented");
+    DecompressFloat32(static_cast<const std::uint16_t*>(src), dst, n, wire);
+    return absl::OkStatus();
   }
 
   // Aborts the group with `reason` (the first reason wins). Thread-safe.

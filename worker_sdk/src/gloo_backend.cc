@@ -338,12 +338,12 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
       return Enqueue(desc, [=] { if (op == ReduceOp::kAvg) DivideInPlace(data, count, dtype, 1); });
     }
     const Duration t = timeout();
-    ShmGroup* shm = core_->shm.get();
-    if (shm && !core_->context) {  // one host: OneHostShm()
+    if (ShmGroup* one_host = OneHostShm()) {
       return Enqueue(desc, [=] {
-        ThrowIfFailed(shm->Allreduce(data, count, dtype, op, DeadlineIn(t)));
+        ThrowIfFailed(one_host->Allreduce(data, count, dtype, op, DeadlineIn(t)));
       });
     }
+    ShmGroup* shm = core_->shm.get();
     const std::size_t bytes = count * DTypeSize(dtype);
     if (shm) {
       // Hierarchical: the host's sum (every rank of a host gets the same

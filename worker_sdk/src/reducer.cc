@@ -1,9 +1,8 @@
 // The Reducer (ddp/reducer.h): bucket assignment, launch in bucket order,
 // averaging/compression and the first-step cross-rank check.
 //
-// Compression converts on the host for host-memory backends (Gloo,
-// elementwise.h) and on the device for device-memory ones (NCCL:
-// Backend::CompressF32/DecompressF32, kernels on the caller's stream).
+// Compression converts through Backend::CompressF32/DecompressF32: on the
+// host for host-memory backends, with kernels on the caller's stream on NCCL.
 #include "ddp/reducer.h"
 
 #include <algorithm>
@@ -14,12 +13,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "backend.h"
-#include "elementwise.h"
 #include "status.h"
 
 namespace ddp {
-using detail::CompressFloat32;
-using detail::DecompressFloat32;
 
 std::vector<std::vector<std::size_t>> ComputeBucketAssignment(const std::vector<GradSpec>& grads,
                                                               std::size_t first_bucket_bytes,
@@ -155,17 +151,12 @@ class ReducerImpl {
       bucket.work.reset();
       if (!s.ok()) return Break(s);
       if (bucket.wire != bucket.flat) {
-        // Compressed: pre-divided on the way out, so only widen.
-        if (b_.device_memory()) {
-          // The collective is complete (waited above); the kernel runs on the
-          // caller's stream, before the unpacking copies below.
-          s = b_.DecompressF32(bucket.wire, static_cast<float*>(bucket.flat), bucket.count,
-                               bucket.wire_dtype);
-          if (!s.ok()) return Break(s);
-        } else {
-          DecompressFloat32(static_cast<const std::uint16_t*>(bucket.wire),
-                            static_cast<float*>(bucket.flat), bucket.count, bucket.wire_dtype);
-        }
+        // Compressed: pre-divided on the way out, so only widen. The
+        // collective is complete (waited above); on NCCL the kernel runs on
+        // the caller's stream, before the unpacking copies below.
+        s = b_.DecompressF32(bucket.wire, static_cast<float*>(bucket.flat), bucket.count,
+                             bucket.wire_dtype);
+        if (!s.ok()) return Break(s);
       }
       if (!options_.gradient_as_bucket_view && !unpacked_) {
         const std::size_t esize = DTypeSize(bucket.dtype);
@@ -347,14 +338,8 @@ class ReducerImpl {
     // Compressed: pre-divided so that the sum of world values stays in half
     // range, then summed.
     const float scale = options_.average ? 1.0f / float(b_.size()) : 1.0f;
-    if (b_.device_memory()) {
-      DDP_RETURN_IF_ERROR(b_.CompressF32(static_cast<const float*>(bucket.flat), bucket.wire,
-                                         bucket.count, bucket.wire_dtype, scale));
-    } else {
-      CompressFloat32(static_cast<const float*>(bucket.flat),
-                      static_cast<std::uint16_t*>(bucket.wire), bucket.count, bucket.wire_dtype,
-                      scale);
-    }
+    DDP_RETURN_IF_ERROR(b_.CompressF32(static_cast<const float*>(bucket.flat), bucket.wire,
+                                       bucket.count, bucket.wire_dtype, scale));
     return b_.Allreduce(bucket.wire, bucket.count, bucket.wire_dtype, ReduceOp::kSum);
   }
 
