@@ -32,6 +32,31 @@ void RunRanks(int n, const std::string& filter, const std::string& shm = "1",
   REQUIRE(rc == 0);
 }
 
+// A job expected to fail: sdk_worker <filter> at `ranks` ranks, whose ranks
+// report their error in SDK_RESULT_FILE.<rank> (ErrorReport's format).
+struct FailedJob {
+  int rc;
+  std::string rank0, rank1;  // the reports of ranks 0 and 1
+  std::string err;           // ddprun's stderr
+};
+FailedJob RunFailing(int ranks, const std::string& grace_s, const std::string& filter, EnvList env,
+                     double timeout_s = 60) {
+  Harness h;
+  const std::string result = h.dir() + "/result";
+  env.push_back({"SDK_RESULT_FILE", result});
+  Proc& p = h.StartDdprun("ddprun",
+                          {"--nproc_per_node=" + std::to_string(ranks), "--grace_period=" + grace_s,
+                           "--no_python", SdkWorker(), filter},
+                          env);
+  const int rc = h.Wait(p, timeout_s);
+  return FailedJob{rc, ReadFile(result + ".0"), ReadFile(result + ".1"), p.Err()};
+}
+
+// The seconds=<s> field of a report.
+double Seconds(const std::string& report) {
+  return std::stod(report.substr(report.find("seconds=") + 8));
+}
+
 }  // namespace
 
 TEST_CASE("collectives match a local reference at 1-4 ranks", "[sdk]") {
@@ -75,19 +100,12 @@ TEST_CASE("a peer killed mid-collective: an error within the timeout, no hang", 
                         {"0", 3, "1024"}};
   for (const Case& c : cases) {
     DYNAMIC_SECTION(TransportName(c.shm) << ", " << c.ranks << " ranks, " << c.count << " floats") {
-      Harness h;
-      const std::string result = h.dir() + "/result";
-      Proc& p = h.StartDdprun("ddprun",
-                              {"--nproc_per_node=" + std::to_string(c.ranks), "--grace_period=20",
-                               "--no_python", SdkWorker(), "[kill]"},
-                              {{"DDP_TIMEOUT_SEC", "10"},
-                               {"SDK_RESULT_FILE", result},
-                               {"DDP_SHM", c.shm},
-                               {"SDK_KILL_COUNT", c.count}});
-      const int rc = h.Wait(p, 60);
-      const std::string r0 = ReadFile(result + ".0");
-      INFO("rank 0 reported: " << r0 << "\nddprun stderr:\n" << p.Err());
-      REQUIRE(rc != 0);
+      const FailedJob job =
+          RunFailing(c.ranks, "20", "[kill]",
+                     {{"DDP_TIMEOUT_SEC", "10"}, {"DDP_SHM", c.shm}, {"SDK_KILL_COUNT", c.count}});
+      const std::string& r0 = job.rank0;
+      INFO("rank 0 reported: " << r0 << "\nddprun stderr:\n" << job.err);
+      REQUIRE(job.rc != 0);
       REQUIRE(r0.find("code=") != std::string::npos);
       REQUIRE(r0.find(std::string("allreduce(") + c.count + " x f32, sum)") != std::string::npos);
       if (std::string(c.shm) == "1") {
@@ -96,8 +114,7 @@ TEST_CASE("a peer killed mid-collective: an error within the timeout, no hang", 
       }
       REQUIRE(r0.find("round 0") != std::string::npos);
       // Seconds until the error: well within the 10 s timeout (a closed connection).
-      const double s = std::stod(r0.substr(r0.find("seconds=") + 8));
-      REQUIRE(s < 10.0);
+      REQUIRE(Seconds(r0) < 10.0);
       REQUIRE(r0.find("then=") != std::string::npos);  // later calls refuse, naming the failure
     }
   }
@@ -106,21 +123,15 @@ TEST_CASE("a peer killed mid-collective: an error within the timeout, no hang", 
 TEST_CASE("a hung peer: a timeout error after the group timeout", "[sdk]") {
   for (const char* shm : kTransports) {
     DYNAMIC_SECTION(TransportName(shm)) {
-      Harness h;
-      const std::string result = h.dir() + "/result";
-      Proc& p = h.StartDdprun(
-          "ddprun",
-          {"--nproc_per_node=2", "--grace_period=2", "--no_python", SdkWorker(), "[hang]"},
-          {{"DDP_TIMEOUT_SEC", "3"}, {"SDK_RESULT_FILE", result}, {"DDP_SHM", shm}});
-      const int rc = h.Wait(p, 60);
-      const std::string r0 = ReadFile(result + ".0");
-      INFO("rank 0 reported: " << r0 << "\nddprun stderr:\n" << p.Err());
-      REQUIRE(rc != 0);
+      const FailedJob job =
+          RunFailing(2, "2", "[hang]", {{"DDP_TIMEOUT_SEC", "3"}, {"DDP_SHM", shm}});
+      const std::string& r0 = job.rank0;
+      INFO("rank 0 reported: " << r0 << "\nddprun stderr:\n" << job.err);
+      REQUIRE(job.rc != 0);
       REQUIRE(r0.find("code=timeout") != std::string::npos);
       REQUIRE(r0.find("round 0") != std::string::npos);
-      const double s = std::stod(r0.substr(r0.find("seconds=") + 8));
-      REQUIRE(s >= 2.5);
-      REQUIRE(s < 10.0);
+      REQUIRE(Seconds(r0) >= 2.5);
+      REQUIRE(Seconds(r0) < 10.0);
     }
   }
 }
@@ -193,23 +204,18 @@ TEST_CASE("a restarted job bootstraps round 1's communicator on both paths", "[s
 TEST_CASE("ranks that all-reduce different sizes get an error on both paths", "[sdk]") {
   for (const char* shm : kTransports) {
     DYNAMIC_SECTION(TransportName(shm)) {
-      Harness h;
-      const std::string result = h.dir() + "/result";
-      Proc& p = h.StartDdprun(
-          "ddprun",
-          {"--nproc_per_node=2", "--grace_period=2", "--no_python", SdkWorker(), "[mismatch]"},
-          {{"DDP_TIMEOUT_SEC", "5"}, {"DDP_SHM", shm}, {"SDK_RESULT_FILE", result}});
-      const int rc = h.Wait(p, 60);
-      const std::string r0 = ReadFile(result + ".0");
-      INFO("rank 0 reported: " << r0 << "\nddprun stderr:\n" << p.Err());
-      REQUIRE(rc != 0);
+      const FailedJob job =
+          RunFailing(2, "2", "[mismatch]", {{"DDP_TIMEOUT_SEC", "5"}, {"DDP_SHM", shm}});
+      const std::string& r0 = job.rank0;
+      INFO("rank 0 reported: " << r0 << "\nddprun stderr:\n" << job.err);
+      REQUIRE(job.rc != 0);
       REQUIRE(r0.find("code=") != std::string::npos);
-      REQUIRE(std::stod(r0.substr(r0.find("seconds=") + 8)) < 5.0);
+      REQUIRE(Seconds(r0) < 5.0);
       if (std::string(shm) == "1") {
         // Every rank names both collectives.
         REQUIRE(r0.find("code=invalid argument") != std::string::npos);
         REQUIRE(r0.find("allreduce(1024 x f32, sum)") != std::string::npos);
-        REQUIRE(ReadFile(result + ".1").find("allreduce(1000 x f32, sum)") != std::string::npos);
+        REQUIRE(job.rank1.find("allreduce(1000 x f32, sum)") != std::string::npos);
       }
     }
   }

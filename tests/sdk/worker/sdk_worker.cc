@@ -45,9 +45,12 @@ double Reference(ReduceOp op, DType dtype, int world, std::size_t i, std::uint64
   double acc = Value(0, i, dtype, salt);
   for (int r = 1; r < world; ++r) {
     const double v = Value(r, i, dtype, salt);
-    if (op == ReduceOp::kMax) acc = std::max(acc, v);
-    else if (op == ReduceOp::kMin) acc = std::min(acc, v);
-    else acc += v;
+    if (op == ReduceOp::kMax)
+      acc = std::max(acc, v);
+    else if (op == ReduceOp::kMin)
+      acc = std::min(acc, v);
+    else
+      acc += v;
   }
   if (op == ReduceOp::kAvg) {
     if (IsInt(dtype)) return double(std::int64_t(acc) / world);  // truncation
@@ -62,10 +65,10 @@ void CheckClose(double got, double want, DType dtype, std::size_t i) {
     REQUIRE(got == want);
   } else {
     // f32 sums of several ranks may be added in a different order than here.
-    const double tol = dtype == DType::kFloat64 ? 1e-12
+    const double tol = dtype == DType::kFloat64   ? 1e-12
                        : dtype == DType::kFloat32 ? 1e-6
                        : dtype == DType::kFloat16 ? 1e-3
-                                                   : 8e-3;
+                                                  : 8e-3;
     REQUIRE(std::fabs(got - want) <= tol * std::max(1.0, std::fabs(want)));
   }
 }
@@ -141,7 +144,8 @@ TEST_CASE("broadcast from every root", "[collectives]") {
 
 // Replicas must not drift: every rank ends an allreduce with the same bits,
 // also for values whose sum depends on the order of addition.
-TEST_CASE("after Init, SIGPIPE is ignored: a dead peer is an error, not a signal", "[collectives]") {
+TEST_CASE("after Init, SIGPIPE is ignored: a dead peer is an error, not a signal",
+          "[collectives]") {
   Group();
   struct sigaction sa {};
   REQUIRE(::sigaction(SIGPIPE, nullptr, &sa) == 0);
@@ -151,8 +155,8 @@ TEST_CASE("after Init, SIGPIPE is ignored: a dead peer is an error, not a signal
 TEST_CASE("allreduce results are bit-identical on every rank (f32 sum)", "[collectives]") {
   auto& pg = Group();
   const int world = pg->size(), rank = pg->rank();
-  for (std::size_t n : {std::size_t(1), std::size_t(1000), std::size_t(16384),
-                        std::size_t(300007)}) {
+  for (std::size_t n :
+       {std::size_t(1), std::size_t(1000), std::size_t(16384), std::size_t(300007)}) {
     INFO("n=" << n);
     std::vector<float> v(n);
     std::uint32_t x = 0x9e3779b9u * static_cast<std::uint32_t>(rank + 1);
@@ -406,8 +410,7 @@ TEST_CASE("reducer: register after the first step is refused", "[reducer]") {
   reducer.Finish();
 }
 
-TEST_CASE("reducer: mismatched gradients across ranks name the first differing one",
-          "[reducer]") {
+TEST_CASE("reducer: mismatched gradients across ranks name the first differing one", "[reducer]") {
   auto& pg = Group();
   if (pg->size() == 1) return;
   std::vector<float> a(100), b(pg->rank() == 1 ? 200 : 100), c(5);
@@ -467,6 +470,26 @@ void WriteResult(const std::string& text) {
     std::ofstream(std::string(path) + "." + std::to_string(Group()->rank())) << text << "\n";
   }
 }
+
+// "code=<name> seconds=<since t0> what=<message>", what the [sdk] cases parse.
+std::string ErrorReport(const ddp::Error& e, std::chrono::steady_clock::time_point t0) {
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return std::string("code=") + ddp::ErrorCodeName(e.code()) + " seconds=" + std::to_string(s) +
+         " what=" + e.what();
+}
+
+// All-reduces v, reports how it failed (or "no error"), and ends the job's
+// worker with status 3: the failure cases' common tail.
+[[noreturn]] void ReportAllreduceAndExit(std::vector<float>& v) {
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    Group()->Allreduce(std::span<float>(v)).Wait();
+    WriteResult("no error");
+  } catch (const ddp::Error& e) {
+    WriteResult(ErrorReport(e, t0));
+  }
+  std::_Exit(3);
+}
 }  // namespace
 
 TEST_CASE("a peer killed mid-collective is an error within the timeout", "[kill]") {
@@ -492,15 +515,13 @@ TEST_CASE("a peer killed mid-collective is an error within the timeout", "[kill]
     for (int i = 0; i < 100; ++i) pg->Allreduce(std::span<float>(big)).Wait();
     WriteResult("no error");
   } catch (const ddp::Error& e) {
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    WriteResult(std::string("code=") + ddp::ErrorCodeName(e.code()) +
-                " seconds=" + std::to_string(s) + " what=" + e.what());
+    const std::string report = ErrorReport(e, t0);
+    WriteResult(report);
     // Later calls fail fast, naming the first failure.
     try {
       pg->Barrier().Wait();
     } catch (const ddp::StateError& e2) {
-      WriteResult(std::string("code=") + ddp::ErrorCodeName(e.code()) +
-                  " seconds=" + std::to_string(s) + " what=" + e.what() + "\nthen=" + e2.what());
+      WriteResult(report + "\nthen=" + e2.what());
     }
   }
   std::_Exit(3);
@@ -513,16 +534,7 @@ TEST_CASE("a hung peer is a timeout error", "[hang]") {
   std::vector<float> v(1000);
   pg->Allreduce(std::span<float>(v)).Wait();
   if (pg->rank() == 1) ::raise(SIGSTOP);  // the agent SIGKILLs it at the end
-  const auto t0 = std::chrono::steady_clock::now();
-  try {
-    pg->Allreduce(std::span<float>(v)).Wait();
-    WriteResult("no error");
-  } catch (const ddp::Error& e) {
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    WriteResult(std::string("code=") + ddp::ErrorCodeName(e.code()) +
-                " seconds=" + std::to_string(s) + " what=" + e.what());
-  }
-  std::_Exit(3);
+  ReportAllreduceAndExit(v);
 }
 
 TEST_CASE("a wrong token is refused with an auth error", "[wrong-token]") {
@@ -563,14 +575,5 @@ TEST_CASE("ranks that all-reduce different sizes get an error, not mixed data", 
   ::signal(SIGTERM, SIG_IGN);
   auto& pg = Group();
   std::vector<float> v(1000 + 24 * pg->rank(), 1.0f);
-  const auto t0 = std::chrono::steady_clock::now();
-  try {
-    pg->Allreduce(std::span<float>(v)).Wait();
-    WriteResult("no error");
-  } catch (const ddp::Error& e) {
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    WriteResult(std::string("code=") + ddp::ErrorCodeName(e.code()) +
-                " seconds=" + std::to_string(s) + " what=" + e.what());
-  }
-  std::_Exit(3);
+  ReportAllreduceAndExit(v);
 }
