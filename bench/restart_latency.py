@@ -2,7 +2,7 @@
 """Failure-recovery latencies (issue 3), medians of --reps runs, peers in the same run.
 
 1. Worker death to every restarted worker running, one node, 2 workers,
-   --max_restarts=1: ddprun vs torchrun 1.13 (default 5 s monitor interval and
+   --max_restarts=1: ddprun vs torchrun of $PYTHON_EXEC's torch (default 5 s monitor interval and
    --monitor_interval=0.1) via bench/torchrun_compat.py.
 2. Agent kill -9 to the survivor's workers restarted at the smaller size
    (ddprund + 2 agents, --nnodes=1:2). torchrun has no equivalent: its
@@ -177,12 +177,15 @@ def main():
     rows = [("ddprun", statistics.median(worker_death(ddprun, work, {})
                                          for _ in range(args.reps)))]
     py = os.environ.get("PYTHON_EXEC", "/usr/bin/python3")
-    if subprocess.run([py, "-c", "import torch.distributed.run"], stderr=subprocess.DEVNULL).returncode == 0:
+    probe = subprocess.run([py, "-c", "import torch.distributed.run, torch; print(torch.__version__)"],
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    if probe.returncode == 0:
+        tv = "torchrun " + probe.stdout.strip().split("+")[0]
         base = [py, os.path.join(HERE, "torchrun_compat.py"), "--standalone",
                 "--nproc_per_node=2", "--max_restarts=1"]
-        rows.append(("torchrun 1.13 (5 s monitor)", statistics.median(
+        rows.append((f"{tv} (5 s monitor)", statistics.median(
             worker_death(base + ["--no_python"], work, {}) for _ in range(args.peer_reps))))
-        rows.append(("torchrun 1.13 --monitor_interval=0.1", statistics.median(
+        rows.append((f"{tv} --monitor_interval=0.1", statistics.median(
             worker_death(base[:2] + ["--monitor_interval=0.1"] + base[2:] + ["--no_python"], work,
                          {}) for _ in range(args.peer_reps))))
     print("| Worker death to every restarted worker running (1 node, 2 workers) | median | ratio |")

@@ -3,7 +3,12 @@
 # by git, small enough for the device tool's carry limit of 64 MiB), for a GPU
 # machine on which nothing can be installed:
 #   bash scripts/gpu-bundle.sh [build-dir]        (here, after `make`)
-#   bash .device/gpu/run.sh                       (there, from the repository root)
+#   bash .device/gpu/run.sh [STEP...]             (there, from the repository root)
+# Steps (default: all of them, in this order): tests (the gpu_tests tier),
+# nccl (bench/nccl_bench.cc), torch (tests/gpu/torch_under_ddprun.py: the
+# target's PyTorch 2.x under ddprun), latency (bench/launch_latency.py and
+# bench/restart_latency.py with the target's torchrun as the peer). With $OUT
+# set, each step's output is also written to $OUT/<step>.log.
 # Executables and libraries are stripped copies. Not packed: glibc (the target
 # must have glibc >= this machine's), the CUDA driver, and NCCL (218 MB here):
 # run.sh takes NCCL from the target's PyTorch (its nvidia-nccl wheel) or from
@@ -12,34 +17,54 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${1:-build}
 out=.device/gpu
-for f in ddprun gpu_tests gpu_worker nccl_bench; do
+for f in ddprun ddprund gpu_tests gpu_worker nccl_bench; do
   [[ -x "$B/bin/$f" ]] || { echo "gpu-bundle: $B/bin/$f is missing: build with DDPRUN_WITH_CUDA=ON first" >&2; exit 1; }
 done
 rm -rf "$out" && mkdir -p "$out/bin" "$out/lib"
-for f in ddprun gpu_tests gpu_worker nccl_bench; do
+for f in ddprun ddprund gpu_tests gpu_worker nccl_bench; do
   strip -o "$out/bin/$f" "$B/bin/$f"
 done
 # Every shared library they load, except glibc's, the driver's and NCCL.
 skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libcuda\.so|libnccl\.so)'
-ldd "$B"/bin/{ddprun,gpu_tests,gpu_worker,nccl_bench} | awk '/=> \//{print $1, $3}' | sort -u |
+ldd "$B"/bin/{ddprun,ddprund,gpu_tests,gpu_worker,nccl_bench} | awk '/=> \//{print $1, $3}' | sort -u |
   while read -r name path; do
     [[ $name =~ $skip ]] && continue
     strip -o "$out/lib/$name" "$path" 2>/dev/null || cp -L "$path" "$out/lib/$name"
   done
 cat > "$out/run.sh" <<'RUN'
 #!/usr/bin/env bash
-# Runs the GPU tier and the NCCL benchmark from this bundle (see scripts/gpu-bundle.sh).
+# Runs the GPU steps from this bundle (see scripts/gpu-bundle.sh), from the
+# repository root: bash .device/gpu/run.sh [tests] [nccl] [torch] [latency]
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 nccl=$(python3 -c 'import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], "lib"))' 2>/dev/null ||
        true)
 [[ -n "$nccl" && -e "$nccl/libnccl.so.2" ]] || nccl=/usr/local/cuda/lib
 export LD_LIBRARY_PATH="$here/lib:$nccl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export DDPRUN_TEST_BIN_DIR="$here/bin"
-echo "== nvidia-smi"; nvidia-smi -L || true
-echo "== NCCL from $nccl"
-echo "== gpu_tests"; "$here/bin/gpu_tests" --durations yes; rc=$?
-echo "== nccl_bench"; "$here/bin/ddprun" --nproc_per_node=1 --no_python "$here/bin/nccl_bench" all
+export DDPRUN_TEST_BIN_DIR="$here/bin" PYTHONUNBUFFERED=1
+steps=("$@"); [[ ${#steps[@]} -gt 0 ]] || steps=(tests nccl torch latency)
+echo "== $(date -u +%FT%TZ) $(uname -n), $(nproc) CPUs"; nvidia-smi -L || true
+echo "== NCCL from $nccl"; python3 -c 'import torch; print("torch", torch.__version__)' || true
+rc=0
+step() {  # step NAME COMMAND...: runs it, tees to $OUT/NAME.log, remembers a failure
+  local name=$1; shift
+  echo "== $name: $*"
+  if [[ -n "${OUT:-}" ]]; then "$@" 2>&1 | tee "$OUT/$name.log"; else "$@"; fi
+  local r=${PIPESTATUS[0]}; echo "== $name exit $r"; [[ $r -eq 0 ]] || rc=1
+}
+for s in "${steps[@]}"; do
+  case $s in
+    tests) step tests "$here/bin/gpu_tests" --durations yes ;;
+    nccl) step nccl "$here/bin/ddprun" --nproc_per_node=1 --no_python "$here/bin/nccl_bench" all ;;
+    torch) step torch python3 tests/gpu/torch_under_ddprun.py --ddprun "$here/bin/ddprun" ;;
+    latency)
+      step launch env PYTHON_EXEC="$(command -v python3)" python3 bench/launch_latency.py \
+        --ddprun "$here/bin/ddprun" --reps 5 --peer-reps 3
+      step restart env PYTHON_EXEC="$(command -v python3)" python3 bench/restart_latency.py \
+        --build "$here" --reps 3 ;;
+    *) echo "run.sh: unknown step '$s' (tests, nccl, torch, latency)" >&2; rc=2 ;;
+  esac
+done
 exit $rc
 RUN
 chmod +x "$out/run.sh"
