@@ -7,7 +7,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake
+  build-essential cmake ccache
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libboost-dev libyaml-cpp-dev catch2 libgloo-dev libcli11-dev
   libspdlog-dev libfmt-dev nlohmann-json3-dev

@@ -15,15 +15,30 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "ddprun/rendezvous/status_macros.h"
 
 namespace ddprun::rendezvous {
 
-// Evaluates an expression that yields absl::Status and returns it on error.
-#define DDPRUN_RETURN_IF_ERROR(expr)            \
-  do {                                          \
-    ::absl::Status _st = (expr);                \
-    if (!_st.ok()) return _st;                  \
-  } while (0)
+// The kinds that callers decide on. Decide on KindOf(status), never on a
+// message's text.
+enum class ErrorKind {
+  kOk,
+  kClosed,      // the job ended (FailedPrecondition carrying kKindPayload = "closed")
+  kTimeout,     // DeadlineExceeded
+  kConnection,  // Unavailable
+  kState,       // FailedPrecondition: a stale round, a mismatched node
+  kAuth,        // PermissionDenied, Unauthenticated
+  kBadInput,    // InvalidArgument, AlreadyExists, ResourceExhausted, OutOfRange
+  kInternal,    // anything else
+};
+
+// The status payload that tells Closed from State (both FailedPrecondition);
+// proto_convert.cc carries it across gRPC.
+inline constexpr const char* kKindPayload = "ddprun.kind";
+
+absl::Status ClosedError(absl::string_view message);
+ErrorKind KindOf(const absl::Status& status);
+const char* ErrorKindName(ErrorKind kind);  // "closed", "timeout", ...
 
 // Prefix for every message about a job: "[job job42 round 3] ".
 inline std::string Fence(std::string_view job_id, long long round) {

@@ -1,0 +1,17 @@
+// The worker environment contract between the agent (which sets these) and
+// the worker SDK (which reads them): ddprun's own variables, defined once.
+// torchrun's variables (RANK, LOCAL_RANK, MASTER_ADDR, ...) are PyTorch's
+// contract and keep their names where they are set (agent/src/worker_env.cc).
+#pragma once
+
+namespace ddprun {
+
+inline constexpr const char* kEnvStoreAddr = "DDPRUN_STORE_ADDR";  // host:port of the gRPC Store
+inline constexpr const char* kEnvJobId = "DDPRUN_JOB_ID";
+inline constexpr const char* kEnvRound = "DDPRUN_ROUND";
+inline constexpr const char* kEnvToken = "DDPRUN_TOKEN";
+inline constexpr const char* kEnvHost = "DDPRUN_HOST";
+// Subsystems of the debug channel (debug_log.h): DDPRUN_DEBUG=rdzv,agent,store,sdk or all.
+inline constexpr const char* kEnvDebug = "DDPRUN_DEBUG";
+
+}  // namespace ddprun
