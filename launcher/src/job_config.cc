@@ -1,7 +1,9 @@
 // The job file: YAML (yaml-cpp, which keeps each node's line and column)
 // into a validated JobConfig. Every check names the position and key path.
+// The keys and the value checks come from the knob table (knobs.h) and its
+// parsers (value_parsers.h); this file adds the file's own structures
+// (nodes.hosts, command, environment, nccl, scheduler) and cross-key checks.
 #include "ddprun/launcher/job_config.h"
-#include "parse_util.h"
 
 #include <sys/stat.h>
 
@@ -12,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -22,6 +25,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "ddprun/launcher/knobs.h"
+#include "ddprun/launcher/value_parsers.h"
+#include "ddprun/rendezvous/status_macros.h"
 #include "yaml-cpp/yaml.h"
 
 namespace ddprun::launcher {
@@ -29,22 +35,27 @@ namespace {
 
 const char* const kExample = "see configs/ and docs/config.md";
 
-// The keys each mapping may hold.
-const std::vector<std::string> kTopKeys = {
-    "job",     "rendezvous", "nodes",     "scheduler", "nproc_per_node", "role",
-    "command", "args",       "module",    "no_python", "restart",        "logs",
-    "environment", "nccl"};
-const std::vector<std::string> kJobKeys = {"id", "name"};
-const std::vector<std::string> kRdzvKeys = {"backend", "endpoint", "token", "join_timeout",
-                                            "last_call_timeout"};
-const std::vector<std::string> kNodesKeys = {"count", "hosts"};
+// The keys a mapping may hold, in table order: the first segments of every
+// YAML key for the top level (section ""), else the keys under `section`.
+std::vector<std::string> KeysUnder(const std::string& section) {
+  std::vector<std::string> keys;
+  for (const Knob& k : kKnobs) {
+    if (k.yaml_key == nullptr) continue;
+    const std::string key = k.yaml_key;
+    std::string name;
+    if (section.empty()) {
+      name = key.substr(0, key.find('.'));
+    } else if (absl::StartsWith(key, section + ".")) {
+      name = key.substr(section.size() + 1);
+    } else {
+      continue;
+    }
+    if (std::find(keys.begin(), keys.end(), name) == keys.end()) keys.push_back(name);
+  }
+  return keys;
+}
+
 const std::vector<std::string> kHostKeys = {"host", "slots"};
-const std::vector<std::string> kRestartKeys = {"max_restarts", "grace_period",
-                                               "signals_to_handle"};
-const std::vector<std::string> kLogsKeys = {"log_dir",           "redirects",     "tee",
-                                            "local_ranks_filter", "prefix_output",
-                                            "stderr_tail_lines"};
-const std::vector<std::string> kEnvKeys = {"set", "pass"};
 
 // Variables ddprun itself gives every worker: a file may not set them.
 bool IsReservedName(const std::string& name) {
@@ -61,13 +72,6 @@ bool IsEnvName(const std::string& name) {
   return std::all_of(name.begin(), name.end(), [](char c) {
     return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
   });
-}
-
-std::optional<bool> ToBool(const std::string& s) {
-  const std::string l = absl::AsciiStrToLower(s);
-  if (l == "true" || l == "yes" || l == "on" || l == "1") return true;
-  if (l == "false" || l == "no" || l == "off" || l == "0") return false;
-  return std::nullopt;
 }
 
 const char* KindName(const YAML::Node& n) {
@@ -133,7 +137,7 @@ class Parser {
     std::string best;
     std::size_t best_d = std::max<std::size_t>(3, name.size() / 3 + 1);
     for (const std::string& k : known) {
-      const std::size_t d = KeyDistance(absl::AsciiStrToLower(name), k);
+      const std::size_t d = EditDistance(absl::AsciiStrToLower(name), k);
       if (d < best_d) {
         best_d = d;
         best = k;
@@ -156,212 +160,62 @@ class Parser {
     job_.values[key] = FileValue{std::move(text), Where(n.Mark()), key};
   }
 
-  absl::Status String(const YAML::Node& n, const std::string& key, const std::string& fix) {
-    auto s = Scalar(n, key, fix);
-    if (!s.ok()) return s.status();
-    if (s->empty()) return Error(n, key, "is empty", fix);
-    Store(key, n, *s);
-    return absl::OkStatus();
+  // "FILE:LINE:COL: key: <problem and fix>", the text its flag's parser gives.
+  absl::Status ValueError(const YAML::Node& at, const std::string& key,
+                          const absl::Status& problem) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(at.Mark()), ": ", key, ": ", problem.message()));
   }
 
-  absl::Status Int(const YAML::Node& n, const std::string& key, long long lo, long long hi,
-                   const std::string& what) {
-    const std::string fix = absl::StrCat("write ", what);
-    auto s = Scalar(n, key, fix);
-    if (!s.ok()) return s.status();
-    auto v = ParseInt(*s);
-    if (!v) return Error(n, key, absl::StrCat("must be an integer, got '", *s, "'"), fix);
-    if (*v < lo) return Error(n, key, absl::StrCat("must be >= ", lo, ", got ", *v), fix);
-    if (*v > hi) return Error(n, key, absl::StrCat("must be <= ", hi, ", got ", *v), fix);
-    Store(key, n, std::to_string(*v));
-    return absl::OkStatus();
-  }
-
-  absl::Status Seconds(const YAML::Node& n, const std::string& key, bool allow_zero) {
-    const std::string fix =
-        allow_zero ? "write a number of seconds >= 0" : "write a number of seconds > 0";
-    auto s = Scalar(n, key, fix);
-    if (!s.ok()) return s.status();
-    auto v = ParseDouble(*s);
-    if (!v) return Error(n, key, absl::StrCat("must be a number of seconds, got '", *s, "'"), fix);
-    if (*v < 0 || (!allow_zero && *v == 0)) {
-      return Error(n, key, absl::StrCat("must be ", allow_zero ? ">= 0" : "> 0", ", got ", *s), fix);
-    }
-    Store(key, n, *s);
-    return absl::OkStatus();
-  }
-
-  absl::Status Bool(const YAML::Node& n, const std::string& key) {
-    const std::string fix = "write true or false";
-    auto s = Scalar(n, key, fix);
-    if (!s.ok()) return s.status();
-    auto b = ToBool(*s);
-    if (!b) return Error(n, key, absl::StrCat("must be true or false, got '", *s, "'"), fix);
-    Store(key, n, *b ? "true" : "false");
-    return absl::OkStatus();
-  }
-
-  // nnodes: N or MIN:MAX.
-  absl::Status Count(const YAML::Node& n, const std::string& key) {
-    const std::string fix = "write N or MIN:MAX with 0 < MIN <= MAX, e.g. 2 or 2:4";
-    auto s = Scalar(n, key, fix);
-    if (!s.ok()) return s.status();
-    const std::vector<std::string> parts = absl::StrSplit(*s, ':');
-    if (parts.size() > 2) return Error(n, key, absl::StrCat("'", *s, "' has two ':'"), fix);
-    auto lo = ParseInt(parts[0]);
-    auto hi = parts.size() == 2 ? ParseInt(parts[1]) : lo;
-    if (!lo || !hi) return Error(n, key, absl::StrCat("'", *s, "' is not N or MIN:MAX"), fix);
-    if (*lo <= 0 || *hi <= 0) {
-      return Error(n, key, absl::StrCat("node counts must be > 0, got '", *s, "'"), fix);
-    }
-    if (*lo > *hi) {
-      return Error(n, key, absl::StrCat("min ", *lo, " is greater than max ", *hi), fix);
-    }
-    if (*hi > 100000) return Error(n, key, absl::StrCat("max ", *hi, " is too large"), fix);
-    Store(key, n, *lo == *hi ? std::to_string(*lo) : absl::StrCat(*lo, ":", *hi));
-    return absl::OkStatus();
-  }
-
-  // -r/-t: 0-3 for every rank, or a mapping/string of LOCAL_RANK:V.
-  absl::Status Streams(const YAML::Node& n, const std::string& key) {
-    const std::string fix = "write 0 (none), 1 (stdout), 2 (stderr), 3 (both), or {0: 3, 1: 2}";
-    std::vector<std::pair<std::string, const YAML::Node*>> items;
+  // A knob's value: the YAML forms of a list or a map become the flag's text
+  // ([0, 1] -> "0,1", {0: 3, 1: 2} -> "0:3,1:2"), then the flag's parser
+  // checks and normalises it.
+  absl::Status Value(const YAML::Node& n, const Knob& k) {
+    const std::string key = k.yaml_key;
+    const std::string fix = k.type == ValueType::kBool
+                                ? std::string("write true or false")
+                                : absl::StrCat("write one value: ", k.metavar ? k.metavar : "text");
     std::string text;
-    if (n.IsMap()) {
+    if (k.type == ValueType::kStreams && n.IsMap()) {
       std::vector<std::string> parts;
       for (const auto& kv : n) {
-        auto r = Scalar(kv.first, key, fix);
-        if (!r.ok()) return r.status();
-        auto rank = ParseInt(*r);
-        if (!rank || *rank < 0) {
-          return Error(kv.first, key, absl::StrCat("'", *r, "' is not a local rank"), fix);
-        }
-        auto v = Scalar(kv.second, absl::StrCat(key, ".", *r), fix);
-        if (!v.ok()) return v.status();
-        auto iv = ParseInt(*v);
-        if (!iv || *iv < 0 || *iv > 3) {
-          return Error(kv.second, absl::StrCat(key, ".", *r),
-                       absl::StrCat("must be 0..3, got '", *v, "'"), fix);
-        }
-        parts.push_back(absl::StrCat(*rank, ":", *iv));
+        DDPRUN_ASSIGN_OR_RETURN(std::string rank, Scalar(kv.first, key, fix));
+        DDPRUN_ASSIGN_OR_RETURN(std::string v, Scalar(kv.second, absl::StrCat(key, ".", rank), fix));
+        parts.push_back(absl::StrCat(rank, ":", v));
       }
       text = absl::StrJoin(parts, ",");
-    } else {
-      auto s = Scalar(n, key, fix);
-      if (!s.ok()) return s.status();
-      for (absl::string_view item : absl::StrSplit(*s, ',')) {
-        const std::vector<std::string> rv = absl::StrSplit(item, ':');
-        const std::string v = std::string(absl::StripAsciiWhitespace(rv.back()));
-        auto iv = ParseInt(v);
-        bool ok = rv.size() <= 2 && iv && *iv >= 0 && *iv <= 3;
-        if (ok && rv.size() == 2) {
-          auto r = ParseInt(std::string(absl::StripAsciiWhitespace(rv[0])));
-          ok = r && *r >= 0;
-        }
-        if (!ok) return Error(n, key, absl::StrCat("'", *s, "' is not 0..3 or RANK:V,..."), fix);
-      }
-      text = *s;
-    }
-    Store(key, n, text);
-    return absl::OkStatus();
-  }
-
-  absl::Status RankList(const YAML::Node& n, const std::string& key) {
-    const std::string fix = "write a list of local ranks, e.g. [0] or [0, 1]";
-    std::vector<std::string> ranks;
-    auto add = [&](const YAML::Node& at, const std::string& s) -> absl::Status {
-      auto r = ParseInt(std::string(absl::StripAsciiWhitespace(s)));
-      if (!r || *r < 0) return Error(at, key, absl::StrCat("'", s, "' is not a local rank"), fix);
-      ranks.push_back(std::to_string(*r));
-      return absl::OkStatus();
-    };
-    if (n.IsSequence()) {
-      if (n.size() == 0) return Error(n, key, "is an empty list", fix);
+    } else if (k.type == ValueType::kRankList && n.IsSequence()) {
+      if (n.size() == 0) return Error(n, key, "is an empty list", "write local ranks, e.g. [0] or [0, 1]");
+      std::vector<std::string> items;
       for (const auto& item : n) {
-        auto s = Scalar(item, key, fix);
-        if (!s.ok()) return s.status();
-        if (auto st = add(item, *s); !st.ok()) return st;
+        DDPRUN_ASSIGN_OR_RETURN(std::string s, Scalar(item, key, fix));
+        items.push_back(s);
       }
+      text = absl::StrJoin(items, ",");
     } else {
-      auto s = Scalar(n, key, fix);
-      if (!s.ok()) return s.status();
-      for (absl::string_view item : absl::StrSplit(*s, ',')) {
-        if (auto st = add(n, std::string(item)); !st.ok()) return st;
-      }
+      DDPRUN_ASSIGN_OR_RETURN(text, Scalar(n, key, fix));
     }
-    Store(key, n, absl::StrJoin(ranks, ","));
+    auto normalized = NormalizeKnobValue(k, text);
+    if (!normalized.ok()) return ValueError(n, key, normalized.status());
+    Store(key, n, *normalized);
     return absl::OkStatus();
   }
 
-  absl::Status Endpoint(const YAML::Node& n, const std::string& key) {
-    const std::string fix = "write HOST[:PORT] (ddprund) or first_node[:PORT] (node 0 hosts it)";
-    auto s = Scalar(n, key, fix);
-    if (!s.ok()) return s.status();
-    if (s->empty()) return Error(n, key, "is empty", fix);
-    // The full check (IPv6 brackets, port range) is the command line's.
-    const std::size_t colon = s->rfind(':');
-    if (colon != std::string::npos && s->find(':') == colon) {
-      auto port = ParseInt(s->substr(colon + 1));
-      if (!port || *port < 1 || *port > 65535) {
-        return Error(n, key, absl::StrCat("the port in '", *s, "' must be 1..65535"), fix);
-      }
-      if (colon == 0) return Error(n, key, absl::StrCat("'", *s, "' has no host"), fix);
+  // The knobs of a section ("rendezvous", "restart", "logs"), in table order.
+  absl::Status Section(const YAML::Node& n, const std::string& section) {
+    DDPRUN_RETURN_IF_ERROR(CheckMap(n, section, KeysUnder(section)));
+    for (const std::string& name : KeysUnder(section)) {
+      if (!n[name]) continue;
+      DDPRUN_RETURN_IF_ERROR(Value(n[name], *FindYamlKnob(absl::StrCat(section, ".", name))));
     }
-    Store(key, n, *s);
     return absl::OkStatus();
   }
 
   absl::Status Job(const YAML::Node& n) {
-    if (auto st = CheckMap(n, "job", kJobKeys); !st.ok()) return st;
-    if (n["id"]) {
-      if (auto st = String(n["id"], "job.id", "write the job id shared by every node, e.g. train-42");
-          !st.ok())
-        return st;
-      const std::string& id = job_.values["job.id"].text;
-      if (std::any_of(id.begin(), id.end(), [](char c) { return std::isspace(c) || c == '/'; })) {
-        return Error(n["id"], "job.id", absl::StrCat("'", id, "' contains a space or '/'"),
-                     "use letters, digits, '-', '_' or '.'");
-      }
-    }
+    DDPRUN_RETURN_IF_ERROR(CheckMap(n, "job", KeysUnder("job")));
+    if (n["id"]) DDPRUN_RETURN_IF_ERROR(Value(n["id"], *FindYamlKnob("job.id")));
     if (n["name"]) {
-      auto s = Scalar(n["name"], "job.name", "write a display name");
-      if (!s.ok()) return s.status();
-      job_.name = *s;
-    }
-    return absl::OkStatus();
-  }
-
-  absl::Status Rendezvous(const YAML::Node& n) {
-    if (auto st = CheckMap(n, "rendezvous", kRdzvKeys); !st.ok()) return st;
-    if (n["backend"]) {
-      auto s = Scalar(n["backend"], "rendezvous.backend", "write c10d or static");
-      if (!s.ok()) return s.status();
-      const std::string b = absl::AsciiStrToLower(*s);
-      if (b != "c10d" && b != "ddprun" && b != "static") {
-        return Error(n["backend"], "rendezvous.backend",
-                     absl::StrCat("must be c10d or static, got '", *s, "'"),
-                     "write c10d (ddprund or first_node) or static");
-      }
-      Store("rendezvous.backend", n["backend"], b);
-    }
-    if (n["endpoint"]) {
-      if (auto st = Endpoint(n["endpoint"], "rendezvous.endpoint"); !st.ok()) return st;
-    }
-    if (n["token"]) {
-      if (auto st = String(n["token"], "rendezvous.token", "write a secret shared by the nodes");
-          !st.ok())
-        return st;
-      if (job_.values["rendezvous.token"].text.find(',') != std::string::npos) {
-        return Error(n["token"], "rendezvous.token", "contains a ','", "pick a token without ','");
-      }
-    }
-    if (n["join_timeout"]) {
-      if (auto st = Seconds(n["join_timeout"], "rendezvous.join_timeout", false); !st.ok())
-        return st;
-    }
-    if (n["last_call_timeout"]) {
-      if (auto st = Seconds(n["last_call_timeout"], "rendezvous.last_call_timeout", true); !st.ok())
-        return st;
+      DDPRUN_ASSIGN_OR_RETURN(job_.name, Scalar(n["name"], "job.name", "write a display name"));
     }
     return absl::OkStatus();
   }
@@ -374,28 +228,23 @@ class Parser {
     YAML::Mark slots_mark = n.Mark();
     std::string slots_text;
     if (n.IsMap()) {
-      if (auto st = CheckMap(n, key, kHostKeys); !st.ok()) return st;
+      DDPRUN_RETURN_IF_ERROR(CheckMap(n, key, kHostKeys));
       if (!n["host"]) return Error(n, key + ".host", "is missing", fix);
-      auto h = Scalar(n["host"], key + ".host", fix);
-      if (!h.ok()) return h.status();
-      e.host = *h;
+      DDPRUN_ASSIGN_OR_RETURN(e.host, Scalar(n["host"], key + ".host", fix));
       if (n["slots"]) {
-        auto s = Scalar(n["slots"], key + ".slots", "write the number of workers on this host");
-        if (!s.ok()) return s.status();
-        slots_text = *s;
+        DDPRUN_ASSIGN_OR_RETURN(slots_text, Scalar(n["slots"], key + ".slots", "write the number of workers on this host"));
         slots_mark = n["slots"].Mark();
         if (slots_text.empty()) slots_text = "?";
       }
     } else {
-      auto s = Scalar(n, key, fix);
-      if (!s.ok()) return s.status();
+      DDPRUN_ASSIGN_OR_RETURN(const std::string s, Scalar(n, key, fix));
       // DeepSpeed/Horovod hostfile style: "host slots=N".
-      std::vector<std::string> words = absl::StrSplit(*s, ' ', absl::SkipWhitespace());
+      std::vector<std::string> words = absl::StrSplit(s, ' ', absl::SkipWhitespace());
       if (words.empty()) return Error(n, key, "is empty", fix);
       e.host = words[0];
       for (std::size_t w = 1; w < words.size(); ++w) {
         if (!absl::StartsWith(words[w], "slots=") || !slots_text.empty()) {
-          return Error(n, key, absl::StrCat("'", *s, "' is not 'HOST slots=N'"), fix);
+          return Error(n, key, absl::StrCat("'", s, "' is not 'HOST slots=N'"), fix);
         }
         slots_text = words[w].substr(6);
         if (slots_text.empty()) slots_text = "?";
@@ -406,8 +255,8 @@ class Parser {
       return Error(n, key, absl::StrCat("'", e.host, "' is not a host name or address"), fix);
     }
     if (!slots_text.empty()) {
-      auto v = ParseInt(slots_text);
-      if (!v || *v <= 0 || *v > 100000) {
+      auto v = ParseCount(slots_text, 1, 100000, "a positive integer");
+      if (!v.ok()) {
         return ErrorAt(slots_mark, key + ".slots",
                      absl::StrCat("must be a positive integer, got '", slots_text, "'"),
                      "write the number of workers on this host, e.g. slots: 4");
@@ -434,42 +283,18 @@ class Parser {
     }
     job_.hosts_location = Where(n.Mark());
     for (std::size_t i = 0; i < n.size(); ++i) {
-      if (auto st = Host(n[i], i); !st.ok()) return st;
+      DDPRUN_RETURN_IF_ERROR(Host(n[i], i));
     }
     return absl::OkStatus();
   }
 
   absl::Status Nodes(const YAML::Node& n) {
     if (n.IsSequence()) return Hosts(n);
-    if (n.IsScalar()) return Count(n, "nodes.count");
-    if (auto st = CheckMap(n, "nodes", kNodesKeys); !st.ok()) return st;
-    if (n["count"]) {
-      if (auto st = Count(n["count"], "nodes.count"); !st.ok()) return st;
-    }
-    if (n["hosts"]) {
-      if (auto st = Hosts(n["hosts"]); !st.ok()) return st;
-    }
-    return absl::OkStatus();
-  }
-
-  absl::Status Nproc(const YAML::Node& n) {
-    const std::string fix = "write the workers per node: a number, cpu, gpu or auto";
-    auto s = Scalar(n, "nproc_per_node", fix);
-    if (!s.ok()) return s.status();
-    const std::string l = absl::AsciiStrToLower(*s);
-    if (l == "cpu" || l == "gpu" || l == "auto") {
-      Store("nproc_per_node", n, l);
-      return absl::OkStatus();
-    }
-    auto v = ParseInt(*s);
-    if (!v) {
-      return Error(n, "nproc_per_node", absl::StrCat("must be a number, cpu, gpu or auto, got '", *s, "'"),
-                   fix);
-    }
-    if (*v <= 0 || *v > 4096) {
-      return Error(n, "nproc_per_node", absl::StrCat("must be 1..4096, got ", *v), fix);
-    }
-    Store("nproc_per_node", n, std::to_string(*v));
+    const Knob& count = *FindYamlKnob("nodes.count");
+    if (n.IsScalar()) return Value(n, count);
+    DDPRUN_RETURN_IF_ERROR(CheckMap(n, "nodes", KeysUnder("nodes")));
+    if (n["count"]) DDPRUN_RETURN_IF_ERROR(Value(n["count"], count));
+    if (n["hosts"]) DDPRUN_RETURN_IF_ERROR(Hosts(n["hosts"]));
     return absl::OkStatus();
   }
 
@@ -481,14 +306,12 @@ class Parser {
       if (n.IsSequence()) {
         if (n.size() == 0) return Error(n, "command", "is an empty list", fix);
         for (std::size_t i = 0; i < n.size(); ++i) {
-          auto s = Scalar(n[i], absl::StrCat("command[", i, "]"), fix);
-          if (!s.ok()) return s.status();
-          job_.command.push_back(*s);
+          DDPRUN_ASSIGN_OR_RETURN(std::string s, Scalar(n[i], absl::StrCat("command[", i, "]"), fix));
+          job_.command.push_back(std::move(s));
         }
       } else {
-        auto s = Scalar(n, "command", fix);
-        if (!s.ok()) return s.status();
-        job_.command.push_back(*s);
+        DDPRUN_ASSIGN_OR_RETURN(std::string s, Scalar(n, "command", fix));
+        job_.command.push_back(std::move(s));
       }
       if (job_.command[0].empty()) return Error(n, "command", "the script is empty", fix);
     }
@@ -501,58 +324,10 @@ class Parser {
                      "write args: [--epochs, 3]");
       }
       for (std::size_t i = 0; i < a.size(); ++i) {
-        auto s = Scalar(a[i], absl::StrCat("args[", i, "]"), "write each argument as a value");
-        if (!s.ok()) return s.status();
-        job_.command.push_back(*s);
+        DDPRUN_ASSIGN_OR_RETURN(std::string s,
+                                Scalar(a[i], absl::StrCat("args[", i, "]"), "write each argument as a value"));
+        job_.command.push_back(std::move(s));
       }
-    }
-    return absl::OkStatus();
-  }
-
-  absl::Status Restart(const YAML::Node& n) {
-    if (auto st = CheckMap(n, "restart", kRestartKeys); !st.ok()) return st;
-    if (n["max_restarts"]) {
-      if (auto st = Int(n["max_restarts"], "restart.max_restarts", 0, 1000000,
-                        "an integer >= 0 (restarts of the whole job)");
-          !st.ok())
-        return st;
-    }
-    if (n["grace_period"]) {
-      if (auto st = Seconds(n["grace_period"], "restart.grace_period", true); !st.ok()) return st;
-    }
-    if (n["signals_to_handle"]) {
-      if (auto st = String(n["signals_to_handle"], "restart.signals_to_handle",
-                           "write signal names, e.g. SIGTERM,SIGUSR1");
-          !st.ok())
-        return st;
-    }
-    return absl::OkStatus();
-  }
-
-  absl::Status Logs(const YAML::Node& n) {
-    if (auto st = CheckMap(n, "logs", kLogsKeys); !st.ok()) return st;
-    if (n["log_dir"]) {
-      if (auto st = String(n["log_dir"], "logs.log_dir", "write a directory path"); !st.ok())
-        return st;
-    }
-    if (n["redirects"]) {
-      if (auto st = Streams(n["redirects"], "logs.redirects"); !st.ok()) return st;
-    }
-    if (n["tee"]) {
-      if (auto st = Streams(n["tee"], "logs.tee"); !st.ok()) return st;
-    }
-    if (n["local_ranks_filter"]) {
-      if (auto st = RankList(n["local_ranks_filter"], "logs.local_ranks_filter"); !st.ok())
-        return st;
-    }
-    if (n["prefix_output"]) {
-      if (auto st = Bool(n["prefix_output"], "logs.prefix_output"); !st.ok()) return st;
-    }
-    if (n["stderr_tail_lines"]) {
-      if (auto st = Int(n["stderr_tail_lines"], "logs.stderr_tail_lines", 0, 10000,
-                        "an integer 0-10000 (0: workers write stderr to the console directly)");
-          !st.ok())
-        return st;
     }
     return absl::OkStatus();
   }
@@ -573,24 +348,22 @@ class Parser {
   }
 
   absl::Status Environment(const YAML::Node& n) {
-    if (auto st = CheckMap(n, "environment", kEnvKeys); !st.ok()) return st;
+    DDPRUN_RETURN_IF_ERROR(CheckMap(n, "environment", KeysUnder("environment")));
     if (const YAML::Node set = n["set"]) {
       if (!set.IsMap()) {
         return Error(set, "environment.set", absl::StrCat("must be a mapping, got ", KindName(set)),
                      "write NAME: value lines indented below it");
       }
       for (const auto& kv : set) {
-        auto name = Scalar(kv.first, "environment.set", "write NAME: value");
-        if (!name.ok()) return name.status();
-        const std::string key = "environment.set." + *name;
-        if (auto st = EnvName(kv.first, key, *name); !st.ok()) return st;
+        DDPRUN_ASSIGN_OR_RETURN(const std::string name,
+                                Scalar(kv.first, "environment.set", "write NAME: value"));
+        const std::string key = "environment.set." + name;
+        DDPRUN_RETURN_IF_ERROR(EnvName(kv.first, key, name));
         std::string value;
         if (!kv.second.IsNull()) {
-          auto v = Scalar(kv.second, key, "write a single value (quote it if needed)");
-          if (!v.ok()) return v.status();
-          value = *v;
+          DDPRUN_ASSIGN_OR_RETURN(value, Scalar(kv.second, key, "write a single value (quote it if needed)"));
         }
-        job_.env_set.emplace_back(*name, FileValue{value, Where(kv.second.Mark()), key});
+        job_.env_set.emplace_back(name, FileValue{value, Where(kv.second.Mark()), key});
       }
     }
     if (const YAML::Node pass = n["pass"]) {
@@ -600,10 +373,9 @@ class Parser {
       }
       for (std::size_t i = 0; i < pass.size(); ++i) {
         const std::string key = absl::StrCat("environment.pass[", i, "]");
-        auto name = Scalar(pass[i], key, "write a variable name");
-        if (!name.ok()) return name.status();
-        if (auto st = EnvName(pass[i], key, *name); !st.ok()) return st;
-        job_.env_pass.push_back(FileValue{*name, Where(pass[i].Mark()), key});
+        DDPRUN_ASSIGN_OR_RETURN(const std::string name, Scalar(pass[i], key, "write a variable name"));
+        DDPRUN_RETURN_IF_ERROR(EnvName(pass[i], key, name));
+        job_.env_pass.push_back(FileValue{name, Where(pass[i].Mark()), key});
       }
     }
     return absl::OkStatus();
@@ -617,8 +389,8 @@ class Parser {
     std::vector<std::string> names;
     for (const NcclKey& k : kNcclKeys) names.push_back(k.key);
     for (const auto& kv : n) {
-      auto key_text = Scalar(kv.first, "nccl", "write setting: value");
-      if (!key_text.ok()) return key_text.status();
+      DDPRUN_ASSIGN_OR_RETURN(const std::string name, Scalar(kv.first, "nccl", "write setting: value"));
+      const std::string* key_text = &name;
       const std::string key = "nccl." + *key_text;
       std::string var;
       for (const NcclKey& k : kNcclKeys)
@@ -637,19 +409,16 @@ class Parser {
       if (!seen_vars_.insert(var).second) {
         return Error(kv.first, key, absl::StrCat(var, " is given twice"), "keep one of them");
       }
-      auto value = Scalar(kv.second, key, "write a single value");
-      if (!value.ok()) return value.status();
-      std::string text = *value;
+      DDPRUN_ASSIGN_OR_RETURN(std::string text, Scalar(kv.second, key, "write a single value"));
       if (var == "NCCL_P2P_DISABLE" || var == "NCCL_SHM_DISABLE") {
-        auto b = ToBool(text);
-        if (!b) {
+        auto b = ParseBool(text);
+        if (!b.ok()) {
           return Error(kv.second, key, absl::StrCat("must be true or false, got '", text, "'"),
                        "write true (disable) or false");
         }
         text = *b ? "1" : "0";
       } else if (var == "NCCL_BUFFSIZE") {
-        auto v = ParseInt(text);
-        if (!v || *v <= 0) {
+        if (!ParseCount(text, 1, std::numeric_limits<long>::max(), "").ok()) {
           return Error(kv.second, key, absl::StrCat("must be a positive number of bytes, got '", text, "'"),
                        "write e.g. 4194304 (4 MiB, NCCL's default)");
         }
@@ -669,15 +438,14 @@ class Parser {
   }
 
   absl::Status Scheduler(const YAML::Node& n) {
-    auto s = Scalar(n, "scheduler", "write auto, slurm, mpi or none");
-    if (!s.ok()) return s.status();
-    const std::string l = absl::AsciiStrToLower(*s);
+    DDPRUN_ASSIGN_OR_RETURN(const std::string s, Scalar(n, "scheduler", "write auto, slurm, mpi or none"));
+    const std::string l = absl::AsciiStrToLower(s);
     if (l == "auto") job_.scheduler = SchedulerMode::kAuto;
     else if (l == "slurm") job_.scheduler = SchedulerMode::kSlurm;
     else if (l == "mpi") job_.scheduler = SchedulerMode::kMpi;
     else if (l == "none") job_.scheduler = SchedulerMode::kNone;
     else {
-      return Error(n, "scheduler", absl::StrCat("must be auto, slurm, mpi or none, got '", *s, "'"),
+      return Error(n, "scheduler", absl::StrCat("must be auto, slurm, mpi or none, got '", s, "'"),
                    "write auto (detect Slurm and OpenMPI/PMIx), slurm, mpi or none");
     }
     job_.scheduler_location = Where(n.Mark());
@@ -704,17 +472,17 @@ class Parser {
       }
       auto np = job_.values.find("nproc_per_node");
       if (first != nullptr && np != job_.values.end()) {
-        auto v = ParseInt(np->second.text);
-        if (v && *v != first->slots) {
+        auto v = ParseNproc(np->second.text);
+        if (v.ok() && v->kind == NprocSpec::Kind::kNumber && v->number != first->slots) {
           return absl::InvalidArgumentError(absl::StrCat(
-              np->second.location, ": nproc_per_node: is ", *v, " but the hosts have slots=",
+              np->second.location, ": nproc_per_node: is ", v->number, " but the hosts have slots=",
               first->slots, " (", first->location, "); make them agree or drop one of them"));
         }
       }
       auto count = job_.values.find("nodes.count");
       if (count != job_.values.end()) {
-        const std::vector<std::string> parts = absl::StrSplit(count->second.text, ':');
-        const long long lo = *ParseInt(parts[0]);
+        auto range = ParseNodeRange(count->second.text);
+        const long long lo = range.ok() ? range->min : 0;
         if (lo > static_cast<long long>(job_.hosts.size())) {
           return absl::InvalidArgumentError(absl::StrCat(
               count->second.location, ": nodes.count: needs at least ", lo, " nodes but nodes.hosts lists ",
@@ -774,24 +542,33 @@ class Parser {
       return Error(root, "(top level)", absl::StrCat("must be a mapping of keys, got ", KindName(root)),
                    absl::StrCat("write key: value lines such as nproc_per_node: 4, ", kExample));
     }
-    if (auto st = CheckMap(root, "", kTopKeys); !st.ok()) return st;
+    DDPRUN_RETURN_IF_ERROR(CheckMap(root, "", KeysUnder("")));
     try {
-      absl::Status st;
-      if (root["job"]) st.Update(Job(root["job"]));
-      if (st.ok() && root["rendezvous"]) st.Update(Rendezvous(root["rendezvous"]));
-      if (st.ok() && root["nodes"]) st.Update(Nodes(root["nodes"]));
-      if (st.ok() && root["scheduler"]) st.Update(Scheduler(root["scheduler"]));
-      if (st.ok() && root["nproc_per_node"]) st.Update(Nproc(root["nproc_per_node"]));
-      if (st.ok() && root["role"]) st.Update(String(root["role"], "role", "write a role name"));
-      if (st.ok()) st.Update(Command(root));
-      if (st.ok() && root["module"]) st.Update(Bool(root["module"], "module"));
-      if (st.ok() && root["no_python"]) st.Update(Bool(root["no_python"], "no_python"));
-      if (st.ok() && root["restart"]) st.Update(Restart(root["restart"]));
-      if (st.ok() && root["logs"]) st.Update(Logs(root["logs"]));
-      if (st.ok() && root["environment"]) st.Update(Environment(root["environment"]));
-      if (st.ok() && root["nccl"]) st.Update(Nccl(root["nccl"]));
-      if (st.ok()) st.Update(CrossChecks(root));
-      if (!st.ok()) return st;
+      // Top-level keys in table order: a knob's value, a section of knobs,
+      // or one of the file's own structures.
+      for (const std::string& name : KeysUnder("")) {
+        const YAML::Node n = root[name];
+        if (name == "command") {
+          DDPRUN_RETURN_IF_ERROR(Command(root));  // also reads args
+        } else if (!n || name == "args") {
+          continue;
+        } else if (name == "nodes") {
+          DDPRUN_RETURN_IF_ERROR(Nodes(n));
+        } else if (name == "scheduler") {
+          DDPRUN_RETURN_IF_ERROR(Scheduler(n));
+        } else if (name == "job") {
+          DDPRUN_RETURN_IF_ERROR(Job(n));
+        } else if (name == "environment") {
+          DDPRUN_RETURN_IF_ERROR(Environment(n));
+        } else if (name == "nccl") {
+          DDPRUN_RETURN_IF_ERROR(Nccl(n));
+        } else if (const Knob* k = FindYamlKnob(name)) {
+          DDPRUN_RETURN_IF_ERROR(Value(n, *k));
+        } else {
+          DDPRUN_RETURN_IF_ERROR(Section(n, name));
+        }
+      }
+      DDPRUN_RETURN_IF_ERROR(CrossChecks(root));
     } catch (const YAML::Exception& e) {
       return ErrorAt(e.mark, "(yaml)", e.msg, "fix the YAML");
     }
@@ -836,30 +613,14 @@ std::string KnobValue::Name(const std::string& flag) const {
   return absl::StrCat(source, " (", flag, ")");
 }
 
-std::size_t KeyDistance(const std::string& a, const std::string& b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diag = row[0];
-    row[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
 std::map<std::string, KnobValue> JobConfig::FlagValues() const {
   std::map<std::string, KnobValue> out;
   auto file = [](const FileValue& v) { return KnobValue{v.text, v.Source(), Origin::kFile}; };
   for (const Knob& k : kKnobs) {
-    if (k.yaml_key == nullptr) continue;
+    if (k.yaml_key == nullptr || k.type == ValueType::kFileOnly) continue;
     auto it = values.find(k.yaml_key);
     if (it == values.end()) continue;
-    const std::string dest = k.rdzv_conf ? absl::StrCat("rdzv_conf.", k.rdzv_conf) : k.flag;
-    out[dest] = file(it->second);
+    out[k.Dest()] = file(it->second);
   }
   if (!hosts.empty()) {
     if (out.count("nnodes") == 0) {

@@ -1,8 +1,11 @@
 // Node placement: Slurm host lists, scheduler variables and matching this
 // machine against the file's node list.
 #include "ddprun/launcher/placement.h"
+#include "ddprun/launcher/value_parsers.h"
 
 #include "ddprun/agent/host.h"
+#include "ddprun/rendezvous/host_port.h"
+#include "ddprun/rendezvous/status_macros.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -22,8 +25,8 @@ namespace ddprun::launcher {
 namespace {
 
 constexpr std::size_t kMaxHosts = 100000;
-constexpr int kDefaultRdzvPort = 29400;
-constexpr int kDefaultStaticPort = 29500;
+using rendezvous::kDefaultMasterPort;
+using rendezvous::kDefaultRdzvPort;
 
 using Env = std::map<std::string, std::string>;
 
@@ -103,7 +106,7 @@ absl::Status ExpandItem(const std::string& item, const std::string& whole,
       std::string num = std::to_string(v);
       if (num.size() < width) num.insert(0, width - num.size(), '0');
       // Further brackets in the suffix multiply out.
-      if (auto st = ExpandItem(prefix + num + suffix, whole, out); !st.ok()) return st;
+      DDPRUN_RETURN_IF_ERROR(ExpandItem(prefix + num + suffix, whole, out));
       if (out.size() > kMaxHosts) {
         return Bad(absl::StrCat("host list '", whole, "' expands to over ", kMaxHosts, " hosts"));
       }
@@ -128,19 +131,6 @@ bool SameHost(const std::string& entry, const std::string& name) {
   return !IsIpAddress(entry) && !IsIpAddress(name) && ShortName(entry) == ShortName(name);
 }
 
-std::optional<std::pair<int, int>> Range(const std::string& text) {
-  const std::vector<std::string> parts = absl::StrSplit(text, ':');
-  if (parts.empty() || parts.size() > 2) return std::nullopt;
-  auto lo = ToInt(parts[0]);
-  auto hi = parts.size() == 2 ? ToInt(parts[1]) : lo;
-  if (!lo || !hi) return std::nullopt;
-  return std::make_pair(static_cast<int>(*lo), static_cast<int>(*hi));
-}
-
-std::string Bracketed(const std::string& host) {
-  return host.find(':') != std::string::npos ? absl::StrCat("[", host, "]") : host;
-}
-
 }  // namespace
 
 absl::StatusOr<std::vector<std::string>> ExpandSlurmHostlist(const std::string& list) {
@@ -158,13 +148,13 @@ absl::StatusOr<std::vector<std::string>> ExpandSlurmHostlist(const std::string& 
     if (c == ']') --depth;
     if (depth < 0) return Bad(absl::StrCat("host list '", list, "' has a ']' without '['"));
     if (c == ',' && depth == 0) {
-      if (auto st = flush(); !st.ok()) return st;
+      DDPRUN_RETURN_IF_ERROR(flush());
     } else {
       item += c;
     }
   }
   if (depth != 0) return Bad(absl::StrCat("host list '", list, "' has a '[' without ']'"));
-  if (auto st = flush(); !st.ok()) return st;
+  DDPRUN_RETURN_IF_ERROR(flush());
   if (out.empty()) return Bad(absl::StrCat("host list '", list, "' names no host"));
   return out;
 }
@@ -191,9 +181,7 @@ absl::StatusOr<std::optional<SchedulerInfo>> DetectScheduler(const Env& env, Sch
       s.hosts_var = slurm_list->first;
     }
     if (auto n = First(env, {"SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"})) {
-      auto v = IntVar(*n, 1);
-      if (!v.ok()) return v.status();
-      s.nnodes = *v;
+      DDPRUN_ASSIGN_OR_RETURN(s.nnodes, IntVar(*n, 1));
       s.nnodes_var = absl::StrCat(n->first, "=", n->second);
       if (!s.hosts.empty() && s.hosts.size() != static_cast<std::size_t>(s.nnodes)) {
         return Bad(absl::StrCat("Slurm's counts disagree: ", s.nnodes_var, " but ", s.hosts_var,
@@ -205,9 +193,7 @@ absl::StatusOr<std::optional<SchedulerInfo>> DetectScheduler(const Env& env, Sch
       s.nnodes_var = s.hosts_var;
     }
     if (auto r = First(env, {"SLURM_NODEID"})) {
-      auto v = IntVar(*r, 0);
-      if (!v.ok()) return v.status();
-      s.node_rank = *v;
+      DDPRUN_ASSIGN_OR_RETURN(s.node_rank, IntVar(*r, 0));
       s.rank_var = absl::StrCat(r->first, "=", r->second);
       if (s.nnodes > 0 && s.node_rank >= s.nnodes) {
         return Bad(absl::StrCat("Slurm's counts disagree: ", s.rank_var, " is not below ",
@@ -218,10 +204,9 @@ absl::StatusOr<std::optional<SchedulerInfo>> DetectScheduler(const Env& env, Sch
     // workers itself. (In the batch script only the first node runs.)
     if (Get(env, "SLURM_STEP_ID")) {
       if (auto t = First(env, {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"}); t && s.nnodes > 0) {
-        auto v = IntVar(*t, 1);
-        if (!v.ok()) return v.status();
-        if (*v != s.nnodes) {
-          return Bad(absl::StrCat("srun started ", *v, " tasks (", t->first, ") on ", s.nnodes,
+        DDPRUN_ASSIGN_OR_RETURN(const int tasks, IntVar(*t, 1));
+        if (tasks != s.nnodes) {
+          return Bad(absl::StrCat("srun started ", tasks, " tasks (", t->first, ") on ", s.nnodes,
                                   " nodes (", s.nnodes_var, "); ddprun starts the workers itself, "
                                   "so run one per node: srun --ntasks-per-node=1 ddprun ..."));
         }
@@ -242,23 +227,18 @@ absl::StatusOr<std::optional<SchedulerInfo>> DetectScheduler(const Env& env, Sch
     SchedulerInfo s;
     s.name = "mpi";
     if (auto local = First(env, {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})) {
-      auto v = IntVar(*local, 1);
-      if (!v.ok()) return v.status();
-      if (*v > 1) {
-        return Bad(absl::StrCat("mpirun started ", *v, " ddprun processes on this node (",
+      DDPRUN_ASSIGN_OR_RETURN(const int local_size, IntVar(*local, 1));
+      if (local_size > 1) {
+        return Bad(absl::StrCat("mpirun started ", local_size, " ddprun processes on this node (",
                                 local->first, "); ddprun starts the workers itself, so run one "
                                 "per node: mpirun --map-by ppr:1:node ddprun ..."));
       }
     }
     auto r = First(env, {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"});
-    auto v = IntVar(*r, 0);
-    if (!v.ok()) return v.status();
-    s.node_rank = *v;
+    DDPRUN_ASSIGN_OR_RETURN(s.node_rank, IntVar(*r, 0));
     s.rank_var = absl::StrCat(r->first, "=", r->second);
     if (auto n = First(env, {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})) {
-      auto nv = IntVar(*n, 1);
-      if (!nv.ok()) return nv.status();
-      s.nnodes = *nv;
+      DDPRUN_ASSIGN_OR_RETURN(s.nnodes, IntVar(*n, 1));
       s.nnodes_var = absl::StrCat(n->first, "=", n->second);
       if (s.node_rank >= s.nnodes) {
         return Bad(absl::StrCat("MPI's counts disagree: ", s.rank_var, " is not below ",
@@ -288,17 +268,20 @@ absl::StatusOr<Placement> ResolvePlacement(const JobConfig& job, const Placement
                                            const Env& env,
                                            const std::vector<std::string>& host_names) {
   Placement p;
-  auto sched = DetectScheduler(env, job.scheduler);
-  if (!sched.ok()) return sched.status();
-  if (*sched) p.warnings = (*sched)->warnings;
+  DDPRUN_ASSIGN_OR_RETURN(const std::optional<SchedulerInfo> sched,
+                          DetectScheduler(env, job.scheduler));
+  if (sched) p.warnings = sched->warnings;
 
   // Node count.
-  std::optional<std::pair<int, int>> nnodes =
-      in.nnodes.is_set() ? Range(in.nnodes.value) : std::nullopt;
-  if (*sched && (*sched)->nnodes > 0) {
-    const SchedulerInfo& s = **sched;
+  // A bad count is reported by the resolution, which names its source.
+  std::optional<NodeRange> nnodes;
+  if (in.nnodes.is_set()) {
+    if (auto r = ParseNodeRange(in.nnodes.value); r.ok()) nnodes = *r;
+  }
+  if (sched && sched->nnodes > 0) {
+    const SchedulerInfo& s = *sched;
     if (in.nnodes.is_set()) {
-      if (nnodes && (s.nnodes < nnodes->first || s.nnodes > nnodes->second)) {
+      if (nnodes && (s.nnodes < nnodes->min || s.nnodes > nnodes->max)) {
         return Bad(absl::StrCat(
             in.nnodes.Name("--nnodes"), " asks for ", in.nnodes.value, " nodes but ", s.name,
             " runs this job on ", s.nnodes, " (", s.nnodes_var, "); make them agree: allocate ",
@@ -306,10 +289,10 @@ absl::StatusOr<Placement> ResolvePlacement(const JobConfig& job, const Placement
       }
     } else {
       p.values["nnodes"] = KnobValue{std::to_string(s.nnodes), s.nnodes_var, Origin::kScheduler};
-      nnodes = std::make_pair(s.nnodes, s.nnodes);
+      nnodes = NodeRange{s.nnodes, s.nnodes};
     }
   }
-  const int max_nodes = nnodes ? nnodes->second : 1;
+  const int max_nodes = nnodes ? nnodes->max : 1;
 
   // Node rank.
   if (in.node_rank.is_set()) {
@@ -360,8 +343,8 @@ absl::StatusOr<Placement> ResolvePlacement(const JobConfig& job, const Placement
                                " nodes) by ", how);
     }
     if (!in.local_addr.is_set()) p.values["local_addr"] = KnobValue{h.host, source, Origin::kHost};
-  } else if (*sched && (*sched)->node_rank >= 0) {
-    const SchedulerInfo& s = **sched;
+  } else if (sched && sched->node_rank >= 0) {
+    const SchedulerInfo& s = *sched;
     if (s.node_rank < max_nodes) {
       p.values["node_rank"] =
           KnobValue{std::to_string(s.node_rank), s.rank_var, Origin::kScheduler};
@@ -374,8 +357,8 @@ absl::StatusOr<Placement> ResolvePlacement(const JobConfig& job, const Placement
   std::optional<std::pair<std::string, std::string>> first;  // host, where it came from
   if (!job.hosts.empty()) {
     first = std::make_pair(job.hosts[0].host, absl::StrCat(job.hosts[0].location, ": nodes.hosts[0]"));
-  } else if (*sched && !(*sched)->hosts.empty()) {
-    first = std::make_pair((*sched)->hosts[0], absl::StrCat((*sched)->hosts_var, " (first host)"));
+  } else if (sched && !sched->hosts.empty()) {
+    first = std::make_pair(sched->hosts[0], absl::StrCat(sched->hosts_var, " (first host)"));
   }
   const KnobValue& ep = in.rdzv_endpoint;
   const bool first_node = ep.is_set() && (ep.value == "first_node" ||
@@ -386,15 +369,20 @@ absl::StatusOr<Placement> ResolvePlacement(const JobConfig& job, const Placement
                               " is first_node but no node list is known; list nodes.hosts, run "
                               "under Slurm, or give HOST:PORT"));
     }
-    std::string port = ep.value.size() > 10 ? ep.value.substr(11)
-                                            : std::to_string(is_static ? kDefaultStaticPort
-                                                                       : kDefaultRdzvPort);
-    p.values["rdzv_endpoint"] = KnobValue{absl::StrCat(Bracketed(first->first), ":", port),
+    int port = is_static ? kDefaultMasterPort : kDefaultRdzvPort;
+    if (ep.value.size() > 10) {
+      auto parsed = ParsePort(ep.value.substr(11));
+      if (!parsed.ok()) {
+        return Bad(absl::StrCat(ep.Name("--rdzv_endpoint"), " ", parsed.status().message()));
+      }
+      port = *parsed;
+    }
+    p.values["rdzv_endpoint"] = KnobValue{rendezvous::FormatHostPort(first->first, port),
                                           absl::StrCat(ep.source, " (first_node: ", first->second, ")"),
                                           ep.origin};
   } else if (!ep.is_set() && max_nodes > 1 && first) {
     p.values["rdzv_endpoint"] = KnobValue{
-        absl::StrCat(Bracketed(first->first), ":", is_static ? kDefaultStaticPort : kDefaultRdzvPort),
+        rendezvous::FormatHostPort(first->first, is_static ? kDefaultMasterPort : kDefaultRdzvPort),
         absl::StrCat("first_node: ", first->second),
         job.hosts.empty() ? Origin::kScheduler : Origin::kFile};
   }

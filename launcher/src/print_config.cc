@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "ddprun/launcher/knobs.h"
+#include "ddprun/rendezvous/host_port.h"
 
 namespace ddprun::launcher {
 namespace {
@@ -36,21 +38,22 @@ std::string RenderMergedConfig(const MergedJobView& v) {
     if (!v.job->name.empty()) Line(out, "job.name", v.job->name, "file");
   }
   for (const Knob& k : kKnobs) {
-    const std::string label = k.yaml_key ? k.yaml_key : absl::StrCat("--", k.flag);
-    KnobValue from = v.lookup(k.flag);
+    if (k.type == ValueType::kFileOnly || k.type == ValueType::kRdzvConf) continue;
+    const std::string flag = k.Dest();
+    if (flag == "config" || flag == "print_config") continue;
+    const std::string label = k.yaml_key ? k.yaml_key : absl::StrCat("--", flag);
+    KnobValue from = v.lookup(k.is_flag() ? flag : "rdzv_conf");
     if (k.rdzv_conf != nullptr) {
       // A --rdzv_conf key: the flag/env string if it names it, else the file.
       const bool named = from.is_set() && from.origin != Origin::kFile &&
                          absl::StrContains(absl::StrCat(",", from.value), absl::StrCat(",", k.rdzv_conf, "="));
-      if (!named) from = v.lookup(absl::StrCat("rdzv_conf.", k.rdzv_conf));
+      if (!named) from = v.lookup(flag);
     }
-    if (std::string(k.flag) == "grace_period" && from.origin != Origin::kFlag &&
-        from.origin != Origin::kEnv) {
+    if (flag == "grace_period" && from.origin != Origin::kFlag && from.origin != Origin::kEnv) {
       if (auto it = env.find("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"); it != env.end() && !it->second.empty())
         from = KnobValue{it->second, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", Origin::kEnv};
     }
     std::string value = from.value;
-    const std::string flag = k.flag;
     if (flag == "rdzv_id") {
       value = o.job_id;
     } else if (flag == "nnodes") {
@@ -61,7 +64,7 @@ std::string RenderMergedConfig(const MergedJobView& v) {
     } else if (flag == "nproc_per_node") {
       value = from.value == std::to_string(o.nproc_per_node)
                   ? from.value
-                  : absl::StrCat(o.nproc_per_node, " (", from.value.empty() ? "1" : from.value, ")");
+                  : absl::StrCat(o.nproc_per_node, " (", from.value, ")");
     } else if (flag == "role") {
       value = o.role;
     } else if (flag == "max_restarts") {
@@ -76,23 +79,21 @@ std::string RenderMergedConfig(const MergedJobView& v) {
           value = "none (this node hosts a private rendezvous)";
           break;
         case agent::RendezvousMode::kRemote:
-          value = absl::StrCat(o.rdzv_host.find(':') != std::string::npos
-                                   ? absl::StrCat("[", o.rdzv_host, "]")
-                                   : o.rdzv_host,
-                               ":", o.rdzv_port);
+          value = rendezvous::FormatHostPort(o.rdzv_host, o.rdzv_port);
           break;
         case agent::RendezvousMode::kStatic:
-          value = absl::StrCat(o.master_addr, ":", o.master_port, " (static master)");
+          value = absl::StrCat(rendezvous::FormatHostPort(o.master_addr, o.master_port),
+                               " (static master)");
           break;
       }
-    } else if (k.rdzv_conf != nullptr && std::string(k.rdzv_conf) == "join_timeout") {
+    } else if (flag == "rdzv_conf.join_timeout") {
       value = Number(o.join_timeout_s);
-    } else if (k.rdzv_conf != nullptr && std::string(k.rdzv_conf) == "last_call_timeout") {
+    } else if (flag == "rdzv_conf.last_call_timeout") {
       value = Number(o.last_call_timeout_s);
-    } else if (k.rdzv_conf != nullptr && std::string(k.rdzv_conf) == "token") {
+    } else if (flag == "rdzv_conf.token") {
       value = o.join_token.empty() ? "none" : "(set, not shown)";
     } else if (flag == "local_addr") {
-      value = o.local_addr.empty() ? "(hostname)" : o.local_addr;
+      value = o.local_addr.empty() ? absl::StrCat("(", k.default_text, ")") : o.local_addr;
     } else if (flag == "log_dir") {
       value = o.log_dir.empty() ? "none" : o.log_dir;
     } else if (value.empty()) {

@@ -8,46 +8,13 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "ddprun/rendezvous/client.h"
+#include "ddprun/rendezvous/exit_codes.h"
+#include "ddprun/rendezvous/host_port.h"
+#include "nlohmann/json.hpp"
 
 namespace ddprun::launcher {
 namespace {
-
-constexpr int kExitOk = 0;
-constexpr int kExitUsage = 2;
-constexpr int kExitRendezvous = 3;
-constexpr int kDefaultPort = 29400;
-
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      default:
-        if (c < 0x20) {
-          out += absl::StrFormat("\\u%04x", c);
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  return out + "\"";
-}
 
 // "0-3" for a node's global ranks, "-" before it has any.
 std::string Ranks(const rendezvous::NodeInfo& n) {
@@ -78,25 +45,32 @@ std::string FormatStatusText(const std::vector<rendezvous::JobStatus>& jobs) {
 
 std::string FormatStatusJson(const std::string& endpoint,
                              const std::vector<rendezvous::JobStatus>& jobs) {
-  std::vector<std::string> js;
+  // ordered_json keeps the keys in the documented order (docs/cli.md).
+  using Json = nlohmann::ordered_json;
+  Json js = Json::array();
   for (const auto& j : jobs) {
-    std::vector<std::string> nodes;
+    Json nodes = Json::array();
     for (const auto& n : j.nodes) {
-      nodes.push_back(absl::StrCat(
-          "{\"group_rank\":", n.group_rank, ",\"host\":", JsonString(n.host), ",\"pid\":", n.pid,
-          ",\"nproc\":", n.nproc, ",\"base_rank\":", n.base_rank, ",\"ranks\":",
-          JsonString(Ranks(n)), "}"));
+      nodes.push_back({{"group_rank", n.group_rank},
+                       {"host", n.host},
+                       {"pid", n.pid},
+                       {"nproc", n.nproc},
+                       {"base_rank", n.base_rank},
+                       {"ranks", Ranks(n)}});
     }
-    std::vector<std::string> quarantined;
-    for (const auto& q : j.quarantined) quarantined.push_back(JsonString(q));
-    js.push_back(absl::StrCat("{\"job_id\":", JsonString(j.job_id), ",\"round\":", j.round,
-                              ",\"state\":", JsonString(j.state), ",\"world_size\":", j.world_size,
-                              ",\"restarts\":", j.restart_count, ",\"waiting\":", j.waiting,
-                              ",\"quarantined\":[", absl::StrJoin(quarantined, ","), "]",
-                              ",\"nodes\":[", absl::StrJoin(nodes, ","), "]}"));
+    js.push_back({{"job_id", j.job_id},
+                  {"round", j.round},
+                  {"state", j.state},
+                  {"world_size", j.world_size},
+                  {"restarts", j.restart_count},
+                  {"waiting", j.waiting},
+                  {"quarantined", j.quarantined},
+                  {"nodes", std::move(nodes)}});
   }
-  return absl::StrCat("{\"endpoint\":", JsonString(endpoint), ",\"jobs\":[",
-                      absl::StrJoin(js, ","), "]}\n");
+  const Json doc = {{"endpoint", endpoint}, {"jobs", std::move(js)}};
+  // Bytes that are not UTF-8 (a host name from a stranger) become U+FFFD
+  // instead of an exception.
+  return doc.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
 }
 
 int RunStatusCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
@@ -120,7 +94,7 @@ int RunStatusCommand(const std::vector<std::string>& args, std::ostream& out, st
     app.parse(rest);
   } catch (const CLI::CallForHelp&) {
     out << app.help();
-    return kExitOk;
+    return kExitSuccess;
   } catch (const CLI::ParseError& e) {
     err << "ddprun status: " << e.what() << "; see ddprun status --help" << std::endl;
     return kExitUsage;
@@ -132,29 +106,32 @@ int RunStatusCommand(const std::vector<std::string>& args, std::ostream& out, st
     err << "ddprun status: --rdzv_endpoint is required; pass the daemon's HOST:PORT" << std::endl;
     return kExitUsage;
   }
-  std::string host;
-  int port = 0;
-  if (absl::Status st = rendezvous::ParseEndpoint(endpoint, kDefaultPort, &host, &port); !st.ok()) {
-    err << "ddprun status: --rdzv_endpoint '" << endpoint << "': " << st.message()
+  auto hp = rendezvous::ParseHostPort(endpoint, {.default_port = rendezvous::kDefaultRdzvPort});
+  if (!hp.ok()) {
+    err << "ddprun status: --rdzv_endpoint '" << endpoint << "': " << hp.status().message()
         << "; write HOST[:PORT]" << std::endl;
     return kExitUsage;
   }
+  const std::string& host = hp->host;
+  const int port = hp->port;
   const auto timeout = std::chrono::duration_cast<rendezvous::Duration>(
       std::chrono::duration<double>(timeout_s));
   auto client = rendezvous::RendezvousClient::Create(host, port);
   if (absl::Status st = client->WaitForConnected(timeout); !st.ok()) {
-    err << "ddprun status: cannot reach the rendezvous at " << host << ":" << port << " within "
+    err << "ddprun status: cannot reach the rendezvous at " << rendezvous::FormatHostPort(*hp)
+        << " within "
         << timeout_s << " s; check that ddprund runs there" << std::endl;
-    return kExitRendezvous;
+    return kExitRendezvousError;
   }
   auto jobs = client->Status(job_id, timeout);
   if (!jobs.ok()) {
     err << "ddprun status: " << jobs.status().message() << std::endl;
-    return kExitRendezvous;
+    return kExitRendezvousError;
   }
-  out << (json ? FormatStatusJson(absl::StrCat(host, ":", port), *jobs) : FormatStatusText(*jobs));
+  out << (json ? FormatStatusJson(rendezvous::FormatHostPort(*hp), *jobs)
+               : FormatStatusText(*jobs));
   out.flush();
-  return kExitOk;
+  return kExitSuccess;
 }
 
 }  // namespace ddprun::launcher

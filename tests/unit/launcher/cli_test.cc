@@ -141,7 +141,7 @@ TEST_CASE("both spellings of every flag", "[unit]") {
   CHECK(a.options.grace_period_s == b.options.grace_period_s);
   CHECK(a.options.log_dir == b.options.log_dir);
   CHECK(a.options.local_addr == b.options.local_addr);
-  CHECK(a.launcher.monitor_interval_s == b.launcher.monitor_interval_s);
+  CHECK(a.launcher.monitor_interval == b.launcher.monitor_interval);
   CHECK(a.launcher.start_method == b.launcher.start_method);
   CHECK(a.launcher.local_ranks_filter == b.launcher.local_ranks_filter);
 }
@@ -382,14 +382,66 @@ TEST_CASE("mode: static", "[unit]") {
              Contains("--master_port must be a port"));
 }
 
-TEST_CASE("--master_addr outside static is ignored with a warning", "[unit]") {
-  auto p = Ok({"--master_addr=x", S().Path("train.py")});
-  REQUIRE(p.warnings.size() == 1);
-  CHECK_THAT(p.warnings[0], Contains("only used with --rdzv_backend=static"));
-  // From the environment (Kubeflow sets them always): silent.
+TEST_CASE("--master_addr/--master_port without a backend: torchrun's static default", "[unit]") {
+  // torchrun's default backend is static: naming the master selects it, and
+  // node rank 0 hosts the store on --master_port (issue 9, item 8).
+  auto p = Ok({"--master_addr=127.0.0.1", "--master_port=1234", "--nproc_per_node=2",
+               S().Path("train.py")});
+  CHECK(p.options.mode == RendezvousMode::kStatic);
+  CHECK(p.options.master_addr == "127.0.0.1");
+  CHECK(p.options.master_port == 1234);
+  CHECK(p.options.node_rank == 0);
+  CHECK(p.options.job_id == "none");
+  CHECK(p.warnings.empty());
+  auto port_only = Ok({"--master_port=2345", S().Path("train.py")});
+  CHECK(port_only.options.mode == RendezvousMode::kStatic);
+  CHECK(port_only.options.master_addr == "127.0.0.1");
+  CHECK(port_only.options.master_port == 2345);
+  // From the environment too (Kubeflow's non-elastic PyTorchJob relies on it).
   Env env = BaseEnv();
   env["PET_MASTER_ADDR"] = "x";
-  CHECK(Ok({S().Path("train.py")}, env).warnings.empty());
+  auto k = Ok({S().Path("train.py")}, env);
+  CHECK(k.options.mode == RendezvousMode::kStatic);
+  CHECK(k.options.master_addr == "x");
+  CHECK(k.options.master_port == 29500);
+  CHECK(k.warnings.empty());
+  // Several nodes: each must know its rank (torchrun would make every node
+  // rank 0, each waiting for the others on its own store).
+  CHECK_THAT(Err({"--master_addr=m", "--nnodes=2", S().Path("train.py")}),
+             Contains("static rendezvous with --nnodes=2 needs this node's --node_rank"));
+  CHECK(Ok({"--master_addr=m", "--nnodes=2", "--node_rank=1", S().Path("train.py")})
+            .options.mode == RendezvousMode::kStatic);
+  // An explicit backend or endpoint keeps c10d; the master flags are then ignored, with a warning.
+  auto c10d = Ok({"--rdzv_backend=c10d", "--master_addr=x", S().Path("train.py")});
+  CHECK(c10d.options.mode == RendezvousMode::kEmbedded);
+  REQUIRE(c10d.warnings.size() == 1);
+  CHECK_THAT(c10d.warnings[0], Contains("only used with --rdzv_backend=static"));
+  auto remote = Ok({"--rdzv_endpoint=h", "--master_port=7", S().Path("train.py")});
+  CHECK(remote.options.mode == RendezvousMode::kRemote);
+  REQUIRE(remote.warnings.size() == 1);
+  Env c10d_env = BaseEnv();
+  c10d_env["PET_RDZV_BACKEND"] = "c10d";
+  c10d_env["PET_MASTER_ADDR"] = "x";
+  auto silent = Ok({S().Path("train.py")}, c10d_env);
+  CHECK(silent.options.mode == RendezvousMode::kEmbedded);
+  CHECK(silent.warnings.empty());
+  CHECK(Ok({"--standalone", "--master_addr=x", S().Path("train.py")}).options.mode ==
+        RendezvousMode::kEmbedded);
+}
+
+TEST_CASE("no node may wait for a store that will never exist", "[unit]") {
+  // Several nodes with neither an endpoint nor the master's address.
+  CHECK_THAT(Err({"--nnodes=2", S().Path("train.py")}),
+             Contains("--nnodes=2 needs a rendezvous shared by the nodes") &&
+                 Contains("--master_addr"));
+  CHECK_THAT(Err({"--rdzv_backend=static", "--nnodes=2", "--node_rank=1", S().Path("train.py")}),
+             Contains("static rendezvous with --nnodes=2 needs --master_addr=HOST"));
+  CHECK_THAT(Err({"--rdzv_backend=static", "--nnodes=3", S().Path("train.py")}),
+             Contains("needs this node's --node_rank"));
+  // Given both, or an endpoint standing for the master, it runs.
+  CHECK(Ok({"--rdzv_backend=static", "--nnodes=2", "--node_rank=1", "--rdzv_endpoint=m:5",
+            S().Path("train.py")})
+            .options.master_addr == "m");
 }
 
 TEST_CASE("--rdzv_backend values", "[unit]") {
@@ -446,7 +498,7 @@ TEST_CASE("--max_restarts", "[unit]") {
 
 TEST_CASE("compatibility flags are accepted and validated", "[unit]") {
   auto p = Ok({"--monitor_interval=5", "--start_method=forkserver", S().Path("train.py")});
-  CHECK(p.launcher.monitor_interval_s == 5);
+  CHECK(p.launcher.monitor_interval.count() == 5);
   CHECK(p.launcher.start_method == "forkserver");
   CHECK(p.warnings.empty());
   CHECK_THAT(Err({"--monitor_interval=-1", S().Path("train.py")}), Contains("--monitor_interval"));

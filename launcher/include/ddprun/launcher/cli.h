@@ -7,12 +7,15 @@
 //  - Everything after the training script is passed through verbatim.
 //  - Every bad input yields an InvalidArgument status whose message is ONE
 //    line, starting with "ddprun: ", that names the problem and the fix; the
-//    caller prints it and exits with agent::kExitUsage (2).
+//    caller prints it and exits with ddprun::kExitUsage (2).
+//  - The knobs, their defaults and parsers are the table in knobs.h; a bad
+//    value gets the same problem-and-fix text as in a job file.
 //  - Pure apart from reading the file system (the script, PATH lookups) and
 //    drawing a random job id; the environment and the machine's CPU/GPU
 //    counts are injected so that tests control them.
 #pragma once
 
+#include <chrono>
 #include <map>
 #include <string>
 #include <vector>
@@ -25,7 +28,6 @@ namespace ddprun::launcher {
 
 using agent::Env;
 
-inline constexpr int kDefaultRendezvousPort = 29400;          // c10d's default, also ddprund's
 inline constexpr const char* kDefaultPythonExec = "python3";  // PYTHON_EXEC overrides it
 
 // Which standard streams of a worker go to files, torchrun's -r/-t value
@@ -38,8 +40,10 @@ struct LauncherOptions {
   StdStreams redirects;                 // -r/--redirects
   StdStreams tee;                       // -t/--tee
   std::vector<int> local_ranks_filter;  // --local_ranks_filter; empty: every rank
-  double monitor_interval_s = 0.1;      // accepted for compatibility; the agent is event-driven
-  std::string start_method = "spawn";   // accepted for compatibility; workers are processes
+  // Accepted for compatibility and validated: the agent is event-driven and
+  // workers are processes. Defaults: knobs.h.
+  std::chrono::duration<double> monitor_interval{};
+  std::string start_method;
 };
 
 enum class Action {

@@ -4,16 +4,17 @@
 //
 //     flag  >  PET_<FLAG> (or the variable itself, for NCCL_* and environment)  >  file  >  default
 //
-// kKnobs is the one table that ties each flag to its YAML key and default;
-// docs/config.md documents the same table.
+// kKnobs (knobs.h) is the one table that ties each flag to its YAML key,
+// default and parser; the keys this file accepts and every value check come
+// from it (value_parsers.h), so a bad value reads the same as its flag's.
 //
 // Contract:
 //  - Every problem yields an InvalidArgument status whose message is ONE
 //    line, "FILE:LINE:COL: key.path: problem; fix" (lines and columns count
 //    from 1), or "FILE: problem; fix" when no position applies (a missing,
 //    unreadable or huge file).
-//  - Values are stored as the flag would be written ("2:4", "600"), with the
-//    position they came from, so the command line's checks apply to them too.
+//  - Values are checked by their flag's parser and stored as the flag would
+//    be written ("2:4", "600"), with the position they came from.
 //  - Pure: reads the file and nothing else (no environment, no network).
 #pragma once
 
@@ -52,42 +53,6 @@ struct KnobValue {
   std::string Name(const std::string& flag) const;
 };
 
-// The table of knobs: flag (its underscore name; PET_<FLAG> follows), the
-// YAML key (nullptr: command line only, because the file is shared by every
-// node) and the default as --help and docs/config.md show it. Entries with a
-// `rdzv_conf` key are keys of --rdzv_conf rather than flags of their own.
-struct Knob {
-  const char* flag;
-  const char* rdzv_conf;  // nullptr, or the --rdzv_conf key
-  const char* yaml_key;
-  const char* default_text;
-};
-
-inline constexpr Knob kKnobs[] = {
-    {"rdzv_id", nullptr, "job.id", "none"},
-    {"nnodes", nullptr, "nodes.count", "1 (or the number of nodes.hosts)"},
-    {"node_rank", nullptr, nullptr, "from nodes.hosts or the scheduler, else any"},
-    {"nproc_per_node", nullptr, "nproc_per_node", "1 (or the hosts' slots)"},
-    {"role", nullptr, "role", "default"},
-    {"max_restarts", nullptr, "restart.max_restarts", "0"},
-    {"grace_period", nullptr, "restart.grace_period", "30"},
-    {"signals_to_handle", nullptr, "restart.signals_to_handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT"},
-    {"rdzv_backend", nullptr, "rendezvous.backend", "c10d"},
-    {"rdzv_endpoint", nullptr, "rendezvous.endpoint", "none (first_node when hosts are known)"},
-    {"rdzv_conf", "join_timeout", "rendezvous.join_timeout", "600"},
-    {"rdzv_conf", "last_call_timeout", "rendezvous.last_call_timeout", "30"},
-    {"rdzv_conf", "token", "rendezvous.token", "none"},
-    {"local_addr", nullptr, nullptr, "the matched nodes.hosts entry, else hostname"},
-    {"module", nullptr, "module", "false"},
-    {"no_python", nullptr, "no_python", "false"},
-    {"log_dir", nullptr, "logs.log_dir", "none"},
-    {"redirects", nullptr, "logs.redirects", "0"},
-    {"tee", nullptr, "logs.tee", "0"},
-    {"local_ranks_filter", nullptr, "logs.local_ranks_filter", "all"},
-    {"prefix_output", nullptr, "logs.prefix_output", "false"},
-    {"stderr_tail_lines", nullptr, "logs.stderr_tail_lines", "20"},
-};
-
 // The nccl: keys that have a name of their own; any NCCL_* key is also
 // accepted verbatim.
 struct NcclKey {
@@ -122,7 +87,7 @@ enum class SchedulerMode { kAuto, kSlurm, kMpi, kNone };
 struct JobConfig {
   std::string path;
   std::string name;  // job.name: shown, not used
-  // By YAML key (the yaml_key of kKnobs): the file's value of each knob it sets.
+  // By YAML key (Knob::yaml_key): the file's value of each knob it sets.
   std::map<std::string, FileValue> values;
   std::vector<HostEntry> hosts;  // nodes.hosts, in order (node rank = index)
   std::string hosts_location;    // where nodes.hosts starts
@@ -137,8 +102,8 @@ struct JobConfig {
   SchedulerMode scheduler = SchedulerMode::kAuto;
   std::string scheduler_location;
 
-  // The knob values this file sets, keyed by flag name ("nnodes"), or
-  // "rdzv_conf.<key>" for --rdzv_conf keys; nnodes and nproc_per_node are
+  // The knob values this file sets, keyed by Knob::Dest() ("nnodes", or
+  // "rdzv_conf.<key>" for --rdzv_conf keys); nnodes and nproc_per_node are
   // derived from nodes.hosts when not written.
   std::map<std::string, KnobValue> FlagValues() const;
 };
@@ -149,8 +114,5 @@ absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path);
 
 // Validates `text` as if read from `path` (used in messages only).
 absl::StatusOr<JobConfig> ParseJobConfig(const std::string& text, const std::string& path);
-
-// Edit distance, for "did you mean".
-std::size_t KeyDistance(const std::string& a, const std::string& b);
 
 }  // namespace ddprun::launcher

@@ -1,0 +1,223 @@
+// The launcher's knobs, each defined once (like Ray's RAY_CONFIG table or
+// NCCL's NCCL_PARAM): its flag (--flag_name, and --flag-name follows), its
+// PET_<FLAG_NAME> variable, its key in a job file, its default, its --help
+// text and group, and the type whose parser (value_parsers.h) checks it.
+//
+// Everything else derives from this table: the CLI11 flags and --help
+// (flag_table.cc), the keys a job file accepts and how each value is checked
+// (job_config.cc), --print-config's lines (print_config.cc), and a unit test
+// that docs/cli.md and docs/config.md show every knob with this default.
+//
+// Precedence, stated once: flag > PET_<FLAG> > job file > default. A few
+// knobs have a second variable (TORCH_ELASTIC_SHUTDOWN_TIMEOUT for
+// --grace_period), handled where the value is resolved (resolve_options.cc).
+//
+// To add a knob: one entry here (in the order --print-config and the file's
+// "valid keys" messages show), its use in resolve_options.cc, a row in
+// docs/cli.md (and docs/config.md when it has a YAML key).
+#pragma once
+
+#include <string>
+#include "absl/strings/string_view.h"
+
+namespace ddprun::launcher {
+
+// How a knob's text is checked and normalised (value_parsers.h has one
+// parser per type; the command line and the job file both use it).
+enum class ValueType {
+  kNodeRange,    // N or MIN:MAX, 0 < MIN <= MAX
+  kNproc,        // N, cpu, gpu or auto
+  kCount,        // an integer in [min, max]
+  kSeconds,      // a number of seconds >= 0
+  kPositiveSeconds,  // a number of seconds > 0
+  kStreams,      // torchrun's Std: 0-3, or RANK:V,...
+  kRankList,     // RANK,... (local ranks)
+  kEndpoint,     // HOST[:PORT]; IPv6 in brackets (first_node[:PORT] in placement)
+  kPort,         // 1..65535
+  kBool,         // on/off: a presence flag; PET_ and the file give true/false
+  kText,         // any non-empty text
+  kToken,        // non-empty text without ','
+  kJobId,        // job_id.h's rule
+  kBackend,      // c10d, ddprun (alias) or static
+  kSignals,      // SIG,... of the forwarded set
+  kStartMethod,  // spawn, fork or forkserver
+  kRdzvConf,     // KEY=VALUE,... (each key is its own knob below)
+  kFileOnly,     // a job-file structure parsed by job_config.cc (hosts, command, ...)
+};
+
+// Groups of --help, in display order.
+inline constexpr const char* kGroupJob = "Job shape";
+inline constexpr const char* kGroupRdzv = "Rendezvous (c10d: ddprund or embedded)";
+inline constexpr const char* kGroupStatic = "Static rendezvous (--rdzv_backend=static)";
+inline constexpr const char* kGroupCommand = "Worker command";
+inline constexpr const char* kGroupOutput = "Worker output and logs";
+inline constexpr const char* kGroupCompat = "Accepted for torchrun compatibility";
+inline constexpr const char* kGroupConfig = "Job file (docs/config.md)";
+inline constexpr const char* kHelpGroups[] = {kGroupJob,    kGroupRdzv,   kGroupStatic,
+                                              kGroupCommand, kGroupOutput, kGroupCompat,
+                                              kGroupConfig};
+
+struct Knob {
+  // The flag's underscore name ("nproc_per_node"); nullptr for a job-file
+  // key without a flag, or a key of --rdzv_conf (then `rdzv_conf` is set).
+  const char* name = nullptr;
+  const char* short_flag = nullptr;  // "r" for -r, or nullptr
+  const char* rdzv_conf = nullptr;   // the --rdzv_conf key this entry stands for
+  const char* yaml_key = nullptr;    // nullptr: command line only (the file is shared by nodes)
+  ValueType type = ValueType::kText;
+  // What the parser gets when nothing sets the knob; nullptr: unset (the
+  // resolution decides, e.g. a random job id for a single node).
+  const char* default_value = nullptr;
+  const char* default_text = "none";  // as --help, --print-config and the docs show the default
+  const char* metavar = nullptr;      // "N|MIN:MAX"; nullptr for on/off flags
+  const char* group = nullptr;        // kGroup*; nullptr: not a flag
+  const char* help = "";
+  long min = 0, max = 0;  // kCount bounds
+  const char* what = "";  // kCount: what a good value is, for messages ("a number of lines in 0..10000")
+
+  bool is_flag() const { return name != nullptr; }
+  // The key resolved values are stored under: the flag name, or
+  // "rdzv_conf.<key>" for a key of --rdzv_conf.
+  std::string Dest() const;
+};
+
+// clang-format off
+inline constexpr Knob kKnobs[] = {
+    // Job id and rendezvous.
+    {.name = "rdzv_id", .yaml_key = "job.id", .type = ValueType::kJobId,
+     .default_value = "none", .default_text = "none", .metavar = "ID", .group = kGroupRdzv,
+     .help = "Job id shared by every node of the job (TORCHELASTIC_RUN_ID); a random one when "
+             "single-node without --rdzv_endpoint"},
+    {.yaml_key = "job.name", .type = ValueType::kFileOnly},
+    {.name = "rdzv_backend", .yaml_key = "rendezvous.backend", .type = ValueType::kBackend,
+     .default_value = "c10d", .default_text = "c10d", .metavar = "c10d|static", .group = kGroupRdzv,
+     .help = "c10d: dynamic rendezvous, hosted by ddprun (single node) or by ddprund at "
+             "--rdzv_endpoint ('ddprun' is an alias); static: fixed membership, see below. "
+             "Without it, --master_addr/--master_port select static, as in torchrun"},
+    {.name = "rdzv_endpoint", .yaml_key = "rendezvous.endpoint", .type = ValueType::kEndpoint,
+     .default_text = "none", .metavar = "HOST[:PORT]", .group = kGroupRdzv,
+     .help = "ddprund (or an agent hosting the rendezvous) to join; default port 29400"},
+    {.rdzv_conf = "token", .yaml_key = "rendezvous.token", .type = ValueType::kToken,
+     .default_text = "none"},
+    {.rdzv_conf = "join_timeout", .yaml_key = "rendezvous.join_timeout",
+     .type = ValueType::kPositiveSeconds, .default_value = "600", .default_text = "600"},
+    {.rdzv_conf = "last_call_timeout", .yaml_key = "rendezvous.last_call_timeout",
+     .type = ValueType::kSeconds, .default_value = "30", .default_text = "30"},
+    {.name = "rdzv_conf", .type = ValueType::kRdzvConf, .default_text = "none", .metavar = "K=V,...",
+     .group = kGroupRdzv,
+     .help = "join_timeout=SECONDS (600), last_call_timeout=SECONDS (30), token=SECRET (nodes "
+             "must present the same token)"},
+    // Job shape.
+    {.name = "nnodes", .yaml_key = "nodes.count", .type = ValueType::kNodeRange,
+     .default_value = "1", .default_text = "1", .metavar = "N|MIN:MAX", .group = kGroupJob,
+     .help = "Number of nodes, or a range for an elastic job (0 < MIN <= MAX)"},
+    {.yaml_key = "nodes.hosts", .type = ValueType::kFileOnly},
+    {.yaml_key = "scheduler", .type = ValueType::kFileOnly, .default_text = "auto"},
+    {.name = "nproc_per_node", .yaml_key = "nproc_per_node", .type = ValueType::kNproc,
+     .default_value = "1", .default_text = "1", .metavar = "N|cpu|gpu|auto", .group = kGroupJob,
+     .help = "Workers on this node: a number, cpu (hardware threads), gpu (NVIDIA GPUs) or auto "
+             "(gpu if any, else cpu)"},
+    {.name = "role", .yaml_key = "role", .type = ValueType::kText, .default_value = "default",
+     .default_text = "default", .metavar = "NAME", .group = kGroupJob,
+     .help = "Worker role, given to workers as ROLE_NAME"},
+    {.yaml_key = "command", .type = ValueType::kFileOnly},
+    {.yaml_key = "args", .type = ValueType::kFileOnly},
+    {.name = "module", .short_flag = "m", .yaml_key = "module", .type = ValueType::kBool,
+     .default_text = "off", .group = kGroupCommand,
+     .help = "Run SCRIPT as a Python module: $PYTHON_EXEC -u -m SCRIPT"},
+    {.name = "no_python", .yaml_key = "no_python", .type = ValueType::kBool, .default_text = "off",
+     .group = kGroupCommand,
+     .help = "Exec SCRIPT directly instead of through $PYTHON_EXEC (it must be executable)"},
+    {.name = "max_restarts", .yaml_key = "restart.max_restarts", .type = ValueType::kCount,
+     .default_value = "0", .default_text = "0", .metavar = "N", .group = kGroupJob,
+     .help = "Restarts of the whole job after worker failures before giving up", .min = 0,
+     .max = 1'000'000, .what = "a non-negative integer"},
+    {.name = "grace_period", .yaml_key = "restart.grace_period", .type = ValueType::kSeconds,
+     .default_value = "30", .default_text = "30", .metavar = "SECONDS", .group = kGroupJob,
+     .help = "Time between SIGTERM and SIGKILL when stopping workers (also read from "
+             "TORCH_ELASTIC_SHUTDOWN_TIMEOUT)"},
+    {.name = "signals_to_handle", .yaml_key = "restart.signals_to_handle",
+     .type = ValueType::kSignals, .default_value = "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+     .default_text = "SIGTERM,SIGINT,SIGHUP,SIGQUIT", .metavar = "SIG,...", .group = kGroupJob,
+     .help = "Signals forwarded to every worker: SIGTERM, SIGINT, SIGHUP and SIGQUIT always "
+             "(then the node stops); add SIGUSR1/SIGUSR2 to forward them while the job keeps "
+             "running (e.g. Slurm's pre-emption warning)"},
+    // Output.
+    {.name = "log_dir", .yaml_key = "logs.log_dir", .type = ValueType::kText,
+     .default_text = "a fresh $TMPDIR/ddprun_XXXXXX", .metavar = "DIR", .group = kGroupOutput,
+     .help = "Base of <run_id>/attempt_<round>/<local_rank>/{stdout,stderr}.log and error.json"},
+    {.name = "redirects", .short_flag = "r", .yaml_key = "logs.redirects",
+     .type = ValueType::kStreams, .default_value = "0", .default_text = "0",
+     .metavar = "0-3|RANK:V,...", .group = kGroupOutput,
+     .help = "Send worker stdout (1), stderr (2) or both (3) to files in the log dir instead "
+             "of the console"},
+    {.name = "tee", .short_flag = "t", .yaml_key = "logs.tee", .type = ValueType::kStreams,
+     .default_value = "0", .default_text = "0", .metavar = "0-3|RANK:V,...", .group = kGroupOutput,
+     .help = "Like --redirects, and also to the console, each line prefixed "
+             "[host:rank:local_rank]:"},
+    {.name = "local_ranks_filter", .yaml_key = "logs.local_ranks_filter",
+     .type = ValueType::kRankList, .default_value = "", .default_text = "all",
+     .metavar = "RANK,...", .group = kGroupOutput,
+     .help = "Show only these local ranks' output on the console (files keep everything)"},
+    {.name = "prefix_output", .yaml_key = "logs.prefix_output", .type = ValueType::kBool,
+     .default_text = "off", .group = kGroupOutput,
+     .help = "Prefix every console line of the workers with [host:rank:local_rank]:"},
+    // The one owner of this default; the agent gets it through AgentOptions::logs.
+    {.name = "stderr_tail_lines", .yaml_key = "logs.stderr_tail_lines", .type = ValueType::kCount,
+     .default_value = "20", .default_text = "20", .metavar = "N", .group = kGroupOutput,
+     .help = "Lines of each worker's stderr kept for the failure report; 0 leaves stderr "
+             "unpiped",
+     .min = 0, .max = 10'000, .what = "a number of lines in 0..10000"},
+    {.yaml_key = "environment.set", .type = ValueType::kFileOnly},
+    {.yaml_key = "environment.pass", .type = ValueType::kFileOnly},
+    {.yaml_key = "nccl.NCCL_*", .type = ValueType::kFileOnly},
+    // Command line only.
+    {.name = "standalone", .type = ValueType::kBool, .default_text = "off", .group = kGroupRdzv,
+     .help = "Single-node job with its own private rendezvous; ignores --rdzv_backend, "
+             "--rdzv_endpoint and --rdzv_id"},
+    {.name = "node_rank", .type = ValueType::kCount,
+     .default_text = "0 for static, otherwise none", .metavar = "N", .group = kGroupRdzv,
+     .help = "This node's rank; required by static with several nodes, a requested group rank "
+             "with c10d",
+     .min = 0, .max = 1'000'000, .what = "a non-negative integer"},
+    {.name = "local_addr", .type = ValueType::kText,
+     .default_text = "127.0.0.1 on a single node, else the hostname", .metavar = "ADDR",
+     .group = kGroupRdzv,
+     .help = "Address this node advertises to the others (MASTER_ADDR when it is group rank 0)"},
+    {.name = "master_addr", .type = ValueType::kText, .default_value = "127.0.0.1",
+     .default_text = "127.0.0.1", .metavar = "ADDR", .group = kGroupStatic,
+     .help = "Address of node rank 0, which hosts the store"},
+    {.name = "master_port", .type = ValueType::kPort, .default_value = "29500",
+     .default_text = "29500", .metavar = "PORT", .group = kGroupStatic,
+     .help = "Port of node rank 0's store"},
+    {.name = "run_path", .type = ValueType::kBool, .default_text = "off", .group = kGroupCommand,
+     .help = "Not supported: ddprun always runs workers as processes"},
+    {.name = "monitor_interval", .type = ValueType::kSeconds, .default_value = "0.1",
+     .default_text = "0.1", .metavar = "SECONDS", .group = kGroupCompat,
+     .help = "Ignored: ddprun reacts to worker exits as they happen instead of polling"},
+    {.name = "start_method", .type = ValueType::kStartMethod, .default_value = "spawn",
+     .default_text = "spawn", .metavar = "spawn|fork|forkserver", .group = kGroupCompat,
+     .help = "Ignored: workers are always separate processes"},
+    {.name = "config", .type = ValueType::kText, .default_text = "none", .metavar = "FILE",
+     .group = kGroupConfig,
+     .help = "A YAML job file (docs/config.md), the same on every node; flags and PET_* "
+             "override its values"},
+    {.name = "print_config", .type = ValueType::kBool, .default_text = "off",
+     .group = kGroupConfig,
+     .help = "Print the merged job and where each value came from (flag, env, file, default), "
+             "then exit without starting anything"},
+};
+// clang-format on
+
+// The entry with this flag name, or this --rdzv_conf key, or this YAML key;
+// nullptr if none.
+const Knob* FindKnob(absl::string_view name);
+const Knob* FindRdzvConfKnob(absl::string_view key);
+const Knob* FindYamlKnob(absl::string_view yaml_key);
+// Like FindKnob, for a name the table must have (a programming error otherwise).
+const Knob& KnobNamed(absl::string_view name);
+
+std::string PetName(absl::string_view flag_name);   // "PET_NPROC_PER_NODE"
+std::string DashName(absl::string_view flag_name);  // "nproc-per-node"
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,352 @@
+// Resolution of the merged knobs into AgentOptions. Each knob's value is
+// checked by its parser (value_parsers.h) through ParseKnob, so a message
+// names where the value came from (flag, PET_*, file position).
+#include "resolve_options.h"
+
+#include <algorithm>
+#include <optional>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "ddprun/rendezvous/host_port.h"
+#include "ddprun/rendezvous/job_id.h"
+#include "ddprun/rendezvous/status_macros.h"
+
+namespace ddprun::launcher {
+namespace {
+
+using agent::AgentOptions;
+using agent::RendezvousMode;
+using rendezvous::kDefaultRdzvPort;
+
+bool FromCommandLine(const KnobValue& v) { return absl::StartsWith(v.source, "--"); }
+
+absl::Status ResolveShape(const ResolveContext& ctx, ParsedCommand& out) {
+  const FlagTable& flags = ctx.flags;
+  AgentOptions& o = out.options;
+  DDPRUN_ASSIGN_OR_RETURN(NodeRange nodes,
+                          ParseKnob(flags, KnobNamed("nnodes"), ParseNodeRange));
+  o.min_nodes = nodes.min;
+  o.max_nodes = nodes.max;
+
+  const Knob& nproc_knob = KnobNamed("nproc_per_node");
+  DDPRUN_ASSIGN_OR_RETURN(NprocSpec nproc, ParseKnob(flags, nproc_knob, ParseNproc));
+  const int cpus = std::max(1, ctx.host.cpu_count);
+  switch (nproc.kind) {
+    case NprocSpec::Kind::kNumber:
+      o.nproc_per_node = nproc.number;
+      break;
+    case NprocSpec::Kind::kCpu:
+      o.nproc_per_node = cpus;
+      break;
+    case NprocSpec::Kind::kAuto:
+      o.nproc_per_node = ctx.host.gpu_count > 0 ? ctx.host.gpu_count : cpus;
+      break;
+    case NprocSpec::Kind::kGpu:
+      if (ctx.host.gpu_count <= 0) {
+        return UsageError(absl::StrCat(
+            flags.Get("nproc_per_node").Name("--nproc_per_node"),
+            "=gpu but no GPU found (no /proc/driver/nvidia/gpus entries or /dev/nvidia<N> "
+            "devices); pass a number of workers, 'cpu' or 'auto'"));
+      }
+      o.nproc_per_node = ctx.host.gpu_count;
+      break;
+  }
+
+  const Knob& restarts = KnobNamed("max_restarts");
+  DDPRUN_ASSIGN_OR_RETURN(long max_restarts, ParseKnob(flags, restarts, [&](const std::string& s) {
+                            return ParseCount(s, restarts.min, restarts.max, restarts.what);
+                          }));
+  o.max_restarts = static_cast<int>(max_restarts);
+  DDPRUN_ASSIGN_OR_RETURN(o.role, ParseKnob(flags, KnobNamed("role"), ParseText));
+
+  // --grace_period: flag > PET_GRACE_PERIOD > TORCH_ELASTIC_SHUTDOWN_TIMEOUT > file > default.
+  KnobValue grace = flags.Get("grace_period");
+  if (grace.origin != Origin::kFlag && grace.origin != Origin::kEnv) {
+    if (auto it = ctx.env.find("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+        it != ctx.env.end() && !it->second.empty()) {
+      grace = {it->second, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", Origin::kEnv};
+    }
+  }
+  auto seconds = ParseSeconds(grace.value, /*allow_zero=*/true);
+  if (!seconds.ok()) return BadValue(grace, KnobNamed("grace_period"), seconds.status());
+  o.grace_period_s = seconds->count();
+
+  DDPRUN_ASSIGN_OR_RETURN(SignalSet signals,
+                          ParseKnob(flags, KnobNamed("signals_to_handle"), ParseSignals));
+  o.forward_sigusr1 = signals.usr1;
+  o.forward_sigusr2 = signals.usr2;
+
+  // Compatibility flags: validated, stored, unused.
+  DDPRUN_ASSIGN_OR_RETURN(out.launcher.monitor_interval,
+                          ParseKnob(flags, KnobNamed("monitor_interval"), [](const std::string& s) {
+                            return ParseSeconds(s, /*allow_zero=*/true);
+                          }));
+  DDPRUN_ASSIGN_OR_RETURN(out.launcher.start_method,
+                          ParseKnob(flags, KnobNamed("start_method"), ParseStartMethod));
+  return absl::OkStatus();
+}
+
+absl::Status ResolveOutput(const ResolveContext& ctx, ParsedCommand& out) {
+  const FlagTable& flags = ctx.flags;
+  AgentOptions& o = out.options;
+  o.log_dir = flags.Get("log_dir").value;
+  DDPRUN_ASSIGN_OR_RETURN(out.launcher.redirects,
+                          ParseKnob(flags, KnobNamed("redirects"), ParseStreams));
+  DDPRUN_ASSIGN_OR_RETURN(out.launcher.tee, ParseKnob(flags, KnobNamed("tee"), ParseStreams));
+  const Knob& filter = KnobNamed("local_ranks_filter");
+  DDPRUN_ASSIGN_OR_RETURN(out.launcher.local_ranks_filter, ParseKnob(flags, filter, ParseRankList));
+  for (int r : out.launcher.local_ranks_filter) {
+    if (r >= o.nproc_per_node) {
+      return UsageError(absl::StrCat(flags.Get(filter.name).Name(FlagLabel(filter)),
+                                     " names local rank ", r, " but --nproc_per_node is ",
+                                     o.nproc_per_node, "; use ranks 0..", o.nproc_per_node - 1));
+    }
+  }
+  o.logs.redirects = out.launcher.redirects;
+  o.logs.tee = out.launcher.tee;
+  o.logs.local_ranks_filter = out.launcher.local_ranks_filter;
+  DDPRUN_ASSIGN_OR_RETURN(o.logs.prefix_output, flags.GetBool("prefix_output"));
+  const Knob& tail = KnobNamed("stderr_tail_lines");
+  DDPRUN_ASSIGN_OR_RETURN(long tail_lines, ParseKnob(flags, tail, [&](const std::string& s) {
+                            return ParseCount(s, tail.min, tail.max, tail.what);
+                          }));
+  o.logs.stderr_tail_lines = static_cast<int>(tail_lines);
+  return absl::OkStatus();
+}
+
+// --rdzv_conf k=v,... (and the file's rendezvous keys, a layer below it).
+// Our keys set options; torchrun's other keys are accepted with a warning so
+// that torchrun command lines keep working.
+absl::Status ApplyRdzvConf(const KnobValue& s, bool is_static, AgentOptions& options,
+                           std::vector<std::string>& warnings) {
+  static const std::set<std::string> kTorchrunOnly = {
+      "close_timeout", "heartbeat_timeout", "keep_alive_interval", "keep_alive_max_attempt",
+      "read_timeout",  "is_host",           "store_type",          "rank",
+      "timeout"};
+  if (s.value.empty()) return absl::OkStatus();
+  bool join_timeout_set = false;
+  std::optional<double> static_timeout;
+  for (absl::string_view item : absl::StrSplit(s.value, ',', absl::SkipWhitespace())) {
+    const size_t eq = item.find('=');
+    if (eq == absl::string_view::npos) {
+      return UsageError(absl::StrCat(s.Name("--rdzv_conf"),
+                                     " must be KEY=VALUE pairs separated "
+                                     "by commas (e.g. join_timeout=900,token=s3cret); '",
+                                     item, "' has no '='"));
+    }
+    const std::string key(absl::StripAsciiWhitespace(item.substr(0, eq)));
+    const std::string value(absl::StripAsciiWhitespace(item.substr(eq + 1)));
+    const KnobValue sub{value, s.source, s.origin};
+    auto seconds = [&](const Knob& knob) -> absl::StatusOr<double> {
+      auto v = ParseSeconds(value, knob.type == ValueType::kSeconds);
+      if (!v.ok()) return BadValue(sub, knob, v.status());
+      return v->count();
+    };
+    if (key == "join_timeout") {
+      DDPRUN_ASSIGN_OR_RETURN(options.join_timeout_s, seconds(*FindRdzvConfKnob(key)));
+      join_timeout_set = true;
+    } else if (key == "last_call_timeout") {
+      DDPRUN_ASSIGN_OR_RETURN(options.last_call_timeout_s, seconds(*FindRdzvConfKnob(key)));
+    } else if (key == "token") {
+      options.join_token = value;
+    } else if (key == "timeout" && is_static) {
+      // static's TCPStore timeout: how long nodes wait for each other; checked
+      // like join_timeout.
+      DDPRUN_ASSIGN_OR_RETURN(static_timeout, seconds(*FindRdzvConfKnob("join_timeout")));
+    } else if (kTorchrunOnly.count(key) > 0) {
+      warnings.push_back(absl::StrCat("ddprun: --rdzv_conf key '", key,
+                                      "' is a torchrun setting that ddprun does not use; ignored"));
+    } else {
+      return UsageError(absl::StrCat(s.Name("--rdzv_conf"), " has unknown key '", key,
+                                     "'; ddprun knows join_timeout, last_call_timeout and token"));
+    }
+  }
+  if (static_timeout && !join_timeout_set) options.join_timeout_s = *static_timeout;
+  return absl::OkStatus();
+}
+
+absl::Status ResolveRendezvous(const ResolveContext& ctx, ParsedCommand& out) {
+  const FlagTable& flags = ctx.flags;
+  AgentOptions& o = out.options;
+  std::vector<std::string>& warnings = out.warnings;
+  DDPRUN_ASSIGN_OR_RETURN(const bool standalone, flags.GetBool("standalone"));
+  const KnobValue backend = flags.Get("rdzv_backend");
+  const KnobValue endpoint = flags.Get("rdzv_endpoint");
+  const KnobValue rdzv_id = flags.Get("rdzv_id");
+  const KnobValue node_rank = flags.Get("node_rank");
+  const KnobValue master_addr = flags.Get("master_addr");
+  const KnobValue master_port = flags.Get("master_port");
+  o.local_addr = flags.Get("local_addr").value;
+
+  DDPRUN_ASSIGN_OR_RETURN(const std::string backend_name,
+                          ParseKnob(flags, KnobNamed("rdzv_backend"), ParseBackend));
+  // torchrun's default backend is static: a command line that names the
+  // master (--master_addr/--master_port or their PET_*) and no backend,
+  // endpoint or --standalone runs as under torchrun, with node rank 0
+  // hosting the store on --master_port.
+  const bool torchrun_static = !backend.is_set() && !endpoint.is_set() && !standalone &&
+                               (master_addr.is_set() || master_port.is_set());
+  const bool is_static = (backend_name == "static" || torchrun_static) && !standalone;
+
+  // The file's --rdzv_conf keys first; a --rdzv_conf flag or PET_RDZV_CONF
+  // then overrides the keys it names.
+  if (ctx.job != nullptr) {
+    std::vector<std::string> file_conf;
+    for (const Knob& k : kKnobs) {
+      if (k.rdzv_conf == nullptr) continue;
+      if (const KnobValue* f = flags.File(k.Dest())) {
+        file_conf.push_back(absl::StrCat(k.rdzv_conf, "=", f->value));
+      }
+    }
+    const KnobValue file_setting{absl::StrJoin(file_conf, ","), ctx.job->path + ": rendezvous",
+                                 Origin::kFile};
+    DDPRUN_RETURN_IF_ERROR(ApplyRdzvConf(file_setting, is_static, o, warnings));
+  }
+  DDPRUN_RETURN_IF_ERROR(ApplyRdzvConf(flags.Get("rdzv_conf"), is_static, o, warnings));
+
+  const std::string nnodes_text = FormatNodeRange({o.min_nodes, o.max_nodes});
+  if (node_rank.is_set()) {
+    const Knob& knob = KnobNamed("node_rank");
+    DDPRUN_ASSIGN_OR_RETURN(long rank, ParseKnob(flags, knob, [&](const std::string& s) {
+                              return ParseCount(s, knob.min, knob.max, knob.what);
+                            }));
+    if (rank >= o.max_nodes) {
+      return BadValue(node_rank, knob,
+                      absl::InvalidArgumentError(absl::StrCat(
+                          "must be in 0..", o.max_nodes - 1, " (--nnodes max is ", o.max_nodes,
+                          "), got '", node_rank.value, "'")));
+    }
+    o.node_rank = static_cast<int>(rank);
+  }
+
+  if (standalone) {
+    std::vector<std::string> ignored;
+    for (const KnobValue* s : {&backend, &endpoint, &rdzv_id}) {
+      if (FromCommandLine(*s)) ignored.push_back(s->source);
+    }
+    if (!ignored.empty()) {
+      warnings.push_back(
+          absl::StrCat("ddprun: --standalone ignores ", absl::StrJoin(ignored, ", ")));
+    }
+    if (o.max_nodes > 1) {
+      return UsageError(absl::StrCat("--standalone runs a single node but --nnodes is ",
+                                     nnodes_text, "; drop --standalone and pass --rdzv_endpoint"));
+    }
+    o.mode = RendezvousMode::kEmbedded;
+    o.job_id = rendezvous::RandomJobId();
+    o.rdzv_host = "127.0.0.1";
+    o.rdzv_port = 0;
+    return absl::OkStatus();
+  }
+
+  if (is_static) {
+    if (o.min_nodes != o.max_nodes) {
+      return UsageError(absl::StrCat("--rdzv_backend=static needs a fixed number of nodes but "
+                                     "--nnodes is ",
+                                     nnodes_text,
+                                     "; pass --nnodes=N, or use c10d for an elastic job"));
+    }
+    // Several nodes that do not know who is node 0, or where it is, would
+    // each wait for a store that never comes: refuse up front.
+    if (o.max_nodes > 1 && !node_rank.is_set()) {
+      return UsageError(absl::StrCat("static rendezvous with --nnodes=", nnodes_text,
+                                     " needs this node's --node_rank (0 on the node that hosts "
+                                     "the store, 1..",
+                                     o.max_nodes - 1, " on the others)"));
+    }
+    if (o.max_nodes > 1 && !endpoint.is_set() && !master_addr.is_set()) {
+      return UsageError(absl::StrCat("static rendezvous with --nnodes=", nnodes_text,
+                                     " needs --master_addr=HOST (node rank 0's address) on every "
+                                     "node; without it each node looks for the store on "
+                                     "127.0.0.1"));
+    }
+    o.mode = RendezvousMode::kStatic;
+    DDPRUN_ASSIGN_OR_RETURN(o.job_id, ParseKnob(flags, KnobNamed("rdzv_id"), ParseJobIdValue));
+    if (!node_rank.is_set()) o.node_rank = 0;
+    if (endpoint.is_set()) {
+      // torchrun: with static, --rdzv_endpoint replaces --master_addr/--master_port.
+      DDPRUN_ASSIGN_OR_RETURN(rendezvous::HostPort hp,
+                              ParseKnob(flags, KnobNamed("rdzv_endpoint"), [](const std::string& s) {
+                                return ParseEndpoint(s, /*default_port=*/-1);
+                              }));
+      if (FromCommandLine(master_addr) || FromCommandLine(master_port)) {
+        warnings.push_back(
+            "ddprun: --rdzv_endpoint overrides --master_addr/--master_port with the static "
+            "backend");
+      }
+      o.master_addr = hp.host;
+      o.master_port = hp.port;
+    } else {
+      DDPRUN_ASSIGN_OR_RETURN(o.master_addr,
+                              ParseKnob(flags, KnobNamed("master_addr"), ParseText));
+      DDPRUN_ASSIGN_OR_RETURN(o.master_port,
+                              ParseKnob(flags, KnobNamed("master_port"), ParsePort));
+    }
+    return absl::OkStatus();
+  }
+
+  if (FromCommandLine(master_addr) || FromCommandLine(master_port)) {
+    warnings.push_back(
+        "ddprun: --master_addr/--master_port are only used with --rdzv_backend=static; "
+        "ignored");
+  }
+  if (endpoint.is_set()) {
+    DDPRUN_ASSIGN_OR_RETURN(rendezvous::HostPort hp,
+                            ParseKnob(flags, KnobNamed("rdzv_endpoint"), [](const std::string& s) {
+                              return ParseEndpoint(s, kDefaultRdzvPort);
+                            }));
+    o.mode = RendezvousMode::kRemote;
+    o.rdzv_host = hp.host;
+    o.rdzv_port = hp.port;
+    DDPRUN_ASSIGN_OR_RETURN(o.job_id, ParseKnob(flags, KnobNamed("rdzv_id"), ParseJobIdValue));
+    return absl::OkStatus();
+  }
+  if (o.max_nodes > 1) {
+    return UsageError(absl::StrCat(
+        "--nnodes=", nnodes_text,
+        " needs a rendezvous shared by the nodes: start ddprund on one host and pass "
+        "--rdzv_endpoint=HOST:",
+        kDefaultRdzvPort,
+        " to every node, or give every node --master_addr=HOST of node rank 0 and its "
+        "--node_rank (static)"));
+  }
+  o.mode = RendezvousMode::kEmbedded;
+  o.rdzv_host = "127.0.0.1";
+  o.rdzv_port = 0;
+  if (rdzv_id.is_set()) {
+    DDPRUN_ASSIGN_OR_RETURN(o.job_id, ParseKnob(flags, KnobNamed("rdzv_id"), ParseJobIdValue));
+  } else {
+    o.job_id = rendezvous::RandomJobId();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ResolveOptions(const ResolveContext& ctx, ParsedCommand& out) {
+  DDPRUN_RETURN_IF_ERROR(ResolveShape(ctx, out));
+  DDPRUN_RETURN_IF_ERROR(ResolveOutput(ctx, out));
+  return ResolveRendezvous(ctx, out);
+}
+
+void ApplyFileEnvironment(const JobConfig& job, const agent::Env& env, agent::AgentOptions& o,
+                          std::vector<std::string>& warnings) {
+  for (const auto* list : {&job.nccl, &job.env_set}) {
+    for (const auto& [name, value] : *list) {
+      if (auto it = env.find(name); it != env.end() && !it->second.empty()) continue;
+      o.extra_env[name] = value.text;
+    }
+  }
+  for (const FileValue& pass : job.env_pass) {
+    if (env.find(pass.text) == env.end()) {
+      warnings.push_back(absl::StrCat("ddprun: ", pass.Source(), ": ", pass.text,
+                                      " is not set on this node, so workers do not get it"));
+    }
+  }
+}
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,313 @@
+// The value parsers of the knob table; see value_parsers.h for the message
+// contract.
+#include "ddprun/launcher/value_parsers.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <optional>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "ddprun/rendezvous/job_id.h"
+#include "ddprun/rendezvous/status_macros.h"
+
+namespace ddprun::launcher {
+namespace {
+
+absl::Status Bad(absl::string_view message) {
+  return absl::InvalidArgumentError(std::string(message));
+}
+
+// The whole text is the integer, nothing before or after.
+std::optional<std::int64_t> Int(absl::string_view s) {
+  std::int64_t v = 0;
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc() || end != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+// A finite decimal number ("1.5", "1e3").
+std::optional<double> Double(absl::string_view text) {
+  const std::string s(text);
+  if (s.empty() || std::isspace(static_cast<unsigned char>(s[0]))) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(s.c_str(), &end);
+  if (errno != 0 || end != s.c_str() + s.size() || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
+constexpr std::int64_t kMaxNodes = 1'000'000;
+
+}  // namespace
+
+absl::Status UsageError(absl::string_view message) {
+  return absl::InvalidArgumentError(absl::StrCat("ddprun: ", message));
+}
+
+absl::StatusOr<NodeRange> ParseNodeRange(absl::string_view text) {
+  const std::vector<absl::string_view> parts = absl::StrSplit(text, ':');
+  std::optional<std::int64_t> lo, hi;
+  if (parts.size() == 1) {
+    lo = hi = Int(parts[0]);
+  } else if (parts.size() == 2) {
+    lo = Int(parts[0]);
+    hi = Int(parts[1]);
+  }
+  if (!lo || !hi || *lo <= 0 || *lo > *hi || *hi > kMaxNodes) {
+    return Bad(absl::StrCat(
+        "must be N or MIN:MAX with 0 < MIN <= MAX (e.g. 2 or 1:4), got '", text, "'"));
+  }
+  return NodeRange{static_cast<int>(*lo), static_cast<int>(*hi)};
+}
+
+std::string FormatNodeRange(NodeRange r) {
+  return r.min == r.max ? std::to_string(r.max) : absl::StrCat(r.min, ":", r.max);
+}
+
+absl::StatusOr<NprocSpec> ParseNproc(absl::string_view text) {
+  const std::string v = absl::AsciiStrToLower(text);
+  if (v == "cpu") return NprocSpec{NprocSpec::Kind::kCpu};
+  if (v == "gpu") return NprocSpec{NprocSpec::Kind::kGpu};
+  if (v == "auto") return NprocSpec{NprocSpec::Kind::kAuto};
+  auto n = Int(v);
+  if (!n || *n <= 0 || *n > kMaxNodes) {
+    return Bad(absl::StrCat(
+        "must be a positive number of workers, 'cpu', 'gpu' or 'auto', got '", text, "'"));
+  }
+  return NprocSpec{NprocSpec::Kind::kNumber, static_cast<int>(*n)};
+}
+
+std::string FormatNproc(const NprocSpec& spec) {
+  switch (spec.kind) {
+    case NprocSpec::Kind::kCpu:
+      return "cpu";
+    case NprocSpec::Kind::kGpu:
+      return "gpu";
+    case NprocSpec::Kind::kAuto:
+      return "auto";
+    case NprocSpec::Kind::kNumber:
+      break;
+  }
+  return std::to_string(spec.number);
+}
+
+absl::StatusOr<long> ParseCount(absl::string_view text, long min, long max, absl::string_view what) {
+  auto v = Int(text);
+  if (!v || *v < min || *v > max) return Bad(absl::StrCat("must be ", what, ", got '", text, "'"));
+  return static_cast<long>(*v);
+}
+
+absl::StatusOr<Seconds> ParseSeconds(absl::string_view text, bool allow_zero) {
+  auto v = Double(text);
+  if (!v || *v < 0 || (!allow_zero && *v == 0)) {
+    return Bad(absl::StrCat("must be a ", allow_zero ? "non-negative" : "positive",
+                            " number of seconds, got '", text, "'"));
+  }
+  return Seconds(*v);
+}
+
+absl::StatusOr<agent::StdStreams> ParseStreams(absl::string_view text) {
+  std::string compact(text);
+  compact.erase(std::remove_if(compact.begin(), compact.end(),
+                               [](unsigned char c) { return std::isspace(c); }),
+                compact.end());
+  auto streams = agent::ParseStdStreams(compact);
+  // The agent's message names the value only, as this file's contract asks.
+  if (!streams.ok()) return Bad(streams.status().message());
+  return streams;
+}
+
+std::string FormatStreams(const agent::StdStreams& s) {
+  if (s.per_rank.empty()) return std::to_string(s.all);
+  std::vector<std::string> parts;
+  for (const auto& [rank, v] : s.per_rank) parts.push_back(absl::StrCat(rank, ":", v));
+  return absl::StrJoin(parts, ",");
+}
+
+absl::StatusOr<std::vector<int>> ParseRankList(absl::string_view text) {
+  std::vector<int> ranks;
+  if (absl::StripAsciiWhitespace(text).empty()) return ranks;
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
+    auto r = Int(absl::StripAsciiWhitespace(item));
+    if (!r || *r < 0 || *r > kMaxNodes) {
+      return Bad(absl::StrCat("must be a comma-separated list of local ranks like 0,1; got '",
+                              text, "'"));
+    }
+    ranks.push_back(static_cast<int>(*r));
+  }
+  return ranks;
+}
+
+absl::StatusOr<rendezvous::HostPort> ParseEndpoint(absl::string_view text, int default_port) {
+  auto bad = [&](absl::string_view why) {
+    return Bad(absl::StrCat("must be HOST[:PORT] (e.g. node0:29400), ", why, "; got '", text, "'"));
+  };
+  if (!text.empty() && text.front() != '[' && std::count(text.begin(), text.end(), ':') > 1) {
+    return bad("write an IPv6 address as [ADDR]:PORT");
+  }
+  auto hp = rendezvous::ParseHostPort(std::string_view(text.data(), text.size()),
+                                      {.default_port = default_port});
+  if (!hp.ok()) return bad(hp.status().message());
+  return hp;
+}
+
+absl::StatusOr<int> ParsePort(absl::string_view text) {
+  auto v = Int(text);
+  if (!v || *v < 1 || *v > rendezvous::kMaxPort) {
+    return Bad(absl::StrCat("must be a port in 1..65535, got '", text, "'"));
+  }
+  return static_cast<int>(*v);
+}
+
+absl::StatusOr<bool> ParseBool(absl::string_view text) {
+  const std::string l = absl::AsciiStrToLower(text);
+  if (l == "true" || l == "yes" || l == "on" || l == "1") return true;
+  if (l == "false" || l == "no" || l == "off" || l == "0") return false;
+  return Bad(absl::StrCat("must be true or false, got '", text, "'"));
+}
+
+absl::StatusOr<std::string> ParseText(absl::string_view text) {
+  if (text.empty()) return Bad("must not be empty");
+  return std::string(text);
+}
+
+absl::StatusOr<std::string> ParseToken(absl::string_view text) {
+  if (text.empty()) return Bad("must not be empty");
+  if (text.find(',') != absl::string_view::npos) {
+    return Bad("must not contain ',' (it separates --rdzv_conf keys); pick a token without it");
+  }
+  return std::string(text);
+}
+
+absl::StatusOr<std::string> ParseJobIdValue(absl::string_view text) {
+  if (absl::Status st = rendezvous::ValidateJobId(std::string_view(text.data(), text.size()));
+      !st.ok()) {
+    return Bad(absl::StrCat("is not a valid job id: ", st.message()));
+  }
+  return std::string(text);
+}
+
+absl::StatusOr<std::string> ParseBackend(absl::string_view text) {
+  const std::string b = absl::AsciiStrToLower(text);
+  if (b == "etcd" || b == "etcd-v2") {
+    return Bad(absl::StrCat("'", text,
+                            "' is not supported; use c10d (ddprund or single node) or static"));
+  }
+  if (b == "c10d" || b == "ddprun") return std::string("c10d");
+  if (b == "static") return b;
+  return Bad(absl::StrCat("must be c10d (alias ddprun) or static, got '", text, "'"));
+}
+
+absl::StatusOr<SignalSet> ParseSignals(absl::string_view text) {
+  SignalSet out;
+  for (absl::string_view name : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    std::string n(absl::StripAsciiWhitespace(name));
+    if (n.rfind("SIG", 0) != 0) n = "SIG" + n;
+    if (n == "SIGUSR1") {
+      out.usr1 = true;
+    } else if (n == "SIGUSR2") {
+      out.usr2 = true;
+    } else if (n != "SIGTERM" && n != "SIGINT" && n != "SIGHUP" && n != "SIGQUIT") {
+      return Bad(absl::StrCat("names '", name,
+                              "', which is not a signal ddprun forwards; use SIGTERM, SIGINT, "
+                              "SIGHUP, SIGQUIT, SIGUSR1 or SIGUSR2"));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> ParseStartMethod(absl::string_view text) {
+  if (text != "spawn" && text != "fork" && text != "forkserver") {
+    return Bad(absl::StrCat("must be spawn, fork or forkserver, got '", text, "'"));
+  }
+  return std::string(text);
+}
+
+absl::StatusOr<std::string> NormalizeKnobValue(const Knob& knob, absl::string_view text) {
+  switch (knob.type) {
+    case ValueType::kNodeRange: {
+      DDPRUN_ASSIGN_OR_RETURN(NodeRange r, ParseNodeRange(text));
+      return FormatNodeRange(r);
+    }
+    case ValueType::kNproc: {
+      DDPRUN_ASSIGN_OR_RETURN(NprocSpec n, ParseNproc(text));
+      return FormatNproc(n);
+    }
+    case ValueType::kCount: {
+      DDPRUN_ASSIGN_OR_RETURN(long n, ParseCount(text, knob.min, knob.max, knob.what));
+      return std::to_string(n);
+    }
+    case ValueType::kSeconds:
+    case ValueType::kPositiveSeconds:
+      DDPRUN_RETURN_IF_ERROR(ParseSeconds(text, knob.type == ValueType::kSeconds));
+      return std::string(text);
+    case ValueType::kStreams: {
+      DDPRUN_ASSIGN_OR_RETURN(agent::StdStreams s, ParseStreams(text));
+      return FormatStreams(s);
+    }
+    case ValueType::kRankList: {
+      DDPRUN_ASSIGN_OR_RETURN(std::vector<int> ranks, ParseRankList(text));
+      return absl::StrJoin(ranks, ",");
+    }
+    case ValueType::kEndpoint: {
+      // first_node[:PORT] names the first listed host (placement.h).
+      absl::string_view check = text;
+      std::string substituted;
+      if (check == "first_node" || check.rfind("first_node:", 0) == 0) {
+        substituted = absl::StrCat("first-node", check.substr(10));
+        check = substituted;
+      }
+      DDPRUN_RETURN_IF_ERROR(ParseEndpoint(check, rendezvous::kDefaultRdzvPort));
+      return std::string(text);
+    }
+    case ValueType::kPort: {
+      DDPRUN_ASSIGN_OR_RETURN(int port, ParsePort(text));
+      return std::to_string(port);
+    }
+    case ValueType::kBool: {
+      DDPRUN_ASSIGN_OR_RETURN(bool b, ParseBool(text));
+      return std::string(b ? "true" : "false");
+    }
+    case ValueType::kText:
+      return ParseText(text);
+    case ValueType::kToken:
+      return ParseToken(text);
+    case ValueType::kJobId:
+      return ParseJobIdValue(text);
+    case ValueType::kBackend:
+      return ParseBackend(text);
+    case ValueType::kSignals:
+      DDPRUN_RETURN_IF_ERROR(ParseSignals(text));
+      return std::string(text);
+    case ValueType::kStartMethod:
+      return ParseStartMethod(text);
+    case ValueType::kRdzvConf:
+    case ValueType::kFileOnly:
+      break;
+  }
+  return absl::InternalError(absl::StrCat("knob ", knob.Dest(), " has no single value"));
+}
+
+std::size_t EditDistance(absl::string_view a, absl::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diag = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace ddprun::launcher

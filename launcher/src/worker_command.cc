@@ -1,0 +1,151 @@
+// The worker command (cli.h: BuildWorkerCommand) and the facts about this
+// machine that --nproc_per_node=cpu|gpu|auto depend on.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <optional>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "ddprun/launcher/cli.h"
+#include "ddprun/launcher/placement.h"
+#include "ddprun/launcher/value_parsers.h"
+#include "ddprun/rendezvous/status_macros.h"
+
+#ifndef DDPRUN_VERSION
+#define DDPRUN_VERSION "unknown"
+#endif
+
+namespace ddprun::launcher {
+namespace {
+
+bool IsExecutableFile(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
+}
+
+bool PathExists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+std::optional<std::string> FindOnPath(const std::string& name, const Env& env) {
+  auto it = env.find("PATH");
+  const std::string path =
+      it != env.end() ? it->second : std::string("/usr/local/bin:/usr/bin:/bin");
+  for (absl::string_view dir : absl::StrSplit(path, ':')) {
+    const std::string candidate = absl::StrCat(dir.empty() ? "." : dir, "/", name);
+    if (IsExecutableFile(candidate)) return candidate;
+  }
+  return std::nullopt;
+}
+
+std::string PythonExec(const Env& env) {
+  auto it = env.find("PYTHON_EXEC");
+  return it != env.end() && !it->second.empty() ? it->second : kDefaultPythonExec;
+}
+
+absl::Status CheckPython(const std::string& python, const Env& env) {
+  const bool found = python.find('/') != std::string::npos ? IsExecutableFile(python)
+                                                           : FindOnPath(python, env).has_value();
+  if (found) return absl::OkStatus();
+  return UsageError(absl::StrCat("Python interpreter '", python,
+                                 "' not found; install it or set PYTHON_EXEC to one (PyTorch from "
+                                 "Debian: PYTHON_EXEC=/usr/bin/python3)"));
+}
+
+std::vector<std::string> Concat(std::vector<std::string> head,
+                                const std::vector<std::string>& tail) {
+  head.insert(head.end(), tail.begin(), tail.end());
+  return head;
+}
+
+}  // namespace
+
+int CountNvidiaGpus(const std::string& dev_dir, const std::string& proc_gpus_dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  int n = 0;
+  for (fs::directory_iterator it(proc_gpus_dir, ec), end; !ec && it != end; it.increment(ec)) ++n;
+  if (n > 0) return n;
+  for (fs::directory_iterator it(dev_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() > 6 && absl::StartsWith(name, "nvidia") &&
+        std::all_of(name.begin() + 6, name.end(), [](char c) { return std::isdigit(c); })) {
+      ++n;
+    }
+  }
+  return n;
+}
+
+HostFacts ProbeHost() {
+  HostFacts facts;
+  facts.names = ProbeHostNames();
+  facts.cpu_count = std::max(1u, std::thread::hardware_concurrency());
+  facts.gpu_count = CountNvidiaGpus();
+  return facts;
+}
+
+std::string VersionString() { return absl::StrCat("ddprun ", DDPRUN_VERSION); }
+
+absl::StatusOr<std::vector<std::string>> BuildWorkerCommand(const ScriptSpec& spec, const Env& env,
+                                                            std::vector<std::string>* warnings) {
+  const std::string python = PythonExec(env);
+  const std::string& script = spec.script;
+  if (spec.module && spec.no_python) {
+    return UsageError("-m/--module and --no_python cannot be used together; drop one of them");
+  }
+  if (script.empty()) {
+    return UsageError("the training script is empty; usage: ddprun [OPTIONS] SCRIPT [ARGS...]");
+  }
+  if (spec.module) {
+    DDPRUN_RETURN_IF_ERROR(CheckPython(python, env));
+    return Concat({python, "-u", "-m", script}, spec.args);
+  }
+  const bool has_slash = script.find('/') != std::string::npos;
+  const bool exists = PathExists(script);
+  // A file in the working directory is run through its path: argv[0] without
+  // '/' would be looked up on PATH instead.
+  const std::string as_path = has_slash ? script : "./" + script;
+  auto not_found = [&] {
+    return UsageError(absl::StrCat("training script '", script, "' not found",
+                                   has_slash ? "" : " (in the working directory or on PATH)",
+                                   "; check the path"));
+  };
+
+  if (spec.no_python) {
+    if (exists) {
+      if (IsExecutableFile(script)) return Concat({as_path}, spec.args);
+      return UsageError(absl::StrCat("'", script,
+                                     "' is not an executable file; chmod +x it, "
+                                     "or drop --no_python to run it with ",
+                                     python));
+    }
+    if (!has_slash && FindOnPath(script, env)) return Concat({script}, spec.args);
+    return not_found();
+  }
+  if (absl::EndsWith(script, ".py")) {
+    if (!exists) return not_found();
+    DDPRUN_RETURN_IF_ERROR(CheckPython(python, env));
+    return Concat({python, "-u", script}, spec.args);
+  }
+  if (exists) {
+    if (IsExecutableFile(script)) return Concat({as_path}, spec.args);
+    if (warnings != nullptr) {
+      warnings->push_back(absl::StrCat("ddprun: '", script, "' is not executable; running it as ",
+                                       python, " -u ", script,
+                                       " (chmod +x it to run it directly)"));
+    }
+    DDPRUN_RETURN_IF_ERROR(CheckPython(python, env));
+    return Concat({python, "-u", script}, spec.args);
+  }
+  if (!has_slash && FindOnPath(script, env)) return Concat({script}, spec.args);
+  return not_found();
+}
+
+}  // namespace ddprun::launcher
