@@ -86,7 +86,18 @@ std::string Names(const Knob& k) {
 }
 
 std::string Describe(const Knob& k) {
-  return absl::StrCat(k.help, " [default: ", k.default_text, "; env ", PetName(k.name), "]");
+  std::string help = k.help;
+  if (k.type == ValueType::kRdzvConf) {
+    // "Keys: join_timeout=SECONDS (600), ..., token=SECRET (nodes must ...)".
+    std::vector<std::string> keys;
+    for (const Knob& sub : kKnobs) {
+      if (sub.rdzv_conf == nullptr) continue;
+      keys.push_back(absl::StrCat(sub.rdzv_conf, "=", sub.metavar, " (",
+                                  sub.default_value != nullptr ? sub.default_text : sub.help, ")"));
+    }
+    absl::StrAppend(&help, " ", absl::StrJoin(keys, ", "));
+  }
+  return absl::StrCat(help, " [default: ", k.default_text, "; env ", PetName(k.name), "]");
 }
 
 }  // namespace

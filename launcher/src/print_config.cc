@@ -53,6 +53,16 @@ std::string RenderMergedConfig(const MergedJobView& v) {
       if (auto it = env.find("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"); it != env.end() && !it->second.empty())
         from = KnobValue{it->second, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", Origin::kEnv};
     }
+    if ((flag == "rdzv_backend" || flag == "rdzv_endpoint") && !from.is_set() &&
+        o.mode == agent::RendezvousMode::kStatic) {
+      // torchrun's default backend: static, selected by naming the master.
+      KnobValue master = v.lookup("master_addr");
+      if (!master.is_set()) master = v.lookup("master_port");
+      if (master.is_set()) {
+        from = KnobValue{"", absl::StrCat(master.source, " (torchrun's static default)"),
+                         master.origin};
+      }
+    }
     std::string value = from.value;
     if (flag == "rdzv_id") {
       value = o.job_id;

@@ -161,7 +161,7 @@ absl::StatusOr<rendezvous::HostPort> ParseEndpoint(absl::string_view text, int d
 absl::StatusOr<int> ParsePort(absl::string_view text) {
   auto v = Int(text);
   if (!v || *v < 1 || *v > rendezvous::kMaxPort) {
-    return Bad(absl::StrCat("must be a port in 1..65535, got '", text, "'"));
+    return Bad(absl::StrCat("must be a port in 1..", rendezvous::kMaxPort, ", got '", text, "'"));
   }
   return static_cast<int>(*v);
 }

@@ -146,6 +146,28 @@ TEST_CASE("PyTorch DDP (gloo, env://) on one node under ddprun", "[e2e]") {
   CheckRanks(dir, 2);
 }
 
+TEST_CASE("PyTorch DDP, torchrun's static command line: --master_addr/--master_port, tcp://",
+          "[e2e]") {
+  if (!TorchAvailable()) {
+    WARN("SKIPPED: " << kPython << " cannot import torch; install python3-torch");
+    return;
+  }
+  // As under torchrun: no --rdzv_backend, so naming the master selects the
+  // static backend; node rank 0 hosts the store on --master_port and
+  // init_process_group(init_method="tcp://MASTER_ADDR:MASTER_PORT") reaches it.
+  const std::string dir = MakeTempDir();
+  const int port = FreePort();
+  Proc p;
+  Start(p,
+        {kBin + "/ddprun", "--master_addr=127.0.0.1", "--master_port=" + std::to_string(port),
+         "--nproc_per_node=2", kScript, "--steps", "4", "--out", dir, "--init", "tcp"},
+        dir + "/ddprun.log", {"PYTHON_EXEC=" + kPython});
+  int rc = Wait(p, 180s);
+  INFO(ReadFile(dir + "/ddprun.log"));
+  REQUIRE(rc == 0);
+  CheckRanks(dir, 2);
+}
+
 TEST_CASE("PyTorch DDP on two nodes: ddprund and two ddprun agents on loopback", "[e2e]") {
   if (!TorchAvailable()) {
     WARN("SKIPPED: " << kPython << " cannot import torch; install python3-torch");

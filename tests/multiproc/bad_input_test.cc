@@ -48,6 +48,20 @@ TEST_CASE("bad command lines: one line on stderr, exit 2, fast", "[multiproc]") 
   SECTION("--nproc_per_node=0") {
     ExpectOneLineError({"--nproc_per_node=0", fw}, 2, "--nproc_per_node");
   }
+  // No node may wait for a store that will never exist (issue 9, item 8).
+  SECTION("several nodes, no endpoint and no master") {
+    ExpectOneLineError({"--nnodes=2", fw}, 2, "--master_addr");
+  }
+  SECTION("static, several nodes, no master address") {
+    ExpectOneLineError({"--rdzv_backend=static", "--nnodes=2", "--node_rank=1", fw}, 2,
+                       "needs --master_addr=HOST");
+  }
+  SECTION("torchrun's static by --master_addr, several nodes, no node rank") {
+    ExpectOneLineError({"--master_addr=127.0.0.1", "--nnodes=2", fw}, 2, "--node_rank");
+  }
+  SECTION("a job id with a space") {
+    ExpectOneLineError({"--rdzv_id=a b", fw}, 2, "is not a valid job id");
+  }
   SECTION("missing script") {
     ExpectOneLineError({"/nonexistent/dir/train.py"}, 2, "not found");
   }

@@ -1,4 +1,7 @@
 // Single-node jobs: ddprun hosts a private rendezvous, no daemon.
+#include <sys/stat.h>
+
+#include <fstream>
 #include <set>
 #include <string>
 #include <vector>
@@ -91,4 +94,48 @@ TEST_CASE("twenty single-node jobs at once all succeed (MASTER_PORT never races)
   // that did not may reuse one, so this only guards against a fixed port.
   CHECK(ports_seen.size() > 1);
   for (const std::string& d : pid_dirs) h.RequireAllGone(d, 2);
+}
+
+TEST_CASE("torchrun's command line: --master_addr/--master_port, no backend: the store is on "
+          "MASTER_PORT",
+          "[multiproc]") {
+  // torchrun's default backend is static: node rank 0 hosts the store on
+  // --master_port, and tcp://MASTER_ADDR:MASTER_PORT (or env://) reaches it.
+  // Each worker connects to MASTER_ADDR:MASTER_PORT before it reports: a
+  // worker left waiting for a store that nobody hosts fails at once here.
+  Harness h;
+  const std::string out = h.MakeDir("out");
+  const std::string pids = h.PidDir("pids");
+  const std::string script = h.dir() + "/connect_then_report.sh";
+  {
+    std::ofstream(script) << "#!/bin/bash\n"
+                             "exec 3<>\"/dev/tcp/$MASTER_ADDR/$MASTER_PORT\" || "
+                             "{ echo \"no store at $MASTER_ADDR:$MASTER_PORT\" >&2; exit 7; }\n"
+                             "exec 3>&-\n"
+                             "exec \"$FIXTURE_BIN\"\n";
+  }
+  ::chmod(script.c_str(), 0755);
+  const int port = FreePort();
+  Proc& p = h.StartDdprun("ddprun",
+                          {"--master_addr=127.0.0.1", "--master_port=" + std::to_string(port),
+                           "--nproc_per_node=2", script},
+                          {{"FIXTURE_OUT_DIR", out},
+                           {"FIXTURE_PIDFILE_DIR", pids},
+                           {"FIXTURE_BIN", FixtureWorker()}});
+  const int rc = h.Wait(p, 20);
+  INFO("stderr: " << p.Err());
+  REQUIRE(rc == 0);
+  CHECK(p.Err().find("ignored") == std::string::npos);  // no "master flags ignored" warning
+  const std::vector<Record> recs = ReadRecords(out);
+  REQUIRE(recs.size() == 2);
+  std::set<long> ranks;
+  for (const Record& r : recs) {
+    ranks.insert(r.Int("rank"));
+    CHECK(r.Str("master_addr") == "127.0.0.1");
+    CHECK(r.Int("master_port") == port);
+    CHECK(r.Int("world_size") == 2);
+    CHECK(r.Str("run_id") == "none");  // torchrun's default id
+  }
+  CHECK(ranks == std::set<long>{0, 1});
+  h.RequireAllGone(pids, 2);
 }

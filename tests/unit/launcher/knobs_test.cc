@@ -125,6 +125,9 @@ TEST_CASE("the knob table: names, YAML keys and defaults are consistent", "[unit
   // themselves; it must agree with the table, which owns it.
   CHECK(std::string(KnobNamed("stderr_tail_lines").default_value) ==
         std::to_string(agent::kDefaultStderrTailLines));
+  // The ports are rendezvous/host_port.h's.
+  CHECK(std::string(KnobNamed("master_port").default_value) ==
+        std::to_string(rendezvous::kDefaultMasterPort));
 }
 
 // The same bad value on the command line and in a job file: the same

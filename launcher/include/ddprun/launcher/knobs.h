@@ -98,15 +98,15 @@ inline constexpr Knob kKnobs[] = {
      .default_text = "none", .metavar = "HOST[:PORT]", .group = kGroupRdzv,
      .help = "ddprund (or an agent hosting the rendezvous) to join; default port 29400"},
     {.rdzv_conf = "token", .yaml_key = "rendezvous.token", .type = ValueType::kToken,
-     .default_text = "none"},
+     .default_text = "none", .metavar = "SECRET", .help = "nodes must present the same token"},
     {.rdzv_conf = "join_timeout", .yaml_key = "rendezvous.join_timeout",
-     .type = ValueType::kPositiveSeconds, .default_value = "600", .default_text = "600"},
+     .type = ValueType::kPositiveSeconds, .default_value = "600", .default_text = "600",
+     .metavar = "SECONDS"},
     {.rdzv_conf = "last_call_timeout", .yaml_key = "rendezvous.last_call_timeout",
-     .type = ValueType::kSeconds, .default_value = "30", .default_text = "30"},
+     .type = ValueType::kSeconds, .default_value = "30", .default_text = "30",
+     .metavar = "SECONDS"},
     {.name = "rdzv_conf", .type = ValueType::kRdzvConf, .default_text = "none", .metavar = "K=V,...",
-     .group = kGroupRdzv,
-     .help = "join_timeout=SECONDS (600), last_call_timeout=SECONDS (30), token=SECRET (nodes "
-             "must present the same token)"},
+     .group = kGroupRdzv, .help = "Keys:"},  // the keys' entries above complete the help
     // Job shape.
     {.name = "nnodes", .yaml_key = "nodes.count", .type = ValueType::kNodeRange,
      .default_value = "1", .default_text = "1", .metavar = "N|MIN:MAX", .group = kGroupJob,
