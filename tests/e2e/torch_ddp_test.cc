@@ -168,6 +168,46 @@ TEST_CASE("PyTorch DDP, torchrun's static command line: --master_addr/--master_p
   CheckRanks(dir, 2);
 }
 
+TEST_CASE("torchrun's static command line: a script whose tcp:// URL is the --master_port it was "
+          "given",
+          "[e2e]") {
+  if (!TorchAvailable()) {
+    WARN("SKIPPED: " << kPython << " cannot import torch; install python3-torch");
+    return;
+  }
+  // The script names the store by the port on the command line, not by
+  // MASTER_PORT: under torchrun that store exists (node rank 0 hosts it).
+  // Before issue 9 ddprun ignored --master_port, and the workers waited as
+  // clients (TORCHELASTIC_USE_AGENT_STORE) for torch's 30-minute timeout.
+  const std::string dir = MakeTempDir();
+  const std::string script = dir + "/tcp_allreduce.py";
+  std::ofstream(script) << R"(import faulthandler, os, sys
+import torch, torch.distributed as dist
+faulthandler.dump_traceback_later(60, exit=True)
+port = sys.argv[1]
+assert os.environ["MASTER_PORT"] == port, os.environ["MASTER_PORT"]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                        rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+with open(os.path.join(sys.argv[2], f"rank{dist.get_rank()}.sum"), "w") as f:
+    f.write(f"{t.item():g}\n")
+dist.barrier()
+dist.destroy_process_group()
+)";
+  const int port = FreePort();
+  Proc p;
+  Start(p,
+        {kBin + "/ddprun", "--master_addr=127.0.0.1", "--master_port=" + std::to_string(port),
+         "--nproc_per_node=2", script, std::to_string(port), dir},
+        dir + "/ddprun.log", {"PYTHON_EXEC=" + kPython});
+  int rc = Wait(p, 120s);
+  INFO(ReadFile(dir + "/ddprun.log"));
+  REQUIRE(rc == 0);
+  CHECK(ReadFile(dir + "/rank0.sum") == "3\n");
+  CHECK(ReadFile(dir + "/rank1.sum") == "3\n");
+}
+
 TEST_CASE("PyTorch DDP on two nodes: ddprund and two ddprun agents on loopback", "[e2e]") {
   if (!TorchAvailable()) {
     WARN("SKIPPED: " << kPython << " cannot import torch; install python3-torch");
