@@ -45,12 +45,14 @@ std::string RenderMergedConfig(const MergedJobView& v) {
     KnobValue from = v.lookup(k.is_flag() ? flag : "rdzv_conf");
     if (k.rdzv_conf != nullptr) {
       // A --rdzv_conf key: the flag/env string if it names it, else the file.
-      const bool named = from.is_set() && from.origin != Origin::kFile &&
-                         absl::StrContains(absl::StrCat(",", from.value), absl::StrCat(",", k.rdzv_conf, "="));
+      const bool named =
+          from.is_set() && from.origin != Origin::kFile &&
+          absl::StrContains(absl::StrCat(",", from.value), absl::StrCat(",", k.rdzv_conf, "="));
       if (!named) from = v.lookup(flag);
     }
     if (flag == "grace_period" && from.origin != Origin::kFlag && from.origin != Origin::kEnv) {
-      if (auto it = env.find("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"); it != env.end() && !it->second.empty())
+      if (auto it = env.find("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+          it != env.end() && !it->second.empty())
         from = KnobValue{it->second, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", Origin::kEnv};
     }
     if ((flag == "rdzv_backend" || flag == "rdzv_endpoint") && !from.is_set() &&

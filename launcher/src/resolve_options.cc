@@ -27,8 +27,7 @@ bool FromCommandLine(const KnobValue& v) { return absl::StartsWith(v.source, "--
 absl::Status ResolveShape(const ResolveContext& ctx, ParsedCommand& out) {
   const FlagTable& flags = ctx.flags;
   AgentOptions& o = out.options;
-  DDPRUN_ASSIGN_OR_RETURN(NodeRange nodes,
-                          ParseKnob(flags, KnobNamed("nnodes"), ParseNodeRange));
+  DDPRUN_ASSIGN_OR_RETURN(NodeRange nodes, ParseKnob(flags, KnobNamed("nnodes"), ParseNodeRange));
   o.min_nodes = nodes.min;
   o.max_nodes = nodes.max;
 
@@ -216,9 +215,9 @@ absl::Status ResolveRendezvous(const ResolveContext& ctx, ParsedCommand& out) {
                             }));
     if (rank >= o.max_nodes) {
       return BadValue(node_rank, knob,
-                      absl::InvalidArgumentError(absl::StrCat(
-                          "must be in 0..", o.max_nodes - 1, " (--nnodes max is ", o.max_nodes,
-                          "), got '", node_rank.value, "'")));
+                      absl::InvalidArgumentError(absl::StrCat("must be in 0..", o.max_nodes - 1,
+                                                              " (--nnodes max is ", o.max_nodes,
+                                                              "), got '", node_rank.value, "'")));
     }
     o.node_rank = static_cast<int>(rank);
   }
@@ -245,10 +244,10 @@ absl::Status ResolveRendezvous(const ResolveContext& ctx, ParsedCommand& out) {
 
   if (is_static) {
     if (o.min_nodes != o.max_nodes) {
-      return UsageError(absl::StrCat("--rdzv_backend=static needs a fixed number of nodes but "
-                                     "--nnodes is ",
-                                     nnodes_text,
-                                     "; pass --nnodes=N, or use c10d for an elastic job"));
+      return UsageError(
+          absl::StrCat("--rdzv_backend=static needs a fixed number of nodes but "
+                       "--nnodes is ",
+                       nnodes_text, "; pass --nnodes=N, or use c10d for an elastic job"));
     }
     // Several nodes that do not know who is node 0, or where it is, would
     // each wait for a store that never comes: refuse up front.
@@ -269,10 +268,10 @@ absl::Status ResolveRendezvous(const ResolveContext& ctx, ParsedCommand& out) {
     if (!node_rank.is_set()) o.node_rank = 0;
     if (endpoint.is_set()) {
       // torchrun: with static, --rdzv_endpoint replaces --master_addr/--master_port.
-      DDPRUN_ASSIGN_OR_RETURN(rendezvous::HostPort hp,
-                              ParseKnob(flags, KnobNamed("rdzv_endpoint"), [](const std::string& s) {
-                                return ParseEndpoint(s, /*default_port=*/-1);
-                              }));
+      DDPRUN_ASSIGN_OR_RETURN(
+          rendezvous::HostPort hp,
+          ParseKnob(flags, KnobNamed("rdzv_endpoint"),
+                    [](const std::string& s) { return ParseEndpoint(s, /*default_port=*/-1); }));
       if (FromCommandLine(master_addr) || FromCommandLine(master_port)) {
         warnings.push_back(
             "ddprun: --rdzv_endpoint overrides --master_addr/--master_port with the static "
@@ -281,10 +280,8 @@ absl::Status ResolveRendezvous(const ResolveContext& ctx, ParsedCommand& out) {
       o.master_addr = hp.host;
       o.master_port = hp.port;
     } else {
-      DDPRUN_ASSIGN_OR_RETURN(o.master_addr,
-                              ParseKnob(flags, KnobNamed("master_addr"), ParseText));
-      DDPRUN_ASSIGN_OR_RETURN(o.master_port,
-                              ParseKnob(flags, KnobNamed("master_port"), ParsePort));
+      DDPRUN_ASSIGN_OR_RETURN(o.master_addr, ParseKnob(flags, KnobNamed("master_addr"), ParseText));
+      DDPRUN_ASSIGN_OR_RETURN(o.master_port, ParseKnob(flags, KnobNamed("master_port"), ParsePort));
     }
     return absl::OkStatus();
   }
@@ -306,13 +303,13 @@ absl::Status ResolveRendezvous(const ResolveContext& ctx, ParsedCommand& out) {
     return absl::OkStatus();
   }
   if (o.max_nodes > 1) {
-    return UsageError(absl::StrCat(
-        "--nnodes=", nnodes_text,
-        " needs a rendezvous shared by the nodes: start ddprund on one host and pass "
-        "--rdzv_endpoint=HOST:",
-        kDefaultRdzvPort,
-        " to every node, or give every node --master_addr=HOST of node rank 0 and its "
-        "--node_rank (static)"));
+    return UsageError(
+        absl::StrCat("--nnodes=", nnodes_text,
+                     " needs a rendezvous shared by the nodes: start ddprund on one host and pass "
+                     "--rdzv_endpoint=HOST:",
+                     kDefaultRdzvPort,
+                     " to every node, or give every node --master_addr=HOST of node rank 0 and its "
+                     "--node_rank (static)"));
   }
   o.mode = RendezvousMode::kEmbedded;
   o.rdzv_host = "127.0.0.1";

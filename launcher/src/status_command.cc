@@ -27,8 +27,8 @@ std::string Ranks(const rendezvous::NodeInfo& n) {
 
 std::string FormatStatusText(const std::vector<rendezvous::JobStatus>& jobs) {
   if (jobs.empty()) return "no jobs\n";
-  std::string out = absl::StrFormat("%-24s %-6s %-10s %-6s %-6s %-8s %s\n", "JOB", "ROUND",
-                                    "STATE", "NODES", "WORLD", "RESTARTS", "WAITING");
+  std::string out = absl::StrFormat("%-24s %-6s %-10s %-6s %-6s %-8s %s\n", "JOB", "ROUND", "STATE",
+                                    "NODES", "WORLD", "RESTARTS", "WAITING");
   for (const auto& j : jobs) {
     absl::StrAppendFormat(&out, "%-24s %-6d %-10s %-6d %-6d %-8d %d\n", j.job_id, j.round, j.state,
                           j.nodes.size(), j.world_size, j.restart_count, j.waiting);
@@ -114,13 +114,12 @@ int RunStatusCommand(const std::vector<std::string>& args, std::ostream& out, st
   }
   const std::string& host = hp->host;
   const int port = hp->port;
-  const auto timeout = std::chrono::duration_cast<rendezvous::Duration>(
-      std::chrono::duration<double>(timeout_s));
+  const auto timeout =
+      std::chrono::duration_cast<rendezvous::Duration>(std::chrono::duration<double>(timeout_s));
   auto client = rendezvous::RendezvousClient::Create(host, port);
   if (absl::Status st = client->WaitForConnected(timeout); !st.ok()) {
     err << "ddprun status: cannot reach the rendezvous at " << rendezvous::FormatHostPort(*hp)
-        << " within "
-        << timeout_s << " s; check that ddprund runs there" << std::endl;
+        << " within " << timeout_s << " s; check that ddprund runs there" << std::endl;
     return kExitRendezvousError;
   }
   auto jobs = client->Status(job_id, timeout);

@@ -61,8 +61,8 @@ absl::StatusOr<NodeRange> ParseNodeRange(absl::string_view text) {
     hi = Int(parts[1]);
   }
   if (!lo || !hi || *lo <= 0 || *lo > *hi || *hi > kMaxNodes) {
-    return Bad(absl::StrCat(
-        "must be N or MIN:MAX with 0 < MIN <= MAX (e.g. 2 or 1:4), got '", text, "'"));
+    return Bad(
+        absl::StrCat("must be N or MIN:MAX with 0 < MIN <= MAX (e.g. 2 or 1:4), got '", text, "'"));
   }
   return NodeRange{static_cast<int>(*lo), static_cast<int>(*hi)};
 }
@@ -78,8 +78,8 @@ absl::StatusOr<NprocSpec> ParseNproc(absl::string_view text) {
   if (v == "auto") return NprocSpec{NprocSpec::Kind::kAuto};
   auto n = Int(v);
   if (!n || *n <= 0 || *n > kMaxNodes) {
-    return Bad(absl::StrCat(
-        "must be a positive number of workers, 'cpu', 'gpu' or 'auto', got '", text, "'"));
+    return Bad(absl::StrCat("must be a positive number of workers, 'cpu', 'gpu' or 'auto', got '",
+                            text, "'"));
   }
   return NprocSpec{NprocSpec::Kind::kNumber, static_cast<int>(*n)};
 }
@@ -98,7 +98,8 @@ std::string FormatNproc(const NprocSpec& spec) {
   return std::to_string(spec.number);
 }
 
-absl::StatusOr<long> ParseCount(absl::string_view text, long min, long max, absl::string_view what) {
+absl::StatusOr<long> ParseCount(absl::string_view text, long min, long max,
+                                absl::string_view what) {
   auto v = Int(text);
   if (!v || *v < min || *v > max) return Bad(absl::StrCat("must be ", what, ", got '", text, "'"));
   return static_cast<long>(*v);
@@ -137,8 +138,8 @@ absl::StatusOr<std::vector<int>> ParseRankList(absl::string_view text) {
   for (absl::string_view item : absl::StrSplit(text, ',')) {
     auto r = Int(absl::StripAsciiWhitespace(item));
     if (!r || *r < 0 || *r > kMaxNodes) {
-      return Bad(absl::StrCat("must be a comma-separated list of local ranks like 0,1; got '",
-                              text, "'"));
+      return Bad(
+          absl::StrCat("must be a comma-separated list of local ranks like 0,1; got '", text, "'"));
     }
     ranks.push_back(static_cast<int>(*r));
   }
@@ -197,8 +198,8 @@ absl::StatusOr<std::string> ParseJobIdValue(absl::string_view text) {
 absl::StatusOr<std::string> ParseBackend(absl::string_view text) {
   const std::string b = absl::AsciiStrToLower(text);
   if (b == "etcd" || b == "etcd-v2") {
-    return Bad(absl::StrCat("'", text,
-                            "' is not supported; use c10d (ddprund or single node) or static"));
+    return Bad(
+        absl::StrCat("'", text, "' is not supported; use c10d (ddprund or single node) or static"));
   }
   if (b == "c10d" || b == "ddprun") return std::string("c10d");
   if (b == "static") return b;

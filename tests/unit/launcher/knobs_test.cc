@@ -99,8 +99,9 @@ TEST_CASE("docs/config.md shows every YAML key of the knob table with its defaul
     REQUIRE(row != nullptr);
     CHECK(absl::StartsWith((*row)[3], k.default_text));
     if (k.is_flag()) {
-      CHECK_THAT((*row)[1], Catch::Contains(std::string("--") + k.name) ||
-                                Catch::Contains(std::string("-") + (k.short_flag ? k.short_flag : "?")));
+      CHECK_THAT((*row)[1],
+                 Catch::Contains(std::string("--") + k.name) ||
+                     Catch::Contains(std::string("-") + (k.short_flag ? k.short_flag : "?")));
       CHECK_THAT((*row)[2], Catch::Contains(PetName(k.name)));
     }
   }
@@ -182,14 +183,14 @@ TEST_CASE("a bad value reads the same from a flag, a PET_ variable and a job fil
     const std::string yaml_key = KnobNamed(c.flag).yaml_key;
     const std::string file_prefix_end = yaml_key + ": ";
     REQUIRE(file_msg.find(file_prefix_end) != std::string::npos);
-    const std::string file_text = file_msg.substr(file_msg.find(file_prefix_end) + file_prefix_end.size());
+    const std::string file_text =
+        file_msg.substr(file_msg.find(file_prefix_end) + file_prefix_end.size());
     CHECK(file_msg.find('\n') == std::string::npos);
     if (!flag_msg.empty()) {
       const std::string prefix = std::string("ddprun: --") + c.flag + " ";
       REQUIRE(flag_msg.rfind(prefix, 0) == 0);
       CHECK(flag_msg.substr(prefix.size()) == file_text);
-      const std::string env_prefix =
-          "ddprun: " + PetName(c.flag) + " (--" + c.flag + ") ";
+      const std::string env_prefix = "ddprun: " + PetName(c.flag) + " (--" + c.flag + ") ";
       REQUIRE(env_msg.rfind(env_prefix, 0) == 0);
       CHECK(env_msg.substr(env_prefix.size()) == file_text);
     }

@@ -13,11 +13,11 @@
 
 #include <chrono>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "ddprun/agent/log_spec.h"
 #include "ddprun/launcher/knobs.h"
 #include "ddprun/rendezvous/host_port.h"
