@@ -8,6 +8,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "ddprun/launcher/value_parsers.h"
 #include "ddprun/rendezvous/client.h"
 #include "ddprun/rendezvous/exit_codes.h"
 #include "ddprun/rendezvous/host_port.h"
@@ -106,11 +107,17 @@ int RunStatusCommand(const std::vector<std::string>& args, std::ostream& out, st
     err << "ddprun status: --rdzv_endpoint is required; pass the daemon's HOST:PORT" << std::endl;
     return kExitUsage;
   }
-  auto hp = rendezvous::ParseHostPort(endpoint, {.default_port = rendezvous::kDefaultRdzvPort});
+  // The same parsers, and so the same messages, as ddprun's own flags.
+  auto hp = ParseEndpoint(endpoint, rendezvous::kDefaultRdzvPort);
   if (!hp.ok()) {
-    err << "ddprun status: --rdzv_endpoint '" << endpoint << "': " << hp.status().message()
-        << "; write HOST[:PORT]" << std::endl;
+    err << "ddprun status: --rdzv_endpoint " << hp.status().message() << std::endl;
     return kExitUsage;
+  }
+  if (!job_id.empty()) {
+    if (auto id = ParseJobIdValue(job_id); !id.ok()) {
+      err << "ddprun status: --rdzv_id " << id.status().message() << std::endl;
+      return kExitUsage;
+    }
   }
   const std::string& host = hp->host;
   const int port = hp->port;
