@@ -13,7 +13,7 @@
 
 #include <algorithm>
 #include <cctype>
-#include <charconv>
+#include <limits>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -30,11 +30,10 @@ using rendezvous::kDefaultRdzvPort;
 
 using Env = std::map<std::string, std::string>;
 
+// A whole non-negative integer (value_parsers.h's count parser).
 std::optional<long long> ToInt(const std::string& s) {
-  long long v = 0;
-  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (s.empty() || ec != std::errc() || end != s.data() + s.size()) return std::nullopt;
-  return v;
+  auto v = ParseCount(s, 0, std::numeric_limits<long>::max(), "");
+  return v.ok() ? std::optional<long long>(*v) : std::nullopt;
 }
 
 const std::string* Get(const Env& env, const char* name) {
