@@ -397,6 +397,9 @@ TEST_CASE("--master_addr/--master_port without a backend: torchrun's static defa
   CHECK(port_only.options.mode == RendezvousMode::kStatic);
   CHECK(port_only.options.master_addr == "127.0.0.1");
   CHECK(port_only.options.master_port == 2345);
+  // --print-config says what chose static.
+  CHECK_THAT(Ok({"--print-config", "--master_port=2345", S().Path("train.py")}).text,
+             Contains("= static") && Contains("# flag --master_port (torchrun's static default)"));
   // From the environment too (Kubeflow's non-elastic PyTorchJob relies on it).
   Env env = BaseEnv();
   env["PET_MASTER_ADDR"] = "x";
