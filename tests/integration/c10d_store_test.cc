@@ -19,7 +19,9 @@
 #include <string>
 #include <thread>
 
+#include "ddprun/rendezvous/c10d_store_client.h"
 #include "ddprun/rendezvous/c10d_store_server.h"
+#include "ddprun/rendezvous/c10d_wire.h"
 #include "ddprun/rendezvous/kv_engine.h"
 
 namespace ddprun::rendezvous {
@@ -132,7 +134,7 @@ class Msg {
   std::string bytes_;
 };
 
-// Query types of the two dialects (see c10d_store_server.cc).
+// Query types of the two dialects, written out by hand (c10d_wire.h has the codec).
 namespace modern {
 constexpr std::uint8_t kValidate = 0, kSet = 1, kCompareSet = 2, kGet = 3, kAdd = 4, kCheck = 5,
                        kWait = 6, kGetNumKeys = 7, kDeleteKey = 8, kAppend = 9, kMultiGet = 10,
@@ -144,6 +146,7 @@ constexpr std::uint8_t kSet = 0, kCompareSet = 1, kGet = 2, kAdd = 3, kCheck = 4
                        kMultiSet = 11, kCancelWait = 12;
 }  // namespace legacy
 constexpr std::uint32_t kMagic = 0x3C85F7CE;
+static_assert(kMagic == c10d::kValidationMagic);
 
 // ---------------------------------------------------------------------------
 // Running python.
@@ -221,6 +224,52 @@ TEST_CASE("C10dStoreClient set, get and add through the server", "[integration]"
   CHECK(*(*client)->Get("from-agent", 5.0) == "hello");
 
   CHECK(absl::IsInvalidArgument((*client)->Set("big", std::string(kMaxValueBytes + 1, 'x'))));
+}
+
+TEST_CASE("C10dStoreClient is a Store: compare-set, wait, delete, multi-get", "[integration]") {
+  auto server = StartServer();
+  auto connected = C10dStoreClient::Connect("127.0.0.1", server->port(), seconds(5));
+  REQUIRE(connected.ok());
+  std::unique_ptr<Store> store = *std::move(connected);
+
+  std::string current;
+  auto swapped = store->CompareSet("cas", std::nullopt, "first", &current);
+  REQUIRE(swapped.ok());
+  CHECK(*swapped);
+  CHECK(current == "first");
+  swapped = store->CompareSet("cas", std::string("wrong"), "second", &current);
+  REQUIRE(swapped.ok());
+  CHECK_FALSE(*swapped);
+  CHECK(current == "first");
+  swapped = store->CompareSet("cas", std::string("first"), "second", &current);
+  REQUIRE(swapped.ok());
+  CHECK(*swapped);
+  CHECK(server->engine().Get("cas") == std::optional<std::string>("second"));
+
+  REQUIRE(store->Set("a", "1").ok());
+  REQUIRE(store->Set("b", "2").ok());
+  CHECK(store->Wait({"a", "b"}, milliseconds(500)).ok());
+  const auto start = SteadyClock::now();
+  absl::Status missing = store->Wait({"a", "nope"}, milliseconds(100));
+  CHECK(absl::IsDeadlineExceeded(missing));
+  CHECK(missing.message().find("store keys 'a', 'nope'") != std::string::npos);
+  CHECK(SteadyClock::now() - start < seconds(5));
+  CHECK(server->engine().NumWaiters() == 0);
+
+  auto values = store->MultiGet({"a", "b", "cas"}, milliseconds(500));
+  REQUIRE(values.ok());
+  CHECK(*values == std::vector<std::string>{"1", "2", "second"});
+  CHECK(absl::IsDeadlineExceeded(store->MultiGet({"a", "nope"}, milliseconds(50)).status()));
+
+  auto deleted = store->Delete("a");
+  REQUIRE(deleted.ok());
+  CHECK(*deleted);
+  deleted = store->Delete("a");
+  REQUIRE(deleted.ok());
+  CHECK_FALSE(*deleted);
+  CHECK_FALSE(server->engine().Get("a").has_value());
+  CHECK(*store->Get("b", milliseconds(500)) == "2");
+  CHECK(absl::IsInvalidArgument(store->Get(std::string(kMaxKeyBytes + 1, 'k'), milliseconds(1)).status()));
 }
 
 TEST_CASE("C10dStoreClient Get waits for a key another client sets later", "[integration]") {

@@ -6,18 +6,28 @@
 // for the job's life, so MASTER_PORT can never race (pytorch#85604, #126510,
 // #73320). It serves torch 1.13 clients (no handshake) and torch 2.x clients
 // (VALIDATE handshake with magic number, PING, MULTI_GET, ...), detected per
-// connection from the first bytes.
+// connection from the first bytes (the wire is c10d_wire.h).
 //
 // One thread runs a poll(2) loop over the listening socket and every client.
 // Blocking queries (WAIT) are parked on the KvEngine and answered when their
-// keys appear; a client that disconnects cancels its waits.
+// keys appear; a client that disconnects cancels its waits. Limits: 16384
+// connections; a client whose unread replies pass 4 MiB is not read until it
+// drains, and is disconnected past 64 MiB; at most 1 MiB read from one client
+// per poll round. A malformed request closes that connection only, with a
+// (rate-limited) line on stderr.
+//
+// Not supported (the connection is closed with a log line): WATCH_KEY, the
+// queue queries and anything newer than QUEUE_LEN (e.g. LIST_KEYS), which
+// env:// rendezvous and the gloo/NCCL process groups do not send.
 #pragma once
 
-#include <cstdint>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+// C10dStoreClient moved to its own header; kept here for the callers that
+// reach it through this one (agent/src/agent.cc).
+#include "ddprun/rendezvous/c10d_store_client.h"
 
 namespace ddprun::rendezvous {
 
@@ -31,7 +41,9 @@ struct C10dStoreServerOptions {
 class C10dStoreServer {
  public:
   // Binds and starts serving. Fails with a one-line message when the port is
-  // in use or the address cannot be bound.
+  // in use or the address cannot be bound: AlreadyExists (port in use),
+  // PermissionDenied (a privileged port), InvalidArgument (bad port or host),
+  // Unavailable or ResourceExhausted otherwise.
   static absl::StatusOr<std::unique_ptr<C10dStoreServer>> Start(const C10dStoreServerOptions& opts);
   ~C10dStoreServer();  // Stops the thread and closes every socket.
 
@@ -43,25 +55,6 @@ class C10dStoreServer {
   class Impl;
   explicit C10dStoreServer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
-};
-
-// A minimal client of the same protocol (torch 2.x dialect, as the torch 2
-// client speaks it). Used by static-rendezvous agents to read keys published
-// by node rank 0, and by tests. Not thread-safe.
-class C10dStoreClient {
- public:
-  // Connects, retrying until `timeout_s` elapses.
-  static absl::StatusOr<std::unique_ptr<C10dStoreClient>> Connect(const std::string& host, int port,
-                                                                  double timeout_s);
-  ~C10dStoreClient();
-  absl::Status Set(const std::string& key, const std::string& value);
-  // WAIT (up to timeout_s) then GET.
-  absl::StatusOr<std::string> Get(const std::string& key, double timeout_s);
-  absl::StatusOr<std::int64_t> Add(const std::string& key, std::int64_t delta);
-
- private:
-  explicit C10dStoreClient(int fd);
-  int fd_;
 };
 
 }  // namespace ddprun::rendezvous
