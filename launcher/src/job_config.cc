@@ -28,6 +28,7 @@
 #include "ddprun/launcher/knobs.h"
 #include "ddprun/launcher/value_parsers.h"
 #include "ddprun/rendezvous/status_macros.h"
+#include "yaml-cpp/eventhandler.h"
 #include "yaml-cpp/yaml.h"
 
 namespace ddprun::launcher {
@@ -88,6 +89,43 @@ const char* KindName(const YAML::Node& n) {
 }
 
 // Walks the document with the file name and the current key path.
+// yaml-cpp 0.7's LoadAll loops forever, allocating until the memory runs
+// out, when a document starts with a token that cannot start a node (a lone
+// ",", or `"a":b` followed by a line `? c`): the parser reports an empty
+// document without consuming the token, again and again (fixed upstream by
+// yaml-cpp PR #1319, not in Debian's 0.7.0). Walks the documents with the
+// same parser first and returns where it would loop: two documents starting
+// at the same place, which otherwise never happens (each consumes a token).
+std::optional<YAML::Mark> LoadAllWouldLoop(const std::string& text) {
+  struct DocumentStarts : YAML::EventHandler {
+    void OnDocumentStart(const YAML::Mark& mark) override {
+      stuck = started && mark.pos == last.pos;
+      started = true;
+      last = mark;
+    }
+    void OnDocumentEnd() override {}
+    void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+    void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+    void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  const std::string&) override {}
+    void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                         YAML::EmitterStyle::value) override {}
+    void OnSequenceEnd() override {}
+    void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                    YAML::EmitterStyle::value) override {}
+    void OnMapEnd() override {}
+    bool started = false;
+    bool stuck = false;
+    YAML::Mark last;
+  } starts;
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  while (parser.HandleNextDocument(starts)) {
+    if (starts.stuck) return starts.last;
+  }
+  return std::nullopt;
+}
+
 class Parser {
  public:
   explicit Parser(std::string path) : path_(std::move(path)) { job_.path = path_; }
@@ -525,6 +563,15 @@ class Parser {
     }
     std::vector<YAML::Node> docs;
     try {
+      if (std::optional<YAML::Mark> at = LoadAllWouldLoop(text)) {
+        const char c = at->pos >= 0 && static_cast<std::size_t>(at->pos) < text.size()
+                           ? text[at->pos] : ' ';
+        return ErrorAt(*at, "(syntax)",
+                       std::isgraph(static_cast<unsigned char>(c))
+                           ? absl::StrCat("'", std::string(1, c), "' cannot start a value here")
+                           : std::string("a value cannot start here"),
+                       "fix the YAML syntax");
+      }
       docs = YAML::LoadAll(text);
     } catch (const YAML::Exception& e) {
       return ErrorAt(e.mark, "(syntax)", e.msg, "fix the YAML syntax");
