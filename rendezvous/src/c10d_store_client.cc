@@ -25,7 +25,8 @@ constexpr std::chrono::seconds kMinAttemptTime{5};
 constexpr c10d::Dialect kDialect = c10d::Dialect::kModern;
 
 Duration FromSeconds(double seconds) {
-  return std::chrono::duration_cast<Duration>(std::chrono::duration<double>(std::max(0.0, seconds)));
+  return std::chrono::duration_cast<Duration>(
+      std::chrono::duration<double>(std::max(0.0, seconds)));
 }
 
 double ToSeconds(Duration d) { return std::chrono::duration<double>(d).count(); }
@@ -37,8 +38,8 @@ std::string KeysForMessage(const std::vector<std::string>& keys) {
   constexpr std::size_t kShown = 3;
   std::vector<std::string> quoted;
   for (std::size_t i = 0; i < keys.size() && i < kShown; ++i) quoted.push_back("'" + keys[i] + "'");
-  std::string out = absl::StrCat(keys.size() == 1 ? "store key " : "store keys ",
-                                 absl::StrJoin(quoted, ", "));
+  std::string out =
+      absl::StrCat(keys.size() == 1 ? "store key " : "store keys ", absl::StrJoin(quoted, ", "));
   if (keys.size() > kShown) absl::StrAppend(&out, " and ", keys.size() - kShown, " more");
   return out;
 }
@@ -63,7 +64,8 @@ absl::Status Handshake(int fd, TimePoint deadline) {
   DDPRUN_RETURN_IF_ERROR(c10d::EncodeRequest(kDialect, ping, &msg));
   DDPRUN_RETURN_IF_ERROR(net::SendAll(fd, msg, deadline));
   std::uint32_t echo = 0;
-  DDPRUN_RETURN_IF_ERROR(net::RecvExact(fd, reinterpret_cast<char*>(&echo), sizeof(echo), deadline));
+  DDPRUN_RETURN_IF_ERROR(
+      net::RecvExact(fd, reinterpret_cast<char*>(&echo), sizeof(echo), deadline));
   if (echo != ping.u32) {
     return absl::UnavailableError(
         "the TCPStore answered PING with a wrong nonce; the port is not a c10d TCPStore");
@@ -114,8 +116,8 @@ absl::StatusOr<std::unique_ptr<C10dStoreClient>> C10dStoreClient::Connect(const 
     backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
   }
   return absl::UnavailableError(absl::StrCat(
-      "cannot connect to the TCPStore at ", where, " within ", ToSeconds(timeout), "s: ",
-      last_error,
+      "cannot connect to the TCPStore at ", where, " within ", ToSeconds(timeout),
+      "s: ", last_error,
       "; check that the store is running and that --master_addr/--master_port are right"));
 }
 
@@ -157,8 +159,8 @@ absl::StatusOr<std::string> C10dStoreClient::RecvStringLocked(TimePoint deadline
 }
 
 absl::Status C10dStoreClient::WaitLocked(const std::vector<std::string>& keys, Duration timeout) {
-  DDPRUN_RETURN_IF_ERROR(
-      SendLocked(MakeRequest(c10d::Op::kWait, std::vector<std::string_view>(keys.begin(), keys.end()))));
+  DDPRUN_RETURN_IF_ERROR(SendLocked(
+      MakeRequest(c10d::Op::kWait, std::vector<std::string_view>(keys.begin(), keys.end()))));
   const TimePoint wait_deadline = SteadyClock::now() + std::max(timeout, Duration::zero());
   absl::StatusOr<std::uint8_t> reply = RecvLocked<std::uint8_t>(wait_deadline);
   if (reply.ok()) {
@@ -248,8 +250,8 @@ absl::StatusOr<std::vector<std::string>> C10dStoreClient::MultiGet(
   std::vector<std::string> values;
   if (keys.empty()) return values;
   DDPRUN_RETURN_IF_ERROR(WaitLocked(keys, timeout));
-  DDPRUN_RETURN_IF_ERROR(
-      SendLocked(MakeRequest(c10d::Op::kMultiGet, std::vector<std::string_view>(keys.begin(), keys.end()))));
+  DDPRUN_RETURN_IF_ERROR(SendLocked(
+      MakeRequest(c10d::Op::kMultiGet, std::vector<std::string_view>(keys.begin(), keys.end()))));
   const TimePoint deadline = ReplyDeadline();
   for (std::size_t i = 0; i < keys.size(); ++i) {
     DDPRUN_ASSIGN_OR_RETURN(std::string value, RecvStringLocked(deadline));

@@ -194,8 +194,8 @@ class C10dStoreServer::Impl {
       conn.id = id;
       conn.fd = std::move(fd);
       conn.peer = std::move(peer);
-      DDPRUN_DEBUG_LOG(kStore) << "accepted a connection from " << conn.peer << " on port "
-                               << port_ << " (" << conns_.size() << " open)";
+      DDPRUN_DEBUG_LOG(kStore) << "accepted a connection from " << conn.peer << " on port " << port_
+                               << " (" << conns_.size() << " open)";
     }
   }
 
@@ -258,8 +258,8 @@ class C10dStoreServer::Impl {
 
   void Flush(Connection& conn) {
     std::size_t sent = 0;
-    const net::IoState state = net::WriteAvailable(
-        conn.fd.get(), std::string_view(conn.out).substr(conn.out_off), &sent);
+    const net::IoState state =
+        net::WriteAvailable(conn.fd.get(), std::string_view(conn.out).substr(conn.out_off), &sent);
     conn.out_off += sent;
     if (state == net::IoState::kError) {
       conn.dead = true;  // EPIPE, ECONNRESET: the client is gone.
@@ -454,7 +454,8 @@ absl::StatusOr<std::unique_ptr<C10dStoreServer>> C10dStoreServer::Start(
     const C10dStoreServerOptions& opts) {
   const std::string where = FormatHostPort(opts.host, opts.port);
   auto fail = [&](absl::StatusCode code, absl::string_view why, absl::string_view fix) {
-    return absl::Status(code, absl::StrCat("cannot bind the TCPStore on ", where, ": ", why, "; ", fix));
+    return absl::Status(code,
+                        absl::StrCat("cannot bind the TCPStore on ", where, ": ", why, "; ", fix));
   };
   if (opts.port < 0 || opts.port > kMaxPort) {
     return fail(absl::StatusCode::kInvalidArgument, "the port is out of range",

@@ -13,11 +13,10 @@ constexpr Op kLegacyOps[] = {Op::kSet,       Op::kCompareSet, Op::kGet,        O
                              Op::kCheck,     Op::kWait,       Op::kGetNumKeys, Op::kWatchKey,
                              Op::kDeleteKey, Op::kAppend,     Op::kMultiGet,   Op::kMultiSet,
                              Op::kCancelWait};
-constexpr Op kModernOps[] = {Op::kValidate,   Op::kSet,    Op::kCompareSet, Op::kGet,
-                             Op::kAdd,        Op::kCheck,  Op::kWait,       Op::kGetNumKeys,
-                             Op::kDeleteKey,  Op::kAppend, Op::kMultiGet,   Op::kMultiSet,
-                             Op::kCancelWait, Op::kPing,   Op::kQueuePush,  Op::kQueuePop,
-                             Op::kQueueLen};
+constexpr Op kModernOps[] = {
+    Op::kValidate,   Op::kSet,        Op::kCompareSet, Op::kGet,      Op::kAdd,      Op::kCheck,
+    Op::kWait,       Op::kGetNumKeys, Op::kDeleteKey,  Op::kAppend,   Op::kMultiGet, Op::kMultiSet,
+    Op::kCancelWait, Op::kPing,       Op::kQueuePush,  Op::kQueuePop, Op::kQueueLen};
 
 // The fields of each op, in wire order after the query type.
 enum class Shape {
@@ -133,8 +132,8 @@ class Reader {
     std::uint64_t len = 0;
     if (!Value(&len)) return false;
     if (len > limit) {
-      error_ = absl::StrCat(OpName(op_), " sent a ", what, " of ", len, " bytes, over the limit of ",
-                            limit);
+      error_ = absl::StrCat(OpName(op_), " sent a ", what, " of ", len,
+                            " bytes, over the limit of ", limit);
       return false;
     }
     if (!Need(static_cast<std::size_t>(len))) return false;

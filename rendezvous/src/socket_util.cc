@@ -113,8 +113,8 @@ int LocalPort(int fd) {
 UniqueFd AcceptOne(int listen_fd, std::string* peer) {
   sockaddr_storage addr{};
   socklen_t len = sizeof(addr);
-  UniqueFd fd(::accept4(listen_fd, reinterpret_cast<sockaddr*>(&addr), &len,
-                        SOCK_NONBLOCK | SOCK_CLOEXEC));
+  UniqueFd fd(
+      ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_NONBLOCK | SOCK_CLOEXEC));
   if (fd.valid()) {
     SetNoDelay(fd.get());
     *peer = AddressName(addr);

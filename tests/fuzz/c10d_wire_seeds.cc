@@ -79,13 +79,14 @@ int main(int argc, char** argv) {
   // torch 2.x TCPStore client: handshake, worker count, env:// keys, barrier.
   seeds.emplace_back(
       "modern_session",
-      Encode(Dialect::kModern,
-             {validate, R(Op::kPing, {}, {}, 0, 99), R(Op::kAdd, {"init/"}, {}, 1),
-              R(Op::kSet, {"/worker/attempt_0/default_pg/0"}, {"rank0-address"}),
-              R(Op::kWait, {"/worker/attempt_0/default_pg/1"}),
-              R(Op::kMultiGet, {"/worker/attempt_0/default_pg/0", "/worker/attempt_0/default_pg/1"}),
-              R(Op::kAdd, {"/default_pg/store_based_barrier_key:1"}, {}, 1),
-              R(Op::kCheck, {"/default_pg/store_based_barrier_key:1"}), R(Op::kCancelWait)}));
+      Encode(
+          Dialect::kModern,
+          {validate, R(Op::kPing, {}, {}, 0, 99), R(Op::kAdd, {"init/"}, {}, 1),
+           R(Op::kSet, {"/worker/attempt_0/default_pg/0"}, {"rank0-address"}),
+           R(Op::kWait, {"/worker/attempt_0/default_pg/1"}),
+           R(Op::kMultiGet, {"/worker/attempt_0/default_pg/0", "/worker/attempt_0/default_pg/1"}),
+           R(Op::kAdd, {"/default_pg/store_based_barrier_key:1"}, {}, 1),
+           R(Op::kCheck, {"/default_pg/store_based_barrier_key:1"}), R(Op::kCancelWait)}));
   // torch 1.13: no handshake; the same bootstrap in the legacy numbering.
   seeds.emplace_back(
       "legacy_session",

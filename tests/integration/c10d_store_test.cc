@@ -269,7 +269,8 @@ TEST_CASE("C10dStoreClient is a Store: compare-set, wait, delete, multi-get", "[
   CHECK_FALSE(*deleted);
   CHECK_FALSE(server->engine().Get("a").has_value());
   CHECK(*store->Get("b", milliseconds(500)) == "2");
-  CHECK(absl::IsInvalidArgument(store->Get(std::string(kMaxKeyBytes + 1, 'k'), milliseconds(1)).status()));
+  CHECK(absl::IsInvalidArgument(
+      store->Get(std::string(kMaxKeyBytes + 1, 'k'), milliseconds(1)).status()));
 }
 
 TEST_CASE("C10dStoreClient Get waits for a key another client sets later", "[integration]") {

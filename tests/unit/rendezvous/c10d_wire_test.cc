@@ -62,14 +62,21 @@ std::vector<Case> AllQueries() {
       {m, Msg(8).Str("d"), Op::kDeleteKey, {"d"}, {}},
       {m, Msg(9).Str("log").Str("ab"), Op::kAppend, {"log"}, {"ab"}},
       {m, Msg(10).U64(3).Str("x").Str("").Str("z"), Op::kMultiGet, {"x", "", "z"}, {}},
-      {m, Msg(11).U64(2).Str("a").Str("1").Str("b").Str("2"), Op::kMultiSet, {"a", "b"},
+      {m,
+       Msg(11).U64(2).Str("a").Str("1").Str("b").Str("2"),
+       Op::kMultiSet,
+       {"a", "b"},
        {"1", "2"}},
       {m, Msg(12), Op::kCancelWait, {}, {}},
       {m, Msg(13).U32(12345), Op::kPing, {}, {}, 0, 12345},
       {m, Msg(14).Str("q").Str("item"), Op::kQueuePush, {"q"}, {"item"}},
       {m, Msg(15).Str("q"), Op::kQueuePop, {"q"}, {}},
       {m, Msg(16).Str("q"), Op::kQueueLen, {"q"}, {}},
-      {l, Msg(0).Str("/k").Str(std::string("\0\xff", 2)), Op::kSet, {"/k"}, {std::string("\0\xff", 2)}},
+      {l,
+       Msg(0).Str("/k").Str(std::string("\0\xff", 2)),
+       Op::kSet,
+       {"/k"},
+       {std::string("\0\xff", 2)}},
       {l, Msg(1).Str("/k").Str("old").Str("new"), Op::kCompareSet, {"/k"}, {"old", "new"}},
       {l, Msg(2).Str("/k"), Op::kGet, {"/k"}, {}},
       {l, Msg(3).Str("init/").I64(1), Op::kAdd, {"init/"}, {}, 1},
@@ -170,8 +177,7 @@ TEST_CASE("c10d wire: lengths over the limits are errors as soon as they arrive"
   REQUIRE(r.status == DecodeStatus::kError);
   CHECK(r.error == "SET sent a key of 1099511627776 bytes, over the limit of 4096");
 
-  r = DecodeRequest(Dialect::kModern,
-                    std::string(Msg(1).Str("k").U64(kMaxValueBytes + 1)), &req);
+  r = DecodeRequest(Dialect::kModern, std::string(Msg(1).Str("k").U64(kMaxValueBytes + 1)), &req);
   REQUIRE(r.status == DecodeStatus::kError);
   CHECK(r.error == "SET sent a value of 1048577 bytes, over the limit of 1048576");
 
@@ -184,10 +190,10 @@ TEST_CASE("c10d wire: lengths over the limits are errors as soon as they arrive"
   CHECK(r.error.find("MULTI_SET sent a count of 18446744073709551615 keys") == 0);
 
   // Exactly at the limits is fine.
-  r = DecodeRequest(Dialect::kModern,
-                    std::string(Msg(1).Str(std::string(kMaxKeyBytes, 'k'))
-                                    .Str(std::string(kMaxValueBytes, 'v'))),
-                    &req);
+  r = DecodeRequest(
+      Dialect::kModern,
+      std::string(Msg(1).Str(std::string(kMaxKeyBytes, 'k')).Str(std::string(kMaxValueBytes, 'v'))),
+      &req);
   CHECK(r.status == DecodeStatus::kComplete);
 }
 

@@ -46,7 +46,8 @@ class C10dStoreClient final : public Store {
   // *current; the result is whether it equals `desired` (the wire says no
   // more: a key that already held `desired` also reads as swapped, and a
   // missing key with a non-empty `expected` replies `expected`).
-  absl::StatusOr<bool> CompareSet(const std::string& key, const std::optional<std::string>& expected,
+  absl::StatusOr<bool> CompareSet(const std::string& key,
+                                  const std::optional<std::string>& expected,
                                   const std::string& desired, std::string* current) override;
   absl::Status Wait(const std::vector<std::string>& keys, Duration timeout) override;
   absl::StatusOr<bool> Delete(const std::string& key) override;
