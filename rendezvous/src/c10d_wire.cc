@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "ddprun/rendezvous/kv_engine.h"  // the limits (constants only)
+#include "ddprun/rendezvous/status_macros.h"
 
 namespace ddprun::rendezvous::c10d {
 namespace {
@@ -352,7 +353,7 @@ absl::Status EncodeRequest(Dialect dialect, const Request& req, std::string* out
                                                    DialectName(dialect),
                                                    " dialect has no such query"));
   }
-  if (absl::Status st = CheckShape(req); !st.ok()) return st;
+  DDPRUN_RETURN_IF_ERROR(CheckShape(req));
   AppendU8(out, *type);
   switch (ShapeOf(req.op)) {
     case Shape::kNone:

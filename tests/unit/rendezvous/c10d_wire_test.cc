@@ -6,6 +6,8 @@
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -238,6 +240,31 @@ TEST_CASE("c10d wire: garbage is an error naming the query type", "[unit]") {
   REQUIRE(r.status == DecodeStatus::kComplete);
   r = d.Decode(std::string_view(stream).substr(r.consumed), &req);
   CHECK(r.status == DecodeStatus::kError);
+}
+
+TEST_CASE("c10d wire: what torch 1.13's TCPStore client really sent decodes to the last byte",
+          "[unit]") {
+  // Captured by tests/fuzz/capture_torch_store.py (also fuzz seeds).
+  const std::string dir = std::string(DDPRUN_SOURCE_DIR) + "/tests/fuzz/corpus/c10d_wire/";
+  for (const char* name : {"capture_torch1.13_conn0", "capture_torch1.13_conn2",
+                           "capture_torch1.13_conn4"}) {
+    INFO(name);
+    std::ifstream in(dir + name, std::ios::binary);
+    REQUIRE(in);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    REQUIRE_FALSE(bytes.empty());
+    RequestDecoder d;
+    Request req;
+    std::size_t offset = 0, requests = 0;
+    while (offset < bytes.size()) {
+      DecodeResult r = d.Decode(std::string_view(bytes).substr(offset), &req);
+      REQUIRE(r.status == DecodeStatus::kComplete);
+      offset += r.consumed;
+      ++requests;
+    }
+    CHECK(d.dialect() == Dialect::kLegacy);
+    CHECK(requests >= 3);
+  }
 }
 
 TEST_CASE("c10d wire: the encoder refuses what the wire cannot say", "[unit]") {

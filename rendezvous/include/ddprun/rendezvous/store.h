@@ -3,6 +3,8 @@
 //
 // Implementations:
 //   GrpcStore      (client.h)  talks to ddprund or the embedded rendezvous;
+//   C10dStoreClient (c10d_store_client.h) talks to a c10d TCPStore (the
+//                  agent's C10dStoreServer, or torch's own);
 //   InMemoryStore  (here)      the in-process twin for tests;
 //   PrefixStore    (here)      namespaces keys of another store.
 // Every call that waits takes a timeout and returns DeadlineExceeded after it.
