@@ -1,5 +1,5 @@
 // The TCPStore server loop: sockets and connections here, the wire in
-// c10d_wire.cc, the data in KvEngine.
+// c10d_wire.cc, the semantics in c10d_store_handler.cc, the data in KvEngine.
 #include "ddprun/rendezvous/c10d_store_server.h"
 
 #include <poll.h>
@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "ddprun/rendezvous/c10d_store_handler.h"
 #include "ddprun/rendezvous/c10d_wire.h"
 #include "ddprun/rendezvous/debug_log.h"
 #include "ddprun/rendezvous/errors.h"
@@ -29,8 +30,6 @@
 
 namespace ddprun::rendezvous {
 namespace {
-
-using c10d::Op;
 
 // A client whose unread replies exceed this is not read from until it drains;
 // past kMaxPendingOutputBytes it is disconnected.
@@ -94,13 +93,10 @@ class C10dStoreServer::Impl {
     c10d::RequestDecoder decoder;
     std::string in;
     std::size_t in_need = 1;  // decode only once `in` holds this many bytes
-    std::string out;
-    std::size_t out_off = 0;
+    c10d::Session session;    // replies in session.out, parked WAITs
+    std::size_t out_off = 0;  // bytes of session.out already sent
     bool eof = false;
     bool dead = false;
-    std::uint64_t next_token = 1;
-    // Pending WAITs: token -> engine waiter id (0 when it fired synchronously).
-    std::map<std::uint64_t, KvEngine::WaiterId> waits;
   };
   struct Completion {
     std::uint64_t conn_id;
@@ -136,8 +132,9 @@ class C10dStoreServer::Impl {
                            static_cast<short>(conns_.size() < kMaxConnections ? POLLIN : 0), 0});
       for (auto& [id, conn] : conns_) {
         short events = 0;
-        if (!conn.eof && conn.out.size() - conn.out_off < kOutputHighWater) events |= POLLIN;
-        if (conn.out.size() > conn.out_off) events |= POLLOUT;
+        if (!conn.eof && conn.session.out.size() - conn.out_off < kOutputHighWater)
+          events |= POLLIN;
+        if (conn.session.out.size() > conn.out_off) events |= POLLOUT;
         fds.push_back(pollfd{conn.fd.get(), events, 0});
         ids.push_back(id);
       }
@@ -168,7 +165,7 @@ class C10dStoreServer::Impl {
         Connection& conn = it->second;
         // A client that closed its end has had its buffered requests served;
         // its replies cannot be delivered once it is gone, so drop it.
-        if (conn.dead || (conn.eof && conn.out.size() == conn.out_off)) {
+        if (conn.dead || (conn.eof && conn.session.out.size() == conn.out_off)) {
           DropConnection(conn);
           it = conns_.erase(it);
         } else {
@@ -223,13 +220,9 @@ class C10dStoreServer::Impl {
   void DropConnection(Connection& conn) {
     DDPRUN_DEBUG_LOG(kStore) << "connection from " << conn.peer << " closed ("
                              << (conn.dead ? "dropped" : "by the client") << ", "
-                             << conn.waits.size() << " waits cancelled)";
+                             << conn.session.waits.size() << " waits cancelled)";
     // Cancel this client's waits; their completions find no connection and are dropped.
-    std::map<std::uint64_t, KvEngine::WaiterId> waits;
-    waits.swap(conn.waits);
-    for (auto& [token, waiter] : waits) {
-      if (waiter != 0) engine_->Cancel(waiter, absl::CancelledError("the client disconnected"));
-    }
+    handler_.CancelWaits(&conn.session, absl::CancelledError("the client disconnected"));
     conn.fd.reset();
   }
 
@@ -249,30 +242,35 @@ class C10dStoreServer::Impl {
         break;
       }
       conn.in_need = 1;
-      Execute(conn, req);
+      const std::uint64_t id = conn.id;
+      const absl::Status st =
+          handler_.Handle(req, &conn.session, [this, id](std::uint64_t token, absl::Status status) {
+            OnWaitDone(id, token, std::move(status));
+          });
+      if (!st.ok()) Close(conn, std::string(st.message()));
       offset += res.consumed;
     }
     if (offset > 0) conn.in.erase(0, offset);
-    if (!conn.dead && conn.out.size() > conn.out_off) Flush(conn);
+    if (!conn.dead && conn.session.out.size() > conn.out_off) Flush(conn);
   }
 
   void Flush(Connection& conn) {
     std::size_t sent = 0;
-    const net::IoState state =
-        net::WriteAvailable(conn.fd.get(), std::string_view(conn.out).substr(conn.out_off), &sent);
+    const net::IoState state = net::WriteAvailable(
+        conn.fd.get(), std::string_view(conn.session.out).substr(conn.out_off), &sent);
     conn.out_off += sent;
     if (state == net::IoState::kError) {
       conn.dead = true;  // EPIPE, ECONNRESET: the client is gone.
       return;
     }
-    if (conn.out_off == conn.out.size()) {
-      conn.out.clear();
+    if (conn.out_off == conn.session.out.size()) {
+      conn.session.out.clear();
       conn.out_off = 0;
     } else if (conn.out_off > (1u << 20)) {
-      conn.out.erase(0, conn.out_off);
+      conn.session.out.erase(0, conn.out_off);
       conn.out_off = 0;
     }
-    if (conn.out.size() - conn.out_off > kMaxPendingOutputBytes) {
+    if (conn.session.out.size() - conn.out_off > kMaxPendingOutputBytes) {
       Close(conn, "the client does not read its replies");
     }
   }
@@ -287,147 +285,13 @@ class C10dStoreServer::Impl {
       auto it = conns_.find(c.conn_id);
       if (it == conns_.end()) continue;
       Connection& conn = it->second;
-      if (conn.dead || conn.waits.erase(c.token) == 0) continue;  // cancelled meanwhile
-      if (c.status.ok()) {
-        c10d::AppendU8(&conn.out, c10d::kStopWaiting);
+      if (conn.dead) continue;
+      const absl::Status st = handler_.OnWaitDone(&conn.session, c.token, c.status);
+      if (!st.ok()) {
+        Close(conn, std::string(st.message()));
+      } else if (conn.session.out.size() > conn.out_off) {
         Flush(conn);
-      } else {
-        Close(conn, absl::StrCat("a WAIT ended with an error: ", c.status.message()));
       }
-    }
-  }
-
-  void Execute(Connection& conn, const c10d::Request& req) {
-    auto str = [](std::string_view v) { return std::string(v); };
-    switch (req.op) {
-      case Op::kValidate:
-        if (req.u32 != c10d::kValidationMagic) Close(conn, "VALIDATE sent a wrong magic number");
-        return;
-      case Op::kPing:
-        c10d::AppendU32(&conn.out, req.u32);
-        return;
-      case Op::kSet: {
-        absl::Status st = engine_->Set(str(req.keys[0]), str(req.values[0]));
-        if (!st.ok()) Close(conn, std::string(st.message()));
-        return;
-      }
-      case Op::kCompareSet: {
-        // torch semantics: an empty `expected` matches a missing key; a missing
-        // key with a non-empty `expected` is left alone and `expected` is returned.
-        const std::string key = str(req.keys[0]);
-        const std::string expected = str(req.values[0]);
-        std::optional<std::string> want;
-        if (!expected.empty()) want = expected;
-        absl::StatusOr<CompareSetResult> r = engine_->CompareSet(key, want, str(req.values[1]));
-        if (r.ok() && !r->swapped && r->exists && expected.empty() && r->current.empty()) {
-          r = engine_->CompareSet(key, std::string(), str(req.values[1]));
-        }
-        if (!r.ok()) {
-          Close(conn, std::string(r.status().message()));
-          return;
-        }
-        c10d::AppendString(&conn.out, r->exists ? std::string_view(r->current) : req.values[0]);
-        return;
-      }
-      case Op::kGet: {
-        // Clients WAIT before GET; a key deleted in between reads as empty.
-        std::optional<std::string> v = engine_->Get(str(req.keys[0]));
-        c10d::AppendString(&conn.out, v ? *v : std::string());
-        return;
-      }
-      case Op::kAdd: {
-        absl::StatusOr<std::int64_t> r = engine_->Add(str(req.keys[0]), req.delta);
-        if (!r.ok()) {
-          Close(conn, std::string(r.status().message()));
-          return;
-        }
-        c10d::AppendI64(&conn.out, *r);
-        return;
-      }
-      case Op::kCheck: {
-        std::vector<std::string> keys(req.keys.begin(), req.keys.end());
-        c10d::AppendU8(&conn.out, engine_->Check(keys) ? c10d::kCheckReady : c10d::kCheckNotReady);
-        return;
-      }
-      case Op::kWait: {
-        std::vector<std::string> keys(req.keys.begin(), req.keys.end());
-        if (engine_->Check(keys)) {
-          c10d::AppendU8(&conn.out, c10d::kStopWaiting);
-          return;
-        }
-        const std::uint64_t token = conn.next_token++;
-        const std::uint64_t conn_id = conn.id;
-        conn.waits[token] = 0;
-        KvEngine::WaiterId id = engine_->WaitAsync(std::move(keys), TimePoint::max(),
-                                                   [this, conn_id, token](absl::Status status) {
-                                                     OnWaitDone(conn_id, token, std::move(status));
-                                                   });
-        auto it = conn.waits.find(token);
-        if (it != conn.waits.end()) it->second = id;
-        return;
-      }
-      case Op::kGetNumKeys:
-        c10d::AppendI64(&conn.out, static_cast<std::int64_t>(engine_->NumKeys()));
-        return;
-      case Op::kDeleteKey:
-        c10d::AppendI64(&conn.out, engine_->Delete(str(req.keys[0])) ? 1 : 0);
-        return;
-      case Op::kAppend: {
-        const std::string key = str(req.keys[0]);
-        // Compare-and-set until no other writer interleaves.
-        for (int attempt = 0;; ++attempt) {
-          std::optional<std::string> cur = engine_->Get(key);
-          std::string next = cur ? *cur : std::string();
-          next.append(req.values[0]);
-          absl::StatusOr<CompareSetResult> r = engine_->CompareSet(key, cur, std::move(next));
-          if (!r.ok()) {
-            Close(conn, std::string(r.status().message()));
-            return;
-          }
-          if (r->swapped) return;
-          if (attempt > 1000) {
-            Close(conn, "APPEND kept racing with other writers");
-            return;
-          }
-        }
-      }
-      case Op::kMultiGet:
-        for (std::string_view key : req.keys) {
-          std::optional<std::string> v = engine_->Get(str(key));
-          c10d::AppendString(&conn.out, v ? *v : std::string());
-        }
-        return;
-      case Op::kMultiSet:
-        for (std::size_t i = 0; i < req.keys.size(); ++i) {
-          absl::Status st = engine_->Set(str(req.keys[i]), str(req.values[i]));
-          if (!st.ok()) {
-            Close(conn, std::string(st.message()));
-            return;
-          }
-        }
-        return;
-      case Op::kCancelWait: {
-        std::map<std::uint64_t, KvEngine::WaiterId> waits;
-        waits.swap(conn.waits);
-        for (auto& [token, waiter] : waits) {
-          if (waiter != 0) engine_->Cancel(waiter, absl::CancelledError("cancelled by the client"));
-        }
-        c10d::AppendU8(&conn.out, c10d::kWaitCanceled);
-        return;
-      }
-      case Op::kWatchKey:
-        Close(conn,
-              "WATCH_KEY (TCPStore.watch_key of torch 1.x) is not supported by ddprun's store");
-        return;
-      case Op::kQueuePush:
-      case Op::kQueuePop:
-      case Op::kQueueLen:
-        Close(conn, absl::StrCat(c10d::OpName(req.op),
-                                 " (TCPStore queues) is not supported by ddprun's store"));
-        return;
-      case Op::kUnknown:
-        Close(conn, "unknown query type");
-        return;
     }
   }
 
@@ -444,6 +308,7 @@ class C10dStoreServer::Impl {
   // Declared after done_ so that it is destroyed first: its destructor cancels
   // outstanding waiters, whose callbacks touch done_.
   std::unique_ptr<KvEngine> engine_;
+  c10d::RequestHandler handler_{engine_.get()};
   std::thread thread_;
 };
 
