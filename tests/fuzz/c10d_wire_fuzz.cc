@@ -1,29 +1,38 @@
 // libFuzzer target: arbitrary bytes as one TCPStore connection's input.
 // Decodes request after request as the server does (dialect detected from the
 // first bytes), once whole and once fed in chunks as recv(2) delivers them,
-// and checks the codec's contract on every step:
+// serves each decoded request against a KvEngine as the server does
+// (RequestHandler), and checks the codec's contract on every step:
 //  - kNeedMore asks for more than is there, and never past kMaxRequestBytes;
 //  - kError carries a one-line reason;
 //  - kComplete consumes what it decoded, and re-encoding the request gives
 //    back exactly those bytes;
-//  - however the bytes are chunked, the same requests and the same outcome.
+//  - however the bytes are chunked, the same requests and the same outcome;
+//  - serving never crashes, and the client leaving leaves no waiter behind.
 // Built by scripts/fuzz.sh (clang, -fsanitize=fuzzer,address,undefined).
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
+#include "ddprun/rendezvous/c10d_store_handler.h"
 #include "ddprun/rendezvous/c10d_wire.h"
+#include "ddprun/rendezvous/kv_engine.h"
 #include "ddprun/rendezvous/status_macros.h"
 
+using ddprun::rendezvous::KvEngine;
 using ddprun::rendezvous::c10d::DecodeResult;
 using ddprun::rendezvous::c10d::DecodeStatus;
 using ddprun::rendezvous::c10d::EncodeRequest;
 using ddprun::rendezvous::c10d::kMaxRequestBytes;
 using ddprun::rendezvous::c10d::Request;
 using ddprun::rendezvous::c10d::RequestDecoder;
+using ddprun::rendezvous::c10d::RequestHandler;
+using ddprun::rendezvous::c10d::Session;
 
 namespace {
 
@@ -32,11 +41,35 @@ struct Outcome {
   DecodeStatus last = DecodeStatus::kNeedMore;
 };
 
-// Decodes the whole input at once, checking every step.
+// Decodes the whole input at once, checking every step, and serves each
+// request as the server would (a refused one ends the connection).
 Outcome DecodeWhole(std::string_view input) {
   Outcome out;
   RequestDecoder decoder;
   Request req;
+  KvEngine engine;
+  RequestHandler handler(&engine);
+  Session session;
+  std::vector<std::pair<std::uint64_t, absl::Status>> done;
+  const RequestHandler::WaitDone on_done = [&done](std::uint64_t token, absl::Status st) {
+    done.emplace_back(token, std::move(st));
+  };
+  bool serving = true;
+  auto deliver = [&] {
+    std::vector<std::pair<std::uint64_t, absl::Status>> now;
+    now.swap(done);
+    for (auto& [token, st] : now) {
+      if (serving && !handler.OnWaitDone(&session, token, st).ok()) serving = false;
+    }
+  };
+  struct Hangup {  // the client leaves: its waits are cancelled
+    std::function<void()> run;
+    ~Hangup() { run(); }
+  } hangup{[&] {
+    handler.CancelWaits(&session, absl::CancelledError("fuzz input ended"));
+    deliver();
+    DDPRUN_CHECK(engine.NumWaiters() == 0) << engine.NumWaiters();
+  }};
   std::size_t offset = 0;
   while (true) {
     const std::string_view rest = input.substr(offset);
@@ -57,6 +90,10 @@ Outcome DecodeWhole(std::string_view input) {
     const absl::Status st = EncodeRequest(decoder.dialect(), req, &again);
     DDPRUN_CHECK(st.ok()) << st;
     DDPRUN_CHECK(again == rest.substr(0, r.consumed)) << "re-encoding differs";
+    if (serving) {
+      serving = handler.Handle(req, &session, on_done).ok();
+      deliver();
+    }
     out.requests.push_back(r.consumed);
     offset += r.consumed;
   }
