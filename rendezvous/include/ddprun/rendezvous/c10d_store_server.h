@@ -6,7 +6,8 @@
 // for the job's life, so MASTER_PORT can never race (pytorch#85604, #126510,
 // #73320). It serves torch 1.13 clients (no handshake) and torch 2.x clients
 // (VALIDATE handshake with magic number, PING, MULTI_GET, ...), detected per
-// connection from the first bytes (the wire is c10d_wire.h).
+// connection from the first bytes (the wire is c10d_wire.h, the semantics
+// c10d_store_handler.h).
 //
 // One thread runs a poll(2) loop over the listening socket and every client.
 // Blocking queries (WAIT) are parked on the KvEngine and answered when their
