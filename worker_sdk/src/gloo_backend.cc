@@ -329,8 +329,8 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
 
   absl::StatusOr<WorkPtr> Allreduce(void* data, std::size_t count, DType dtype,
                                     ReduceOp op) override {
-    DDP_RETURN_IF_ERROR(CheckBuffer(*this, "allreduce", data, count, dtype));
-    DDP_RETURN_IF_ERROR(CheckReduceOp(*this, "allreduce", op));
+    DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "allreduce", data, count, dtype));
+    DDPRUN_RETURN_IF_ERROR(CheckReduceOp(*this, "allreduce", op));
     const std::string desc = DescribeOp("allreduce", count, dtype, ReduceOpName(op));
     if (count == 0) return Enqueue(desc, nullptr);
     const int n = size();
@@ -377,11 +377,11 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
     std::size_t count = 0;
     std::vector<ShmPiece> shm_pieces;
     for (const Piece& p : pieces) {
-      DDP_RETURN_IF_ERROR(CheckBuffer(*this, "allreduce", p.data, p.count, dtype));
+      DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "allreduce", p.data, p.count, dtype));
       count += p.count;
       if (p.count) shm_pieces.push_back(ShmPiece{p.data, p.count * DTypeSize(dtype)});
     }
-    DDP_RETURN_IF_ERROR(CheckReduceOp(*this, "allreduce", op));
+    DDPRUN_RETURN_IF_ERROR(CheckReduceOp(*this, "allreduce", op));
     const std::string desc = DescribeOp("allreduce", count, dtype, ReduceOpName(op));
     if (count == 0) return Enqueue(desc, nullptr);
     return Enqueue(desc, [=, t = timeout()] {
@@ -391,7 +391,7 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
 
   absl::StatusOr<WorkPtr> Broadcast(void* data, std::size_t count, DType dtype,
                                     int root) override {
-    DDP_RETURN_IF_ERROR(CheckBuffer(*this, "broadcast", data, count, dtype));
+    DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "broadcast", data, count, dtype));
     if (root < 0 || root >= size()) {
       return absl::InvalidArgumentError(absl::StrCat(Fence(), "broadcast: root ", root,
                                                      " is not a rank of this group (size ",
@@ -419,8 +419,8 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
 
   absl::StatusOr<WorkPtr> Allgather(const void* in, void* out, std::size_t count,
                                     DType dtype) override {
-    DDP_RETURN_IF_ERROR(CheckBuffer(*this, "allgather", in, count, dtype, "input"));
-    DDP_RETURN_IF_ERROR(CheckBuffer(*this, "allgather", out, count, dtype, "output"));
+    DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "allgather", in, count, dtype, "input"));
+    DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "allgather", out, count, dtype, "output"));
     const std::string desc = DescribeOp("allgather", count, dtype, "");
     if (count == 0) return Enqueue(desc, nullptr);
     const std::size_t bytes = count * DTypeSize(dtype);
@@ -449,9 +449,9 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
   // scratch buffer, then keep this rank's block.
   absl::StatusOr<WorkPtr> ReduceScatter(const void* in, void* out, std::size_t count,
                                         DType dtype, ReduceOp op) override {
-    DDP_RETURN_IF_ERROR(CheckBuffer(*this, "reduce_scatter", in, count, dtype, "input"));
-    DDP_RETURN_IF_ERROR(CheckBuffer(*this, "reduce_scatter", out, count, dtype, "output"));
-    DDP_RETURN_IF_ERROR(CheckReduceOp(*this, "reduce_scatter", op));
+    DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "reduce_scatter", in, count, dtype, "input"));
+    DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "reduce_scatter", out, count, dtype, "output"));
+    DDPRUN_RETURN_IF_ERROR(CheckReduceOp(*this, "reduce_scatter", op));
     const std::string desc = DescribeOp("reduce_scatter", count, dtype, ReduceOpName(op));
     if (count == 0) return Enqueue(desc, nullptr);
     const std::size_t esize = DTypeSize(dtype);
