@@ -7,8 +7,8 @@
 // (sdk_values.h).
 #pragma once
 
-#include <catch2/catch.hpp>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
 #include <span>
@@ -29,20 +29,25 @@ inline double ReferenceOf(ddp::ReduceOp op, ddp::DType dtype, int world, std::si
   double acc = Value(0, i, dtype, salt);
   for (int r = 1; r < world; ++r) {
     const double v = Value(r, i, dtype, salt);
-    if (op == ddp::ReduceOp::kMax) acc = std::max(acc, v);
-    else if (op == ddp::ReduceOp::kMin) acc = std::min(acc, v);
-    else acc += v;
+    if (op == ddp::ReduceOp::kMax)
+      acc = std::max(acc, v);
+    else if (op == ddp::ReduceOp::kMin)
+      acc = std::min(acc, v);
+    else
+      acc += v;
   }
   if (op == ddp::ReduceOp::kAvg) {
     acc = IsInt(dtype) ? double(std::int64_t(acc) / world) : acc / world;
   }
   switch (dtype) {
-    case ddp::DType::kFloat32: return float(acc);
+    case ddp::DType::kFloat32:
+      return float(acc);
     case ddp::DType::kFloat16:
       return ddp::detail::Float16ToFloat(ddp::detail::FloatToFloat16(float(acc)));
     case ddp::DType::kBFloat16:
       return ddp::detail::BFloat16ToFloat(ddp::detail::FloatToBFloat16(float(acc)));
-    default: return acc;
+    default:
+      return acc;
   }
 }
 
@@ -77,8 +82,8 @@ inline void CheckAllreduce(ThreadRanks& ranks, const std::vector<std::size_t>& s
   for (ddp::DType dtype : kDTypes) {
     for (ddp::ReduceOp op : kOps) {
       for (std::size_t n : sizes) {
-        INFO(ddp::DTypeName(dtype) << " " << ddp::ReduceOpName(op) << " n=" << n << " world "
-                                   << world);
+        INFO(ddp::DTypeName(dtype)
+             << " " << ddp::ReduceOpName(op) << " n=" << n << " world " << world);
         const auto out = ranks.Run([&](int r) {
           TypedBuf b(dtype, n);
           for (std::size_t i = 0; i < n; ++i) b.Set(i, Value(r, i, dtype, salt));
@@ -88,7 +93,8 @@ inline void CheckAllreduce(ThreadRanks& ranks, const std::vector<std::size_t>& s
         for (int r = 1; r < world; ++r) REQUIRE(out[r] == out[0]);
         TypedBuf got(dtype, n);
         got.bytes = out[0];
-        RequireAllClose(got, n, [&](std::size_t i) { return ReferenceOf(op, dtype, world, i, salt); });
+        RequireAllClose(got, n,
+                        [&](std::size_t i) { return ReferenceOf(op, dtype, world, i, salt); });
         ++salt;
       }
     }

@@ -48,8 +48,8 @@ class QueuedWork final : public WorkState {
 };
 
 struct QueuedTask {
-  std::string desc;             // "allreduce(1024 x f32, sum)", for messages
-  std::function<void()> run;    // may throw; see CommQueue::ErrorHandler
+  std::string desc;           // "allreduce(1024 x f32, sum)", for messages
+  std::function<void()> run;  // may throw; see CommQueue::ErrorHandler
   std::shared_ptr<QueuedWork> work;
 };
 

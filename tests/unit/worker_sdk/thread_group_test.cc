@@ -63,8 +63,8 @@ TEST_CASE("ConnectBackend: a rank whose peers never come fails after the timeout
   ddp::InitOptions o = ShmOptions();
   o.timeout = 300ms;
   o.backend = ddp::Backend::kGloo;
-  auto backend = ddp::detail::ConnectBackend(ddp::detail::LocalWorkerInfo(0, 2), o, store,
-                                             "ddp/pg0/");
+  auto backend =
+      ddp::detail::ConnectBackend(ddp::detail::LocalWorkerInfo(0, 2), o, store, "ddp/pg0/");
   REQUIRE_FALSE(backend.ok());
   REQUIRE(backend.status().code() == absl::StatusCode::kDeadlineExceeded);
   REQUIRE(std::string(backend.status().message()).rfind("[job local round 0 rank 0] ", 0) == 0);
@@ -75,10 +75,8 @@ TEST_CASE("ConnectBackend: a later collective after an abort is refused, naming 
   ThreadRanks ranks(2, ShmOptions());
   ranks.group(1)->Abort("the test aborts rank 1");
   float x = 1;
-  REQUIRE_THROWS_AS(ranks.group(1)->Allreduce(&x, 1, ddp::DType::kFloat32).Wait(),
-                    ddp::StateError);
-  REQUIRE_THROWS_WITH(ranks.group(1)->Barrier().Wait(),
-                      Catch::Contains("the test aborts rank 1"));
+  REQUIRE_THROWS_AS(ranks.group(1)->Allreduce(&x, 1, ddp::DType::kFloat32).Wait(), ddp::StateError);
+  REQUIRE_THROWS_WITH(ranks.group(1)->Barrier().Wait(), Catch::Contains("the test aborts rank 1"));
 }
 
 // ---- the CPU backend's seams ----
