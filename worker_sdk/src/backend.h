@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "ddp/process_group.h"
 #include "ddp/types.h"
+#include "ddprun/rendezvous/debug_log.h"
 #include "ddprun/rendezvous/status_macros.h"
 #include "elementwise.h"
 
@@ -114,6 +115,8 @@ class Backend {
   }
 
   // Aborts the group with `reason` (the first reason wins). Thread-safe.
+  // Every failed collective of every backend comes here: the sdk debug
+  // channel's one line per failure.
   void Fail(const std::string& reason) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -121,6 +124,7 @@ class Backend {
       abort_reason_ = reason;
       aborted_.store(true);
     }
+    DDPRUN_DEBUG_LOG(kSdk) << Fence() << "group aborted: " << reason;
     OnAbort();
   }
   bool aborted() const { return aborted_.load(); }

@@ -1,7 +1,6 @@
 #include "comm_queue.h"
 
 #include "absl/strings/str_cat.h"
-#include "ddprun/rendezvous/debug_log.h"
 
 namespace ddp::detail {
 
@@ -28,7 +27,6 @@ absl::Status QueuedWork::Wait(Duration timeout) {
     b->Fail(what);
     fence = b->Fence();
   }
-  DDPRUN_DEBUG_LOG(kSdk) << fence << "collective failed: " << what;
   return absl::DeadlineExceededError(
       absl::StrCat(fence, what, " (a peer is slow, hung or issued a different collective)"));
 }

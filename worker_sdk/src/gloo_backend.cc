@@ -321,16 +321,13 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
   // What a task threw, as its Status; aborts the group.
   static absl::Status Classify(const std::string& desc, std::exception_ptr e,
                                const std::weak_ptr<GlooBackend>& weak) {
-    absl::Status status;
     try {
       std::rethrow_exception(e);
     } catch (const ShmFailure& f) {
-      status = ClassifyShm(desc, f.status, weak);
+      return ClassifyShm(desc, f.status, weak);
     } catch (const std::exception& x) {
-      status = ClassifyGloo(desc, x.what(), weak);
+      return ClassifyGloo(desc, x.what(), weak);
     }
-    DDPRUN_DEBUG_LOG(kSdk) << "collective failed: " << status;
-    return status;
   }
 
   // A Gloo exception as a Status: timeouts are DeadlineExceeded, everything

@@ -412,8 +412,7 @@ absl::StatusOr<std::shared_ptr<Backend>> CreateNcclBackend(
   const int n = CudaDeviceCount();
   if (n == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "[job ", info.job_id, " round ", info.round, " rank ", info.rank,
-        "] backend nccl: no CUDA device is visible (CUDA_VISIBLE_DEVICES?)"));
+        FenceOf(info), "backend nccl: no CUDA device is visible (CUDA_VISIBLE_DEVICES?)"));
   }
   // LOCAL_RANK's device, or the only one CUDA_VISIBLE_DEVICES leaves.
   const int device = n == 1 ? 0 : info.local_rank % n;
