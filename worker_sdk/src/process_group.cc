@@ -56,6 +56,11 @@ namespace {
 
 namespace rdzv = ddprun::rendezvous;
 
+// The SDK's own knobs (docs/sdk.md, Init): only the SDK reads them.
+constexpr const char* kEnvTimeoutSec = "DDP_TIMEOUT_SEC";
+constexpr const char* kEnvBackend = "DDP_BACKEND";
+constexpr const char* kEnvShm = "DDP_SHM";
+
 constexpr const char* kHowToRun =
     "Start the trainer under the launcher, for example:\n"
     "  ddprun --nproc_per_node=2 ./trainer";
@@ -113,29 +118,29 @@ void IgnoreSigpipeIfDefault() {
 absl::StatusOr<InitOptions> ApplyEnvironmentOptions(const InitOptions& in,
                                                     const std::string& fence) {
   InitOptions options = in;
-  if (const char* t = std::getenv("DDP_TIMEOUT_SEC"); t && *t && in.timeout == kDefaultTimeout) {
+  if (const char* t = std::getenv(kEnvTimeoutSec); t && *t && in.timeout == kDefaultTimeout) {
     double sec = 0;
     if (!absl::SimpleAtod(t, &sec) || sec <= 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat(fence, "DDP_TIMEOUT_SEC='", t, "' is not a positive number of seconds"));
+          absl::StrCat(fence, kEnvTimeoutSec, "='", t, "' is not a positive number of seconds"));
     }
     options.timeout = Duration(static_cast<std::int64_t>(sec * 1000));
   }
-  if (const char* b = std::getenv("DDP_BACKEND"); b && *b && in.backend == ddp::Backend::kAuto) {
+  if (const char* b = std::getenv(kEnvBackend); b && *b && in.backend == ddp::Backend::kAuto) {
     const std::string s = b;
     if (s == "gloo") options.backend = ddp::Backend::kGloo;
     else if (s == "nccl") options.backend = ddp::Backend::kNccl;
     else if (s != "auto") {
       return absl::InvalidArgumentError(
-          absl::StrCat(fence, "DDP_BACKEND='", s, "' is not one of auto, gloo, nccl"));
+          absl::StrCat(fence, kEnvBackend, "='", s, "' is not one of auto, gloo, nccl"));
     }
   }
-  if (const char* m = std::getenv("DDP_SHM"); m && *m) {
+  if (const char* m = std::getenv(kEnvShm); m && *m) {
     const std::string s = m;
     if (s == "0") options.shared_memory = false;
     else if (s != "1") {
       return absl::InvalidArgumentError(
-          absl::StrCat(fence, "DDP_SHM='", s, "' is not 0 (TCP only) or 1 (shared memory)"));
+          absl::StrCat(fence, kEnvShm, "='", s, "' is not 0 (TCP only) or 1 (shared memory)"));
     }
   }
   return options;
