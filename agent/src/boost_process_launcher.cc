@@ -41,44 +41,6 @@ namespace {
 
 namespace bp = boost::process;
 
-// Short names of the standard signals, for messages ("SIGSEGV").
-const char* SignalAbbrev(int sig) {
-  switch (sig) {
-    case SIGHUP: return "SIGHUP";
-    case SIGINT: return "SIGINT";
-    case SIGQUIT: return "SIGQUIT";
-    case SIGILL: return "SIGILL";
-    case SIGTRAP: return "SIGTRAP";
-    case SIGABRT: return "SIGABRT";
-    case SIGBUS: return "SIGBUS";
-    case SIGFPE: return "SIGFPE";
-    case SIGKILL: return "SIGKILL";
-    case SIGUSR1: return "SIGUSR1";
-    case SIGSEGV: return "SIGSEGV";
-    case SIGUSR2: return "SIGUSR2";
-    case SIGPIPE: return "SIGPIPE";
-    case SIGALRM: return "SIGALRM";
-    case SIGTERM: return "SIGTERM";
-    case SIGSTKFLT: return "SIGSTKFLT";
-    case SIGCHLD: return "SIGCHLD";
-    case SIGCONT: return "SIGCONT";
-    case SIGSTOP: return "SIGSTOP";
-    case SIGTSTP: return "SIGTSTP";
-    case SIGTTIN: return "SIGTTIN";
-    case SIGTTOU: return "SIGTTOU";
-    case SIGURG: return "SIGURG";
-    case SIGXCPU: return "SIGXCPU";
-    case SIGXFSZ: return "SIGXFSZ";
-    case SIGVTALRM: return "SIGVTALRM";
-    case SIGPROF: return "SIGPROF";
-    case SIGWINCH: return "SIGWINCH";
-    case SIGIO: return "SIGIO";
-    case SIGPWR: return "SIGPWR";
-    case SIGSYS: return "SIGSYS";
-    default: return nullptr;
-  }
-}
-
 // Resolves argv[0] like execvp: a name without '/' is looked up in the PATH
 // of the child's environment (the agent's PATH when the child has none).
 absl::StatusOr<std::string> ResolveExecutable(const SpawnSpec& spec) {
@@ -315,8 +277,10 @@ class BoostProcessLauncher final : public ProcessLauncher {
 
 std::string ExitStatus::Describe() const {
   if (signal != 0) {
-    const char* name = SignalAbbrev(signal);
-    if (name != nullptr) return absl::StrCat("signal ", name, " (", signal, ")");
+    // glibc's abbreviation ("SEGV"); none for the real-time signals.
+    if (const char* abbrev = ::sigabbrev_np(signal)) {
+      return absl::StrCat("signal SIG", abbrev, " (", signal, ")");
+    }
     if (signal >= SIGRTMIN && signal <= SIGRTMAX) {
       return absl::StrCat("signal SIGRTMIN+", signal - SIGRTMIN, " (", signal, ")");
     }

@@ -166,22 +166,4 @@ std::string WorkerLogs::LogFile(int local_rank) const {
 
 void WorkerLogs::Finish() { pump_.CloseAll(kSyncTimeout); }
 
-std::string FormatFailureDetails(const rendezvous::WorkerFailure& f) {
-  std::string out;
-  if (!f.error_message.empty()) {
-    std::string msg = f.error_message.substr(0, 500);
-    for (char& c : msg)
-      if (c == '\n' || c == '\r') c = ' ';
-    absl::StrAppend(&out, "ddprun:   error: ", msg, "\n");
-  }
-  if (!f.log_file.empty()) absl::StrAppend(&out, "ddprun:   log: ", f.log_file, "\n");
-  if (!f.stderr_tail.empty()) {
-    std::vector<std::string> lines = absl::StrSplit(f.stderr_tail, '\n');
-    absl::StrAppend(&out, "ddprun:   stderr (last ", lines.size(),
-                    lines.size() == 1 ? " line" : " lines", "):\n");
-    for (const std::string& line : lines) absl::StrAppend(&out, "ddprun:   | ", line, "\n");
-  }
-  return out;
-}
-
 }  // namespace ddprun::agent
