@@ -246,20 +246,9 @@ class Agent::Impl {
     lo.job_id = options_.job_id;
     lo.role = options_.role;
     lo.host = options_.local_addr;
-    if (lo.host.empty()) {
-      lo.host = ShortHostname();  // "node1", not "node1.cluster.example"
-    }
+    if (lo.host.empty()) lo.host = ShortHostname();
     logs_ = std::make_unique<WorkerLogs>(std::move(lo));
     return logs_->Init();
-  }
-
-  static std::string ShortHostname() {
-    char buf[256] = {};
-    std::string host =
-        ::gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0' ? "localhost" : buf;
-    if (host.find_first_not_of("0123456789.") != std::string::npos)
-      host = host.substr(0, host.find('.'));
-    return host;
   }
 
   // Spawns every local worker. Returns false if one could not be started.

@@ -40,12 +40,6 @@ constexpr auto kHostProbe = milliseconds(300);
 // Key under which a static node rank 0 publishes its rendezvous endpoint.
 constexpr const char* kRdzvEndpointKey = "ddprun/rdzv_endpoint";
 
-std::string Hostname() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') return "localhost";
-  return buf;
-}
-
 bool IsLoopbackHost(const std::string& host) {
   return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "ddprun/rendezvous/status_macros.h"
 
 namespace ddprun::agent {
 namespace {
@@ -126,10 +127,8 @@ absl::Status WorkerLogs::Prepare(int local_rank, int global_rank, SpawnSpec* spe
       sink.prefix = LinePrefix(o_.spec.prefix_template, o_.host, o_.role, global_rank, local_rank);
     }
     sink.tail_lines = plan.tail_lines;
-    absl::StatusOr<int> fd = pump_.Add(StreamId(local_rank, stream), std::move(sink));
-    if (!fd.ok()) return fd.status();
-    spec_fd = *fd;
-    open_fds_.push_back(*fd);
+    DDPRUN_ASSIGN_OR_RETURN(spec_fd, pump_.Add(StreamId(local_rank, stream), std::move(sink)));
+    open_fds_.push_back(spec_fd);
   }
   return absl::OkStatus();
 }

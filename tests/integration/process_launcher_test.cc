@@ -14,15 +14,13 @@
 #include <sstream>
 #include <thread>
 
+#include "ddprun/agent/events.h"
 #include "ddprun/agent/process_launcher.h"
 
 namespace ddprun::agent {
 namespace {
 
 using std::chrono::milliseconds;
-
-ExitStatus Exited(int code) { return ExitStatus{code, 0}; }
-ExitStatus Killed(int sig) { return ExitStatus{0, sig}; }
 
 std::map<std::string, std::string> MinimalEnv() {
   return {{"PATH", "/usr/local/bin:/usr/bin:/bin"}};
