@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <ctime>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
@@ -49,6 +50,19 @@ std::string JsonString(const std::string& s) {
   return out + "\"";
 }
 
+// Local wall-clock "HH:MM:SS" `seconds` from now.
+std::string WallClockIn(double seconds) {
+  const auto at = std::chrono::system_clock::now() +
+                  std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                      std::chrono::duration<double>(seconds));
+  const std::time_t t = std::chrono::system_clock::to_time_t(at);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  char buf[16];
+  std::strftime(buf, sizeof(buf), "%H:%M:%S", &tm);
+  return buf;
+}
+
 // "0-3" for a node's global ranks, "-" before it has any.
 std::string Ranks(const rendezvous::NodeInfo& n) {
   if (n.base_rank < 0 || n.nproc <= 0) return "-";
@@ -65,6 +79,14 @@ std::string FormatStatusText(const std::vector<rendezvous::JobStatus>& jobs) {
   for (const auto& j : jobs) {
     absl::StrAppendFormat(&out, "%-24s %-6d %-10s %-6d %-6d %-8d %d\n", j.job_id, j.round, j.state,
                           j.nodes.size(), j.world_size, j.restart_count, j.waiting);
+    // A round still forming has a deadline: the first joined node's join
+    // timeout (a fixed-size job waiting for a lost node's replacement).
+    if (j.state == "gathering" && j.max_nodes > 0 && j.join_deadline_in_s > 0) {
+      absl::StrAppend(&out, "  waiting for ", j.max_nodes, " nodes (", j.nodes.size(), " of ",
+                      j.max_nodes, " have joined); the round fails at ",
+                      WallClockIn(j.join_deadline_in_s), " (in ",
+                      static_cast<long>(j.join_deadline_in_s), " s) unless they join\n");
+    }
     // Hosts the daemon refuses for now, and why ("HOST: N worker failures, S s left").
     for (const auto& q : j.quarantined) absl::StrAppend(&out, "  quarantined ", q, "\n");
     for (const auto& n : j.nodes) {
@@ -92,6 +114,8 @@ std::string FormatStatusJson(const std::string& endpoint,
     js.push_back(absl::StrCat("{\"job_id\":", JsonString(j.job_id), ",\"round\":", j.round,
                               ",\"state\":", JsonString(j.state), ",\"world_size\":", j.world_size,
                               ",\"restarts\":", j.restart_count, ",\"waiting\":", j.waiting,
+                              ",\"min_nodes\":", j.min_nodes, ",\"max_nodes\":", j.max_nodes,
+                              ",\"join_deadline_in_s\":", j.join_deadline_in_s,
                               ",\"quarantined\":[", absl::StrJoin(quarantined, ","), "]",
                               ",\"nodes\":[", absl::StrJoin(nodes, ","), "]}"));
   }
