@@ -114,10 +114,10 @@ std::string FormatStatusJson(const std::string& endpoint,
     js.push_back(absl::StrCat("{\"job_id\":", JsonString(j.job_id), ",\"round\":", j.round,
                               ",\"state\":", JsonString(j.state), ",\"world_size\":", j.world_size,
                               ",\"restarts\":", j.restart_count, ",\"waiting\":", j.waiting,
-                              ",\"min_nodes\":", j.min_nodes, ",\"max_nodes\":", j.max_nodes,
-                              ",\"join_deadline_in_s\":", j.join_deadline_in_s,
                               ",\"quarantined\":[", absl::StrJoin(quarantined, ","), "]",
-                              ",\"nodes\":[", absl::StrJoin(nodes, ","), "]}"));
+                              ",\"nodes\":[", absl::StrJoin(nodes, ","), "]",
+                              ",\"min_nodes\":", j.min_nodes, ",\"max_nodes\":", j.max_nodes,
+                              ",\"join_deadline_in_s\":", j.join_deadline_in_s, "}"));
   }
   return absl::StrCat("{\"endpoint\":", JsonString(endpoint), ",\"jobs\":[",
                       absl::StrJoin(js, ","), "]}\n");
