@@ -64,9 +64,9 @@ double SecondsOf(Duration d) { return std::chrono::duration<double>(d).count(); 
 
 // Wall-clock "HH:MM:SS" of a deadline on the steady clock.
 std::string WallTimeOf(TimePoint deadline, const rdzv::Clock& clock) {
-  const auto wall = std::chrono::system_clock::now() +
-                    std::chrono::duration_cast<std::chrono::system_clock::duration>(
-                        deadline - clock.Now());
+  const auto wall =
+      std::chrono::system_clock::now() +
+      std::chrono::duration_cast<std::chrono::system_clock::duration>(deadline - clock.Now());
   const std::time_t t = std::chrono::system_clock::to_time_t(wall);
   std::tm tm{};
   localtime_r(&t, &tm);
@@ -165,7 +165,8 @@ class Agent::Impl {
     const bool forward = (sig == SIGUSR1 && options_.forward_sigusr1) ||
                          (sig == SIGUSR2 && options_.forward_sigusr2);
     if (!forward) {
-      Log(absl::StrCat("ignoring ", SignalName(sig), "; add it to --signals_to_handle to forward it "
+      Log(absl::StrCat("ignoring ", SignalName(sig),
+                       "; add it to --signals_to_handle to forward it "
                        "to the workers"));
       return;
     }
@@ -311,7 +312,8 @@ class Agent::Impl {
   }
 
   // The job's failure report, one block on stderr, first failure first.
-  void PrintJobFailure(const std::string& reason, const std::vector<rdzv::WorkerFailure>& failures) {
+  void PrintJobFailure(const std::string& reason,
+                       const std::vector<rdzv::WorkerFailure>& failures) {
     if (logs_) logs_->Sync();  // the workers' last output comes before the report
     const std::string block = FormatJobFailure(options_.job_id, reason, failures);
     std::fputs(block.c_str(), stderr);
@@ -350,10 +352,11 @@ class Agent::Impl {
       joined = absl::StrCat("fewer than ", options_.max_nodes, " nodes");
     }
     Log(absl::StrCat("a node left this fixed-size job (--nnodes=", options_.max_nodes,
-                     "): waiting for a replacement, ", joined, " have joined; the job fails "
-                     "with exit code ", kExitRendezvousError, " unless ", options_.max_nodes,
-                     " nodes join by ", WallTimeOf(until, clock_), " (in ", left,
-                     " s, --rdzv_conf join_timeout)"));
+                     "): waiting for a replacement, ", joined,
+                     " have joined; the job fails "
+                     "with exit code ",
+                     kExitRendezvousError, " unless ", options_.max_nodes, " nodes join by ",
+                     WallTimeOf(until, clock_), " (in ", left, " s, --rdzv_conf join_timeout)"));
   }
 
   // One round: join, run the workers, react. nullopt: join the next round.
@@ -371,7 +374,8 @@ class Agent::Impl {
     const TimePoint deadline = joined_at + join_timeout_ + last_call_timeout_ + kJoinSlack;
     bool announced = !rejoin_after_departure;
     while (!assignment_) {
-      const TimePoint wake = announced ? deadline : std::min(deadline, joined_at + kReplacementNotice);
+      const TimePoint wake =
+          announced ? deadline : std::min(deadline, joined_at + kReplacementNotice);
       auto e = NextEvent(wake);
       if (!e && !announced && clock_.Now() < deadline) {
         announced = true;
@@ -380,7 +384,8 @@ class Agent::Impl {
       }
       if (!e) {
         Log(absl::StrCat("no assignment from the rendezvous at ", session_->endpoint(), " within ",
-                         options_.join_timeout_s, " s; start the other nodes, or raise "
+                         options_.join_timeout_s,
+                         " s; start the other nodes, or raise "
                          "--rdzv_conf join_timeout"));
         return kExitRendezvousError;
       }
@@ -551,8 +556,8 @@ class Agent::Impl {
   std::optional<int> OnWorkerFailure() {
     std::vector<rdzv::WorkerFailure> failures = Failures();
     for (const auto& f : failures) {
-      DDPRUN_DEBUG_LOG(kAgent) << rdzv::Fence(options_.job_id, round_) << "worker exit: "
-                               << DescribeFailure(f);
+      DDPRUN_DEBUG_LOG(kAgent) << rdzv::Fence(options_.job_id, round_)
+                               << "worker exit: " << DescribeFailure(f);
       Log(DescribeFailure(f) + "; stopping the node's other workers");
     }
     StopWorkers(SIGTERM);
@@ -584,8 +589,7 @@ class Agent::Impl {
         return kExitWorkerFailed;
       }
       if (auto* st = std::get_if<absl::Status>(ev)) {
-        PrintJobFailure(absl::StrCat("lost the rendezvous after a worker failure: ",
-                                     st->message()),
+        PrintJobFailure(absl::StrCat("lost the rendezvous after a worker failure: ", st->message()),
                         failures);
         return kExitWorkerFailed;
       }
@@ -599,9 +603,9 @@ class Agent::Impl {
     // Wait for the job to end, so that a node hosting the rendezvous or the
     // master store stays up for the others (torchrun's exit barrier). A host
     // waits until the end; the others give up after kExitBarrier.
-    const bool host = session_->hosts_rendezvous() ||
-                      (assignment_ && assignment_->group_rank == 0 &&
-                       assignment_->group_world_size > 1);
+    const bool host =
+        session_->hosts_rendezvous() ||
+        (assignment_ && assignment_->group_rank == 0 && assignment_->group_world_size > 1);
     TimePoint deadline = clock_.Now() + kExitBarrier;
     while (true) {
       auto e = NextEvent(deadline);

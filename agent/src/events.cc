@@ -82,7 +82,7 @@ SignalWatcher::~SignalWatcher() {
 void SignalWatcher::Run() {
   const sigset_t set = AgentSignalSet();
   const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(kSignalWaitSlice);
-  const struct timespec slice{0, static_cast<long>(ns.count())};
+  const struct timespec slice { 0, static_cast<long>(ns.count()) };
   while (!stop_.load()) {
     siginfo_t info;
     int sig = ::sigtimedwait(&set, &info, &slice);

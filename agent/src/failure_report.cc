@@ -4,7 +4,6 @@
 #include <cctype>
 #include <ctime>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -53,8 +52,8 @@ std::string ReadErrorMessage(const std::string& path) {
 }
 
 std::vector<rendezvous::WorkerFailure> CollectFailures(const WorkerGroup& group,
-                                                       const std::string& host,
-                                                       std::int64_t round, WorkerLogs& logs) {
+                                                       const std::string& host, std::int64_t round,
+                                                       WorkerLogs& logs) {
   std::vector<const Worker*> failed;
   for (const Worker& w : group.workers())
     if (w.exit && !w.exit->ok() && !w.stopped_by_agent) failed.push_back(&w);
@@ -83,8 +82,8 @@ std::string DescribeFailure(const rendezvous::WorkerFailure& f) {
   ExitStatus s;
   s.exit_code = f.exit_code;
   s.signal = f.signal;
-  return absl::StrCat("worker rank ", f.global_rank, " (local rank ", f.local_rank, ") on ",
-                      f.host, " exited with ", s.Describe());
+  return absl::StrCat("worker rank ", f.global_rank, " (local rank ", f.local_rank, ") on ", f.host,
+                      " exited with ", s.Describe());
 }
 
 std::string FormatFailureDetails(const rendezvous::WorkerFailure& f) {

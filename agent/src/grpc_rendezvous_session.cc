@@ -54,7 +54,7 @@ bool IsLocalHost(const std::string& host) {
   if (IsAnyAddress(host) || IsLoopbackHost(host) || host == Hostname()) return true;
   const std::vector<std::string> local = LocalAddresses();
   if (std::find(local.begin(), local.end(), host) != local.end()) return true;
-  struct addrinfo hints{};
+  struct addrinfo hints {};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   struct addrinfo* res = nullptr;
@@ -63,8 +63,7 @@ bool IsLocalHost(const std::string& host) {
   for (struct addrinfo* r = res; r != nullptr && !found; r = r->ai_next) {
     char buf[INET6_ADDRSTRLEN] = {};
     if (r->ai_family == AF_INET) {
-      ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(r->ai_addr)->sin_addr, buf,
-                  sizeof(buf));
+      ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(r->ai_addr)->sin_addr, buf, sizeof(buf));
     } else if (r->ai_family == AF_INET6) {
       ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(r->ai_addr)->sin6_addr, buf,
                   sizeof(buf));
@@ -100,8 +99,8 @@ class GrpcRendezvousSession final : public RendezvousSession {
     so.port = 0;
     auto store = rdzv::C10dStoreServer::Start(so);
     if (!store.ok()) {
-      return absl::UnavailableError(absl::StrCat("cannot start the workers' TCPStore: ",
-                                                 store.status().message()));
+      return absl::UnavailableError(
+          absl::StrCat("cannot start the workers' TCPStore: ", store.status().message()));
     }
     store_server_ = std::move(*store);
     master_port_ = store_server_->port();
@@ -109,7 +108,9 @@ class GrpcRendezvousSession final : public RendezvousSession {
   }
 
   int master_port() const override { return master_port_; }
-  std::string endpoint() const override { return rdzv::FormatHostPort(connect_host_, connect_port_); }
+  std::string endpoint() const override {
+    return rdzv::FormatHostPort(connect_host_, connect_port_);
+  }
   std::string advertised_host() const override {
     if (!options_.local_addr.empty()) return options_.local_addr;
     if (IsLoopbackHost(connect_host_)) return "127.0.0.1";
@@ -191,8 +192,7 @@ class GrpcRendezvousSession final : public RendezvousSession {
           // unless somebody (ddprund, another local agent) already does.
           auto probe = rdzv::RendezvousClient::Create(host, port);
           if (!probe->WaitForConnected(kHostProbe).ok()) {
-            const std::string bind =
-                IsLoopbackHost(host) && host != "localhost" ? host : "0.0.0.0";
+            const std::string bind = IsLoopbackHost(host) && host != "localhost" ? host : "0.0.0.0";
             if (HostRendezvous(bind, port).ok()) {
               Log(absl::StrCat("hosting the rendezvous at ", rdzv::FormatHostPort(host, port)));
             }
@@ -235,10 +235,11 @@ class GrpcRendezvousSession final : public RendezvousSession {
       st = client_->WaitForConnected(std::max<Duration>(slice, milliseconds(1)));
     } while (!st.ok() && clock_.Now() < deadline);
     if (!st.ok()) {
-      return absl::UnavailableError(absl::StrCat(
-          "cannot reach the rendezvous at ", rdzv::FormatHostPort(host, port), " within ",
-          options_.join_timeout_s, " s; start ddprund (or the host node) there, or fix "
-          "--rdzv_endpoint"));
+      return absl::UnavailableError(
+          absl::StrCat("cannot reach the rendezvous at ", rdzv::FormatHostPort(host, port),
+                       " within ", options_.join_timeout_s,
+                       " s; start ddprund (or the host node) there, or fix "
+                       "--rdzv_endpoint"));
     }
     return absl::OkStatus();
   }

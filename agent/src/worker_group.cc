@@ -12,8 +12,7 @@ namespace ddprun::agent {
 namespace {
 
 double EpochSeconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace
@@ -83,17 +82,15 @@ bool WorkerGroup::WaitUntil(rendezvous::TimePoint deadline, const Waiter& wait) 
   return true;
 }
 
-void WorkerGroup::Stop(int sig, rendezvous::Duration grace, const Waiter& wait,
-                       const Logger& log) {
+void WorkerGroup::Stop(int sig, rendezvous::Duration grace, const Waiter& wait, const Logger& log) {
   Poll();
   if (!AnyAlive()) return;
   Signal(sig, true);
   const bool patient = WaitUntil(clock_.Now() + grace, wait);
   if (AnyAlive()) {
     if (patient) {
-      log(absl::StrCat("workers did not exit within ",
-                       std::chrono::duration<double>(grace).count(), " s of ", SignalName(sig),
-                       "; sending SIGKILL"));
+      log(absl::StrCat("workers did not exit within ", std::chrono::duration<double>(grace).count(),
+                       " s of ", SignalName(sig), "; sending SIGKILL"));
     }
     Signal(SIGKILL, true);
     WaitUntil(clock_.Now() + kReapTimeout, wait);

@@ -2,11 +2,10 @@
 // server on loopback, port 0) and the Boost launcher with trivial children.
 // The loop's decisions are unit-tested in simulated time
 // (tests/unit/agent/agent_test.cc); this checks the wiring.
-#include <catch2/catch.hpp>
-
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -104,7 +103,8 @@ TEST_CASE("Agent over gRPC: a worker failure beyond the budget is exit 1 with th
   auto r = RunAgent(o);
   INFO(r.err);
   CHECK(r.rc == kExitWorkerFailed);
-  CHECK(r.err.find("ddprun: job " + o.job_id + " failed: worker rank 0 (local rank 0) on "
+  CHECK(r.err.find("ddprun: job " + o.job_id +
+                   " failed: worker rank 0 (local rank 0) on "
                    "127.0.0.1 exited with exit code 7") != std::string::npos);
 }
 

@@ -125,8 +125,9 @@ class FakeChild final : public ChildProcess {
   void SignalGroup(int sig) override {
     rec_.signals[index_].push_back(sig);
     if (exit_) return;
-    const bool stops = sig == SIGKILL || (!b_.ignore_term && (sig == SIGTERM || sig == SIGINT ||
-                                                              sig == SIGHUP || sig == SIGQUIT));
+    const bool stops =
+        sig == SIGKILL ||
+        (!b_.ignore_term && (sig == SIGTERM || sig == SIGINT || sig == SIGHUP || sig == SIGQUIT));
     if (stops) {
       exit_ = ExitStatus{0, sig};
       queue_.Push(ChildrenChanged{});

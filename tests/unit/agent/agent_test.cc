@@ -5,19 +5,19 @@
 // that loses a node. No sockets, processes or sleeps (agent_fakes.h); the
 // same loop over gRPC and real processes: tests/integration/agent_grpc_test.cc
 // and tests/multiproc/.
-#include <catch2/catch.hpp>
+#include "ddprun/agent/agent.h"
 
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
 
 #include "agent_fakes.h"
-#include "ddprun/agent/agent.h"
 #include "ddprun/rendezvous/exit_codes.h"
 
 namespace ddprun::agent {
@@ -124,8 +124,7 @@ TEST_CASE("Agent: every worker exits 0 -> exit 0", "[unit][agent]") {
   }
 }
 
-TEST_CASE("Agent: a failure within the restart budget restarts every worker",
-          "[unit][agent]") {
+TEST_CASE("Agent: a failure within the restart budget restarts every worker", "[unit][agent]") {
   SimWorld world;
   // First attempt: local rank 1 exits 3, local rank 0 runs until stopped.
   // Second attempt: both succeed.
@@ -196,8 +195,7 @@ TEST_CASE("Agent: SIGTERM is forwarded to the workers; exit 128+15", "[unit][age
   CHECK(world.rec.signals[1] == std::vector<int>{SIGTERM});
 }
 
-TEST_CASE("Agent: a second SIGTERM while stopping escalates to SIGKILL at once",
-          "[unit][agent]") {
+TEST_CASE("Agent: a second SIGTERM while stopping escalates to SIGKILL at once", "[unit][agent]") {
   SimWorld world;
   world.script = [](int, int, int) -> absl::StatusOr<Behaviour> {
     Behaviour b;
@@ -274,14 +272,16 @@ TEST_CASE("Agent: a fixed-size job that loses a node says what it waits for, the
   // One line, fenced with the new round, when the wait starts (1 s after
   // re-joining): what it waits for and until when.
   const std::string fence = "ddprun: [job " + o.job_id + " round 1] ";
-  const std::size_t at = r.err.find(fence + "a node left this fixed-size job (--nnodes=2): "
+  const std::size_t at = r.err.find(fence +
+                                    "a node left this fixed-size job (--nnodes=2): "
                                     "waiting for a replacement, 1 of 2 nodes have joined; the job "
                                     "fails with exit code 3 unless 2 nodes join by ");
   REQUIRE(at != std::string::npos);
   const std::string line = r.err.substr(at, r.err.find('\n', at) - at);
   CHECK(line.find(" (in 9 s, --rdzv_conf join_timeout)") != std::string::npos);
   // The rendezvous' verdict at the join timeout, fenced once.
-  CHECK(r.err.find("ddprun: [job " + o.job_id + " round 1] rendezvous timed out after 10 s with "
+  CHECK(r.err.find("ddprun: [job " + o.job_id +
+                   " round 1] rendezvous timed out after 10 s with "
                    "1 of 2 required nodes") != std::string::npos);
   CHECK(r.err.find("] [job ") == std::string::npos);
   // Lost at 1 s, the join timeout 10 s after the re-join.

@@ -1,7 +1,7 @@
 // ExitStatus::Describe: the names come from glibc (sigabbrev_np).
-#include <catch2/catch.hpp>
-
 #include <signal.h>
+
+#include <catch2/catch.hpp>
 
 #include "ddprun/agent/events.h"
 #include "ddprun/agent/process_launcher.h"
@@ -27,7 +27,8 @@ TEST_CASE("ExitStatus::Describe", "[unit]") {
 TEST_CASE("signal names for messages", "[unit]") {
   CHECK(SignalName(SIGTERM) == "SIGTERM");
   CHECK(SignalName(SIGUSR1) == "SIGUSR1");
-  CHECK(Killed(SIGRTMIN + 2).Describe() == "signal SIGRTMIN+2 (" + std::to_string(SIGRTMIN + 2) + ")");
+  CHECK(Killed(SIGRTMIN + 2).Describe() ==
+        "signal SIGRTMIN+2 (" + std::to_string(SIGRTMIN + 2) + ")");
   CHECK(IsTerminatingSignal(SIGQUIT));
   CHECK_FALSE(IsTerminatingSignal(SIGUSR2));
 }

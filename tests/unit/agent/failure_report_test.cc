@@ -107,7 +107,7 @@ TEST_CASE("failures: workers the agent stopped do not count, earliest exit first
   world.clock.Advance(std::chrono::milliseconds(150));
   group.Poll();  // rank 12 exited at 100 ms
   world.clock.Advance(std::chrono::milliseconds(150));
-  group.Poll();  // rank 11 at 200 ms
+  group.Poll();                                  // rank 11 at 200 ms
   group.Signal(SIGTERM, /*mark_stopped=*/true);  // only rank 10 was still running
   group.Poll();
   CHECK_FALSE(group.AnyAlive());

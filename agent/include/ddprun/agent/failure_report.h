@@ -28,8 +28,8 @@ std::string ReadErrorMessage(const std::string& path);
 // stopped), earliest exit first, with their error file's message, stderr
 // tail and log file from `logs`.
 std::vector<rendezvous::WorkerFailure> CollectFailures(const WorkerGroup& group,
-                                                       const std::string& host,
-                                                       std::int64_t round, WorkerLogs& logs);
+                                                       const std::string& host, std::int64_t round,
+                                                       WorkerLogs& logs);
 
 // "worker rank 3 (local rank 1) on node7 exited with exit code 1".
 std::string DescribeFailure(const rendezvous::WorkerFailure& failure);

@@ -25,11 +25,11 @@ struct Worker {
   int global_rank = 0;
   std::unique_ptr<ChildProcess> child;  // null when the spawn failed
   std::optional<ExitStatus> exit;
-  double exited_at = 0;                 // wall-clock epoch seconds when the exit was seen
-  rendezvous::TimePoint exit_seen{};    // the same on the group's clock (orders failures)
+  double exited_at = 0;               // wall-clock epoch seconds when the exit was seen
+  rendezvous::TimePoint exit_seen{};  // the same on the group's clock (orders failures)
   bool stopped_by_agent = false;
   std::string error_file;
-  std::string spawn_error;              // why Spawn failed
+  std::string spawn_error;  // why Spawn failed
 };
 
 class WorkerGroup {
@@ -53,8 +53,8 @@ class WorkerGroup {
   // Starts one worker. When `prepared` is an error, or Spawn fails, the
   // worker is recorded as exited 127 with the reason in spawn_error, and
   // Spawn returns that error.
-  absl::Status Spawn(int local_rank, int global_rank, const SpawnSpec& spec,
-                     std::string error_file, const absl::Status& prepared);
+  absl::Status Spawn(int local_rank, int global_rank, const SpawnSpec& spec, std::string error_file,
+                     const absl::Status& prepared);
 
   // Reaps the workers that exited (non-blocking).
   void Poll();
