@@ -472,6 +472,16 @@ JobStatus JobRendezvous::Status() const {
   }
   s.waiting = static_cast<int>(spares_.size());
   const TimePoint now = clock_.Now();
+  if (shaped_) {
+    s.min_nodes = shape_.min_nodes;
+    s.max_nodes = shape_.max_nodes;
+  }
+  if (state_ == State::kGathering && !members_.empty()) {
+    TimePoint first = TimePoint::max();
+    for (const auto& [id, m] : members_)
+      first = std::min(first, m.joined_at + Seconds(m.spec.join_timeout_s));
+    s.join_deadline_in_s = std::max(0.0, std::chrono::duration<double>(first - now).count());
+  }
   for (const auto& [host, until] : quarantined_until_) {
     if (until <= now) continue;
     s.quarantined.push_back(

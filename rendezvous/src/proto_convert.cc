@@ -190,6 +190,9 @@ void ToProto(const JobStatus& s, pb::JobStatus* p) {
   p->set_world_size(s.world_size);
   p->set_waiting(s.waiting);
   for (const auto& q : s.quarantined) p->add_quarantined(q);
+  p->set_min_nodes(s.min_nodes);
+  p->set_max_nodes(s.max_nodes);
+  p->set_join_deadline_in_s(s.join_deadline_in_s);
 }
 
 JobStatus FromProto(const pb::JobStatus& p) {
@@ -202,6 +205,9 @@ JobStatus FromProto(const pb::JobStatus& p) {
   s.world_size = p.world_size();
   s.waiting = p.waiting();
   s.quarantined.assign(p.quarantined().begin(), p.quarantined().end());
+  s.min_nodes = p.min_nodes();
+  s.max_nodes = p.max_nodes();
+  s.join_deadline_in_s = p.join_deadline_in_s();
   return s;
 }
 
