@@ -84,7 +84,7 @@ absl::Status JobRendezvous::CheckCompatible(const JoinSpec& spec) const {
 absl::StatusOr<std::string> JobRendezvous::Join(const JoinSpec& spec,
                                                 std::vector<Delivery>* out) {
   if (state_ == State::kClosed) {
-    return absl::FailedPreconditionError(
+    return ClosedError(
         Prefix() + "the job is closed (" + close_reason_ +
         "); start a new job with a different --rdzv_id");
   }
@@ -423,6 +423,9 @@ void JobRendezvous::Tick(std::vector<Delivery>* out) {
       ++it;
     }
   }
+  // Too few left for the last call: it is re-armed when enough are back (a
+  // deadline that Tick() cannot apply must not stay pending).
+  if (static_cast<int>(members_.size()) < shape_.min_nodes) last_call_deadline_.reset();
   if (members_.empty() && expected_.empty() && round_ > 0 && spares_.empty()) {
     Close(false, "every node left before the round completed", out);
   }
