@@ -93,8 +93,8 @@ void LogChange(const JobRendezvous& r, Before before, const std::vector<Delivery
     }
     if (const auto* x = std::get_if<RestartRound>(&d.event)) {
       DDPRUN_DEBUG_LOG(kRdzv) << fence << "restart: round " << before.round << " -> "
-                              << x->next_round << (x->counts_as_failure ? " (failure) " : " ")
-                              << x->reason;
+                              << x->next_round << (x->counts_as_failure ? ", a failure" : "")
+                              << (x->reason.empty() ? "" : ": ") << x->reason;
       return;
     }
   }
@@ -179,8 +179,8 @@ absl::StatusOr<std::string> JobTable::Join(const JoinSpec& spec, std::shared_ptr
       // join reaches its own stream.
       job.sinks[*id] = std::move(sink);
     }
+    LogChange(*job.rdzv, before, out);  // before CollectLocked moves the events
     CollectLocked(job, out, &batch);
-    LogChange(*job.rdzv, before, out);
     deadline = DeadlineOfLocked(job);
   }
   Finish(batch, deadline);
@@ -208,8 +208,8 @@ absl::Status JobTable::Report(const std::string& job_id, const std::string& node
                                                                : "leaving");
     std::vector<Delivery> out;
     st = job.rdzv->Report(node_id, round, outcome, std::move(failures), &out);
+    LogChange(*job.rdzv, before, out);  // before CollectLocked moves the events
     CollectLocked(job, out, &batch);
-    LogChange(*job.rdzv, before, out);
     deadline = DeadlineOfLocked(job);
   }
   Finish(batch, deadline);
@@ -233,8 +233,8 @@ void JobTable::StreamLost(const std::string& job_id, const std::string& node_id,
     DDPRUN_DEBUG_LOG(kRdzv) << Fence(job_id, job.rdzv->round()) << "lost node " << node_id;
     std::vector<Delivery> out;
     job.rdzv->NodeLost(node_id, &out);
+    LogChange(*job.rdzv, before, out);  // before CollectLocked moves the events
     CollectLocked(job, out, &batch);
-    LogChange(*job.rdzv, before, out);
     deadline = DeadlineOfLocked(job);
   }
   Finish(batch, deadline);
@@ -354,8 +354,8 @@ void JobTable::Tick() {
         const Before before = BeforeOf(*job.rdzv);
         std::vector<Delivery> out;
         job.rdzv->Tick(&out);
-        CollectLocked(job, out, &batch);
         LogChange(*job.rdzv, before, out);
+        CollectLocked(job, out, &batch);
       }
       if (job.store && job.store->NumWaiters() > 0) engines.push_back(job.store);
       ++it;
