@@ -48,19 +48,19 @@ bool TimeoutInRange(double seconds, bool allow_zero) {
 
 absl::Status ValidateJoin(const JoinSpec& s) {
   DDPRUN_RETURN_IF_ERROR(CheckJobId(s.job_id));
-  const std::string fence = Fence(s.job_id, -1);
+  auto fence = [&] { return Fence(s.job_id, -1); };  // only for an error
   if (s.host.empty() || s.host.size() > kMaxHostBytes)
-    return absl::InvalidArgumentError(fence + "join without a host address");
+    return absl::InvalidArgumentError(fence() + "join without a host address");
   if (s.nproc < 1 || s.nproc > kMaxNproc)
-    return absl::InvalidArgumentError(fence + "nproc " + std::to_string(s.nproc) +
+    return absl::InvalidArgumentError(fence() + "nproc " + std::to_string(s.nproc) +
                                       " is out of range 1.." + std::to_string(kMaxNproc));
   if (s.min_nodes < 1 || s.max_nodes < s.min_nodes || s.max_nodes > kMaxNodes)
-    return absl::InvalidArgumentError(fence + "bad node counts " + std::to_string(s.min_nodes) +
+    return absl::InvalidArgumentError(fence() + "bad node counts " + std::to_string(s.min_nodes) +
                                       ":" + std::to_string(s.max_nodes) + "; need 0 < MIN <= MAX");
   if (!TimeoutInRange(s.join_timeout_s, false) || !TimeoutInRange(s.last_call_timeout_s, true))
-    return absl::InvalidArgumentError(fence + "join or last-call timeout out of range");
+    return absl::InvalidArgumentError(fence() + "join or last-call timeout out of range");
   if (s.max_restarts < 0 || s.requested_rank < -1 || s.master_port < 0 || s.master_port > kMaxPort)
-    return absl::InvalidArgumentError(fence + "malformed join request");
+    return absl::InvalidArgumentError(fence() + "malformed join request");
   return absl::OkStatus();
 }
 
@@ -181,7 +181,7 @@ absl::StatusOr<std::string> JobTable::Join(const JoinSpec& spec, std::shared_ptr
     }
     LogChange(*job.rdzv, before, out);  // before CollectLocked moves the events
     CollectLocked(job, out, &batch);
-    deadline = DeadlineOfLocked(job);
+    deadline = NewDeadlineLocked(job);
   }
   Finish(batch, deadline);
   return id;
@@ -210,7 +210,7 @@ absl::Status JobTable::Report(const std::string& job_id, const std::string& node
     st = job.rdzv->Report(node_id, round, outcome, std::move(failures), &out);
     LogChange(*job.rdzv, before, out);  // before CollectLocked moves the events
     CollectLocked(job, out, &batch);
-    deadline = DeadlineOfLocked(job);
+    deadline = NewDeadlineLocked(job);
   }
   Finish(batch, deadline);
   return st;
@@ -235,7 +235,7 @@ void JobTable::StreamLost(const std::string& job_id, const std::string& node_id,
     job.rdzv->NodeLost(node_id, &out);
     LogChange(*job.rdzv, before, out);  // before CollectLocked moves the events
     CollectLocked(job, out, &batch);
-    deadline = DeadlineOfLocked(job);
+    deadline = NewDeadlineLocked(job);
   }
   Finish(batch, deadline);
 }
@@ -251,7 +251,7 @@ void JobTable::Unregister(const std::string& job_id, const std::string& node_id,
     if (s == it->second.sinks.end() || s->second.get() != sink) return;
     it->second.sinks.erase(s);
     // The last stream of a closed job gone: its retention may count now.
-    deadline = DeadlineOfLocked(it->second);
+    deadline = NewDeadlineLocked(it->second);
   }
   Batch none;
   Finish(none, deadline);
@@ -311,6 +311,14 @@ void JobTable::WaitAsync(KvEngine& engine, std::vector<std::string> keys, TimePo
   if (options_.on_deadline) options_.on_deadline(deadline);
 }
 
+std::optional<TimePoint> JobTable::NewDeadlineLocked(Job& job) {
+  std::optional<TimePoint> next = job.rdzv->TakeNewDeadline();
+  if (job.closed_at && job.sinks.empty()) {
+    next = Earlier(next, *job.closed_at + options_.closed_job_retention);
+  }
+  return next;
+}
+
 std::optional<TimePoint> JobTable::DeadlineOfLocked(const Job& job) const {
   std::optional<TimePoint> next = job.rdzv->NextDeadline();
   if (job.store) next = Earlier(next, job.store->NextDeadline());
@@ -356,6 +364,7 @@ void JobTable::Tick() {
         job.rdzv->Tick(&out);
         LogChange(*job.rdzv, before, out);
         CollectLocked(job, out, &batch);
+        (void)job.rdzv->TakeNewDeadline();  // the timer asks NextDeadline() after Tick()
       }
       if (job.store && job.store->NumWaiters() > 0) engines.push_back(job.store);
       ++it;

@@ -140,7 +140,11 @@ class JobTable {
   void RotateStoreLocked(Job& job);
   void PersistLocked(Job& job);
   // The job's own earliest deadline (nullopt: none that Tick() can clear).
+  // O(members): for the timer's wake-ups only.
   std::optional<TimePoint> DeadlineOfLocked(const Job& job) const;
+  // What the last change of the job added (O(1)): its new round deadlines
+  // and, once a closed job has no stream left, its retention.
+  std::optional<TimePoint> NewDeadlineLocked(Job& job);
   // Sends the batch and tells the timer about deadline; without the lock.
   void Finish(Batch& batch, std::optional<TimePoint> deadline);
 
