@@ -112,4 +112,12 @@ struct JobStatus {
   double join_deadline_in_s = 0;
 };
 
+// What a store request names: the job, its store token (DDPRUN_TOKEN) and
+// the round (DDPRUN_ROUND). The Store service serves one store per round.
+struct StoreScope {
+  std::string job_id;
+  std::string token;
+  std::int64_t round = 0;
+};
+
 }  // namespace ddprun::rendezvous
