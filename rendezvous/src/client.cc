@@ -46,19 +46,6 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
 
 }  // namespace
 
-absl::Status ParseEndpoint(const std::string& endpoint, int default_port, std::string* host,
-                           int* port) {
-  auto hp = ParseHostPort(endpoint, {.default_port = default_port, .allow_zero_port = true});
-  if (!hp.ok()) {
-    return absl::InvalidArgumentError("endpoint '" + endpoint + "': " +
-                                      std::string(hp.status().message()) +
-                                      "; expected HOST[:PORT] or [IPV6]:PORT");
-  }
-  *host = std::move(hp->host);
-  *port = hp->port;
-  return absl::OkStatus();
-}
-
 // ------------------------------------------------------------- JoinStream
 
 namespace {

@@ -326,19 +326,5 @@ TEST_CASE("unreachable endpoint fails within the timeout", "[integration]") {
   CHECK_THAT(std::string(st.message()), Catch::Contains("cannot reach the rendezvous"));
 }
 
-TEST_CASE("endpoint parsing", "[unit]") {
-  std::string h;
-  int p;
-  REQUIRE(ParseEndpoint("node1:29400", 1, &h, &p).ok());
-  CHECK((h == "node1" && p == 29400));
-  REQUIRE(ParseEndpoint("node1", 29400, &h, &p).ok());
-  CHECK(p == 29400);
-  REQUIRE(ParseEndpoint("[::1]:5", 1, &h, &p).ok());
-  CHECK((h == "::1" && p == 5));
-  CHECK_FALSE(ParseEndpoint("node1:abc", 1, &h, &p).ok());
-  CHECK_FALSE(ParseEndpoint("node1:70000", 1, &h, &p).ok());
-  CHECK_FALSE(ParseEndpoint(":80", 1, &h, &p).ok());
-}
-
 }  // namespace
 }  // namespace ddprun::rendezvous

@@ -12,11 +12,6 @@
 
 namespace ddprun::rendezvous {
 
-// "host:port" -> (host, port). Accepts "[v6]:port"; port defaults to
-// default_port when absent.
-absl::Status ParseEndpoint(const std::string& endpoint, int default_port, std::string* host,
-                           int* port);
-
 class RendezvousClient;
 
 // One Join call: a stream of RoundEvents for one round. Thread-safe Cancel().

@@ -15,9 +15,6 @@
 
 namespace ddprun::rendezvous {
 
-// The same value as host_port.h's kDefaultRdzvPort (its owner), under the
-// name that the agent uses.
-inline constexpr int kDefaultRendezvousPort = kDefaultRdzvPort;
 inline constexpr int kMaxMessageBytes = 8 << 20;
 inline constexpr Duration kDefaultLeaseTimeout = std::chrono::seconds(4);
 
