@@ -679,7 +679,11 @@ class Agent::Impl {
 };
 
 Agent::Agent(AgentOptions options, std::unique_ptr<ProcessLauncher> launcher)
-    : Agent(std::move(options), AgentDeps{std::move(launcher)}) {}
+    : Agent(std::move(options), [&] {
+        AgentDeps deps;
+        deps.launcher = std::move(launcher);
+        return deps;
+      }()) {}
 
 Agent::Agent(AgentOptions options, AgentDeps deps)
     : impl_(std::make_unique<Impl>(std::move(options), std::move(deps))) {}
