@@ -62,19 +62,6 @@ constexpr Duration kStatusTimeout = seconds(2);
 
 double SecondsOf(Duration d) { return std::chrono::duration<double>(d).count(); }
 
-// Wall-clock "HH:MM:SS" of a deadline on the steady clock.
-std::string WallTimeOf(TimePoint deadline, const rdzv::Clock& clock) {
-  const auto wall =
-      std::chrono::system_clock::now() +
-      std::chrono::duration_cast<std::chrono::system_clock::duration>(deadline - clock.Now());
-  const std::time_t t = std::chrono::system_clock::to_time_t(wall);
-  std::tm tm{};
-  localtime_r(&t, &tm);
-  char buf[16];
-  std::strftime(buf, sizeof(buf), "%H:%M:%S", &tm);
-  return buf;
-}
-
 // Whether a rendezvous status message already starts with the job's fence.
 // The rendezvous fences its verdicts on a join (errors.h: timeout, state,
 // closed, auth, bad input); transport errors (connection, cancelled) come
@@ -356,7 +343,7 @@ class Agent::Impl {
                      " have joined; the job fails "
                      "with exit code ",
                      kExitRendezvousError, " unless ", options_.max_nodes, " nodes join by ",
-                     WallTimeOf(until, clock_), " (in ", left, " s, --rdzv_conf join_timeout)"));
+                     rdzv::WallClockAfter(until - clock_.Now()), " (in ", left, " s, --rdzv_conf join_timeout)"));
   }
 
   // One round: join, run the workers, react. nullopt: join the next round.

@@ -11,25 +11,13 @@
 #include "absl/strings/str_format.h"
 #include "ddprun/launcher/value_parsers.h"
 #include "ddprun/rendezvous/client.h"
+#include "ddprun/rendezvous/clock.h"
 #include "ddprun/rendezvous/exit_codes.h"
 #include "ddprun/rendezvous/host_port.h"
 #include "nlohmann/json.hpp"
 
 namespace ddprun::launcher {
 namespace {
-
-// Local wall-clock "HH:MM:SS" `seconds` from now.
-std::string WallClockIn(double seconds) {
-  const auto at = std::chrono::system_clock::now() +
-                  std::chrono::duration_cast<std::chrono::system_clock::duration>(
-                      std::chrono::duration<double>(seconds));
-  const std::time_t t = std::chrono::system_clock::to_time_t(at);
-  std::tm tm{};
-  localtime_r(&t, &tm);
-  char buf[16];
-  std::strftime(buf, sizeof(buf), "%H:%M:%S", &tm);
-  return buf;
-}
 
 // "0-3" for a node's global ranks, "-" before it has any.
 std::string Ranks(const rendezvous::NodeInfo& n) {
@@ -52,7 +40,7 @@ std::string FormatStatusText(const std::vector<rendezvous::JobStatus>& jobs) {
     if (j.state == "gathering" && j.max_nodes > 0 && j.join_deadline_in_s > 0) {
       absl::StrAppend(&out, "  waiting for ", j.max_nodes, " nodes (", j.nodes.size(), " of ",
                       j.max_nodes, " have joined); the round fails at ",
-                      WallClockIn(j.join_deadline_in_s), " (in ",
+                      rendezvous::WallClockAfter(rendezvous::Seconds(j.join_deadline_in_s)), " (in ",
                       static_cast<long>(j.join_deadline_in_s), " s) unless they join\n");
     }
     // Hosts the daemon refuses for now, and why ("HOST: N worker failures, S s left").
