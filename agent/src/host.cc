@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
+#include <unistd.h>
 
 #include <algorithm>
 
@@ -28,6 +29,19 @@ std::vector<std::string> LocalAddresses() {
   }
   ::freeifaddrs(ifs);
   return out;
+}
+
+std::string Hostname() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') return "localhost";
+  return buf;
+}
+
+std::string ShortHostname() {
+  std::string host = Hostname();
+  if (host.find_first_not_of("0123456789.") != std::string::npos)
+    host = host.substr(0, host.find('.'));
+  return host;
 }
 
 }  // namespace ddprun::agent

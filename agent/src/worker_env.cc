@@ -2,6 +2,8 @@
 
 #include <string_view>
 
+#include "ddprun/rendezvous/worker_env_names.h"
+
 extern char** environ;
 
 namespace ddprun::agent {

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "ddprun/rendezvous/status_macros.h"
 
 namespace ddprun::agent {
 namespace {
@@ -126,10 +127,8 @@ absl::Status WorkerLogs::Prepare(int local_rank, int global_rank, SpawnSpec* spe
       sink.prefix = LinePrefix(o_.spec.prefix_template, o_.host, o_.role, global_rank, local_rank);
     }
     sink.tail_lines = plan.tail_lines;
-    absl::StatusOr<int> fd = pump_.Add(StreamId(local_rank, stream), std::move(sink));
-    if (!fd.ok()) return fd.status();
-    spec_fd = *fd;
-    open_fds_.push_back(*fd);
+    DDPRUN_ASSIGN_OR_RETURN(spec_fd, pump_.Add(StreamId(local_rank, stream), std::move(sink)));
+    open_fds_.push_back(spec_fd);
   }
   return absl::OkStatus();
 }
@@ -165,23 +164,5 @@ std::string WorkerLogs::LogFile(int local_rank) const {
 }
 
 void WorkerLogs::Finish() { pump_.CloseAll(kSyncTimeout); }
-
-std::string FormatFailureDetails(const rendezvous::WorkerFailure& f) {
-  std::string out;
-  if (!f.error_message.empty()) {
-    std::string msg = f.error_message.substr(0, 500);
-    for (char& c : msg)
-      if (c == '\n' || c == '\r') c = ' ';
-    absl::StrAppend(&out, "ddprun:   error: ", msg, "\n");
-  }
-  if (!f.log_file.empty()) absl::StrAppend(&out, "ddprun:   log: ", f.log_file, "\n");
-  if (!f.stderr_tail.empty()) {
-    std::vector<std::string> lines = absl::StrSplit(f.stderr_tail, '\n');
-    absl::StrAppend(&out, "ddprun:   stderr (last ", lines.size(),
-                    lines.size() == 1 ? " line" : " lines", "):\n");
-    for (const std::string& line : lines) absl::StrAppend(&out, "ddprun:   | ", line, "\n");
-  }
-  return out;
-}
 
 }  // namespace ddprun::agent

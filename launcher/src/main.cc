@@ -11,6 +11,7 @@
 #include "ddprun/agent/worker_env.h"
 #include "ddprun/launcher/cli.h"
 #include "ddprun/launcher/status_command.h"
+#include "ddprun/rendezvous/exit_codes.h"
 
 int main(int argc, char** argv) {
   // `ddprun status ...` is a subcommand; anything else is a training job.
@@ -25,7 +26,7 @@ int main(int argc, char** argv) {
                                                    ddprun::launcher::ProbeHost());
   if (!parsed.ok()) {
     std::cerr << parsed.status().message() << std::endl;
-    return ddprun::agent::kExitUsage;
+    return ddprun::kExitUsage;
   }
   switch (parsed->action) {
     case ddprun::launcher::Action::kHelp:
@@ -34,7 +35,7 @@ int main(int argc, char** argv) {
       [[fallthrough]];
     case ddprun::launcher::Action::kVersion:
       std::cout << parsed->text << std::endl;
-      return ddprun::agent::kExitSuccess;
+      return ddprun::kExitSuccess;
     case ddprun::launcher::Action::kRun:
       break;
   }

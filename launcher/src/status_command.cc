@@ -4,12 +4,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <ctime>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "ddprun/launcher/value_parsers.h"
 #include "ddprun/rendezvous/client.h"
+#include "ddprun/rendezvous/clock.h"
 #include "ddprun/rendezvous/exit_codes.h"
 #include "ddprun/rendezvous/host_port.h"
 #include "nlohmann/json.hpp"
@@ -33,6 +35,14 @@ std::string FormatStatusText(const std::vector<rendezvous::JobStatus>& jobs) {
   for (const auto& j : jobs) {
     absl::StrAppendFormat(&out, "%-24s %-6d %-10s %-6d %-6d %-8d %d\n", j.job_id, j.round, j.state,
                           j.nodes.size(), j.world_size, j.restart_count, j.waiting);
+    // A round still forming has a deadline: the first joined node's join
+    // timeout (a fixed-size job waiting for a lost node's replacement).
+    if (j.state == "gathering" && j.max_nodes > 0 && j.join_deadline_in_s > 0) {
+      absl::StrAppend(&out, "  waiting for ", j.max_nodes, " nodes (", j.nodes.size(), " of ",
+                      j.max_nodes, " have joined); the round fails at ",
+                      rendezvous::WallClockAfter(rendezvous::Seconds(j.join_deadline_in_s)), " (in ",
+                      static_cast<long>(j.join_deadline_in_s), " s) unless they join\n");
+    }
     // Hosts the daemon refuses for now, and why ("HOST: N worker failures, S s left").
     for (const auto& q : j.quarantined) absl::StrAppend(&out, "  quarantined ", q, "\n");
     for (const auto& n : j.nodes) {
@@ -66,7 +76,10 @@ std::string FormatStatusJson(const std::string& endpoint,
                   {"restarts", j.restart_count},
                   {"waiting", j.waiting},
                   {"quarantined", j.quarantined},
-                  {"nodes", std::move(nodes)}});
+                  {"nodes", std::move(nodes)},
+                  {"min_nodes", j.min_nodes},
+                  {"max_nodes", j.max_nodes},
+                  {"join_deadline_in_s", j.join_deadline_in_s}});
   }
   const Json doc = {{"endpoint", endpoint}, {"jobs", std::move(js)}};
   // Bytes that are not UTF-8 (a host name from a stranger) become U+FFFD
@@ -84,7 +97,8 @@ int RunStatusCommand(const std::vector<std::string>& args, std::ostream& out, st
   bool json = false;
   double timeout_s = 5;
   app.add_option("--rdzv_endpoint,--rdzv-endpoint", endpoint,
-                 "ddprund to ask, HOST[:PORT] (port 29400 by default; env PET_RDZV_ENDPOINT)");
+                 absl::StrCat("ddprund to ask, HOST[:PORT] (port ", rendezvous::kDefaultRdzvPort,
+                              " by default; env PET_RDZV_ENDPOINT)"));
   app.add_option("--rdzv_id,--rdzv-id", job_id, "Only this job");
   app.add_flag("--json", json, "Print JSON instead of a table");
   app.add_option("--timeout", timeout_s, "Seconds to wait for the daemon")

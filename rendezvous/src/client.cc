@@ -6,6 +6,8 @@
 #include <deque>
 #include <thread>
 
+#include "ddprun/rendezvous/errors.h"
+#include "ddprun/rendezvous/host_port.h"
 #include "ddprun/rendezvous/server.h"
 #include "ddprun/v1/ddprun.grpc.pb.h"
 #include "proto_convert.h"
@@ -42,53 +44,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
   return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
 }
 
-std::string Target(const std::string& host, int port) {
-  const bool v6 = host.find(':') != std::string::npos;
-  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
-}
-
 }  // namespace
-
-absl::Status ParseEndpoint(const std::string& endpoint, int default_port, std::string* host,
-                           int* port) {
-  if (endpoint.empty())
-    return absl::InvalidArgumentError("empty endpoint; expected HOST[:PORT]");
-  std::string h, p;
-  if (endpoint.front() == '[') {
-    auto close = endpoint.find(']');
-    if (close == std::string::npos)
-      return absl::InvalidArgumentError("endpoint '" + endpoint + "' has an unclosed '['");
-    h = endpoint.substr(1, close - 1);
-    if (close + 1 < endpoint.size()) {
-      if (endpoint[close + 1] != ':')
-        return absl::InvalidArgumentError("endpoint '" + endpoint + "' is not [HOST]:PORT");
-      p = endpoint.substr(close + 2);
-    }
-  } else {
-    auto colon = endpoint.rfind(':');
-    if (colon != std::string::npos && endpoint.find(':') != colon) {
-      h = endpoint;  // a bare IPv6 address
-    } else if (colon != std::string::npos) {
-      h = endpoint.substr(0, colon);
-      p = endpoint.substr(colon + 1);
-    } else {
-      h = endpoint;
-    }
-  }
-  if (h.empty()) return absl::InvalidArgumentError("endpoint '" + endpoint + "' has no host");
-  int value = default_port;
-  if (!p.empty()) {
-    char* end = nullptr;
-    long v = std::strtol(p.c_str(), &end, 10);
-    if (*end != '\0' || v < 0 || v > 65535)
-      return absl::InvalidArgumentError("endpoint '" + endpoint +
-                                        "' has a bad port; expected HOST:PORT with PORT 0-65535");
-    value = static_cast<int>(v);
-  }
-  *host = h;
-  *port = value;
-  return absl::OkStatus();
-}
 
 // ------------------------------------------------------------- JoinStream
 
@@ -136,8 +92,9 @@ class GrpcJoinStream final : public JoinStream,
     RoundEvent last;
     if (st.ok()) {
       last = absl::CancelledError("the rendezvous ended the stream");
-    } else if (st.error_code() == grpc::StatusCode::UNAVAILABLE &&
-               st.error_message().find("shutting down") == std::string::npos) {
+    } else if (st.error_code() == grpc::StatusCode::UNAVAILABLE && !SentByServer(st)) {
+      // gRPC's own: the connection broke. (The server's Unavailable, when it
+      // shuts down, says so itself.)
       last = absl::UnavailableError("lost the connection to the rendezvous at " + target_ + " (" +
                                     st.error_message() + ")");
     } else {
@@ -173,7 +130,7 @@ class GrpcJoinStream final : public JoinStream,
 class RendezvousClient::Impl {
  public:
   Impl(const std::string& host, int port)
-      : target_(Target(host, port)),
+      : target_(FormatHostPort(host, port)),
         channel_(MakeChannel(target_)),
         rdzv_(pb::Rendezvous::NewStub(channel_)),
         store_(pb::Store::NewStub(channel_)) {}
@@ -228,8 +185,7 @@ absl::StatusOr<std::vector<JobStatus>> RendezvousClient::Status(const std::strin
   pb::StatusResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(DeadlineAfter(timeout));
-  grpc::Status st = impl_->rdzv_->Status(&ctx, req, &resp);
-  if (!st.ok()) return FromGrpc(st);
+  DDPRUN_RETURN_IF_ERROR(FromGrpc(impl_->rdzv_->Status(&ctx, req, &resp)));
   std::vector<JobStatus> out;
   for (const auto& j : resp.jobs()) out.push_back(FromProto(j));
   return out;
@@ -240,7 +196,7 @@ absl::StatusOr<std::vector<JobStatus>> RendezvousClient::Status(const std::strin
 class GrpcStore::Impl {
  public:
   Impl(const std::string& host, int port, StoreScope scope)
-      : target_(Target(host, port)),
+      : target_(FormatHostPort(host, port)),
         stub_(pb::Store::NewStub(MakeChannel(target_))),
         scope_(std::move(scope)) {}
 
@@ -257,8 +213,8 @@ class GrpcStore::Impl {
     ctx.set_deadline(DeadlineAfter(timeout));
     ctx.set_wait_for_ready(true);
     grpc::Status st = ((*stub_).*method)(&ctx, req, resp);
-    if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
-        st.error_message() == "Deadline Exceeded") {
+    // Our own deadline, not the server's answer that a wait timed out.
+    if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && !SentByServer(st)) {
       return absl::DeadlineExceededError("the store at " + target_ + " did not answer in time");
     }
     return FromGrpc(st);
@@ -288,8 +244,7 @@ absl::StatusOr<std::string> GrpcStore::Get(const std::string& key, Duration time
   req.set_key(key);
   req.set_timeout_s(std::chrono::duration<double>(timeout).count());
   pb::GetResponse resp;
-  absl::Status st = impl_->Call(&pb::Store::Stub::Get, req, &resp, timeout + kWaitSlack);
-  if (!st.ok()) return st;
+  DDPRUN_RETURN_IF_ERROR(impl_->Call(&pb::Store::Stub::Get, req, &resp, timeout + kWaitSlack));
   return std::move(*resp.mutable_value());
 }
 
@@ -299,8 +254,7 @@ absl::StatusOr<std::int64_t> GrpcStore::Add(const std::string& key, std::int64_t
   req.set_key(key);
   req.set_delta(delta);
   pb::AddResponse resp;
-  absl::Status st = impl_->Call(&pb::Store::Stub::Add, req, &resp, kDefaultCallTimeout);
-  if (!st.ok()) return st;
+  DDPRUN_RETURN_IF_ERROR(impl_->Call(&pb::Store::Stub::Add, req, &resp, kDefaultCallTimeout));
   return resp.value();
 }
 
@@ -317,9 +271,8 @@ absl::StatusOr<bool> GrpcStore::CompareSet(const std::string& key,
   }
   req.set_desired(desired);
   pb::CompareSetResponse resp;
-  absl::Status st =
-      impl_->Call(&pb::Store::Stub::CompareSet, req, &resp, kDefaultCallTimeout);
-  if (!st.ok()) return st;
+  DDPRUN_RETURN_IF_ERROR(
+      impl_->Call(&pb::Store::Stub::CompareSet, req, &resp, kDefaultCallTimeout));
   if (current) *current = resp.current();
   return resp.swapped();
 }
@@ -338,8 +291,7 @@ absl::StatusOr<bool> GrpcStore::Delete(const std::string& key) {
   impl_->Fill(req.mutable_scope());
   req.set_key(key);
   pb::DeleteResponse resp;
-  absl::Status st = impl_->Call(&pb::Store::Stub::Delete, req, &resp, kDefaultCallTimeout);
-  if (!st.ok()) return st;
+  DDPRUN_RETURN_IF_ERROR(impl_->Call(&pb::Store::Stub::Delete, req, &resp, kDefaultCallTimeout));
   return resp.deleted();
 }
 
@@ -350,8 +302,7 @@ absl::StatusOr<std::vector<std::string>> GrpcStore::MultiGet(const std::vector<s
   for (const auto& k : keys) req.add_keys(k);
   req.set_timeout_s(std::chrono::duration<double>(timeout).count());
   pb::MultiGetResponse resp;
-  absl::Status st = impl_->Call(&pb::Store::Stub::MultiGet, req, &resp, timeout + kWaitSlack);
-  if (!st.ok()) return st;
+  DDPRUN_RETURN_IF_ERROR(impl_->Call(&pb::Store::Stub::MultiGet, req, &resp, timeout + kWaitSlack));
   return std::vector<std::string>(resp.values().begin(), resp.values().end());
 }
 

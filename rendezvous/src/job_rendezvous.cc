@@ -4,6 +4,7 @@
 #include <random>
 #include <set>
 #include <tuple>
+#include <utility>
 
 #include "ddprun/rendezvous/errors.h"
 
@@ -84,7 +85,7 @@ absl::Status JobRendezvous::CheckCompatible(const JoinSpec& spec) const {
 absl::StatusOr<std::string> JobRendezvous::Join(const JoinSpec& spec,
                                                 std::vector<Delivery>* out) {
   if (state_ == State::kClosed) {
-    return absl::FailedPreconditionError(
+    return ClosedError(
         Prefix() + "the job is closed (" + close_reason_ +
         "); start a new job with a different --rdzv_id");
   }
@@ -153,6 +154,7 @@ void JobRendezvous::AddToGathering(const std::string& node_id, const JoinSpec& s
     return;
   }
   members_.emplace(node_id, Member{spec, clock_.Now(), false, std::nullopt});
+  NoteDeadline(clock_.Now() + Seconds(spec.join_timeout_s));
   MaybeComplete(out);
 }
 
@@ -176,6 +178,7 @@ void JobRendezvous::MaybeComplete(std::vector<Delivery>* out) {
   }
   if (!last_call_deadline_) {
     last_call_deadline_ = clock_.Now() + Seconds(shape_.last_call_timeout_s);
+    NoteDeadline(*last_call_deadline_);
   }
 }
 
@@ -277,6 +280,7 @@ void JobRendezvous::OpenNextRound(const std::string& reason, bool counts_as_fail
          static_cast<int>(members_.size() + expected_.size()) < shape_.max_nodes) {
     auto it = spares_.begin();
     members_.emplace(it->first, Member{it->second.spec, clock_.Now(), false, std::nullopt});
+    NoteDeadline(clock_.Now() + Seconds(it->second.spec.join_timeout_s));
     spares_.erase(it);
   }
 }
@@ -423,9 +427,20 @@ void JobRendezvous::Tick(std::vector<Delivery>* out) {
       ++it;
     }
   }
+  // Too few left for the last call: it is re-armed when enough are back (a
+  // deadline that Tick() cannot apply must not stay pending).
+  if (static_cast<int>(members_.size()) < shape_.min_nodes) last_call_deadline_.reset();
   if (members_.empty() && expected_.empty() && round_ > 0 && spares_.empty()) {
     Close(false, "every node left before the round completed", out);
   }
+}
+
+void JobRendezvous::NoteDeadline(TimePoint t) {
+  if (!new_deadline_ || t < *new_deadline_) new_deadline_ = t;
+}
+
+std::optional<TimePoint> JobRendezvous::TakeNewDeadline() {
+  return std::exchange(new_deadline_, std::nullopt);
 }
 
 std::optional<TimePoint> JobRendezvous::NextDeadline() const {
@@ -472,6 +487,16 @@ JobStatus JobRendezvous::Status() const {
   }
   s.waiting = static_cast<int>(spares_.size());
   const TimePoint now = clock_.Now();
+  if (shaped_) {
+    s.min_nodes = shape_.min_nodes;
+    s.max_nodes = shape_.max_nodes;
+  }
+  if (state_ == State::kGathering && !members_.empty()) {
+    TimePoint first = TimePoint::max();
+    for (const auto& [id, m] : members_)
+      first = std::min(first, m.joined_at + Seconds(m.spec.join_timeout_s));
+    s.join_deadline_in_s = std::max(0.0, std::chrono::duration<double>(first - now).count());
+  }
   for (const auto& [host, until] : quarantined_until_) {
     if (until <= now) continue;
     s.quarantined.push_back(

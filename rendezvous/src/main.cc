@@ -12,14 +12,20 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "ddprun/rendezvous/exit_codes.h"
+#include "ddprun/rendezvous/host_port.h"
 #include "ddprun/rendezvous/server.h"
 #include "yaml-cpp/yaml.h"
 
 namespace {
 
-constexpr int kExitOk = 0;
-constexpr int kExitCannotListen = 1;
-constexpr int kExitUsage = 2;
+using ddprun::kExitSuccess;
+using ddprun::kExitUsage;
+using ddprun::rendezvous::kDefaultRdzvPort;
+using ddprun::rendezvous::kMaxPort;
+// ddprund's own: it cannot serve (the port is taken, --state_dir is unusable).
+constexpr int kExitCannotServe = 1;
 
 // --config FILE: `host:` and `port:` (configs/ddprund.yaml); flags win.
 // Returns "" or a one-line error "FILE:LINE:COL: key: problem; fix".
@@ -51,8 +57,9 @@ std::string LoadConfig(const std::string& path, bool host_given, bool port_given
     const std::string text = root["port"].Scalar();
     char* end = nullptr;
     const long port = std::strtol(text.c_str(), &end, 10);
-    if (text.empty() || *end != '\0' || port < 0 || port > 65535) {
-      return where(root["port"]) + ": port: must be 0..65535, got '" + text + "'; write a port";
+    if (text.empty() || *end != '\0' || port < 0 || port > kMaxPort) {
+      return where(root["port"]) + ": port: must be 0.." + std::to_string(kMaxPort) + ", got '" +
+             text + "'; write a port";
     }
     options.port = static_cast<int>(port);
   }
@@ -81,14 +88,17 @@ int main(int argc, char** argv) {
       "One daemon serves any number of jobs, told apart by --rdzv_id. Stop it with SIGINT or\n"
       "SIGTERM.",
       "ddprund"};
-  app.footer(
-      "Examples:\n"
-      "  ddprund                      # listen on 0.0.0.0:29400\n"
-      "  ddprund --port 0             # the OS picks a free port; read it from the first line\n"
-      "  ddprund --host 10.0.0.1 --port 29401\n"
-      "then on each node:\n"
-      "  ddprun --nnodes=2 --nproc_per_node=4 --rdzv_endpoint=HOST:29400 --rdzv_id=job1 "
-      "train.py\n");
+  const std::string port = std::to_string(kDefaultRdzvPort);
+  // clang-format off
+  app.footer(absl::StrCat(
+      "Examples:\n",
+      "  ddprund                      # listen on 0.0.0.0:", port, "\n",
+      "  ddprund --port 0             # the OS picks a free port; read it from the first line\n",
+      "  ddprund --host 10.0.0.1 --port ", kDefaultRdzvPort + 1, "\n",
+      "then on each node:\n",
+      "  ddprun --nnodes=2 --nproc_per_node=4 --rdzv_endpoint=HOST:", port,
+      " --rdzv_id=job1 train.py\n"));
+  // clang-format on
   app.set_help_flag("-h,--help", "Print this help and exit");
   bool version = false;
   app.add_flag("--version", version, "Print the version and exit");
@@ -96,8 +106,8 @@ int main(int argc, char** argv) {
       ->option_text("ADDR [0.0.0.0]");
   CLI::Option* port_opt =
       app.add_option("--port", options.port, "Port to listen on; 0 lets the OS pick one")
-          ->check(CLI::Range(0, 65535))
-          ->option_text("PORT [29400]");
+          ->check(CLI::Range(0, kMaxPort))
+          ->option_text("PORT [" + port + "]");
   std::string config;
   app.add_option("--config", config,
                  "YAML file with host: and port: (configs/ddprund.yaml); flags override it")
@@ -132,7 +142,7 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
     std::cout << app.help() << std::flush;
-    return kExitOk;
+    return kExitSuccess;
   } catch (const CLI::ExtrasError& e) {
     std::cerr << "ddprund: unexpected argument(s): " << CLI::detail::join(app.remaining(), " ")
               << "; see ddprund --help" << std::endl;
@@ -143,7 +153,7 @@ int main(int argc, char** argv) {
   }
   if (version) {
     std::cout << "ddprund " << DDPRUN_VERSION << std::endl;
-    return kExitOk;
+    return kExitSuccess;
   }
   if (!config.empty()) {
     const std::string error =
@@ -156,30 +166,25 @@ int main(int argc, char** argv) {
   options.lease_timeout = ddprun::rendezvous::Seconds(lease_s);
   options.reattach_timeout = ddprun::rendezvous::Seconds(reattach_s);
   options.quarantine.cooldown = ddprun::rendezvous::Seconds(cooldown_s);
+  options.listen_fix = "pick another --port or stop the other daemon";
 
   // gRPC's own error lines (a multi-line dump for a port in use) would drown
   // our one-line messages; GRPC_VERBOSITY=ERROR or DEBUG brings them back.
   setenv("GRPC_VERBOSITY", "NONE", /*overwrite=*/0);
   auto server = ddprun::rendezvous::RendezvousServer::Start(options);
   if (!server.ok()) {
-    // The server's message says why ("cannot listen on HOST:PORT: address
-    // already in use; ..."); keep its first clause and give our own fix.
-    std::string why(server.status().message());
-    if (why.rfind("cannot listen", 0) != 0) {
-      std::cerr << "ddprund: " << why << std::endl;  // e.g. a corrupt --state_dir
-      return kExitCannotListen;
-    }
-    why = why.substr(0, why.find(';'));
-    std::cerr << "ddprund: " << why << "; pick another --port or stop the other daemon"
-              << std::endl;
-    return kExitCannotListen;
+    // One line that says why and what to do: "cannot listen on HOST:PORT:
+    // address already in use; <listen_fix>", or the --state_dir's problem.
+    std::cerr << "ddprund: " << server.status().message() << std::endl;
+    return kExitCannotServe;
   }
-  std::cout << "ddprund listening on " << options.host << ":" << (*server)->port() << std::endl;
+  std::cout << "ddprund listening on "
+            << ddprun::rendezvous::FormatHostPort(options.host, (*server)->port()) << std::endl;
 
   int sig = 0;
   sigwait(&signals, &sig);
   std::cerr << "ddprund: received " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << ", shutting down"
             << std::endl;
   (*server)->Shutdown();
-  return kExitOk;
+  return kExitSuccess;
 }

@@ -1,16 +1,39 @@
 #include "proto_convert.h"
 
+#include "absl/strings/cord.h"
+
 namespace ddprun::rendezvous {
 
 grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+  pb::ErrorDetails details;
+  details.set_from_server(true);
+  s.ForEachPayload([&](absl::string_view type_url, const absl::Cord& value) {
+    (*details.mutable_payloads())[std::string(type_url)] = std::string(value);
+  });
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()),
+                      details.SerializeAsString());
 }
 
 absl::Status FromGrpc(const grpc::Status& s) {
   if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  absl::Status out(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  pb::ErrorDetails details;
+  if (!s.error_details().empty() && details.ParseFromString(s.error_details())) {
+    for (const auto& [type_url, value] : details.payloads()) {
+      out.SetPayload(type_url, absl::Cord(value));
+    }
+  }
+  return out;
 }
+
+bool SentByServer(const grpc::Status& s) {
+  pb::ErrorDetails details;
+  return !s.ok() && !s.error_details().empty() && details.ParseFromString(s.error_details()) &&
+         details.from_server();
+}
+
+StoreScope FromProto(const pb::StoreScope& p) { return {p.job_id(), p.token(), p.round()}; }
 
 JoinSpec FromProto(const pb::JoinRequest& p) {
   JoinSpec s;
@@ -190,6 +213,9 @@ void ToProto(const JobStatus& s, pb::JobStatus* p) {
   p->set_world_size(s.world_size);
   p->set_waiting(s.waiting);
   for (const auto& q : s.quarantined) p->add_quarantined(q);
+  p->set_min_nodes(s.min_nodes);
+  p->set_max_nodes(s.max_nodes);
+  p->set_join_deadline_in_s(s.join_deadline_in_s);
 }
 
 JobStatus FromProto(const pb::JobStatus& p) {
@@ -202,6 +228,9 @@ JobStatus FromProto(const pb::JobStatus& p) {
   s.world_size = p.world_size();
   s.waiting = p.waiting();
   s.quarantined.assign(p.quarantined().begin(), p.quarantined().end());
+  s.min_nodes = p.min_nodes();
+  s.max_nodes = p.max_nodes();
+  s.join_deadline_in_s = p.join_deadline_in_s();
   return s;
 }
 

@@ -15,8 +15,16 @@ namespace pb = ::ddprun::v1;
 // Routes gRPC's internal logging away from the console (see server.cc).
 void SilenceGrpcLogging();
 
+// Code and message map one to one; the status payloads (the error kind,
+// errors.h) travel as pb::ErrorDetails in the error details, so that
+// KindOf(FromGrpc(ToGrpc(s))) == KindOf(s).
 grpc::Status ToGrpc(const absl::Status& s);
 absl::Status FromGrpc(const grpc::Status& s);
+// Whether a ddprun server produced the status (an error with ErrorDetails),
+// rather than gRPC itself (a transport failure, the client's own deadline).
+bool SentByServer(const grpc::Status& s);
+
+StoreScope FromProto(const pb::StoreScope& p);
 
 JoinSpec FromProto(const pb::JoinRequest& p);
 pb::JoinRequest ToProto(const JoinSpec& s);

@@ -24,35 +24,29 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "ddprun/rendezvous/job_journal.h"
 #include "ddprun/rendezvous/job_rendezvous.h"
 #include "ddprun/rendezvous/kv_engine.h"
 
 namespace ddprun::rendezvous {
 
-struct RecoveredJob {
-  JobSnapshot snapshot;
-  std::int64_t store_round = 0;
-  std::vector<std::pair<std::string, std::string>> store;  // that round's keys
-  std::vector<std::string> warnings;
-};
-
-class StateLog {
+class StateLog final : public JobJournal {
  public:
   // Creates <dir>/jobs if needed and checks that it is writable.
   static absl::StatusOr<std::unique_ptr<StateLog>> Open(const std::string& dir);
 
   // Reads every job file.
-  absl::StatusOr<std::vector<RecoveredJob>> Recover();
+  absl::StatusOr<std::vector<RecoveredJob>> Recover() override;
 
   // Rewrites the job's file with snap and the store of store_round.
   absl::Status WriteSnapshot(const JobSnapshot& snap, std::int64_t store_round,
-                             const KvEngine& store);
+                             const KvEngine& store) override;
   // Appends the current value of key in store (or its deletion). Reading the
   // value under the log's lock orders concurrent writers of one key.
   absl::Status AppendKey(const std::string& job_id, std::int64_t round, const std::string& key,
-                         const KvEngine& store);
+                         const KvEngine& store) override;
   // Removes the job's file (the job was forgotten).
-  void Forget(const std::string& job_id);
+  void Forget(const std::string& job_id) override;
 
  private:
   explicit StateLog(std::string dir) : dir_(std::move(dir)) {}

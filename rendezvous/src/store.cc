@@ -101,10 +101,9 @@ absl::StatusOr<std::int64_t> InMemoryStore::Add(const std::string& key, std::int
 absl::StatusOr<bool> InMemoryStore::CompareSet(const std::string& key,
                                                const std::optional<std::string>& expected,
                                                const std::string& desired, std::string* current) {
-  absl::StatusOr<CompareSetResult> result = engine_->CompareSet(key, expected, desired);
-  if (!result.ok()) return result.status();
-  if (current != nullptr) *current = result->current;
-  return result->swapped;
+  DDPRUN_ASSIGN_OR_RETURN(CompareSetResult result, engine_->CompareSet(key, expected, desired));
+  if (current != nullptr) *current = std::move(result.current);
+  return result.swapped;
 }
 
 absl::Status InMemoryStore::Wait(const std::vector<std::string>& keys, Duration timeout) {

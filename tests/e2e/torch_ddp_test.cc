@@ -22,7 +22,11 @@
 #include <thread>
 #include <vector>
 
+#include "support/skip.h"
+
 extern char** environ;
+
+using ddprun::test::SkipCase;
 
 namespace {
 
@@ -132,8 +136,7 @@ const std::string kScript = std::string(DDPRUN_SOURCE_DIR) + "/examples/ddp_trai
 
 TEST_CASE("PyTorch DDP (gloo, env://) on one node under ddprun", "[e2e]") {
   if (!TorchAvailable()) {
-    WARN("SKIPPED: " << kPython << " cannot import torch; install python3-torch");
-    return;
+    return SkipCase("e2e", kPython + " cannot import torch; install python3-torch");
   }
   const std::string dir = MakeTempDir();
   Proc p;
@@ -210,8 +213,7 @@ dist.destroy_process_group()
 
 TEST_CASE("PyTorch DDP on two nodes: ddprund and two ddprun agents on loopback", "[e2e]") {
   if (!TorchAvailable()) {
-    WARN("SKIPPED: " << kPython << " cannot import torch; install python3-torch");
-    return;
+    return SkipCase("e2e", kPython + " cannot import torch; install python3-torch");
   }
   const std::string dir = MakeTempDir();
   const int port = FreePort();

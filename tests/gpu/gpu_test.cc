@@ -4,14 +4,14 @@
 // the Catch2 checks run on every rank (tests/gpu/worker/gpu_worker.cc).
 //
 // Without a CUDA device, or in a build without DDPRUN_WITH_CUDA, every case
-// prints "SKIPPED [gpu]: <why>" and passes; CTest reports the test as
-// Skipped (SKIP_REGULAR_EXPRESSION in tests/CMakeLists.txt).
+// skips (support/skip.h) and CTest reports the test as Skipped.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <string>
 
 #include "ddp/ddp.h"
 #include "support/process_helpers.h"
+#include "support/skip.h"
 
 using namespace ddprun::test;
 
@@ -30,11 +30,11 @@ namespace {
 // How many ranks can run (one GPU each), or 0 after printing why none.
 int VisibleGpus() {
   if (!DDPRUN_GPU_WORKER_BUILT) {
-    WARN("SKIPPED [gpu]: this build has no CUDA/NCCL (DDPRUN_WITH_CUDA=OFF)");
+    SkipCase("gpu", "this build has no CUDA/NCCL (DDPRUN_WITH_CUDA=OFF)");
     return 0;
   }
   if (!ddp::CudaAvailable()) {
-    WARN("SKIPPED [gpu]: no CUDA device visible (CUDA_VISIBLE_DEVICES?)");
+    SkipCase("gpu", "no CUDA device visible (CUDA_VISIBLE_DEVICES?)");
     return 0;
   }
   return ddp::detail::CudaDeviceCount();
@@ -42,9 +42,12 @@ int VisibleGpus() {
 
 void RunRanks(int n, const std::string& filter, double timeout_s = 300) {
   Harness h;
-  Proc& p = h.StartDdprun("ddprun", {"--nproc_per_node=" + std::to_string(n), "--no_python",
-                                     Bin("gpu_worker"), filter},
-                          {{"DDP_TIMEOUT_SEC", "60"}, {"DDP_BACKEND", "nccl"}});
+  // CatchRun: a filter that matches no case fails the job.
+  Proc& p = h.StartDdprun(
+      "ddprun",
+      Concat({"--nproc_per_node=" + std::to_string(n), "--no_python"},
+             CatchRun(Bin("gpu_worker"), filter)),
+      {{"DDP_TIMEOUT_SEC", "60"}, {"DDP_BACKEND", "nccl"}});
   const int rc = h.Wait(p, timeout_s);
   INFO("world size " << n << ", filter " << filter << "\nstdout:\n"
                      << p.Out() << "\nstderr:\n"

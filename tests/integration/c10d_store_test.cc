@@ -23,10 +23,12 @@
 #include "ddprun/rendezvous/c10d_store_server.h"
 #include "ddprun/rendezvous/c10d_wire.h"
 #include "ddprun/rendezvous/kv_engine.h"
+#include "support/skip.h"
 
 namespace ddprun::rendezvous {
 namespace {
 
+using ddprun::test::SkipCase;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 using SteadyClock = std::chrono::steady_clock;
@@ -463,11 +465,9 @@ TEST_CASE("C10dStoreServer speaks the torch 1.13 dialect", "[integration]") {
 // ---------------------------------------------------------------------------
 // (b) PyTorch 1.13's TCPStore client
 
-TEST_CASE("torch TCPStore client works against C10dStoreServer", "[integration]") {
+TEST_CASE("torch TCPStore client works against C10dStoreServer", "[integration][torch]") {
   if (!TorchAvailable()) {
-    WARN("SKIPPED: /usr/bin/python3 cannot import torch.distributed");
-    SUCCEED();
-    return;
+    return SkipCase("integration", "/usr/bin/python3 cannot import torch.distributed");
   }
   auto server = StartServer();
   const std::string script = WriteScript("tcpstore", R"PY(
@@ -522,11 +522,9 @@ print("PYTHON_OK")
 // (c) two gloo workers bootstrapping through the store, as under the agent
 
 TEST_CASE("torch init_process_group(env://) with TORCHELASTIC_USE_AGENT_STORE uses the server",
-          "[integration]") {
+          "[integration][torch]") {
   if (!TorchAvailable()) {
-    WARN("SKIPPED: /usr/bin/python3 cannot import torch.distributed");
-    SUCCEED();
-    return;
+    return SkipCase("integration", "/usr/bin/python3 cannot import torch.distributed");
   }
   auto server = StartServer();
   const std::string script = WriteScript("gloo", R"PY(

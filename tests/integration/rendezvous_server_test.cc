@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "ddprun/rendezvous/client.h"
+#include "ddprun/rendezvous/errors.h"
 #include "ddprun/rendezvous/server.h"
 
 namespace ddprun::rendezvous {
@@ -101,6 +102,8 @@ TEST_CASE("two agents join a round over gRPC and get consistent ranks", "[integr
     auto missing = store.Get("never", 200ms);
     auto dt = std::chrono::steady_clock::now() - t0;
     CHECK(absl::IsDeadlineExceeded(missing.status()));
+    // The server's own answer (not the client's deadline) crosses gRPC as is.
+    CHECK_THAT(std::string(missing.status().message()), Catch::Contains("store wait timed out"));
     CHECK(dt >= 190ms);
     CHECK(dt < 3s);
     // A waiter is woken by a later set from another client.
@@ -252,6 +255,48 @@ TEST_CASE("malformed join requests are refused one by one", "[integration]") {
   CHECK(ok.ok());
 }
 
+TEST_CASE("error kinds cross gRPC: a closed job, a bad job id, a server shutting down",
+          "[integration]") {
+  auto server = StartServer();
+  auto c = RendezvousClient::Create("127.0.0.1", server->port());
+  auto s1 = c->Join(Spec("job-c", 1));
+  auto s2 = c->Join(Spec("job-c", 2));
+  Assignment a1 = NextAssignment(*s1);
+  Assignment a2 = NextAssignment(*s2);
+  REQUIRE(c->Report("job-c", a1.node_id, a1.round, Outcome::kSucceeded, {}, 5s).ok());
+  REQUIRE(c->Report("job-c", a2.node_id, a2.round, Outcome::kSucceeded, {}, 5s).ok());
+  REQUIRE(std::holds_alternative<JobClosed>(s1->Next(5s)));
+
+  // The server's ClosedError is a Closed kind on the client, not just a
+  // FailedPrecondition (which a stale round also is).
+  auto late = c->Join(Spec("job-c", 3));
+  RoundEvent e = late->Next(5s);
+  REQUIRE(std::holds_alternative<absl::Status>(e));
+  const absl::Status& closed = std::get<absl::Status>(e);
+  CHECK(KindOf(closed) == ErrorKind::kClosed);
+  CHECK_THAT(std::string(closed.message()), Catch::Contains("the job is closed"));
+
+  // The one job-id rule, one fenced line.
+  auto spaced = c->Join(Spec("a b", 4));
+  RoundEvent bad = spaced->Next(5s);
+  REQUIRE(std::holds_alternative<absl::Status>(bad));
+  const std::string msg(std::get<absl::Status>(bad).message());
+  CHECK(KindOf(std::get<absl::Status>(bad)) == ErrorKind::kBadInput);
+  CHECK_THAT(msg, Catch::StartsWith("[job a b round -1] the job id 'a b' contains a space"));
+  CHECK(msg.find('\n') == std::string::npos);
+
+  // A stream open when the server stops hears the server's reason (a
+  // Connection kind), not a broken connection.
+  auto waiting = c->Join(Spec("job-w", 5));
+  WaitForMembers(*server, "job-w", 1);
+  server->Shutdown();
+  RoundEvent down = waiting->Next(5s);
+  REQUIRE(std::holds_alternative<absl::Status>(down));
+  CHECK(KindOf(std::get<absl::Status>(down)) == ErrorKind::kConnection);
+  CHECK_THAT(std::string(std::get<absl::Status>(down).message()),
+             Catch::Contains("[job job-w round 0] the rendezvous server is shutting down"));
+}
+
 TEST_CASE("a port in use is a clear error", "[integration]") {
   auto server = StartServer();
   ServerOptions opts;
@@ -260,6 +305,11 @@ TEST_CASE("a port in use is a clear error", "[integration]") {
   auto second = RendezvousServer::Start(opts);
   REQUIRE_FALSE(second.ok());
   CHECK_THAT(std::string(second.status().message()), Catch::Contains("address already in use"));
+  // The caller's fix ends the line.
+  opts.listen_fix = "pick another --port";
+  auto third = RendezvousServer::Start(opts);
+  REQUIRE_FALSE(third.ok());
+  CHECK_THAT(std::string(third.status().message()), Catch::EndsWith("; pick another --port"));
 }
 
 TEST_CASE("unreachable endpoint fails within the timeout", "[integration]") {
@@ -274,20 +324,6 @@ TEST_CASE("unreachable endpoint fails within the timeout", "[integration]") {
   CHECK(absl::IsUnavailable(st));
   CHECK(std::chrono::steady_clock::now() - t0 < 2s);
   CHECK_THAT(std::string(st.message()), Catch::Contains("cannot reach the rendezvous"));
-}
-
-TEST_CASE("endpoint parsing", "[unit]") {
-  std::string h;
-  int p;
-  REQUIRE(ParseEndpoint("node1:29400", 1, &h, &p).ok());
-  CHECK((h == "node1" && p == 29400));
-  REQUIRE(ParseEndpoint("node1", 29400, &h, &p).ok());
-  CHECK(p == 29400);
-  REQUIRE(ParseEndpoint("[::1]:5", 1, &h, &p).ok());
-  CHECK((h == "::1" && p == 5));
-  CHECK_FALSE(ParseEndpoint("node1:abc", 1, &h, &p).ok());
-  CHECK_FALSE(ParseEndpoint("node1:70000", 1, &h, &p).ok());
-  CHECK_FALSE(ParseEndpoint(":80", 1, &h, &p).ok());
 }
 
 }  // namespace

@@ -336,6 +336,82 @@ TEST_CASE(
   RequireNoDescendants(2);
 }
 
+// Two agents on loopback, the first hosting the rendezvous (torchrun's c10d
+// is_host), a fixed --nnodes=2. The second is killed: the survivor says once
+// what it waits for and until when, `ddprun status` shows the same wait, and
+// at the join timeout the survivor exits 3 (docs/cli.md, "Exit codes").
+TEST_CASE(
+    "fixed-size job loses a node: the survivor announces the wait for a replacement, status "
+    "shows it, exit 3 at the join timeout",
+    "[multiproc]") {
+  Harness h;
+  const int port = FreePort();
+  const std::string conf = "join_timeout=4";
+  const EnvList env{{"FIXTURE_HANG", "1"}};
+  Node a = StartNode(h, "fixed", 0, "2", 1, port, conf, env);
+  const auto hosting = Clock::now();
+  while (a.proc->Err().find("hosting the rendezvous at") == std::string::npos &&
+         SecondsSince(hosting) < 10) {
+    SleepMs(10);
+  }
+  REQUIRE(a.proc->Err().find("hosting the rendezvous at 127.0.0.1:" + std::to_string(port)) !=
+          std::string::npos);
+  Node b = StartNode(h, "fixed", 1, "2", 1, port, conf, env);
+  h.WaitForPids(a.pids, 1, 10);
+  const std::vector<pid_t> b_workers = h.WaitForPids(b.pids, 1, 10);
+  REQUIRE(::kill(b.proc->pid, SIGKILL) == 0);
+  const auto t0 = Clock::now();
+  CHECK(h.Wait(*b.proc, 5) == 128 + SIGKILL);
+  h.RequireAllGone(b_workers, 2);
+
+  // The announcement: one line, fenced with the round it waits for.
+  const std::string needle = "ddprun: [job fixed round 1] a node left this fixed-size job "
+                             "(--nnodes=2): waiting for a replacement, 1 of 2 nodes have joined; "
+                             "the job fails with exit code 3 unless 2 nodes join by ";
+  while (a.proc->Err().find(needle) == std::string::npos && SecondsSince(t0) < 3) SleepMs(10);
+  const std::string announced = a.proc->Err();
+  const std::size_t at = announced.find(needle);
+  INFO("survivor stderr:\n" << announced);
+  REQUIRE(at != std::string::npos);
+  const std::string line = announced.substr(at, announced.find('\n', at) - at);
+  // "... join by HH:MM:SS (in N s, --rdzv_conf join_timeout)", N within the 4 s timeout.
+  const std::string rest = line.substr(needle.size());
+  REQUIRE(rest.size() > 9);
+  CHECK(rest[2] == ':');
+  CHECK(rest[5] == ':');
+  const std::size_t in = rest.find(" (in ");
+  REQUIRE(in == 8);
+  const int left = std::stoi(rest.substr(in + 5));
+  CHECK(left >= 1);
+  CHECK(left <= 4);
+  CHECK(rest.substr(rest.find(" s, ")) == " s, --rdzv_conf join_timeout)");
+
+  // `ddprun status` shows the same wait (asked of the survivor's server).
+  const std::string text = StatusText(h, port, "fixed");
+  INFO("status:\n" << text);
+  CHECK(text.find("gathering") != std::string::npos);
+  CHECK(text.find("  waiting for 2 nodes (1 of 2 have joined); the round fails at ") !=
+        std::string::npos);
+  CHECK(text.find(" s) unless they join") != std::string::npos);
+  const std::string json = StatusJson(h, port, "fixed");
+  CHECK(json.find("\"min_nodes\":2,\"max_nodes\":2,\"join_deadline_in_s\":") !=
+        std::string::npos);
+
+  const int rc = h.Wait(*a.proc, 10);
+  const double took = SecondsSince(t0);
+  const std::string err = a.proc->Err();
+  INFO("survivor stderr:\n" << err << "\nexited " << took << " s after the kill");
+  CHECK(rc == 3);
+  CHECK(took >= 3.9);  // it waited for the join timeout
+  CHECK(took < 7.0);   // and not much longer
+  CHECK(err.find("ddprun: [job fixed round 1] rendezvous timed out after 4 s with 1 of 2 "
+                 "required nodes") != std::string::npos);
+  // Announced once.
+  CHECK(err.find("waiting for a replacement", at + line.size()) == std::string::npos);
+  h.RequireAllGone(a.pids, 2);
+  RequireNoDescendants(2);
+}
+
 namespace {
 
 // A 2-node job on a ddprund with --state_dir and a tight --reattach_timeout;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "support/process_helpers.h"
+#include "support/skip.h"
 
 using namespace ddprun::test;
 
@@ -179,8 +180,7 @@ TEST_CASE(
     "[multiproc][netns]") {
   NetPair net;  // declared first: removed after the Harness killed everything
   if (!net.ok()) {
-    WARN("SKIPPED: cut-link test: " << net.why());
-    return;
+    return SkipCase("multiproc", "cut-link test: " + net.why());
   }
   Harness h;
   std::vector<std::string> dargv = net.In(1);

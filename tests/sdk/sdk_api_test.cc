@@ -13,6 +13,7 @@
 #include <string>
 
 #include "support/process_helpers.h"
+#include "support/skip.h"
 
 using namespace ddprun::test;
 
@@ -33,11 +34,13 @@ EnvList PythonEnv(const std::string& shm = "1") {
           {"PYTHONDONTWRITEBYTECODE", "1"}};
 }
 
-// Whether /usr/bin/python3 can import numpy; if not, the case is skipped visibly.
+// Whether /usr/bin/python3 can import numpy; if not, the case is skipped
+// (support/skip.h: every [python] case needs numpy, and they run as their own
+// CTest test, sdk_python_tests).
 bool HaveNumpy() {
   static const bool ok =
       std::system((kPython + " -c 'import numpy' >/dev/null 2>&1").c_str()) == 0;
-  if (!ok) WARN("SKIPPED: " << kPython << " cannot import numpy; install python3-numpy");
+  if (!ok) SkipCase("sdk", kPython + " cannot import numpy; install python3-numpy");
   return ok;
 }
 

@@ -14,6 +14,12 @@ namespace {
 
 std::string SdkWorker() { return Bin("sdk_worker"); }
 
+// ddprun's flags, then sdk_worker running the cases of `filter` (failing when none matches).
+std::vector<std::string> WorkerJob(std::vector<std::string> flags, const std::string& filter) {
+  flags.push_back("--no_python");
+  return Concat(std::move(flags), CatchRun(SdkWorker(), filter));
+}
+
 // The two transports of CPU groups: DDP_SHM's values.
 constexpr const char* kTransports[] = {"1", "0"};
 const char* TransportName(const std::string& shm) { return shm == "1" ? "shm" : "tcp"; }
@@ -23,7 +29,7 @@ void RunRanks(int n, const std::string& filter, const std::string& shm = "1",
               double timeout_s = 240) {
   Harness h;
   Proc& p = h.StartDdprun(
-      "ddprun", {"--nproc_per_node=" + std::to_string(n), "--no_python", SdkWorker(), filter},
+      "ddprun", WorkerJob({"--nproc_per_node=" + std::to_string(n)}, filter),
       {{"DDP_TIMEOUT_SEC", "30"}, {"DDP_SHM", shm}});
   const int rc = h.Wait(p, timeout_s);
   INFO("world size " << n << ", filter " << filter << ", " << TransportName(shm) << "\nstdout:\n"
@@ -44,10 +50,10 @@ FailedJob RunFailing(int ranks, const std::string& grace_s, const std::string& f
   Harness h;
   const std::string result = h.dir() + "/result";
   env.push_back({"SDK_RESULT_FILE", result});
-  Proc& p = h.StartDdprun("ddprun",
-                          {"--nproc_per_node=" + std::to_string(ranks), "--grace_period=" + grace_s,
-                           "--no_python", SdkWorker(), filter},
-                          env);
+  Proc& p = h.StartDdprun(
+      "ddprun",
+      WorkerJob({"--nproc_per_node=" + std::to_string(ranks), "--grace_period=" + grace_s}, filter),
+      env);
   const int rc = h.Wait(p, timeout_s);
   return FailedJob{rc, ReadFile(result + ".0"), ReadFile(result + ".1"), p.Err()};
 }
@@ -136,10 +142,21 @@ TEST_CASE("a hung peer: a timeout error after the group timeout", "[sdk]") {
   }
 }
 
+TEST_CASE("a filter that matches no case fails the job (-w NoTests)", "[sdk]") {
+  // Without -w NoTests, Catch2 v2 exits 0 here and the job would pass
+  // without running a single check.
+  Harness h;
+  Proc& p = h.StartDdprun("ddprun", WorkerJob({"--nproc_per_node=1"}, "[no-such-tag]"));
+  const int rc = h.Wait(p, 60);
+  INFO("stdout:\n" << p.Out() << "\nstderr:\n" << p.Err());
+  REQUIRE(rc != 0);
+  REQUIRE(p.Out().find("No test cases matched '[no-such-tag]'") != std::string::npos);
+}
+
 TEST_CASE("outside ddprun, Init says so and shows how to run", "[sdk]") {
   Harness h;
   Proc& p =
-      h.Start("bare", {SdkWorker(), "[collectives]"}, {{"DDPRUN_STORE_ADDR", ""}, {"RANK", ""}});
+      h.Start("bare", CatchRun(SdkWorker(), "[collectives]"), {{"DDPRUN_STORE_ADDR", ""}, {"RANK", ""}});
   const int rc = h.Wait(p, 30);
   REQUIRE(rc != 0);
   const std::string all = p.Out() + p.Err();
@@ -152,7 +169,7 @@ TEST_CASE("a wrong token is refused with an auth error", "[sdk]") {
   // Overriding DDPRUN_TOKEN in the launcher's environment would be replaced by
   // the agent; the worker rewrites it itself when SDK_WRONG_TOKEN is set.
   Proc& p =
-      h.StartDdprun("ddprun", {"--nproc_per_node=1", "--no_python", SdkWorker(), "[wrong-token]"});
+      h.StartDdprun("ddprun", WorkerJob({"--nproc_per_node=1"}, "[wrong-token]"));
   const int rc = h.Wait(p, 60);
   INFO("stdout:\n" << p.Out() << "\nstderr:\n" << p.Err());
   REQUIRE(rc == 0);
@@ -168,8 +185,9 @@ TEST_CASE("two hosts with two ranks each: hierarchical all-reduce (shm, then TCP
       const std::string endpoint = "--rdzv_endpoint=127.0.0.1:" + std::to_string(FreePort());
       auto node = [&](const std::string& name, const std::string& addr, const std::string& id) {
         return &h.StartDdprun(name,
-                              {"--nnodes=2", "--nproc_per_node=2", endpoint, "--rdzv_id=hier",
-                               "--local_addr=" + addr, "--no_python", SdkWorker(), filter},
+                              WorkerJob({"--nnodes=2", "--nproc_per_node=2", endpoint,
+                                         "--rdzv_id=hier", "--local_addr=" + addr},
+                                        filter),
                               {{"DDP_TIMEOUT_SEC", "30"}, {"DDP_SHM_HOST_ID", id}});
       };
       Proc* a = node("node-a", "127.0.0.1", "host-a");
@@ -190,7 +208,7 @@ TEST_CASE("a restarted job bootstraps round 1's communicator on both paths", "[s
       const std::string result = h.dir() + "/result";
       Proc& p = h.StartDdprun(
           "ddprun",
-          {"--nproc_per_node=3", "--max_restarts=1", "--no_python", SdkWorker(), "[restart]"},
+          WorkerJob({"--nproc_per_node=3", "--max_restarts=1"}, "[restart]"),
           {{"DDP_TIMEOUT_SEC", "30"}, {"DDP_SHM", shm}, {"SDK_RESULT_FILE", result}});
       const int rc = h.Wait(p, 120);
       INFO("stdout:\n" << p.Out() << "\nstderr:\n" << p.Err());

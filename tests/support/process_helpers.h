@@ -63,6 +63,21 @@ inline std::string Ddprun() { return Bin("ddprun"); }
 inline std::string Ddprund() { return Bin("ddprund"); }
 inline std::string FixtureWorker() { return Bin("fixture_worker"); }
 
+// The command line that runs the cases of `tags` in a Catch2 rank program
+// (sdk_worker, gpu_worker): {program, tags, "-w", "NoTests"}. Catch2 v2 exits
+// 0 when a filter matches no case; "-w NoTests" makes that exit 2, so a
+// misspelt or renamed tag fails the job instead of passing without a check.
+inline std::vector<std::string> CatchRun(const std::string& program, const std::string& tags) {
+  return {program, tags, "-w", "NoTests"};
+}
+
+// a, then b.
+inline std::vector<std::string> Concat(std::vector<std::string> a,
+                                       const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
 inline std::string ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream ss;

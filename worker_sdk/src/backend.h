@@ -19,16 +19,15 @@
 #include "absl/status/statusor.h"
 #include "ddp/process_group.h"
 #include "ddp/types.h"
+#include "ddprun/rendezvous/debug_log.h"
+#include "ddprun/rendezvous/status_macros.h"
 #include "elementwise.h"
 
-// Returns the absl::Status of expr when it is not ok.
-#define DDP_RETURN_IF_ERROR(expr) \
-  do {                            \
-    ::absl::Status _s = (expr);   \
-    if (!_s.ok()) return _s;      \
-  } while (0)
-
 namespace ddp::detail {
+
+// "[job <id> round <n> rank <r>] ", the prefix of every message about a rank
+// of a group (ddp/error.h).
+std::string FenceOf(const WorkerInfo& info);
 
 class WorkState {
  public:
@@ -116,6 +115,8 @@ class Backend {
   }
 
   // Aborts the group with `reason` (the first reason wins). Thread-safe.
+  // Every failed collective of every backend comes here: the sdk debug
+  // channel's one line per failure.
   void Fail(const std::string& reason) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -123,6 +124,7 @@ class Backend {
       abort_reason_ = reason;
       aborted_.store(true);
     }
+    DDPRUN_DEBUG_LOG(kSdk) << Fence() << "group aborted: " << reason;
     OnAbort();
   }
   bool aborted() const { return aborted_.load(); }
@@ -137,10 +139,7 @@ class Backend {
   int rank() const { return info_.rank; }
   int size() const { return info_.world_size; }
   Duration timeout() const { return timeout_; }
-  std::string Fence() const {
-    return "[job " + info_.job_id + " round " + std::to_string(info_.round) + " rank " +
-           std::to_string(info_.rank) + "] ";
-  }
+  std::string Fence() const { return FenceOf(info_); }
 
  protected:
   // Backend-specific teardown of in-flight work (NCCL: ncclCommAbort).

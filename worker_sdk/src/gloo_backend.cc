@@ -2,12 +2,12 @@
 // transport and shared memory, bootstrapped through our store.
 //
 // Collectives are queued to one communication thread per group and run there
-// in issue order, so the caller (the backward pass) goes on while they run.
-// Gloo has no abort: a failed or timed-out group is marked aborted, queued
-// work is failed, and the thread finishes the operation it is in when Gloo's
-// own timeout (the group timeout) fires. Everything the thread touches lives
-// in a Core it shares, so a group destroyed while its thread is stuck in Gloo
-// leaves the thread to finish on its own.
+// in issue order (comm_queue.h), so the caller (the backward pass) goes on
+// while they run. Gloo has no abort: a failed or timed-out group is marked
+// aborted, queued work is failed, and the thread finishes the operation it is
+// in when Gloo's own timeout (the group timeout) fires. Everything the thread
+// touches lives in a Core it keeps alive, so a group destroyed while its
+// thread is stuck in Gloo leaves the thread to finish on its own.
 //
 // Small all-reduces (the latency-bound ones) run on a second Gloo context whose
 // pairs are in sync mode: the communication thread reads and writes its
@@ -15,11 +15,13 @@
 // Gloo's device loop thread, which spins on epoll while our thread holds the
 // pair lock (Pair::handleEvents only try-locks); on a 2-core machine a spinner
 // that preempts the lock holder burns a whole scheduler slice, and those calls
-// took 4 ms instead of 0.3 ms (docs/benchmarks.md, worker SDK).
+// took 4 ms instead of 0.3 ms (docs/benchmarks.md, worker SDK). Which size
+// takes which context: SyncAllreduceMaxBytes (cpu_topology.h); the algorithms:
+// gloo_ops.h. Gloo bootstraps through our store with GlooStoreAdapter.
 //
 // The CPU backend: shared memory between the ranks of a host (shm_group.h)
 // and Gloo's TCP transport between hosts. Init learns which ranks share a
-// host, then:
+// host, then (CpuPath, cpu_topology.h):
 //   one host            every collective through shared memory; no Gloo mesh
 //                       (memcpy bandwidth instead of TCP loopback);
 //   several hosts, some all-reduces hierarchical: the host's sum in shared
@@ -30,170 +32,33 @@
 //   one rank per host   Gloo only.
 // DDP_SHM=0 (InitOptions::shared_memory) opts out of shared memory.
 #include <algorithm>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <deque>
 #include <functional>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "backend.h"
+#include "comm_queue.h"
+#include "cpu_topology.h"
+#include "ddprun/rendezvous/debug_log.h"
 #include "ddprun/rendezvous/store.h"
+#include "elementwise.h"
 #include "gloo/allgather.h"
 #include "gloo/allreduce.h"
-#include "gloo/allreduce_ring.h"
-#include "gloo/allreduce_ring_chunked.h"
 #include "gloo/barrier.h"
 #include "gloo/broadcast.h"
-#include "gloo/common/error.h"
 #include "gloo/rendezvous/context.h"
-#include "gloo/rendezvous/store.h"
 #include "gloo/transport/tcp/device.h"
-#include "elementwise.h"
-#include "half.h"
+#include "gloo_ops.h"
+#include "gloo_store_adapter.h"
 #include "shm_group.h"
 
 namespace ddp::detail {
 namespace {
 
 namespace rdzv = ddprun::rendezvous;
-
-// gloo::rendezvous::Store over our Store, under a key prefix of this round.
-// Gloo expects exceptions; the first error is kept for Init to report.
-class GlooStoreAdapter final : public gloo::rendezvous::Store {
- public:
-  GlooStoreAdapter(std::shared_ptr<rdzv::Store> base, std::string prefix, Duration timeout)
-      : base_(std::move(base)), prefix_(std::move(prefix)), timeout_(timeout) {}
-
-  void set(const std::string& key, const std::vector<char>& data) override {
-    Check(base_->Set(prefix_ + key, std::string(data.begin(), data.end())));
-  }
-  std::vector<char> get(const std::string& key) override {
-    auto v = base_->Get(prefix_ + key, timeout_);
-    Check(v.status());
-    return std::vector<char>(v->begin(), v->end());
-  }
-  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& t) override {
-    std::vector<std::string> full;
-    for (const auto& k : keys) full.push_back(prefix_ + k);
-    Check(base_->Wait(full, std::min<Duration>(t, timeout_)));
-  }
-
-  const absl::Status& error() const { return error_; }
-
- private:
-  void Check(const absl::Status& s) {
-    if (s.ok()) return;
-    if (error_.ok()) error_ = s;
-    throw gloo::IoException(std::string(s.message()));
-  }
-  std::shared_ptr<rdzv::Store> base_;
-  std::string prefix_;
-  Duration timeout_;
-  absl::Status error_;
-};
-
-// In-place reductions for Gloo's bound-buffer algorithms: x = op(x, y).
-template <class T, class Op>
-void ReduceInPlace(T* x, const T* y, std::size_t n) {
-  Op op;
-  for (std::size_t i = 0; i < n; ++i) x[i] = op(x[i], y[i]);
-}
-
-template <float (*ToF)(std::uint16_t), std::uint16_t (*FromF)(float), class Op>
-void ReduceHalfInPlace(std::uint16_t* x, const std::uint16_t* y, std::size_t n) {
-  Op op;
-  for (std::size_t i = 0; i < n; ++i) x[i] = FromF(op(ToF(x[i]), ToF(y[i])));
-}
-
-struct Plus {
-  template <class T> T operator()(T a, T b) const { return a + b; }
-};
-struct Max {
-  template <class T> T operator()(T a, T b) const { return a < b ? b : a; }
-};
-struct Min {
-  template <class T> T operator()(T a, T b) const { return b < a ? b : a; }
-};
-
-// A ReductionFunction for the sync path, one static per (type, op).
-template <class T, void (*Fn)(T*, const T*, std::size_t)>
-const gloo::ReductionFunction<T>* SyncFn() {
-  static const gloo::ReductionFunction<T> f(gloo::CUSTOM, Fn);
-  return &f;
-}
-
-// Gloo's bound-buffer rings, for the sync-mode context. Two ranks:
-// AllreduceRing, which sends the whole buffer once each way (a + b == b + a,
-// so both ranks get the same bits). More: AllreduceRingChunked, a
-// reduce-scatter then an allgather around the ring, so each chunk is summed
-// once, in one order, and every rank receives the same bits (AllreduceRing
-// would have each rank add in its own order and replicas drift apart).
-template <class T>
-void RunRingOf(const std::shared_ptr<gloo::Context>& ctx, void* data, std::size_t count,
-               const gloo::ReductionFunction<T>* fn) {
-  if (ctx->size == 2) {
-    gloo::AllreduceRing<T> ring(ctx, {static_cast<T*>(data)}, static_cast<int>(count), fn);
-    ring.run();
-  } else {
-    gloo::AllreduceRingChunked<T> ring(ctx, {static_cast<T*>(data)}, static_cast<int>(count),
-                                       fn);
-    ring.run();
-  }
-}
-
-template <class T, class Op>
-void RunSyncRing(const std::shared_ptr<gloo::Context>& ctx, void* data, std::size_t count) {
-  RunRingOf<T>(ctx, data, count, SyncFn<T, &ReduceInPlace<T, Op>>());
-}
-
-template <class Op>
-void RunSyncHalfRing(const std::shared_ptr<gloo::Context>& ctx, void* data, std::size_t count,
-                     bool bf16) {
-  using U = std::uint16_t;
-  const gloo::ReductionFunction<U>* fn =
-      bf16 ? SyncFn<U, &ReduceHalfInPlace<BFloat16ToFloat, FloatToBFloat16, Op>>()
-           : SyncFn<U, &ReduceHalfInPlace<Float16ToFloat, FloatToFloat16, Op>>();
-  RunRingOf<U>(ctx, data, count, fn);
-}
-
-template <class Op>
-void RunSyncAllreduceOp(const std::shared_ptr<gloo::Context>& ctx, void* data,
-                        std::size_t count, DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32: return RunSyncRing<float, Op>(ctx, data, count);
-    case DType::kFloat64: return RunSyncRing<double, Op>(ctx, data, count);
-    case DType::kInt32: return RunSyncRing<std::int32_t, Op>(ctx, data, count);
-    case DType::kInt64: return RunSyncRing<std::int64_t, Op>(ctx, data, count);
-    case DType::kFloat16: return RunSyncHalfRing<Op>(ctx, data, count, false);
-    case DType::kBFloat16: return RunSyncHalfRing<Op>(ctx, data, count, true);
-  }
-}
-
-// All-reduce on the sync context (Gloo's rings over bound buffers; a blocking
-// write per message, which suits small messages only).
-void RunSyncAllreduce(const std::shared_ptr<gloo::Context>& ctx, void* data, std::size_t count,
-                      DType dtype, ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg: return RunSyncAllreduceOp<Plus>(ctx, data, count, dtype);
-    case ReduceOp::kMax: return RunSyncAllreduceOp<Max>(ctx, data, count, dtype);
-    case ReduceOp::kMin: return RunSyncAllreduceOp<Min>(ctx, data, count, dtype);
-  }
-}
-
-// Gloo's option setters are templates on the element type; only its size matters.
-template <class Fn>
-void WithElementType(DType dtype, Fn&& fn) {
-  switch (DTypeSize(dtype)) {
-    case 2: fn(std::uint16_t{}); break;
-    case 4: fn(std::uint32_t{}); break;
-    case 8: fn(std::uint64_t{}); break;
-  }
-}
 
 // A failed shared-memory collective, thrown inside a task like Gloo's
 // exceptions and turned into its Status by the communication thread.
@@ -207,74 +72,7 @@ void ThrowIfFailed(absl::Status s) {
 
 ShmGroup::Clock::time_point DeadlineIn(Duration t) { return ShmGroup::Clock::now() + t; }
 
-class Core;
-
-// net.core.wmem_max, the most SO_SNDBUF a process may ask for (Linux's
-// default when it cannot be read).
-std::size_t WmemMax() {
-  std::size_t v = 212992;
-  if (std::FILE* f = std::fopen("/proc/sys/net/core/wmem_max", "r")) {
-    unsigned long long x = 0;
-    if (std::fscanf(f, "%llu", &x) == 1 && x > 0) v = static_cast<std::size_t>(x);
-    std::fclose(f);
-  }
-  return v;
-}
-
-// One queued collective and its completion.
-class GlooWork final : public WorkState {
- public:
-  GlooWork(std::weak_ptr<Backend> owner, std::string desc, Duration default_timeout)
-      : owner_(std::move(owner)), desc_(std::move(desc)), default_timeout_(default_timeout) {}
-
-  void Complete(absl::Status s) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_ = true;
-      status_ = std::move(s);
-    }
-    cv_.notify_all();
-  }
-
-  absl::Status Wait(Duration timeout) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (cv_.wait_for(lock, timeout, [&] { return done_; })) return status_;
-    lock.unlock();
-    const std::string what =
-        absl::StrCat(desc_, " did not complete within ", timeout.count() / 1000.0, " s");
-    std::string fence;
-    if (auto b = owner_.lock()) {
-      b->Fail(what);
-      fence = b->Fence();
-    }
-    return absl::DeadlineExceededError(
-        absl::StrCat(fence, what, " (a peer is slow, hung or issued a different collective)"));
-  }
-  absl::StatusOr<bool> IsCompleted() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (done_ && !status_.ok()) return status_;
-    return done_;
-  }
-  absl::Status Synchronize(void*) override { return WaitDefault(); }
-  absl::Status WaitDefault() override { return Wait(default_timeout_ + std::chrono::seconds(5)); }
-
- private:
-  std::weak_ptr<Backend> owner_;
-  std::string desc_;
-  Duration default_timeout_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  absl::Status status_;
-};
-
-struct Task {
-  std::string desc;
-  std::function<void()> run;  // may throw gloo exceptions
-  std::shared_ptr<GlooWork> work;
-};
-
-// State shared by the group and its communication thread.
+// What the group's collectives use; the communication thread keeps it alive.
 class Core {
  public:
   std::shared_ptr<gloo::rendezvous::Context> context;
@@ -291,11 +89,6 @@ class Core {
   bool leader = false;
   std::shared_ptr<gloo::rendezvous::Context> leaders;
   std::shared_ptr<gloo::rendezvous::Context> leaders_sync;
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<Task> queue;
-  bool stop = false;
-  bool busy = false;
   // Reused scratch for reduce-scatter (first-touch page faults are slow).
   std::vector<char> scratch;
 };
@@ -305,32 +98,23 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
   GlooBackend(WorkerInfo info, Duration timeout, std::shared_ptr<Core> core)
       : Backend(std::move(info), timeout), core_(std::move(core)) {}
 
-  ~GlooBackend() override {
-    bool busy;
-    {
-      std::lock_guard<std::mutex> lock(core_->mu);
-      core_->stop = true;
-      busy = core_->busy;
-    }
-    core_->cv.notify_all();
-    // A thread stuck in Gloo on an aborted group finishes on its own.
-    if (busy && aborted()) {
-      thread_.detach();
-    } else {
-      thread_.join();
-    }
-  }
+  // A thread stuck in Gloo on an aborted group finishes on its own.
+  ~GlooBackend() override { queue_.Stop(/*detach_if_busy=*/aborted()); }
 
   void Start() {
-    thread_ = std::thread([core = core_, weak = weak_from_this()] { Loop(core, weak); });
+    queue_.Start(
+        [weak = weak_from_this()](const std::string& desc, std::exception_ptr e) {
+          return Classify(desc, e, weak);
+        },
+        core_);
   }
 
   ddp::Backend kind() const override { return ddp::Backend::kGloo; }
 
   absl::StatusOr<WorkPtr> Allreduce(void* data, std::size_t count, DType dtype,
                                     ReduceOp op) override {
-    DDP_RETURN_IF_ERROR(CheckBuffer(*this, "allreduce", data, count, dtype));
-    DDP_RETURN_IF_ERROR(CheckReduceOp(*this, "allreduce", op));
+    DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "allreduce", data, count, dtype));
+    DDPRUN_RETURN_IF_ERROR(CheckReduceOp(*this, "allreduce", op));
     const std::string desc = DescribeOp("allreduce", count, dtype, ReduceOpName(op));
     if (count == 0) return Enqueue(desc, nullptr);
     const int n = size();
@@ -377,11 +161,11 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
     std::size_t count = 0;
     std::vector<ShmPiece> shm_pieces;
     for (const Piece& p : pieces) {
-      DDP_RETURN_IF_ERROR(CheckBuffer(*this, "allreduce", p.data, p.count, dtype));
+      DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "allreduce", p.data, p.count, dtype));
       count += p.count;
       if (p.count) shm_pieces.push_back(ShmPiece{p.data, p.count * DTypeSize(dtype)});
     }
-    DDP_RETURN_IF_ERROR(CheckReduceOp(*this, "allreduce", op));
+    DDPRUN_RETURN_IF_ERROR(CheckReduceOp(*this, "allreduce", op));
     const std::string desc = DescribeOp("allreduce", count, dtype, ReduceOpName(op));
     if (count == 0) return Enqueue(desc, nullptr);
     return Enqueue(desc, [=, t = timeout()] {
@@ -391,7 +175,7 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
 
   absl::StatusOr<WorkPtr> Broadcast(void* data, std::size_t count, DType dtype,
                                     int root) override {
-    DDP_RETURN_IF_ERROR(CheckBuffer(*this, "broadcast", data, count, dtype));
+    DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "broadcast", data, count, dtype));
     if (root < 0 || root >= size()) {
       return absl::InvalidArgumentError(absl::StrCat(Fence(), "broadcast: root ", root,
                                                      " is not a rank of this group (size ",
@@ -419,8 +203,8 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
 
   absl::StatusOr<WorkPtr> Allgather(const void* in, void* out, std::size_t count,
                                     DType dtype) override {
-    DDP_RETURN_IF_ERROR(CheckBuffer(*this, "allgather", in, count, dtype, "input"));
-    DDP_RETURN_IF_ERROR(CheckBuffer(*this, "allgather", out, count, dtype, "output"));
+    DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "allgather", in, count, dtype, "input"));
+    DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "allgather", out, count, dtype, "output"));
     const std::string desc = DescribeOp("allgather", count, dtype, "");
     if (count == 0) return Enqueue(desc, nullptr);
     const std::size_t bytes = count * DTypeSize(dtype);
@@ -449,9 +233,9 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
   // scratch buffer, then keep this rank's block.
   absl::StatusOr<WorkPtr> ReduceScatter(const void* in, void* out, std::size_t count,
                                         DType dtype, ReduceOp op) override {
-    DDP_RETURN_IF_ERROR(CheckBuffer(*this, "reduce_scatter", in, count, dtype, "input"));
-    DDP_RETURN_IF_ERROR(CheckBuffer(*this, "reduce_scatter", out, count, dtype, "output"));
-    DDP_RETURN_IF_ERROR(CheckReduceOp(*this, "reduce_scatter", op));
+    DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "reduce_scatter", in, count, dtype, "input"));
+    DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "reduce_scatter", out, count, dtype, "output"));
+    DDPRUN_RETURN_IF_ERROR(CheckReduceOp(*this, "reduce_scatter", op));
     const std::string desc = DescribeOp("reduce_scatter", count, dtype, ReduceOpName(op));
     if (count == 0) return Enqueue(desc, nullptr);
     const std::size_t esize = DTypeSize(dtype);
@@ -517,12 +301,7 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
     // Wakes a shared-memory collective in progress (and tells the peers).
     if (core_->shm) core_->shm->Abort();
     // Fail what is queued; what runs finishes or times out inside Gloo.
-    std::deque<Task> dropped;
-    {
-      std::lock_guard<std::mutex> lock(core_->mu);
-      dropped.swap(core_->queue);
-    }
-    for (Task& t : dropped) t.work->Complete(AbortedStatus(t.desc));
+    for (QueuedTask& t : queue_.TakeQueued()) t.work->Complete(AbortedStatus(t.desc));
   }
 
  private:
@@ -531,85 +310,30 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
   // no Gloo context and every collective uses it).
   ShmGroup* OneHostShm() const { return core_->context ? nullptr : core_->shm.get(); }
 
-  // The sync rings (RunRingOf) are worth it while latency dominates. Their
-  // writes block, and every rank writes before it reads, so a message must
-  // fit in the socket's send buffer or the ranks deadlock: Gloo sizes
-  // SO_SNDBUF to the message, which the kernel caps at net.core.wmem_max (and
-  // then doubles). Above that, the async context. Measured here (p50 of back
-  // to back calls, TCP loopback): at 2 ranks the sync ring wins up to 4 MiB;
-  // at 3-4 ranks the chunked one wins 3-5x up to 256 KiB (0.46-1.1 ms
-  // against 1.5-5.4 ms) but loses at 1 MiB at 4 ranks (8.0 against 4.9 ms).
-  static std::size_t SyncAllreduceMaxBytes(std::size_t wmem_max, int ranks) {
-    const std::size_t cap = ranks == 2 ? std::size_t(4) << 20 : std::size_t(256) << 10;
-    return std::min(cap, wmem_max);
-  }
-
-  // An all-reduce (kAvg not divided) over a Gloo context: on its sync-mode
-  // twin when there is one and the message is small. Throws Gloo's exceptions.
-  static void TcpAllreduce(const std::shared_ptr<gloo::rendezvous::Context>& ctx,
-                           const std::shared_ptr<gloo::rendezvous::Context>& sync_ctx,
-                           std::size_t wmem_max, void* data, std::size_t count, DType dtype,
-                           ReduceOp op, std::uint32_t tag, Duration timeout) {
-    if (ctx->size == 1) return;
-    if (sync_ctx && count * DTypeSize(dtype) <= SyncAllreduceMaxBytes(wmem_max, ctx->size)) {
-      RunSyncAllreduce(sync_ctx, data, count, dtype, op);
-      return;
-    }
-    gloo::AllreduceOptions opts(ctx);
-    WithElementType(dtype,
-                    [&](auto e) { opts.setOutput(static_cast<decltype(e)*>(data), count); });
-    opts.setReduceFunction(ReduceFunc(dtype, op));
-    opts.setTag(tag);
-    opts.setTimeout(timeout);
-    gloo::allreduce(opts);
-  }
-
   absl::StatusOr<WorkPtr> Enqueue(const std::string& desc, std::function<void()> run) {
     if (aborted()) return AbortedStatus(desc);
-    auto work = std::make_shared<GlooWork>(weak_from_this(), desc, timeout());
-    if (!run) {
-      // Nothing to communicate, but keep issue order: completes after earlier work.
-      run = [] {};
-    }
-    {
-      std::lock_guard<std::mutex> lock(core_->mu);
-      core_->queue.push_back(Task{desc, std::move(run), work});
-    }
-    core_->cv.notify_one();
+    auto work = std::make_shared<QueuedWork>(weak_from_this(), desc, timeout());
+    // Nothing to communicate (run null) still keeps issue order.
+    queue_.Push(desc, std::move(run), work);
     return work;
   }
 
-  static void Loop(std::shared_ptr<Core> core, std::weak_ptr<GlooBackend> weak) {
-    for (;;) {
-      Task task;
-      {
-        std::unique_lock<std::mutex> lock(core->mu);
-        core->cv.wait(lock, [&] { return core->stop || !core->queue.empty(); });
-        if (core->queue.empty()) return;  // stop requested and nothing left
-        task = std::move(core->queue.front());
-        core->queue.pop_front();
-        core->busy = true;
-      }
-      absl::Status status;
-      try {
-        task.run();
-      } catch (const ShmFailure& f) {
-        status = ClassifyShm(task.desc, f.status, weak);
-      } catch (const std::exception& e) {
-        status = Classify(task.desc, e.what(), weak);
-      }
-      {
-        std::lock_guard<std::mutex> lock(core->mu);
-        core->busy = false;
-      }
-      task.work->Complete(std::move(status));
+  // What a task threw, as its Status; aborts the group.
+  static absl::Status Classify(const std::string& desc, std::exception_ptr e,
+                               const std::weak_ptr<GlooBackend>& weak) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const ShmFailure& f) {
+      return ClassifyShm(desc, f.status, weak);
+    } catch (const std::exception& x) {
+      return ClassifyGloo(desc, x.what(), weak);
     }
   }
 
   // A Gloo exception as a Status: timeouts are DeadlineExceeded, everything
   // else (a closed connection: a dead peer) Unavailable. Aborts the group.
-  static absl::Status Classify(const std::string& desc, const std::string& what,
-                               const std::weak_ptr<GlooBackend>& weak) {
+  static absl::Status ClassifyGloo(const std::string& desc, const std::string& what,
+                                   const std::weak_ptr<GlooBackend>& weak) {
     std::string fence;
     auto self = weak.lock();
     if (self) fence = self->Fence();
@@ -642,7 +366,7 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
   }
 
   std::shared_ptr<Core> core_;
-  std::thread thread_;
+  CommQueue queue_;  // stopped by the destructor
   std::uint32_t tag_ = 0;
 };
 
@@ -654,11 +378,9 @@ absl::StatusOr<std::shared_ptr<Backend>> CreateGlooBackend(const WorkerInfo& inf
                                                            const std::string& key_prefix) {
   auto core = std::make_shared<Core>();
   const std::string host = options.gloo_host.empty() ? info.host : options.gloo_host;
-  const std::string fence =
-      absl::StrCat("[job ", info.job_id, " round ", info.round, " rank ", info.rank, "] ");
+  const std::string fence = FenceOf(info);
   // Which ranks share a host decides the path (see the top of this file).
   HostLayout layout;
-  bool max_local_above_one = false;
   if (options.shared_memory && info.world_size > 1) {
     auto l = ExchangeHostLayout(info, *store, key_prefix, options.timeout);
     if (!l.ok()) {
@@ -666,9 +388,8 @@ absl::StatusOr<std::shared_ptr<Backend>> CreateGlooBackend(const WorkerInfo& inf
                                                           l.status().message()));
     }
     layout = *l;
-    max_local_above_one = layout.num_hosts < info.world_size;
   }
-  if (max_local_above_one) {
+  if (WantSharedMemory(options.shared_memory, info.world_size, layout.num_hosts)) {
     std::string why;
     auto shm = ConnectShmGroup(layout, info, *store, key_prefix, options.timeout,
                                kDefaultShmChunkBytes, &why);
@@ -677,19 +398,24 @@ absl::StatusOr<std::shared_ptr<Backend>> CreateGlooBackend(const WorkerInfo& inf
                           absl::StrCat(fence, "shared memory bootstrap through the store: ",
                                        shm.status().message()));
     }
-    if (*shm) {
-      core->shm = std::move(*shm);
-      if (layout.num_hosts == 1) {
-        auto backend = std::make_shared<GlooBackend>(info, options.timeout, core);
-        backend->Start();
-        return std::shared_ptr<Backend>(backend);
-      }
-    } else if (info.rank == 0) {
+    core->shm = std::move(*shm);
+    if (!core->shm && info.rank == 0) {
       std::fprintf(stderr,
                    "%sddp: no shared memory between the ranks of a host (%s); "
                    "collectives go over Gloo's TCP transport\n",
                    fence.c_str(), why.c_str());
     }
+  }
+  const CpuPath path = ChooseCpuPath(layout.num_hosts, core->shm != nullptr);
+  DDPRUN_DEBUG_LOG(kSdk) << fence << "cpu path: "
+                         << (path == CpuPath::kOneHostShm     ? "one host, shared memory"
+                             : path == CpuPath::kHierarchical ? "hierarchical"
+                                                              : "gloo tcp")
+                         << " (" << layout.num_hosts << " host(s))";
+  if (path == CpuPath::kOneHostShm) {
+    auto backend = std::make_shared<GlooBackend>(info, options.timeout, core);
+    backend->Start();
+    return std::shared_ptr<Backend>(backend);
   }
   try {
     gloo::transport::tcp::attr attr;
@@ -723,27 +449,23 @@ absl::StatusOr<std::shared_ptr<Backend>> CreateGlooBackend(const WorkerInfo& inf
     }
     return ctx;
   };
-  auto ctx = connect("gloo/", info.rank, info.world_size, /*sync=*/false);
-  if (!ctx.ok()) return ctx.status();
-  core->context = *ctx;
+  DDPRUN_ASSIGN_OR_RETURN(core->context,
+                          connect("gloo/", info.rank, info.world_size, /*sync=*/false));
   core->sync_max_bytes = WmemMax();
-  if (core->shm) {
+  if (path == CpuPath::kHierarchical) {
     // Hierarchical all-reduce: the hosts' first ranks (leaders) all-reduce
     // the hosts' sums among themselves.
     core->leader = layout.local_index == 0;
     if (core->leader) {
-      auto lctx = connect("gloo-leaders/", layout.host, layout.num_hosts, /*sync=*/false);
-      if (!lctx.ok()) return lctx.status();
-      core->leaders = *lctx;
-      auto lsync = connect("gloo-leaders-sync/", layout.host, layout.num_hosts, /*sync=*/true);
-      if (!lsync.ok()) return lsync.status();
-      core->leaders_sync = *lsync;
+      DDPRUN_ASSIGN_OR_RETURN(core->leaders, connect("gloo-leaders/", layout.host,
+                                                     layout.num_hosts, /*sync=*/false));
+      DDPRUN_ASSIGN_OR_RETURN(core->leaders_sync, connect("gloo-leaders-sync/", layout.host,
+                                                          layout.num_hosts, /*sync=*/true));
     }
   } else if (info.world_size > 1) {
-    // The sync-mode mesh serves small all-reduces (see SyncAllreduceMaxBytes).
-    auto sync_ctx = connect("gloo-sync/", info.rank, info.world_size, /*sync=*/true);
-    if (!sync_ctx.ok()) return sync_ctx.status();
-    core->sync_context = *sync_ctx;
+    // The sync-mode mesh serves small all-reduces (SyncAllreduceMaxBytes).
+    DDPRUN_ASSIGN_OR_RETURN(core->sync_context,
+                            connect("gloo-sync/", info.rank, info.world_size, /*sync=*/true));
   }
   auto backend = std::make_shared<GlooBackend>(info, options.timeout, core);
   backend->Start();

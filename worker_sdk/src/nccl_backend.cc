@@ -143,7 +143,7 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
     if (rank() == 0) {
       ncclResult_t r = ncclGetUniqueId(&id);
       if (r != ncclSuccess) return Nccl("ncclGetUniqueId", r);
-      DDP_RETURN_IF_ERROR(store->Set(key, std::string(id.internal, sizeof(id.internal))));
+      DDPRUN_RETURN_IF_ERROR(store->Set(key, std::string(id.internal, sizeof(id.internal))));
     } else {
       auto v = store->Get(key, timeout());
       if (!v.ok()) {
@@ -184,8 +184,8 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
 
   absl::StatusOr<WorkPtr> Allreduce(void* data, std::size_t count, DType dtype,
                                     ReduceOp op) override {
-    DDP_RETURN_IF_ERROR(CheckBuffer(*this, "allreduce", data, count, dtype));
-    DDP_RETURN_IF_ERROR(CheckReduceOp(*this, "allreduce", op));
+    DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "allreduce", data, count, dtype));
+    DDPRUN_RETURN_IF_ERROR(CheckReduceOp(*this, "allreduce", op));
     if (count == 0) return Done();
     return Launch(DescribeOp("allreduce", count, dtype, ReduceOpName(op)), [&] {
       return ncclAllReduce(data, data, count, NcclType(dtype), NcclOp(op), comm_, stream_);
@@ -193,7 +193,7 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
   }
   absl::StatusOr<WorkPtr> Broadcast(void* data, std::size_t count, DType dtype,
                                     int root) override {
-    DDP_RETURN_IF_ERROR(CheckBuffer(*this, "broadcast", data, count, dtype));
+    DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "broadcast", data, count, dtype));
     if (root < 0 || root >= size()) {
       return absl::InvalidArgumentError(
           absl::StrCat(Fence(), "broadcast: root ", root, " is not a rank (size ", size(), ")"));
@@ -205,8 +205,8 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
   }
   absl::StatusOr<WorkPtr> Allgather(const void* in, void* out, std::size_t count,
                                     DType dtype) override {
-    DDP_RETURN_IF_ERROR(CheckBuffer(*this, "allgather", in, count, dtype, "input"));
-    DDP_RETURN_IF_ERROR(CheckBuffer(*this, "allgather", out, count, dtype, "output"));
+    DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "allgather", in, count, dtype, "input"));
+    DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "allgather", out, count, dtype, "output"));
     if (count == 0) return Done();
     return Launch(DescribeOp("allgather", count, dtype, ""), [&] {
       return ncclAllGather(in, out, count, NcclType(dtype), comm_, stream_);
@@ -214,9 +214,9 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
   }
   absl::StatusOr<WorkPtr> ReduceScatter(const void* in, void* out, std::size_t count,
                                         DType dtype, ReduceOp op) override {
-    DDP_RETURN_IF_ERROR(CheckBuffer(*this, "reduce_scatter", in, count, dtype, "input"));
-    DDP_RETURN_IF_ERROR(CheckBuffer(*this, "reduce_scatter", out, count, dtype, "output"));
-    DDP_RETURN_IF_ERROR(CheckReduceOp(*this, "reduce_scatter", op));
+    DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "reduce_scatter", in, count, dtype, "input"));
+    DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "reduce_scatter", out, count, dtype, "output"));
+    DDPRUN_RETURN_IF_ERROR(CheckReduceOp(*this, "reduce_scatter", op));
     if (count == 0) return Done();
     return Launch(DescribeOp("reduce_scatter", count, dtype, ReduceOpName(op)), [&] {
       return ncclReduceScatter(in, out, count, NcclType(dtype), NcclOp(op), comm_, stream_);
@@ -412,13 +412,12 @@ absl::StatusOr<std::shared_ptr<Backend>> CreateNcclBackend(
   const int n = CudaDeviceCount();
   if (n == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "[job ", info.job_id, " round ", info.round, " rank ", info.rank,
-        "] backend nccl: no CUDA device is visible (CUDA_VISIBLE_DEVICES?)"));
+        FenceOf(info), "backend nccl: no CUDA device is visible (CUDA_VISIBLE_DEVICES?)"));
   }
   // LOCAL_RANK's device, or the only one CUDA_VISIBLE_DEVICES leaves.
   const int device = n == 1 ? 0 : info.local_rank % n;
   auto backend = std::make_shared<NcclBackend>(info, options.timeout, device);
-  DDP_RETURN_IF_ERROR(backend->Bootstrap(std::move(store), prefix));
+  DDPRUN_RETURN_IF_ERROR(backend->Bootstrap(std::move(store), prefix));
   return std::shared_ptr<Backend>(backend);
 }
 

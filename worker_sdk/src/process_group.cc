@@ -1,8 +1,10 @@
-// ddp::Init, environment parsing, and the public ProcessGroup/Work wrappers
-// that turn the backends' absl::Status into ddp::Error.
+// ddp::Init (environment parsing, then ConnectBackend of group_factory.h)
+// and the public ProcessGroup/Work wrappers that turn the backends'
+// absl::Status into ddp::Error.
 #include <signal.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <string>
 
@@ -11,6 +13,10 @@
 #include "backend.h"
 #include "ddp/process_group.h"
 #include "ddprun/rendezvous/client.h"
+#include "ddprun/rendezvous/debug_log.h"
+#include "ddprun/rendezvous/host_port.h"
+#include "ddprun/rendezvous/worker_env_names.h"
+#include "group_factory.h"
 #include "status.h"
 
 namespace ddp {
@@ -48,6 +54,13 @@ absl::Status CheckReduceOp(const Backend& b, const char* op, ReduceOp r) {
 
 namespace {
 
+namespace rdzv = ddprun::rendezvous;
+
+// The SDK's own knobs (docs/sdk.md, Init): only the SDK reads them.
+constexpr const char* kEnvTimeoutSec = "DDP_TIMEOUT_SEC";
+constexpr const char* kEnvBackend = "DDP_BACKEND";
+constexpr const char* kEnvShm = "DDP_SHM";
+
 constexpr const char* kHowToRun =
     "Start the trainer under the launcher, for example:\n"
     "  ddprun --nproc_per_node=2 ./trainer";
@@ -70,8 +83,7 @@ absl::StatusOr<std::int64_t> Integer(const char* name, bool required, std::int64
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') {
     if (!required) return fallback;
-    auto s = Required(name);
-    return s.status();
+    return Required(name).status();
   }
   std::int64_t out = 0;
   if (!absl::SimpleAtoi(v, &out) || out < 0) {
@@ -80,54 +92,21 @@ absl::StatusOr<std::int64_t> Integer(const char* name, bool required, std::int64
   return out;
 }
 
-}  // namespace
-
-absl::StatusOr<WorkerInfo> ParseEnvironment() {
-  WorkerInfo info;
-  // The DDPRUN_* variables first: a missing one means "not under ddprun"
-  // even when torchrun's RANK/WORLD_SIZE are there.
-  auto addr = Required("DDPRUN_STORE_ADDR");
-  if (!addr.ok()) return addr.status();
-  info.store_addr = *addr;
-  auto job = Required("DDPRUN_JOB_ID");
-  if (!job.ok()) return job.status();
-  info.job_id = *job;
-  auto token = Required("DDPRUN_TOKEN");
-  if (!token.ok()) return token.status();
-  auto round = Integer("DDPRUN_ROUND", true, 0);
-  if (!round.ok()) return round.status();
-  info.round = *round;
-  auto rank = Integer("RANK", true, 0);
-  if (!rank.ok()) return rank.status();
-  auto world = Integer("WORLD_SIZE", true, 1);
-  if (!world.ok()) return world.status();
-  auto local_rank = Integer("LOCAL_RANK", false, *rank);
-  if (!local_rank.ok()) return local_rank.status();
-  auto local_world = Integer("LOCAL_WORLD_SIZE", false, *world);
-  if (!local_world.ok()) return local_world.status();
-  if (*world < 1 || *rank >= *world) {
-    return EnvError(absl::StrCat("RANK=", *rank, " is not below WORLD_SIZE=", *world, "."));
+// DDPRUN_STORE_ADDR as host and port (a port is required, 0 is not one).
+absl::StatusOr<rdzv::HostPort> StoreAddress(const std::string& text) {
+  auto hp = rdzv::ParseHostPort(text);
+  if (!hp.ok()) {
+    return EnvError(absl::StrCat(ddprun::kEnvStoreAddr, "='", text, "' is not host:port (",
+                                 hp.status().message(), ")."));
   }
-  info.rank = static_cast<int>(*rank);
-  info.world_size = static_cast<int>(*world);
-  info.local_rank = static_cast<int>(*local_rank);
-  info.local_world_size = static_cast<int>(*local_world);
-  const char* host = std::getenv("DDPRUN_HOST");
-  info.host = (host && *host) ? host : "127.0.0.1";
-  std::string h;
-  int port = 0;
-  if (!ddprun::rendezvous::ParseEndpoint(info.store_addr, 0, &h, &port).ok() || port <= 0) {
-    return EnvError(absl::StrCat("DDPRUN_STORE_ADDR='", info.store_addr,
-                                 "' is not host:port."));
-  }
-  return info;
+  return *hp;
 }
 
 // Gloo writes to its sockets with writev, which raises SIGPIPE when a peer
 // has died: the default action would kill the worker instead of failing the
 // collective with an error naming it. Ignored only if nobody chose an action
 // (Python already ignores it).
-static void IgnoreSigpipeIfDefault() {
+void IgnoreSigpipeIfDefault() {
   struct sigaction old {};
   if (::sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL &&
       !(old.sa_flags & SA_SIGINFO)) {
@@ -135,85 +114,160 @@ static void IgnoreSigpipeIfDefault() {
   }
 }
 
-absl::StatusOr<std::shared_ptr<Backend>> InitBackend(const InitOptions& in) {
-  auto info_or = ParseEnvironment();
-  if (!info_or.ok()) return info_or.status();
-  IgnoreSigpipeIfDefault();
-  WorkerInfo info = *info_or;
+// The DDP_* overrides of options the trainer left at their defaults.
+absl::StatusOr<InitOptions> ApplyEnvironmentOptions(const InitOptions& in,
+                                                    const std::string& fence) {
   InitOptions options = in;
-  const std::string fence = absl::StrCat("[job ", info.job_id, " round ", info.round, " rank ",
-                                         info.rank, "] ");
-  if (const char* t = std::getenv("DDP_TIMEOUT_SEC"); t && *t && in.timeout == kDefaultTimeout) {
+  if (const char* t = std::getenv(kEnvTimeoutSec); t && *t && in.timeout == kDefaultTimeout) {
     double sec = 0;
     if (!absl::SimpleAtod(t, &sec) || sec <= 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat(fence, "DDP_TIMEOUT_SEC='", t, "' is not a positive number of seconds"));
+          absl::StrCat(fence, kEnvTimeoutSec, "='", t, "' is not a positive number of seconds"));
     }
     options.timeout = Duration(static_cast<std::int64_t>(sec * 1000));
   }
-  if (const char* b = std::getenv("DDP_BACKEND"); b && *b && in.backend == ddp::Backend::kAuto) {
+  if (const char* b = std::getenv(kEnvBackend); b && *b && in.backend == ddp::Backend::kAuto) {
     const std::string s = b;
     if (s == "gloo") options.backend = ddp::Backend::kGloo;
     else if (s == "nccl") options.backend = ddp::Backend::kNccl;
     else if (s != "auto") {
       return absl::InvalidArgumentError(
-          absl::StrCat(fence, "DDP_BACKEND='", s, "' is not one of auto, gloo, nccl"));
+          absl::StrCat(fence, kEnvBackend, "='", s, "' is not one of auto, gloo, nccl"));
     }
   }
-
-  if (const char* m = std::getenv("DDP_SHM"); m && *m) {
+  if (const char* m = std::getenv(kEnvShm); m && *m) {
     const std::string s = m;
     if (s == "0") options.shared_memory = false;
     else if (s != "1") {
       return absl::InvalidArgumentError(
-          absl::StrCat(fence, "DDP_SHM='", s, "' is not 0 (TCP only) or 1 (shared memory)"));
+          absl::StrCat(fence, kEnvShm, "='", s, "' is not 0 (TCP only) or 1 (shared memory)"));
     }
   }
+  return options;
+}
 
-  std::string host;
-  int port = 0;
-  DDP_RETURN_IF_ERROR(ddprun::rendezvous::ParseEndpoint(info.store_addr, 0, &host, &port));
-  const char* token = std::getenv("DDPRUN_TOKEN");
-  auto store = std::make_shared<ddprun::rendezvous::GrpcStore>(
-      host, port, ddprun::rendezvous::StoreScope{info.job_id, token ? token : "", info.round});
-
-  // Every group of this process gets its own key space within the round;
-  // every rank creates its groups in the same order.
-  static std::atomic<int> next_group{0};
-  const std::string prefix = absl::StrCat("ddp/pg", next_group++, "/");
-
-  // The first store call checks the address, the job and the token.
-  absl::Status hello = store->Set(absl::StrCat(prefix, "hello/", info.rank), info.host);
-  if (!hello.ok()) {
-    if (hello.code() == absl::StatusCode::kPermissionDenied ||
-        hello.code() == absl::StatusCode::kUnauthenticated) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          fence, "the store at ", info.store_addr, " refused job '", info.job_id,
-          "' with this DDPRUN_TOKEN (wrong token or job id): ", hello.message()));
-    }
-    if (hello.code() == absl::StatusCode::kFailedPrecondition) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          fence, "the store refused round ", info.round,
-          " (a stale round: the job was restarted without this worker): ", hello.message()));
-    }
-    return absl::Status(hello.code(), absl::StrCat(fence, "cannot use the store at ",
-                                                   info.store_addr, ": ", hello.message()));
+// The first store call checks the address, the job and the token; its error
+// says which of them is wrong.
+absl::Status Hello(rdzv::Store& store, const WorkerInfo& info, const std::string& prefix) {
+  absl::Status hello = store.Set(absl::StrCat(prefix, "hello/", info.rank), info.host);
+  if (hello.ok()) return hello;
+  const std::string fence = FenceOf(info);
+  if (hello.code() == absl::StatusCode::kPermissionDenied ||
+      hello.code() == absl::StatusCode::kUnauthenticated) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        fence, "the store at ", info.store_addr, " refused job '", info.job_id, "' with this ",
+        ddprun::kEnvToken, " (wrong token or job id): ", hello.message()));
   }
+  if (hello.code() == absl::StatusCode::kFailedPrecondition) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        fence, "the store refused round ", info.round,
+        " (a stale round: the job was restarted without this worker): ", hello.message()));
+  }
+  return absl::Status(hello.code(), absl::StrCat(fence, "cannot use the store at ",
+                                                 info.store_addr, ": ", hello.message()));
+}
 
+}  // namespace
+
+std::string FenceOf(const WorkerInfo& info) {
+  return absl::StrCat("[job ", info.job_id, " round ", info.round, " rank ", info.rank, "] ");
+}
+
+absl::StatusOr<WorkerInfo> ParseEnvironment() {
+  WorkerInfo info;
+  // The DDPRUN_* variables first: a missing one means "not under ddprun"
+  // even when torchrun's RANK/WORLD_SIZE are there.
+  DDPRUN_ASSIGN_OR_RETURN(info.store_addr, Required(ddprun::kEnvStoreAddr));
+  DDPRUN_ASSIGN_OR_RETURN(info.job_id, Required(ddprun::kEnvJobId));
+  DDPRUN_RETURN_IF_ERROR(Required(ddprun::kEnvToken));
+  DDPRUN_ASSIGN_OR_RETURN(info.round, Integer(ddprun::kEnvRound, true, 0));
+  DDPRUN_ASSIGN_OR_RETURN(const std::int64_t rank, Integer("RANK", true, 0));
+  DDPRUN_ASSIGN_OR_RETURN(const std::int64_t world, Integer("WORLD_SIZE", true, 1));
+  DDPRUN_ASSIGN_OR_RETURN(const std::int64_t local_rank, Integer("LOCAL_RANK", false, rank));
+  DDPRUN_ASSIGN_OR_RETURN(const std::int64_t local_world,
+                          Integer("LOCAL_WORLD_SIZE", false, world));
+  if (world < 1 || rank >= world) {
+    return EnvError(absl::StrCat("RANK=", rank, " is not below WORLD_SIZE=", world, "."));
+  }
+  info.rank = static_cast<int>(rank);
+  info.world_size = static_cast<int>(world);
+  info.local_rank = static_cast<int>(local_rank);
+  info.local_world_size = static_cast<int>(local_world);
+  const char* host = std::getenv(ddprun::kEnvHost);
+  info.host = (host && *host) ? host : "127.0.0.1";
+  DDPRUN_RETURN_IF_ERROR(StoreAddress(info.store_addr));
+  return info;
+}
+
+WorkerInfo LocalWorkerInfo(int rank, int world_size) {
+  WorkerInfo info;
+  info.rank = rank;
+  info.world_size = world_size;
+  info.local_rank = rank;
+  info.local_world_size = world_size;
+  info.job_id = "local";
+  info.round = 0;
+  info.host = "127.0.0.1";
+  info.store_addr = "(in-process store)";
+  return info;
+}
+
+absl::StatusOr<std::shared_ptr<Backend>> ConnectBackend(const WorkerInfo& info,
+                                                        const InitOptions& options,
+                                                        std::shared_ptr<rdzv::Store> store,
+                                                        const std::string& key_prefix) {
+  const std::string fence = FenceOf(info);
   ddp::Backend chosen = options.backend;
   if (chosen == ddp::Backend::kAuto) {
     chosen = (NcclCompiledIn() && CudaDeviceCount() > 0) ? ddp::Backend::kNccl
                                                          : ddp::Backend::kGloo;
   }
+  DDPRUN_DEBUG_LOG(kSdk) << fence << "group " << key_prefix << ": bootstrapping "
+                         << BackendName(chosen) << " over " << info.world_size
+                         << " rank(s), shared memory " << (options.shared_memory ? "on" : "off")
+                         << ", timeout " << options.timeout.count() << " ms";
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::StatusOr<std::shared_ptr<Backend>> backend;
   if (chosen == ddp::Backend::kNccl) {
     if (!NcclCompiledIn()) {
       return absl::UnimplementedError(
           absl::StrCat(fence, "backend nccl requested, but this build has no CUDA/NCCL "
                               "(configure with -DDDPRUN_WITH_CUDA=ON)"));
     }
-    return CreateNcclBackend(info, options, store, prefix);
+    backend = CreateNcclBackend(info, options, std::move(store), key_prefix);
+  } else {
+    backend = CreateGlooBackend(info, options, std::move(store), key_prefix);
   }
-  return CreateGlooBackend(info, options, store, prefix);
+  DDPRUN_DEBUG_LOG(kSdk) << fence << "group " << key_prefix << ": "
+                         << (backend.ok() ? "connected" : "bootstrap failed") << " after "
+                         << std::chrono::duration_cast<Duration>(
+                                std::chrono::steady_clock::now() - t0)
+                                .count()
+                         << " ms" << (backend.ok() ? "" : ": ") << backend.status().message();
+  return backend;
+}
+
+absl::StatusOr<std::shared_ptr<Backend>> InitBackend(const InitOptions& in) {
+  DDPRUN_ASSIGN_OR_RETURN(const WorkerInfo info, ParseEnvironment());
+  IgnoreSigpipeIfDefault();
+  const std::string fence = FenceOf(info);
+  DDPRUN_ASSIGN_OR_RETURN(const InitOptions options, ApplyEnvironmentOptions(in, fence));
+  DDPRUN_DEBUG_LOG(kSdk) << fence << "init: rank " << info.rank << " of " << info.world_size
+                         << " (local " << info.local_rank << " of " << info.local_world_size
+                         << "), store " << info.store_addr << ", host " << info.host
+                         << ", backend " << BackendName(options.backend);
+
+  DDPRUN_ASSIGN_OR_RETURN(const rdzv::HostPort addr, StoreAddress(info.store_addr));
+  const char* token = std::getenv(ddprun::kEnvToken);
+  auto store = std::make_shared<rdzv::GrpcStore>(
+      addr.host, addr.port, rdzv::StoreScope{info.job_id, token ? token : "", info.round});
+
+  // Every group of this process gets its own key space within the round;
+  // every rank creates its groups in the same order.
+  static std::atomic<int> next_group{0};
+  const std::string prefix = absl::StrCat("ddp/pg", next_group++, "/");
+  DDPRUN_RETURN_IF_ERROR(Hello(*store, info, prefix));
+  return ConnectBackend(info, options, std::move(store), prefix);
 }
 
 }  // namespace detail

@@ -106,18 +106,18 @@ class ReducerImpl {
   }
 
   absl::StatusOr<void*> GradientBuffer(std::size_t index) {
-    DDP_RETURN_IF_ERROR(CheckIndex("GradientBuffer", index));
+    DDPRUN_RETURN_IF_ERROR(CheckIndex("GradientBuffer", index));
     if (!options_.gradient_as_bucket_view) return grads_[index].data;
-    DDP_RETURN_IF_ERROR(EnsureBuilt());
+    DDPRUN_RETURN_IF_ERROR(EnsureBuilt());
     const Slot& s = slots_[index];
     return static_cast<char*>(buckets_[s.bucket].flat) +
            s.offset * DTypeSize(grads_[index].dtype);
   }
 
   absl::Status MarkReady(std::size_t index) {
-    DDP_RETURN_IF_ERROR(CheckIndex("MarkReady", index));
+    DDPRUN_RETURN_IF_ERROR(CheckIndex("MarkReady", index));
     if (!require_sync_) return absl::OkStatus();
-    DDP_RETURN_IF_ERROR(BeginStep());
+    DDPRUN_RETURN_IF_ERROR(BeginStep());
     if (ready_[index]) {
       return absl::InvalidArgumentError(absl::StrCat(
           b_.Fence(), "Reducer::MarkReady: gradient ", index, " was marked ready twice in step ",
@@ -135,7 +135,7 @@ class ReducerImpl {
   absl::Status Finish() {
     if (broken_) return Broken("Finish");
     if (!require_sync_) return absl::OkStatus();  // accumulate locally
-    DDP_RETURN_IF_ERROR(BeginStep());
+    DDPRUN_RETURN_IF_ERROR(BeginStep());
     // Gradients never marked ready count as ready (e.g. unused parameters:
     // their buffers hold whatever the trainer left there, usually zeros).
     for (std::size_t i = 0; i < grads_.size(); ++i) {
@@ -145,7 +145,7 @@ class ReducerImpl {
         if (--bucket.pending == 0) bucket.ready_at = Clock::now();
       }
     }
-    DDP_RETURN_IF_ERROR(LaunchReadyBuckets());
+    DDPRUN_RETURN_IF_ERROR(LaunchReadyBuckets());
     for (Bucket& bucket : buckets_) {
       absl::Status s = bucket.work ? bucket.work->WaitDefault() : absl::OkStatus();
       bucket.work.reset();
@@ -161,7 +161,7 @@ class ReducerImpl {
       if (!options_.gradient_as_bucket_view && !unpacked_) {
         const std::size_t esize = DTypeSize(bucket.dtype);
         for (std::size_t i : bucket.members) {
-          DDP_RETURN_IF_ERROR(b_.Copy(grads_[i].data,
+          DDPRUN_RETURN_IF_ERROR(b_.Copy(grads_[i].data,
                                       static_cast<char*>(bucket.flat) + slots_[i].offset * esize,
                                       grads_[i].count * esize));
         }
@@ -242,22 +242,18 @@ class ReducerImpl {
         buckets_.push_back(std::move(bucket));
         continue;  // no flat buffer: the backend reads and writes the gradients
       }
-      auto flat = b_.Alloc(bucket.count * DTypeSize(bucket.dtype));
-      if (!flat.ok()) return flat.status();
-      bucket.flat = *flat;
+      DDPRUN_ASSIGN_OR_RETURN(bucket.flat, b_.Alloc(bucket.count * DTypeSize(bucket.dtype)));
       bucket.wire = bucket.flat;
       if (options_.compression != Compression::kNone) {
         bucket.wire_dtype =
             options_.compression == Compression::kFloat16 ? DType::kFloat16 : DType::kBFloat16;
-        auto wire = b_.Alloc(bucket.count * 2);
-        if (!wire.ok()) return wire.status();
-        bucket.wire = *wire;
+        DDPRUN_ASSIGN_OR_RETURN(bucket.wire, b_.Alloc(bucket.count * 2));
       }
       if (options_.gradient_as_bucket_view) {
         // The view starts with what the trainer's buffer held.
         const std::size_t esize = DTypeSize(bucket.dtype);
         for (std::size_t i : members) {
-          DDP_RETURN_IF_ERROR(b_.Copy(static_cast<char*>(bucket.flat) + slots_[i].offset * esize,
+          DDPRUN_RETURN_IF_ERROR(b_.Copy(static_cast<char*>(bucket.flat) + slots_[i].offset * esize,
                                       grads_[i].data, grads_[i].count * esize));
         }
       }
@@ -276,7 +272,7 @@ class ReducerImpl {
   }
 
   absl::Status BeginStep() {
-    DDP_RETURN_IF_ERROR(EnsureBuilt());
+    DDPRUN_RETURN_IF_ERROR(EnsureBuilt());
     if (!checked_) {
       absl::Status s = CheckAcrossRanks();
       if (!s.ok()) return Break(s);
@@ -328,7 +324,7 @@ class ReducerImpl {
     const std::size_t esize = DTypeSize(bucket.dtype);
     if (!options_.gradient_as_bucket_view) {
       for (std::size_t i : bucket.members) {
-        DDP_RETURN_IF_ERROR(b_.Copy(static_cast<char*>(bucket.flat) + slots_[i].offset * esize,
+        DDPRUN_RETURN_IF_ERROR(b_.Copy(static_cast<char*>(bucket.flat) + slots_[i].offset * esize,
                                     grads_[i].data, grads_[i].count * esize));
       }
     }
@@ -338,7 +334,7 @@ class ReducerImpl {
     // Compressed: pre-divided so that the sum of world values stays in half
     // range, then summed.
     const float scale = options_.average ? 1.0f / float(b_.size()) : 1.0f;
-    DDP_RETURN_IF_ERROR(b_.CompressF32(static_cast<const float*>(bucket.flat), bucket.wire,
+    DDPRUN_RETURN_IF_ERROR(b_.CompressF32(static_cast<const float*>(bucket.flat), bucket.wire,
                                        bucket.count, bucket.wire_dtype, scale));
     return b_.Allreduce(bucket.wire, bucket.count, bucket.wire_dtype, ReduceOp::kSum);
   }
@@ -365,7 +361,7 @@ class ReducerImpl {
     }
     std::vector<std::int64_t> mine = {std::int64_t(grads_.size()), std::int64_t(h >> 1)};
     std::vector<std::int64_t> all(2 * world);
-    DDP_RETURN_IF_ERROR(AllgatherHost(mine, &all));
+    DDPRUN_RETURN_IF_ERROR(AllgatherHost(mine, &all));
     bool same = true;
     std::int64_t max_n = 0;
     for (int r = 0; r < world; ++r) {
@@ -379,7 +375,7 @@ class ReducerImpl {
       list[2 * i + 1] = std::int64_t(grads_[i].dtype);
     }
     std::vector<std::int64_t> lists(list.size() * world);
-    DDP_RETURN_IF_ERROR(AllgatherHost(list, &lists));
+    DDPRUN_RETURN_IF_ERROR(AllgatherHost(list, &lists));
     auto describe = [&](int r, std::int64_t i) -> std::string {
       const std::int64_t c = lists[r * 2 * max_n + 2 * i];
       const std::int64_t d = lists[r * 2 * max_n + 2 * i + 1];
@@ -407,13 +403,12 @@ class ReducerImpl {
                              std::vector<std::int64_t>* out) {
     const std::size_t n = in.size();
     if (!b_.device_memory()) {
-      auto w = b_.Allgather(in.data(), out->data(), n, DType::kInt64);
-      if (!w.ok()) return w.status();
-      return (*w)->WaitDefault();
+      DDPRUN_ASSIGN_OR_RETURN(const detail::WorkPtr w,
+                              b_.Allgather(in.data(), out->data(), n, DType::kInt64));
+      return w->WaitDefault();
     }
-    auto dev = b_.Alloc(8 * n * (b_.size() + 1));
-    if (!dev.ok()) return dev.status();
-    char* d = static_cast<char*>(*dev);
+    DDPRUN_ASSIGN_OR_RETURN(void* const dev, b_.Alloc(8 * n * (b_.size() + 1)));
+    char* d = static_cast<char*>(dev);
     absl::Status s = b_.Copy(d, in.data(), 8 * n);
     if (s.ok()) {
       auto w = b_.Allgather(d, d + 8 * n, n, DType::kInt64);

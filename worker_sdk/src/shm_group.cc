@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "ddprun/rendezvous/status_macros.h"
 #include "ddprun/rendezvous/store.h"
 #include "elementwise.h"
 
@@ -250,7 +251,7 @@ absl::Status ShmGroup::Sync(const char* op, Clock::time_point deadline) {
 }
 
 absl::Status ShmGroup::Barrier(const char* op, Clock::time_point deadline) {
-  if (auto s = AbortedStatus(op); !s.ok()) return s;
+  DDPRUN_RETURN_IF_ERROR(AbortedStatus(op));
   ++epoch_;
   ranks_[rank_].epoch.store(epoch_, std::memory_order_relaxed);
   const std::uint32_t target = epoch_ * static_cast<std::uint32_t>(size_);
@@ -408,7 +409,7 @@ absl::Status ShmGroup::Allreduce(const std::vector<ShmPiece>& pieces, DType dtyp
       view.Gather(at + lo * es, mine + lo * es, (hi - lo) * es);
       own = mine + lo * es;
     }
-    if (auto s = Sync("allreduce", deadline); !s.ok()) return s;
+    DDPRUN_RETURN_IF_ERROR(Sync("allreduce", deadline));
     if (hi > lo) {
       // This rank's share, folded over ranks 0..W-1 in order.
       auto src = [&](int r) -> const char* { return r == rank_ ? own : Slot(b, r) + lo * es; };
@@ -424,7 +425,7 @@ absl::Status ShmGroup::Allreduce(const std::vector<ShmPiece>& pieces, DType dtyp
       // This rank's own result now, while the others still reduce theirs.
       view.Scatter(at + lo * es, res, (hi - lo) * es);
     }
-    if (auto s = Sync("allreduce", deadline); !s.ok()) return s;
+    DDPRUN_RETURN_IF_ERROR(Sync("allreduce", deadline));
     view.Scatter(at, Result(b), lo * es);
     view.Scatter(at + hi * es, Result(b) + hi * es, (n - hi) * es);
   }
@@ -439,7 +440,7 @@ absl::Status ShmGroup::Broadcast(void* data, std::size_t bytes, int root,
     const std::size_t n = std::min(chunk_, bytes - off);
     const int b = NextBuffer();
     if (rank_ == root) std::memcpy(Slot(b, root), p + off, n);
-    if (auto s = Sync("broadcast", deadline); !s.ok()) return s;
+    DDPRUN_RETURN_IF_ERROR(Sync("broadcast", deadline));
     if (rank_ != root) std::memcpy(p + off, Slot(b, root), n);
   }
   return absl::OkStatus();
@@ -454,7 +455,7 @@ absl::Status ShmGroup::Allgather(const void* in, void* out, std::size_t bytes,
     const std::size_t n = std::min(chunk_, bytes - off);
     const int b = NextBuffer();
     std::memcpy(Slot(b, rank_), src + off, n);
-    if (auto s = Sync("allgather", deadline); !s.ok()) return s;
+    DDPRUN_RETURN_IF_ERROR(Sync("allgather", deadline));
     for (int r = 0; r < size_; ++r) {
       char* to = dst + static_cast<std::size_t>(r) * bytes + off;
       if (to != src + off) std::memcpy(to, Slot(b, r), n);
@@ -535,10 +536,10 @@ HostLayout LayoutFromIdentities(const std::vector<std::string>& ids, int rank) {
 absl::StatusOr<HostLayout> ExchangeHostLayout(const WorkerInfo& info, rdzv::Store& store,
                                               const std::string& key_prefix, Duration timeout) {
   const std::string p = key_prefix + "shm/id/";
-  if (auto s = store.Set(absl::StrCat(p, info.rank), HostIdentity()); !s.ok()) return s;
-  auto ids = store.MultiGet(RankKeys(p, info.world_size), timeout);
-  if (!ids.ok()) return ids.status();
-  return LayoutFromIdentities(*ids, info.rank);
+  DDPRUN_RETURN_IF_ERROR(store.Set(absl::StrCat(p, info.rank), HostIdentity()));
+  DDPRUN_ASSIGN_OR_RETURN(const std::vector<std::string> ids,
+                          store.MultiGet(RankKeys(p, info.world_size), timeout));
+  return LayoutFromIdentities(ids, info.rank);
 }
 
 absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(
@@ -583,8 +584,10 @@ absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(
       return s;
     }
   } else {
-    auto seg = store.Get(p + "segment", timeout);
-    if (!seg.ok()) return seg.status();
+    // (A StatusOr, not DDPRUN_ASSIGN_OR_RETURN: GCC 12 warns of a maybe-
+    // uninitialized moved std::string there.)
+    const absl::StatusOr<std::string> seg = store.Get(p + "segment", timeout);
+    DDPRUN_RETURN_IF_ERROR(seg);
     if (!seg->empty() && (*seg)[0] == '!') {
       error = seg->substr(1);
     } else {
@@ -635,14 +638,12 @@ absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(
   // 2. Every rank of the job reports; the path is used only if every rank
   // (on every host) mapped its segment, so that all ranks run one algorithm.
   const std::string ok = absl::StrCat(key_prefix, "shm/ok/");
-  if (auto s = store.Set(absl::StrCat(ok, info.rank), error.empty() ? "" : "!" + error); !s.ok()) {
-    return s;
-  }
-  auto oks = store.MultiGet(RankKeys(ok, info.world_size), timeout);
-  if (!oks.ok()) return oks.status();
+  DDPRUN_RETURN_IF_ERROR(
+      store.Set(absl::StrCat(ok, info.rank), error.empty() ? "" : "!" + error));
+  DDPRUN_ASSIGN_OR_RETURN(auto oks, store.MultiGet(RankKeys(ok, info.world_size), timeout));
   for (int r = 0; r < info.world_size; ++r) {
-    if (!(*oks)[r].empty()) {
-      *why = absl::StrCat("rank ", r, ": ", (*oks)[r].substr(1));
+    if (!oks[r].empty()) {
+      *why = absl::StrCat("rank ", r, ": ", oks[r].substr(1));
       return std::unique_ptr<ShmGroup>();
     }
   }

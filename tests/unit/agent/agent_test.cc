@@ -1,115 +1,29 @@
-// The agent loop with a scripted fake launcher, against the embedded
-// rendezvous (loopback, port 0): success, restart within budget, budget
-// spent, SIGTERM -> SIGKILL escalation, signals, spawn errors.
-#include <catch2/catch.hpp>
+// The agent's round loop in simulated time: scripted workers (FakeLauncher),
+// the real round state machine in process (InProcessSession), a FakeClock
+// moved by the SimQueue. Success, restart within budget, budget spent,
+// SIGTERM -> SIGKILL escalation, signals, spawn errors, a fixed-size job
+// that loses a node. No sockets, processes or sleeps (agent_fakes.h); the
+// same loop over gRPC and real processes: tests/integration/agent_grpc_test.cc
+// and tests/multiproc/.
+#include "ddprun/agent/agent.h"
 
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
-#include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
-#include <functional>
-#include <mutex>
 #include <sstream>
-#include <thread>
 
-#include "ddprun/agent/agent.h"
+#include "agent_fakes.h"
+#include "ddprun/rendezvous/exit_codes.h"
 
 namespace ddprun::agent {
 namespace {
 
-using std::chrono::milliseconds;
-using SteadyClock = std::chrono::steady_clock;
-
-// How one fake worker behaves.
-struct Behaviour {
-  std::optional<milliseconds> exit_after;  // nullopt: runs until signalled
-  ExitStatus status;                       // how it exits on its own
-  bool ignore_term = false;                // only SIGKILL ends it
-};
-
-// Shared record of everything the fake launcher saw.
-struct Record {
-  std::mutex mu;
-  std::vector<SpawnSpec> spawns;
-  std::vector<std::vector<int>> signals;  // per spawn index
-};
-
-// Wakes the agent like a real child's exit would.
-void NotifyChildChanged() { ::kill(::getpid(), SIGCHLD); }
-
-class FakeChild final : public ChildProcess {
- public:
-  FakeChild(int index, Behaviour b, std::shared_ptr<Record> rec)
-      : index_(index), b_(b), rec_(std::move(rec)), start_(SteadyClock::now()) {
-    if (b_.exit_after) {
-      // Delivers SIGCHLD when the scripted exit happens.
-      auto after = *b_.exit_after;
-      std::thread([after] {
-        std::this_thread::sleep_for(after + milliseconds(1));
-        NotifyChildChanged();
-      }).detach();
-    }
-  }
-  pid_t pid() const override { return 100000 + index_; }
-  std::optional<ExitStatus> Poll() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!exit_ && b_.exit_after && SteadyClock::now() - start_ >= *b_.exit_after) {
-      exit_ = b_.status;
-    }
-    return exit_;
-  }
-  void SignalGroup(int sig) override {
-    {
-      std::lock_guard<std::mutex> rl(rec_->mu);
-      rec_->signals[index_].push_back(sig);
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    if (exit_) return;
-    if (sig == SIGKILL || (!b_.ignore_term && (sig == SIGTERM || sig == SIGINT ||
-                                              sig == SIGHUP || sig == SIGQUIT))) {
-      exit_ = ExitStatus{0, sig};
-      NotifyChildChanged();
-    }
-  }
-
- private:
-  const int index_;
-  const Behaviour b_;
-  std::shared_ptr<Record> rec_;
-  const SteadyClock::time_point start_;
-  std::mutex mu_;
-  std::optional<ExitStatus> exit_;
-};
-
-// script(spawn_index, local_rank, restart_count) -> behaviour, or an error.
-using Script = std::function<absl::StatusOr<Behaviour>(int, int, int)>;
-
-class FakeLauncher final : public ProcessLauncher {
- public:
-  FakeLauncher(Script script, std::shared_ptr<Record> rec)
-      : script_(std::move(script)), rec_(std::move(rec)) {}
-  absl::StatusOr<std::unique_ptr<ChildProcess>> Spawn(const SpawnSpec& spec) override {
-    int index;
-    {
-      std::lock_guard<std::mutex> lock(rec_->mu);
-      index = static_cast<int>(rec_->spawns.size());
-      rec_->spawns.push_back(spec);
-      rec_->signals.emplace_back();
-    }
-    auto b = script_(index, std::stoi(spec.env.at("LOCAL_RANK")),
-                     std::stoi(spec.env.at("TORCHELASTIC_RESTART_COUNT")));
-    if (!b.ok()) return b.status();
-    return std::unique_ptr<ChildProcess>(std::make_unique<FakeChild>(index, *b, rec_));
-  }
-
- private:
-  Script script_;
-  std::shared_ptr<Record> rec_;
-};
+using namespace testing;  // NOLINT: the fakes
 
 // Redirects fd 2 to a file for the scope; text() gives what was written.
 class CaptureStderr {
@@ -121,7 +35,10 @@ class CaptureStderr {
     ::dup2(fd, 2);
     ::close(fd);
   }
-  ~CaptureStderr() { Restore(); ::unlink(path_.c_str()); }
+  ~CaptureStderr() {
+    Restore();
+    ::unlink(path_.c_str());
+  }
   std::string text() {
     Restore();
     std::ifstream in(path_);
@@ -156,37 +73,45 @@ AgentOptions Options(int nproc, int max_restarts) {
   return o;
 }
 
-Behaviour ExitsAfter(int ms, int code) { return Behaviour{milliseconds(ms), ExitStatus{code, 0}, false}; }
-Behaviour Runs() { return Behaviour{}; }
-
 struct Result {
   int rc;
-  double seconds;
+  double seconds;  // simulated
   std::string err;
 };
 
-Result RunAgent(AgentOptions o, Script script, std::shared_ptr<Record> rec) {
+// One agent in `world`; `setup` may script the session and the queue before
+// the agent runs.
+Result RunAgent(SimWorld& world, AgentOptions o,
+                const std::function<void(InProcessSession&)>& setup = {}) {
   BlockAgentSignals();
+  auto session = std::make_unique<InProcessSession>(o.job_id, world.clock, world.queue);
+  if (setup) setup(*session);
   CaptureStderr cap;
-  auto t0 = SteadyClock::now();
+  const TimePoint t0 = world.clock.Now();
   int rc;
   {
-    Agent agent(std::move(o), std::make_unique<FakeLauncher>(std::move(script), rec));
+    AgentDeps deps;
+    deps.launcher = std::make_unique<LauncherRef>(world.launcher);
+    deps.session = std::move(session);
+    deps.clock = &world.clock;
+    deps.events = &world.queue;
+    Agent agent(std::move(o), std::move(deps));
     rc = agent.Run();
   }
-  double s = std::chrono::duration<double>(SteadyClock::now() - t0).count();
+  const double s = std::chrono::duration<double>(world.clock.Now() - t0).count();
   return Result{rc, s, cap.text()};
 }
 
 TEST_CASE("Agent: every worker exits 0 -> exit 0", "[unit][agent]") {
-  auto rec = std::make_shared<Record>();
-  auto r = RunAgent(Options(2, 0), [](int, int, int) { return ExitsAfter(50, 0); }, rec);
+  SimWorld world;
+  world.script = [](int, int, int) -> absl::StatusOr<Behaviour> { return ExitsAfter(50, 0); };
+  auto r = RunAgent(world, Options(2, 0));
   INFO(r.err);
   CHECK(r.rc == kExitSuccess);
   CHECK(r.seconds < 5);
-  REQUIRE(rec->spawns.size() == 2);
+  REQUIRE(world.rec.spawns.size() == 2);
   for (int j = 0; j < 2; ++j) {
-    const SpawnSpec& s = rec->spawns[j];
+    const SpawnSpec& s = world.rec.spawns[j];
     CHECK(s.argv == std::vector<std::string>{"train", "--local=" + std::to_string(j)});
     CHECK(s.env.at("RANK") == std::to_string(j));
     CHECK(s.env.at("LOCAL_RANK") == std::to_string(j));
@@ -199,35 +124,33 @@ TEST_CASE("Agent: every worker exits 0 -> exit 0", "[unit][agent]") {
   }
 }
 
-TEST_CASE("Agent: a failure within the restart budget restarts every worker",
-          "[unit][agent]") {
-  auto rec = std::make_shared<Record>();
+TEST_CASE("Agent: a failure within the restart budget restarts every worker", "[unit][agent]") {
+  SimWorld world;
   // First attempt: local rank 1 exits 3, local rank 0 runs until stopped.
   // Second attempt: both succeed.
-  auto script = [](int, int local, int restart) -> absl::StatusOr<Behaviour> {
+  world.script = [](int, int local, int restart) -> absl::StatusOr<Behaviour> {
     if (restart == 0) return local == 1 ? ExitsAfter(100, 3) : Runs();
     return ExitsAfter(50, 0);
   };
-  auto r = RunAgent(Options(2, 1), script, rec);
+  auto r = RunAgent(world, Options(2, 1));
   INFO(r.err);
   CHECK(r.rc == kExitSuccess);
   CHECK(r.seconds < 5);
-  REQUIRE(rec->spawns.size() == 4);
-  CHECK(rec->signals[0] == std::vector<int>{SIGTERM});  // the survivor was stopped
-  CHECK(rec->spawns[2].env.at("TORCHELASTIC_RESTART_COUNT") == "1");
-  CHECK(rec->spawns[3].env.at("TORCHELASTIC_RESTART_COUNT") == "1");
-  CHECK(rec->spawns[2].env.at("DDPRUN_ROUND") != rec->spawns[0].env.at("DDPRUN_ROUND"));
+  REQUIRE(world.rec.spawns.size() == 4);
+  CHECK(world.rec.signals[0] == std::vector<int>{SIGTERM});  // the survivor was stopped
+  CHECK(world.rec.spawns[2].env.at("TORCHELASTIC_RESTART_COUNT") == "1");
+  CHECK(world.rec.spawns[3].env.at("TORCHELASTIC_RESTART_COUNT") == "1");
+  CHECK(world.rec.spawns[2].env.at("DDPRUN_ROUND") != world.rec.spawns[0].env.at("DDPRUN_ROUND"));
 }
 
 TEST_CASE("Agent: budget spent -> exit 1 with the job's failure report", "[unit][agent]") {
-  auto rec = std::make_shared<Record>();
+  SimWorld world;
+  world.script = [](int, int local, int) -> absl::StatusOr<Behaviour> {
+    return local == 1 ? ExitsAfter(50, 7) : Runs();
+  };
   AgentOptions o = Options(2, 0);
   const std::string job = o.job_id;
-  auto r = RunAgent(o,
-                    [](int, int local, int) -> absl::StatusOr<Behaviour> {
-                      return local == 1 ? ExitsAfter(50, 7) : Runs();
-                    },
-                    rec);
+  auto r = RunAgent(world, o);
   CHECK(r.rc == kExitWorkerFailed);
   CHECK(r.seconds < 5);
   INFO(r.err);
@@ -240,83 +163,144 @@ TEST_CASE("Agent: budget spent -> exit 1 with the job's failure report", "[unit]
 
 TEST_CASE("Agent: a worker that ignores SIGTERM gets SIGKILL after the grace period",
           "[unit][agent]") {
-  auto rec = std::make_shared<Record>();
+  SimWorld world;
+  world.script = [](int, int local, int) -> absl::StatusOr<Behaviour> {
+    if (local == 0) return ExitsAfter(50, 1);
+    Behaviour b;
+    b.ignore_term = true;
+    return b;
+  };
   AgentOptions o = Options(2, 0);
   o.grace_period_s = 0.3;
-  auto r = RunAgent(o,
-                    [](int, int local, int) -> absl::StatusOr<Behaviour> {
-                      if (local == 0) return ExitsAfter(50, 1);
-                      Behaviour b;
-                      b.ignore_term = true;
-                      return b;
-                    },
-                    rec);
+  auto r = RunAgent(world, o);
   INFO(r.err);
   CHECK(r.rc == kExitWorkerFailed);
   CHECK(r.seconds < 5);
-  CHECK(rec->signals[1] == std::vector<int>{SIGTERM, SIGKILL});
-  CHECK(r.err.find("sending SIGKILL") != std::string::npos);
+  CHECK(r.seconds >= 0.35);  // the 0.3 s grace period passed (in simulated time)
+  CHECK(world.rec.signals[1] == std::vector<int>{SIGTERM, SIGKILL});
+  CHECK(r.err.find("workers did not exit within 0.3 s of SIGTERM; sending SIGKILL") !=
+        std::string::npos);
 }
 
 TEST_CASE("Agent: SIGTERM is forwarded to the workers; exit 128+15", "[unit][agent]") {
-  auto rec = std::make_shared<Record>();
-  BlockAgentSignals();  // before the thread below exists
-  std::atomic<bool> stop{false};
-  std::thread sender([&] {
-    // Wait until the workers run, then signal the process.
-    auto deadline = SteadyClock::now() + std::chrono::seconds(5);
-    while (!stop && SteadyClock::now() < deadline) {
-      {
-        std::lock_guard<std::mutex> lock(rec->mu);
-        if (rec->spawns.size() == 2) break;
-      }
-      std::this_thread::sleep_for(milliseconds(10));
-    }
-    std::this_thread::sleep_for(milliseconds(100));
-    ::kill(::getpid(), SIGTERM);
-  });
-  auto r = RunAgent(Options(2, 3), [](int, int, int) { return Runs(); }, rec);
-  stop = true;
-  sender.join();
+  SimWorld world;
+  // The signal arrives 100 ms after the workers started (the join is instant).
+  world.queue.After(milliseconds(100), [&] { world.queue.Push(SignalEvent{SIGTERM}); });
+  auto r = RunAgent(world, Options(2, 3));
   INFO(r.err);
   CHECK(r.rc == 128 + SIGTERM);
   CHECK(r.seconds < 5);
-  REQUIRE(rec->signals.size() == 2);
-  CHECK(rec->signals[0] == std::vector<int>{SIGTERM});
-  CHECK(rec->signals[1] == std::vector<int>{SIGTERM});
+  REQUIRE(world.rec.signals.size() == 2);
+  CHECK(world.rec.signals[0] == std::vector<int>{SIGTERM});
+  CHECK(world.rec.signals[1] == std::vector<int>{SIGTERM});
+}
+
+TEST_CASE("Agent: a second SIGTERM while stopping escalates to SIGKILL at once", "[unit][agent]") {
+  SimWorld world;
+  world.script = [](int, int, int) -> absl::StatusOr<Behaviour> {
+    Behaviour b;
+    b.ignore_term = true;
+    return b;
+  };
+  world.queue.After(milliseconds(100), [&] { world.queue.Push(SignalEvent{SIGTERM}); });
+  world.queue.After(milliseconds(200), [&] { world.queue.Push(SignalEvent{SIGTERM}); });
+  auto r = RunAgent(world, Options(1, 0));
+  INFO(r.err);
+  CHECK(r.rc == 128 + SIGTERM);
+  CHECK(r.seconds < 1);  // not the 2 s grace period
+  CHECK(world.rec.signals[0] == std::vector<int>{SIGTERM, SIGKILL});
+  CHECK(r.err.find("while stopping workers; killing them now") != std::string::npos);
+}
+
+TEST_CASE("Agent: SIGUSR1 is forwarded only when asked, and the job goes on", "[unit][agent]") {
+  SimWorld world;
+  world.script = [](int, int, int) -> absl::StatusOr<Behaviour> { return ExitsAfter(500, 0); };
+  world.queue.After(milliseconds(100), [&] { world.queue.Push(SignalEvent{SIGUSR1}); });
+  world.queue.After(milliseconds(200), [&] { world.queue.Push(SignalEvent{SIGUSR2}); });
+  AgentOptions o = Options(1, 0);
+  o.forward_sigusr1 = true;
+  auto r = RunAgent(world, o);
+  INFO(r.err);
+  CHECK(r.rc == kExitSuccess);
+  CHECK(world.rec.signals[0] == std::vector<int>{SIGUSR1});
+  CHECK(r.err.find("forwarding SIGUSR1 to the workers") != std::string::npos);
+  CHECK(r.err.find("ignoring SIGUSR2; add it to --signals_to_handle") != std::string::npos);
 }
 
 TEST_CASE("Agent: a worker that cannot be spawned fails the node", "[unit][agent]") {
-  auto rec = std::make_shared<Record>();
-  auto r = RunAgent(Options(2, 0),
-                    [](int, int local, int) -> absl::StatusOr<Behaviour> {
-                      if (local == 1) {
-                        return absl::NotFoundError(
-                            "cannot start worker: 'train' was not found in PATH");
-                      }
-                      return Runs();
-                    },
-                    rec);
+  SimWorld world;
+  world.script = [](int, int local, int) -> absl::StatusOr<Behaviour> {
+    if (local == 1) {
+      return absl::NotFoundError("cannot start worker: 'train' was not found in PATH");
+    }
+    return Runs();
+  };
+  auto r = RunAgent(world, Options(2, 0));
   INFO(r.err);
   CHECK(r.rc == kExitWorkerFailed);
   CHECK(r.err.find("was not found in PATH") != std::string::npos);
-  CHECK(rec->signals[0] == std::vector<int>{SIGTERM});
+  CHECK(world.rec.signals[0] == std::vector<int>{SIGTERM});
 }
 
-TEST_CASE("Agent: an unreachable rendezvous is a one-line error within the join timeout",
+TEST_CASE("Agent: a rendezvous that cannot be opened is a one-line error, exit 3",
           "[unit][agent]") {
-  auto rec = std::make_shared<Record>();
+  SimWorld world;
+  auto r = RunAgent(world, Options(1, 0), [](InProcessSession& s) {
+    s.open_status = absl::UnavailableError("cannot reach the rendezvous at 192.0.2.1:29400");
+  });
+  CHECK(r.rc == kExitRendezvousError);
+  CHECK(r.err.find("] cannot reach the rendezvous at 192.0.2.1:29400\n") != std::string::npos);
+  CHECK(world.rec.spawns.empty());
+}
+
+TEST_CASE("Agent: a fixed-size job that loses a node says what it waits for, then exits 3",
+          "[unit][agent]") {
+  SimWorld world;
   AgentOptions o = Options(1, 0);
-  o.mode = RendezvousMode::kRemote;
-  o.rdzv_host = "192.0.2.1";  // TEST-NET-1: never this machine
-  o.rdzv_port = 29400;
-  o.join_timeout_s = 1;
-  auto r = RunAgent(o, [](int, int, int) { return Runs(); }, rec);
+  o.min_nodes = o.max_nodes = 2;
+  o.join_timeout_s = 10;
+  std::string phantom;
+  auto r = RunAgent(world, o, [&](InProcessSession& s) {
+    phantom = s.PhantomJoin(o, "10.0.0.9");  // the other node, already waiting
+    // One second into the round, the other node's agent is lost.
+    world.queue.After(std::chrono::seconds(1), [&s, &phantom] { s.PhantomLost(phantom); });
+  });
   INFO(r.err);
   CHECK(r.rc == kExitRendezvousError);
-  CHECK(r.seconds < 5);
-  CHECK(r.err.find("cannot reach the rendezvous at 192.0.2.1:29400") != std::string::npos);
-  CHECK(rec->spawns.empty());
+  REQUIRE(world.rec.spawns.size() == 1);
+  CHECK(world.rec.signals[0] == std::vector<int>{SIGTERM});  // the round's workers stopped
+  // One line, fenced with the new round, when the wait starts (1 s after
+  // re-joining): what it waits for and until when.
+  const std::string fence = "ddprun: [job " + o.job_id + " round 1] ";
+  const std::size_t at = r.err.find(fence +
+                                    "a node left this fixed-size job (--nnodes=2): "
+                                    "waiting for a replacement, 1 of 2 nodes have joined; the job "
+                                    "fails with exit code 3 unless 2 nodes join by ");
+  REQUIRE(at != std::string::npos);
+  const std::string line = r.err.substr(at, r.err.find('\n', at) - at);
+  CHECK(line.find(" (in 9 s, --rdzv_conf join_timeout)") != std::string::npos);
+  // The rendezvous' verdict at the join timeout, fenced once.
+  CHECK(r.err.find("ddprun: [job " + o.job_id +
+                   " round 1] rendezvous timed out after 10 s with "
+                   "1 of 2 required nodes") != std::string::npos);
+  CHECK(r.err.find("] [job ") == std::string::npos);
+  // Lost at 1 s, the join timeout 10 s after the re-join.
+  CHECK(r.seconds == Approx(11).margin(0.5));
+}
+
+TEST_CASE("Agent: a restart for a worker failure does not announce a replacement wait",
+          "[unit][agent]") {
+  SimWorld world;
+  world.script = [](int, int, int) -> absl::StatusOr<Behaviour> { return ExitsAfter(100, 1); };
+  AgentOptions o = Options(1, 1);
+  o.min_nodes = o.max_nodes = 2;
+  auto r = RunAgent(world, o, [&](InProcessSession& s) { s.PhantomJoin(o, "10.0.0.9"); });
+  INFO(r.err);
+  // The other node never re-joins: the round times out, but nobody left.
+  CHECK(r.rc == kExitRendezvousError);
+  CHECK(r.err.find("restarting: worker failure on") != std::string::npos);
+  CHECK(r.err.find("waiting for a replacement") == std::string::npos);
+  CHECK(r.err.find("rendezvous timed out after 10 s") != std::string::npos);
 }
 
 }  // namespace

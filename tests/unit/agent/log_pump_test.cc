@@ -155,31 +155,6 @@ TEST_CASE("line prefix: [host:rank:local_rank]: or torchrun's template", "[unit]
   CHECK(LinePrefix("${host}/${rank}> ", "n", "r", 12, 0) == "n/12> ");
 }
 
-TEST_CASE("error file: torchelastic's @record JSON", "[unit]") {
-  CHECK(ParseErrorFileMessage(
-            R"({"message": {"message": "ValueError: bad \"x\"\nline2", "extraInfo": )"
-            R"({"py_callstack": "Traceback ...\n  File \"t.py\"", "timestamp": "1700000000"}}})") ==
-        "ValueError: bad \"x\"\nline2");
-  CHECK(ParseErrorFileMessage(R"({"message": "plain", "errorCode": 1})") == "plain");
-  CHECK(ParseErrorFileMessage(
-            R"( { "other": [1, 2, {"a": null}], "message" : "caf\u00e9 \ud83d\ude00" } )") ==
-        "caf\xc3\xa9 \xf0\x9f\x98\x80");
-  CHECK_FALSE(ParseErrorFileMessage("not json").has_value());
-  CHECK_FALSE(ParseErrorFileMessage(R"({"message": {"message": )").has_value());  // truncated
-  CHECK_FALSE(ParseErrorFileMessage(R"({"nomessage": 1})").has_value());
-
-  TempDir d;
-  const std::string f = d.path + "/error.json";
-  std::ofstream(f)
-      << R"({"message": {"message": "RuntimeError: boom", "extraInfo": {"py_callstack": ")"
-      << std::string(100000, 'x') << R"(", "timestamp": "1"}}})";
-  CHECK(ReadErrorMessage(f) == "RuntimeError: boom");  // a long traceback does not hide it
-  std::ofstream(f) << "oops, not json\n";
-  CHECK(ReadErrorMessage(f) == "oops, not json");
-  CHECK(ReadErrorMessage(d.path + "/missing.json").empty());
-  CHECK(ReadErrorMessage("").empty());
-}
-
 TEST_CASE("log pump: prefixed whole lines, raw files, the tail", "[unit]") {
   Console console;
   TempDir d;
@@ -369,20 +344,6 @@ TEST_CASE("worker logs: the temporary directory goes unless it holds logs", "[un
   }
   CHECK(fs::exists(dir + "/j/attempt_0/0/stderr.log"));  // logs: kept
   ::unsetenv("TMPDIR");
-}
-
-TEST_CASE("failure details: error message, log file, stderr tail", "[unit]") {
-  rendezvous::WorkerFailure f;
-  CHECK(FormatFailureDetails(f).empty());
-  f.error_message = "ValueError: x\ny";
-  f.log_file = "/l/job/attempt_0/1/stderr.log";
-  f.stderr_tail = "Traceback\n  boom";
-  CHECK(FormatFailureDetails(f) ==
-        "ddprun:   error: ValueError: x y\n"
-        "ddprun:   log: /l/job/attempt_0/1/stderr.log\n"
-        "ddprun:   stderr (last 2 lines):\n"
-        "ddprun:   | Traceback\n"
-        "ddprun:   |   boom\n");
 }
 
 }  // namespace

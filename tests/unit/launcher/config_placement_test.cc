@@ -357,11 +357,13 @@ TEST_CASE("ddprun status renders jobs as a table and as JSON", "[unit]") {
         "\"world_size\":4,\"restarts\":1,\"waiting\":0,\"quarantined\":[],"
         "\"nodes\":[{\"group_rank\":0,\"host\":"
         "\"127.0.0.1\",\"pid\":100,\"nproc\":2,\"base_rank\":0,\"ranks\":\"0-1\"},{\"group_rank\":"
-        "1,\"host\":\"127.0.0.2\",\"pid\":101,\"nproc\":2,\"base_rank\":2,\"ranks\":\"2-3\"}]},"
+        "1,\"host\":\"127.0.0.2\",\"pid\":101,\"nproc\":2,\"base_rank\":2,\"ranks\":\"2-3\"}],"
+        "\"min_nodes\":0,\"max_nodes\":0,\"join_deadline_in_s\":0.0},"
         "{\"job_id\":\"job\\\"B\",\"round\":0,\"state\":\"gathering\",\"world_size\":0,"
         "\"restarts\":0,\"waiting\":1,\"quarantined\":[],"
         "\"nodes\":[{\"group_rank\":-1,\"host\":\"h\",\"pid\":7,"
-        "\"nproc\":1,\"base_rank\":-1,\"ranks\":\"-\"}]}]}\n");
+        "\"nproc\":1,\"base_rank\":-1,\"ranks\":\"-\"}],"
+        "\"min_nodes\":0,\"max_nodes\":0,\"join_deadline_in_s\":0.0}]}\n");
 }
 
 }  // namespace

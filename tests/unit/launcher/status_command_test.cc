@@ -36,5 +36,28 @@ TEST_CASE("ddprun status shows quarantined hosts and why, as text and JSON", "[u
   CHECK(FormatStatusJson("h:1", {j}).find("\"quarantined\":[]") != std::string::npos);
 }
 
+TEST_CASE("ddprun status shows a gathering round's wait and its deadline", "[unit]") {
+  rendezvous::JobStatus j;
+  j.job_id = "fixed";
+  j.round = 1;
+  j.state = "gathering";
+  j.nodes = {{-1, "127.0.0.1", 100, 1, -1}};
+  j.min_nodes = j.max_nodes = 2;
+  j.join_deadline_in_s = 42.7;
+  const std::string text = FormatStatusText({j});
+  const std::size_t at = text.find("  waiting for 2 nodes (1 of 2 have joined); the round fails at ");
+  REQUIRE(at != std::string::npos);
+  CHECK(text.find(" (in 42 s) unless they join\n", at) != std::string::npos);
+  CHECK(at < text.find("  node -"));
+  CHECK(FormatStatusJson("h:1", {j}).find(
+            "\"min_nodes\":2,\"max_nodes\":2,\"join_deadline_in_s\":42.7}") != std::string::npos);
+  // Running, or no deadline: no such line.
+  j.state = "running";
+  CHECK(FormatStatusText({j}).find("waiting for") == std::string::npos);
+  j.state = "gathering";
+  j.join_deadline_in_s = 0;
+  CHECK(FormatStatusText({j}).find("waiting for") == std::string::npos);
+}
+
 }  // namespace
 }  // namespace ddprun::launcher

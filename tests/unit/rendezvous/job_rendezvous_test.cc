@@ -455,5 +455,29 @@ TEST_CASE("without a spare the failed node keeps its seat (no early completion)"
   (void)a;
 }
 
+TEST_CASE("status: the job's node counts, and a gathering round's deadline", "[unit]") {
+  Fixture f;
+  CHECK(f.job.Status().max_nodes == 0);  // no shape before the first join
+  auto a = f.Join(Spec("10.0.0.1", 1));
+  f.clock.Advance(std::chrono::seconds(3));
+  JobStatus s = f.job.Status();
+  CHECK(s.state == "gathering");
+  CHECK(s.min_nodes == 2);
+  CHECK(s.max_nodes == 2);
+  CHECK(s.nodes.size() == 1);
+  CHECK(s.join_deadline_in_s == Approx(7.0));  // the first joiner's 10 s join timeout
+  f.Join(Spec("10.0.0.2", 2));
+  CHECK(f.job.Status().state == "running");
+  CHECK(f.job.Status().join_deadline_in_s == 0);
+  // A member is lost: the round re-forms and waits for a replacement.
+  f.job.NodeLost(a, &f.out);
+  f.clock.Advance(std::chrono::seconds(1));
+  s = f.job.Status();
+  CHECK(s.state == "gathering");
+  CHECK(s.round == 1);
+  CHECK(s.nodes.empty());  // the survivor has not re-joined yet: no deadline
+  CHECK(s.join_deadline_in_s == 0);
+}
+
 }  // namespace
 }  // namespace ddprun::rendezvous

@@ -153,6 +153,14 @@ TEST_CASE("the worker environment: parsed, or a clear error", "[unit]") {
   SECTION("bad store address") {
     e.Set("DDPRUN_STORE_ADDR", "nowhere");
     REQUIRE_THROWS_WITH(ddp::ReadWorkerEnvironment(), Catch::Contains("is not host:port"));
+    // Parsed by host_port.h like every endpoint: port 0 is no store's port.
+    e.Set("DDPRUN_STORE_ADDR", "127.0.0.1:0");
+    REQUIRE_THROWS_WITH(ddp::ReadWorkerEnvironment(),
+                        Catch::Contains("DDPRUN_STORE_ADDR='127.0.0.1:0' is not host:port ("));
+  }
+  SECTION("an IPv6 store address in brackets") {
+    e.Set("DDPRUN_STORE_ADDR", "[::1]:29400");
+    REQUIRE(ddp::ReadWorkerEnvironment().store_addr == "[::1]:29400");
   }
   SECTION("C API: the same error, as a code and a message") {
     e.Set("DDPRUN_TOKEN", nullptr);

@@ -13,39 +13,48 @@
 //     - JobClosed: stop workers, print the job's failure report, exit 1;
 //     - SIGINT/SIGTERM/SIGHUP/SIGQUIT: forward to every worker group, grace,
 //       SIGKILL, Report(LEAVING), exit 128+signal.
+// Exit codes: rendezvous/exit_codes.h.
+//
+// The agent is built from seams (all injected, so that the loop is
+// unit-tested without sockets, processes or sleeps):
+//   ProcessLauncher (process_launcher.h)   spawns the workers;
+//   RendezvousSession (rendezvous_session.h)  joins, reports, leaves;
+//   Clock (rendezvous/clock.h)            every timeout;
+//   EventQueue (events.h)                 what the main thread waits on.
 #pragma once
 
 #include <memory>
-#include <string>
 
-#include "absl/status/statusor.h"
 #include "ddprun/agent/agent_options.h"
+#include "ddprun/agent/events.h"
 #include "ddprun/agent/process_launcher.h"
+#include "ddprun/agent/rendezvous_session.h"
+#include "ddprun/rendezvous/clock.h"
 
 namespace ddprun::agent {
 
-// Exit codes of ddprun.
-inline constexpr int kExitSuccess = 0;
-inline constexpr int kExitWorkerFailed = 1;
-inline constexpr int kExitUsage = 2;
-inline constexpr int kExitRendezvousError = 3;
+// What the agent runs on. A null member gets the real one.
+struct AgentDeps {
+  std::unique_ptr<ProcessLauncher> launcher;   // null: MakeBoostProcessLauncher()
+  std::unique_ptr<RendezvousSession> session;  // null: MakeGrpcRendezvousSession()
+  const rendezvous::Clock* clock = nullptr;    // null: SystemClock
+  // Null: a real queue fed by a SignalWatcher thread. A caller's queue gets
+  // no signal watcher: the caller pushes whatever events it wants seen.
+  EventQueue* events = nullptr;
+};
 
 class Agent {
  public:
   Agent(AgentOptions options, std::unique_ptr<ProcessLauncher> launcher);
+  Agent(AgentOptions options, AgentDeps deps);
   ~Agent();
   // Runs the node until the job ends; returns the process exit code. Must be
-  // called on the main thread after BlockAgentSignals().
+  // called on the main thread after BlockAgentSignals() (events.h).
   int Run();
 
  private:
   class Impl;
   std::unique_ptr<Impl> impl_;
 };
-
-// Blocks the signals the agent handles (SIGCHLD, SIGINT, SIGTERM, SIGHUP,
-// SIGQUIT, SIGUSR1, SIGUSR2) in the calling thread; call first in main() so
-// every later thread inherits the mask.
-void BlockAgentSignals();
 
 }  // namespace ddprun::agent

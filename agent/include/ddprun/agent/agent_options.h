@@ -8,16 +8,18 @@
 #include <vector>
 
 #include "ddprun/agent/log_spec.h"
+#include "ddprun/rendezvous/host_port.h"
+#include "ddprun/rendezvous/types.h"
 
 namespace ddprun::agent {
 
 inline constexpr double kDefaultGracePeriodS = 30.0;  // SIGTERM -> SIGKILL
-inline constexpr int kDefaultMasterPort = 29500;      // static backend only
 inline constexpr const char* kDefaultRole = "default";
 
 enum class RendezvousMode {
-  kEmbedded,  // this agent hosts the rendezvous (single node default, or endpoint is ours)
-  kRemote,    // join ddprund (or another agent's embedded server) at the endpoint
+  kEmbedded,  // this agent hosts the rendezvous (--standalone; one node without an endpoint)
+  kRemote,    // join ddprund (or another agent's server) at the endpoint; host it there
+              // when the endpoint is this machine and nobody serves it (torchrun's is_host)
   kStatic,    // torchrun's static backend: --master_addr/--master_port/--node_rank
 };
 
@@ -30,16 +32,18 @@ struct AgentOptions {
   int max_restarts = 0;
   std::string role = kDefaultRole;
 
-  // Rendezvous.
+  // Rendezvous. The launcher decides the mode once (launcher/src/cli.cc);
+  // the agent only reads it. Per mode, the fields it reads and what the
+  // launcher guarantees: rendezvous_session.h.
   RendezvousMode mode = RendezvousMode::kEmbedded;
   std::string rdzv_host = "127.0.0.1";
   int rdzv_port = 0;              // 0 with kEmbedded: the OS picks
   std::string join_token;         // --rdzv_conf token=...
-  double join_timeout_s = 600.0;
-  double last_call_timeout_s = 30.0;
+  double join_timeout_s = rendezvous::kDefaultJoinTimeoutS;
+  double last_call_timeout_s = rendezvous::kDefaultLastCallTimeoutS;
   int node_rank = -1;             // requested group rank, -1: any
   std::string master_addr = "127.0.0.1";  // static
-  int master_port = kDefaultMasterPort;   // static
+  int master_port = rendezvous::kDefaultMasterPort;  // static
   std::string local_addr;         // address advertised to other nodes ("" = hostname)
 
   // Workers.

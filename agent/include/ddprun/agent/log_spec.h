@@ -69,13 +69,4 @@ StreamPlan PlanStream(const LogSpec& spec, int local_rank, StdStream stream);
 std::string LinePrefix(const std::string& tmpl, const std::string& host, const std::string& role,
                        int rank, int local_rank);
 
-// The message of a torchelastic error file (@record):
-//   {"message": {"message": "<Type>: <msg>", "extraInfo": {...}}}
-// also {"message": "<msg>"}; nullopt when it is not such JSON.
-std::optional<std::string> ParseErrorFileMessage(absl::string_view json);
-
-// Reads the error file at `path`: its message, else its first 500 bytes as
-// text, else "" (no file).
-std::string ReadErrorMessage(const std::string& path);
-
 }  // namespace ddprun::agent

@@ -1,5 +1,6 @@
 // The environment each worker gets: torchrun's contract, verbatim, plus the
-// DDPRUN_* variables the worker SDK reads. A pure function, unit-tested.
+// DDPRUN_* variables the worker SDK reads (their names:
+// rendezvous/worker_env_names.h). A pure function, unit-tested.
 #pragma once
 
 #include <map>
@@ -12,13 +13,6 @@
 namespace ddprun::agent {
 
 using Env = std::map<std::string, std::string>;
-
-// Names of the DDPRUN_* variables (documented in docs/cli.md).
-inline constexpr const char* kEnvStoreAddr = "DDPRUN_STORE_ADDR";    // host:port of the gRPC Store
-inline constexpr const char* kEnvJobId = "DDPRUN_JOB_ID";
-inline constexpr const char* kEnvRound = "DDPRUN_ROUND";
-inline constexpr const char* kEnvToken = "DDPRUN_TOKEN";
-inline constexpr const char* kEnvHost = "DDPRUN_HOST";
 
 // The agent's own environment, as a map.
 Env CurrentEnvironment();

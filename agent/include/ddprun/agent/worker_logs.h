@@ -75,8 +75,4 @@ class WorkerLogs {
   std::vector<int> open_fds_;  // write ends handed to the child being spawned
 };
 
-// The report lines after a failure's headline: the error file's message, the
-// log file, and the stderr tail; each line starts with "ddprun:   ".
-std::string FormatFailureDetails(const rendezvous::WorkerFailure& failure);
-
 }  // namespace ddprun::agent

@@ -26,9 +26,6 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-// C10dStoreClient moved to its own header; kept here for the callers that
-// reach it through this one (agent/src/agent.cc).
-#include "ddprun/rendezvous/c10d_store_client.h"
 
 namespace ddprun::rendezvous {
 

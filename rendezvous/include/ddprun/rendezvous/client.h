@@ -12,11 +12,6 @@
 
 namespace ddprun::rendezvous {
 
-// "host:port" -> (host, port). Accepts "[v6]:port"; port defaults to
-// default_port when absent.
-absl::Status ParseEndpoint(const std::string& endpoint, int default_port, std::string* host,
-                           int* port);
-
 class RendezvousClient;
 
 // One Join call: a stream of RoundEvents for one round. Thread-safe Cancel().
@@ -53,14 +48,8 @@ class RendezvousClient {
   std::unique_ptr<Impl> impl_;
 };
 
-// The Store over gRPC, scoped to one job and round and authenticated with
-// the job's store token. Thread-safe.
-struct StoreScope {
-  std::string job_id;
-  std::string token;
-  std::int64_t round = 0;
-};
-
+// The Store over gRPC, scoped to one job and round (StoreScope, types.h) and
+// authenticated with the job's store token. Thread-safe.
 class GrpcStore final : public Store {
  public:
   GrpcStore(const std::string& host, int port, StoreScope scope);

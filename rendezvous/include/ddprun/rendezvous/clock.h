@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <mutex>
+#include <string>
 
 namespace ddprun::rendezvous {
 
@@ -43,6 +44,10 @@ class FakeClock final : public Clock {
   mutable std::mutex mu_;
   TimePoint now_{std::chrono::hours(1)};
 };
+
+// The local wall-clock time `from_now` after now, "HH:MM:SS", for messages
+// that tell a person until when something waits.
+std::string WallClockAfter(Duration from_now);
 
 inline Duration Seconds(double s) {
   return std::chrono::duration_cast<Duration>(std::chrono::duration<double>(s));

@@ -102,7 +102,13 @@ class JobRendezvous {
   void NodeLost(const std::string& node_id, std::vector<Delivery>* out);
   // Applies deadlines (last call, join timeout).
   void Tick(std::vector<Delivery>* out);
+  // The earliest pending deadline (O(members): for a timer's wake-up).
   std::optional<TimePoint> NextDeadline() const;
+  // The earliest deadline that calls added since the last TakeNewDeadline()
+  // (a joiner's join timeout, an armed last call, a promoted spare), nullopt
+  // if none: O(1), so that a caller's timer learns of it after every call.
+  // Deadlines that calls removed are not reported (NextDeadline() drops them).
+  std::optional<TimePoint> TakeNewDeadline();
 
   const std::string& job_id() const { return job_id_; }
   std::int64_t round() const { return round_; }
@@ -144,6 +150,7 @@ class JobRendezvous {
   void AddToGathering(const std::string& node_id, const JoinSpec& spec,
                       std::vector<Delivery>* out);
   std::string Prefix() const;
+  void NoteDeadline(TimePoint t);
 
   const std::string job_id_;
   const Clock& clock_;
@@ -163,6 +170,7 @@ class JobRendezvous {
   std::string master_addr_;
   int master_port_ = 0;
   std::uint64_t version_ = 0;
+  std::optional<TimePoint> new_deadline_;  // see TakeNewDeadline()
   QuarantinePolicy quarantine_;
   std::map<std::string, int> host_failures_;             // failure reports per host
   std::map<std::string, TimePoint> quarantined_until_;   // host -> end of cooldown

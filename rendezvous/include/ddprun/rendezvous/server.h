@@ -8,22 +8,23 @@
 
 #include "absl/status/statusor.h"
 #include "ddprun/rendezvous/clock.h"
+#include "ddprun/rendezvous/host_port.h"
 #include "ddprun/rendezvous/job_rendezvous.h"
+#include "ddprun/rendezvous/job_table.h"
 #include "ddprun/rendezvous/types.h"
 
 namespace ddprun::rendezvous {
 
-inline constexpr int kDefaultRendezvousPort = 29400;
-// How often the server applies deadlines (last call, join and wait timeouts).
-inline constexpr Duration kDefaultTickInterval = std::chrono::milliseconds(5);
 inline constexpr int kMaxMessageBytes = 8 << 20;
-inline constexpr Duration kDefaultReattachTimeout = std::chrono::seconds(10);
 inline constexpr Duration kDefaultLeaseTimeout = std::chrono::seconds(4);
 
 struct ServerOptions {
   std::string host = "0.0.0.0";
-  int port = kDefaultRendezvousPort;  // 0: the OS picks one; see RendezvousServer::port().
-  Duration tick_interval = kDefaultTickInterval;
+  int port = kDefaultRdzvPort;  // 0: the OS picks one; see RendezvousServer::port().
+  // What a failure to listen tells the user to do (the caller knows its flags).
+  std::string listen_fix = "pick another port or stop the process that holds it";
+  // Deadlines (last call, join, reattach and store-wait timeouts) are applied
+  // when they pass: the server waits for the next one, it does not poll.
   const Clock* clock = &SystemClock::Get();
   // Where jobs and their stores are persisted (fsync) so that a restarted
   // server resumes them; "" keeps everything in memory.
@@ -38,7 +39,9 @@ struct ServerOptions {
 
 class RendezvousServer {
  public:
-  // Binds and starts serving; fails with a one-line message if the port is in use.
+  // Binds and starts serving. Fails with a one-line message: Unavailable
+  // "cannot listen on HOST:PORT: <why>; <listen_fix>" if the port is in use,
+  // or the state directory's error.
   static absl::StatusOr<std::unique_ptr<RendezvousServer>> Start(const ServerOptions& opts);
   ~RendezvousServer();  // Shutdown() then join.
 

@@ -103,6 +103,21 @@ struct JobStatus {
   int waiting = 0;
   // Hosts refused for now after repeated failures, each with the reason.
   std::vector<std::string> quarantined;
+  // The job's --nnodes (0 before the first join fixed it).
+  int min_nodes = 0;
+  int max_nodes = 0;
+  // While gathering: seconds until the first joined node's join timeout
+  // fails the round (a fixed-size job waiting for a lost node's
+  // replacement); 0 otherwise.
+  double join_deadline_in_s = 0;
+};
+
+// What a store request names: the job, its store token (DDPRUN_TOKEN) and
+// the round (DDPRUN_ROUND). The Store service serves one store per round.
+struct StoreScope {
+  std::string job_id;
+  std::string token;
+  std::int64_t round = 0;
 };
 
 }  // namespace ddprun::rendezvous

@@ -1,5 +1,6 @@
-// ExitStatus::Describe, and the real Boost launcher on trivial children
-// (every wait bounded).
+// The real Boost launcher on trivial children (every wait bounded): real
+// processes, so this is the integration tier. ExitStatus::Describe is a unit
+// test (tests/unit/agent/exit_status_test.cc).
 #include <catch2/catch.hpp>
 
 #include <signal.h>
@@ -13,28 +14,13 @@
 #include <sstream>
 #include <thread>
 
-#include "ddprun/agent/agent.h"
+#include "ddprun/agent/events.h"
 #include "ddprun/agent/process_launcher.h"
 
 namespace ddprun::agent {
 namespace {
 
 using std::chrono::milliseconds;
-
-ExitStatus Exited(int code) { return ExitStatus{code, 0}; }
-ExitStatus Killed(int sig) { return ExitStatus{0, sig}; }
-
-TEST_CASE("ExitStatus::Describe", "[unit]") {
-  CHECK(Exited(0).Describe() == "exit code 0");
-  CHECK(Exited(3).Describe() == "exit code 3");
-  CHECK(Killed(SIGSEGV).Describe() == "signal SIGSEGV (11)");
-  CHECK(Killed(SIGKILL).Describe() == "signal SIGKILL (9)");
-  CHECK(Killed(SIGTERM).Describe() == "signal SIGTERM (15)");
-  CHECK(Killed(SIGABRT).Describe() == "signal SIGABRT (6)");
-  CHECK(Exited(0).ok());
-  CHECK_FALSE(Exited(1).ok());
-  CHECK_FALSE(Killed(SIGINT).ok());
-}
 
 std::map<std::string, std::string> MinimalEnv() {
   return {{"PATH", "/usr/local/bin:/usr/bin:/bin"}};
@@ -73,7 +59,7 @@ std::string ReadAll(const std::string& path) {
   return ss.str();
 }
 
-TEST_CASE("Boost launcher: exit codes and signals", "[unit]") {
+TEST_CASE("Boost launcher: exit codes and signals", "[integration]") {
   BlockAgentSignals();  // as in the agent: children must not inherit the mask
   auto launcher = MakeBoostProcessLauncher();
   auto t = MustSpawn(*launcher, {"true"});
@@ -94,7 +80,7 @@ TEST_CASE("Boost launcher: exit codes and signals", "[unit]") {
   CHECK(st->signal == SIGSEGV);
 }
 
-TEST_CASE("Boost launcher: own process group, SignalGroup reaches it", "[unit]") {
+TEST_CASE("Boost launcher: own process group, SignalGroup reaches it", "[integration]") {
   BlockAgentSignals();
   auto launcher = MakeBoostProcessLauncher();
   auto c = MustSpawn(*launcher, {"sleep", "30"});
@@ -107,7 +93,7 @@ TEST_CASE("Boost launcher: own process group, SignalGroup reaches it", "[unit]")
   c->SignalGroup(SIGKILL);  // no-op once reaped
 }
 
-TEST_CASE("Boost launcher: the child gets exactly the given environment", "[unit]") {
+TEST_CASE("Boost launcher: the child gets exactly the given environment", "[integration]") {
   BlockAgentSignals();
   auto launcher = MakeBoostProcessLauncher();
   auto env = MinimalEnv();
@@ -126,7 +112,7 @@ TEST_CASE("Boost launcher: the child gets exactly the given environment", "[unit
 }
 
 TEST_CASE("Boost launcher: empty signal mask, default dispositions, stdout to a file",
-          "[unit]") {
+          "[integration]") {
   BlockAgentSignals();
   ::signal(SIGUSR1, SIG_IGN);  // an ignored signal would survive exec without the reset
   auto launcher = MakeBoostProcessLauncher();
@@ -152,7 +138,7 @@ TEST_CASE("Boost launcher: empty signal mask, default dispositions, stdout to a 
 }
 
 TEST_CASE("Boost launcher: missing or non-executable programs are errors, not exceptions",
-          "[unit]") {
+          "[integration]") {
   auto launcher = MakeBoostProcessLauncher();
   SpawnSpec spec;
   spec.env = MinimalEnv();
@@ -198,7 +184,7 @@ bool Dead(pid_t pid) {
 }
 
 TEST_CASE("Boost launcher: a worker dies with its agent (PDEATHSIG), even on kill -9",
-          "[unit]") {
+          "[integration]") {
   int fds[2];
   REQUIRE(::pipe(fds) == 0);
   pid_t agent = ::fork();
@@ -234,7 +220,7 @@ TEST_CASE("Boost launcher: a worker dies with its agent (PDEATHSIG), even on kil
   CHECK(dead);
 }
 
-TEST_CASE("Boost launcher: grandchildren die with a kill -9'd agent (orphan guard)", "[unit]") {
+TEST_CASE("Boost launcher: grandchildren die with a kill -9'd agent (orphan guard)", "[integration]") {
   const std::string pidfile = TempPath("grandchild");
   ::unlink(pidfile.c_str());
   pid_t agent = ::fork();

@@ -1,0 +1,82 @@
+// The agent's side of the rendezvous, behind an interface so that the round
+// loop (agent.cc) is unit-tested against an in-process session over the real
+// round state machine, with a fake clock and no sockets.
+//
+// The mode contract (AgentOptions::mode, decided once by the launcher; the
+// session only reads it):
+//   kEmbedded  host a RendezvousServer on rdzv_host:rdzv_port (port 0: the
+//              OS picks; an empty or wildcard host binds every interface and
+//              connects over 127.0.0.1), then join it.
+//   kRemote    join the server at rdzv_host:rdzv_port (port > 0). When the
+//              endpoint names this machine and nothing answers there, host it
+//              (torchrun's c10d is_host); another local agent may win the bind.
+//   kStatic    torchrun's static backend: node_rank >= 0 and min_nodes ==
+//              max_nodes (the launcher guarantees both). Node rank 0 serves
+//              the workers' TCPStore on master_addr:master_port and hosts the
+//              rendezvous on port 0, publishing its endpoint in that store;
+//              the other nodes read it from there.
+// Every other mode serves a fresh TCPStore on port 0 for each round
+// (PrepareRound), advertised as the round's MASTER_PORT.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ddprun/agent/agent_options.h"
+#include "ddprun/agent/events.h"
+#include "ddprun/rendezvous/clock.h"
+#include "ddprun/rendezvous/types.h"
+
+namespace ddprun::agent {
+
+class RendezvousSession {
+ public:
+  virtual ~RendezvousSession() = default;
+
+  // Brings up or reaches the rendezvous as the mode says, by `deadline`.
+  // `interrupted` is polled between the slices of blocking waits; when it
+  // returns true, Open returns a Cancelled status. Errors are one line naming
+  // the endpoint and the fix.
+  virtual absl::Status Open(rendezvous::TimePoint deadline,
+                            const std::function<bool()>& interrupted) = 0;
+  // Before each round's join: a fresh store for the workers (not kStatic).
+  virtual absl::Status PrepareRound() = 0;
+  // The MASTER_PORT this node offers for the round (the store above).
+  virtual int master_port() const = 0;
+  // host:port of the rendezvous: DDPRUN_STORE_ADDR, and for messages.
+  virtual std::string endpoint() const = 0;
+  // The address other nodes reach this node at: --local_addr, 127.0.0.1 when
+  // the rendezvous is on loopback, else the hostname.
+  virtual std::string advertised_host() const = 0;
+  // Whether this agent hosts the rendezvous server (it must then stay up
+  // until the job ends, and cannot re-attach to itself).
+  virtual bool hosts_rendezvous() const = 0;
+
+  // Starts a Join (ending the previous one). Its events arrive on `events`
+  // as StreamEvent{id} with the returned id (never 0); the stream ends after
+  // any event but an Assignment.
+  virtual std::uint64_t Join(const rendezvous::JoinSpec& spec, EventQueue& events) = 0;
+  // Ends the current Join; its later events are stale.
+  virtual void EndJoin() = 0;
+  // Waits up to `timeout` for the connection to the rendezvous (re-attach).
+  virtual absl::Status WaitForConnected(rendezvous::Duration timeout) = 0;
+  virtual absl::Status Report(const rendezvous::Assignment& assignment, rendezvous::Outcome outcome,
+                              const std::vector<rendezvous::WorkerFailure>& failures,
+                              rendezvous::Duration timeout) = 0;
+  // The job as the rendezvous sees it (nodes gathered, deadlines).
+  virtual absl::StatusOr<rendezvous::JobStatus> JobStatus(rendezvous::Duration timeout) = 0;
+  // Ends every stream and stops what the session serves.
+  virtual void Close() = 0;
+};
+
+// The real session: gRPC client (rendezvous/client.h), the embedded server
+// and the workers' TCPStore, as the mode says.
+std::unique_ptr<RendezvousSession> MakeGrpcRendezvousSession(const AgentOptions& options,
+                                                             const rendezvous::Clock& clock);
+
+}  // namespace ddprun::agent

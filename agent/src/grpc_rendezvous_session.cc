@@ -1,0 +1,326 @@
+// The real RendezvousSession: the gRPC client, and what this node serves as
+// its mode says (the embedded RendezvousServer, the workers' TCPStore).
+//
+// Threads: the agent's main thread calls every method; one reader thread per
+// Join stream turns its RoundEvents into StreamEvents on the agent's queue.
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "ddprun/agent/host.h"
+#include "ddprun/agent/rendezvous_session.h"
+#include "ddprun/rendezvous/c10d_store_client.h"
+#include "ddprun/rendezvous/c10d_store_server.h"
+#include "ddprun/rendezvous/client.h"
+#include "ddprun/rendezvous/debug_log.h"
+#include "ddprun/rendezvous/errors.h"
+#include "ddprun/rendezvous/host_port.h"
+#include "ddprun/rendezvous/kv_engine.h"
+#include "ddprun/rendezvous/server.h"
+
+namespace ddprun::agent {
+namespace {
+
+namespace rdzv = ::ddprun::rendezvous;
+using rdzv::Duration;
+using rdzv::TimePoint;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+// A reader's wait for the next RoundEvent; Cancel() ends it sooner.
+constexpr auto kStreamWait = std::chrono::hours(24 * 365);
+// How long a local endpoint is probed before this agent hosts it (kRemote).
+constexpr auto kHostProbe = milliseconds(300);
+// Key under which a static node rank 0 publishes its rendezvous endpoint.
+constexpr const char* kRdzvEndpointKey = "ddprun/rdzv_endpoint";
+
+bool IsLoopbackHost(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+bool IsAnyAddress(const std::string& host) {
+  return host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]";
+}
+
+// Whether `host` names this machine: a loopback or wildcard address, our
+// hostname, or an address of one of our interfaces.
+bool IsLocalHost(const std::string& host) {
+  if (IsAnyAddress(host) || IsLoopbackHost(host) || host == Hostname()) return true;
+  const std::vector<std::string> local = LocalAddresses();
+  if (std::find(local.begin(), local.end(), host) != local.end()) return true;
+  struct addrinfo hints {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  struct addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return false;
+  bool found = false;
+  for (struct addrinfo* r = res; r != nullptr && !found; r = r->ai_next) {
+    char buf[INET6_ADDRSTRLEN] = {};
+    if (r->ai_family == AF_INET) {
+      ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(r->ai_addr)->sin_addr, buf, sizeof(buf));
+    } else if (r->ai_family == AF_INET6) {
+      ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(r->ai_addr)->sin6_addr, buf,
+                  sizeof(buf));
+    }
+    found = IsLoopbackHost(buf) || std::find(local.begin(), local.end(), buf) != local.end();
+  }
+  ::freeaddrinfo(res);
+  return found;
+}
+
+double SecondsOf(Duration d) { return std::chrono::duration<double>(d).count(); }
+
+class GrpcRendezvousSession final : public RendezvousSession {
+ public:
+  GrpcRendezvousSession(const AgentOptions& options, const rdzv::Clock& clock)
+      : options_(options), clock_(clock) {}
+  ~GrpcRendezvousSession() override { Close(); }
+
+  absl::Status Open(TimePoint deadline, const std::function<bool()>& interrupted) override {
+    interrupted_ = &interrupted;
+    absl::Status st = OpenByMode(deadline);
+    interrupted_ = nullptr;
+    return st;
+  }
+
+  absl::Status PrepareRound() override {
+    if (options_.mode == RendezvousMode::kStatic) return absl::OkStatus();
+    // Every round gets a fresh store, so that keys of an earlier round (same
+    // /worker/attempt_<n> prefix after a scale-up) cannot leak into the next.
+    store_server_.reset();
+    rdzv::C10dStoreServerOptions so;
+    so.host = "0.0.0.0";
+    so.port = 0;
+    auto store = rdzv::C10dStoreServer::Start(so);
+    if (!store.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot start the workers' TCPStore: ", store.status().message()));
+    }
+    store_server_ = std::move(*store);
+    master_port_ = store_server_->port();
+    return absl::OkStatus();
+  }
+
+  int master_port() const override { return master_port_; }
+  std::string endpoint() const override {
+    return rdzv::FormatHostPort(connect_host_, connect_port_);
+  }
+  std::string advertised_host() const override {
+    if (!options_.local_addr.empty()) return options_.local_addr;
+    if (IsLoopbackHost(connect_host_)) return "127.0.0.1";
+    return Hostname();
+  }
+  bool hosts_rendezvous() const override { return server_ != nullptr; }
+
+  std::uint64_t Join(const rdzv::JoinSpec& spec, EventQueue& events) override {
+    EndJoin();
+    stream_ = client_->Join(spec);
+    const std::uint64_t id = ++stream_id_;
+    rdzv::JoinStream* stream = stream_.get();
+    reader_ = std::thread([stream, id, &events] {
+      while (true) {
+        rdzv::RoundEvent ev = stream->Next(kStreamWait);
+        // Only an Assignment keeps the stream going.
+        const bool last = !std::holds_alternative<rdzv::Assignment>(ev);
+        events.Push(StreamEvent{id, std::move(ev)});
+        if (last) return;
+      }
+    });
+    return id;
+  }
+
+  void EndJoin() override {
+    if (stream_) stream_->Cancel();
+    if (reader_.joinable()) reader_.join();
+    stream_.reset();
+  }
+
+  absl::Status WaitForConnected(Duration timeout) override {
+    return client_->WaitForConnected(timeout);
+  }
+
+  absl::Status Report(const rdzv::Assignment& a, rdzv::Outcome outcome,
+                      const std::vector<rdzv::WorkerFailure>& failures, Duration timeout) override {
+    if (!client_) return absl::FailedPreconditionError("not connected to the rendezvous");
+    return client_->Report(options_.job_id, a.node_id, a.round, outcome, failures, timeout);
+  }
+
+  absl::StatusOr<rdzv::JobStatus> JobStatus(Duration timeout) override {
+    if (!client_) return absl::FailedPreconditionError("not connected to the rendezvous");
+    DDPRUN_ASSIGN_OR_RETURN(std::vector<rdzv::JobStatus> jobs,
+                            client_->Status(options_.job_id, timeout));
+    for (rdzv::JobStatus& j : jobs)
+      if (j.job_id == options_.job_id) return std::move(j);
+    return absl::NotFoundError(absl::StrCat("the rendezvous does not know job ", options_.job_id));
+  }
+
+  void Close() override {
+    EndJoin();
+    client_.reset();
+    if (server_) server_->Shutdown();
+    server_.reset();
+    store_server_.reset();
+  }
+
+ private:
+  absl::Status Interrupted() const { return absl::CancelledError("interrupted by a signal"); }
+  bool CheckInterrupted() const { return interrupted_ != nullptr && (*interrupted_)(); }
+
+  absl::Status OpenByMode(TimePoint deadline) {
+    switch (options_.mode) {
+      case RendezvousMode::kEmbedded: {
+        const std::string bind = options_.rdzv_host.empty() ? "0.0.0.0" : options_.rdzv_host;
+        if (absl::Status st = HostRendezvous(bind, options_.rdzv_port); !st.ok()) {
+          return absl::UnavailableError(absl::StrCat(
+              "cannot host the rendezvous on ", rdzv::FormatHostPort(bind, options_.rdzv_port),
+              ": ", st.message(), "; pick a free port or another --rdzv_endpoint"));
+        }
+        const std::string host = IsAnyAddress(bind) ? "127.0.0.1" : bind;
+        return ConnectClient(host, server_->port(), deadline);
+      }
+      case RendezvousMode::kRemote: {
+        const std::string& host = options_.rdzv_host;
+        const int port = options_.rdzv_port;
+        if (IsLocalHost(host)) {
+          // Like torchrun's c10d is_host: the endpoint is ours, so serve it
+          // unless somebody (ddprund, another local agent) already does.
+          auto probe = rdzv::RendezvousClient::Create(host, port);
+          if (!probe->WaitForConnected(kHostProbe).ok()) {
+            const std::string bind = IsLoopbackHost(host) && host != "localhost" ? host : "0.0.0.0";
+            if (HostRendezvous(bind, port).ok()) {
+              Log(absl::StrCat("hosting the rendezvous at ", rdzv::FormatHostPort(host, port)));
+            }
+            // Otherwise another local agent bound it first: join it as a client.
+          }
+        }
+        return ConnectClient(host, port, deadline);
+      }
+      case RendezvousMode::kStatic:
+        return OpenStatic(deadline);
+    }
+    return absl::InternalError("unknown rendezvous mode");
+  }
+
+  void Log(const std::string& msg) const {
+    std::string line = absl::StrCat("ddprun: ", rdzv::Fence(options_.job_id, 0), msg, "\n");
+    std::fputs(line.c_str(), stderr);
+    std::fflush(stderr);
+  }
+
+  absl::Status HostRendezvous(const std::string& bind_host, int port) {
+    rdzv::ServerOptions so;
+    so.host = bind_host;
+    so.port = port;
+    DDPRUN_ASSIGN_OR_RETURN(server_, rdzv::RendezvousServer::Start(so));
+    DDPRUN_DEBUG_LOG(kAgent) << "hosting the rendezvous on "
+                             << rdzv::FormatHostPort(bind_host, server_->port());
+    return absl::OkStatus();
+  }
+
+  // Waits, in slices, until the client connects.
+  absl::Status ConnectClient(const std::string& host, int port, TimePoint deadline) {
+    connect_host_ = host;
+    connect_port_ = port;
+    client_ = rdzv::RendezvousClient::Create(host, port);
+    absl::Status st;
+    do {
+      if (CheckInterrupted()) return Interrupted();
+      auto slice = std::min<Duration>(seconds(1), deadline - clock_.Now());
+      st = client_->WaitForConnected(std::max<Duration>(slice, milliseconds(1)));
+    } while (!st.ok() && clock_.Now() < deadline);
+    if (!st.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot reach the rendezvous at ", rdzv::FormatHostPort(host, port),
+                       " within ", options_.join_timeout_s,
+                       " s; start ddprund (or the host node) there, or fix "
+                       "--rdzv_endpoint"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status OpenStatic(TimePoint deadline) {
+    const std::string& maddr = options_.master_addr;
+    const int mport = options_.master_port;
+    master_port_ = mport;
+    if (options_.node_rank < 0) {
+      return absl::InvalidArgumentError(
+          "static rendezvous needs this node's rank; pass --node_rank (0 on the master node)");
+    }
+    if (options_.node_rank == 0) {
+      rdzv::C10dStoreServerOptions so;
+      so.host = "0.0.0.0";
+      so.port = mport;
+      auto store = rdzv::C10dStoreServer::Start(so);
+      if (!store.ok()) {
+        return absl::UnavailableError(absl::StrCat("cannot serve the store on master port ", mport,
+                                                   ": ", store.status().message(),
+                                                   "; pick a free --master_port"));
+      }
+      store_server_ = std::move(*store);
+      if (absl::Status st = HostRendezvous("0.0.0.0", 0); !st.ok()) {
+        return absl::UnavailableError(absl::StrCat("cannot host the rendezvous: ", st.message()));
+      }
+      const std::string host = IsAnyAddress(maddr) ? "127.0.0.1" : maddr;
+      DDPRUN_RETURN_IF_ERROR(store_server_->engine().Set(
+          kRdzvEndpointKey, rdzv::FormatHostPort(host, server_->port())));
+      return ConnectClient(host, server_->port(), deadline);
+    }
+    // Other nodes read node 0's rendezvous endpoint from its store.
+    std::string endpoint;
+    absl::Status last = absl::DeadlineExceededError("no attempt");
+    while (clock_.Now() < deadline) {
+      if (CheckInterrupted()) return Interrupted();
+      const double left = SecondsOf(deadline - clock_.Now());
+      auto client = rdzv::C10dStoreClient::Connect(maddr, mport, std::min(1.0, left));
+      if (!client.ok()) {
+        last = client.status();
+        continue;
+      }
+      auto value = (*client)->Get(kRdzvEndpointKey, std::min(2.0, std::max(0.01, left)));
+      if (value.ok()) {
+        endpoint = *value;
+        break;
+      }
+      last = value.status();
+    }
+    if (endpoint.empty()) {
+      return absl::UnavailableError(absl::StrCat(
+          "cannot reach the master node's store at ", rdzv::FormatHostPort(maddr, mport),
+          " within ", options_.join_timeout_s, " s (", last.message(),
+          "); start node rank 0, or fix --master_addr/--master_port"));
+    }
+    DDPRUN_ASSIGN_OR_RETURN(rdzv::HostPort hp, rdzv::ParseHostPort(endpoint));
+    return ConnectClient(hp.host, hp.port, deadline);
+  }
+
+  const AgentOptions options_;
+  const rdzv::Clock& clock_;
+  const std::function<bool()>* interrupted_ = nullptr;  // during Open()
+
+  std::unique_ptr<rdzv::RendezvousServer> server_;       // when this agent hosts it
+  std::unique_ptr<rdzv::C10dStoreServer> store_server_;  // the workers' TCPStore
+  std::unique_ptr<rdzv::RendezvousClient> client_;
+  std::string connect_host_;
+  int connect_port_ = 0;
+  int master_port_ = 0;
+
+  std::unique_ptr<rdzv::JoinStream> stream_;
+  std::thread reader_;
+  std::uint64_t stream_id_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<RendezvousSession> MakeGrpcRendezvousSession(const AgentOptions& options,
+                                                             const rendezvous::Clock& clock) {
+  return std::make_unique<GrpcRendezvousSession>(options, clock);
+}
+
+}  // namespace ddprun::agent

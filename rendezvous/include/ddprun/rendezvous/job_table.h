@@ -1,0 +1,158 @@
+// The daemon's jobs: for each job id one JobRendezvous (the round state
+// machine), one KvEngine (the running round's store) and the event sinks of
+// its agents' Join streams; the limits that protect the server from
+// strangers; persistence through a JobJournal. No gRPC and no threads: the
+// Rendezvous and Store services (server.cc) call it, and a DeadlineTimer
+// calls Tick() when NextDeadline() passes.
+//
+// Thread-safe. Every method takes the table's lock; events go to the sinks
+// after it is released, and after the change is durable in the journal.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ddprun/rendezvous/clock.h"
+#include "ddprun/rendezvous/job_journal.h"
+#include "ddprun/rendezvous/job_rendezvous.h"
+#include "ddprun/rendezvous/kv_engine.h"
+#include "ddprun/rendezvous/types.h"
+
+namespace ddprun::rendezvous {
+
+// Bounds on what a stranger may ask for.
+inline constexpr int kMaxNproc = 65536;
+inline constexpr int kMaxNodes = 1 << 20;
+inline constexpr std::size_t kMaxHostBytes = 1024;
+inline constexpr Duration kMaxTimeout = std::chrono::hours(7 * 24);
+inline constexpr std::size_t kDefaultMaxJobs = 100000;
+// How long a closed job stays visible to Status before it is forgotten.
+inline constexpr Duration kDefaultClosedJobRetention = std::chrono::minutes(10);
+inline constexpr Duration kDefaultReattachTimeout = std::chrono::seconds(10);
+
+// One agent's Join stream, as the table sees it.
+class EventSink {
+ public:
+  virtual ~EventSink() = default;
+  // Called once, under the table's lock, before the sink is registered as
+  // node_id's stream of job_id. From then on the sink's owner tells the table
+  // when the stream ends (StreamLost or Unregister with this sink). Must not
+  // call into the table.
+  virtual void Bind(const std::string& job_id, const std::string& node_id) = 0;
+  // One event for the agent, in order. Called without the table's lock. A
+  // terminal event (anything but an Assignment) is the last one: the table
+  // forgets the sink when it sends one.
+  virtual void Deliver(RoundEvent event) = 0;
+};
+
+struct JobTableOptions {
+  const Clock* clock = &SystemClock::Get();
+  QuarantinePolicy quarantine;
+  // How long a restored member has to re-attach before it counts as lost.
+  Duration reattach_timeout = kDefaultReattachTimeout;
+  std::size_t max_jobs = kDefaultMaxJobs;
+  Duration closed_job_retention = kDefaultClosedJobRetention;
+  // Where jobs are kept across a restart; null keeps them in memory only.
+  // Not owned; must outlive the table.
+  JobJournal* journal = nullptr;
+  // Called without the table's lock after a change that may have brought a
+  // deadline (a round's, a store wait's, a closed job's retention) earlier
+  // than NextDeadline() was before: the timer waits for it. May be empty.
+  std::function<void(TimePoint)> on_deadline;
+};
+
+class JobTable {
+ public:
+  explicit JobTable(JobTableOptions options);
+  JobTable(const JobTable&) = delete;
+  JobTable& operator=(const JobTable&) = delete;
+  ~JobTable();
+
+  // Brings back the journal's jobs; call once, before serving. Running
+  // rounds come back with their members detached (see JobRendezvous::Restore).
+  absl::Status Recover();
+
+  // Validates spec (job id rule, limits), creates the job on its first join
+  // (ResourceExhausted beyond max_jobs) and registers sink as the joining
+  // node's stream. Returns the node id; events (possibly this node's own
+  // assignment) go to the sinks. A refused first join leaves no job behind.
+  absl::StatusOr<std::string> Join(const JoinSpec& spec, std::shared_ptr<EventSink> sink);
+  // An agent reports how its round ended. NotFound for an unknown job.
+  absl::Status Report(const std::string& job_id, const std::string& node_id, std::int64_t round,
+                      Outcome outcome, std::vector<WorkerFailure> failures);
+  // The node's stream broke without a terminal event: the node is lost.
+  // Ignored unless sink is the node's current stream (a stale stream).
+  void StreamLost(const std::string& job_id, const std::string& node_id, const EventSink* sink);
+  // The node's stream ended after its terminal event: forget the sink.
+  void Unregister(const std::string& job_id, const std::string& node_id, const EventSink* sink);
+  // A snapshot of one job (job_id) or of every job (""), in job id order.
+  std::vector<JobStatus> Status(std::string_view job_id = "") const;
+  std::size_t NumJobs() const;
+
+  // The store of scope's round, after checking the job id, the token and the
+  // round: Unauthenticated without a token, PermissionDenied for a wrong
+  // token or an unknown job (the same answer), FailedPrecondition for a
+  // stale round.
+  absl::StatusOr<std::shared_ptr<KvEngine>> StoreFor(const StoreScope& scope);
+  // Makes a store write durable before it is acknowledged (no-op in memory).
+  absl::Status PersistKey(const StoreScope& scope, const std::string& key, const KvEngine& engine);
+  // engine.WaitAsync(keys, deadline, cb), and the timer learns the deadline.
+  void WaitAsync(KvEngine& engine, std::vector<std::string> keys, TimePoint deadline,
+                 KvEngine::WaitCallback cb);
+
+  // The earliest pending deadline of any job, store wait or closed job's
+  // retention; nullopt when nothing waits. Never a deadline that Tick()
+  // cannot clear.
+  std::optional<TimePoint> NextDeadline() const;
+  // Applies every deadline that passed: rounds' timeouts, store waits that
+  // time out, closed jobs past their retention (forgotten, with no stream left).
+  void Tick();
+
+  // Stops every change (a later call gets Unavailable), ends every open
+  // stream with Unavailable and cancels store waits. Jobs stay as they are in
+  // the journal, so a restarted server finds them. Idempotent.
+  void Shutdown();
+
+ private:
+  struct Job {
+    std::unique_ptr<JobRendezvous> rdzv;
+    std::shared_ptr<KvEngine> store;
+    std::int64_t store_round = 0;
+    std::map<std::string, std::shared_ptr<EventSink>> sinks;
+    std::optional<TimePoint> closed_at;
+    std::uint64_t persisted_version = 0;
+  };
+  using Batch = std::vector<std::pair<std::shared_ptr<EventSink>, RoundEvent>>;
+
+  // Turns deliveries into (sink, event) pairs (terminal events unregister
+  // the sink), notes closing, rotates the store, persists, and logs.
+  void CollectLocked(Job& job, std::vector<Delivery>& out, Batch* batch);
+  void RotateStoreLocked(Job& job);
+  void PersistLocked(Job& job);
+  // The job's own earliest deadline (nullopt: none that Tick() can clear).
+  // O(members): for the timer's wake-ups only.
+  std::optional<TimePoint> DeadlineOfLocked(const Job& job) const;
+  // What the last change of the job added (O(1)): its new round deadlines
+  // and, once a closed job has no stream left, its retention.
+  std::optional<TimePoint> NewDeadlineLocked(Job& job);
+  // Sends the batch and tells the timer about deadline; without the lock.
+  void Finish(Batch& batch, std::optional<TimePoint> deadline);
+
+  const JobTableOptions options_;
+  const Clock& clock_;
+  mutable std::mutex mu_;
+  bool closing_ = false;
+  std::map<std::string, Job, std::less<>> jobs_;
+};
+
+}  // namespace ddprun::rendezvous

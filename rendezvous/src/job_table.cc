@@ -1,0 +1,445 @@
+#include "ddprun/rendezvous/job_table.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "ddprun/rendezvous/debug_log.h"
+#include "ddprun/rendezvous/errors.h"
+#include "ddprun/rendezvous/host_port.h"
+#include "ddprun/rendezvous/job_id.h"
+
+namespace ddprun::rendezvous {
+namespace {
+
+const char* StateName(JobRendezvous::State s) {
+  switch (s) {
+    case JobRendezvous::State::kGathering:
+      return "gathering";
+    case JobRendezvous::State::kRunning:
+      return "running";
+    case JobRendezvous::State::kClosed:
+      return "closed";
+  }
+  return "?";
+}
+
+// The fence of a message about a job id that may be invalid: a stranger's
+// id is echoed only when it is short printable ASCII (ValidateJobId's own
+// message shows the rest safely).
+std::string SafeFence(std::string_view job_id) {
+  const bool printable =
+      !job_id.empty() && job_id.size() <= kMaxJobIdBytes &&
+      std::all_of(job_id.begin(), job_id.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
+  return printable ? Fence(job_id, -1) : "";
+}
+
+absl::Status CheckJobId(std::string_view job_id) {
+  absl::Status st = ValidateJobId(job_id);
+  if (st.ok()) return st;
+  return absl::InvalidArgumentError(SafeFence(job_id) + std::string(st.message()));
+}
+
+// A timeout from the wire (seconds): finite, within kMaxTimeout, and > 0
+// unless zero is allowed.
+bool TimeoutInRange(double seconds, bool allow_zero) {
+  const double max = std::chrono::duration<double>(kMaxTimeout).count();
+  return (allow_zero ? seconds >= 0 : seconds > 0) && seconds <= max;
+}
+
+absl::Status ValidateJoin(const JoinSpec& s) {
+  DDPRUN_RETURN_IF_ERROR(CheckJobId(s.job_id));
+  auto fence = [&] { return Fence(s.job_id, -1); };  // only for an error
+  if (s.host.empty() || s.host.size() > kMaxHostBytes)
+    return absl::InvalidArgumentError(fence() + "join without a host address");
+  if (s.nproc < 1 || s.nproc > kMaxNproc)
+    return absl::InvalidArgumentError(fence() + "nproc " + std::to_string(s.nproc) +
+                                      " is out of range 1.." + std::to_string(kMaxNproc));
+  if (s.min_nodes < 1 || s.max_nodes < s.min_nodes || s.max_nodes > kMaxNodes)
+    return absl::InvalidArgumentError(fence() + "bad node counts " + std::to_string(s.min_nodes) +
+                                      ":" + std::to_string(s.max_nodes) + "; need 0 < MIN <= MAX");
+  if (!TimeoutInRange(s.join_timeout_s, false) || !TimeoutInRange(s.last_call_timeout_s, true))
+    return absl::InvalidArgumentError(fence() + "join or last-call timeout out of range");
+  if (s.max_restarts < 0 || s.requested_rank < -1 || s.master_port < 0 || s.master_port > kMaxPort)
+    return absl::InvalidArgumentError(fence() + "malformed join request");
+  return absl::OkStatus();
+}
+
+absl::Status ShuttingDown() {
+  return absl::UnavailableError("the rendezvous server is shutting down");
+}
+
+std::optional<TimePoint> Earlier(std::optional<TimePoint> a, std::optional<TimePoint> b) {
+  if (!a) return b;
+  if (!b) return a;
+  return std::min(*a, *b);
+}
+
+// What a change did to a job, for the debug channel.
+struct Before {
+  JobRendezvous::State state;
+  std::int64_t round;
+};
+
+Before BeforeOf(const JobRendezvous& r) { return {r.state(), r.round()}; }
+
+void LogChange(const JobRendezvous& r, Before before, const std::vector<Delivery>& out) {
+  if (!(debug::Enabled() & debug::kRdzv)) return;
+  const std::string fence = Fence(r.job_id(), r.round());
+  for (const auto& d : out) {
+    if (const auto* c = std::get_if<JobClosed>(&d.event)) {
+      DDPRUN_DEBUG_LOG(kRdzv) << fence << "closed: " << (c->success ? "success" : "failure") << " ("
+                              << c->reason << ")";
+      return;
+    }
+    if (const auto* x = std::get_if<RestartRound>(&d.event)) {
+      DDPRUN_DEBUG_LOG(kRdzv) << fence << "restart: round " << before.round << " -> "
+                              << x->next_round << (x->counts_as_failure ? ", a failure" : "")
+                              << (x->reason.empty() ? "" : ": ") << x->reason;
+      return;
+    }
+  }
+  if (r.state() == JobRendezvous::State::kRunning &&
+      (before.state != JobRendezvous::State::kRunning || before.round != r.round())) {
+    const JobStatus s = r.Status();
+    DDPRUN_DEBUG_LOG(kRdzv) << fence << "round complete: " << s.nodes.size()
+                            << " nodes, world size " << s.world_size;
+  } else if (r.state() == JobRendezvous::State::kClosed &&
+             before.state != JobRendezvous::State::kClosed) {
+    DDPRUN_DEBUG_LOG(kRdzv) << fence << "closed";
+  }
+}
+
+}  // namespace
+
+JobTable::JobTable(JobTableOptions options)
+    : options_(std::move(options)), clock_(*options_.clock) {}
+
+JobTable::~JobTable() = default;
+
+absl::Status JobTable::Recover() {
+  if (!options_.journal) return absl::OkStatus();
+  DDPRUN_ASSIGN_OR_RETURN(std::vector<RecoveredJob> recovered, options_.journal->Recover());
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& r : recovered) {
+    for (const auto& w : r.warnings) std::fprintf(stderr, "ddprund: warning: %s\n", w.c_str());
+    Job job;
+    job.rdzv = JobRendezvous::Restore(r.snapshot, clock_, options_.reattach_timeout);
+    job.store = std::make_shared<KvEngine>();
+    job.store_round = r.store_round;
+    for (auto& [k, v] : r.store) (void)job.store->Set(k, std::move(v));
+    job.persisted_version = job.rdzv->version();
+    if (job.rdzv->state() == JobRendezvous::State::kClosed) job.closed_at = clock_.Now();
+    DDPRUN_DEBUG_LOG(kRdzv) << Fence(r.snapshot.job_id, job.rdzv->round()) << "recovered, "
+                            << StateName(job.rdzv->state());
+    jobs_.insert_or_assign(r.snapshot.job_id, std::move(job));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> JobTable::Join(const JoinSpec& spec, std::shared_ptr<EventSink> sink) {
+  DDPRUN_RETURN_IF_ERROR(ValidateJoin(spec));
+  Batch batch;
+  std::optional<TimePoint> deadline;
+  absl::StatusOr<std::string> id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closing_) return ShuttingDown();
+    auto it = jobs_.find(spec.job_id);
+    const bool created = it == jobs_.end();
+    if (created) {
+      if (jobs_.size() >= options_.max_jobs) {
+        return absl::ResourceExhaustedError(
+            Fence(spec.job_id, -1) + "the rendezvous server holds too many jobs (" +
+            std::to_string(options_.max_jobs) + "); retry once older jobs have ended");
+      }
+      Job job;
+      job.rdzv = std::make_unique<JobRendezvous>(spec.job_id, clock_, options_.quarantine);
+      it = jobs_.emplace(spec.job_id, std::move(job)).first;
+      DDPRUN_DEBUG_LOG(kRdzv) << Fence(spec.job_id, 0) << "new job";
+    }
+    Job& job = it->second;
+    const Before before = BeforeOf(*job.rdzv);
+    std::vector<Delivery> out;
+    id = job.rdzv->Join(spec, &out);
+    if (!id.ok()) {
+      DDPRUN_DEBUG_LOG(kRdzv) << "join of " << spec.host << " pid " << spec.pid
+                              << " refused: " << id.status().message();
+      if (created) {
+        jobs_.erase(it);  // a refused first join leaves no empty job behind
+        return id;
+      }
+      // A refused join can still change the job (a quarantined node that
+      // the others were waiting for completes their round): tell them.
+    } else {
+      DDPRUN_DEBUG_LOG(kRdzv) << Fence(spec.job_id, job.rdzv->round()) << "join: node " << *id
+                              << (spec.resume_round >= 0 ? " (resumed)" : "") << ", "
+                              << StateName(job.rdzv->state());
+      sink->Bind(spec.job_id, *id);
+      // Registered before delivering, so an assignment completed by this very
+      // join reaches its own stream.
+      job.sinks[*id] = std::move(sink);
+    }
+    LogChange(*job.rdzv, before, out);  // before CollectLocked moves the events
+    CollectLocked(job, out, &batch);
+    deadline = NewDeadlineLocked(job);
+  }
+  Finish(batch, deadline);
+  return id;
+}
+
+absl::Status JobTable::Report(const std::string& job_id, const std::string& node_id,
+                              std::int64_t round, Outcome outcome,
+                              std::vector<WorkerFailure> failures) {
+  DDPRUN_RETURN_IF_ERROR(CheckJobId(job_id));
+  Batch batch;
+  std::optional<TimePoint> deadline;
+  absl::Status st;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closing_) return ShuttingDown();
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end())
+      return absl::NotFoundError(Fence(job_id, round) + "no such job on this server");
+    Job& job = it->second;
+    const Before before = BeforeOf(*job.rdzv);
+    DDPRUN_DEBUG_LOG(kRdzv) << Fence(job_id, round) << "report from " << node_id << ": "
+                            << (outcome == Outcome::kSucceeded ? "succeeded"
+                                : outcome == Outcome::kFailed  ? "failed"
+                                                               : "leaving");
+    std::vector<Delivery> out;
+    st = job.rdzv->Report(node_id, round, outcome, std::move(failures), &out);
+    LogChange(*job.rdzv, before, out);  // before CollectLocked moves the events
+    CollectLocked(job, out, &batch);
+    deadline = NewDeadlineLocked(job);
+  }
+  Finish(batch, deadline);
+  return st;
+}
+
+void JobTable::StreamLost(const std::string& job_id, const std::string& node_id,
+                          const EventSink* sink) {
+  Batch batch;
+  std::optional<TimePoint> deadline;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closing_) return;
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) return;
+    Job& job = it->second;
+    auto s = job.sinks.find(node_id);
+    if (s == job.sinks.end() || s->second.get() != sink) return;  // a stale stream
+    job.sinks.erase(s);
+    const Before before = BeforeOf(*job.rdzv);
+    DDPRUN_DEBUG_LOG(kRdzv) << Fence(job_id, job.rdzv->round()) << "lost node " << node_id;
+    std::vector<Delivery> out;
+    job.rdzv->NodeLost(node_id, &out);
+    LogChange(*job.rdzv, before, out);  // before CollectLocked moves the events
+    CollectLocked(job, out, &batch);
+    deadline = NewDeadlineLocked(job);
+  }
+  Finish(batch, deadline);
+}
+
+void JobTable::Unregister(const std::string& job_id, const std::string& node_id,
+                          const EventSink* sink) {
+  std::optional<TimePoint> deadline;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) return;
+    auto s = it->second.sinks.find(node_id);
+    if (s == it->second.sinks.end() || s->second.get() != sink) return;
+    it->second.sinks.erase(s);
+    // The last stream of a closed job gone: its retention may count now.
+    deadline = NewDeadlineLocked(it->second);
+  }
+  Batch none;
+  Finish(none, deadline);
+}
+
+std::vector<JobStatus> JobTable::Status(std::string_view job_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<JobStatus> result;
+  if (!job_id.empty()) {
+    auto it = jobs_.find(job_id);
+    if (it != jobs_.end()) result.push_back(it->second.rdzv->Status());
+    return result;
+  }
+  result.reserve(jobs_.size());
+  for (const auto& [id, job] : jobs_) result.push_back(job.rdzv->Status());
+  return result;
+}
+
+std::size_t JobTable::NumJobs() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return jobs_.size();
+}
+
+absl::StatusOr<std::shared_ptr<KvEngine>> JobTable::StoreFor(const StoreScope& scope) {
+  DDPRUN_RETURN_IF_ERROR(CheckJobId(scope.job_id));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closing_) return ShuttingDown();
+  // The same answer for an unknown job and a wrong token: a stranger learns nothing.
+  if (scope.token.empty())
+    return absl::UnauthenticatedError(Fence(scope.job_id, scope.round) +
+                                      "store request without a token; run the worker under "
+                                      "ddprun, which sets DDPRUN_TOKEN");
+  auto it = jobs_.find(scope.job_id);
+  if (it == jobs_.end() || it->second.rdzv->store_token() != scope.token)
+    return absl::PermissionDeniedError(Fence(scope.job_id, scope.round) +
+                                       "the store token does not match this job; use the "
+                                       "DDPRUN_TOKEN that ddprun gave this job's workers");
+  Job& job = it->second;
+  if (scope.round != job.rdzv->round())
+    return absl::FailedPreconditionError(
+        Fence(scope.job_id, scope.round) + "stale round: the job is in round " +
+        std::to_string(job.rdzv->round()) + "; a worker of an old round must exit");
+  RotateStoreLocked(job);
+  return job.store;
+}
+
+absl::Status JobTable::PersistKey(const StoreScope& scope, const std::string& key,
+                                  const KvEngine& engine) {
+  if (!options_.journal) return absl::OkStatus();
+  return options_.journal->AppendKey(scope.job_id, scope.round, key, engine);
+}
+
+void JobTable::WaitAsync(KvEngine& engine, std::vector<std::string> keys, TimePoint deadline,
+                         KvEngine::WaitCallback cb) {
+  // A wait satisfied at once calls cb here; the timer then wakes for nothing.
+  engine.WaitAsync(std::move(keys), deadline, std::move(cb));
+  if (options_.on_deadline) options_.on_deadline(deadline);
+}
+
+std::optional<TimePoint> JobTable::NewDeadlineLocked(Job& job) {
+  std::optional<TimePoint> next = job.rdzv->TakeNewDeadline();
+  if (job.closed_at && job.sinks.empty()) {
+    next = Earlier(next, *job.closed_at + options_.closed_job_retention);
+  }
+  return next;
+}
+
+std::optional<TimePoint> JobTable::DeadlineOfLocked(const Job& job) const {
+  std::optional<TimePoint> next = job.rdzv->NextDeadline();
+  if (job.store) next = Earlier(next, job.store->NextDeadline());
+  // A closed job is forgotten only once no stream is left, so its retention
+  // is a deadline only then (a deadline Tick() cannot clear would spin the timer).
+  if (job.closed_at && job.sinks.empty()) {
+    next = Earlier(next, *job.closed_at + options_.closed_job_retention);
+  }
+  return next;
+}
+
+std::optional<TimePoint> JobTable::NextDeadline() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closing_) return std::nullopt;
+  std::optional<TimePoint> next;
+  for (const auto& [id, job] : jobs_) next = Earlier(next, DeadlineOfLocked(job));
+  return next;
+}
+
+void JobTable::Tick() {
+  Batch batch;
+  std::vector<std::shared_ptr<KvEngine>> engines;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closing_) return;
+    const TimePoint now = clock_.Now();
+    for (auto it = jobs_.begin(); it != jobs_.end();) {
+      Job& job = it->second;
+      if (job.closed_at && job.sinks.empty() &&
+          now >= *job.closed_at + options_.closed_job_retention) {
+        DDPRUN_DEBUG_LOG(kRdzv) << Fence(it->first, job.rdzv->round()) << "forgotten";
+        if (options_.journal) options_.journal->Forget(it->first);
+        if (job.store)
+          job.store->CancelAll(
+              ClosedError(Fence(it->first, job.store_round) + "the job is over and forgotten"));
+        it = jobs_.erase(it);
+        continue;
+      }
+      auto next = job.rdzv->NextDeadline();
+      if (next && *next <= now) {
+        const Before before = BeforeOf(*job.rdzv);
+        std::vector<Delivery> out;
+        job.rdzv->Tick(&out);
+        LogChange(*job.rdzv, before, out);
+        CollectLocked(job, out, &batch);
+        (void)job.rdzv->TakeNewDeadline();  // the timer asks NextDeadline() after Tick()
+      }
+      if (job.store && job.store->NumWaiters() > 0) engines.push_back(job.store);
+      ++it;
+    }
+  }
+  Finish(batch, std::nullopt);
+  // Outside the lock: the waiters' callbacks answer their calls.
+  const TimePoint now = clock_.Now();
+  for (auto& e : engines) e->ExpireWaiters(now);
+}
+
+void JobTable::Shutdown() {
+  Batch batch;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closing_) return;
+    // From now on nothing changes a job: streams that end because we stop
+    // are not lost agents, and a restarted server must find the jobs as they
+    // were (the journal).
+    closing_ = true;
+    for (auto& [id, job] : jobs_) {
+      for (auto& [node, sink] : job.sinks)
+        batch.emplace_back(sink, absl::UnavailableError(Fence(id, job.rdzv->round()) +
+                                                        "the rendezvous server is shutting down"));
+      job.sinks.clear();
+      if (job.store) job.store->CancelAll(absl::UnavailableError("the server is shutting down"));
+    }
+  }
+  Finish(batch, std::nullopt);
+}
+
+void JobTable::CollectLocked(Job& job, std::vector<Delivery>& out, Batch* batch) {
+  for (auto& d : out) {
+    auto it = job.sinks.find(d.node_id);
+    if (it == job.sinks.end()) continue;  // that agent is gone; nothing to tell
+    const bool terminal = !std::holds_alternative<Assignment>(d.event);
+    batch->emplace_back(it->second, std::move(d.event));
+    if (terminal) job.sinks.erase(it);
+  }
+  if (job.rdzv->state() == JobRendezvous::State::kClosed && !job.closed_at) {
+    job.closed_at = clock_.Now();
+  }
+  RotateStoreLocked(job);
+  // Durable before anyone hears of it: the batch is sent after this returns.
+  PersistLocked(job);
+}
+
+void JobTable::RotateStoreLocked(Job& job) {
+  // Each round gets a fresh store, so no worker ever reads a stale key (for
+  // example a previous round's ncclUniqueId). Waiters of the old round fail.
+  if (job.store && job.store_round == job.rdzv->round()) return;
+  if (job.store) {
+    job.store->CancelAll(absl::FailedPreconditionError(Fence(job.rdzv->job_id(), job.store_round) +
+                                                       "the round is over; the worker must exit"));
+  }
+  job.store = std::make_shared<KvEngine>();
+  job.store_round = job.rdzv->round();
+}
+
+void JobTable::PersistLocked(Job& job) {
+  if (!options_.journal || job.persisted_version == job.rdzv->version()) return;
+  absl::Status st =
+      options_.journal->WriteSnapshot(job.rdzv->Snapshot(), job.store_round, *job.store);
+  if (!st.ok()) {
+    std::fprintf(stderr, "ddprund: %scannot persist the job: %s\n",
+                 Fence(job.rdzv->job_id(), job.rdzv->round()).c_str(),
+                 std::string(st.message()).c_str());
+    return;  // retried on the next change
+  }
+  job.persisted_version = job.rdzv->version();
+}
+
+void JobTable::Finish(Batch& batch, std::optional<TimePoint> deadline) {
+  for (auto& [sink, event] : batch) sink->Deliver(std::move(event));
+  if (deadline && options_.on_deadline) options_.on_deadline(*deadline);
+}
+
+}  // namespace ddprun::rendezvous

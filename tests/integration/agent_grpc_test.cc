@@ -1,0 +1,127 @@
+// The agent over its real seams: the gRPC rendezvous session (embedded
+// server on loopback, port 0) and the Boost launcher with trivial children.
+// The loop's decisions are unit-tested in simulated time
+// (tests/unit/agent/agent_test.cc); this checks the wiring.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "ddprun/agent/agent.h"
+#include "ddprun/rendezvous/exit_codes.h"
+
+namespace ddprun::agent {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+// Redirects fd 2 to a file for the scope; text() gives what was written.
+class CaptureStderr {
+ public:
+  CaptureStderr() : path_("/tmp/ddprun_agent_grpc_test_" + std::to_string(::getpid())) {
+    std::fflush(stderr);
+    saved_ = ::dup(2);
+    int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ::dup2(fd, 2);
+    ::close(fd);
+  }
+  ~CaptureStderr() {
+    Restore();
+    ::unlink(path_.c_str());
+  }
+  std::string text() {
+    Restore();
+    std::ifstream in(path_);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+ private:
+  void Restore() {
+    if (saved_ < 0) return;
+    std::fflush(stderr);
+    ::dup2(saved_, 2);
+    ::close(saved_);
+    saved_ = -1;
+  }
+  std::string path_;
+  int saved_ = -1;
+};
+
+AgentOptions Options(int nproc) {
+  AgentOptions o;
+  o.job_id = "g" + std::to_string(::getpid());
+  o.mode = RendezvousMode::kEmbedded;
+  o.rdzv_host = "127.0.0.1";
+  o.rdzv_port = 0;
+  o.nproc_per_node = nproc;
+  o.join_timeout_s = 10;
+  o.grace_period_s = 2;
+  return o;
+}
+
+struct Result {
+  int rc;
+  double seconds;
+  std::string err;
+};
+
+Result RunAgent(AgentOptions o) {
+  BlockAgentSignals();
+  CaptureStderr cap;
+  const auto t0 = SteadyClock::now();
+  int rc;
+  {
+    Agent agent(std::move(o), MakeBoostProcessLauncher());
+    rc = agent.Run();
+  }
+  return Result{rc, std::chrono::duration<double>(SteadyClock::now() - t0).count(), cap.text()};
+}
+
+TEST_CASE("Agent over gRPC: embedded rendezvous, workers see their ranks, exit 0",
+          "[integration]") {
+  AgentOptions o = Options(2);
+  o.command = {"sh", "-c",
+               "test \"$LOCAL_RANK\" = ${local_rank} && test \"$WORLD_SIZE\" = 2 && "
+               "test \"$MASTER_PORT\" -gt 0 && test -n \"$DDPRUN_TOKEN\" && "
+               "case \"$DDPRUN_STORE_ADDR\" in 127.0.0.1:*) exit 0;; esac; exit 9"};
+  auto r = RunAgent(o);
+  INFO(r.err);
+  CHECK(r.rc == kExitSuccess);
+  CHECK(r.seconds < 10);
+}
+
+TEST_CASE("Agent over gRPC: a worker failure beyond the budget is exit 1 with the report",
+          "[integration]") {
+  AgentOptions o = Options(1);
+  o.command = {"sh", "-c", "exit 7"};
+  auto r = RunAgent(o);
+  INFO(r.err);
+  CHECK(r.rc == kExitWorkerFailed);
+  CHECK(r.err.find("ddprun: job " + o.job_id +
+                   " failed: worker rank 0 (local rank 0) on "
+                   "127.0.0.1 exited with exit code 7") != std::string::npos);
+}
+
+TEST_CASE("Agent: an unreachable rendezvous is a one-line error within the join timeout",
+          "[integration]") {
+  AgentOptions o = Options(1);
+  o.mode = RendezvousMode::kRemote;
+  o.rdzv_host = "192.0.2.1";  // TEST-NET-1: never this machine
+  o.rdzv_port = 29400;
+  o.join_timeout_s = 1;
+  o.command = {"true"};
+  auto r = RunAgent(o);
+  INFO(r.err);
+  CHECK(r.rc == kExitRendezvousError);
+  CHECK(r.seconds < 5);
+  CHECK(r.err.find("cannot reach the rendezvous at 192.0.2.1:29400") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace ddprun::agent

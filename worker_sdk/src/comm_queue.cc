@@ -1,0 +1,105 @@
+#include "comm_queue.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace ddp::detail {
+
+QueuedWork::QueuedWork(std::weak_ptr<Backend> owner, std::string desc, Duration default_timeout)
+    : owner_(std::move(owner)), desc_(std::move(desc)), default_timeout_(default_timeout) {}
+
+void QueuedWork::Complete(absl::Status s) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    status_ = std::move(s);
+  }
+  cv_.notify_all();
+}
+
+absl::Status QueuedWork::Wait(Duration timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (cv_.wait_for(lock, timeout, [&] { return done_; })) return status_;
+  lock.unlock();
+  const std::string what =
+      absl::StrCat(desc_, " did not complete within ", timeout.count() / 1000.0, " s");
+  std::string fence;
+  if (auto b = owner_.lock()) {
+    b->Fail(what);
+    fence = b->Fence();
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat(fence, what, " (a peer is slow, hung or issued a different collective)"));
+}
+
+absl::StatusOr<bool> QueuedWork::IsCompleted() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (done_ && !status_.ok()) return status_;
+  return done_;
+}
+
+absl::Status QueuedWork::WaitDefault() { return Wait(default_timeout_ + std::chrono::seconds(5)); }
+
+void CommQueue::Start(ErrorHandler on_error, std::shared_ptr<void> keep_alive) {
+  state_->on_error = std::move(on_error);
+  thread_ = std::thread(&CommQueue::Loop, state_, std::move(keep_alive));
+}
+
+void CommQueue::Stop(bool detach_if_busy) {
+  if (!thread_.joinable()) return;
+  bool busy;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->stop = true;
+    busy = state_->busy;
+  }
+  state_->cv.notify_all();
+  if (busy && detach_if_busy) {
+    thread_.detach();
+  } else {
+    thread_.join();
+  }
+}
+
+void CommQueue::Push(std::string desc, std::function<void()> run,
+                     std::shared_ptr<QueuedWork> work) {
+  if (!run) run = [] {};
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->queue.push_back(QueuedTask{std::move(desc), std::move(run), std::move(work)});
+  }
+  state_->cv.notify_one();
+}
+
+std::deque<QueuedTask> CommQueue::TakeQueued() {
+  std::deque<QueuedTask> taken;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  taken.swap(state_->queue);
+  return taken;
+}
+
+void CommQueue::Loop(std::shared_ptr<State> state, std::shared_ptr<void> keep_alive) {
+  for (;;) {
+    QueuedTask task;
+    {
+      std::unique_lock<std::mutex> lock(state->mu);
+      state->cv.wait(lock, [&] { return state->stop || !state->queue.empty(); });
+      if (state->queue.empty()) return;  // stop requested and nothing left
+      task = std::move(state->queue.front());
+      state->queue.pop_front();
+      state->busy = true;
+    }
+    absl::Status status;
+    try {
+      task.run();
+    } catch (...) {
+      status = state->on_error(task.desc, std::current_exception());
+    }
+    {
+      std::lock_guard<std::mutex> lock(state->mu);
+      state->busy = false;
+    }
+    task.work->Complete(std::move(status));
+  }
+}
+
+}  // namespace ddp::detail
