@@ -14,6 +14,7 @@
 #include "ddp/process_group.h"
 #include "ddprun/rendezvous/client.h"
 #include "ddprun/rendezvous/debug_log.h"
+#include "ddprun/rendezvous/errors.h"
 #include "ddprun/rendezvous/host_port.h"
 #include "ddprun/rendezvous/worker_env_names.h"
 #include "group_factory.h"
@@ -170,7 +171,7 @@ absl::Status Hello(rdzv::Store& store, const WorkerInfo& info, const std::string
 }  // namespace
 
 std::string FenceOf(const WorkerInfo& info) {
-  return absl::StrCat("[job ", info.job_id, " round ", info.round, " rank ", info.rank, "] ");
+  return ddprun::rendezvous::Fence(info.job_id, info.round, info.rank);
 }
 
 absl::StatusOr<WorkerInfo> ParseEnvironment() {

@@ -45,4 +45,10 @@ inline std::string Fence(std::string_view job_id, long long round) {
   return "[job " + std::string(job_id) + " round " + std::to_string(round) + "] ";
 }
 
+// A worker's messages also name its rank: "[job job42 round 3 rank 5] ".
+inline std::string Fence(std::string_view job_id, long long round, int rank) {
+  return "[job " + std::string(job_id) + " round " + std::to_string(round) + " rank " +
+         std::to_string(rank) + "] ";
+}
+
 }  // namespace ddprun::rendezvous
