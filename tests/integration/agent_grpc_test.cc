@@ -13,45 +13,14 @@
 
 #include "ddprun/agent/agent.h"
 #include "ddprun/rendezvous/exit_codes.h"
+#include "support/capture_stderr.h"
 
 namespace ddprun::agent {
 namespace {
 
 using SteadyClock = std::chrono::steady_clock;
 
-// Redirects fd 2 to a file for the scope; text() gives what was written.
-class CaptureStderr {
- public:
-  CaptureStderr() : path_("/tmp/ddprun_agent_grpc_test_" + std::to_string(::getpid())) {
-    std::fflush(stderr);
-    saved_ = ::dup(2);
-    int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    ::dup2(fd, 2);
-    ::close(fd);
-  }
-  ~CaptureStderr() {
-    Restore();
-    ::unlink(path_.c_str());
-  }
-  std::string text() {
-    Restore();
-    std::ifstream in(path_);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
-
- private:
-  void Restore() {
-    if (saved_ < 0) return;
-    std::fflush(stderr);
-    ::dup2(saved_, 2);
-    ::close(saved_);
-    saved_ = -1;
-  }
-  std::string path_;
-  int saved_ = -1;
-};
+using ::ddprun::test::CaptureStderr;
 
 AgentOptions Options(int nproc) {
   AgentOptions o;

@@ -24,6 +24,7 @@
 #include "ddprun/rendezvous/c10d_wire.h"
 #include "ddprun/rendezvous/kv_engine.h"
 #include "support/skip.h"
+#include "support/c10d_msg.h"
 
 namespace ddprun::rendezvous {
 namespace {
@@ -113,28 +114,7 @@ class RawConn {
   int fd_ = -1;
 };
 
-// Builds a request.
-class Msg {
- public:
-  explicit Msg(std::uint8_t type) { U8(type); }
-  Msg& U8(std::uint8_t v) { return Raw(&v, 1); }
-  Msg& U32(std::uint32_t v) { return Raw(&v, 4); }
-  Msg& U64(std::uint64_t v) { return Raw(&v, 8); }
-  Msg& I64(std::int64_t v) { return Raw(&v, 8); }
-  Msg& Str(const std::string& s) {
-    U64(s.size());
-    bytes_ += s;
-    return *this;
-  }
-  operator std::string() const { return bytes_; }
-
- private:
-  Msg& Raw(const void* p, std::size_t n) {
-    bytes_.append(static_cast<const char*>(p), n);
-    return *this;
-  }
-  std::string bytes_;
-};
+using ::ddprun::test::Msg;
 
 // Query types of the two dialects, written out by hand (c10d_wire.h has the codec).
 namespace modern {

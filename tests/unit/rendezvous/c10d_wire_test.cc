@@ -12,32 +12,12 @@
 #include <vector>
 
 #include "ddprun/rendezvous/kv_engine.h"
+#include "support/c10d_msg.h"
 
 namespace ddprun::rendezvous::c10d {
 namespace {
 
-// Builds a request byte by byte.
-class Msg {
- public:
-  explicit Msg(std::uint8_t type) { U8(type); }
-  Msg& U8(std::uint8_t v) { return Raw(&v, 1); }
-  Msg& U32(std::uint32_t v) { return Raw(&v, 4); }
-  Msg& U64(std::uint64_t v) { return Raw(&v, 8); }
-  Msg& I64(std::int64_t v) { return Raw(&v, 8); }
-  Msg& Str(const std::string& s) {
-    U64(s.size());
-    bytes_ += s;
-    return *this;
-  }
-  operator std::string() const { return bytes_; }
-
- private:
-  Msg& Raw(const void* p, std::size_t n) {
-    bytes_.append(static_cast<const char*>(p), n);
-    return *this;
-  }
-  std::string bytes_;
-};
+using ::ddprun::test::Msg;
 
 // One request of every query type the server knows, with what it decodes to.
 struct Case {
