@@ -101,11 +101,24 @@ std::int64_t ReadI64(const std::string& s) {
 }
 
 // A non-blocking socket with connect() started; -1 and errno on failure.
-int StartConnect(const sockaddr_in& addr) {
+// Towards a loopback server, connection `seq` comes from its own source
+// address 127.0.x.y (the port still chosen at connect): with 16k connections
+// from one source address the kernel's ephemeral-port search
+// (__inet_hash_connect) walks the ports already taken and becomes the
+// generator's main cost.
+int StartConnect(const sockaddr_in& addr, int seq) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
   const int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  if ((ntohl(addr.sin_addr.s_addr) >> 24) == 127) {
+    ::setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof(one));
+    sockaddr_in src{};
+    src.sin_family = AF_INET;
+    src.sin_addr.s_addr = htonl((127u << 24) | (static_cast<std::uint32_t>(seq / 250 % 250) << 8) |
+                                static_cast<std::uint32_t>(1 + seq % 250));
+    ::bind(fd, reinterpret_cast<const sockaddr*>(&src), sizeof(src));  // else: the default
+  }
   if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0 &&
       errno != EINPROGRESS) {
     const int e = errno;
@@ -223,10 +236,10 @@ class Loop {
   absl::Status Admit() {
     while (next_ < opts_.clients && connecting_ < opts_.max_connecting) {
       Client& c = clients_[next_++];
-      c.fd = StartConnect(addr_);
+      c.fd = StartConnect(addr_, seq_++);
       if (c.fd < 0) return Errno("connect");
       for (int k = 1; k < opts_.conns_per_client; ++k) {
-        const int extra = StartConnect(addr_);
+        const int extra = StartConnect(addr_, seq_++);
         if (extra < 0) return Errno("connect (second connection)");
         c.extra_fds.push_back(extra);
       }
@@ -377,6 +390,7 @@ class Loop {
   std::vector<int> counts_seen_;
   std::vector<int> bad_fds_, disconnect_fds_;
   int next_ = 0;
+  int seq_ = 0;
   int connecting_ = 0;
   int checked_in_ = 0;
   int done_ = 0;
