@@ -152,7 +152,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const std::uint64_t limit = ddprun::bench::RaiseOpenFileLimit();
+  const std::uint64_t limit = ddprun::rendezvous::RaiseOpenFileLimit();
   const std::string self = "/proc/self/exe";
   char exe[4096];
   const ssize_t len = ::readlink(self.c_str(), exe, sizeof(exe) - 1);

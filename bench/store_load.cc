@@ -7,7 +7,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
-#include <sys/resource.h>
+#include <sys/resource.h>  // getrusage
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -405,17 +405,6 @@ absl::StatusOr<BootstrapResult> RunBootstrap(const BootstrapOptions& opts) {
   }
   Loop loop(opts);
   return loop.Run();
-}
-
-std::uint64_t RaiseOpenFileLimit() {
-  rlimit rl{};
-  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return 0;
-  if (rl.rlim_cur < rl.rlim_max) {
-    rl.rlim_cur = rl.rlim_max;
-    ::setrlimit(RLIMIT_NOFILE, &rl);
-    ::getrlimit(RLIMIT_NOFILE, &rl);
-  }
-  return rl.rlim_cur;
 }
 
 }  // namespace ddprun::bench

@@ -56,7 +56,4 @@ struct BootstrapResult {
 // server closed a good client, the timeout passed with k of N done).
 absl::StatusOr<BootstrapResult> RunBootstrap(const BootstrapOptions& opts);
 
-// Raises the soft RLIMIT_NOFILE to the hard limit; returns the new soft limit.
-std::uint64_t RaiseOpenFileLimit();
-
 }  // namespace ddprun::bench

@@ -4,6 +4,7 @@
 
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -438,5 +439,29 @@ C10dStoreServer::C10dStoreServer(std::unique_ptr<Impl> impl) : impl_(std::move(i
 C10dStoreServer::~C10dStoreServer() = default;
 int C10dStoreServer::port() const { return impl_->port(); }
 KvEngine& C10dStoreServer::engine() { return impl_->engine(); }
+
+std::uint64_t RaiseOpenFileLimit() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return 0;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rlimit raised = rl;
+    raised.rlim_cur = rl.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) rl = raised;
+  }
+  return static_cast<std::uint64_t>(rl.rlim_cur);
+}
+
+std::string StoreCapacityWarning(std::int64_t workers, std::uint64_t open_file_limit) {
+  if (workers <= 0) return "";
+  const std::uint64_t need =
+      static_cast<std::uint64_t>(workers) * kStoreConnectionsPerWorker + kStoreReservedFiles;
+  if (need <= open_file_limit) return "";
+  return absl::StrCat("warning: the workers' TCPStore needs ", need, " open files for ", workers,
+                      " workers (", kStoreConnectionsPerWorker,
+                      " connections each with torch 1.13) but this process may open ",
+                      open_file_limit, "; raise it with `ulimit -n ", need,
+                      "` (and the hard limit) before starting ddprun, or workers will hang at "
+                      "init_process_group");
+}
 
 }  // namespace ddprun::rendezvous

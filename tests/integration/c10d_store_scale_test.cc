@@ -20,7 +20,7 @@ using ddprun::bench::BootstrapOptions;
 using ddprun::bench::RunBootstrap;
 
 std::unique_ptr<C10dStoreServer> StartServer() {
-  ddprun::bench::RaiseOpenFileLimit();
+  ddprun::rendezvous::RaiseOpenFileLimit();
   auto server = C10dStoreServer::Start(C10dStoreServerOptions{"127.0.0.1", 0});
   REQUIRE(server.ok());
   return *std::move(server);
