@@ -167,15 +167,16 @@ int main(int argc, char** argv) {
       "sys.stdin.read()\n"};
   std::printf("open-file limit %llu; %d connection(s) per client; best of %d\n",
               static_cast<unsigned long long>(limit), conns, repeat);
-  std::printf("| clients | connections | ddprun store | torch 1.13 TCPStore | torch/ddprun | "
-              "ddprun server CPU | generator CPU |\n|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| clients | connections | ddprun store | torch 1.13 TCPStore | torch/ddprun | "
+      "ddprun server CPU | generator CPU |\n|---|---|---|---|---|---|---|\n");
   double prev = 0;
   int prev_n = 0;
   for (int n : ns) {
     const std::uint64_t need = static_cast<std::uint64_t>(n) * conns + 64;
     if (need > limit) {
-      std::printf("| %d | %d | SKIPPED: needs %llu open files, the limit is %llu (ulimit -n) |\n", n,
-                  n * conns, static_cast<unsigned long long>(need),
+      std::printf("| %d | %d | SKIPPED: needs %llu open files, the limit is %llu (ulimit -n) |\n",
+                  n, n * conns, static_cast<unsigned long long>(need),
                   static_cast<unsigned long long>(limit));
       continue;
     }

@@ -182,8 +182,8 @@ class Loop {
       const auto now = std::chrono::steady_clock::now();
       if (now > deadline) {
         return absl::DeadlineExceededError(
-            absl::StrCat("the bootstrap did not finish in ", opts_.timeout_s, " s: ", done_,
-                         " of ", opts_.clients, " clients through the barrier"));
+            absl::StrCat("the bootstrap did not finish in ", opts_.timeout_s, " s: ", done_, " of ",
+                         opts_.clients, " clients through the barrier"));
       }
       const int n = ::epoll_wait(ep_, events.data(), static_cast<int>(events.size()), 100);
       if (n < 0) {
@@ -315,8 +315,8 @@ class Loop {
       }
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && errno == EAGAIN) break;
-      return absl::UnavailableError(absl::StrCat("the server closed client ", c.rank, " at step ",
-                                                 static_cast<int>(c.step)));
+      return absl::UnavailableError(
+          absl::StrCat("the server closed client ", c.rank, " at step ", static_cast<int>(c.step)));
     }
     for (;;) {
       switch (c.step) {

@@ -45,10 +45,10 @@ struct BootstrapOptions {
 };
 
 struct BootstrapResult {
-  double seconds = 0;          // first connect() to the last client past the barrier
-  double generator_cpu_s = 0;  // CPU time of the generator's thread over that span
-  int clients_done = 0;        // clients that got through the barrier
-  int wrong_uid = 0;           // clients whose GET returned another value
+  double seconds = 0;              // first connect() to the last client past the barrier
+  double generator_cpu_s = 0;      // CPU time of the generator's thread over that span
+  int clients_done = 0;            // clients that got through the barrier
+  int wrong_uid = 0;               // clients whose GET returned another value
   bool checkin_counts_ok = false;  // the N check-in ADDs returned 1..N, each once
 };
 

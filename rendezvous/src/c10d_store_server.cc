@@ -133,11 +133,12 @@ class C10dStoreServer::Impl {
     if (!AddToEpoll(wake_fd_, EPOLLIN, kWakeTag) || !SetListening(true)) return;
     std::vector<epoll_event> events(1024);
     while (!stop_.load()) {
-      const int n = ::epoll_wait(epoll_fd_.get(), events.data(), static_cast<int>(events.size()), -1);
+      const int n =
+          ::epoll_wait(epoll_fd_.get(), events.data(), static_cast<int>(events.size()), -1);
       if (n < 0) {
         if (errno == EINTR) continue;
-        LogLine(absl::StrCat("epoll_wait failed: ", std::strerror(errno),
-                             "; the store stops serving"));
+        LogLine(
+            absl::StrCat("epoll_wait failed: ", std::strerror(errno), "; the store stops serving"));
         return;
       }
       touched_.clear();
@@ -185,8 +186,7 @@ class C10dStoreServer::Impl {
     ev.events = events;
     ev.data.u64 = tag;
     if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev) == 0) return true;
-    LogLine(absl::StrCat("epoll_ctl failed: ", std::strerror(errno),
-                         "; the store stops serving"));
+    LogLine(absl::StrCat("epoll_ctl failed: ", std::strerror(errno), "; the store stops serving"));
     return false;
   }
 
@@ -237,7 +237,8 @@ class C10dStoreServer::Impl {
         if (errno == EMFILE || errno == ENFILE) {
           LogProtocolError(absl::StrCat(
               "cannot accept more clients: the open-file limit is reached with ", conns_.size(),
-              " connected; raise it with ulimit -n (each torch 1.13 worker opens two connections)"));
+              " connected; raise it with ulimit -n (each torch 1.13 worker opens two "
+              "connections)"));
           SetListening(false);
         } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
           LogLine(absl::StrCat("accept failed: ", std::strerror(errno)));
@@ -249,8 +250,8 @@ class C10dStoreServer::Impl {
       ev.events = EPOLLIN;
       ev.data.u64 = id;
       if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd.get(), &ev) != 0) {
-        LogProtocolError(absl::StrCat("cannot watch the connection from ", peer, ": ",
-                                      std::strerror(errno)));
+        LogProtocolError(
+            absl::StrCat("cannot watch the connection from ", peer, ": ", std::strerror(errno)));
         continue;  // fd closes here
       }
       Connection& conn = conns_[id];
@@ -373,7 +374,7 @@ class C10dStoreServer::Impl {
   std::atomic<bool> stop_{false};
   // Owned by the loop thread (and by the destructor after the join).
   std::unordered_map<std::uint64_t, Connection> conns_;
-  std::uint64_t next_conn_id_ = 2;  // 0 and 1 tag the wake fd and the listener
+  std::uint64_t next_conn_id_ = 2;      // 0 and 1 tag the wake fd and the listener
   std::vector<std::uint64_t> touched_;  // connections served this round
   bool listen_registered_ = false;
   bool listening_ = false;
@@ -428,8 +429,7 @@ absl::StatusOr<std::unique_ptr<C10dStoreServer>> C10dStoreServer::Start(
         absl::StrCat("cannot start the TCPStore: epoll_create1 failed: ", std::strerror(err),
                      "; raise the open-file limit (ulimit -n)"));
   }
-  auto impl =
-      std::make_unique<Impl>(*std::move(listening), std::move(epoll_fd), wake_fd, port);
+  auto impl = std::make_unique<Impl>(*std::move(listening), std::move(epoll_fd), wake_fd, port);
   impl->Start();
   DDPRUN_DEBUG_LOG(kStore) << "serving the TCPStore on " << FormatHostPort(opts.host, port);
   return std::unique_ptr<C10dStoreServer>(new C10dStoreServer(std::move(impl)));
