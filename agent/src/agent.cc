@@ -26,6 +26,7 @@
 #include "ddprun/agent/worker_env.h"
 #include "ddprun/agent/worker_group.h"
 #include "ddprun/agent/worker_logs.h"
+#include "ddprun/rendezvous/c10d_store_server.h"
 #include "ddprun/rendezvous/debug_log.h"
 #include "ddprun/rendezvous/errors.h"
 #include "ddprun/rendezvous/exit_codes.h"
@@ -416,6 +417,11 @@ class Agent::Impl {
                      a.group_rank, " of ", a.group_world_size, ", master ",
                      rdzv::FormatHostPort(a.master_addr, a.master_port), ", restart ",
                      a.restart_count));
+    if (a.group_rank == 0) {  // this agent's store serves every worker of the job
+      const std::string warning =
+          rdzv::StoreCapacityWarning(a.world_size, rdzv::RaiseOpenFileLimit());
+      if (!warning.empty()) Log(warning);
+    }
     if (!SpawnWorkers()) return OnWorkerFailure();
     return Monitor();
   }

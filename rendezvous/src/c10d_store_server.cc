@@ -2,8 +2,9 @@
 // c10d_wire.cc, the semantics in c10d_store_handler.cc, the data in KvEngine.
 #include "ddprun/rendezvous/c10d_store_server.h"
 
-#include <poll.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -35,7 +36,6 @@ namespace {
 // past kMaxPendingOutputBytes it is disconnected.
 constexpr std::size_t kOutputHighWater = 4u << 20;
 constexpr std::size_t kMaxPendingOutputBytes = 64u << 20;
-constexpr std::size_t kMaxConnections = 16384;
 // Per poll round, read at most this much from one client (fairness).
 constexpr std::size_t kMaxReadPerRound = 1u << 20;
 
@@ -60,8 +60,9 @@ void LogProtocolError(const std::string& line) {
 
 class C10dStoreServer::Impl {
  public:
-  Impl(net::UniqueFd listen_fd, int wake_fd, int port)
+  Impl(net::UniqueFd listen_fd, net::UniqueFd epoll_fd, int wake_fd, int port)
       : listen_fd_(std::move(listen_fd)),
+        epoll_fd_(std::move(epoll_fd)),
         wake_fd_(wake_fd),
         port_(port),
         engine_(std::make_unique<KvEngine>()) {}
@@ -97,6 +98,7 @@ class C10dStoreServer::Impl {
     std::size_t out_off = 0;  // bytes of session.out already sent
     bool eof = false;
     bool dead = false;
+    std::uint32_t interest = 0;  // the events epoll watches for
   };
   struct Completion {
     std::uint64_t conn_id;
@@ -121,76 +123,142 @@ class C10dStoreServer::Impl {
     }
   }
 
+  // Level-triggered epoll: a connection's interest (in_mask) is EPOLLIN while
+  // it may send (not at EOF, replies below the high-water mark) and EPOLLOUT
+  // while replies are pending; it is updated only when it changes. Work per
+  // round is proportional to the ready and touched connections, never to all.
   void Run() {
-    std::vector<pollfd> fds;
-    std::vector<std::uint64_t> ids;
+    constexpr std::uint64_t kWakeTag = 0;
+    constexpr std::uint64_t kListenTag = 1;  // connection ids start at 2
+    if (!AddToEpoll(wake_fd_, EPOLLIN, kWakeTag) || !SetListening(true)) return;
+    std::vector<epoll_event> events(1024);
     while (!stop_.load()) {
-      fds.clear();
-      ids.clear();
-      fds.push_back(pollfd{wake_fd_, POLLIN, 0});
-      fds.push_back(pollfd{listen_fd_.get(),
-                           static_cast<short>(conns_.size() < kMaxConnections ? POLLIN : 0), 0});
-      for (auto& [id, conn] : conns_) {
-        short events = 0;
-        if (!conn.eof && conn.session.out.size() - conn.out_off < kOutputHighWater)
-          events |= POLLIN;
-        if (conn.session.out.size() > conn.out_off) events |= POLLOUT;
-        fds.push_back(pollfd{conn.fd.get(), events, 0});
-        ids.push_back(id);
-      }
-      int rc = ::poll(fds.data(), fds.size(), -1);
-      if (rc < 0) {
+      const int n =
+          ::epoll_wait(epoll_fd_.get(), events.data(), static_cast<int>(events.size()), -1);
+      if (n < 0) {
         if (errno == EINTR) continue;
-        LogLine(absl::StrCat("poll failed: ", std::strerror(errno), "; the store stops serving"));
+        LogLine(
+            absl::StrCat("epoll_wait failed: ", std::strerror(errno), "; the store stops serving"));
         return;
       }
-      if (fds[0].revents) {
-        std::uint64_t v;
-        [[maybe_unused]] ssize_t n = ::read(wake_fd_, &v, sizeof(v));
-        if (stop_.load()) return;
-      }
-      if (fds[1].revents & POLLIN) AcceptAll();
-      for (std::size_t i = 0; i < ids.size(); ++i) {
-        const short rev = fds[i + 2].revents;
-        if (!rev) continue;
-        auto it = conns_.find(ids[i]);
+      touched_.clear();
+      for (int i = 0; i < n; ++i) {
+        const std::uint64_t tag = events[i].data.u64;
+        const std::uint32_t rev = events[i].events;
+        if (tag == kWakeTag) {
+          std::uint64_t v;
+          [[maybe_unused]] ssize_t r = ::read(wake_fd_, &v, sizeof(v));
+          if (stop_.load()) return;
+          continue;
+        }
+        if (tag == kListenTag) {
+          AcceptAll();
+          continue;
+        }
+        auto it = conns_.find(tag);
         if (it == conns_.end()) continue;
         Connection& conn = it->second;
-        if (rev & (POLLIN | POLLHUP | POLLERR)) ReadFrom(conn);
+        if (rev & (EPOLLIN | EPOLLHUP | EPOLLERR)) ReadFrom(conn);
         if (!conn.dead) Process(conn);
-        if (!conn.dead && (rev & POLLOUT)) Flush(conn);
+        if (!conn.dead && (rev & EPOLLOUT)) Flush(conn);
+        touched_.push_back(tag);
       }
       ProcessCompletions();
-      for (auto it = conns_.begin(); it != conns_.end();) {
+      for (const std::uint64_t id : touched_) {
+        auto it = conns_.find(id);
+        if (it == conns_.end()) continue;
         Connection& conn = it->second;
         // A client that closed its end has had its buffered requests served;
         // its replies cannot be delivered once it is gone, so drop it.
         if (conn.dead || (conn.eof && conn.session.out.size() == conn.out_off)) {
           DropConnection(conn);
-          it = conns_.erase(it);
+          conns_.erase(it);
+          if (!listening_) SetListening(true);  // a descriptor is free again
         } else {
-          ++it;
+          UpdateInterest(conn);
         }
       }
     }
   }
 
+  bool AddToEpoll(int fd, std::uint32_t events, std::uint64_t tag) {
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.u64 = tag;
+    if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev) == 0) return true;
+    LogLine(absl::StrCat("epoll_ctl failed: ", std::strerror(errno), "; the store stops serving"));
+    return false;
+  }
+
+  // Accepting stops while the open-file limit is reached (a level-triggered
+  // listening socket would otherwise spin) and resumes when a client leaves.
+  bool SetListening(bool on) {
+    epoll_event ev{};
+    ev.events = on ? static_cast<std::uint32_t>(EPOLLIN) : 0u;
+    ev.data.u64 = 1;
+    const int op = listen_registered_ ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
+    if (::epoll_ctl(epoll_fd_.get(), op, listen_fd_.get(), &ev) != 0) {
+      LogLine(absl::StrCat("epoll_ctl failed on the listening socket: ", std::strerror(errno)));
+      return false;
+    }
+    listen_registered_ = true;
+    listening_ = on;
+    return true;
+  }
+
+  static std::uint32_t WantedEvents(const Connection& conn) {
+    std::uint32_t events = 0;
+    const std::size_t pending = conn.session.out.size() - conn.out_off;
+    if (!conn.eof && pending < kOutputHighWater) events |= EPOLLIN;
+    if (pending > 0) events |= EPOLLOUT;
+    return events;
+  }
+
+  void UpdateInterest(Connection& conn) {
+    const std::uint32_t want = WantedEvents(conn);
+    if (want == conn.interest) return;
+    epoll_event ev{};
+    ev.events = want;
+    ev.data.u64 = conn.id;
+    if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_MOD, conn.fd.get(), &ev) != 0) {
+      Close(conn, absl::StrCat("epoll_ctl failed: ", std::strerror(errno)));
+      touched_.push_back(conn.id);  // dropped at the end of this round
+      return;
+    }
+    conn.interest = want;
+  }
+
   void AcceptAll() {
-    while (conns_.size() < kMaxConnections) {
+    for (;;) {
       std::string peer;
       net::UniqueFd fd = net::AcceptOne(listen_fd_.get(), &peer);
       if (!fd.valid()) {
         if (errno == EINTR || errno == ECONNABORTED) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        if (errno == EMFILE || errno == ENFILE) {
+          LogProtocolError(absl::StrCat(
+              "cannot accept more clients: the open-file limit is reached with ", conns_.size(),
+              " connected; raise it with ulimit -n (each torch 1.13 worker opens two "
+              "connections)"));
+          SetListening(false);
+        } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
           LogLine(absl::StrCat("accept failed: ", std::strerror(errno)));
         }
         return;
       }
       const std::uint64_t id = next_conn_id_++;
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.u64 = id;
+      if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd.get(), &ev) != 0) {
+        LogProtocolError(
+            absl::StrCat("cannot watch the connection from ", peer, ": ", std::strerror(errno)));
+        continue;  // fd closes here
+      }
       Connection& conn = conns_[id];
       conn.id = id;
       conn.fd = std::move(fd);
       conn.peer = std::move(peer);
+      conn.interest = EPOLLIN;
       DDPRUN_DEBUG_LOG(kStore) << "accepted a connection from " << conn.peer << " on port " << port_
                                << " (" << conns_.size() << " open)";
     }
@@ -286,6 +354,7 @@ class C10dStoreServer::Impl {
       if (it == conns_.end()) continue;
       Connection& conn = it->second;
       if (conn.dead) continue;
+      touched_.push_back(c.conn_id);  // its interest (EPOLLOUT) is updated after
       const absl::Status st = handler_.OnWaitDone(&conn.session, c.token, c.status);
       if (!st.ok()) {
         Close(conn, std::string(st.message()));
@@ -296,6 +365,7 @@ class C10dStoreServer::Impl {
   }
 
   net::UniqueFd listen_fd_;
+  net::UniqueFd epoll_fd_;
   // done_mu_ guards done_ and wake_fd_ (closed and set to -1 on shutdown).
   std::mutex done_mu_;
   std::vector<Completion> done_;
@@ -304,7 +374,10 @@ class C10dStoreServer::Impl {
   std::atomic<bool> stop_{false};
   // Owned by the loop thread (and by the destructor after the join).
   std::unordered_map<std::uint64_t, Connection> conns_;
-  std::uint64_t next_conn_id_ = 1;
+  std::uint64_t next_conn_id_ = 2;      // 0 and 1 tag the wake fd and the listener
+  std::vector<std::uint64_t> touched_;  // connections served this round
+  bool listen_registered_ = false;
+  bool listening_ = false;
   // Declared after done_ so that it is destroyed first: its destructor cancels
   // outstanding waiters, whose callbacks touch done_.
   std::unique_ptr<KvEngine> engine_;
@@ -348,7 +421,15 @@ absl::StatusOr<std::unique_ptr<C10dStoreServer>> C10dStoreServer::Start(
         absl::StrCat("cannot start the TCPStore: eventfd failed: ", std::strerror(errno),
                      "; raise the open-file limit (ulimit -n)"));
   }
-  auto impl = std::make_unique<Impl>(*std::move(listening), wake_fd, port);
+  net::UniqueFd epoll_fd(::epoll_create1(EPOLL_CLOEXEC));
+  if (!epoll_fd.valid()) {
+    const int err = errno;
+    ::close(wake_fd);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot start the TCPStore: epoll_create1 failed: ", std::strerror(err),
+                     "; raise the open-file limit (ulimit -n)"));
+  }
+  auto impl = std::make_unique<Impl>(*std::move(listening), std::move(epoll_fd), wake_fd, port);
   impl->Start();
   DDPRUN_DEBUG_LOG(kStore) << "serving the TCPStore on " << FormatHostPort(opts.host, port);
   return std::unique_ptr<C10dStoreServer>(new C10dStoreServer(std::move(impl)));
@@ -358,5 +439,29 @@ C10dStoreServer::C10dStoreServer(std::unique_ptr<Impl> impl) : impl_(std::move(i
 C10dStoreServer::~C10dStoreServer() = default;
 int C10dStoreServer::port() const { return impl_->port(); }
 KvEngine& C10dStoreServer::engine() { return impl_->engine(); }
+
+std::uint64_t RaiseOpenFileLimit() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return 0;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rlimit raised = rl;
+    raised.rlim_cur = rl.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) rl = raised;
+  }
+  return static_cast<std::uint64_t>(rl.rlim_cur);
+}
+
+std::string StoreCapacityWarning(std::int64_t workers, std::uint64_t open_file_limit) {
+  if (workers <= 0) return "";
+  const std::uint64_t need =
+      static_cast<std::uint64_t>(workers) * kStoreConnectionsPerWorker + kStoreReservedFiles;
+  if (need <= open_file_limit) return "";
+  return absl::StrCat("warning: the workers' TCPStore needs ", need, " open files for ", workers,
+                      " workers (", kStoreConnectionsPerWorker,
+                      " connections each with torch 1.13) but this process may open ",
+                      open_file_limit, "; raise it with `ulimit -n ", need,
+                      "` (and the hard limit) before starting ddprun, or workers will hang at "
+                      "init_process_group");
+}
 
 }  // namespace ddprun::rendezvous

@@ -217,7 +217,7 @@ KvEngine::WaiterId KvEngine::WaitAsync(std::vector<std::string> keys, TimePoint 
       std::vector<std::string> distinct = keys;
       std::sort(distinct.begin(), distinct.end());
       distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
-      for (const std::string& key : distinct) by_key_.emplace(key, id);
+      for (const std::string& key : distinct) by_key_[key].insert(id);
       waiters_.emplace(id, Waiter{std::move(distinct), deadline, std::move(cb)});
       return id;
     }
@@ -232,12 +232,7 @@ void KvEngine::Cancel(WaiterId id, absl::Status why) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = waiters_.find(id);
     if (it == waiters_.end()) return;
-    for (const std::string& key : it->second.keys) {
-      auto range = by_key_.equal_range(key);
-      for (auto k = range.first; k != range.second;) {
-        k = k->second == id ? by_key_.erase(k) : std::next(k);
-      }
-    }
+    UnindexLocked(id, it->second.keys);
     cb = std::move(it->second.cb);
     waiters_.erase(it);
   }
@@ -266,12 +261,7 @@ void KvEngine::ExpireWaiters(TimePoint now) {
         continue;
       }
       const WaiterId id = it->first;
-      for (const std::string& key : it->second.keys) {
-        auto range = by_key_.equal_range(key);
-        for (auto k = range.first; k != range.second;) {
-          k = k->second == id ? by_key_.erase(k) : std::next(k);
-        }
-      }
+      UnindexLocked(id, it->second.keys);
       std::string keys;
       for (const std::string& key : it->second.keys) {
         if (data_.count(key)) continue;
@@ -315,24 +305,28 @@ bool KvEngine::HasAllLocked(const std::vector<std::string>& keys) const {
 }
 
 void KvEngine::CollectReadyLocked(const std::string& key, std::vector<WaitCallback>* out) {
-  auto range = by_key_.equal_range(key);
-  if (range.first == range.second) return;
+  auto index = by_key_.find(key);
+  if (index == by_key_.end()) return;
   std::vector<WaiterId> ready;
-  for (auto it = range.first; it != range.second; ++it) {
-    auto w = waiters_.find(it->second);
-    if (w != waiters_.end() && HasAllLocked(w->second.keys)) ready.push_back(it->second);
+  for (WaiterId id : index->second) {
+    auto w = waiters_.find(id);
+    if (w != waiters_.end() && HasAllLocked(w->second.keys)) ready.push_back(id);
   }
   for (WaiterId id : ready) {
     auto w = waiters_.find(id);
     if (w == waiters_.end()) continue;
-    for (const std::string& k : w->second.keys) {
-      auto r = by_key_.equal_range(k);
-      for (auto e = r.first; e != r.second;) {
-        e = e->second == id ? by_key_.erase(e) : std::next(e);
-      }
-    }
+    UnindexLocked(id, w->second.keys);
     out->push_back(std::move(w->second.cb));
     waiters_.erase(w);
+  }
+}
+
+void KvEngine::UnindexLocked(WaiterId id, const std::vector<std::string>& keys) {
+  for (const std::string& key : keys) {
+    auto index = by_key_.find(key);
+    if (index == by_key_.end()) continue;
+    index->second.erase(id);
+    if (index->second.empty()) by_key_.erase(index);
   }
 }
 

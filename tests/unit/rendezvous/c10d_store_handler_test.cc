@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "ddprun/rendezvous/c10d_store_server.h"
 #include "ddprun/rendezvous/status_macros.h"
 
 namespace ddprun::rendezvous::c10d {
@@ -197,3 +198,13 @@ TEST_CASE("c10d handler: refused requests say why", "[unit]") {
 
 }  // namespace
 }  // namespace ddprun::rendezvous::c10d
+
+TEST_CASE("StoreCapacityWarning names ulimit -n and the count needed", "[unit]") {
+  using ddprun::rendezvous::StoreCapacityWarning;
+  CHECK(StoreCapacityWarning(8, 1024).empty());
+  CHECK(StoreCapacityWarning(9968, 20000).empty());  // 2 * 9968 + 64 = 20000
+  const std::string w = StoreCapacityWarning(16000, 20000);
+  CHECK(w.find("32064") != std::string::npos);
+  CHECK(w.find("ulimit -n 32064") != std::string::npos);
+  CHECK(w.find('\n') == std::string::npos);
+}

@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -91,13 +92,17 @@ class KvEngine {
                          std::vector<WaitCallback>* ready);
   // Moves the callbacks of waiters that are now satisfied by `key` into out.
   void CollectReadyLocked(const std::string& key, std::vector<WaitCallback>* out);
+  // Removes waiter `id` from the by_key_ index of each of `keys`.
+  void UnindexLocked(WaiterId id, const std::vector<std::string>& keys);
 
   mutable std::mutex mu_;
   std::unordered_map<std::string, std::string> data_;
   std::size_t bytes_ = 0;
   WaiterId next_id_ = 1;
   std::map<WaiterId, Waiter> waiters_;
-  std::unordered_multimap<std::string, WaiterId> by_key_;
+  // key -> the waiters on it: removing one waiter is O(log n), so releasing
+  // or cancelling n waiters of one key is O(n log n), not O(n^2).
+  std::unordered_map<std::string, std::set<WaiterId>> by_key_;
 };
 
 }  // namespace ddprun::rendezvous
