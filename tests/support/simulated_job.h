@@ -105,9 +105,7 @@ class SimulatedJob {
     retired_.clear();
   }
 
- private:
-  rendezvous::RendezvousClient& Client(int i) { return *clients_[i % clients_.size()]; }
-
+  // Agent i's join: host 10.a.b.c (distinct per agent), pid 1000 + i.
   rendezvous::JoinSpec Spec(int i) const {
     rendezvous::JoinSpec s;
     s.job_id = o_.job_id;
@@ -122,6 +120,11 @@ class SimulatedJob {
     s.command = "train";
     return s;
   }
+
+  const SimulatedJobOptions& options() const { return o_; }
+
+ private:
+  rendezvous::RendezvousClient& Client(int i) { return *clients_[i % clients_.size()]; }
 
   absl::StatusOr<std::vector<rendezvous::Assignment>> ReadAssignments() {
     std::vector<rendezvous::Assignment> out(o_.nodes);
