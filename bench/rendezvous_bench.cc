@@ -192,10 +192,12 @@ void Rendezvous(int max_n) {
 }
 
 void Restart(int n) {
-  std::printf("| nodes | first round (ms) | failure -> every node re-joined, next round held (ms) |\n");
+  std::printf(
+      "| nodes | first round (ms) | failure -> every node re-joined, next round held (ms) |\n");
   std::printf("|---|---|---|\n");
   for (int r = 0; r < 3; ++r) {
-    ServerProcess server(/*separate=*/false);  // a fresh server: each run is the job's first restart
+    ServerProcess server(
+        /*separate=*/false);  // a fresh server: each run is the job's first restart
     SimulatedJob job("127.0.0.1", server.port(), Job(n, "restart-" + std::to_string(r)));
     if (auto st = job.Connect(); !st.ok()) Die(st.ToString());
     auto t0 = Clock_::now();
@@ -222,8 +224,9 @@ void Memory(int n) {
     if (auto st = job.Connect(); !st.ok()) Die(st.ToString());
     Check(job.FormRound(), n);
     const long after = server.RssKiB();
-    std::printf("| one job of %d nodes, round formed, streams open | %.1f | %.1f | %.2f per node |\n",
-                n, before / 1024.0, after / 1024.0, double(after - before) / n);
+    std::printf(
+        "| one job of %d nodes, round formed, streams open | %.1f | %.1f | %.2f per node |\n", n,
+        before / 1024.0, after / 1024.0, double(after - before) / n);
   }
   {
     constexpr int kJobs = 1000;
@@ -238,8 +241,9 @@ void Memory(int n) {
       Check(jobs.back()->FormRound(), 1);
     }
     const long after = server.RssKiB();
-    std::printf("| %d jobs of one node, each on its own connection | %.1f | %.1f | %.2f per job |\n",
-                kJobs, before / 1024.0, after / 1024.0, double(after - before) / kJobs);
+    std::printf(
+        "| %d jobs of one node, each on its own connection | %.1f | %.1f | %.2f per job |\n", kJobs,
+        before / 1024.0, after / 1024.0, double(after - before) / kJobs);
   }
 }
 

@@ -46,6 +46,7 @@ void SilenceGrpcLogging() {
   std::call_once(once, [] {
     const char* v = std::getenv("DDPRUN_GRPC_LOG");
     if (!v || std::string(v) != "1") gpr_set_log_function(DropGrpcLog);
+    // What an NDEBUG build of absl does anyway (proto_convert.h).
     absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   });
 }
