@@ -1,27 +1,130 @@
-// Rendezvous time for N agents (N = 8 .. 4096), simulated in one process.
+// The rendezvous at scale: N simulated agents (tests/support/simulated_job.h)
+// over real gRPC streams on loopback to a real RendezvousServer.
 //
-// For each N: a real RendezvousServer on 127.0.0.1:0, N Join streams over
-// real gRPC connections (spread over a few channels, as N hosts would be),
-// and the time from the first Join to the moment every agent holds its
-// Assignment. Also the pure state machine (no transport) for reference.
+//   rendezvous_bench [max_n]        the time from the first Join until every
+//                                   agent holds its Assignment, N = 8..max_n
+//                                   (and the state machine alone, no transport)
+//   rendezvous_bench --restart N    in a job of N nodes that has formed, one
+//                                   agent reports a failed worker: the time
+//                                   until every agent has read RestartRound,
+//                                   re-joined, and holds the next Assignment
+//   rendezvous_bench --memory N     the server's resident memory for one job
+//                                   of N nodes, and for 1000 jobs of one node
 //
-// Usage: rendezvous_bench [max_n]   (prints a Markdown table)
+// Prints Markdown tables. The timings run the server in this process; the
+// memory figures run it as `rendezvous_bench --serve` (it prints its port and
+// exits when stdin closes) and read its /proc/<pid>/status.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "ddprun/rendezvous/client.h"
 #include "ddprun/rendezvous/job_rendezvous.h"
 #include "ddprun/rendezvous/server.h"
+#include "support/simulated_job.h"
 
 using namespace ddprun::rendezvous;
+using ddprun::testing::SimulatedJob;
+using ddprun::testing::SimulatedJobOptions;
 using Clock_ = std::chrono::steady_clock;
 
 namespace {
+
+[[noreturn]] void Die(const std::string& what) {
+  std::fprintf(stderr, "rendezvous_bench: %s\n", what.c_str());
+  std::exit(1);
+}
+
+double MsSince(Clock_::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock_::now() - t0).count();
+}
+
+int Serve() {
+  ServerOptions opts;
+  opts.host = "127.0.0.1";
+  opts.port = 0;
+  auto server = RendezvousServer::Start(opts);
+  if (!server.ok()) Die(server.status().ToString());
+  std::printf("%d\n", (*server)->port());
+  std::fflush(stdout);
+  char c;
+  while (read(0, &c, 1) > 0) {
+  }
+  _exit(0);  // the measurement is over; no orderly shutdown of 16k streams
+}
+
+// The server under test: in this process (the timings: one process on loopback
+// measured faster on this 2-core machine than two), or in a process of its
+// own, this program with --serve (the memory figures).
+class ServerProcess {
+ public:
+  explicit ServerProcess(bool separate) {
+    if (!separate) {
+      ServerOptions opts;
+      opts.host = "127.0.0.1";
+      opts.port = 0;
+      auto server = RendezvousServer::Start(opts);
+      inproc_ = std::move(*server);
+      port_ = inproc_->port();
+      return;
+    }
+    int to_child[2], from_child[2];
+    if (pipe(to_child) != 0 || pipe(from_child) != 0) Die("pipe failed");
+    pid_ = fork();
+    if (pid_ < 0) Die("fork failed");
+    if (pid_ == 0) {
+      dup2(to_child[0], 0);
+      dup2(from_child[1], 1);
+      close(to_child[1]);
+      close(from_child[0]);
+      execl("/proc/self/exe", "rendezvous_bench", "--serve", nullptr);
+      _exit(127);
+    }
+    close(to_child[0]);
+    close(from_child[1]);
+    stdin_ = to_child[1];
+    char buf[32] = {};
+    std::size_t got = 0;
+    while (got < sizeof(buf) - 1) {
+      ssize_t r = read(from_child[0], buf + got, 1);
+      if (r <= 0 || buf[got] == '\n') break;
+      ++got;
+    }
+    close(from_child[0]);
+    port_ = std::atoi(buf);
+    if (port_ <= 0) Die("the server process did not start");
+  }
+  ~ServerProcess() {
+    if (inproc_) return;
+    close(stdin_);
+    waitpid(pid_, nullptr, 0);
+  }
+  int port() const { return port_; }
+  // The server's resident memory (VmRSS), in KiB.
+  long RssKiB() const {
+    if (inproc_) Die("RssKiB needs a separate server process");
+    std::ifstream f("/proc/" + std::to_string(pid_) + "/status");
+    std::string line;
+    while (std::getline(f, line)) {
+      if (line.rfind("VmRSS:", 0) == 0) return std::atol(line.c_str() + 6);
+    }
+    return -1;
+  }
+
+ private:
+  std::unique_ptr<RendezvousServer> inproc_;
+  pid_t pid_ = -1;
+  int stdin_ = -1;
+  int port_ = 0;
+};
 
 JoinSpec Spec(const std::string& job, int i, int n) {
   JoinSpec s;
@@ -44,37 +147,21 @@ double StateMachineMs(int n) {
   out.reserve(n);
   auto t0 = Clock_::now();
   for (int i = 0; i < n; ++i) (void)job.Join(Spec("bench", i, n), &out);
-  auto dt = std::chrono::duration<double, std::milli>(Clock_::now() - t0).count();
-  if (static_cast<int>(out.size()) != n) {
-    std::fprintf(stderr, "state machine delivered %zu of %d assignments\n", out.size(), n);
-    std::exit(1);
-  }
+  const double dt = MsSince(t0);
+  if (static_cast<int>(out.size()) != n) Die("the state machine delivered too few assignments");
   return dt;
 }
 
-double GrpcMs(int n, int port, int round) {
-  const int kChannels = std::min(n, 64);
-  std::vector<std::unique_ptr<RendezvousClient>> clients;
-  for (int c = 0; c < kChannels; ++c) {
-    clients.push_back(RendezvousClient::Create("127.0.0.1", port));
-    if (!clients.back()->WaitForConnected(std::chrono::seconds(10)).ok()) std::exit(1);
-  }
-  const std::string job = "bench-" + std::to_string(n) + "-" + std::to_string(round);
-  std::vector<std::unique_ptr<JoinStream>> streams(n);
-  auto t0 = Clock_::now();
-  for (int i = 0; i < n; ++i) streams[i] = clients[i % kChannels]->Join(Spec(job, i, n));
-  int got = 0;
-  for (int i = 0; i < n; ++i) {
-    RoundEvent e = streams[i]->Next(std::chrono::seconds(120));
-    if (std::holds_alternative<Assignment>(e)) ++got;
-  }
-  auto dt = std::chrono::duration<double, std::milli>(Clock_::now() - t0).count();
-  if (got != n) {
-    std::fprintf(stderr, "only %d of %d agents got an assignment\n", got, n);
-    std::exit(1);
-  }
-  streams.clear();
-  return dt;
+SimulatedJobOptions Job(int n, const std::string& id) {
+  SimulatedJobOptions o;
+  o.job_id = id;
+  o.nodes = n;
+  return o;
+}
+
+void Check(const absl::StatusOr<std::vector<Assignment>>& a, int n) {
+  if (!a.ok()) Die(a.status().ToString());
+  if (auto st = SimulatedJob::CheckRanks(*a, n, 8); !st.ok()) Die(st.ToString());
 }
 
 double Median(std::vector<double> v) {
@@ -82,18 +169,8 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  const int max_n = argc > 1 ? std::atoi(argv[1]) : 4096;
-  ServerOptions opts;
-  opts.host = "127.0.0.1";
-  opts.port = 0;
-  auto server = RendezvousServer::Start(opts);
-  if (!server.ok()) {
-    std::fprintf(stderr, "%s\n", server.status().ToString().c_str());
-    return 1;
-  }
+void Rendezvous(int max_n) {
+  ServerProcess server(/*separate=*/false);
   std::printf("| agents | state machine only (ms) | gRPC, N streams on loopback (ms) |\n");
   std::printf("|---|---|---|\n");
   for (int n = 8; n <= max_n; n *= 2) {
@@ -101,10 +178,87 @@ int main(int argc, char** argv) {
     const int reps = n >= 1024 ? 3 : 5;
     for (int r = 0; r < reps; ++r) {
       sm.push_back(StateMachineMs(n));
-      rpc.push_back(GrpcMs(n, (*server)->port(), r));
+      SimulatedJob job("127.0.0.1", server.port(),
+                       Job(n, "bench-" + std::to_string(n) + "-" + std::to_string(r)));
+      if (auto st = job.Connect(); !st.ok()) Die(st.ToString());
+      auto t0 = Clock_::now();
+      auto a = job.FormRound();
+      rpc.push_back(MsSince(t0));
+      Check(a, n);
     }
     std::printf("| %d | %.2f | %.1f |\n", n, Median(sm), Median(rpc));
     std::fflush(stdout);
+  }
+}
+
+void Restart(int n) {
+  std::printf(
+      "| nodes | first round (ms) | failure -> every node re-joined, next round held (ms) |\n");
+  std::printf("|---|---|---|\n");
+  for (int r = 0; r < 3; ++r) {
+    ServerProcess server(
+        /*separate=*/false);  // a fresh server: each run is the job's first restart
+    SimulatedJob job("127.0.0.1", server.port(), Job(n, "restart-" + std::to_string(r)));
+    if (auto st = job.Connect(); !st.ok()) Die(st.ToString());
+    auto t0 = Clock_::now();
+    auto first = job.FormRound();
+    const double form = MsSince(t0);
+    Check(first, n);
+    t0 = Clock_::now();
+    auto next = job.FailAndReform(n / 2);
+    const double restart = MsSince(t0);
+    Check(next, n);
+    if ((*next)[0].round != (*first)[0].round + 1) Die("the restart did not open the next round");
+    std::printf("| %d | %.1f | %.1f |\n", n, form, restart);
+    std::fflush(stdout);
+  }
+}
+
+void Memory(int n) {
+  std::printf("| what | server RSS before (MiB) | after (MiB) | per unit (KiB) |\n");
+  std::printf("|---|---|---|---|\n");
+  {
+    ServerProcess server(/*separate=*/true);
+    const long before = server.RssKiB();
+    SimulatedJob job("127.0.0.1", server.port(), Job(n, "memory"));
+    if (auto st = job.Connect(); !st.ok()) Die(st.ToString());
+    Check(job.FormRound(), n);
+    const long after = server.RssKiB();
+    std::printf(
+        "| one job of %d nodes, round formed, streams open | %.1f | %.1f | %.2f per node |\n", n,
+        before / 1024.0, after / 1024.0, double(after - before) / n);
+  }
+  {
+    constexpr int kJobs = 1000;
+    ServerProcess server(/*separate=*/true);
+    const long before = server.RssKiB();
+    std::vector<std::unique_ptr<SimulatedJob>> jobs;
+    for (int j = 0; j < kJobs; ++j) {
+      SimulatedJobOptions o = Job(1, "memory-" + std::to_string(j));
+      o.channels = 1;
+      jobs.push_back(std::make_unique<SimulatedJob>("127.0.0.1", server.port(), o));
+      if (auto st = jobs.back()->Connect(); !st.ok()) Die(st.ToString());
+      Check(jobs.back()->FormRound(), 1);
+    }
+    const long after = server.RssKiB();
+    std::printf(
+        "| %d jobs of one node, each on its own connection | %.1f | %.1f | %.2f per job |\n", kJobs,
+        before / 1024.0, after / 1024.0, double(after - before) / kJobs);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  signal(SIGPIPE, SIG_IGN);
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "--serve") return Serve();
+  if (mode == "--restart") {
+    Restart(argc > 2 ? std::atoi(argv[2]) : 4096);
+  } else if (mode == "--memory") {
+    Memory(argc > 2 ? std::atoi(argv[2]) : 16384);
+  } else {
+    Rendezvous(argc > 1 ? std::atoi(argv[1]) : 4096);
   }
   return 0;
 }

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <deque>
 
+#include "absl/synchronization/mutex.h"
 #include "ddprun/rendezvous/deadline_timer.h"
 #include "ddprun/rendezvous/errors.h"
 #include "ddprun/rendezvous/host_port.h"
@@ -45,6 +46,8 @@ void SilenceGrpcLogging() {
   std::call_once(once, [] {
     const char* v = std::getenv("DDPRUN_GRPC_LOG");
     if (!v || std::string(v) != "1") gpr_set_log_function(DropGrpcLog);
+    // What an NDEBUG build of absl does anyway (proto_convert.h).
+    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   });
 }
 
