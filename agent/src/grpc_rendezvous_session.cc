@@ -262,8 +262,7 @@ class GrpcRendezvousSession final : public RendezvousSession {
       auto store = rdzv::C10dStoreServer::Start(so);
       if (!store.ok()) {
         return absl::UnavailableError(absl::StrCat("cannot serve the store on master port ", mport,
-                                                   ": ", store.status().message(),
-                                                   "; pick a free --master_port"));
+                                                   ": ", store.status().message()));
       }
       store_server_ = std::move(*store);
       if (absl::Status st = HostRendezvous("0.0.0.0", 0); !st.ok()) {
