@@ -251,12 +251,9 @@ absl::StatusOr<std::optional<SchedulerInfo>> DetectScheduler(const Env& env, Sch
 
 std::vector<std::string> ProbeHostNames() {
   std::vector<std::string> names;
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof(buf) - 1) == 0 && buf[0] != '\0') {
-    names.push_back(buf);
-    const std::string s = ShortName(buf);
-    if (s != buf) names.push_back(s);
-  }
+  const std::string host = agent::Hostname();
+  names.push_back(host);
+  if (const std::string s = ShortName(host); s != host) names.push_back(s);
   for (const std::string& addr : agent::LocalAddresses()) {
     if (std::find(names.begin(), names.end(), addr) == names.end()) names.push_back(addr);
   }
