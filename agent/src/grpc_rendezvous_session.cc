@@ -85,6 +85,9 @@ class GrpcRendezvousSession final : public RendezvousSession {
 
   absl::Status Open(TimePoint deadline, const std::function<bool()>& interrupted) override {
     interrupted_ = &interrupted;
+    // Once per process, before any store starts: the workers' store holds two
+    // connections per worker, up to the hard open-file limit.
+    rdzv::RaiseOpenFileLimit();
     absl::Status st = OpenByMode(deadline);
     interrupted_ = nullptr;
     return st;
@@ -95,7 +98,6 @@ class GrpcRendezvousSession final : public RendezvousSession {
     // Every round gets a fresh store, so that keys of an earlier round (same
     // /worker/attempt_<n> prefix after a scale-up) cannot leak into the next.
     store_server_.reset();
-    rdzv::RaiseOpenFileLimit();  // every worker's connections, up to the hard limit
     rdzv::C10dStoreServerOptions so;
     so.host = "0.0.0.0";
     so.port = 0;
@@ -255,7 +257,6 @@ class GrpcRendezvousSession final : public RendezvousSession {
           "static rendezvous needs this node's rank; pass --node_rank (0 on the master node)");
     }
     if (options_.node_rank == 0) {
-      rdzv::RaiseOpenFileLimit();  // every worker's connections, up to the hard limit
       rdzv::C10dStoreServerOptions so;
       so.host = "0.0.0.0";
       so.port = mport;
