@@ -13,5 +13,9 @@ inline constexpr const char* kEnvToken = "DDPRUN_TOKEN";
 inline constexpr const char* kEnvHost = "DDPRUN_HOST";
 // Subsystems of the debug channel (debug_log.h): DDPRUN_DEBUG=rdzv,agent,store,sdk or all.
 inline constexpr const char* kEnvDebug = "DDPRUN_DEBUG";
+// `ddprun bench` (launcher/bench_worker/bench_worker.h): where rank 0 writes
+// its summary for the launcher, and the test hook that corrupts one rank's results.
+inline constexpr const char* kEnvBenchResult = "DDPRUN_BENCH_RESULT";
+inline constexpr const char* kEnvBenchCorruptRank = "DDPRUN_BENCH_CORRUPT_RANK";
 
 }  // namespace ddprun
