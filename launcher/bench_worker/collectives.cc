@@ -339,7 +339,8 @@ class Sweep {
 CollectiveSummary RunCollectives(ddp::ProcessGroup& pg, const BenchOptions& o) {
   const bool print = pg.rank() == 0;
   const std::string backend = BackendLabel(pg);
-  if (o.root >= pg.size()) {
+  const bool broadcast = std::find(o.ops.begin(), o.ops.end(), lb::Op::kBroadcast) != o.ops.end();
+  if (broadcast && o.root >= pg.size()) {
     throw ddp::InvalidArgumentError("ddprun bench: --root " + std::to_string(o.root) +
                                     " is not a rank of this job of " + std::to_string(pg.size()) +
                                     " rank(s); pass --root between 0 and " +

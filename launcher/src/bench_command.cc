@@ -103,6 +103,15 @@ int RunJob(const std::vector<std::string>& launcher_args, const std::string& wor
   }
   for (const std::string& warning : parsed->warnings) err << warning << '\n';
   err.flush();
+  // A positional argument among the launcher flags became "the script".
+  if (parsed->action == Action::kRun &&
+      (parsed->options.command.empty() || parsed->options.command[0] != worker)) {
+    err << "ddprun bench: '" << (parsed->options.command.empty() ? "" : parsed->options.command[0])
+        << "' is not a flag; ddprun bench runs its own worker and takes no script (write flags "
+           "as --flag=value)"
+        << std::endl;
+    return kExitUsage;
+  }
   if (parsed->action != Action::kRun) {  // --version, --print-config
     out << parsed->text << std::endl;
     return kExitSuccess;

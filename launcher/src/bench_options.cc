@@ -83,7 +83,7 @@ absl::Status ApplyDType(BenchOptions& o, const std::string& v) {
   const bool unsupported = name == "int8" || name == "uint8" || name == "uint32" ||
                            name == "uint64" || name == "fp8_e4m3" || name == "fp8_e5m2";
   return Bad("--dtype", absl::StrCat(unsupported ? "the worker SDK has no '" : "unknown type '", v,
-                                     unsupported ? "' collectives" : "",
+                                     unsupported ? "' collectives" : "'",
                                      "; use float, double, half, bfloat16, int32 or int64"));
 }
 
