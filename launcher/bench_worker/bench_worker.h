@@ -25,7 +25,8 @@ namespace ddprun::bench_worker {
 
 using launcher::bench::BenchOptions;
 
-// "nccl", "gloo (shared memory)" or "gloo (tcp)": the path ddp::Init chose.
+// "nccl", "gloo (shared memory)", "gloo (tcp)" (DDP_SHM=0), or both for a
+// multi-node CPU group: the path ddp::Init takes.
 std::string BackendLabel(const ddp::ProcessGroup& pg);
 
 // Device or host memory for the group's collectives (CUDA when the group is NCCL).

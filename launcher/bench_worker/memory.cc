@@ -33,12 +33,13 @@ void Cuda(cudaError_t e, const char* what) {
 
 std::string BackendLabel(const ddp::ProcessGroup& pg) {
   if (pg.backend() == ddp::Backend::kNccl) return "nccl";
-  // The SDK takes its shared memory path when every rank is on this host
-  // (unless DDP_SHM=0); it says on stderr when it falls back to TCP.
+  // CPU groups (docs/sdk.md): shared memory among the ranks of a host, Gloo
+  // TCP between hosts; DDP_SHM=0 makes it TCP only. The SDK says on stderr
+  // when it falls back to TCP.
   const char* shm = std::getenv("DDP_SHM");
-  const bool one_host = pg.info().local_world_size == pg.size();
-  return one_host && !(shm != nullptr && std::string(shm) == "0") ? "gloo (shared memory)"
-                                                                    : "gloo (tcp)";
+  if (shm != nullptr && std::string(shm) == "0") return "gloo (tcp)";
+  if (pg.info().local_world_size == pg.size()) return "gloo (shared memory)";
+  return "gloo (shared memory within a node, tcp between nodes)";
 }
 
 void* Memory::Alloc(std::size_t bytes) {
