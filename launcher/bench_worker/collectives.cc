@@ -33,22 +33,32 @@ using Clock = std::chrono::steady_clock;
 
 ddp::DType ToSdk(lb::DType t) {
   switch (t) {
-    case lb::DType::kFloat: return ddp::DType::kFloat32;
-    case lb::DType::kDouble: return ddp::DType::kFloat64;
-    case lb::DType::kHalf: return ddp::DType::kFloat16;
-    case lb::DType::kBFloat16: return ddp::DType::kBFloat16;
-    case lb::DType::kInt32: return ddp::DType::kInt32;
-    case lb::DType::kInt64: return ddp::DType::kInt64;
+    case lb::DType::kFloat:
+      return ddp::DType::kFloat32;
+    case lb::DType::kDouble:
+      return ddp::DType::kFloat64;
+    case lb::DType::kHalf:
+      return ddp::DType::kFloat16;
+    case lb::DType::kBFloat16:
+      return ddp::DType::kBFloat16;
+    case lb::DType::kInt32:
+      return ddp::DType::kInt32;
+    case lb::DType::kInt64:
+      return ddp::DType::kInt64;
   }
   return ddp::DType::kFloat32;
 }
 
 ddp::ReduceOp ToSdk(lb::RedOp r) {
   switch (r) {
-    case lb::RedOp::kSum: return ddp::ReduceOp::kSum;
-    case lb::RedOp::kAvg: return ddp::ReduceOp::kAvg;
-    case lb::RedOp::kMax: return ddp::ReduceOp::kMax;
-    case lb::RedOp::kMin: return ddp::ReduceOp::kMin;
+    case lb::RedOp::kSum:
+      return ddp::ReduceOp::kSum;
+    case lb::RedOp::kAvg:
+      return ddp::ReduceOp::kAvg;
+    case lb::RedOp::kMax:
+      return ddp::ReduceOp::kMax;
+    case lb::RedOp::kMin:
+      return ddp::ReduceOp::kMin;
   }
   return ddp::ReduceOp::kSum;
 }
@@ -56,30 +66,42 @@ ddp::ReduceOp ToSdk(lb::RedOp r) {
 // Element i of a host buffer of type t, as a double, and back (rounded to t).
 double Load(lb::DType t, const void* p, std::size_t i) {
   switch (t) {
-    case lb::DType::kFloat: return static_cast<const float*>(p)[i];
-    case lb::DType::kDouble: return static_cast<const double*>(p)[i];
+    case lb::DType::kFloat:
+      return static_cast<const float*>(p)[i];
+    case lb::DType::kDouble:
+      return static_cast<const double*>(p)[i];
     case lb::DType::kHalf:
       return ddp::detail::Float16ToFloat(static_cast<const std::uint16_t*>(p)[i]);
     case lb::DType::kBFloat16:
       return ddp::detail::BFloat16ToFloat(static_cast<const std::uint16_t*>(p)[i]);
-    case lb::DType::kInt32: return static_cast<const std::int32_t*>(p)[i];
-    case lb::DType::kInt64: return static_cast<double>(static_cast<const std::int64_t*>(p)[i]);
+    case lb::DType::kInt32:
+      return static_cast<const std::int32_t*>(p)[i];
+    case lb::DType::kInt64:
+      return static_cast<double>(static_cast<const std::int64_t*>(p)[i]);
   }
   return 0;
 }
 
 void Store(lb::DType t, void* p, std::size_t i, double v) {
   switch (t) {
-    case lb::DType::kFloat: static_cast<float*>(p)[i] = static_cast<float>(v); break;
-    case lb::DType::kDouble: static_cast<double*>(p)[i] = v; break;
+    case lb::DType::kFloat:
+      static_cast<float*>(p)[i] = static_cast<float>(v);
+      break;
+    case lb::DType::kDouble:
+      static_cast<double*>(p)[i] = v;
+      break;
     case lb::DType::kHalf:
       static_cast<std::uint16_t*>(p)[i] = ddp::detail::FloatToFloat16(static_cast<float>(v));
       break;
     case lb::DType::kBFloat16:
       static_cast<std::uint16_t*>(p)[i] = ddp::detail::FloatToBFloat16(static_cast<float>(v));
       break;
-    case lb::DType::kInt32: static_cast<std::int32_t*>(p)[i] = static_cast<std::int32_t>(v); break;
-    case lb::DType::kInt64: static_cast<std::int64_t*>(p)[i] = static_cast<std::int64_t>(v); break;
+    case lb::DType::kInt32:
+      static_cast<std::int32_t*>(p)[i] = static_cast<std::int32_t>(v);
+      break;
+    case lb::DType::kInt64:
+      static_cast<std::int64_t*>(p)[i] = static_cast<std::int64_t>(v);
+      break;
   }
 }
 
@@ -87,11 +109,16 @@ void Store(lb::DType t, void* p, std::size_t i, double v) {
 // and min of the small integers below are exact in every type); avg divides.
 double Tolerance(lb::DType t) {
   switch (t) {
-    case lb::DType::kFloat: return 1e-6;
-    case lb::DType::kDouble: return 1e-12;
-    case lb::DType::kHalf: return 2e-3;
-    case lb::DType::kBFloat16: return 1.6e-2;
-    default: return 0;
+    case lb::DType::kFloat:
+      return 1e-6;
+    case lb::DType::kDouble:
+      return 1e-12;
+    case lb::DType::kHalf:
+      return 2e-3;
+    case lb::DType::kBFloat16:
+      return 1.6e-2;
+    default:
+      return 0;
   }
 }
 
@@ -112,9 +139,15 @@ double Reduced(lb::RedOp op, lb::DType t, int world, std::size_t i) {
     const double v = Pattern(r, i);
     switch (op) {
       case lb::RedOp::kSum:
-      case lb::RedOp::kAvg: acc += v; break;
-      case lb::RedOp::kMax: acc = std::max(acc, v); break;
-      case lb::RedOp::kMin: acc = std::min(acc, v); break;
+      case lb::RedOp::kAvg:
+        acc += v;
+        break;
+      case lb::RedOp::kMax:
+        acc = std::max(acc, v);
+        break;
+      case lb::RedOp::kMin:
+        acc = std::min(acc, v);
+        break;
     }
   }
   if (op == lb::RedOp::kAvg) {
@@ -148,8 +181,14 @@ bool CorruptsResults(int rank) {
 class Sweep {
  public:
   Sweep(ddp::ProcessGroup& pg, const BenchOptions& o, lb::Op op)
-      : pg_(pg), o_(o), op_(op), mem_(pg.backend() == ddp::Backend::kNccl),
-        n_(pg.size()), rank_(pg.rank()), t_(o.dtype), ws_(lb::DTypeSize(o.dtype)) {
+      : pg_(pg),
+        o_(o),
+        op_(op),
+        mem_(pg.backend() == ddp::Backend::kNccl),
+        n_(pg.size()),
+        rank_(pg.rank()),
+        t_(o.dtype),
+        ws_(lb::DTypeSize(o.dtype)) {
     const std::vector<std::size_t> sizes = lb::SweepSizes(o);
     const lb::Shape big = lb::ShapeFor(op, sizes.back(), t_, n_);
     max_in_ = big.in_count;
@@ -302,9 +341,8 @@ class Sweep {
         });
         break;
       case lb::Op::kReduceScatter:
-        wrong = CountWrong(t_, host_out_.data(), s.out_count, [&](std::size_t i) {
-          return Reduced(r, t_, n_, rank_ * s.count + i);
-        });
+        wrong = CountWrong(t_, host_out_.data(), s.out_count,
+                           [&](std::size_t i) { return Reduced(r, t_, n_, rank_ * s.count + i); });
         break;
     }
     return SumOverRanks(wrong, ddp::DType::kInt64);

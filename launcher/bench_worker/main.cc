@@ -64,8 +64,8 @@ int main(int argc, char** argv) {
   } catch (const ddp::Error& e) {
     // A request this group cannot run (the same on every rank): one line for
     // the launcher, and a clean exit so that no failure report hides it.
-    const bool request = e.code() == ddp::ErrorCode::kInvalidArgument ||
-                         e.code() == ddp::ErrorCode::kUnsupported;
+    const bool request =
+        e.code() == ddp::ErrorCode::kInvalidArgument || e.code() == ddp::ErrorCode::kUnsupported;
     if (request && rank <= 0) WriteResult({{"error", e.what()}});
     if (request && rank >= 0) return 0;
     std::cerr << e.what() << std::endl;

@@ -55,8 +55,9 @@ void* Memory::Alloc(std::size_t bytes) {
   }
   void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
   if (p == nullptr) {
-    throw ddp::Error(ddp::ErrorCode::kInternal,
-                     "ddprun bench: out of host memory for the buffers; pass a smaller --sizes MAX");
+    throw ddp::Error(
+        ddp::ErrorCode::kInternal,
+        "ddprun bench: out of host memory for the buffers; pass a smaller --sizes MAX");
   }
   return p;
 }

@@ -67,8 +67,8 @@ lb::ScalingRow RunScaling(std::shared_ptr<ddp::ProcessGroup> pg, const BenchOpti
     for (std::size_t i = sizes.size(); i-- > 0;) {
       done += sizes[i];
       const double share = static_cast<double>(done) / static_cast<double>(total);
-      std::this_thread::sleep_until(
-          b0 + std::chrono::duration_cast<Clock::duration>(backward * share));
+      std::this_thread::sleep_until(b0 +
+                                    std::chrono::duration_cast<Clock::duration>(backward * share));
       reducer.MarkReady(i);
     }
     const auto t1 = Clock::now();

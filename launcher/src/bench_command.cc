@@ -124,7 +124,7 @@ int RunJob(const std::vector<std::string>& launcher_args, const std::string& wor
 }
 
 // The exit code for a finished job and its summary; prints the error lines.
-int Verdict(int rc, const Json& result, std::ostream& err) {
+int Verdict(int rc, const Json& result, const Env& env, std::ostream& err) {
   if (rc != kExitSuccess || !result.is_object()) return rc;
   if (result.contains("error")) {
     err << OneLine(result["error"].get<std::string>()) << std::endl;
@@ -132,11 +132,18 @@ int Verdict(int rc, const Json& result, std::ostream& err) {
   }
   const std::int64_t wrong = result.value("wrong", std::int64_t{0});
   if (wrong > 0) {
-    err << "ddprun bench: " << wrong
-        << " wrong element(s) in the results (#wrong); the collectives returned values that "
-           "differ from the expected ones: rerun with DDP_SHM=0 to compare the TCP path, and "
-           "report it"
-        << std::endl;
+    const auto hook = env.find(kEnvBenchCorruptRank);
+    if (hook != env.end() && !hook->second.empty()) {
+      err << "ddprun bench: " << wrong << " wrong element(s) in the results (#wrong), as the test "
+          << "hook " << kEnvBenchCorruptRank << "=" << hook->second
+          << " asked; unset it to measure" << std::endl;
+    } else {
+      err << "ddprun bench: " << wrong
+          << " wrong element(s) in the results (#wrong); the collectives returned values that "
+             "differ from the expected ones: rerun with DDP_SHM=0 to compare the TCP path, and "
+             "report it"
+          << std::endl;
+    }
     return kExitBenchWrong;
   }
   return kExitSuccess;
@@ -175,7 +182,7 @@ int RunScaling(const lb::SplitArgs& split, const std::string& worker, const Resu
     const std::string path = dir.Path(i++);
     const int rc = RunJob(args, worker, worker_args, path, env, host, out, err);
     const Json result = ReadResult(path);
-    if (const int v = Verdict(rc, result, err); v != kExitSuccess) return v;
+    if (const int v = Verdict(rc, result, env, err); v != kExitSuccess) return v;
     if (!result.is_object() || !result.contains("row")) {
       err << "ddprun bench --scaling: the job at " << world
           << " rank(s) ended without its figures; rerun with DDPRUN_DEBUG=sdk" << std::endl;
@@ -251,7 +258,7 @@ int RunBenchCommand(const std::vector<std::string>& args, const Env& env, const 
   const std::string path = dir.Path(0);
   const int rc = RunJob(split->launcher_args, worker, lb::ToWorkerArgs(split->options), path, env,
                         host, out, err);
-  return Verdict(rc, ReadResult(path), err);
+  return Verdict(rc, ReadResult(path), env, err);
 }
 
 }  // namespace ddprun::launcher

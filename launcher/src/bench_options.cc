@@ -21,8 +21,8 @@ absl::Status Bad(const std::string& flag, const std::string& problem_and_fix) {
 }
 
 constexpr Op kOps[] = {Op::kAllreduce, Op::kAllgather, Op::kReduceScatter, Op::kBroadcast};
-constexpr DType kDTypes[] = {DType::kFloat, DType::kDouble, DType::kHalf,
-                             DType::kBFloat16, DType::kInt32, DType::kInt64};
+constexpr DType kDTypes[] = {DType::kFloat,    DType::kDouble, DType::kHalf,
+                             DType::kBFloat16, DType::kInt32,  DType::kInt64};
 constexpr RedOp kRedOps[] = {RedOp::kSum, RedOp::kAvg, RedOp::kMax, RedOp::kMin};
 
 // The flags that take no value.
@@ -65,9 +65,9 @@ absl::Status ApplyDType(BenchOptions& o, const std::string& v) {
   const std::string name = absl::AsciiStrToLower(v);
   // nccl-tests' and torch's other spellings of the same types.
   const std::pair<const char*, DType> aliases[] = {
-      {"float32", DType::kFloat},  {"fp32", DType::kFloat},   {"float64", DType::kDouble},
-      {"fp64", DType::kDouble},    {"float16", DType::kHalf}, {"fp16", DType::kHalf},
-      {"bf16", DType::kBFloat16},  {"int", DType::kInt32},    {"long", DType::kInt64}};
+      {"float32", DType::kFloat}, {"fp32", DType::kFloat},   {"float64", DType::kDouble},
+      {"fp64", DType::kDouble},   {"float16", DType::kHalf}, {"fp16", DType::kHalf},
+      {"bf16", DType::kBFloat16}, {"int", DType::kInt32},    {"long", DType::kInt64}};
   for (DType t : kDTypes) {
     if (name == DTypeName(t)) {
       o.dtype = t;
@@ -112,7 +112,8 @@ absl::Status ApplySizes(BenchOptions& o, const std::string& v) {
   auto hi = parts.size() == 2 ? ParseByteSize(parts[1]) : lo;
   if (!hi.ok()) return Bad("--sizes", std::string(hi.status().message()));
   if (*lo == 0 || *lo > *hi) {
-    return Bad("--sizes", absl::StrCat("'", v, "': need 0 < MIN <= MAX; write for example 4K:256M"));
+    return Bad("--sizes",
+               absl::StrCat("'", v, "': need 0 < MIN <= MAX; write for example 4K:256M"));
   }
   o.min_bytes = *lo;
   o.max_bytes = *hi;
@@ -122,9 +123,9 @@ absl::Status ApplySizes(BenchOptions& o, const std::string& v) {
 absl::Status ApplyCompute(BenchOptions& o, const std::string& v) {
   double ms = 0;
   if (!absl::SimpleAtod(v, &ms) || !(ms >= 0) || ms > 1e6) {
-    return Bad("--compute_ms",
-               absl::StrCat("'", v, "' is not a time in milliseconds (0 to 1e6); pass for "
-                                    "example --compute_ms=100"));
+    return Bad("--compute_ms", absl::StrCat("'", v,
+                                            "' is not a time in milliseconds (0 to 1e6); pass for "
+                                            "example --compute_ms=100"));
   }
   o.compute_ms = ms;
   return absl::OkStatus();
@@ -170,14 +171,14 @@ absl::Status Walk(const std::vector<std::string>& args, BenchOptions& o,
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--") {  // the worker is ddprun's own: nothing may follow
-      return Bad("--", "ddprun bench runs its own worker and takes no script; remove '--' and "
-                       "what follows");
+      return Bad("--",
+                 "ddprun bench runs its own worker and takes no script; remove '--' and "
+                 "what follows");
     }
     const std::size_t eq = a.find('=');
     const std::string name = Canonical(a.substr(0, eq));
-    const bool ours =
-        a.rfind("--", 0) == 0 &&
-        std::find(kBenchFlags.begin(), kBenchFlags.end(), name) != kBenchFlags.end();
+    const bool ours = a.rfind("--", 0) == 0 &&
+                      std::find(kBenchFlags.begin(), kBenchFlags.end(), name) != kBenchFlags.end();
     if (!ours) {
       if (rest == nullptr) {
         return Bad(a, "not a ddprun bench flag; see ddprun bench --help");
@@ -215,47 +216,67 @@ bool HasRedOp(Op op) { return op == Op::kAllreduce || op == Op::kReduceScatter; 
 
 }  // namespace
 
-const std::vector<std::string> kBenchFlags = {
-    "--op",    "--sizes", "--step_factor", "--dtype",   "--redop",      "--iters", "--warmup",
-    "--root",  "--json",  "--scaling",     "--compute_ms", "--batch"};
+const std::vector<std::string> kBenchFlags = {"--op",    "--sizes",   "--step_factor", "--dtype",
+                                              "--redop", "--iters",   "--warmup",      "--root",
+                                              "--json",  "--scaling", "--compute_ms",  "--batch"};
 
 const char* OpName(Op op) {
   switch (op) {
-    case Op::kAllreduce: return "allreduce";
-    case Op::kAllgather: return "allgather";
-    case Op::kReduceScatter: return "reducescatter";
-    case Op::kBroadcast: return "broadcast";
+    case Op::kAllreduce:
+      return "allreduce";
+    case Op::kAllgather:
+      return "allgather";
+    case Op::kReduceScatter:
+      return "reducescatter";
+    case Op::kBroadcast:
+      return "broadcast";
   }
   return "?";
 }
 
 const char* DTypeName(DType t) {
   switch (t) {
-    case DType::kFloat: return "float";
-    case DType::kDouble: return "double";
-    case DType::kHalf: return "half";
-    case DType::kBFloat16: return "bfloat16";
-    case DType::kInt32: return "int32";
-    case DType::kInt64: return "int64";
+    case DType::kFloat:
+      return "float";
+    case DType::kDouble:
+      return "double";
+    case DType::kHalf:
+      return "half";
+    case DType::kBFloat16:
+      return "bfloat16";
+    case DType::kInt32:
+      return "int32";
+    case DType::kInt64:
+      return "int64";
   }
   return "?";
 }
 
 const char* RedOpName(RedOp op) {
   switch (op) {
-    case RedOp::kSum: return "sum";
-    case RedOp::kAvg: return "avg";
-    case RedOp::kMax: return "max";
-    case RedOp::kMin: return "min";
+    case RedOp::kSum:
+      return "sum";
+    case RedOp::kAvg:
+      return "avg";
+    case RedOp::kMax:
+      return "max";
+    case RedOp::kMin:
+      return "min";
   }
   return "?";
 }
 
 std::size_t DTypeSize(DType t) {
   switch (t) {
-    case DType::kFloat: case DType::kInt32: return 4;
-    case DType::kDouble: case DType::kInt64: return 8;
-    case DType::kHalf: case DType::kBFloat16: return 2;
+    case DType::kFloat:
+    case DType::kInt32:
+      return 4;
+    case DType::kDouble:
+    case DType::kInt64:
+      return 8;
+    case DType::kHalf:
+    case DType::kBFloat16:
+      return 2;
   }
   return 1;
 }
@@ -265,19 +286,27 @@ absl::StatusOr<std::size_t> ParseByteSize(const std::string& text) {
   std::size_t mult = 1;
   if (!digits.empty()) {
     switch (absl::ascii_toupper(digits.back())) {
-      case 'K': mult = std::size_t(1) << 10; break;
-      case 'M': mult = std::size_t(1) << 20; break;
-      case 'G': mult = std::size_t(1) << 30; break;
-      default: break;
+      case 'K':
+        mult = std::size_t(1) << 10;
+        break;
+      case 'M':
+        mult = std::size_t(1) << 20;
+        break;
+      case 'G':
+        mult = std::size_t(1) << 30;
+        break;
+      default:
+        break;
     }
     if (mult != 1) digits.pop_back();
   }
   std::uint64_t n = 0;
   if (digits.empty() || !absl::SimpleAtoi(digits, &n) ||
       n > std::numeric_limits<std::size_t>::max() / mult || n * mult > (std::size_t(64) << 30)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "'", text, "' is not a size up to 64G; write a number of bytes with an optional K, M or "
-                   "G, for example 4K:256M"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", text,
+                     "' is not a size up to 64G; write a number of bytes with an optional K, M or "
+                     "G, for example 4K:256M"));
   }
   return n * mult;
 }
@@ -297,17 +326,16 @@ absl::StatusOr<BenchOptions> ParseBenchArgs(const std::vector<std::string>& args
 std::vector<std::string> ToWorkerArgs(const BenchOptions& o) {
   std::vector<std::string> ops;
   for (Op op : o.ops) ops.push_back(OpName(op));
-  std::vector<std::string> a = {
-      "--op=" + absl::StrJoin(ops, ","),
-      absl::StrCat("--sizes=", o.min_bytes, ":", o.max_bytes),
-      absl::StrCat("--step_factor=", o.step_factor),
-      absl::StrCat("--dtype=", DTypeName(o.dtype)),
-      absl::StrCat("--redop=", RedOpName(o.redop)),
-      absl::StrCat("--iters=", o.iters),
-      absl::StrCat("--warmup=", o.warmup),
-      absl::StrCat("--root=", o.root),
-      absl::StrCat("--compute_ms=", o.compute_ms),
-      absl::StrCat("--batch=", o.batch)};
+  std::vector<std::string> a = {"--op=" + absl::StrJoin(ops, ","),
+                                absl::StrCat("--sizes=", o.min_bytes, ":", o.max_bytes),
+                                absl::StrCat("--step_factor=", o.step_factor),
+                                absl::StrCat("--dtype=", DTypeName(o.dtype)),
+                                absl::StrCat("--redop=", RedOpName(o.redop)),
+                                absl::StrCat("--iters=", o.iters),
+                                absl::StrCat("--warmup=", o.warmup),
+                                absl::StrCat("--root=", o.root),
+                                absl::StrCat("--compute_ms=", o.compute_ms),
+                                absl::StrCat("--batch=", o.batch)};
   if (o.json) a.push_back("--json");
   if (o.scaling) a.push_back("--scaling");
   return a;
@@ -350,10 +378,13 @@ Shape ShapeFor(Op op, std::size_t bytes, DType dtype, int world) {
 double BusBandwidthFactor(Op op, int world) {
   const double n = std::max(1, world);
   switch (op) {
-    case Op::kAllreduce: return 2.0 * (n - 1) / n;
+    case Op::kAllreduce:
+      return 2.0 * (n - 1) / n;
     case Op::kAllgather:
-    case Op::kReduceScatter: return (n - 1) / n;
-    case Op::kBroadcast: return 1.0;
+    case Op::kReduceScatter:
+      return (n - 1) / n;
+    case Op::kBroadcast:
+      return 1.0;
   }
   return 1.0;
 }
@@ -390,9 +421,9 @@ std::string FormatHeader() {
 }
 
 std::string FormatRow(const Row& r) {
-  std::string line = absl::StrFormat("%12d  %12d  %8s  %6s  %6d", r.shape.bytes, r.shape.count,
-                                     DTypeName(r.dtype),
-                                     HasRedOp(r.op) ? RedOpName(r.redop) : "none", r.root);
+  std::string line =
+      absl::StrFormat("%12d  %12d  %8s  %6s  %6d", r.shape.bytes, r.shape.count, DTypeName(r.dtype),
+                      HasRedOp(r.op) ? RedOpName(r.redop) : "none", r.root);
   for (const Timing* t : {&r.out_of_place, &r.in_place}) {
     absl::StrAppendFormat(&line, "  %7s  %6.2f  %6.2f  %5d", FormatTime(t->time_us), t->algbw_gbs,
                           t->busbw_gbs, t->wrong);

@@ -24,7 +24,8 @@ TEST_CASE("GPU: ddprun bench runs every op on NCCL with #wrong 0", "[gpu]") {
   if (!DDPRUN_GPU_WORKER_BUILT) {
     return SkipCase("gpu", "this build has no CUDA/NCCL (DDPRUN_WITH_CUDA=OFF)");
   }
-  if (!ddp::CudaAvailable()) return SkipCase("gpu", "no CUDA device visible (CUDA_VISIBLE_DEVICES?)");
+  if (!ddp::CudaAvailable())
+    return SkipCase("gpu", "no CUDA device visible (CUDA_VISIBLE_DEVICES?)");
   const int gpus = std::min(2, ddp::detail::CudaDeviceCount());
   for (int n = 1; n <= gpus; ++n) {
     Harness h;

@@ -149,9 +149,9 @@ TEST_CASE("ddprun bench --scaling: the table at 1, 2 and 4 ranks", "[sdk]") {
   for (int i = 0; i < 3; ++i) {
     REQUIRE(rows[i].size() == 7);
     CHECK(std::stoi(rows[i][0]) == worlds[i]);
-    CHECK(std::stoi(rows[i][1]) == 16 * worlds[i]);  // global batch
-    CHECK(std::stod(rows[i][2]) > 0);                // samples/s
-    CHECK(std::stod(rows[i][5]) >= 20 * 0.9);        // compute (ms) at least --compute_ms
+    CHECK(std::stoi(rows[i][1]) == 16 * worlds[i]);         // global batch
+    CHECK(std::stod(rows[i][2]) > 0);                       // samples/s
+    CHECK(std::stod(rows[i][5]) >= 20 * 0.9);               // compute (ms) at least --compute_ms
     CHECK(std::stod(rows[i][4]) >= std::stod(rows[i][5]));  // step >= compute
   }
   CHECK(rows[0][3] == "100.0");  // one rank is the reference

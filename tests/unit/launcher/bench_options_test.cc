@@ -16,8 +16,7 @@ std::string ErrorOf(const std::vector<std::string>& args) {
   return std::string(r.status().message());
 }
 
-TEST_CASE("ddprun bench splits its flags from the launcher's, both spellings and forms",
-          "[unit]") {
+TEST_CASE("ddprun bench splits its flags from the launcher's, both spellings and forms", "[unit]") {
   auto r = SplitBenchArgs({"--nproc_per_node", "4", "--op=allgather,broadcast", "--sizes", "1K:1M",
                            "--step-factor=4", "--dtype", "bf16", "--redop=max", "--iters", "3",
                            "--warmup=0", "--root", "2", "--json", "--rdzv_id=x"});

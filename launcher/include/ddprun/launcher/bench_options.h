@@ -35,19 +35,19 @@ std::size_t DTypeSize(DType t);
 
 struct BenchOptions {
   std::vector<Op> ops{Op::kAllreduce};
-  std::size_t min_bytes = 4 << 10;    // --sizes MIN:MAX
+  std::size_t min_bytes = 4 << 10;  // --sizes MIN:MAX
   std::size_t max_bytes = 256 << 20;
-  int step_factor = 2;                // --step_factor: each size is the previous times this
+  int step_factor = 2;  // --step_factor: each size is the previous times this
   DType dtype = DType::kFloat;
   RedOp redop = RedOp::kSum;
-  int iters = 20;                     // timed iterations per size and placement
-  int warmup = 5;                     // untimed iterations before them
-  int root = 0;                       // broadcast's root
+  int iters = 20;  // timed iterations per size and placement
+  int warmup = 5;  // untimed iterations before them
+  int root = 0;    // broadcast's root
   bool json = false;
   // --scaling: the synthetic data-parallel step instead of the size sweep.
   bool scaling = false;
-  double compute_ms = 100;            // forward + backward time per step
-  int batch = 32;                     // samples per rank and step
+  double compute_ms = 100;  // forward + backward time per step
+  int batch = 32;           // samples per rank and step
 };
 
 // Every flag SplitBenchArgs recognises (their docs: docs/cli.md, "ddprun bench").
@@ -70,10 +70,10 @@ std::vector<std::size_t> SweepSizes(const BenchOptions& options);
 
 // One row of the table, as nccl-tests shapes it.
 struct Shape {
-  std::size_t bytes = 0;     // the "size" column: the largest buffer of the op
-  std::size_t count = 0;     // the "count" column: elements per rank's call
-  std::size_t in_count = 0;  // elements of each rank's input
-  std::size_t out_count = 0; // elements of each rank's output
+  std::size_t bytes = 0;      // the "size" column: the largest buffer of the op
+  std::size_t count = 0;      // the "count" column: elements per rank's call
+  std::size_t in_count = 0;   // elements of each rank's input
+  std::size_t out_count = 0;  // elements of each rank's output
 };
 // nccl-tests' rounding: allgather and reducescatter use count = bytes /
 // size / world (at least 1), so `bytes` is rounded down to a multiple of it.
