@@ -32,7 +32,9 @@ std::string BackendLabel(const ddp::ProcessGroup& pg);
 // Device or host memory for the group's collectives (CUDA when the group is NCCL).
 class Memory {
  public:
-  explicit Memory(bool device) : device_(device) {}
+  // device: CUDA memory on the GPU the SDK picks for `local_rank` (local_rank
+  // modulo the visible devices, as nccl_backend.cc does), made current here.
+  Memory(bool device, int local_rank);
   void* Alloc(std::size_t bytes);
   void Free(void* p);
   void ToDevice(void* dst, const void* host, std::size_t bytes);

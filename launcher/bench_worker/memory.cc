@@ -42,6 +42,17 @@ std::string BackendLabel(const ddp::ProcessGroup& pg) {
   return "gloo (shared memory within a node, tcp between nodes)";
 }
 
+Memory::Memory(bool device, int local_rank) : device_(device) {
+#if DDPRUN_BENCH_CUDA
+  int n = 0;
+  if (device_ && cudaGetDeviceCount(&n) == cudaSuccess && n > 0) {
+    Cuda(cudaSetDevice(n == 1 ? 0 : local_rank % n), "cudaSetDevice");
+  }
+#else
+  (void)local_rank;
+#endif
+}
+
 void* Memory::Alloc(std::size_t bytes) {
   bytes = bytes == 0 ? 1 : bytes;
   if (device_) {
