@@ -40,10 +40,17 @@ class Memory {
   void ToDevice(void* dst, const void* host, std::size_t bytes);
   void ToHost(void* host, const void* src, std::size_t bytes);
   void Copy(void* dst, const void* src, std::size_t bytes);
+  // Waits for everything queued on the device (nothing on the host).
+  void Sync();
   bool device() const { return device_; }
+  // Where the buffers live, for the Reducer's GradSpec.
+  ddp::Device where() const {
+    return ddp::Device{device_ ? ddp::DeviceType::kCuda : ddp::DeviceType::kCpu, index_};
+  }
 
  private:
   bool device_;
+  int index_ = 0;
 };
 
 struct CollectiveSummary {

@@ -46,7 +46,8 @@ Memory::Memory(bool device, int local_rank) : device_(device) {
 #if DDPRUN_BENCH_CUDA
   int n = 0;
   if (device_ && cudaGetDeviceCount(&n) == cudaSuccess && n > 0) {
-    Cuda(cudaSetDevice(n == 1 ? 0 : local_rank % n), "cudaSetDevice");
+    index_ = n == 1 ? 0 : local_rank % n;
+    Cuda(cudaSetDevice(index_), "cudaSetDevice");
   }
 #else
   (void)local_rank;
@@ -103,6 +104,16 @@ void Memory::Copy(void* dst, const void* src, std::size_t bytes) {
   if (device_) return Cuda(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy");
 #endif
   std::memcpy(dst, src, bytes);
+}
+
+}  // namespace ddprun::bench_worker
+
+namespace ddprun::bench_worker {
+
+void Memory::Sync() {
+#if DDPRUN_BENCH_CUDA
+  if (device_) Cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+#endif
 }
 
 }  // namespace ddprun::bench_worker

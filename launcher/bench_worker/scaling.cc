@@ -12,6 +12,7 @@
 // The compute is a wait (sleep_until an absolute deadline), as on an
 // accelerator: the host's cores stay free for the communication. The
 // communication is real. Exposed communication = the time Finish() blocks.
+// On NCCL the gradients are device memory (the SDK's GPU path); on CPUs host memory.
 //
 // Check: every rank fills its gradients with rank + 1 before the first step;
 // after it, every value must be the average (world + 1) / 2 (counted in `wrong`).
@@ -39,20 +40,24 @@ struct StepTimes {
 
 lb::ScalingRow RunScaling(std::shared_ptr<ddp::ProcessGroup> pg, const BenchOptions& o,
                           std::int64_t* wrong) {
-  if (pg->backend() == ddp::Backend::kNccl) {
-    throw ddp::UnsupportedError(
-        "ddprun bench --scaling: the synthetic step keeps its gradients in host memory; on GPUs "
-        "run it with DDP_BACKEND=gloo, or use ddprun bench (the collectives) for NCCL");
-  }
   const std::vector<std::size_t> sizes = ddprun::bench::ResNet50();
   std::vector<std::size_t> offset(sizes.size() + 1, 0);
   std::partial_sum(sizes.begin(), sizes.end(), offset.begin() + 1);
   const std::size_t total = offset.back();
-  std::vector<float> grads(total, static_cast<float>(pg->rank() + 1));
+  // The gradients: device memory on NCCL, host memory on CPUs.
+  Memory mem(pg->backend() == ddp::Backend::kNccl, pg->info().local_rank);
+  std::vector<float> host(total, static_cast<float>(pg->rank() + 1));
+  float* grads = static_cast<float*>(mem.Alloc(total * sizeof(float)));
+  struct Release {
+    Memory& m;
+    void* p;
+    ~Release() { m.Free(p); }
+  } release{mem, grads};
+  mem.ToDevice(grads, host.data(), total * sizeof(float));
 
   ddp::Reducer reducer(pg);
   for (std::size_t i = 0; i < sizes.size(); ++i) {
-    reducer.Register(grads.data() + offset[i], sizes[i], ddp::DType::kFloat32);
+    reducer.Register(grads + offset[i], sizes[i], ddp::DType::kFloat32, mem.where());
   }
 
   const auto compute = std::chrono::duration<double, std::milli>(o.compute_ms);
@@ -73,6 +78,7 @@ lb::ScalingRow RunScaling(std::shared_ptr<ddp::ProcessGroup> pg, const BenchOpti
     }
     const auto t1 = Clock::now();
     reducer.Finish();
+    mem.Sync();  // on a GPU, Finish may return before the last kernels ran
     const auto t2 = Clock::now();
     t.step_s = std::chrono::duration<double>(t2 - t0).count();
     t.compute_s = std::chrono::duration<double>(t1 - t0).count();
@@ -83,11 +89,16 @@ lb::ScalingRow RunScaling(std::shared_ptr<ddp::ProcessGroup> pg, const BenchOpti
   // The first step is checked, then the warm-up, then the timed steps.
   step();
   const float want = static_cast<float>(pg->size() + 1) / 2.0f;
+  mem.ToHost(host.data(), grads, total * sizeof(float));
   std::int64_t bad = 0;
-  for (float v : grads) bad += std::abs(v - want) > 1e-6f * want ? 1 : 0;
-  std::vector<std::int64_t> bad_sum{bad};
-  pg->Allreduce(std::span<std::int64_t>(bad_sum)).Wait();
-  *wrong = bad_sum[0];
+  for (float v : host) bad += std::abs(v - want) > 1e-6f * want ? 1 : 0;
+  // Summed over the ranks through the group's memory (device memory on NCCL).
+  void* scratch = mem.Alloc(sizeof(bad));
+  mem.ToDevice(scratch, &bad, sizeof(bad));
+  pg->Allreduce(scratch, 1, ddp::DType::kInt64).Wait();
+  mem.ToHost(&bad, scratch, sizeof(bad));
+  mem.Free(scratch);
+  *wrong = bad;
 
   for (int i = 0; i < o.warmup; ++i) step();
   pg->Barrier().Wait();

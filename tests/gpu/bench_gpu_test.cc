@@ -19,7 +19,7 @@ namespace ddp::detail {
 int CudaDeviceCount();
 }
 
-TEST_CASE("GPU: ddprun bench runs every op on NCCL with #wrong 0", "[gpu]") {
+TEST_CASE("GPU: ddprun bench runs every op on NCCL with #wrong 0, and --scaling", "[gpu]") {
   // The bench worker is built with CUDA exactly when gpu_worker is (DDPRUN_WITH_CUDA).
   if (!DDPRUN_GPU_WORKER_BUILT) {
     return SkipCase("gpu", "this build has no CUDA/NCCL (DDPRUN_WITH_CUDA=OFF)");
@@ -40,4 +40,15 @@ TEST_CASE("GPU: ddprun bench runs every op on NCCL with #wrong 0", "[gpu]") {
     CHECK(p.Out().find("# Out of bounds values : 0 OK") != std::string::npos);
     CHECK(p.Out().find("FAILED") == std::string::npos);
   }
+  // The scaling table at one rank: the Reducer over device gradients.
+  Harness h;
+  Proc& p = h.StartDdprun(
+      "ddprun",
+      {"bench", "--scaling", "--nproc_per_node=1", "--compute_ms=10", "--iters=2", "--warmup=0"},
+      {{"DDP_TIMEOUT_SEC", "60"}});
+  const int rc = h.Wait(p, 300);
+  INFO("scaling\nstdout:\n" << p.Out() << "\nstderr:\n" << p.Err());
+  REQUIRE(rc == 0);
+  CHECK(p.Out().find("backend nccl") != std::string::npos);
+  CHECK(p.Out().find("100.0") != std::string::npos);
 }
