@@ -1,11 +1,16 @@
 // ddprun bench: its flags (split from the launcher's), nccl-tests' sizes,
-// counts and bus bandwidth factors, and the table's shape.
+// counts and bus bandwidth factors, the table's shape, and where the worker is.
 #include "ddprun/launcher/bench_options.h"
 
+#include <stdlib.h>
+
 #include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "absl/strings/str_split.h"
+#include "ddprun/launcher/bench_command.h"
 
 namespace ddprun::launcher::bench {
 namespace {
@@ -150,3 +155,31 @@ TEST_CASE("ddprun bench prints nccl-tests' table: header, rows, footer", "[unit]
 
 }  // namespace
 }  // namespace ddprun::launcher::bench
+
+namespace ddprun::launcher {
+namespace {
+
+TEST_CASE("ddprun bench finds its worker next to ddprun, else in ../libexec/ddprun", "[unit]") {
+  namespace fs = std::filesystem;
+  char tmpl[] = "/tmp/ddprun-benchfind-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  const fs::path root = tmpl;
+  fs::create_directories(root / "bin");
+  fs::create_directories(root / "libexec" / "ddprun");
+  const std::string self = (root / "bin" / "ddprun").string();
+  auto make_exe = [](const fs::path& p, bool exec) {
+    std::ofstream(p) << "#!/bin/sh\n";
+    fs::permissions(p, exec ? fs::perms::owner_all : fs::perms::owner_read);
+  };
+  CHECK(FindBenchWorker(self).empty());
+  make_exe(root / "libexec" / "ddprun" / "ddprun-bench-worker", false);
+  CHECK(FindBenchWorker(self).empty());  // not executable
+  make_exe(root / "libexec" / "ddprun" / "ddprun-bench-worker", true);
+  CHECK(FindBenchWorker(self) == (root / "libexec" / "ddprun" / "ddprun-bench-worker").string());
+  make_exe(root / "bin" / "ddprun-bench-worker", true);
+  CHECK(FindBenchWorker(self) == (root / "bin" / "ddprun-bench-worker").string());
+  fs::remove_all(root);
+}
+
+}  // namespace
+}  // namespace ddprun::launcher
