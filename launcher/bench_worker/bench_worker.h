@@ -37,9 +37,11 @@ class Memory {
   Memory(bool device, int local_rank);
   void* Alloc(std::size_t bytes);
   void Free(void* p);
+  // Host -> buffer; nothing when they are the same host memory.
   void ToDevice(void* dst, const void* host, std::size_t bytes);
   void ToHost(void* host, const void* src, std::size_t bytes);
   void Copy(void* dst, const void* src, std::size_t bytes);
+  void Zero(void* dst, std::size_t bytes);
   // Waits for everything queued on the device (nothing on the host).
   void Sync();
   bool device() const { return device_; }

@@ -193,18 +193,27 @@ class Sweep {
     const lb::Shape big = lb::ShapeFor(op, sizes.back(), t_, n_);
     max_in_ = big.in_count;
     max_out_ = big.out_count;
-    // Input pattern of this rank (and, for broadcast, the root's), built once on the host.
-    host_in_.resize(max_in_ * ws_);
-    const bool copies = op == lb::Op::kAllgather || op == lb::Op::kBroadcast;
-    for (std::size_t i = 0; i < max_in_; ++i) {
-      Store(t_, host_in_.data(), i, copies ? CopyPattern(rank_, i) : Pattern(rank_, i));
-    }
-    host_out_.resize(std::max(max_in_, max_out_) * ws_);
     send_ = mem_.Alloc(max_in_ * ws_);
     recv_ = mem_.Alloc(max_out_ * ws_);
     work_ = mem_.Alloc(std::max(max_in_, max_out_) * ws_);
     scratch_ = mem_.Alloc(sizeof(double));
-    mem_.ToDevice(send_, host_in_.data(), max_in_ * ws_);  // first touch, outside the timing
+    // This rank's input pattern, built once. In host memory it lives in send_,
+    // which no call writes (only the check of a broadcast zeroes it on the
+    // ranks that are not the root, whose pattern is not needed again); on a
+    // GPU a host copy is kept for the check's uploads and the results come
+    // back into host_out_.
+    void* pattern = send_;
+    if (mem_.device()) {
+      host_in_.resize(max_in_ * ws_);
+      host_out_.resize(max_out_ * ws_);
+      pattern = host_in_.data();
+    }
+    const bool copies = op == lb::Op::kAllgather || op == lb::Op::kBroadcast;
+    for (std::size_t i = 0; i < max_in_; ++i) {
+      Store(t_, pattern, i, copies ? CopyPattern(rank_, i) : Pattern(rank_, i));
+    }
+    pattern_ = pattern;
+    mem_.ToDevice(send_, pattern_, max_in_ * ws_);  // first touch, outside the timing
     mem_.Copy(recv_, send_, std::min(max_in_, max_out_) * ws_);
     mem_.Copy(work_, send_, max_in_ * ws_);
   }
@@ -288,60 +297,63 @@ class Sweep {
   // Rewrites the inputs, runs the op once and counts the wrong elements of every rank.
   std::int64_t Check(const lb::Shape& s, bool in_place) {
     // Inputs: the pattern where the op reads, zeros where only results land.
-    std::fill(host_out_.begin(), host_out_.end(), 0);
     void* result = in_place ? work_ : recv_;
     std::size_t result_offset = 0;  // elements
     switch (op_) {
       case lb::Op::kAllreduce:
-      case lb::Op::kBroadcast: {
+      case lb::Op::kBroadcast:
         // Broadcast: only the root holds the pattern; the others start from zeros.
-        const bool has_input = op_ == lb::Op::kAllreduce || rank_ == o_.root;
-        const void* input = has_input ? host_in_.data() : host_out_.data();
-        mem_.ToDevice(send_, input, s.in_count * ws_);
-        mem_.ToDevice(recv_, host_out_.data(), s.out_count * ws_);
-        mem_.ToDevice(work_, input, s.in_count * ws_);
+        if (op_ == lb::Op::kAllreduce || rank_ == o_.root) {
+          mem_.ToDevice(send_, pattern_, s.in_count * ws_);
+          mem_.ToDevice(work_, pattern_, s.in_count * ws_);
+        } else {
+          mem_.Zero(send_, s.in_count * ws_);
+          mem_.Zero(work_, s.in_count * ws_);
+        }
+        mem_.Zero(recv_, s.out_count * ws_);
         break;
-      }
       case lb::Op::kAllgather:
-        mem_.ToDevice(send_, host_in_.data(), s.in_count * ws_);
-        mem_.ToDevice(recv_, host_out_.data(), s.out_count * ws_);
-        mem_.ToDevice(work_, host_out_.data(), s.out_count * ws_);
+        mem_.ToDevice(send_, pattern_, s.in_count * ws_);
+        mem_.Zero(recv_, s.out_count * ws_);
+        mem_.Zero(work_, s.out_count * ws_);
         if (in_place) {
-          mem_.ToDevice(static_cast<char*>(work_) + rank_ * s.count * ws_, host_in_.data(),
-                        s.count * ws_);
+          mem_.ToDevice(static_cast<char*>(work_) + rank_ * s.count * ws_, pattern_, s.count * ws_);
         }
         break;
       case lb::Op::kReduceScatter:
-        mem_.ToDevice(send_, host_in_.data(), s.in_count * ws_);
-        mem_.ToDevice(recv_, host_out_.data(), s.out_count * ws_);
-        mem_.ToDevice(work_, host_in_.data(), s.in_count * ws_);
+        mem_.ToDevice(send_, pattern_, s.in_count * ws_);
+        mem_.Zero(recv_, s.out_count * ws_);
+        mem_.ToDevice(work_, pattern_, s.in_count * ws_);
         if (in_place) result_offset = rank_ * s.count;
         break;
     }
     pg_.Barrier().Wait();
     Issue(s, in_place).Wait();
-    mem_.ToHost(host_out_.data(), static_cast<char*>(result) + result_offset * ws_,
-                s.out_count * ws_);
-    if (CorruptsResults(rank_)) Store(t_, host_out_.data(), 0, Load(t_, host_out_.data(), 0) + 1);
+    void* got = static_cast<char*>(result) + result_offset * ws_;
+    if (mem_.device()) {
+      mem_.ToHost(host_out_.data(), got, s.out_count * ws_);
+      got = host_out_.data();
+    }
+    if (CorruptsResults(rank_)) Store(t_, got, 0, Load(t_, got, 0) + 1);
 
     std::int64_t wrong = 0;
     const lb::RedOp r = o_.redop;
     switch (op_) {
       case lb::Op::kAllreduce:
-        wrong = CountWrong(t_, host_out_.data(), s.out_count,
-                           [&](std::size_t i) { return Reduced(r, t_, n_, i); });
+        wrong =
+            CountWrong(t_, got, s.out_count, [&](std::size_t i) { return Reduced(r, t_, n_, i); });
         break;
       case lb::Op::kBroadcast:
-        wrong = CountWrong(t_, host_out_.data(), s.out_count,
+        wrong = CountWrong(t_, got, s.out_count,
                            [&](std::size_t i) { return CopyPattern(o_.root, i); });
         break;
       case lb::Op::kAllgather:
-        wrong = CountWrong(t_, host_out_.data(), s.out_count, [&](std::size_t i) {
+        wrong = CountWrong(t_, got, s.out_count, [&](std::size_t i) {
           return CopyPattern(static_cast<int>(i / s.count), i % s.count);
         });
         break;
       case lb::Op::kReduceScatter:
-        wrong = CountWrong(t_, host_out_.data(), s.out_count,
+        wrong = CountWrong(t_, got, s.out_count,
                            [&](std::size_t i) { return Reduced(r, t_, n_, rank_ * s.count + i); });
         break;
     }
@@ -365,7 +377,8 @@ class Sweep {
   lb::DType t_;
   std::size_t ws_;
   std::size_t max_in_ = 0, max_out_ = 0;
-  std::vector<unsigned char> host_in_, host_out_;
+  std::vector<unsigned char> host_in_, host_out_;  // GPU only
+  const void* pattern_ = nullptr;                  // this rank's input, host memory
   void* send_ = nullptr;
   void* recv_ = nullptr;
   void* work_ = nullptr;

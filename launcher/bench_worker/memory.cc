@@ -86,6 +86,7 @@ void Memory::Free(void* p) {
 }
 
 void Memory::ToDevice(void* dst, const void* host, std::size_t bytes) {
+  if (dst == host) return;
 #if DDPRUN_BENCH_CUDA
   if (device_) return Cuda(cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
 #endif
@@ -109,6 +110,13 @@ void Memory::Copy(void* dst, const void* src, std::size_t bytes) {
 }  // namespace ddprun::bench_worker
 
 namespace ddprun::bench_worker {
+
+void Memory::Zero(void* dst, std::size_t bytes) {
+#if DDPRUN_BENCH_CUDA
+  if (device_) return Cuda(cudaMemset(dst, 0, bytes), "cudaMemset");
+#endif
+  std::memset(dst, 0, bytes);
+}
 
 void Memory::Sync() {
 #if DDPRUN_BENCH_CUDA
