@@ -72,6 +72,14 @@ void ThrowIfFailed(absl::Status s) {
 
 ShmGroup::Clock::time_point DeadlineIn(Duration t) { return ShmGroup::Clock::now() + t; }
 
+// How long a caller that posted a small collective spins for its peers, then
+// spins yielding the CPU, before it leaves the rest to the communication
+// thread (CallerRuns). Measured at 2 ranks on 2 busy cores (load 12), p50 of
+// 4 KiB calls back to back: 20 us of plain spinning 115 us, 5 us then
+// yielding 25 us, 0.5-2 us then yielding (50 us-1 ms) 14-19 us; idle: 2 us.
+constexpr auto kCallerSpin = std::chrono::microseconds(2);
+constexpr auto kCallerYield = std::chrono::microseconds(50);
+
 // What the group's collectives use; the communication thread keeps it alive.
 class Core {
  public:
@@ -123,6 +131,11 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
     }
     const Duration t = timeout();
     if (ShmGroup* one_host = OneHostShm()) {
+      if (count * DTypeSize(dtype) <= one_host->small_allreduce_bytes()) {
+        return CallerRuns(desc, one_host, data, [=](ShmGroup::Posted* p) {
+          return one_host->PostAllreduce(data, count, dtype, op, p);
+        });
+      }
       return Enqueue(desc, [=] {
         ThrowIfFailed(one_host->Allreduce(data, count, dtype, op, DeadlineIn(t)));
       });
@@ -270,7 +283,8 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
     if (size() == 1) return Enqueue("barrier", nullptr);
     const Duration t = timeout();
     if (ShmGroup* shm = OneHostShm()) {
-      return Enqueue("barrier", [=] { ThrowIfFailed(shm->Barrier(DeadlineIn(t))); });
+      return CallerRuns("barrier", shm, nullptr,
+                        [=](ShmGroup::Posted* p) { return shm->PostBarrier(p); });
     }
     return Enqueue("barrier", [=, ctx = core_->context, tag = NextTag()] {
       gloo::BarrierOptions opts(ctx);
@@ -309,6 +323,38 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
   // The shared memory group when every rank is on this host (then there is
   // no Gloo context and every collective uses it).
   ShmGroup* OneHostShm() const { return core_->context ? nullptr : core_->shm.get(); }
+
+  // A small shared-memory collective (post = its first half, ShmGroup::Post*)
+  // run by the caller when nothing is queued: it posts, and when the peers
+  // are already there (within kCallerSpin) completes it and returns it done,
+  // with no thread handoff either way. Otherwise the communication thread
+  // completes it while the caller goes on, so a caller never blocks on a late
+  // peer. With work queued it is queued like any other collective.
+  template <class Post>
+  absl::StatusOr<WorkPtr> CallerRuns(const std::string& desc, ShmGroup* shm, void* data,
+                                     Post post) {
+    if (aborted()) return AbortedStatus(desc);
+    const auto deadline = DeadlineIn(timeout());
+    if (!queue_.TryClaim()) {
+      return Enqueue(desc, [=] {
+        ShmGroup::Posted p;
+        ThrowIfFailed(post(&p));
+        ThrowIfFailed(shm->Complete(p, data, deadline));
+      });
+    }
+    ShmGroup::Posted p;
+    absl::Status s = post(&p);
+    if (s.ok() && !shm->Arrived(p, kCallerSpin, kCallerYield)) {
+      auto work = std::make_shared<QueuedWork>(weak_from_this(), desc, timeout());
+      queue_.Release(
+          QueuedTask{desc, [=] { ThrowIfFailed(shm->Complete(p, data, deadline)); }, work});
+      return work;
+    }
+    if (s.ok()) s = shm->Complete(p, data, deadline);
+    queue_.Release();
+    if (!s.ok()) s = ClassifyShm(desc, s, weak_from_this());
+    return std::make_shared<DoneWork>(std::move(s));
+  }
 
   absl::StatusOr<WorkPtr> Enqueue(const std::string& desc, std::function<void()> run) {
     if (aborted()) return AbortedStatus(desc);
