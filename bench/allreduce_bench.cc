@@ -1,6 +1,7 @@
 // Worker SDK benchmarks, run under ddprun (bench/allreduce_bench.sh runs them
 // next to torch's Gloo in the same run):
-//   allreduce_bench allreduce   bus bandwidth (nccl-tests: busbw = S/t * 2(n-1)/n),
+//   allreduce_bench allreduce [max_bytes]
+//                               bus bandwidth (nccl-tests: busbw = S/t * 2(n-1)/n),
 //                               f32 sum, 4 KiB .. 256 MiB, median per call
 //   allreduce_bench resnet50    the ResNet-50 gradient set (161 f32 tensors,
 //                               25.6 M values): per tensor, blocking; per tensor,
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -56,7 +58,9 @@ int main(int argc, char** argv) {
     const int n = pg->size();
     const bool print = pg->rank() == 0;
     if (mode == "allreduce") {
-      const std::size_t max_bytes = std::size_t(256) << 20;
+      // Optional second argument: the largest size (bytes, default 256 MiB).
+      const std::size_t max_bytes =
+          argc > 2 ? std::strtoull(argv[2], nullptr, 10) : std::size_t(256) << 20;
       std::vector<float> buf(max_bytes / 4, 1.0f);  // touched once
       for (std::size_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
         const std::size_t count = bytes / 4;
