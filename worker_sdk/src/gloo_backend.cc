@@ -438,7 +438,7 @@ absl::StatusOr<std::shared_ptr<Backend>> CreateGlooBackend(const WorkerInfo& inf
   if (WantSharedMemory(options.shared_memory, info.world_size, layout.num_hosts)) {
     std::string why;
     auto shm = ConnectShmGroup(layout, info, *store, key_prefix, options.timeout,
-                               kDefaultShmChunkBytes, &why);
+                               std::getenv("DDP_SHM_CHUNK") ? std::strtoull(std::getenv("DDP_SHM_CHUNK"), nullptr, 10) : kDefaultShmChunkBytes, &why);  // TUNING ONLY
     if (!shm.ok()) {
       return absl::Status(shm.status().code(),
                           absl::StrCat(fence, "shared memory bootstrap through the store: ",

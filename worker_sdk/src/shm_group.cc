@@ -81,8 +81,9 @@ constexpr auto kYieldSpin = std::chrono::microseconds(1000);
 constexpr auto kSleepSlice = std::chrono::milliseconds(10);
 
 // Small all-reduces: one barrier while every rank's read of all W inputs
-// (W x bytes) stays this small.
-constexpr std::size_t kSmallAllreduceReadBytes = std::size_t(128) << 10;
+// (W x bytes) stays this small. 2 ranks, pinned, back to back, p50: 256 KiB
+// in one barrier 24 us, in two 32-37 us; 64 KiB 7.5 us either way.
+constexpr std::size_t kSmallAllreduceReadBytes = std::size_t(512) << 10;
 
 std::size_t RoundUp(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
 
