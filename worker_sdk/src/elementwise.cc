@@ -46,8 +46,7 @@ void ReduceTyped(void* c, const void* a, const void* b, std::size_t n) {
 }
 #if defined(__x86_64__)
 template <class T, class Op>
-[[gnu::target("avx2")]] void ReduceTypedAvx2(void* c, const void* a, const void* b,
-                                             std::size_t n) {
+[[gnu::target("avx2")]] void ReduceTypedAvx2(void* c, const void* a, const void* b, std::size_t n) {
   ReduceLoop<T, Op>(c, a, b, n);
 }
 template <class T, class Op>

@@ -55,6 +55,9 @@ struct alignas(64) ShmHeader {
 struct alignas(64) ShmRankState {
   std::atomic<std::int32_t> pid;
   std::atomic<std::uint32_t> epoch;  // barriers this rank entered
+  // The CPU this rank ran on when it last entered a barrier: a waiter whose
+  // missing peer ran on its own CPU yields at once instead of spinning.
+  std::atomic<std::int32_t> cpu;
   // What this rank's collective number c is (ShmGroup::OpSig), in slot c % 2:
   // written before the collective's first barrier, read by the others after
   // it. A rank writes slot c % 2 again only for collective c + 2, after every
@@ -71,12 +74,18 @@ constexpr std::size_t kPage = 4096;
 // How long a waiter spins, then spins yielding the CPU (more ranks than
 // cores: the rank it waits for may need this core), before it sleeps; and how
 // long it sleeps between checks of the deadline, an abort and its peers'
-// pids. Waking a sleeper costs tens of microseconds on a VM. A short plain
-// spin: on a busy machine (2 cores, load 13) 2 us instead of 20 us took
-// 1-16 MiB all-reduces at 2 ranks from 0.18-4.1 ms to 0.12-3.7 ms (three
-// interleaved runs, each size faster in each); the yielding spin lets a
-// descheduled peer have this core.
+// pids. Waking a sleeper costs tens of microseconds on a VM.
+//
+// Spinning helps when the missing peers run on other cores and hurts when
+// one waits for this core: a waiter spins kSpin, then goes on spinning up to
+// kSpinAlone only while no missing peer last ran on its CPU (PeerSharesCpu),
+// else it yields at once. On a busy machine (2 cores, load 13), unpinned
+// ranks often share a core: a 20 us plain spin took 1-16 MiB all-reduces at 2
+// ranks from 0.12-3.7 ms to 0.18-4.1 ms, and 4 KiB calls from 16 to 115 us;
+// pinned to their own cores (as mpirun pins), yielding handed the core to
+// another process for a scheduler slice.
 constexpr auto kSpin = std::chrono::microseconds(2);
+constexpr auto kSpinAlone = std::chrono::microseconds(50);
 constexpr auto kYieldSpin = std::chrono::microseconds(1000);
 constexpr auto kSleepSlice = std::chrono::milliseconds(10);
 
@@ -200,6 +209,18 @@ absl::Status ShmGroup::AbortedStatus(const char* op) const {
       absl::StrCat(op, ": rank ", Name(who), " aborted the group (its own error names why)"));
 }
 
+bool ShmGroup::PeerSharesCpu() const {
+  const int cpu = ::sched_getcpu();
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_ &&
+        static_cast<std::int32_t>(ranks_[r].epoch.load(std::memory_order_relaxed) - epoch_) < 0 &&
+        ranks_[r].cpu.load(std::memory_order_relaxed) == cpu) {
+      return true;
+    }
+  }
+  return false;
+}
+
 std::vector<int> ShmGroup::Missing() const {
   std::vector<int> missing;
   for (int r = 0; r < size_; ++r) {
@@ -269,6 +290,7 @@ absl::Status ShmGroup::Barrier(const char* op, Clock::time_point deadline) {
 absl::Status ShmGroup::Arrive(const char* op, std::uint32_t* target) {
   DDPRUN_RETURN_IF_ERROR(AbortedStatus(op));
   ++epoch_;
+  ranks_[rank_].cpu.store(::sched_getcpu(), std::memory_order_relaxed);
   ranks_[rank_].epoch.store(epoch_, std::memory_order_relaxed);
   *target = epoch_ * static_cast<std::uint32_t>(size_);
   const std::uint32_t now = header_->arrived.fetch_add(1) + 1;
@@ -288,10 +310,13 @@ bool ShmGroup::Arrived(const Posted& posted, std::chrono::nanoseconds spin,
   const auto start = Clock::now();
   for (int i = 1;; ++i) {
     if (reached()) return true;
-    if ((i & 63) == 0 && Clock::now() - start >= spin) break;
+    if ((i & 63) == 0) {
+      const auto spun = Clock::now() - start;
+      if (spun >= yield_until || (spun >= spin && PeerSharesCpu())) break;
+    }
     CpuRelax();
   }
-  // Then yielding the CPU: the peer may be waiting for this core.
+  // Then yielding the CPU: the peer waits for this core.
   while (Clock::now() - start < yield_until) {
     if (reached()) return true;
     ::sched_yield();
@@ -340,7 +365,10 @@ absl::Status ShmGroup::Wait(std::uint32_t target, const char* op, Clock::time_po
   const auto start = Clock::now();
   for (int i = 1;; ++i) {
     if (reached(header_->arrived.load(std::memory_order_acquire))) return absl::OkStatus();
-    if ((i & 63) == 0 && Clock::now() - start >= kSpin) break;
+    if ((i & 63) == 0) {
+      const auto spun = Clock::now() - start;
+      if (spun >= kSpinAlone || (spun >= kSpin && PeerSharesCpu())) break;
+    }
     CpuRelax();
   }
   while (Clock::now() - start < kYieldSpin) {

@@ -35,7 +35,8 @@
 // communication thread completes it (gloo_backend.cc).
 //
 // Barrier: one shared counter; barrier number e completes when it reaches
-// e*W (mod 2^32). Waiters spin briefly, spin yielding the CPU, then sleep on
+// e*W (mod 2^32). Waiters spin (2 us, or up to 50 us while no missing peer
+// last ran on the waiter's CPU), spin yielding the CPU, then sleep on
 // the counter with FUTEX_WAIT in slices, checking between slices for peers
 // that died (their pid is gone), a failure another rank published (the first
 // failing rank writes its cause: a dead peer, a timeout, an Abort(); then
@@ -129,9 +130,9 @@ class ShmGroup {
                              Posted* posted);
   // The first half of a barrier: arrives.
   absl::Status PostBarrier(Posted* posted);
-  // Whether every rank arrived at `posted`'s barrier: spins for `spin`, then
-  // spins yielding the CPU (the peer may need this core) until `yield_until`
-  // after the call.
+  // Whether every rank arrived at `posted`'s barrier, waiting at most
+  // `yield_until`: spins, and after `spin` yields the CPU instead when a
+  // missing peer last ran on this CPU (it waits for this core).
   bool Arrived(const Posted& posted, std::chrono::nanoseconds spin,
                std::chrono::nanoseconds yield_until) const;
   // The second half: waits for the others (until deadline), checks that they
@@ -172,6 +173,8 @@ class ShmGroup {
   void AbortFor(AbortKind kind, int subject, std::int32_t pid);
   absl::Status AbortedStatus(const char* op) const;
   std::vector<int> Missing() const;  // members that did not reach this barrier
+  // Whether a member that did not reach this barrier last ran on this CPU.
+  bool PeerSharesCpu() const;
   int Name(int member) const {
     return member >= 0 && member < static_cast<int>(names_.size()) ? names_[member] : member;
   }
