@@ -20,6 +20,8 @@ namespace {
 // Extra time a waiting store call allows the server to answer by itself.
 constexpr Duration kWaitSlack = std::chrono::seconds(5);
 constexpr Duration kDefaultCallTimeout = std::chrono::seconds(30);
+// WaitForConnected looks for a refused TLS handshake after this long.
+constexpr Duration kFirstConnectSlice = std::chrono::milliseconds(500);
 
 std::chrono::system_clock::time_point DeadlineAfter(Duration d) {
   return std::chrono::system_clock::now() +
@@ -153,7 +155,7 @@ RendezvousClient::RendezvousClient(std::unique_ptr<Impl> impl) : impl_(std::move
 RendezvousClient::~RendezvousClient() = default;
 
 std::unique_ptr<RendezvousClient> RendezvousClient::Create(const std::string& host, int port,
-                                                          const TlsConfig& tls) {
+                                                           const TlsConfig& tls) {
   return std::unique_ptr<RendezvousClient>(
       new RendezvousClient(std::make_unique<Impl>(host, port, tls)));
 }
@@ -161,9 +163,18 @@ std::unique_ptr<RendezvousClient> RendezvousClient::Create(const std::string& ho
 const std::string& RendezvousClient::target() const { return impl_->target_; }
 
 absl::Status RendezvousClient::WaitForConnected(Duration timeout) {
-  if (impl_->channel_->WaitForConnected(DeadlineAfter(timeout))) return absl::OkStatus();
-  // The server may be there and refuse the handshake: say why, once.
-  DDPRUN_RETURN_IF_ERROR(DiagnoseTls(impl_->host_, impl_->port_, impl_->tls_, timeout));
+  // A server that is there but refuses the handshake is named after the
+  // first slice, not at the end of a long wait; then once more at the end.
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  const Duration first = std::min<Duration>(timeout, kFirstConnectSlice);
+  if (impl_->channel_->WaitForConnected(DeadlineAfter(first))) return absl::OkStatus();
+  DDPRUN_RETURN_IF_ERROR(DiagnoseTls(impl_->host_, impl_->port_, impl_->tls_, first));
+  if (std::chrono::steady_clock::now() < end) {
+    if (impl_->channel_->WaitForConnected(DeadlineAfter(end - std::chrono::steady_clock::now()))) {
+      return absl::OkStatus();
+    }
+    DDPRUN_RETURN_IF_ERROR(DiagnoseTls(impl_->host_, impl_->port_, impl_->tls_, first));
+  }
   return absl::UnavailableError("cannot reach the rendezvous at " + impl_->target_ + " within " +
                                 std::to_string(std::chrono::duration<double>(timeout).count()) +
                                 " s; check that ddprund runs there and the endpoint is right");

@@ -7,6 +7,8 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <memory>
@@ -37,7 +39,8 @@ struct SslFree {
 // What the server sent, seen by OpenSSL's message callback.
 struct Seen {
   bool server_hello = false;
-  int alert = -1;  // the description of the server's fatal alert, or -1
+  bool cert_request = false;  // the server asked for a client certificate
+  int alert = -1;             // the description of the server's fatal alert, or -1
 };
 
 void OnMessage(int write_p, int, int content_type, const void* buf, size_t len, SSL*, void* arg) {
@@ -45,6 +48,9 @@ void OnMessage(int write_p, int, int content_type, const void* buf, size_t len, 
   auto* seen = static_cast<Seen*>(arg);
   const auto* b = static_cast<const unsigned char*>(buf);
   if (content_type == SSL3_RT_HANDSHAKE && b[0] == SSL3_MT_SERVER_HELLO) seen->server_hello = true;
+  if (content_type == SSL3_RT_HANDSHAKE && b[0] == SSL3_MT_CERTIFICATE_REQUEST) {
+    seen->cert_request = true;
+  }
   if (content_type == SSL3_RT_ALERT && len >= 2 && b[0] == SSL3_AL_FATAL) seen->alert = b[1];
 }
 
@@ -110,12 +116,40 @@ bool IsIpLiteral(const std::string& host) {
 
 std::string AlertName(int alert) { return SSL_alert_desc_string_long(alert); }
 
+// OpenSSL writes to the socket with write(2): a server that already closed
+// would kill the process with SIGPIPE. Blocks it in this thread for the
+// probe, and discards one that became pending during it.
+class BlockSigpipe {
+ public:
+  BlockSigpipe() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    sigset_t pending;
+    sigpending(&pending);
+    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+    pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
+  }
+  ~BlockSigpipe() {
+    if (!was_pending_) {
+      const timespec zero{0, 0};
+      while (sigtimedwait(&pipe_, nullptr, &zero) == SIGPIPE) {
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+
+ private:
+  sigset_t pipe_{}, old_{};
+  bool was_pending_ = false;
+};
+
 }  // namespace
 
 absl::Status DiagnoseTls(const std::string& host, int port, const TlsConfig& tls,
                          Duration timeout) {
   const TimePoint deadline = std::chrono::steady_clock::now() + std::min(timeout, kMaxProbe);
   const std::string target = FormatHostPort(host, port);
+  BlockSigpipe no_sigpipe;
   auto addresses = net::ResolveTcp(host, port);
   if (!addresses.ok() || addresses->empty()) return absl::OkStatus();
   auto fd = net::ConnectTcp(addresses->front(), deadline);
@@ -151,6 +185,9 @@ absl::Status DiagnoseTls(const std::string& host, int port, const TlsConfig& tls
       s, fd->get(), deadline, [s] { return SSL_connect(s); }, &timed_out);
   ERR_clear_error();
   if (timed_out) return absl::OkStatus();
+  // Whether the server dropped us during or right after the handshake
+  // without a word of HTTP/2 (gRPC does not always send its alert).
+  bool dropped = rc <= 0;
   if (rc > 0) {
     // TLS 1.3: the server checks our certificate after our Finished and
     // refuses with an alert. Send the HTTP/2 preface and read its answer.
@@ -164,6 +201,7 @@ absl::Status DiagnoseTls(const std::string& host, int port, const TlsConfig& tls
     rc = RunUntil(
         s, fd->get(), after, [s, &buf] { return SSL_read(s, buf, sizeof(buf)); }, &timed_out);
     ERR_clear_error();
+    dropped = rc <= 0 && !timed_out;
   }
 
   if (!seen.server_hello) {
@@ -200,6 +238,16 @@ absl::Status DiagnoseTls(const std::string& host, int port, const TlsConfig& tls
     return TlsHandshakeError(
         target,
         absl::StrCat("the server refused this client's certificate (", AlertName(seen.alert), ")"),
+        "check --tls_cert: it must be signed by the CA of the server's --tls_client_ca");
+  }
+  if (dropped && seen.cert_request) {
+    if (!have_cert) {
+      return TlsHandshakeError(
+          target, "the server requires a client certificate (mutual TLS) and this client has none",
+          "give --tls_cert and --tls_key, signed by the CA of the server's --tls_client_ca");
+    }
+    return TlsHandshakeError(
+        target, "the server closed the connection after checking this client's certificate",
         "check --tls_cert: it must be signed by the CA of the server's --tls_client_ca");
   }
   return absl::OkStatus();
