@@ -204,7 +204,7 @@ class GrpcRendezvousSession final : public RendezvousSession {
           // A server that refuses our handshake is there: ConnectClient says why.
           if (!probed.ok() && !rdzv::IsTlsHandshakeError(probed)) {
             const std::string bind = IsLoopbackHost(host) && host != "localhost" ? host : "0.0.0.0";
-            if (HostRendezvous(bind, port).ok()) {
+            if (absl::Status hosted = HostRendezvous(bind, port); hosted.ok()) {
               Log(absl::StrCat("hosting the rendezvous at ", rdzv::FormatHostPort(host, port)));
             } else if (rdzv::KindOf(hosted) == rdzv::ErrorKind::kBadInput) {
               return hosted;  // TLS files unfit to serve (ServerTls)
