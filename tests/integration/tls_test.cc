@@ -6,6 +6,7 @@
 // plaintext server; the server's rate-limited line per refused peer.
 #include "ddprun/rendezvous/tls.h"
 
+#include <grpc/support/log.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -19,6 +20,7 @@
 #include "support/process_helpers.h"
 #include "support/skip.h"
 #include "support/tls_certs.h"
+#include "tls_refusal_log.h"  // rendezvous/src: the server's refusal lines
 
 namespace ddprun::rendezvous {
 namespace {
@@ -243,6 +245,51 @@ TEST_CASE("TLS: server TLS without client certificates; a TLS client against pla
     const absl::Status st = client->WaitForConnected(1s);
     REQUIRE(KindOf(st) == ErrorKind::kConnection);
   }
+}
+
+}  // namespace ddprun::rendezvous
+
+namespace ddprun::rendezvous {
+
+TEST_CASE("TLS refusals on the server: classified by OpenSSL's reason, one line per interval",
+          "[tls]") {
+  constexpr const char* kFile = "src/core/tsi/ssl_transport_security.cc";
+  std::string reason;
+  auto kind = [&](const char* file, gpr_log_severity severity, const char* message) {
+    return ClassifyGrpcLogLine(file, severity, message, &reason);
+  };
+  const char* no_cert =
+      "Handshake failed with fatal error SSL_ERROR_SSL: error:0A0000C7:SSL routines::peer did "
+      "not return a certificate.";
+  REQUIRE(kind(kFile, GPR_LOG_SEVERITY_ERROR, no_cert) == TlsRefusal::kNoClientCert);
+  REQUIRE(kind(kFile, GPR_LOG_SEVERITY_ERROR, "... error:0A000086:SSL routines::x") ==
+          TlsRefusal::kUntrustedClient);
+  REQUIRE(kind(kFile, GPR_LOG_SEVERITY_ERROR, "... error:0A00010B:SSL routines::x") ==
+          TlsRefusal::kPlaintextClient);
+  REQUIRE(kind(kFile, GPR_LOG_SEVERITY_ERROR, "... error:0A000102:SSL routines::x") ==
+          TlsRefusal::kOther);
+  REQUIRE_FALSE(reason.empty());
+  // Not a handshake failure: another file, another severity, no code.
+  REQUIRE_FALSE(kind("src/core/lib/iomgr/tcp_posix.cc", GPR_LOG_SEVERITY_ERROR, no_cert));
+  REQUIRE_FALSE(kind(kFile, GPR_LOG_SEVERITY_DEBUG, no_cert));
+  REQUIRE_FALSE(kind(kFile, GPR_LOG_SEVERITY_ERROR, "Handshake failed: error:nothex"));
+
+  FakeClock clock;
+  RefusalLimiter limiter("ddprund: ", "--tls_client_ca");
+  auto first = limiter.Note(TlsRefusal::kNoClientCert, "", clock.Now());
+  REQUIRE(first);
+  REQUIRE(*first ==
+          "ddprund: refused a TLS client without a certificate (--tls_client_ca requires one); "
+          "give it --tls_cert and --tls_key");
+  clock.Advance(std::chrono::seconds(1));
+  REQUIRE_FALSE(limiter.Note(TlsRefusal::kNoClientCert, "", clock.Now()));
+  REQUIRE_FALSE(limiter.Note(TlsRefusal::kNoClientCert, "", clock.Now()));
+  // Another kind has its own interval.
+  REQUIRE(limiter.Note(TlsRefusal::kPlaintextClient, "", clock.Now()));
+  clock.Advance(kRefusalLogInterval);
+  auto later = limiter.Note(TlsRefusal::kNoClientCert, "", clock.Now());
+  REQUIRE(later);
+  REQUIRE(Has(*later, "(and 2 more like it in the last 11 s)"));
 }
 
 }  // namespace ddprun::rendezvous
