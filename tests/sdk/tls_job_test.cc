@@ -130,3 +130,26 @@ TEST_CASE("agents with the wrong TLS files are refused at once and told the fix"
   h.StopDaemon(*d);
   RemoveTestCerts(c);
 }
+
+TEST_CASE("a single node hosting the rendezvous serves mutual TLS to itself and its workers",
+          "[sdk]") {
+  const TestCerts c = MakeTestCerts();
+  if (!c.ok) return SkipCase("sdk", c.error);
+  Harness h;
+  // client.pem names 127.0.0.1, where the embedded rendezvous is reached.
+  Proc& p = h.StartDdprun("single",
+                          BarrierJob({"--nproc_per_node=2", "--tls_ca", c.ca, "--tls_cert",
+                                      c.client_cert, "--tls_key", c.client_key}),
+                          {{"DDP_TIMEOUT_SEC", "30"}, {"DDP_SHM", "0"}});
+  const int rc = h.Wait(p, 120);
+  INFO(p.Out() << p.Err());
+  REQUIRE(rc == 0);
+  // Without a certificate to serve, hosting it is refused with the fix named.
+  Proc& q = h.StartDdprun("no-cert",
+                          {"--nproc_per_node=1", "--tls_ca", c.ca, "--no_python", "/bin/true"});
+  REQUIRE(h.Wait(q, 30) == 3);
+  REQUIRE(Has(q.Err(),
+              "this node hosts the rendezvous and --tls_ca asks for TLS, but it has no "
+              "--tls_cert; give it --tls_cert and --tls_key"));
+  RemoveTestCerts(c);
+}
