@@ -48,6 +48,25 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const TlsC
   return grpc::CreateCustomChannel(target, MakeChannelCredentials(tls), args);
 }
 
+// Waits up to `timeout` for the channel to connect. A server that is there
+// but refuses the handshake is named after the first slice, not at the end of
+// a long wait, and once more at the end. Ok: connected; TlsHandshakeError;
+// or DeadlineExceeded: not connected, and no TLS problem found.
+absl::Status WaitOrDiagnose(grpc::Channel& channel, const std::string& host, int port,
+                            const TlsConfig& tls, Duration timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  const Duration first = std::min<Duration>(timeout, kFirstConnectSlice);
+  if (channel.WaitForConnected(DeadlineAfter(first))) return absl::OkStatus();
+  DDPRUN_RETURN_IF_ERROR(DiagnoseTls(host, port, tls, first));
+  if (std::chrono::steady_clock::now() < end) {
+    if (channel.WaitForConnected(DeadlineAfter(end - std::chrono::steady_clock::now()))) {
+      return absl::OkStatus();
+    }
+    DDPRUN_RETURN_IF_ERROR(DiagnoseTls(host, port, tls, first));
+  }
+  return absl::DeadlineExceededError("not connected");
+}
+
 }  // namespace
 
 // ------------------------------------------------------------- JoinStream
@@ -163,18 +182,9 @@ std::unique_ptr<RendezvousClient> RendezvousClient::Create(const std::string& ho
 const std::string& RendezvousClient::target() const { return impl_->target_; }
 
 absl::Status RendezvousClient::WaitForConnected(Duration timeout) {
-  // A server that is there but refuses the handshake is named after the
-  // first slice, not at the end of a long wait; then once more at the end.
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  const Duration first = std::min<Duration>(timeout, kFirstConnectSlice);
-  if (impl_->channel_->WaitForConnected(DeadlineAfter(first))) return absl::OkStatus();
-  DDPRUN_RETURN_IF_ERROR(DiagnoseTls(impl_->host_, impl_->port_, impl_->tls_, first));
-  if (std::chrono::steady_clock::now() < end) {
-    if (impl_->channel_->WaitForConnected(DeadlineAfter(end - std::chrono::steady_clock::now()))) {
-      return absl::OkStatus();
-    }
-    DDPRUN_RETURN_IF_ERROR(DiagnoseTls(impl_->host_, impl_->port_, impl_->tls_, first));
-  }
+  const absl::Status st =
+      WaitOrDiagnose(*impl_->channel_, impl_->host_, impl_->port_, impl_->tls_, timeout);
+  if (st.ok() || IsTlsHandshakeError(st)) return st;
   return absl::UnavailableError("cannot reach the rendezvous at " + impl_->target_ + " within " +
                                 std::to_string(std::chrono::duration<double>(timeout).count()) +
                                 " s; check that ddprund runs there and the endpoint is right");
@@ -262,8 +272,9 @@ GrpcStore::GrpcStore(const std::string& host, int port, StoreScope scope, const 
 GrpcStore::~GrpcStore() = default;
 
 absl::Status GrpcStore::CheckTls(Duration timeout) {
-  if (impl_->channel_->WaitForConnected(DeadlineAfter(timeout))) return absl::OkStatus();
-  return DiagnoseTls(impl_->host_, impl_->port_, impl_->tls_, timeout);
+  const absl::Status st =
+      WaitOrDiagnose(*impl_->channel_, impl_->host_, impl_->port_, impl_->tls_, timeout);
+  return IsTlsHandshakeError(st) ? st : absl::OkStatus();
 }
 
 absl::Status GrpcStore::Set(const std::string& key, const std::string& value) {
