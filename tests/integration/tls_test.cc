@@ -32,10 +32,13 @@ bool Has(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-// The certificates of this program, made once.
+// The certificates of this program, made once, removed at exit.
 const TestCerts& Certs() {
-  static const TestCerts certs = test::MakeTestCerts();
-  return certs;
+  static const struct Owned {
+    TestCerts certs = test::MakeTestCerts();
+    ~Owned() { test::RemoveTestCerts(certs); }
+  } owned;
+  return owned.certs;
 }
 
 std::string Message(const absl::Status& st) { return std::string(st.message()); }
