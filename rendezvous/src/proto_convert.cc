@@ -53,6 +53,8 @@ JoinSpec FromProto(const pb::JoinRequest& p) {
   s.command = p.command();
   s.resume_round = p.resume_node_id().empty() ? -1 : p.resume_round();
   s.resume_node_id = p.resume_node_id();
+  s.hang_timeout_s = p.hang_timeout_s();
+  s.on_hang = p.on_hang();
   return s;
 }
 
@@ -74,6 +76,8 @@ pb::JoinRequest ToProto(const JoinSpec& s) {
   p.set_command(s.command);
   p.set_resume_round(s.resume_round);
   p.set_resume_node_id(s.resume_node_id);
+  p.set_hang_timeout_s(s.hang_timeout_s);
+  p.set_on_hang(s.on_hang);
   return p;
 }
 
