@@ -37,6 +37,14 @@ std::string Cut(std::string s, std::size_t max, std::int64_t* anomalies) {
   return s;
 }
 
+// Names that become Prometheus label values and JSON keys: printable ASCII.
+bool PrintableName(const std::string& s) {
+  for (char c : s) {
+    if (c < 0x20 || c > 0x7e) return false;
+  }
+  return true;
+}
+
 bool KnownState(const std::string& s) {
   return s == "running" || s == "exited" || s == "failed" || s == "stopped";
 }
@@ -255,6 +263,7 @@ bool Ingest(RankState& r, RankSample s, TimePoint now, double unix_s) {
   }
   v.in_collective = s.in_collective;
   v.collective_op = Cut(std::move(s.collective_op), kMaxNameBytes, &bad);
+  if (!PrintableName(v.collective_op)) v.collective_op = (++bad, "?");
   const double comm = Clean(s.comm_seconds_total, 0, kMaxSeconds, prev_comm, &bad);
   v.comm_seconds_total = std::max(comm, prev_comm);
 
@@ -286,6 +295,10 @@ bool Ingest(RankState& r, RankSample s, TimePoint now, double unix_s) {
     }
     CollectiveStat out;
     out.op = Cut(std::move(c.op), kMaxNameBytes, &bad);
+    if (!PrintableName(out.op)) {
+      ++bad;
+      out.op = "?";
+    }
     out.count = static_cast<std::int64_t>(Clean(static_cast<double>(c.count), 0, kMaxCount, 0, &bad));
     out.bytes_total =
         static_cast<std::int64_t>(Clean(static_cast<double>(c.bytes_total), 0, kMaxCount, 0, &bad));
@@ -298,7 +311,8 @@ bool Ingest(RankState& r, RankSample s, TimePoint now, double unix_s) {
   v.scalars_dropped = static_cast<std::int64_t>(
       Clean(static_cast<double>(s.scalars_dropped), 0, kMaxCount, 0, &bad));
   for (auto& [name, value] : s.scalars) {
-    if (name.empty() || name.size() > kMaxScalarNameBytes || !std::isfinite(value) ||
+    if (name.empty() || name.size() > kMaxScalarNameBytes || !PrintableName(name) ||
+        !std::isfinite(value) ||
         v.scalars.size() == kMaxScalarsPerRank) {
       ++v.scalars_dropped;
       continue;

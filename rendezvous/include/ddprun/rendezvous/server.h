@@ -35,6 +35,14 @@ struct ServerOptions {
   Duration lease_timeout = kDefaultLeaseTimeout;
   // Hosts that keep failing are refused for a while (see job_rendezvous.h).
   QuarantinePolicy quarantine;
+  // Monitoring (docs/monitoring.md): the HTTP port of the dashboard, the
+  // JSON API and /metrics. -1: off; 0: the OS picks one (see
+  // dashboard_port()). A port in use fails Start with dashboard_listen_fix.
+  int dashboard_port = -1;
+  std::string dashboard_host;  // "": the same as host
+  std::string dashboard_listen_fix = "pick another --dashboard_port, or `off`";
+  // Print every hang report on stderr (ddprund's log).
+  bool log_hangs = false;
 };
 
 class RendezvousServer {
@@ -46,6 +54,8 @@ class RendezvousServer {
   ~RendezvousServer();  // Shutdown() then join.
 
   int port() const;
+  // The monitoring HTTP port, -1 when it is off.
+  int dashboard_port() const;
   // Stops accepting calls and ends every open stream (with a deadline).
   void Shutdown();
   // Blocks until Shutdown() is called from another thread.
