@@ -197,7 +197,10 @@ class GrpcRendezvousSession final : public RendezvousSession {
           auto probe = rdzv::RendezvousClient::Create(host, port);
           if (!probe->WaitForConnected(kHostProbe).ok()) {
             const std::string bind = IsLoopbackHost(host) && host != "localhost" ? host : "0.0.0.0";
-            if (HostRendezvous(bind, port).ok()) {
+            absl::Status hosted = HostRendezvous(bind, port);
+            // The dashboard's port in use is the user's to fix, not a race.
+            if (rdzv::KindOf(hosted) == rdzv::ErrorKind::kBadInput) return hosted;
+            if (hosted.ok()) {
               Log(absl::StrCat("hosting the rendezvous at ", rdzv::FormatHostPort(host, port)));
             }
             // Otherwise another local agent bound it first: join it as a client.
@@ -221,7 +224,16 @@ class GrpcRendezvousSession final : public RendezvousSession {
     rdzv::ServerOptions so;
     so.host = bind_host;
     so.port = port;
+    so.dashboard_port = options_.dashboard_port;
+    so.dashboard_listen_fix = "pick another --dashboard_port, or --dashboard_port=off";
     DDPRUN_ASSIGN_OR_RETURN(server_, rdzv::RendezvousServer::Start(so));
+    if (server_->dashboard_port() >= 0) {
+      const std::string shown = IsAnyAddress(bind_host)
+                                    ? (options_.local_addr.empty() ? Hostname() : options_.local_addr)
+                                    : bind_host;
+      Log(absl::StrCat("dashboard at http://", rdzv::FormatHostPort(shown, server_->dashboard_port()),
+                       "/ (Prometheus: /metrics; `ddprun top` for a terminal view)"));
+    }
     DDPRUN_DEBUG_LOG(kAgent) << "hosting the rendezvous on "
                              << rdzv::FormatHostPort(bind_host, server_->port());
     return absl::OkStatus();

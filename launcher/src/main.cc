@@ -11,6 +11,7 @@
 #include "ddprun/agent/worker_env.h"
 #include "ddprun/launcher/cli.h"
 #include "ddprun/launcher/status_command.h"
+#include "ddprun/launcher/top_command.h"
 #include "ddprun/rendezvous/exit_codes.h"
 
 int main(int argc, char** argv) {
@@ -18,6 +19,10 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "status") {
     return ddprun::launcher::RunStatusCommand(std::vector<std::string>(argv, argv + argc),
                                               std::cout, std::cerr);
+  }
+  if (argc > 1 && std::string(argv[1]) == "top") {
+    return ddprun::launcher::RunTopCommand(std::vector<std::string>(argv, argv + argc), std::cout,
+                                           std::cerr);
   }
   // First, so that every thread started later inherits the mask.
   ddprun::agent::BlockAgentSignals();

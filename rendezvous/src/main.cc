@@ -194,7 +194,8 @@ int main(int argc, char** argv) {
   std::cout << "ddprund listening on "
             << ddprun::rendezvous::FormatHostPort(options.host, (*server)->port()) << std::endl;
   if ((*server)->dashboard_port() >= 0) {
-    std::cout << "ddprund dashboard at http://"
+    // stderr: stdout's one ready line is a contract for scripts.
+    std::cerr << "ddprund dashboard at http://"
               << ddprun::rendezvous::FormatHostPort(
                      options.host == "0.0.0.0" ? "127.0.0.1" : options.host,
                      (*server)->dashboard_port())

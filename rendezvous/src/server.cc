@@ -503,7 +503,9 @@ absl::Status RendezvousServer::Impl::Start() {
     });
     if (!http.ok()) {
       Shutdown();
-      return absl::UnavailableError("dashboard: " + std::string(http.status().message()));
+      // Bad input (the flag names a port in use), not a rendezvous port
+      // another agent holds: callers tell the two apart by kind.
+      return absl::InvalidArgumentError("dashboard: " + std::string(http.status().message()));
     }
     http_ = std::move(*http);
   }

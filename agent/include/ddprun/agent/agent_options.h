@@ -45,6 +45,9 @@ struct AgentOptions {
   std::string master_addr = "127.0.0.1";  // static
   int master_port = rendezvous::kDefaultMasterPort;  // static
   std::string local_addr;         // address advertised to other nodes ("" = hostname)
+  // The monitoring HTTP port of the rendezvous this agent hosts (dashboard,
+  // /api, /metrics): 0 the OS picks, -1 (rendezvous::kDashboardOff) off.
+  int dashboard_port = 0;
 
   // Workers.
   std::vector<std::string> command;  // argv of each worker, before ${local_rank} substitution

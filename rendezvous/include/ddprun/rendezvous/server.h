@@ -37,7 +37,8 @@ struct ServerOptions {
   QuarantinePolicy quarantine;
   // Monitoring (docs/monitoring.md): the HTTP port of the dashboard, the
   // JSON API and /metrics. -1: off; 0: the OS picks one (see
-  // dashboard_port()). A port in use fails Start with dashboard_listen_fix.
+  // dashboard_port()). A port in use fails Start with InvalidArgument
+  // "dashboard: cannot listen on HOST:PORT: <why>; <dashboard_listen_fix>".
   int dashboard_port = -1;
   std::string dashboard_host;  // "": the same as host
   std::string dashboard_listen_fix = "pick another --dashboard_port, or `off`";
