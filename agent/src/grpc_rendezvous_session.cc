@@ -181,6 +181,8 @@ class GrpcRendezvousSession final : public RendezvousSession {
       case RendezvousMode::kEmbedded: {
         const std::string bind = options_.rdzv_host.empty() ? "0.0.0.0" : options_.rdzv_host;
         if (absl::Status st = HostRendezvous(bind, options_.rdzv_port); !st.ok()) {
+          // The dashboard's port in use names its own flag and fix.
+          if (rdzv::KindOf(st) == rdzv::ErrorKind::kBadInput) return st;
           return absl::UnavailableError(absl::StrCat(
               "cannot host the rendezvous on ", rdzv::FormatHostPort(bind, options_.rdzv_port),
               ": ", st.message(), "; pick a free port or another --rdzv_endpoint"));
@@ -232,7 +234,9 @@ class GrpcRendezvousSession final : public RendezvousSession {
                                     ? (options_.local_addr.empty() ? Hostname() : options_.local_addr)
                                     : bind_host;
       Log(absl::StrCat("dashboard at http://", rdzv::FormatHostPort(shown, server_->dashboard_port()),
-                       "/ (Prometheus: /metrics; `ddprun top` for a terminal view)"));
+                       "/ (Prometheus: /metrics; in a terminal: ddprun top --rdzv_endpoint ",
+                       rdzv::FormatHostPort(shown, server_->port()), " --job ", options_.job_id,
+                       ")"));
     }
     DDPRUN_DEBUG_LOG(kAgent) << "hosting the rendezvous on "
                              << rdzv::FormatHostPort(bind_host, server_->port());
