@@ -15,7 +15,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -35,8 +35,6 @@
 #include "ddprun/rendezvous/client.h"
 #include "nlohmann/json.hpp"
 #include "support/simulated_job.h"
-
-extern char** environ;
 
 namespace {
 
@@ -137,11 +135,16 @@ int main(int argc, char** argv) {
   std::vector<char*> cargv;
   for (auto& s : args) cargv.push_back(s.data());
   cargv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-  pid_t pid = 0;
-  if (posix_spawn(&pid, ddprund.c_str(), &fa, nullptr, cargv.data(), environ) != 0) {
+  // The daemon dies with this process (PR_SET_PDEATHSIG), however it ends.
+  const pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    const int null = open("/dev/null", O_WRONLY);
+    dup2(null, 1);
+    execv(ddprund.c_str(), cargv.data());
+    _exit(127);
+  }
+  if (pid < 0) {
     std::fprintf(stderr, "metrics_bench: cannot start %s\n", ddprund.c_str());
     return 1;
   }

@@ -81,6 +81,8 @@ struct RankState {
   StepWindow steps;    // step durations
   StepWindow compute;  // step durations minus the step's time in collectives
   RateWindow rates;
+  // Cached when a step arrives, so that a view of 8192 ranks costs O(ranks).
+  double compute_median = -1;
   bool seen = false;
   TimePoint received{};
 };
@@ -287,6 +289,12 @@ bool Ingest(RankState& r, RankSample s, TimePoint now, double unix_s) {
     ++v.step_count;
   }
 
+  if (take > 0) {
+    v.step_p50_s = r.steps.Quantile(0.5);
+    v.step_p90_s = r.steps.Quantile(0.9);
+    r.compute_median = r.compute.size() >= kStragglerMinSteps ? r.compute.Quantile(0.5) : -1;
+  }
+
   v.collectives.clear();
   for (auto& c : s.collectives) {
     if (v.collectives.size() == kMaxCollectiveOps) {
@@ -455,16 +463,13 @@ Aggregate Compute(std::map<int, RankState>& ranks, TimePoint now) {
     RankView& v = r.v;
     v.steps_per_s = r.rates.StepsPerSecond(now);
     v.samples_per_s = r.rates.SamplesPerSecond(now);
-    v.step_p50_s = r.steps.Quantile(0.5);
-    v.step_p90_s = r.steps.Quantile(0.9);
     v.age_s = r.seen ? Secs(now - r.received) : -1;
     if (v.samples_per_s >= 0) a.samples_per_s = std::max(0.0, a.samples_per_s) + v.samples_per_s;
     a.steps_per_s += v.steps_per_s;
     ++counted;
     if (v.step_p50_s > a.step_time_s) a.step_time_s = v.step_p50_s;
-    if (r.compute.size() >= kStragglerMinSteps) {
-      const double med = r.compute.Quantile(0.5);
-      if (fastest < 0 || med < fastest) fastest = med;
+    if (r.compute_median > 0 && (fastest < 0 || r.compute_median < fastest)) {
+      fastest = r.compute_median;
     }
   }
   if (counted > 0) a.steps_per_s /= counted;  // the job's steps/s: the ranks' mean
@@ -473,8 +478,8 @@ Aggregate Compute(std::map<int, RankState>& ranks, TimePoint now) {
     v.straggler = false;
     v.straggler_gap_s = 0;
     v.slowdown = 0;
-    if (fastest > 0 && r.compute.size() >= kStragglerMinSteps) {
-      const double med = r.compute.Quantile(0.5);
+    if (fastest > 0 && r.compute_median > 0) {
+      const double med = r.compute_median;
       v.straggler_gap_s = med - fastest;
       v.slowdown = med / fastest;
       v.straggler = v.slowdown >= kStragglerRatio && v.state == "running";
