@@ -72,7 +72,8 @@ std::string Get(int port, const std::string& target) {
   (void)::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
   std::string resp;
   char buf[1 << 16];
-  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) resp.append(buf, static_cast<size_t>(n));
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;)
+    resp.append(buf, static_cast<size_t>(n));
   ::close(fd);
   const auto body = resp.find("\r\n\r\n");
   return body == std::string::npos ? "" : resp.substr(body + 4);
@@ -116,12 +117,17 @@ int main(int argc, char** argv) {
       continue;
     }
     const std::string v = argv[++i];
-    if (a == "--nodes") nodes = std::stoi(v);
-    else if (a == "--nproc") nproc = std::stoi(v);
-    else if (a == "--seconds") seconds = std::stod(v);
-    else if (a == "--idle") idle = std::stod(v);
+    if (a == "--nodes")
+      nodes = std::stoi(v);
+    else if (a == "--nproc")
+      nproc = std::stoi(v);
+    else if (a == "--seconds")
+      seconds = std::stod(v);
+    else if (a == "--idle")
+      idle = std::stod(v);
     else {
-      std::fprintf(stderr, "metrics_bench: unknown flag %s; see the top of bench/metrics_bench.cc\n",
+      std::fprintf(stderr,
+                   "metrics_bench: unknown flag %s; see the top of bench/metrics_bench.cc\n",
                    a.c_str());
       return 2;
     }
@@ -130,8 +136,8 @@ int main(int argc, char** argv) {
   const std::string ddprund = self.substr(0, self.rfind('/') + 1) + "ddprund";
   const int port = FreePort(), dport = FreePort();
   const std::string ps = std::to_string(port), ds = std::to_string(dport);
-  std::vector<std::string> args = {ddprund, "--host", "127.0.0.1", "--port", ps,
-                                   "--dashboard_port", ds};
+  std::vector<std::string> args = {ddprund, "--host",           "127.0.0.1", "--port",
+                                   ps,      "--dashboard_port", ds};
   std::vector<char*> cargv;
   for (auto& s : args) cargv.push_back(s.data());
   cargv.push_back(nullptr);
@@ -167,7 +173,8 @@ int main(int argc, char** argv) {
   }
   auto assignments = job.FormRound();
   if (!assignments.ok()) {
-    std::fprintf(stderr, "metrics_bench: %s\n", std::string(assignments.status().message()).c_str());
+    std::fprintf(stderr, "metrics_bench: %s\n",
+                 std::string(assignments.status().message()).c_str());
     stop_daemon();
     return 1;
   }
@@ -193,8 +200,8 @@ int main(int argc, char** argv) {
       for (long tick = 0; !stop; ++tick) {
         const auto tick_start = t_start + std::chrono::seconds(tick);
         for (int n = t; n < nodes && !stop; n += threads) {
-          std::this_thread::sleep_until(tick_start + std::chrono::microseconds(
-                                                         1000000LL * n / std::max(1, nodes)));
+          std::this_thread::sleep_until(
+              tick_start + std::chrono::microseconds(1000000LL * n / std::max(1, nodes)));
           const auto& as = (*assignments)[static_cast<size_t>(n)];
           ddprun::rendezvous::MetricsReport r;
           r.job_id = "bench";

@@ -158,13 +158,15 @@ std::string FormatHangReport(const HangReportInput& in) {
     }
   }
   if (in.on_hang == "restart") {
-    absl::StrAppend(&out, "  on_hang=restart: the round restarts; this counts as a failure "
-                          "against --max_restarts\n");
+    absl::StrAppend(&out,
+                    "  on_hang=restart: the round restarts; this counts as a failure "
+                    "against --max_restarts\n");
   } else if (in.on_hang == "abort") {
     absl::StrAppend(&out, "  on_hang=abort: the job is closed as failed\n");
   } else {
-    absl::StrAppend(&out, "  on_hang=report: nothing is stopped; the report repeats if progress "
-                          "resumes and stops again\n");
+    absl::StrAppend(&out,
+                    "  on_hang=report: nothing is stopped; the report repeats if progress "
+                    "resumes and stops again\n");
   }
   return out;
 }

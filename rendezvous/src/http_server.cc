@@ -92,10 +92,9 @@ class HttpServer::Impl::Session : public std::enable_shared_from_this<Session> {
     parser_->header_limit(static_cast<std::uint32_t>(server_->options_.max_header_bytes));
     parser_->body_limit(0);
     stream_.expires_after(server_->options_.read_timeout);
-    http::async_read(stream_, buffer_, *parser_,
-                     [self = shared_from_this()](beast::error_code ec, std::size_t) {
-                       self->OnRead(ec);
-                     });
+    http::async_read(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, std::size_t) { self->OnRead(ec); });
   }
 
   void OnRead(beast::error_code ec) {
@@ -168,7 +167,6 @@ void HttpServer::Impl::Accept() {
     Accept();
   });
 }
-
 
 HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 HttpServer::~HttpServer() { Stop(); }

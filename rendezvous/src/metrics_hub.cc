@@ -13,8 +13,8 @@
 namespace ddprun::rendezvous {
 namespace {
 
-constexpr double kMaxCount = 1e15;    // steps, samples: more is a bad value
-constexpr double kMaxSeconds = 1e9;   // cumulative seconds
+constexpr double kMaxCount = 1e15;   // steps, samples: more is a bad value
+constexpr double kMaxSeconds = 1e9;  // cumulative seconds
 constexpr double kMaxStepSeconds = 1e6;
 constexpr std::uint64_t kMaxBytes = std::uint64_t{1} << 50;
 constexpr std::size_t kMaxNameBytes = 64;  // collective op names
@@ -132,11 +132,11 @@ struct MetricsHub::Job {
 
 MetricsHub::MetricsHub(MetricsHubOptions options)
     : options_(std::move(options)), clock_(*options_.clock), start_(clock_.Now()) {
-  unix_at_start_ = options_.unix_at_start >= 0
-                       ? options_.unix_at_start
-                       : std::chrono::duration<double>(
-                             std::chrono::system_clock::now().time_since_epoch())
-                             .count();
+  unix_at_start_ =
+      options_.unix_at_start >= 0
+          ? options_.unix_at_start
+          : std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+                .count();
 }
 
 MetricsHub::~MetricsHub() = default;
@@ -199,8 +199,8 @@ void MetricsHub::OnJobChange(const JobChange& c) {
       job.last_progress = clock_.Now();
       job.stacks_wanted.clear();
       AddEvent(job, unix_now, "round",
-               absl::StrCat("round ", c.round, " running: ", c.nodes.size(), " node(s), world size ",
-                            c.world_size, ", restarts ", c.restart_count));
+               absl::StrCat("round ", c.round, " running: ", c.nodes.size(),
+                            " node(s), world size ", c.world_size, ", restarts ", c.restart_count));
       break;
     }
     case JobChange::Kind::kRestart:
@@ -307,7 +307,8 @@ bool Ingest(RankState& r, RankSample s, TimePoint now, double unix_s) {
       ++bad;
       out.op = "?";
     }
-    out.count = static_cast<std::int64_t>(Clean(static_cast<double>(c.count), 0, kMaxCount, 0, &bad));
+    out.count =
+        static_cast<std::int64_t>(Clean(static_cast<double>(c.count), 0, kMaxCount, 0, &bad));
     out.bytes_total =
         static_cast<std::int64_t>(Clean(static_cast<double>(c.bytes_total), 0, kMaxCount, 0, &bad));
     out.seconds_total = Clean(c.seconds_total, 0, kMaxSeconds, 0, &bad);
@@ -320,8 +321,7 @@ bool Ingest(RankState& r, RankSample s, TimePoint now, double unix_s) {
       Clean(static_cast<double>(s.scalars_dropped), 0, kMaxCount, 0, &bad));
   for (auto& [name, value] : s.scalars) {
     if (name.empty() || name.size() > kMaxScalarNameBytes || !PrintableName(name) ||
-        !std::isfinite(value) ||
-        v.scalars.size() == kMaxScalarsPerRank) {
+        !std::isfinite(value) || v.scalars.size() == kMaxScalarsPerRank) {
       ++v.scalars_dropped;
       continue;
     }
@@ -366,9 +366,8 @@ absl::StatusOr<MetricsReply> MetricsHub::Report(MetricsReport report) {
     }
     Job& job = *it->second;
     if (job.state != "running" || report.round != job.round) {
-      return refuse(absl::StrCat("metrics for a round that is not running (the job is ",
-                                 job.state, " in round ", job.round,
-                                 "); the agent must re-join"));
+      return refuse(absl::StrCat("metrics for a round that is not running (the job is ", job.state,
+                                 " in round ", job.round, "); the agent must re-join"));
     }
     auto nit = job.nodes.find(report.node_id);
     if (nit == job.nodes.end()) {
@@ -378,8 +377,8 @@ absl::StatusOr<MetricsReply> MetricsHub::Report(MetricsReport report) {
     ++counters_.reports;
     node.reported = true;
     node.last_report = now;
-    const double unix_s = std::isfinite(report.unix_s) && report.unix_s > 0 ? report.unix_s
-                                                                            : UnixNow();
+    const double unix_s =
+        std::isfinite(report.unix_s) && report.unix_s > 0 ? report.unix_s : UnixNow();
     bool progressed = false;
     std::set<int> done;
     for (auto& s : report.ranks) {
@@ -393,7 +392,8 @@ absl::StatusOr<MetricsReply> MetricsHub::Report(MetricsReport report) {
     for (auto& e : report.events) {
       if (++events > static_cast<std::int64_t>(kMaxEventsPerReport)) break;
       std::int64_t ignored = 0;
-      AddEvent(job, UnixNow(), "agent", node.host + ": " + Cut(std::move(e), kMaxEventBytes, &ignored));
+      AddEvent(job, UnixNow(), "agent",
+               node.host + ": " + Cut(std::move(e), kMaxEventBytes, &ignored));
     }
     if (progressed) {
       job.last_progress = now;
@@ -558,11 +558,10 @@ void MetricsHub::TickJobLocked(Job& job, TimePoint now, std::vector<std::functio
       job.pending.on_hang = OnHangName(job.on_hang);
       job.pending.verdict = FindHangCulprits(hr);
       job.pending.ranks = std::move(hr);
-      job.stacks_wanted.assign(
-          job.pending.verdict.culprits.begin(),
-          job.pending.verdict.culprits.begin() +
-              static_cast<std::ptrdiff_t>(
-                  std::min(kMaxStackCaptures, job.pending.verdict.culprits.size())));
+      job.stacks_wanted.assign(job.pending.verdict.culprits.begin(),
+                               job.pending.verdict.culprits.begin() +
+                                   static_cast<std::ptrdiff_t>(std::min(
+                                       kMaxStackCaptures, job.pending.verdict.culprits.size())));
       for (int c : job.stacks_wanted) job.nodes[job.ranks.at(c).v.node_id].capture.push_back(c);
       job.hang = Hang::kCapturing;
       job.hang_deadline = now + options_.stack_wait;
@@ -584,7 +583,8 @@ void MetricsHub::TickJobLocked(Job& job, TimePoint now, std::vector<std::functio
       job.hang = Hang::kReported;
       if (options_.act) {
         after->push_back([act = options_.act, id = job.id, round = job.round, node = job.act_node,
-                          what = job.on_hang, f = job.act_failure] { act(id, round, node, what, f); });
+                          what = job.on_hang,
+                          f = job.act_failure] { act(id, round, node, what, f); });
       }
       return;
     }
@@ -616,7 +616,8 @@ absl::StatusOr<JobView> MetricsHub::View(const std::string& job_id, bool with_hi
   v.hang_timeout_s = job.hang_timeout_s;
   v.on_hang = OnHangName(job.on_hang);
   bool source = false;
-  for (const auto& [rank, r] : job.ranks) source |= r.v.has_progress_source || r.v.collective_seq > 0;
+  for (const auto& [rank, r] : job.ranks)
+    source |= r.v.has_progress_source || r.v.collective_seq > 0;
   if (job.hang_timeout_s <= 0) {
     v.hang_state = "off";
   } else if (job.state != "running") {

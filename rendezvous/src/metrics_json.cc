@@ -50,36 +50,37 @@ std::string JobViewJson(const JobView& v) {
     }
     Json scalars = Json::object();
     for (const auto& [k, x] : r.scalars) scalars[k] = x;
-    ranks.push_back({{"rank", r.rank},
-                     {"local_rank", r.local_rank},
-                     {"node_id", r.node_id},
-                     {"host", r.host},
-                     {"pid", r.pid},
-                     {"state", r.state},
-                     {"has_progress_source", r.has_progress_source},
-                     {"steps", r.steps},
-                     {"step_p50_s", Known(r.step_p50_s)},
-                     {"step_p90_s", Known(r.step_p90_s)},
-                     {"steps_per_s", r.steps_per_s},
-                     {"samples_per_s", Known(r.samples_per_s)},
-                     {"samples_total", Known(r.samples_total)},
-                     {"collective_seq", r.collective_seq},
-                     {"in_collective", r.in_collective},
-                     {"collective_op", r.collective_op},
-                     {"comm_seconds_total", r.comm_seconds_total},
-                     {"collectives", std::move(colls)},
-                     {"scalars", std::move(scalars)},
-                     {"scalars_dropped", r.scalars_dropped},
-                     {"cpu_percent", r.cpu_percent},
-                     {"rss_bytes", r.rss_bytes},
-                     {"gpu_util_percent", Known(r.gpu_util_percent)},
-                     {"gpu_mem_bytes", r.gpu_util_percent < 0 ? Json(nullptr) : Json(r.gpu_mem_bytes)},
-                     {"straggler", r.straggler},
-                     {"straggler_gap_s", r.straggler_gap_s},
-                     {"slowdown", r.slowdown},
-                     {"report_unix_s", r.report_unix_s},
-                     {"age_s", Known(r.age_s)},
-                     {"anomalies", r.anomalies}});
+    ranks.push_back(
+        {{"rank", r.rank},
+         {"local_rank", r.local_rank},
+         {"node_id", r.node_id},
+         {"host", r.host},
+         {"pid", r.pid},
+         {"state", r.state},
+         {"has_progress_source", r.has_progress_source},
+         {"steps", r.steps},
+         {"step_p50_s", Known(r.step_p50_s)},
+         {"step_p90_s", Known(r.step_p90_s)},
+         {"steps_per_s", r.steps_per_s},
+         {"samples_per_s", Known(r.samples_per_s)},
+         {"samples_total", Known(r.samples_total)},
+         {"collective_seq", r.collective_seq},
+         {"in_collective", r.in_collective},
+         {"collective_op", r.collective_op},
+         {"comm_seconds_total", r.comm_seconds_total},
+         {"collectives", std::move(colls)},
+         {"scalars", std::move(scalars)},
+         {"scalars_dropped", r.scalars_dropped},
+         {"cpu_percent", r.cpu_percent},
+         {"rss_bytes", r.rss_bytes},
+         {"gpu_util_percent", Known(r.gpu_util_percent)},
+         {"gpu_mem_bytes", r.gpu_util_percent < 0 ? Json(nullptr) : Json(r.gpu_mem_bytes)},
+         {"straggler", r.straggler},
+         {"straggler_gap_s", r.straggler_gap_s},
+         {"slowdown", r.slowdown},
+         {"report_unix_s", r.report_unix_s},
+         {"age_s", Known(r.age_s)},
+         {"anomalies", r.anomalies}});
   }
   j["ranks"] = std::move(ranks);
   Json series = Json::array();
@@ -90,7 +91,8 @@ std::string JobViewJson(const JobView& v) {
   j["series"] = std::move(series);
   Json events = Json::array();
   for (const auto& e : v.events) {
-    events.push_back({{"unix_s", e.unix_s}, {"round", e.round}, {"kind", e.kind}, {"text", e.text}});
+    events.push_back(
+        {{"unix_s", e.unix_s}, {"round", e.round}, {"kind", e.kind}, {"text", e.text}});
   }
   j["events"] = std::move(events);
   Json failures = Json::array();

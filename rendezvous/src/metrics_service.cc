@@ -34,8 +34,8 @@ MetricsReport FromProto(const pb::MetricsReport& p) {
     x.comm_seconds_total = s.comm_seconds_total();
     for (int c = 0; c < s.collectives_size() && c <= static_cast<int>(kMaxCollectiveOps); ++c) {
       const auto& cs = s.collectives(c);
-      x.collectives.push_back(
-          {cs.op().substr(0, 256), cs.count(), cs.bytes_total(), cs.seconds_total(), cs.busbw_gbps()});
+      x.collectives.push_back({cs.op().substr(0, 256), cs.count(), cs.bytes_total(),
+                               cs.seconds_total(), cs.busbw_gbps()});
     }
     std::size_t kept = 0;
     for (const auto& [k, v] : s.scalars()) {

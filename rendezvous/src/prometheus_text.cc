@@ -95,24 +95,34 @@ std::string PrometheusText(const std::vector<JobView>& views, const HubCounters&
     for (const auto& j : views) fn(j);
   };
   per_job("ddprun_job_info", "gauge", "1 for every job; its state is a label.",
-          [&](const JobView& j) { w.Sample("ddprun_job_info", JobLabels(j) + "," + Label("state", j.state), 1); });
+          [&](const JobView& j) {
+            w.Sample("ddprun_job_info", JobLabels(j) + "," + Label("state", j.state), 1);
+          });
   per_job("ddprun_job_world_size", "gauge", "Workers (ranks) in the job's current round.",
           [&](const JobView& j) { w.Sample("ddprun_job_world_size", JobLabels(j), j.world_size); });
   per_job("ddprun_job_restarts_total", "counter", "Failure restarts of the job so far.",
-          [&](const JobView& j) { w.Sample("ddprun_job_restarts_total", JobLabels(j), j.restart_count); });
+          [&](const JobView& j) {
+            w.Sample("ddprun_job_restarts_total", JobLabels(j), j.restart_count);
+          });
   per_job("ddprun_job_samples_per_second", "gauge",
           "Samples per second of all ranks together (absent when no rank knows its batch size).",
           [&](const JobView& j) {
-            if (j.samples_per_s >= 0) w.Sample("ddprun_job_samples_per_second", JobLabels(j), j.samples_per_s);
+            if (j.samples_per_s >= 0)
+              w.Sample("ddprun_job_samples_per_second", JobLabels(j), j.samples_per_s);
           });
   per_job("ddprun_job_steps_per_second", "gauge", "Mean steps per second over the ranks.",
-          [&](const JobView& j) { w.Sample("ddprun_job_steps_per_second", JobLabels(j), j.steps_per_s); });
+          [&](const JobView& j) {
+            w.Sample("ddprun_job_steps_per_second", JobLabels(j), j.steps_per_s);
+          });
   per_job("ddprun_job_step_time_seconds", "gauge",
           "The slowest rank's median step time (the job's pace).", [&](const JobView& j) {
-            if (j.step_time_s >= 0) w.Sample("ddprun_job_step_time_seconds", JobLabels(j), j.step_time_s);
+            if (j.step_time_s >= 0)
+              w.Sample("ddprun_job_step_time_seconds", JobLabels(j), j.step_time_s);
           });
   per_job("ddprun_job_hangs_total", "counter", "Hang reports published for the job.",
-          [&](const JobView& j) { w.Sample("ddprun_job_hangs_total", JobLabels(j), static_cast<double>(j.hangs)); });
+          [&](const JobView& j) {
+            w.Sample("ddprun_job_hangs_total", JobLabels(j), static_cast<double>(j.hangs));
+          });
   per_job("ddprun_job_hung", "gauge", "1 while a hang is being captured or reported.",
           [&](const JobView& j) {
             w.Sample("ddprun_job_hung", JobLabels(j),
@@ -120,7 +130,8 @@ std::string PrometheusText(const std::vector<JobView>& views, const HubCounters&
           });
   per_job("ddprun_job_data_age_seconds", "gauge",
           "Age of the oldest rank's latest data on this server.", [&](const JobView& j) {
-            if (j.data_age_s >= 0) w.Sample("ddprun_job_data_age_seconds", JobLabels(j), j.data_age_s);
+            if (j.data_age_s >= 0)
+              w.Sample("ddprun_job_data_age_seconds", JobLabels(j), j.data_age_s);
           });
 
   using RankFn = std::function<void(const JobView&, const RankView&, const std::string&)>;
@@ -145,7 +156,8 @@ std::string PrometheusText(const std::vector<JobView>& views, const HubCounters&
              if (r.samples_total >= 0) w.Sample("ddprun_rank_samples_total", l, r.samples_total);
            });
   per_rank("ddprun_rank_step_seconds", "summary",
-           "Step time: median and 90th percentile over the last 100 steps; sum and count over the round.",
+           "Step time: median and 90th percentile over the last 100 steps; sum and count over the "
+           "round.",
            [&](const JobView&, const RankView& r, const std::string& l) {
              if (r.step_p50_s >= 0) {
                w.Sample("ddprun_rank_step_seconds", l + ",quantile=\"0.5\"", r.step_p50_s);
@@ -161,7 +173,8 @@ std::string PrometheusText(const std::vector<JobView>& views, const HubCounters&
   per_rank("ddprun_rank_samples_per_second", "gauge",
            "Samples per second over the last 10 s (absent when unknown).",
            [&](const JobView&, const RankView& r, const std::string& l) {
-             if (r.samples_per_s >= 0) w.Sample("ddprun_rank_samples_per_second", l, r.samples_per_s);
+             if (r.samples_per_s >= 0)
+               w.Sample("ddprun_rank_samples_per_second", l, r.samples_per_s);
            });
   per_rank("ddprun_rank_cpu_ratio", "gauge",
            "CPU time of the worker per second of wall time (1 = one core busy).",
@@ -175,12 +188,15 @@ std::string PrometheusText(const std::vector<JobView>& views, const HubCounters&
   per_rank("ddprun_rank_gpu_utilization_ratio", "gauge",
            "GPU utilisation from NVML, 0..1 (absent without a GPU).",
            [&](const JobView&, const RankView& r, const std::string& l) {
-             if (r.gpu_util_percent >= 0) w.Sample("ddprun_rank_gpu_utilization_ratio", l, r.gpu_util_percent / 100.0);
+             if (r.gpu_util_percent >= 0)
+               w.Sample("ddprun_rank_gpu_utilization_ratio", l, r.gpu_util_percent / 100.0);
            });
   per_rank("ddprun_rank_gpu_memory_used_bytes", "gauge",
            "GPU memory used by the worker (absent without a GPU).",
            [&](const JobView&, const RankView& r, const std::string& l) {
-             if (r.gpu_util_percent >= 0) w.Sample("ddprun_rank_gpu_memory_used_bytes", l, static_cast<double>(r.gpu_mem_bytes));
+             if (r.gpu_util_percent >= 0)
+               w.Sample("ddprun_rank_gpu_memory_used_bytes", l,
+                        static_cast<double>(r.gpu_mem_bytes));
            });
   per_rank("ddprun_rank_straggler", "gauge",
            "1 when the rank's median step time is at least 30% above the fastest rank's.",
@@ -195,7 +211,8 @@ std::string PrometheusText(const std::vector<JobView>& views, const HubCounters&
   per_rank("ddprun_rank_collectives_started_total", "counter",
            "SDK collectives started in this round (0 without the SDK).",
            [&](const JobView&, const RankView& r, const std::string& l) {
-             w.Sample("ddprun_rank_collectives_started_total", l, static_cast<double>(r.collective_seq));
+             w.Sample("ddprun_rank_collectives_started_total", l,
+                      static_cast<double>(r.collective_seq));
            });
   per_rank("ddprun_rank_communication_seconds_total", "counter",
            "Time spent inside SDK collectives in this round.",
@@ -222,7 +239,8 @@ std::string PrometheusText(const std::vector<JobView>& views, const HubCounters&
   per_rank("ddprun_rank_scalar", "gauge",
            "Named scalars the trainer reports (loss, learning rate, ...); the name is a label.",
            [&](const JobView&, const RankView& r, const std::string& l) {
-             for (const auto& [k, v] : r.scalars) w.Sample("ddprun_rank_scalar", l + "," + Label("name", k), v);
+             for (const auto& [k, v] : r.scalars)
+               w.Sample("ddprun_rank_scalar", l + "," + Label("name", k), v);
            });
   per_rank("ddprun_rank_data_age_seconds", "gauge",
            "Seconds since this server received the rank's latest data.",

@@ -43,8 +43,8 @@ std::pair<int, std::string> Http(int port, const std::string& target,
   a.sin_port = htons(static_cast<uint16_t>(port));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-  const std::string req = method + " " + target +
-                          " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+  const std::string req =
+      method + " " + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
   REQUIRE(::send(fd, req.data(), req.size(), 0) == static_cast<ssize_t>(req.size()));
   std::string resp;
   char buf[65536];
@@ -104,8 +104,8 @@ struct LiveJob {
     r.node_id = as.node_id;
     r.round = as.round;
     r.host = job->Spec(n).host;
-    r.unix_s = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-                   .count();
+    r.unix_s =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     for (int l = 0; l < 2; ++l) {
       RankSample s;
       s.rank = as.base_rank + l;
@@ -199,8 +199,9 @@ TEST_CASE("reports over gRPC show in GetMetrics, the JSON API and /metrics, neve
   CHECK(nlohmann::json::parse(list)["jobs"][0]["job_id"] == "sim");
   auto [mc, metrics] = Http(port, "/metrics");
   CHECK(mc == 200);
-  CHECK_THAT(metrics, Catch::Contains("ddprun_rank_straggler{job=\"sim\",node=\"" +
-                                      live.assignments[1].node_id + "\",rank=\"3\",round=\"0\"} 1"));
+  CHECK_THAT(metrics,
+             Catch::Contains("ddprun_rank_straggler{job=\"sim\",node=\"" +
+                             live.assignments[1].node_id + "\",rank=\"3\",round=\"0\"} 1"));
   auto [nc, nbody] = Http(port, "/api/v1/jobs/nope");
   CHECK(nc == 404);
   CHECK_THAT(nlohmann::json::parse(nbody)["error"].get<std::string>(),
@@ -291,9 +292,7 @@ TEST_CASE("promtool accepts /metrics", "[monitoring][prometheus]") {
   WaitForStraggler(live);
   th::Harness h;
   const std::string file = h.MakeDir("prom") + "/metrics.txt";
-  {
-    std::ofstream(file) << Http(live.server->dashboard_port(), "/metrics").second;
-  }
+  { std::ofstream(file) << Http(live.server->dashboard_port(), "/metrics").second; }
   th::Proc& p = h.Start("promtool", {"/bin/sh", "-c", "promtool check metrics < " + file});
   REQUIRE(h.Wait(p, 60) == 0);
   INFO(p.Out() << p.Err());
@@ -328,8 +327,8 @@ TEST_CASE("a real Prometheus scrapes /metrics", "[monitoring][prometheus]") {
     const bool up = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
     ::close(fd);
     if (!up) continue;
-    auto [code, body] =
-        Http(web, "/api/v1/query?query=ddprun_rank_steps_total%7Bjob%3D%22sim%22%2Crank%3D%223%22%7D");
+    auto [code, body] = Http(
+        web, "/api/v1/query?query=ddprun_rank_steps_total%7Bjob%3D%22sim%22%2Crank%3D%223%22%7D");
     if (code != 200) continue;
     auto j = nlohmann::json::parse(body, nullptr, false);
     if (j.is_discarded() || j["data"]["result"].empty()) continue;
@@ -341,7 +340,8 @@ TEST_CASE("a real Prometheus scrapes /metrics", "[monitoring][prometheus]") {
 // The steps column of each rank row in Chromium's DOM.
 std::map<int, long> StepsInDom(const std::string& dom) {
   std::map<int, long> out;
-  static const std::regex row(R"re(data-rank="(\d+)"><td>\d+</td>.*?<td class="steps">(\d+)</td>)re");
+  static const std::regex row(
+      R"re(data-rank="(\d+)"><td>\d+</td>.*?<td class="steps">(\d+)</td>)re");
   for (auto it = std::sregex_iterator(dom.begin(), dom.end(), row); it != std::sregex_iterator();
        ++it) {
     out[std::stoi((*it)[1])] = std::stol((*it)[2]);
@@ -349,14 +349,14 @@ std::map<int, long> StepsInDom(const std::string& dom) {
   return out;
 }
 
-TEST_CASE("headless Chromium renders the dashboard and its numbers move", "[monitoring][chromium]") {
+TEST_CASE("headless Chromium renders the dashboard and its numbers move",
+          "[monitoring][chromium]") {
   if (!Installed("chromium")) return SkipCase("integration", "chromium is not installed");
   LiveJob live;
   WaitForStraggler(live);
   th::Harness h;
   const std::string profile = h.MakeDir("chromium");
-  const std::string url =
-      "http://127.0.0.1:" + std::to_string(live.server->dashboard_port()) + "/";
+  const std::string url = "http://127.0.0.1:" + std::to_string(live.server->dashboard_port()) + "/";
   auto dump = [&](const std::string& name) {
     th::Proc& p = h.Start(name, {"chromium", "--headless", "--no-sandbox", "--disable-gpu",
                                  "--no-first-run", "--user-data-dir=" + profile + "/" + name,
@@ -395,13 +395,14 @@ TEST_CASE("ddprun top --once prints a row per rank; unknown jobs and no daemon a
   }
   CHECK(rows == 4);
   CHECK(marked == 1);
-  th::Proc& u = h.Start("top_unknown", {th::Ddprun(), "top", "--rdzv_endpoint", ep, "--job", "nope", "--once"});
+  th::Proc& u = h.Start("top_unknown",
+                        {th::Ddprun(), "top", "--rdzv_endpoint", ep, "--job", "nope", "--once"});
   CHECK(h.Wait(u, 30) == 3);
   CHECK_THAT(u.Err(), Catch::Contains("no such job"));
   CHECK(th::Lines(u.Err()).size() == 1);
-  th::Proc& n = h.Start("top_nodaemon", {th::Ddprun(), "top", "--rdzv_endpoint",
-                                         "127.0.0.1:" + std::to_string(th::FreePort()), "--once",
-                                         "--timeout", "1"});
+  th::Proc& n = h.Start(
+      "top_nodaemon", {th::Ddprun(), "top", "--rdzv_endpoint",
+                       "127.0.0.1:" + std::to_string(th::FreePort()), "--once", "--timeout", "1"});
   CHECK(h.Wait(n, 30) == 3);
   CHECK_THAT(n.Err(), Catch::Contains("cannot reach"));
 }

@@ -24,7 +24,8 @@ class RecordingSink final : public EventSink {
 
 // Two nodes of two ranks each, running round 0, the hub observing the table.
 struct Fixture {
-  explicit Fixture(double hang_timeout_s = 0, std::string on_hang = "report", int max_restarts = 3) {
+  explicit Fixture(double hang_timeout_s = 0, std::string on_hang = "report",
+                   int max_restarts = 3) {
     MetricsHubOptions ho;
     ho.clock = &clock;
     ho.unix_at_start = 1000;

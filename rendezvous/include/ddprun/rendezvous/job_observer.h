@@ -27,8 +27,8 @@ struct JobChange {
   std::string text;
   std::string tag;  // kEvent: "join", "lost", "failure", "leave"
   // kRoundStarted
-  std::vector<NodeInfo> nodes;          // by group rank
-  std::vector<std::string> node_ids;    // by group rank
+  std::vector<NodeInfo> nodes;        // by group rank
+  std::vector<std::string> node_ids;  // by group rank
   int world_size = 0;
   int restart_count = 0;
   double hang_timeout_s = 0;

@@ -98,8 +98,8 @@ struct RankView {
   std::string state = "unknown";  // "unknown" until the first report
   bool has_progress_source = false;
   std::int64_t steps = 0;
-  double step_seconds_sum = 0;   // over every step of the round
-  std::int64_t step_count = 0;   // steps with a known duration
+  double step_seconds_sum = 0;              // over every step of the round
+  std::int64_t step_count = 0;              // steps with a known duration
   double step_p50_s = -1, step_p90_s = -1;  // < 0: no step yet
   double steps_per_s = 0;
   double samples_per_s = -1;  // < 0: unknown
@@ -116,11 +116,11 @@ struct RankView {
   double gpu_util_percent = -1;
   std::uint64_t gpu_mem_bytes = 0;
   bool straggler = false;
-  double straggler_gap_s = 0;   // median step time minus the fastest rank's (DeepSpeed)
-  double slowdown = 0;          // median step time / the fastest rank's (0: unknown)
-  double report_unix_s = 0;     // the agent's sampling time of this data
-  double age_s = -1;            // since the server received it; < 0: never
-  std::int64_t anomalies = 0;   // values dropped or clamped (bad input)
+  double straggler_gap_s = 0;  // median step time minus the fastest rank's (DeepSpeed)
+  double slowdown = 0;         // median step time / the fastest rank's (0: unknown)
+  double report_unix_s = 0;    // the agent's sampling time of this data
+  double age_s = -1;           // since the server received it; < 0: never
+  std::int64_t anomalies = 0;  // values dropped or clamped (bad input)
 };
 
 struct SeriesPoint {
@@ -146,13 +146,13 @@ struct JobView {
   int restart_count = 0;
   double hang_timeout_s = 0;
   std::string on_hang = "report";
-  std::string hang_state;  // "off" | "no progress source" | "armed" | "capturing" | "reported"
+  std::string hang_state;   // "off" | "no progress source" | "armed" | "capturing" | "reported"
   std::string hang_report;  // the latest published report
   std::int64_t hangs = 0;
   double samples_per_s = -1;
   double steps_per_s = 0;
-  double step_time_s = -1;   // the slowest rank's median (the job's pace)
-  double data_age_s = -1;    // the oldest running rank's data
+  double step_time_s = -1;  // the slowest rank's median (the job's pace)
+  double data_age_s = -1;   // the oldest running rank's data
   double now_unix_s = 0;
   std::vector<RankView> ranks;
   std::vector<SeriesPoint> series;
