@@ -187,7 +187,7 @@ TEST_CASE("reports over gRPC show in GetMetrics, the JSON API and /metrics, neve
   }
   CHECK(j["ranks"][3]["straggler_gap_s"].get<double>() == Approx(0.05));
   CHECK(j["samples_per_s"].get<double>() > 0);
-  CHECK(j["data_age_s"].get<double>() < 2);
+  CHECK(j["data_age_s"].get<double>() < 5);  // reports every 0.2 s; slack for a loaded CI
   // GetMetrics is the same document.
   auto doc = live.job->ClientOf(0).GetMetrics("sim", 5s);
   REQUIRE(doc.ok());
