@@ -21,3 +21,6 @@ bash bench/allreduce_ranks.sh "$BUILD_DIR" 2 4 8
 echo
 echo "## failure recovery (worker death, agent kill -9, daemon restart)"
 python3 bench/restart_latency.py --build "$BUILD_DIR"
+echo
+echo "## monitoring: one ddprund, 1024 nodes x 8 ranks reporting every second (idle peer, same run)"
+"$BUILD_DIR/bin/metrics_bench" --nodes 1024 --nproc 8 --seconds 20 --idle 5

@@ -252,7 +252,18 @@ class GrpcRendezvousSession final : public RendezvousSession {
     DDPRUN_ASSIGN_OR_RETURN(so.tls, ServerTls());
     so.log_prefix = "ddprun: ";
     so.client_ca_flag = options_.tls.names.ca;
+    so.dashboard_port = options_.dashboard_port;
+    so.dashboard_listen_fix = "pick another --dashboard_port, or --dashboard_port=off";
     DDPRUN_ASSIGN_OR_RETURN(server_, rdzv::RendezvousServer::Start(so));
+    if (server_->dashboard_port() >= 0) {
+      const std::string shown = IsAnyAddress(bind_host)
+                                    ? (options_.local_addr.empty() ? Hostname() : options_.local_addr)
+                                    : bind_host;
+      Log(absl::StrCat("dashboard at http://", rdzv::FormatHostPort(shown, server_->dashboard_port()),
+                       "/ (Prometheus: /metrics; in a terminal: ddprun top --rdzv_endpoint ",
+                       rdzv::FormatHostPort(shown, server_->port()), " --job ", options_.job_id,
+                       ")"));
+    }
     DDPRUN_DEBUG_LOG(kAgent) << "hosting the rendezvous on "
                              << rdzv::FormatHostPort(bind_host, server_->port());
     return absl::OkStatus();

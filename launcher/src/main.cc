@@ -12,6 +12,7 @@
 #include "ddprun/launcher/bench_command.h"
 #include "ddprun/launcher/cli.h"
 #include "ddprun/launcher/status_command.h"
+#include "ddprun/launcher/top_command.h"
 #include "ddprun/rendezvous/exit_codes.h"
 
 int main(int argc, char** argv) {
@@ -19,6 +20,10 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "status") {
     return ddprun::launcher::RunStatusCommand(std::vector<std::string>(argv, argv + argc),
                                               std::cout, std::cerr);
+  }
+  if (argc > 1 && std::string(argv[1]) == "top") {
+    return ddprun::launcher::RunTopCommand(std::vector<std::string>(argv, argv + argc), std::cout,
+                                           std::cerr);
   }
   // First, so that every thread started later inherits the mask.
   ddprun::agent::BlockAgentSignals();

@@ -94,6 +94,9 @@ absl::Status ResolveShape(const ResolveContext& ctx, ParsedCommand& out) {
   if (!seconds.ok()) return BadValue(grace, KnobNamed("grace_period"), seconds.status());
   o.grace_period_s = seconds->count();
 
+  DDPRUN_ASSIGN_OR_RETURN(o.dashboard_port,
+                          ParseKnob(flags, KnobNamed("dashboard_port"), ParsePortOrOff));
+
   DDPRUN_ASSIGN_OR_RETURN(SignalSet signals,
                           ParseKnob(flags, KnobNamed("signals_to_handle"), ParseSignals));
   o.forward_sigusr1 = signals.usr1;

@@ -167,6 +167,16 @@ absl::StatusOr<int> ParsePort(absl::string_view text) {
   return static_cast<int>(*v);
 }
 
+absl::StatusOr<int> ParsePortOrOff(absl::string_view text) {
+  if (text == "off") return rendezvous::kDashboardOff;
+  auto v = Int(text);
+  if (!v || *v < 0 || *v > rendezvous::kMaxPort) {
+    return Bad(absl::StrCat("must be a port in 0..", rendezvous::kMaxPort,
+                            " (0: the OS picks) or off, got '", text, "'"));
+  }
+  return static_cast<int>(*v);
+}
+
 absl::StatusOr<bool> ParseBool(absl::string_view text) {
   const std::string l = absl::AsciiStrToLower(text);
   if (l == "true" || l == "yes" || l == "on" || l == "1") return true;
@@ -271,6 +281,10 @@ absl::StatusOr<std::string> NormalizeKnobValue(const Knob& knob, absl::string_vi
     case ValueType::kPort: {
       DDPRUN_ASSIGN_OR_RETURN(int port, ParsePort(text));
       return std::to_string(port);
+    }
+    case ValueType::kPortOrOff: {
+      DDPRUN_ASSIGN_OR_RETURN(int port, ParsePortOrOff(text));
+      return port < 0 ? std::string("off") : std::to_string(port);
     }
     case ValueType::kBool: {
       DDPRUN_ASSIGN_OR_RETURN(bool b, ParseBool(text));

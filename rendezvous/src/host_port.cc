@@ -66,4 +66,16 @@ std::string FormatHostPort(std::string_view host, int port) {
   return out;
 }
 
+absl::StatusOr<int> ParseDashboardPort(std::string_view text) {
+  if (text == "off") return kDashboardOff;
+  int port = -1;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, port);
+  if (text.empty() || ec != std::errc() || ptr != end || port < 0 || port > kMaxPort) {
+    return absl::InvalidArgumentError("'" + std::string(text.substr(0, 64)) +
+                                      "' is not a port; write 0..65535 (0: the OS picks) or off");
+  }
+  return port;
+}
+
 }  // namespace ddprun::rendezvous

@@ -299,6 +299,21 @@ void JobRendezvous::Close(bool success, const std::string& reason, std::vector<D
   last_call_deadline_.reset();
 }
 
+absl::Status JobRendezvous::Abort(std::int64_t round, const std::string& reason,
+                                  std::vector<WorkerFailure> failures,
+                                  std::vector<Delivery>* out) {
+  if (state_ != State::kRunning || round != round_) {
+    return absl::FailedPreconditionError(Prefix() + "cannot abort round " +
+                                         std::to_string(round) + ": it is not running");
+  }
+  for (auto& f : failures) {
+    f.round = round_;
+    failures_.push_back(std::move(f));
+  }
+  Close(false, reason, out);
+  return absl::OkStatus();
+}
+
 absl::Status JobRendezvous::Report(const std::string& node_id, std::int64_t round,
                                    Outcome outcome, std::vector<WorkerFailure> failures,
                                    std::vector<Delivery>* out) {

@@ -131,6 +131,7 @@ absl::Status JobTable::Recover() {
     if (job.rdzv->state() == JobRendezvous::State::kClosed) job.closed_at = clock_.Now();
     DDPRUN_DEBUG_LOG(kRdzv) << Fence(r.snapshot.job_id, job.rdzv->round()) << "recovered, "
                             << StateName(job.rdzv->state());
+    ObserveLocked(*job.rdzv, JobRendezvous::State::kGathering, -1, {}, "", "");
     jobs_.insert_or_assign(r.snapshot.job_id, std::move(job));
   }
   return absl::OkStatus();
@@ -180,6 +181,8 @@ absl::StatusOr<std::string> JobTable::Join(const JoinSpec& spec, std::shared_ptr
       job.sinks[*id] = std::move(sink);
     }
     LogChange(*job.rdzv, before, out);  // before CollectLocked moves the events
+    ObserveLocked(*job.rdzv, before.state, before.round, out, id.ok() ? "join" : "",
+                  id.ok() ? spec.host + " joined as node " + *id : "");
     CollectLocked(job, out, &batch);
     deadline = NewDeadlineLocked(job);
   }
@@ -207,8 +210,19 @@ absl::Status JobTable::Report(const std::string& job_id, const std::string& node
                                 : outcome == Outcome::kFailed  ? "failed"
                                                                : "leaving");
     std::vector<Delivery> out;
+    std::string what;
+    if (outcome == Outcome::kFailed) {
+      what = "node " + node_id + " reported a worker failure";
+      if (!failures.empty() && failures.front().global_rank >= 0)
+        what += " (rank " + std::to_string(failures.front().global_rank) + ")";
+    } else if (outcome == Outcome::kLeaving) {
+      what = "node " + node_id + " left";
+    }
+    const char* tag = outcome == Outcome::kFailed ? "failure" : "leave";
     st = job.rdzv->Report(node_id, round, outcome, std::move(failures), &out);
     LogChange(*job.rdzv, before, out);  // before CollectLocked moves the events
+    ObserveLocked(*job.rdzv, before.state, before.round, out, st.ok() && !what.empty() ? tag : "",
+                  st.ok() ? what : "");
     CollectLocked(job, out, &batch);
     deadline = NewDeadlineLocked(job);
   }
@@ -234,6 +248,8 @@ void JobTable::StreamLost(const std::string& job_id, const std::string& node_id,
     std::vector<Delivery> out;
     job.rdzv->NodeLost(node_id, &out);
     LogChange(*job.rdzv, before, out);  // before CollectLocked moves the events
+    ObserveLocked(*job.rdzv, before.state, before.round, out, "lost",
+                  "node " + node_id + " lost (its stream broke)");
     CollectLocked(job, out, &batch);
     deadline = NewDeadlineLocked(job);
   }
@@ -350,6 +366,12 @@ void JobTable::Tick() {
       if (job.closed_at && job.sinks.empty() &&
           now >= *job.closed_at + options_.closed_job_retention) {
         DDPRUN_DEBUG_LOG(kRdzv) << Fence(it->first, job.rdzv->round()) << "forgotten";
+        if (options_.observer) {
+          JobChange c;
+          c.kind = JobChange::Kind::kForgotten;
+          c.job_id = it->first;
+          options_.observer->OnJobChange(c);
+        }
         if (options_.journal) options_.journal->Forget(it->first);
         if (job.store)
           job.store->CancelAll(
@@ -363,6 +385,7 @@ void JobTable::Tick() {
         std::vector<Delivery> out;
         job.rdzv->Tick(&out);
         LogChange(*job.rdzv, before, out);
+        ObserveLocked(*job.rdzv, before.state, before.round, out, "", "");
         CollectLocked(job, out, &batch);
         (void)job.rdzv->TakeNewDeadline();  // the timer asks NextDeadline() after Tick()
       }
@@ -394,6 +417,81 @@ void JobTable::Shutdown() {
     }
   }
   Finish(batch, std::nullopt);
+}
+
+absl::Status JobTable::Abort(const std::string& job_id, std::int64_t round,
+                             const std::string& reason, std::vector<WorkerFailure> failures) {
+  Batch batch;
+  std::optional<TimePoint> deadline;
+  absl::Status st;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closing_) return ShuttingDown();
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end())
+      return absl::NotFoundError(Fence(job_id, round) + "no such job on this server");
+    Job& job = it->second;
+    const Before before = BeforeOf(*job.rdzv);
+    std::vector<Delivery> out;
+    st = job.rdzv->Abort(round, reason, std::move(failures), &out);
+    LogChange(*job.rdzv, before, out);
+    ObserveLocked(*job.rdzv, before.state, before.round, out, "", "");
+    CollectLocked(job, out, &batch);
+    deadline = NewDeadlineLocked(job);
+  }
+  Finish(batch, deadline);
+  return st;
+}
+
+void JobTable::ObserveLocked(const JobRendezvous& r, JobRendezvous::State before_state,
+                             std::int64_t before_round, const std::vector<Delivery>& out,
+                             const std::string& tag, const std::string& text) {
+  JobObserver* obs = options_.observer;
+  if (!obs) return;
+  auto change = [&](JobChange::Kind kind) {
+    JobChange c;
+    c.kind = kind;
+    c.job_id = r.job_id();
+    c.round = r.round();
+    return c;
+  };
+  if (!text.empty()) {
+    JobChange c = change(JobChange::Kind::kEvent);
+    c.tag = tag;
+    c.text = text;
+    obs->OnJobChange(c);
+  }
+  for (const auto& d : out) {
+    if (const auto* x = std::get_if<RestartRound>(&d.event)) {
+      JobChange c = change(JobChange::Kind::kRestart);
+      c.round = before_round;
+      c.text = x->reason;
+      c.counts_as_failure = x->counts_as_failure;
+      obs->OnJobChange(c);
+      break;
+    }
+  }
+  if (r.state() == JobRendezvous::State::kClosed) {
+    if (before_state == JobRendezvous::State::kClosed) return;
+    const JobSnapshot snap = r.Snapshot();
+    JobChange c = change(JobChange::Kind::kClosed);
+    c.success = snap.close_success;
+    c.text = snap.close_reason;
+    c.failures = snap.failures;
+    obs->OnJobChange(c);
+    return;
+  }
+  if (r.state() == JobRendezvous::State::kRunning &&
+      (before_state != JobRendezvous::State::kRunning || before_round != r.round())) {
+    JobChange c = change(JobChange::Kind::kRoundStarted);
+    c.nodes = r.assigned();
+    c.node_ids = r.assigned_ids();
+    c.world_size = c.nodes.empty() ? 0 : c.nodes.back().base_rank + c.nodes.back().nproc;
+    c.restart_count = r.Status().restart_count;
+    c.hang_timeout_s = r.shape().hang_timeout_s;
+    c.on_hang = r.shape().on_hang;
+    obs->OnJobChange(c);
+  }
 }
 
 void JobTable::CollectLocked(Job& job, std::vector<Delivery>& out, Batch* batch) {

@@ -150,6 +150,11 @@ int main(int argc, char** argv) {
                  "Mutual TLS: require every agent, worker and `ddprun status` to present a\n"
                  "certificate signed by this PEM CA (docs/tls.md)")
       ->option_text("FILE [none: no client certificates]");
+  std::string dashboard = std::to_string(ddprun::rendezvous::kDefaultDashboardPort);
+  app.add_option("--dashboard_port,--dashboard-port", dashboard,
+                 "Monitoring HTTP port: the dashboard, /api/v1/jobs and Prometheus /metrics "
+                 "for every job (docs/monitoring.md); 0 lets the OS pick one, off disables it")
+      ->option_text("PORT|off [" + dashboard + "]");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -186,6 +191,14 @@ int main(int argc, char** argv) {
   options.reattach_timeout = ddprun::rendezvous::Seconds(reattach_s);
   options.quarantine.cooldown = ddprun::rendezvous::Seconds(cooldown_s);
   options.listen_fix = "pick another --port or stop the other daemon";
+  if (auto d = ddprun::rendezvous::ParseDashboardPort(dashboard); d.ok()) {
+    options.dashboard_port = *d;
+  } else {
+    std::cerr << "ddprund: --dashboard_port: " << d.status().message() << std::endl;
+    return kExitUsage;
+  }
+  options.dashboard_listen_fix = "pick another --dashboard_port, or --dashboard_port=off";
+  options.log_hangs = true;
 
   // gRPC's own error lines (a multi-line dump for a port in use) would drown
   // our one-line messages; GRPC_VERBOSITY=ERROR or DEBUG brings them back.
@@ -207,6 +220,14 @@ int main(int argc, char** argv) {
   }
   std::cout << "ddprund listening on "
             << ddprun::rendezvous::FormatHostPort(options.host, (*server)->port()) << std::endl;
+  if ((*server)->dashboard_port() >= 0) {
+    // stderr: stdout's one ready line is a contract for scripts.
+    std::cerr << "ddprund dashboard at http://"
+              << ddprun::rendezvous::FormatHostPort(
+                     options.host == "0.0.0.0" ? "127.0.0.1" : options.host,
+                     (*server)->dashboard_port())
+              << "/ (Prometheus: /metrics)" << std::endl;
+  }
 
   int sig = 0;
   sigwait(&signals, &sig);

@@ -17,11 +17,16 @@
 
 #include "absl/synchronization/mutex.h"
 #include "ddprun/rendezvous/deadline_timer.h"
+#include "ddprun/rendezvous/hang_action.h"
+#include "ddprun/rendezvous/http_server.h"
+#include "ddprun/rendezvous/metrics_hub.h"
+#include "ddprun/rendezvous/monitoring_routes.h"
 #include "ddprun/rendezvous/errors.h"
 #include "ddprun/rendezvous/host_port.h"
 #include "ddprun/rendezvous/job_table.h"
 #include "ddprun/rendezvous/kv_engine.h"
 #include "ddprun/v1/ddprun.grpc.pb.h"
+#include "metrics_service.h"
 #include "proto_convert.h"
 #include "state_log.h"
 #include "tls_credentials.h"
@@ -88,7 +93,9 @@ class RendezvousServer::Impl {
     shutdown_cv_.wait(lock, [&] { return shutting_down_; });
   }
   int port() const { return port_; }
+  int dashboard_port() const { return http_ ? http_->port() : -1; }
   JobTable& table() { return *table_; }
+  MetricsHub& hub() { return *hub_; }
   TimePoint Now() const { return clock_.Now(); }
 
  private:
@@ -96,6 +103,7 @@ class RendezvousServer::Impl {
   const Clock& clock_;
   int port_ = 0;
   std::unique_ptr<StateLog> state_;
+  std::unique_ptr<MetricsHub> hub_;  // before the table, which tells it about jobs
   std::unique_ptr<JobTable> table_;
   std::unique_ptr<DeadlineTimer> timer_;  // before the services: reactors notify it
 
@@ -107,6 +115,11 @@ class RendezvousServer::Impl {
   std::mutex shutdown_mu_;
   std::condition_variable shutdown_cv_;
   bool shutting_down_ = false;
+
+  // Monitoring: the hub's one-second ticker (series points, hang deadlines)
+  // and the HTTP port.
+  std::thread ticker_;
+  std::unique_ptr<HttpServer> http_;
 };
 
 // One Join call: writes queued RoundEvents in order; a terminal event (restart,
@@ -264,6 +277,18 @@ class RendezvousServiceImpl final : public pb::Rendezvous::CallbackService {
     return reactor;
   }
 
+  // Monitoring: metrics_service.cc.
+  grpc::ServerUnaryReactor* ReportMetrics(grpc::CallbackServerContext* ctx,
+                                          const pb::MetricsReport* req,
+                                          pb::MetricsReply* resp) override {
+    return HandleReportMetrics(impl_->hub(), ctx, req, resp);
+  }
+  grpc::ServerUnaryReactor* GetMetrics(grpc::CallbackServerContext* ctx,
+                                       const pb::MetricsQuery* req,
+                                       pb::MetricsView* resp) override {
+    return HandleGetMetrics(impl_->hub(), ctx, req, resp);
+  }
+
  private:
   RendezvousServer::Impl* impl_;
 };
@@ -405,8 +430,25 @@ absl::Status RendezvousServer::Impl::Start() {
   if (!opts_.state_dir.empty()) {
     DDPRUN_ASSIGN_OR_RETURN(state_, StateLog::Open(opts_.state_dir));
   }
+  MetricsHubOptions hub_opts;
+  hub_opts.clock = &clock_;
+  if (opts_.log_hangs) {
+    hub_opts.log = [](const std::string& report) {
+      std::fprintf(stderr, "ddprund: %s", report.c_str());
+      std::fflush(stderr);
+    };
+  }
+  hub_opts.act = [this](const std::string& job, std::int64_t round, const std::string& node,
+                        OnHang action, const WorkerFailure& failure) {
+    absl::Status st = ApplyOnHang(*table_, job, round, node, action, failure);
+    if (!st.ok() && KindOf(st) != ErrorKind::kState) {
+      std::fprintf(stderr, "ddprund: %s\n", std::string(st.message()).c_str());
+    }
+  };
+  hub_ = std::make_unique<MetricsHub>(std::move(hub_opts));
   JobTableOptions table_opts;
   table_opts.clock = &clock_;
+  table_opts.observer = hub_.get();
   table_opts.quarantine = opts_.quarantine;
   table_opts.reattach_timeout = opts_.reattach_timeout;
   table_opts.journal = state_.get();
@@ -458,6 +500,32 @@ absl::Status RendezvousServer::Impl::Start() {
     return absl::UnavailableError("cannot listen on " + addr + ": " + why + "; " +
                                   opts_.listen_fix);
   }
+  if (opts_.dashboard_port >= 0) {
+    HttpServerOptions ho;
+    ho.host = opts_.dashboard_host.empty() ? opts_.host : opts_.dashboard_host;
+    ho.port = opts_.dashboard_port;
+    ho.listen_fix = opts_.dashboard_listen_fix;
+    MetricsHub* hub = hub_.get();
+    auto http = HttpServer::Start(ho, [hub](const std::string& target) {
+      return ServeMonitoring(*hub, target);
+    });
+    if (!http.ok()) {
+      Shutdown();
+      // Bad input (the flag names a port in use), not a rendezvous port
+      // another agent holds: callers tell the two apart by kind.
+      return absl::InvalidArgumentError("dashboard: " + std::string(http.status().message()));
+    }
+    http_ = std::move(*http);
+  }
+  ticker_ = std::thread([this] {
+    std::unique_lock<std::mutex> lock(shutdown_mu_);
+    while (!shutting_down_) {
+      lock.unlock();
+      hub_->Tick();
+      lock.lock();
+      shutdown_cv_.wait_for(lock, std::chrono::seconds(1), [&] { return shutting_down_; });
+    }
+  });
   return absl::OkStatus();
 }
 
@@ -468,6 +536,8 @@ void RendezvousServer::Impl::Shutdown() {
     shutting_down_ = true;
   }
   shutdown_cv_.notify_all();
+  if (ticker_.joinable()) ticker_.join();
+  if (http_) http_->Stop();
   if (timer_) timer_->Stop();
   // Ends every open stream and cancels store waits, so Shutdown cannot hang.
   if (table_) table_->Shutdown();
@@ -490,6 +560,7 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::Start(
 }
 
 int RendezvousServer::port() const { return impl_->port(); }
+int RendezvousServer::dashboard_port() const { return impl_->dashboard_port(); }
 void RendezvousServer::Shutdown() { impl_->Shutdown(); }
 void RendezvousServer::Wait() { impl_->Wait(); }
 std::vector<JobStatus> RendezvousServer::Status() const { return impl_->table().Status(); }

@@ -28,6 +28,9 @@ struct SimulatedJobOptions {
   int nproc = 8;
   int channels = 64;  // connections the agents share (at most `nodes`)
   int max_restarts = 3;
+  // Hang detection of the job (JoinSpec::hang_timeout_s, on_hang).
+  double hang_timeout_s = 0;
+  std::string on_hang;
   rendezvous::Duration timeout = std::chrono::seconds(120);
 };
 
@@ -118,8 +121,13 @@ class SimulatedJob {
     s.max_restarts = o_.max_restarts;
     s.join_timeout_s = std::chrono::duration<double>(o_.timeout).count();
     s.command = "train";
+    s.hang_timeout_s = o_.hang_timeout_s;
+    s.on_hang = o_.on_hang;
     return s;
   }
+
+  // The channel agent i uses (to send its metrics reports, say).
+  rendezvous::RendezvousClient& ClientOf(int i) { return Client(i); }
 
   const SimulatedJobOptions& options() const { return o_; }
 

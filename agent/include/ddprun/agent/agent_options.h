@@ -50,6 +50,9 @@ struct AgentOptions {
   // launcher checked the files (LoadClientTls) and made the paths absolute;
   // names say where each was given. Workers get them as DDPRUN_TLS_*.
   rendezvous::TlsOptions tls;
+  // The monitoring HTTP port of the rendezvous this agent hosts (dashboard,
+  // /api, /metrics): 0 the OS picks, -1 (rendezvous::kDashboardOff) off.
+  int dashboard_port = 0;
 
   // Workers.
   std::vector<std::string> command;  // argv of each worker, before ${local_rank} substitution

@@ -34,6 +34,7 @@ enum class ValueType {
   kRankList,     // RANK,... (local ranks)
   kEndpoint,     // HOST[:PORT]; IPv6 in brackets (first_node[:PORT] in placement)
   kPort,         // 1..65535
+  kPortOrOff,    // 0..65535 (0: the OS picks) or off
   kBool,         // on/off: a presence flag; PET_ and the file give true/false
   kText,         // any non-empty text
   kToken,        // non-empty text without ','
@@ -105,6 +106,11 @@ inline constexpr Knob kKnobs[] = {
     {.rdzv_conf = "last_call_timeout", .yaml_key = "rendezvous.last_call_timeout",
      .type = ValueType::kSeconds, .default_value = "30", .default_text = "30",
      .metavar = "SECONDS"},
+    {.name = "dashboard_port", .type = ValueType::kPortOrOff, .default_value = "0",
+     .default_text = "0", .metavar = "PORT|off", .group = kGroupRdzv,
+     .help = "Monitoring port of the rendezvous ddprun hosts: live dashboard, /api/v1/jobs, "
+             "Prometheus /metrics (docs/monitoring.md); 0: the OS picks one and ddprun prints "
+             "the URL; off: none"},
     {.name = "rdzv_conf", .type = ValueType::kRdzvConf, .default_text = "none", .metavar = "K=V,...",
      .group = kGroupRdzv, .help = "Keys:"},  // the keys' entries above complete the help
     // TLS on the control plane (docs/tls.md): this node's files, the same

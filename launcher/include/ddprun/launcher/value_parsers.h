@@ -65,6 +65,8 @@ absl::StatusOr<rendezvous::HostPort> ParseEndpoint(absl::string_view text, int d
 
 // kPort: 1..65535.
 absl::StatusOr<int> ParsePort(absl::string_view text);
+// 0..65535 or off (-1, rendezvous::kDashboardOff).
+absl::StatusOr<int> ParsePortOrOff(absl::string_view text);
 
 // kBool as text (PET_* values are checked by the flag table: an integer,
 // as torchrun does): true/false, yes/no, on/off, 1/0.

@@ -18,6 +18,10 @@ namespace ddprun::rendezvous {
 inline constexpr int kDefaultRdzvPort = 29400;
 inline constexpr int kDefaultMasterPort = 29500;
 inline constexpr int kMaxPort = 65535;
+// ddprund's monitoring HTTP port (dashboard, /api, /metrics) by default;
+// the rendezvous embedded in ddprun lets the OS pick one.
+inline constexpr int kDefaultDashboardPort = 29480;
+inline constexpr int kDashboardOff = -1;
 
 struct HostPort {
   std::string host;  // without brackets
@@ -37,5 +41,9 @@ absl::StatusOr<HostPort> ParseHostPort(std::string_view text, HostPortOptions op
 // "host:port", "[v6]:port".
 std::string FormatHostPort(std::string_view host, int port);
 inline std::string FormatHostPort(const HostPort& hp) { return FormatHostPort(hp.host, hp.port); }
+
+// A --dashboard_port value: "off" -> kDashboardOff, or a port 0..65535
+// (0: the OS picks). InvalidArgument "problem; fix" otherwise.
+absl::StatusOr<int> ParseDashboardPort(std::string_view text);
 
 }  // namespace ddprun::rendezvous

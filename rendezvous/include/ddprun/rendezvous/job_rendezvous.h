@@ -109,12 +109,23 @@ class JobRendezvous {
   // if none: O(1), so that a caller's timer learns of it after every call.
   // Deadlines that calls removed are not reported (NextDeadline() drops them).
   std::optional<TimePoint> TakeNewDeadline();
+  // The server's own verdict on the running round (a hang with
+  // --on_hang=abort, metrics_hub.h): records failures and closes the job
+  // failed with reason, whatever restart budget is left. FailedPrecondition
+  // when round is not the running round.
+  absl::Status Abort(std::int64_t round, const std::string& reason,
+                     std::vector<WorkerFailure> failures, std::vector<Delivery>* out);
 
   const std::string& job_id() const { return job_id_; }
   std::int64_t round() const { return round_; }
   State state() const { return state_; }
   const std::string& store_token() const { return store_token_; }
   bool HasNode(const std::string& node_id) const;
+  // The first joiner's spec (the job-wide values) and the running round's
+  // nodes with their ids, both by group rank (for the metrics hub).
+  const JoinSpec& shape() const { return shape_; }
+  const std::vector<NodeInfo>& assigned() const { return assigned_; }
+  const std::vector<std::string>& assigned_ids() const { return assigned_ids_; }
   JobStatus Status() const;
 
   // Increases on every change that a restarted server must remember.

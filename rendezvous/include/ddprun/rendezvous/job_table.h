@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "ddprun/rendezvous/clock.h"
 #include "ddprun/rendezvous/job_journal.h"
+#include "ddprun/rendezvous/job_observer.h"
 #include "ddprun/rendezvous/job_rendezvous.h"
 #include "ddprun/rendezvous/kv_engine.h"
 #include "ddprun/rendezvous/types.h"
@@ -69,6 +70,9 @@ struct JobTableOptions {
   // deadline (a round's, a store wait's, a closed job's retention) earlier
   // than NextDeadline() was before: the timer waits for it. May be empty.
   std::function<void(TimePoint)> on_deadline;
+  // Told about every round, join, loss, restart and end of a job, under the
+  // table's lock (the metrics hub). Not owned; may be null.
+  JobObserver* observer = nullptr;
 };
 
 class JobTable {
@@ -87,6 +91,11 @@ class JobTable {
   // node's stream. Returns the node id; events (possibly this node's own
   // assignment) go to the sinks. A refused first join leaves no job behind.
   absl::StatusOr<std::string> Join(const JoinSpec& spec, std::shared_ptr<EventSink> sink);
+  // The server's own verdict on a running round (metrics_hub.h: a hang with
+  // --on_hang=abort): the job closes failed with reason and failures.
+  // NotFound for an unknown job, FailedPrecondition for another round.
+  absl::Status Abort(const std::string& job_id, std::int64_t round, const std::string& reason,
+                     std::vector<WorkerFailure> failures);
   // An agent reports how its round ended. NotFound for an unknown job.
   absl::Status Report(const std::string& job_id, const std::string& node_id, std::int64_t round,
                       Outcome outcome, std::vector<WorkerFailure> failures);
@@ -137,6 +146,11 @@ class JobTable {
   // Turns deliveries into (sink, event) pairs (terminal events unregister
   // the sink), notes closing, rotates the store, persists, and logs.
   void CollectLocked(Job& job, std::vector<Delivery>& out, Batch* batch);
+  // Tells the observer what a change did (before CollectLocked moves the
+  // events); tag/text: an event for the timeline, "" for none.
+  void ObserveLocked(const JobRendezvous& r, JobRendezvous::State before_state,
+                     std::int64_t before_round, const std::vector<Delivery>& out,
+                     const std::string& tag, const std::string& text);
   void RotateStoreLocked(Job& job);
   void PersistLocked(Job& job);
   // The job's own earliest deadline (nullopt: none that Tick() can clear).

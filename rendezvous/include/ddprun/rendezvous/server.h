@@ -43,6 +43,15 @@ struct ServerOptions {
   // who prints it and which flag names the CA that clients must be signed by.
   std::string log_prefix = "ddprund: ";
   std::string client_ca_flag = "--tls_client_ca";
+  // Monitoring (docs/monitoring.md): the HTTP port of the dashboard, the
+  // JSON API and /metrics. -1: off; 0: the OS picks one (see
+  // dashboard_port()). A port in use fails Start with InvalidArgument
+  // "dashboard: cannot listen on HOST:PORT: <why>; <dashboard_listen_fix>".
+  int dashboard_port = -1;
+  std::string dashboard_host;  // "": the same as host
+  std::string dashboard_listen_fix = "pick another --dashboard_port, or `off`";
+  // Print every hang report on stderr (ddprund's log).
+  bool log_hangs = false;
 };
 
 class RendezvousServer {
@@ -54,6 +63,8 @@ class RendezvousServer {
   ~RendezvousServer();  // Shutdown() then join.
 
   int port() const;
+  // The monitoring HTTP port, -1 when it is off.
+  int dashboard_port() const;
   // Stops accepting calls and ends every open stream (with a deadline).
   void Shutdown();
   // Blocks until Shutdown() is called from another thread.

@@ -1,0 +1,77 @@
+// Sliding windows over one rank's progress, for the metrics hub: the last N
+// step durations (quantiles, the straggler median) and the (time, steps,
+// samples) points of its recent reports (rates). No locking; the hub's lock
+// covers them.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <deque>
+#include <vector>
+
+#include "ddprun/rendezvous/clock.h"
+
+namespace ddprun::rendezvous {
+
+class StepWindow {
+ public:
+  explicit StepWindow(std::size_t capacity) : capacity_(capacity) {}
+  void Add(double seconds) {
+    values_.push_back(seconds);
+    if (values_.size() > capacity_) values_.pop_front();
+  }
+  std::size_t size() const { return values_.size(); }
+  void Clear() { values_.clear(); }
+  // The q-quantile (nearest rank) of the last `last` values (0: all); -1 when empty.
+  double Quantile(double q, std::size_t last = 0) const {
+    if (values_.empty()) return -1;
+    const std::size_t n = last == 0 ? values_.size() : std::min(last, values_.size());
+    std::vector<double> v(values_.end() - static_cast<std::ptrdiff_t>(n), values_.end());
+    const std::size_t k = std::min(n - 1, static_cast<std::size_t>(q * static_cast<double>(n)));
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
+    return v[k];
+  }
+
+ private:
+  std::size_t capacity_;
+  std::deque<double> values_;
+};
+
+// Rates from cumulative counters, over the reports of the last `window`
+// (plus the one just before it, as the base).
+class RateWindow {
+ public:
+  explicit RateWindow(Duration window) : window_(window) {}
+  void Add(TimePoint t, double steps, double samples) {
+    points_.push_back({t, steps, samples});
+    while (points_.size() > 2 && points_[1].t <= t - window_) points_.pop_front();
+  }
+  void Clear() { points_.clear(); }
+  // Per second over the window ending now; 0 without two points, or when
+  // the latest report is older than two windows (the rank went silent).
+  double StepsPerSecond(TimePoint now) const { return Rate(now, false); }
+  // -1 when the samples are unknown (< 0).
+  double SamplesPerSecond(TimePoint now) const {
+    if (points_.empty() || points_.back().samples < 0 || points_.front().samples < 0) return -1;
+    return Rate(now, true);
+  }
+
+ private:
+  struct Point {
+    TimePoint t;
+    double steps, samples;
+  };
+  double Rate(TimePoint now, bool samples) const {
+    if (points_.size() < 2 || now - points_.back().t > 2 * window_) return 0;
+    const Point& a = points_.front();
+    const Point& b = points_.back();
+    const double dt = std::chrono::duration<double>(b.t - a.t).count();
+    if (dt < 0.2) return 0;
+    const double d = samples ? b.samples - a.samples : b.steps - a.steps;
+    return d > 0 ? d / dt : 0;
+  }
+  Duration window_;
+  std::deque<Point> points_;
+};
+
+}  // namespace ddprun::rendezvous
