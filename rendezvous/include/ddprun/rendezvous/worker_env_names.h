@@ -13,5 +13,14 @@ inline constexpr const char* kEnvToken = "DDPRUN_TOKEN";
 inline constexpr const char* kEnvHost = "DDPRUN_HOST";
 // Subsystems of the debug channel (debug_log.h): DDPRUN_DEBUG=rdzv,agent,store,sdk or all.
 inline constexpr const char* kEnvDebug = "DDPRUN_DEBUG";
+// Monitoring (docs/monitoring-sources.md). The worker's metrics channel
+// (metrics_channel.h), as a path the worker opens; unset: not monitored.
+inline constexpr const char* kEnvMetricsFile = "DDPRUN_METRICS_FILE";
+// Where the Python start-up hook's faulthandler writes stacks (opened for
+// appending by the worker).
+inline constexpr const char* kEnvStackFile = "DDPRUN_STACK_FILE";
+// "0": the Python start-up hook does nothing (set by --python_hook=0, or
+// by the user for one job).
+inline constexpr const char* kEnvPythonHook = "DDPRUN_PYTHON_HOOK";
 
 }  // namespace ddprun
