@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "ddprun/rendezvous/errors.h"
+#include "ddprun/rendezvous/status_macros.h"
 #include "ddprun/rendezvous/host_port.h"
 #include "ddprun/rendezvous/server.h"
 #include "ddprun/v1/ddprun.grpc.pb.h"
@@ -176,6 +177,16 @@ absl::Status RendezvousClient::Report(const std::string& job_id, const std::stri
   grpc::ClientContext ctx;
   ctx.set_deadline(DeadlineAfter(timeout));
   return FromGrpc(impl_->rdzv_->Report(&ctx, req, &resp));
+}
+
+absl::StatusOr<MetricsReply> RendezvousClient::ReportMetrics(const MetricsReport& report,
+                                                             Duration timeout) {
+  const pb::MetricsReport req = ToProto(report);
+  pb::MetricsReply resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(DeadlineAfter(timeout));
+  DDPRUN_RETURN_IF_ERROR(FromGrpc(impl_->rdzv_->ReportMetrics(&ctx, req, &resp)));
+  return FromProto(resp);
 }
 
 absl::StatusOr<std::vector<JobStatus>> RendezvousClient::Status(const std::string& job_id,

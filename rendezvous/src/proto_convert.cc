@@ -53,6 +53,8 @@ JoinSpec FromProto(const pb::JoinRequest& p) {
   s.command = p.command();
   s.resume_round = p.resume_node_id().empty() ? -1 : p.resume_round();
   s.resume_node_id = p.resume_node_id();
+  s.hang_timeout_s = p.hang_timeout_s();
+  s.on_hang = p.on_hang();
   return s;
 }
 
@@ -74,6 +76,8 @@ pb::JoinRequest ToProto(const JoinSpec& s) {
   p.set_command(s.command);
   p.set_resume_round(s.resume_round);
   p.set_resume_node_id(s.resume_node_id);
+  p.set_hang_timeout_s(s.hang_timeout_s);
+  p.set_on_hang(s.on_hang);
   return p;
 }
 
@@ -232,6 +236,64 @@ JobStatus FromProto(const pb::JobStatus& p) {
   s.max_nodes = p.max_nodes();
   s.join_deadline_in_s = p.join_deadline_in_s();
   return s;
+}
+
+void ToProto(const RankSample& r, pb::RankSample* p) {
+  p->set_rank(r.rank);
+  p->set_local_rank(r.local_rank);
+  p->set_pid(r.pid);
+  p->set_state(r.state);
+  p->set_has_progress_source(r.has_progress_source);
+  p->set_steps(r.steps);
+  for (double s : r.step_seconds) p->add_step_seconds(s);
+  p->set_samples_total(r.samples_total);
+  p->set_collective_seq(r.collective_seq);
+  p->set_in_collective(r.in_collective);
+  p->set_collective_op(r.collective_op);
+  p->set_comm_seconds_total(r.comm_seconds_total);
+  for (const CollectiveStat& c : r.collectives) {
+    pb::CollectiveStat* q = p->add_collectives();
+    q->set_op(c.op);
+    q->set_count(c.count);
+    q->set_bytes_total(c.bytes_total);
+    q->set_seconds_total(c.seconds_total);
+    q->set_busbw_gbps(c.busbw_gbps);
+  }
+  for (const auto& [name, value] : r.scalars) (*p->mutable_scalars())[name] = value;
+  p->set_scalars_dropped(r.scalars_dropped);
+  p->set_cpu_percent(r.cpu_percent);
+  p->set_rss_bytes(r.rss_bytes);
+  p->set_gpu_util_percent(r.gpu_util_percent);
+  p->set_gpu_mem_bytes(r.gpu_mem_bytes);
+}
+
+void ToProto(const StackDump& d, pb::StackDump* p) {
+  p->set_rank(d.rank);
+  p->set_pid(d.pid);
+  p->set_host(d.host);
+  p->set_kind(d.kind);
+  p->set_text(d.text);
+  p->set_error(d.error);
+}
+
+pb::MetricsReport ToProto(const MetricsReport& r) {
+  pb::MetricsReport p;
+  p.set_job_id(r.job_id);
+  p.set_node_id(r.node_id);
+  p.set_round(r.round);
+  p.set_host(r.host);
+  p.set_unix_s(r.unix_s);
+  for (const RankSample& s : r.ranks) ToProto(s, p.add_ranks());
+  for (const StackDump& d : r.stacks) ToProto(d, p.add_stacks());
+  for (const std::string& e : r.events) p.add_events(e);
+  return p;
+}
+
+MetricsReply FromProto(const pb::MetricsReply& p) {
+  MetricsReply r;
+  r.capture_stacks.assign(p.capture_stacks().begin(), p.capture_stacks().end());
+  r.hang_report = p.hang_report();
+  return r;
 }
 
 }  // namespace ddprun::rendezvous

@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/status.h"
+#include "ddprun/rendezvous/metrics_types.h"
 #include "ddprun/rendezvous/types.h"
 #include "ddprun/v1/ddprun.pb.h"
 
@@ -48,5 +49,11 @@ Outcome FromProto(pb::ReportRequest::Outcome o);
 
 void ToProto(const JobStatus& s, pb::JobStatus* p);
 JobStatus FromProto(const pb::JobStatus& p);
+
+// Monitoring: what an agent sends and what it gets back.
+void ToProto(const RankSample& r, pb::RankSample* p);
+void ToProto(const StackDump& d, pb::StackDump* p);
+pb::MetricsReport ToProto(const MetricsReport& r);
+MetricsReply FromProto(const pb::MetricsReply& p);
 
 }  // namespace ddprun::rendezvous

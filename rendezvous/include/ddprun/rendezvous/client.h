@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "ddprun/rendezvous/clock.h"
+#include "ddprun/rendezvous/metrics_types.h"
 #include "ddprun/rendezvous/store.h"
 #include "ddprun/rendezvous/types.h"
 
@@ -39,6 +40,9 @@ class RendezvousClient {
                       Outcome outcome, const std::vector<WorkerFailure>& failures,
                       Duration timeout);
   absl::StatusOr<std::vector<JobStatus>> Status(const std::string& job_id, Duration timeout);
+  // Monitoring: this node's report; the server's requests come back. An old
+  // server answers UNIMPLEMENTED. Thread-safe (the agent's reporter thread).
+  absl::StatusOr<MetricsReply> ReportMetrics(const MetricsReport& report, Duration timeout);
   const std::string& target() const;
 
  private:

@@ -36,6 +36,11 @@ struct JoinSpec {
   // Re-attach to a running round (see JoinRequest.resume_round); -1: join.
   std::int64_t resume_round = -1;
   std::string resume_node_id;
+  // Hang detection (docs/monitoring.md); the first joiner's values hold for
+  // the job. hang_timeout_s <= 0 disables it; on_hang "report" | "restart" |
+  // "abort" ("" = "report").
+  double hang_timeout_s = 0;
+  std::string on_hang;
 };
 
 struct NodeInfo {

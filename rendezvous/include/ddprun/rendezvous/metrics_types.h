@@ -1,0 +1,69 @@
+// Domain types of the monitoring protocol (proto "Monitoring" section):
+// what an agent reports about its node's workers every second and what the
+// server answers. proto_convert.cc maps them to and from ddprun.v1.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace ddprun::rendezvous {
+
+struct CollectiveStat {
+  std::string op;
+  std::int64_t count = 0;
+  std::int64_t bytes_total = 0;
+  double seconds_total = 0;
+  double busbw_gbps = 0;
+};
+
+// One worker as its agent saw it (see RankSample in ddprun.proto).
+struct RankSample {
+  int rank = -1;
+  int local_rank = -1;
+  std::int64_t pid = 0;
+  std::string state;  // "running" | "exited" | "failed" | "stopped"
+  bool has_progress_source = false;
+  std::int64_t steps = 0;
+  std::vector<double> step_seconds;  // steps completed since the last report
+  double samples_total = -1;         // < 0: unknown
+  std::int64_t collective_seq = 0;
+  bool in_collective = false;
+  std::string collective_op;
+  double comm_seconds_total = 0;
+  std::vector<CollectiveStat> collectives;
+  std::map<std::string, double> scalars;
+  std::int64_t scalars_dropped = 0;
+  double cpu_percent = 0;
+  std::uint64_t rss_bytes = 0;
+  double gpu_util_percent = -1;  // < 0: n/a
+  std::uint64_t gpu_mem_bytes = 0;
+};
+
+struct StackDump {
+  int rank = -1;
+  std::int64_t pid = 0;
+  std::string host;
+  std::string kind;   // "python" | "native" | "kernel"
+  std::string text;
+  std::string error;  // why there is no stack
+};
+
+struct MetricsReport {
+  std::string job_id;
+  std::string node_id;
+  std::int64_t round = 0;
+  std::string host;
+  double unix_s = 0;
+  std::vector<RankSample> ranks;
+  std::vector<StackDump> stacks;
+  std::vector<std::string> events;
+};
+
+struct MetricsReply {
+  std::vector<int> capture_stacks;  // global ranks on the reporting node
+  std::string hang_report;          // print once
+};
+
+}  // namespace ddprun::rendezvous
