@@ -2,6 +2,7 @@
 #include "ddprun/rendezvous/metrics_channel.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -124,7 +125,11 @@ absl::StatusOr<std::unique_ptr<ChannelWriter>> ChannelWriter::Open(const std::st
   std::int64_t expected = 0;
   const std::int64_t me = ::getpid();
   std::atomic_ref<std::int64_t> owner(layout->header.owner_pid);
-  if (!owner.compare_exchange_strong(expected, me) && expected != me) {
+  // A previous owner that exited (a wrapper script's first Python) leaves
+  // the channel to the next process of the worker.
+  if (!owner.compare_exchange_strong(expected, me) && expected != me &&
+      !(::kill(static_cast<pid_t>(expected), 0) != 0 && errno == ESRCH &&
+        owner.compare_exchange_strong(expected, me))) {
     ::munmap(map, sizeof(ChannelLayout));
     return absl::AlreadyExistsError(
         absl::StrCat("the metrics channel ", path, " belongs to process ", expected));

@@ -62,6 +62,16 @@ def valid_name(name):
     return all("!" <= c <= "~" for c in name)
 
 
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+
+
 class Channel:
     """One process's writer over the shared mapping. Thread-safe."""
 
@@ -80,7 +90,7 @@ class Channel:
                              % path)
         me = os.getpid()
         owner = _q.unpack_from(m, _OFF_OWNER)[0]
-        if owner not in (0, me):
+        if owner not in (0, me) and _alive(owner):
             raise PermissionError("the metrics channel belongs to process %d" % owner)
         _q.pack_into(m, _OFF_OWNER, me)
         self._lock = threading.Lock()

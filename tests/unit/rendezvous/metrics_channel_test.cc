@@ -119,10 +119,13 @@ TEST_CASE("thousands of scalars and long names: 256 kept, the rest counted", "[c
 
 TEST_CASE("a second process cannot take a claimed channel", "[channel]") {
   Channel ch;
-  std::int64_t other = ::getpid() + 1;
+  std::int64_t other = ::getppid();  // alive
   ch.Poke(offsetof(ChannelHeader, owner_pid), &other, sizeof(other));
   auto writer = ChannelWriter::Open(ch.path());
   CHECK(writer.status().code() == absl::StatusCode::kAlreadyExists);
+  std::int64_t dead = 0x3fffffff;  // above pid_max: no such process
+  ch.Poke(offsetof(ChannelHeader, owner_pid), &dead, sizeof(dead));
+  CHECK(ChannelWriter::Open(ch.path()).ok());  // a dead owner's channel is taken over
 }
 
 TEST_CASE("a writer refuses a file of another layout", "[channel]") {
