@@ -14,8 +14,8 @@ import mmap
 import os
 import struct
 import sys
-import threading
 import time
+from _thread import allocate_lock  # threading costs an import at start-up
 
 __all__ = ["channel", "step", "scalar", "Channel"]
 
@@ -93,7 +93,7 @@ class Channel:
         if owner not in (0, me) and _alive(owner):
             raise PermissionError("the metrics channel belongs to process %d" % owner)
         _q.pack_into(m, _OFF_OWNER, me)
-        self._lock = threading.Lock()
+        self._lock = allocate_lock()
         self._slots = {}
         self._last_step = None
         self._alive = True
@@ -172,7 +172,7 @@ class Channel:
 _channel = None
 _opened = False
 _hook_state = None  # the start-up hook's state, when it counts optimizer steps
-_open_lock = threading.Lock()
+_open_lock = allocate_lock()
 
 
 def channel():

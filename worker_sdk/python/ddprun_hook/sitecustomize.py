@@ -30,17 +30,24 @@ _STACK_SIGNAL_OFFSET = 5  # SIGRTMIN + 5
 
 def _chain():
     """Runs the sitecustomize this one shadows, as Python would have."""
-    import importlib.machinery
-    import importlib.util
     here = os.path.dirname(os.path.abspath(__file__))
-    rest = [p for p in sys.path if os.path.abspath(p or ".") != here]
-    found = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
-    if found is None or not found.origin or not os.path.isfile(found.origin):
+    origin = None
+    for d in sys.path:  # the next sitecustomize.py after ours, as the import system would find it
+        if os.path.abspath(d or ".") == here:
+            continue
+        candidate = os.path.join(d or ".", "sitecustomize.py")
+        if os.path.isfile(candidate):
+            origin = candidate
+            break
+    if origin is None:
         return
-    spec = importlib.util.spec_from_file_location("_ddprun_chained_sitecustomize", found.origin)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    import types
+    module = types.ModuleType("_ddprun_chained_sitecustomize")
+    module.__file__ = origin
+    sys.modules[module.__name__] = module
+    with open(origin, "rb") as f:
+        code = compile(f.read(), origin, "exec")
+    exec(code, module.__dict__)
 
 
 class _State:
