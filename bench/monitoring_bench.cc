@@ -40,7 +40,8 @@ int MakeChannel() {
 double CpuSeconds() {
   struct rusage ru {};
   ::getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + 1e-6 * (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
+         1e-6 * (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
 }
 
 // ns per call of `f`, best of 5 runs of `n` calls.
@@ -110,9 +111,10 @@ int main(int argc, char** argv) {
   const double cpu = (CpuSeconds() - cpu0) / samples;
   const double wall = std::chrono::duration<double>(Clock::now() - t0).count() / samples;
   int procs = static_cast<int>(proc->Scan().size());
-  std::printf("agent sampling, %d workers, %d processes on the machine: %.3f ms CPU per sample "
-              "(%.3f ms wall) = %.3f %% of a core at 1 sample/s (goal < 1 %%)\n",
-              workers, procs, cpu * 1e3, wall * 1e3, cpu * 100);
+  std::printf(
+      "agent sampling, %d workers, %d processes on the machine: %.3f ms CPU per sample "
+      "(%.3f ms wall) = %.3f %% of a core at 1 sample/s (goal < 1 %%)\n",
+      workers, procs, cpu * 1e3, wall * 1e3, cpu * 100);
   for (pid_t p : pids) ::kill(p, SIGKILL);
   for (pid_t p : pids) ::waitpid(p, nullptr, 0);
 

@@ -38,8 +38,8 @@ int MakeFile(const std::string& name, const std::string& bytes) {
   if (fd < 0) return -1;
   std::size_t done = 0;
   while (done < bytes.size()) {
-    const ssize_t n = ::pwrite(fd, bytes.data() + done, bytes.size() - done,
-                               static_cast<off_t>(done));
+    const ssize_t n =
+        ::pwrite(fd, bytes.data() + done, bytes.size() - done, static_cast<off_t>(done));
     if (n <= 0) {
       ::close(fd);
       return -1;
@@ -52,8 +52,7 @@ int MakeFile(const std::string& name, const std::string& bytes) {
 std::string FdPath(int fd) { return absl::StrCat("/proc/", ::getpid(), "/fd/", fd); }
 
 double UnixNow() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace
@@ -65,9 +64,9 @@ std::string FindPythonHookDir() {
     exe[n] = '\0';
     std::string dir(exe);
     dir = dir.substr(0, dir.rfind('/'));  // .../bin
-    for (const std::string& c : {dir + "/../python", dir + "/../" DDPRUN_INSTALL_LIBDIR
-                                                       "/ddprun/python",
-                                 dir + "/../lib/ddprun/python"}) {
+    for (const std::string& c :
+         {dir + "/../python", dir + "/../" DDPRUN_INSTALL_LIBDIR "/ddprun/python",
+          dir + "/../lib/ddprun/python"}) {
       if (IsHookDir(c)) return c;
     }
   }
@@ -203,8 +202,9 @@ void Monitoring::Tick() {
   auto reply = session_.ReportMetrics(report, options_.report_timeout);
   if (!reply.ok()) {
     if (absl::IsUnimplemented(reply.status())) {
-      log_("the rendezvous has no monitoring (an older ddprund?); live metrics and hang "
-           "detection are off for this job");
+      log_(
+          "the rendezvous has no monitoring (an older ddprund?); live metrics and hang "
+          "detection are off for this job");
       std::lock_guard<std::mutex> lock(mu_);
       off_ = true;
       return;
@@ -236,8 +236,8 @@ void Monitoring::Tick() {
     }
     rdzv::StackDump d = CaptureStack(t, options_.stack_budget);
     if (t.stack_fd >= 0) ::close(t.stack_fd);
-    DDPRUN_DEBUG_LOG(kAgent) << rdzv::Fence(report.job_id, report.round) << "stack of rank "
-                             << rank << ": " << (d.kind.empty() ? d.error : d.kind);
+    DDPRUN_DEBUG_LOG(kAgent) << rdzv::Fence(report.job_id, report.round) << "stack of rank " << rank
+                             << ": " << (d.kind.empty() ? d.error : d.kind);
     stacks_.push_back(std::move(d));
   }
   std::lock_guard<std::mutex> lock(mu_);

@@ -88,14 +88,14 @@ class Monitoring {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
-  bool wake_ = false;  // report again at once (stacks taken)
-  bool off_ = false;   // the server has no monitoring
-  MetricsCollector collector_;        // under mu_
+  bool wake_ = false;                            // report again at once (stacks taken)
+  bool off_ = false;                             // the server has no monitoring
+  MetricsCollector collector_;                   // under mu_
   std::optional<rendezvous::Assignment> round_;  // under mu_
-  std::vector<Files> files_;          // by local rank, under mu_
-  std::deque<std::string> events_;    // under mu_
-  std::vector<rendezvous::StackDump> stacks_;  // reporter thread only
-  std::set<std::string> printed_;     // hang reports printed (reporter only)
+  std::vector<Files> files_;                     // by local rank, under mu_
+  std::deque<std::string> events_;               // under mu_
+  std::vector<rendezvous::StackDump> stacks_;    // reporter thread only
+  std::set<std::string> printed_;                // hang reports printed (reporter only)
   std::thread thread_;
 };
 

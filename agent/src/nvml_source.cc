@@ -87,16 +87,16 @@ class NvmlSource final : public GpuSource {
     auto init = Sym<nvmlReturn_t (*)()>("nvmlInit_v2");
     shutdown_ = Sym<nvmlReturn_t (*)()>("nvmlShutdown");
     get_count_ = Sym<nvmlReturn_t (*)(unsigned int*)>("nvmlDeviceGetCount_v2");
-    get_handle_ = Sym<nvmlReturn_t (*)(unsigned int, nvmlDevice_t*)>(
-        "nvmlDeviceGetHandleByIndex_v2");
-    get_util_ = Sym<nvmlReturn_t (*)(nvmlDevice_t, NvmlUtilization*)>(
-        "nvmlDeviceGetUtilizationRates");
+    get_handle_ =
+        Sym<nvmlReturn_t (*)(unsigned int, nvmlDevice_t*)>("nvmlDeviceGetHandleByIndex_v2");
+    get_util_ =
+        Sym<nvmlReturn_t (*)(nvmlDevice_t, NvmlUtilization*)>("nvmlDeviceGetUtilizationRates");
     procs_v3_ = Sym<ProcsFn>("nvmlDeviceGetComputeRunningProcesses_v3");
     procs_v2_ = Sym<ProcsFn>("nvmlDeviceGetComputeRunningProcesses_v2");
     procs_v1_ = Sym<ProcsFn>("nvmlDeviceGetComputeRunningProcesses");
     if (init == nullptr || get_count_ == nullptr || get_handle_ == nullptr ||
-        get_util_ == nullptr || (procs_v3_ == nullptr && procs_v2_ == nullptr &&
-                                 procs_v1_ == nullptr)) {
+        get_util_ == nullptr ||
+        (procs_v3_ == nullptr && procs_v2_ == nullptr && procs_v1_ == nullptr)) {
       return;
     }
     initialized_ = init() == kNvmlSuccess;
@@ -105,7 +105,8 @@ class NvmlSource final : public GpuSource {
   using ProcsFn = nvmlReturn_t (*)(nvmlDevice_t, unsigned int*, void*);
 
   template <class Info>
-  bool List(ProcsFn fn, nvmlDevice_t dev, std::vector<std::pair<unsigned, unsigned long long>>* out) {
+  bool List(ProcsFn fn, nvmlDevice_t dev,
+            std::vector<std::pair<unsigned, unsigned long long>>* out) {
     if (fn == nullptr) return false;
     std::vector<Info> infos(64);
     for (int attempt = 0; attempt < 3; ++attempt) {

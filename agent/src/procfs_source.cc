@@ -40,8 +40,8 @@ bool ParseStat(const char* buf, long page_size, ProcStat* out) {
 
 class ProcfsSource final : public ProcSource {
  public:
-  ProcfsSource() : hz_(static_cast<double>(::sysconf(_SC_CLK_TCK))),
-                   page_size_(::sysconf(_SC_PAGESIZE)) {}
+  ProcfsSource()
+      : hz_(static_cast<double>(::sysconf(_SC_CLK_TCK))), page_size_(::sysconf(_SC_PAGESIZE)) {}
 
   std::vector<ProcStat> Scan() override {
     std::vector<ProcStat> out;

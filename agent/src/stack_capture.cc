@@ -20,8 +20,8 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
 extern char** environ;
@@ -99,8 +99,8 @@ std::optional<std::string> PythonStack(const StackTarget& t, Clock::time_point d
     *why = "faulthandler wrote nothing (the interpreter may be gone)";
     return std::nullopt;
   }
-  const std::size_t n = std::min<std::size_t>(static_cast<std::size_t>(size - before),
-                                               kMaxStackBytes);
+  const std::size_t n =
+      std::min<std::size_t>(static_cast<std::size_t>(size - before), kMaxStackBytes);
   std::string text(n, '\0');
   const ssize_t r = ::pread(t.stack_fd, text.data(), n, before);
   text.resize(r > 0 ? static_cast<std::size_t>(r) : 0);
@@ -130,8 +130,8 @@ std::optional<std::string> NativeStack(pid_t pid, Clock::time_point deadline, st
     return std::nullopt;
   }
   const std::string pid_s = std::to_string(pid);
-  std::vector<std::string> args = {gdb,  "-nx", "-batch", "-p", pid_s, "-ex",
-                                   "set pagination off", "-ex", "thread apply all bt"};
+  std::vector<std::string> args = {
+      gdb, "-nx", "-batch", "-p", pid_s, "-ex", "set pagination off", "-ex", "thread apply all bt"};
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -162,13 +162,14 @@ std::optional<std::string> NativeStack(pid_t pid, Clock::time_point deadline, st
   bool timed_out = false;
   char buf[4096];
   while (true) {
-    const auto left =
-        std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
+    const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
     if (left <= 0) {
       timed_out = true;
       break;
     }
-    struct pollfd p {fds[0], POLLIN, 0};
+    struct pollfd p {
+      fds[0], POLLIN, 0
+    };
     const int n = ::poll(&p, 1, static_cast<int>(std::min<long long>(left, 200)));
     if (n < 0 && errno != EINTR) break;
     if (n <= 0) continue;

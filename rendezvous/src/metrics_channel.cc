@@ -116,8 +116,7 @@ absl::StatusOr<std::unique_ptr<ChannelWriter>> ChannelWriter::Open(const std::st
   }
   auto* layout = static_cast<ChannelLayout*>(map);
   if (std::memcmp(layout->header.magic, kChannelMagic, sizeof(kChannelMagic)) != 0 ||
-      layout->header.version != kChannelVersion ||
-      layout->header.size != sizeof(ChannelLayout)) {
+      layout->header.version != kChannelVersion || layout->header.size != sizeof(ChannelLayout)) {
     ::munmap(map, sizeof(ChannelLayout));
     return absl::FailedPreconditionError(absl::StrCat(
         "the metrics channel ", path, " has another layout (a different ddprun version)"));
@@ -250,10 +249,10 @@ absl::StatusOr<ChannelSnapshot> ChannelReader::Read() {
       short_read = true;
       return false;
     };
-    const bool read_p = read_section(progress_ok, before.progress_seq, &progress,
-                                     sizeof(progress), offsetof(ChannelLayout, progress));
-    const bool read_c = read_section(comm_ok, before.comm_seq, &comm, sizeof(comm),
-                                     offsetof(ChannelLayout, comm));
+    const bool read_p = read_section(progress_ok, before.progress_seq, &progress, sizeof(progress),
+                                     offsetof(ChannelLayout, progress));
+    const bool read_c =
+        read_section(comm_ok, before.comm_seq, &comm, sizeof(comm), offsetof(ChannelLayout, comm));
     const bool read_s = read_section(scalars_ok, before.scalars_seq, scalars.get(),
                                      sizeof(ScalarsSection), offsetof(ChannelLayout, scalars));
     if (short_read) return absl::DataLossError("the metrics channel was truncated");
@@ -323,8 +322,8 @@ absl::StatusOr<ChannelSnapshot> ChannelReader::Read() {
       snap.in_collective = comm.in_collective == 1;
       snap.collective_op.clear();
       if (snap.in_collective && comm.current_op < n) {
-        snap.collective_op = NameIn(comm.ops[comm.current_op].op, kChannelOpNameBytes)
-                                 .value_or(std::string());
+        snap.collective_op =
+            NameIn(comm.ops[comm.current_op].op, kChannelOpNameBytes).value_or(std::string());
       }
     }
   }

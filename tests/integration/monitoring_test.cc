@@ -98,9 +98,9 @@ struct Run {
   std::vector<rdzv::MetricsReport> reports;
 };
 
-Run RunAgent(AgentOptions o,
-             const std::function<rdzv::MetricsReply(const rdzv::MetricsReport&, EventQueue&)>&
-                 answer) {
+Run RunAgent(
+    AgentOptions o,
+    const std::function<rdzv::MetricsReply(const rdzv::MetricsReport&, EventQueue&)>& answer) {
   BlockAgentSignals();
   CaptureStderr cap;
   auto events = MakeEventQueue(rdzv::SystemClock::Get());
@@ -147,9 +147,9 @@ int LineOf(const std::string& path, const std::string& marker) {
 }
 
 bool TorchAvailable() {
-  static const bool ok =
-      std::system("timeout -k 5 60 /usr/bin/python3 -c 'import torch.distributed' "
-                  ">/dev/null 2>&1") == 0;
+  static const bool ok = std::system(
+                             "timeout -k 5 60 /usr/bin/python3 -c 'import torch.distributed' "
+                             ">/dev/null 2>&1") == 0;
   return ok;
 }
 
@@ -205,8 +205,8 @@ TEST_CASE("an unmodified PyTorch DDP script: the hook's steps, samples and Pytho
   CHECK(stacks[0].rank == 1);
   CHECK(stacks[0].kind == "python");
   CHECK(stacks[0].host == "127.0.0.1");
-  const std::string where = "hang_ddp.py\", line " + std::to_string(LineOf(kHangScript,
-                                                                           "SLEEP_LINE"));
+  const std::string where =
+      "hang_ddp.py\", line " + std::to_string(LineOf(kHangScript, "SLEEP_LINE"));
   CHECK_THAT(stacks[0].text, Catch::Contains(where));
   CHECK_THAT(stacks[0].text, Catch::Contains("(most recent call last)"));
   // The hang report was printed once although every reply carried it.
@@ -215,8 +215,7 @@ TEST_CASE("an unmodified PyTorch DDP script: the hook's steps, samples and Pytho
   CHECK(r.err.find("TEST HANG REPORT", first + 1) == std::string::npos);
 }
 
-TEST_CASE("a C++ SDK trainer: steps, scalars, every collective, native stack",
-          "[integration]") {
+TEST_CASE("a C++ SDK trainer: steps, scalars, every collective, native stack", "[integration]") {
   AgentOptions o = Options(2, {std::string(DDPRUN_BIN_DIR) + "/metrics_trainer"});
   o.extra_env = {{"STEPS", "30"}, {"STEP_MS", "5"}, {"SLEEP_AFTER_S", "60"}};
   std::mutex mu;

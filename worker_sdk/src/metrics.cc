@@ -1,8 +1,6 @@
 // ddp::metrics (ddp/metrics.h) over the process's metrics channel.
 #include "ddp/metrics.h"
 
-#include "metrics.h"
-
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -13,6 +11,7 @@
 
 #include "ddp/types.h"
 #include "ddprun/rendezvous/worker_env_names.h"
+#include "metrics.h"
 
 namespace ddp {
 namespace detail {

@@ -44,8 +44,7 @@ int Channel() {
   return fd;
 }
 
-TEST_CASE("collector: CPU of the worker's process group, RSS, GPU n/a, channel values",
-          "[unit]") {
+TEST_CASE("collector: CPU of the worker's process group, RSS, GPU n/a, channel values", "[unit]") {
   FakeProc proc;
   FakeGpu gpu;
   rdzv::FakeClock clock;
@@ -56,7 +55,9 @@ TEST_CASE("collector: CPU of the worker's process group, RSS, GPU n/a, channel v
   c.SetPid(0, 100);
   c.SetPid(1, 200);
   // Worker 100 and its DataLoader child 101 (same group); 300 is someone else's.
-  proc.procs = {{100, 100, 1000, 1 << 20}, {101, 100, 500, 2 << 20}, {200, 200, 0, 4096},
+  proc.procs = {{100, 100, 1000, 1 << 20},
+                {101, 100, 500, 2 << 20},
+                {200, 200, 0, 4096},
                 {300, 300, 99999, 1 << 30}};
   auto first = c.Sample(nullptr);
   REQUIRE(first.size() == 2);
@@ -72,8 +73,8 @@ TEST_CASE("collector: CPU of the worker's process group, RSS, GPU n/a, channel v
   // Two seconds: 100 used 1 s of CPU, its child 0.5 s, and a new child 102
   // appeared with 0.5 s: (100 + 50 + 50) ticks / 100 Hz / 2 s = 100 %.
   clock.Advance(std::chrono::seconds(2));
-  proc.procs = {{100, 100, 1100, 1 << 20}, {101, 100, 550, 2 << 20}, {102, 100, 50, 0},
-                {200, 200, 0, 4096}};
+  proc.procs = {
+      {100, 100, 1100, 1 << 20}, {101, 100, 550, 2 << 20}, {102, 100, 50, 0}, {200, 200, 0, 4096}};
   auto w = rdzv::ChannelWriter::Open("/proc/self/fd/" + std::to_string(fd));
   REQUIRE(w.ok());
   (*w)->Step(8, std::nan(""));
@@ -100,8 +101,7 @@ TEST_CASE("collector: CPU of the worker's process group, RSS, GPU n/a, channel v
   ::close(fd);
 }
 
-TEST_CASE("collector: a worker that breaks its channel is reported once and ignored",
-          "[unit]") {
+TEST_CASE("collector: a worker that breaks its channel is reported once and ignored", "[unit]") {
   FakeProc proc;
   FakeGpu gpu;
   rdzv::FakeClock clock;

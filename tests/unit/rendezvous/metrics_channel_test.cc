@@ -167,9 +167,9 @@ TEST_CASE("garbage in every byte never crashes the reader or passes through", "[
     for (char& c : bytes) c = static_cast<char>(rng());
     if (round % 2 == 0) {  // a valid header over garbage sections
       std::memcpy(bytes.data(), InitialChannelBytes().data(), offsetof(ChannelHeader, owner_pid));
-      for (std::size_t seq : {offsetof(ChannelHeader, progress_seq),
-                              offsetof(ChannelHeader, comm_seq),
-                              offsetof(ChannelHeader, scalars_seq)}) {
+      for (std::size_t seq :
+           {offsetof(ChannelHeader, progress_seq), offsetof(ChannelHeader, comm_seq),
+            offsetof(ChannelHeader, scalars_seq)}) {
         bytes[seq] = static_cast<char>(bytes[seq] & ~1);  // even: readable
       }
     }

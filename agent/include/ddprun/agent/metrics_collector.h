@@ -42,7 +42,7 @@ std::unique_ptr<ProcSource> MakeProcfsSource();
 
 // The GPU use of a set of processes.
 struct GpuUse {
-  double util_percent = -1;      // < 0: n/a
+  double util_percent = -1;  // < 0: n/a
   std::uint64_t mem_bytes = 0;
 };
 class GpuSource {
@@ -61,9 +61,9 @@ std::unique_ptr<GpuSource> MakeNvmlSource();
 struct MonitoredWorker {
   int rank = 0;
   int local_rank = 0;
-  pid_t pid = 0;            // 0 until spawned
+  pid_t pid = 0;  // 0 until spawned
   std::string state = "running";
-  int channel_fd = -1;      // the metrics channel (owned by the caller)
+  int channel_fd = -1;  // the metrics channel (owned by the caller)
 };
 
 class MetricsCollector {

@@ -22,9 +22,9 @@ namespace ddprun::agent {
 
 struct StackTarget {
   int rank = 0;
-  pid_t pid = 0;          // the worker (a process group leader)
+  pid_t pid = 0;  // the worker (a process group leader)
   std::string host;
-  int stack_fd = -1;      // the agent's descriptor of the worker's stack file
+  int stack_fd = -1;  // the agent's descriptor of the worker's stack file
   std::optional<rendezvous::ChannelSnapshot> channel;
 };
 

@@ -39,10 +39,10 @@ namespace ddprun::rendezvous {
 
 inline constexpr char kChannelMagic[8] = {'D', 'D', 'P', 'R', 'M', 'E', 'T', '1'};
 inline constexpr std::uint32_t kChannelVersion = 1;
-inline constexpr int kChannelStepRing = 64;        // step durations kept per channel
-inline constexpr int kChannelMaxOps = 16;          // collective kinds
-inline constexpr int kChannelOpNameBytes = 16;     // incl. the NUL
-inline constexpr int kChannelMaxScalars = 256;     // RankSample.scalars' limit
+inline constexpr int kChannelStepRing = 64;          // step durations kept per channel
+inline constexpr int kChannelMaxOps = 16;            // collective kinds
+inline constexpr int kChannelOpNameBytes = 16;       // incl. the NUL
+inline constexpr int kChannelMaxScalars = 256;       // RankSample.scalars' limit
 inline constexpr int kChannelScalarNameBytes = 120;  // incl. the NUL
 
 // ChannelHeader.flags: what the writer provides.
@@ -51,22 +51,22 @@ inline constexpr std::uint32_t kChannelFlagHook = 2;         // the Python start
 inline constexpr std::uint32_t kChannelFlagCollectives = 4;  // SDK collectives are recorded
 inline constexpr std::uint32_t kChannelFlagSamples = 8;      // samples_total is known
 
-struct ChannelHeader {          // offset 0
-  char magic[8];                // kChannelMagic (the agent writes it)
-  std::uint32_t version;        // kChannelVersion
-  std::uint32_t size;           // sizeof(ChannelLayout)
-  std::int64_t owner_pid;       // the process that writes; 0: unclaimed
-  std::uint32_t flags;          // kChannelFlag*
-  std::int32_t stack_signal;    // > 0: faulthandler dumps Python stacks on it
-  std::uint64_t progress_seq;   // seqlock of ProgressSection
-  std::uint64_t comm_seq;       // seqlock of CommSection
-  std::uint64_t scalars_seq;    // seqlock of ScalarsSection
+struct ChannelHeader {         // offset 0
+  char magic[8];               // kChannelMagic (the agent writes it)
+  std::uint32_t version;       // kChannelVersion
+  std::uint32_t size;          // sizeof(ChannelLayout)
+  std::int64_t owner_pid;      // the process that writes; 0: unclaimed
+  std::uint32_t flags;         // kChannelFlag*
+  std::int32_t stack_signal;   // > 0: faulthandler dumps Python stacks on it
+  std::uint64_t progress_seq;  // seqlock of ProgressSection
+  std::uint64_t comm_seq;      // seqlock of CommSection
+  std::uint64_t scalars_seq;   // seqlock of ScalarsSection
   std::uint64_t reserved;
 };
 
-struct ProgressSection {        // offset 64
-  std::int64_t steps;           // steps completed
-  double samples_total;         // < 0: unknown
+struct ProgressSection {  // offset 64
+  std::int64_t steps;     // steps completed
+  double samples_total;   // < 0: unknown
   // Step n's duration in seconds at [(n - 1) % kChannelStepRing]; NaN:
   // unknown (the first step of a process has no start).
   double step_seconds[kChannelStepRing];
@@ -77,7 +77,7 @@ struct ChannelOpStat {
   std::int64_t count;
   std::int64_t bytes_total;
   double seconds_total;
-  double busbw_gbps;             // of the most recent call
+  double busbw_gbps;  // of the most recent call
 };
 
 struct CommSection {            // offset 592
@@ -95,10 +95,10 @@ struct ChannelScalar {
   double value;
 };
 
-struct ScalarsSection {         // offset 1392
+struct ScalarsSection {  // offset 1392
   std::uint32_t count;
   std::uint32_t pad;
-  std::int64_t dropped;         // Scalar() calls refused: name too long or no slot left
+  std::int64_t dropped;  // Scalar() calls refused: name too long or no slot left
   ChannelScalar slots[kChannelMaxScalars];
 };
 
