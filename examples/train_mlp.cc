@@ -146,7 +146,12 @@ int main(int argc, char** argv) {
       double sum = 0;
       int steps = 0;
       for (std::size_t s = 0; s + kBatch <= shard.size(); s += kBatch, ++steps)
-        sum += Step(model, data, std::span<const int>(shard).subspan(s, kBatch), reducer);
+      {
+        const float loss = Step(model, data, std::span<const int>(shard).subspan(s, kBatch), reducer);
+        sum += loss;
+        ddp::metrics::Step(kBatch);  // ddprun's live view: steps, samples/s, step time
+        ddp::metrics::Scalar("loss", loss);
+      }
       double mean[1] = {sum / std::max(steps, 1)};
       pg->Allreduce(mean, 1, ddp::DType::kFloat64, ddp::ReduceOp::kAvg).Wait();
       if (epoch == 0) first = float(mean[0]);

@@ -26,6 +26,7 @@
 #include "ddprun/agent/worker_env.h"
 #include "ddprun/agent/worker_group.h"
 #include "ddprun/agent/worker_logs.h"
+#include "monitoring.h"
 #include "ddprun/rendezvous/c10d_store_server.h"
 #include "ddprun/rendezvous/debug_log.h"
 #include "ddprun/rendezvous/errors.h"
@@ -142,6 +143,7 @@ class Agent::Impl {
 
   void Shutdown() {
     if (logs_) logs_->Finish();  // the workers' last output reaches the console and files
+    monitoring_.reset();         // its reporter uses the session
     EndJoin();
     watcher_.reset();
     session_->Close();
@@ -199,6 +201,8 @@ class Agent::Impl {
     spec.max_restarts = options_.max_restarts;
     spec.master_port = session_->master_port();
     spec.command = absl::StrJoin(options_.command, " ");
+    spec.hang_timeout_s = options_.hang_timeout_s;
+    spec.on_hang = options_.on_hang;
     return spec;
   }
 
@@ -240,11 +244,49 @@ class Agent::Impl {
     return logs_->Init();
   }
 
+  // ---------------------------------------------------------- monitoring
+
+  void StartMonitoring() {
+    Monitoring::Options mo;
+    mo.job_id = options_.job_id;
+    mo.host = advertised_host_;
+    mo.python_hook = options_.python_hook;
+    mo.python_dir = options_.python_hook ? FindPythonHookDir() : "";
+    monitoring_ = std::make_unique<Monitoring>(
+        std::move(mo), *session_, clock_, [this](const std::string& m) { Log(m); },
+        [this](const std::string& block) {
+          if (logs_) logs_->Sync();
+          std::string text = block;
+          if (!text.empty() && text.back() != '\n') text += '\n';
+          std::fputs(text.c_str(), stderr);
+          std::fflush(stderr);
+        });
+    exit_seen_.clear();
+  }
+
+  // Worker exits for the next report: their state and one event each.
+  void UpdateMonitoredWorkers() {
+    if (!monitoring_) return;
+    const auto& ws = workers_.workers();
+    exit_seen_.resize(ws.size(), false);
+    for (std::size_t j = 0; j < ws.size(); ++j) {
+      if (!ws[j].exit || exit_seen_[j]) continue;
+      exit_seen_[j] = true;
+      const bool failed = !ws[j].exit->ok() && !ws[j].stopped_by_agent;
+      monitoring_->WorkerState(ws[j].local_rank,
+                               ws[j].stopped_by_agent ? "stopped" : failed ? "failed" : "exited");
+      monitoring_->Event(absl::StrCat("worker rank ", ws[j].global_rank, " ",
+                                      ws[j].exit->Describe()));
+    }
+  }
+
   // Spawns every local worker. Returns false if one could not be started.
   bool SpawnWorkers() {
     workers_.Clear();
     const rdzv::Assignment& a = *assignment_;
     logs_->BeginRound(a.round);
+    exit_seen_.assign(a.local_world_size, false);
+    if (monitoring_) monitoring_->BeginRound(a);
     WorkerEnvInputs in;
     in.options = &options_;
     in.assignment = &a;
@@ -257,7 +299,11 @@ class Agent::Impl {
       in.error_file = error_file;
       spec.argv = SubstituteLocalRank(options_.command, j);
       spec.env = BuildWorkerEnv(base_env_, in, j);
+      if (monitoring_) monitoring_->AddWorkerEnv(j, &spec.env);
       absl::Status st = workers_.Spawn(j, a.base_rank + j, spec, std::move(error_file), prepared);
+      if (monitoring_ && st.ok() && workers_.workers().back().child) {
+        monitoring_->WorkerStarted(j, workers_.workers().back().child->pid());
+      }
       logs_->AfterSpawn(j);
       if (!st.ok()) {
         Log(std::string(st.message()));
@@ -289,6 +335,7 @@ class Agent::Impl {
   }
 
   void StopWorkers(int sig) {
+    if (monitoring_) monitoring_->EndRound();
     workers_.Stop(
         sig, grace_period_, [this](TimePoint d) { return WaitWhileStopping(d); },
         [this](const std::string& msg) { Log(msg); });
@@ -322,6 +369,7 @@ class Agent::Impl {
       return kExitRendezvousError;
     }
     advertised_host_ = session_->advertised_host();
+    StartMonitoring();
     while (true) {
       std::optional<int> rc = RunOneRound();
       if (rc) return *rc;
@@ -438,6 +486,7 @@ class Agent::Impl {
       auto e = NextEvent(clock_.Now() + WorkerGroup::kPollInterval);
       if (!e || std::holds_alternative<ChildrenChanged>(*e)) {
         workers_.Poll();
+        UpdateMonitoredWorkers();
         if (workers_.AnyFailed()) return OnWorkerFailure();
         if (!workers_.AnyAlive()) return OnSuccess();
         continue;
@@ -590,6 +639,7 @@ class Agent::Impl {
   }
 
   std::optional<int> OnSuccess() {
+    if (monitoring_) monitoring_->EndRound();
     DDPRUN_DEBUG_LOG(kAgent) << rdzv::Fence(options_.job_id, round_)
                              << "every worker exited 0; reporting success";
     ReportBestEffort(rdzv::Outcome::kSucceeded, {});
@@ -669,6 +719,8 @@ class Agent::Impl {
   bool membership_changed_ = false;
   WorkerGroup workers_;
   std::unique_ptr<WorkerLogs> logs_;  // set by Run()
+  std::unique_ptr<Monitoring> monitoring_;  // set once the session is open
+  std::vector<bool> exit_seen_;             // by local rank: exit sent to monitoring
 };
 
 Agent::Agent(AgentOptions options, std::unique_ptr<ProcessLauncher> launcher)

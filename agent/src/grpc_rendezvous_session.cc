@@ -168,6 +168,14 @@ class GrpcRendezvousSession final : public RendezvousSession {
     return absl::NotFoundError(absl::StrCat("the rendezvous does not know job ", options_.job_id));
   }
 
+  // The client is set by Open() before the agent starts its reporter and
+  // reset by Close() after it stopped it; gRPC stubs are thread-safe.
+  absl::StatusOr<rdzv::MetricsReply> ReportMetrics(const rdzv::MetricsReport& report,
+                                                   Duration timeout) override {
+    if (!client_) return absl::FailedPreconditionError("not connected to the rendezvous");
+    return client_->ReportMetrics(report, timeout);
+  }
+
   void Close() override {
     EndJoin();
     client_.reset();

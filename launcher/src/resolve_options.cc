@@ -102,6 +102,16 @@ absl::Status ResolveShape(const ResolveContext& ctx, ParsedCommand& out) {
   o.forward_sigusr1 = signals.usr1;
   o.forward_sigusr2 = signals.usr2;
 
+  // Monitoring.
+  DDPRUN_ASSIGN_OR_RETURN(auto hang_timeout,
+                          ParseKnob(flags, KnobNamed("hang_timeout"), [](const std::string& s) {
+                            return ParseSeconds(s, /*allow_zero=*/true);
+                          }));
+  o.hang_timeout_s = hang_timeout.count();
+  DDPRUN_ASSIGN_OR_RETURN(o.on_hang, ParseKnob(flags, KnobNamed("on_hang"), ParseOnHang));
+  DDPRUN_ASSIGN_OR_RETURN(bool no_hook, flags.GetBool("no_python_hook"));
+  o.python_hook = !no_hook;
+
   // Compatibility flags: validated, stored, unused.
   DDPRUN_ASSIGN_OR_RETURN(out.launcher.monitor_interval,
                           ParseKnob(flags, KnobNamed("monitor_interval"), [](const std::string& s) {

@@ -241,6 +241,13 @@ absl::StatusOr<std::string> ParseStartMethod(absl::string_view text) {
   return std::string(text);
 }
 
+absl::StatusOr<std::string> ParseOnHang(absl::string_view text) {
+  if (text != "report" && text != "restart" && text != "abort") {
+    return Bad(absl::StrCat("must be report, restart or abort, got '", text, "'"));
+  }
+  return std::string(text);
+}
+
 absl::StatusOr<std::string> NormalizeKnobValue(const Knob& knob, absl::string_view text) {
   switch (knob.type) {
     case ValueType::kNodeRange: {
@@ -303,6 +310,8 @@ absl::StatusOr<std::string> NormalizeKnobValue(const Knob& knob, absl::string_vi
       return std::string(text);
     case ValueType::kStartMethod:
       return ParseStartMethod(text);
+    case ValueType::kOnHang:
+      return ParseOnHang(text);
     case ValueType::kRdzvConf:
     case ValueType::kFileOnly:
       break;

@@ -84,5 +84,9 @@ try:
 except ddprun_sdk.Error as e:
     assert "not started by ddprun" in str(e), str(e)
     print("install_test: python loaded %s; init() outside ddprun: %s" % (lib, str(e).splitlines()[0]))
+ddprun_sdk.step(8)  # monitoring calls: no-ops outside ddprun
+assert ddprun_sdk.scalar("loss", 1.0) is False
 PY
+[[ -f "$libdir/ddprun/python/ddprun_hook/sitecustomize.py" && -f "$libdir/ddprun/python/ddprun_metrics.py" ]] ||
+  fail "the Python start-up hook is not installed"
 step "PASS"

@@ -11,11 +11,18 @@ with data_ptr(), numel() and dtype (torch tensors):
 
 The library is found through $DDPRUN_SDK_LIB, next to this file, in ../lib
 (the build tree) or ../.. (an install's lib/ddprun/python), then the system path.
+
+Live metrics for ddprun's monitoring need no library (and no group), so a
+plain PyTorch script can call them (pure Python, ddprun_metrics.py):
+
+    ddp.step(samples=len(batch))     # one training step done
+    ddp.scalar("loss", loss.item())  # a named value, shown and exported
 """
 import ctypes
 import os
+import sys
 
-__all__ = ["init", "ProcessGroup", "Reducer", "Work", "Error", "TimeoutError_", "DTYPES", "OPS"]
+__all__ = ["init", "step", "scalar", "ProcessGroup", "Reducer", "Work", "Error", "TimeoutError_", "DTYPES", "OPS"]
 
 DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2, "float64": 3, "int32": 4, "int64": 5}
 OPS = {"sum": 0, "avg": 1, "max": 2, "min": 3}
@@ -55,7 +62,10 @@ def _load():
     raise ImportError("ddprun_sdk: cannot find libddprun_worker_sdk.so (set DDPRUN_SDK_LIB): %s" % last)
 
 
-_lib = _load()
+try:
+    _lib = _load()
+except ImportError as _e:  # step() and scalar() work without it; init() says why not
+    _lib, _load_error = None, _e
 _c = ctypes
 _P, _SZ, _I = _c.c_void_p, _c.c_size_t, _c.c_int
 for name, args, res in [
@@ -83,6 +93,8 @@ for name, args, res in [
     ("ddp_reducer_num_buckets", [_P], _SZ),
     ("ddp_broadcast_parameters", [_P, _c.POINTER(_P), _c.POINTER(_SZ), _c.POINTER(_I), _SZ, _I], _I),
 ]:
+    if _lib is None:
+        break
     f = getattr(_lib, name)
     f.argtypes, f.restype = args, res
 
@@ -160,6 +172,9 @@ class Work:
 
 class ProcessGroup:
     def __init__(self, backend=0, timeout=0.0):
+        if _lib is None:
+            raise _load_error
+
         class Opts(ctypes.Structure):
             _fields_ = [("backend", ctypes.c_int), ("timeout_sec", ctypes.c_double)]
         b = backend if isinstance(backend, int) else \
@@ -295,4 +310,32 @@ class Reducer:
 
 def init(backend="auto", timeout=0.0):
     """ddp_init: reads ddprun's environment and bootstraps this round's communicator."""
+    if _lib is None:
+        raise _load_error
     return ProcessGroup(backend, timeout)
+
+
+def _metrics():
+    try:
+        import ddprun_metrics
+    except ImportError:  # next to this file, wherever that is
+        import importlib.util
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ddprun_metrics.py")
+        spec = importlib.util.spec_from_file_location("ddprun_metrics", path)
+        ddprun_metrics = importlib.util.module_from_spec(spec)
+        sys.modules["ddprun_metrics"] = ddprun_metrics
+        spec.loader.exec_module(ddprun_metrics)
+    return ddprun_metrics
+
+
+def step(samples=None):
+    """One training step done, with `samples` samples (None: unknown). Under
+    ddprun, a few stores into a shared page; otherwise nothing. Once called,
+    ddprun counts these steps instead of the optimizer's."""
+    _metrics().step(samples)
+
+
+def scalar(name, value):
+    """Sets a named scalar (1-119 printable ASCII bytes, at most 256 names).
+    Returns False when refused, or when not under ddprun."""
+    return _metrics().scalar(name, value)

@@ -2,6 +2,7 @@
 // else) at the ABI boundary and turn it into a status code plus a
 // thread-local message.
 #include "ddp/c_api.h"
+#include "ddp/metrics.h"
 
 #include <memory>
 #include <string>
@@ -244,6 +245,20 @@ ddp_status_t ddp_broadcast_parameters(ddp_group_t* g, void* const* data, const s
     specs.push_back(ddp::GradSpec{data[i], counts[i], static_cast<ddp::DType>(dtypes[i]), {}});
   }
   return Guard([&] { ddp::BroadcastParameters(*g->pg, specs, root); });
+}
+
+ddp_status_t ddp_metrics_step(double samples) {
+  ddp::metrics::Step(samples);
+  return DDP_OK;
+}
+
+ddp_status_t ddp_metrics_scalar(const char* name, double value) {
+  DDP_REQUIRE(name != nullptr, "ddp_metrics_scalar: name is a null pointer");
+  if (!ddp::metrics::Enabled()) return DDP_OK;
+  DDP_REQUIRE(ddp::metrics::Scalar(name, value),
+              "ddp_metrics_scalar: name refused (1-119 printable ASCII bytes without spaces, at "
+              "most 256 names per worker)");
+  return DDP_OK;
 }
 
 }  // extern "C"

@@ -56,6 +56,7 @@
 #include "gloo/transport/tcp/device.h"
 #include "gloo_ops.h"
 #include "gloo_store_adapter.h"
+#include "metrics.h"
 #include "shm_group.h"
 
 namespace ddp::detail {
@@ -363,6 +364,7 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
 
   absl::StatusOr<WorkPtr> Enqueue(const std::string& desc, std::function<void()> run) {
     if (aborted()) return AbortedStatus(desc);
+    run = RecordCollective(desc, std::move(run), size());  // ddprun's monitoring (metrics.h)
     auto work = std::make_shared<QueuedWork>(weak_from_this(), desc, timeout());
     // Nothing to communicate (run null) still keeps issue order.
     queue_.Push(desc, std::move(run), work);

@@ -20,8 +20,8 @@
 extern "C" {
 #endif
 
-/* 1: the first release; 2: ddp_work_test. */
-#define DDP_ABI_VERSION 2
+/* 1: the first release; 2: ddp_work_test; 3: ddp_metrics_step, ddp_metrics_scalar. */
+#define DDP_ABI_VERSION 3
 
 typedef enum {
   DDP_OK = 0,
@@ -110,6 +110,14 @@ size_t ddp_reducer_num_buckets(const ddp_reducer_t* r);
 /* Broadcasts `n` buffers from `root` (initial parameter sync). */
 ddp_status_t ddp_broadcast_parameters(ddp_group_t* g, void* const* data, const size_t* counts,
                                       const int* dtypes, size_t n, int root);
+
+/* Live metrics for ddprun's monitoring (ddp/metrics.h): one training step
+ * done with `samples` samples (< 0: unknown), and a named scalar. No group
+ * needed; no-ops (DDP_OK) when not under ddprun. ddp_metrics_scalar returns
+ * DDP_ERR_INVALID_ARGUMENT for a refused name (NULL, empty, over 119 bytes,
+ * not printable ASCII, or past 256 names) under ddprun. */
+ddp_status_t ddp_metrics_step(double samples);
+ddp_status_t ddp_metrics_scalar(const char* name, double value);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,8 @@
-// The worker SDK in one include: ddp::Init, ProcessGroup, Work, Reducer.
+// The worker SDK in one include: ddp::Init, ProcessGroup, Work, Reducer, ddp::metrics.
 #pragma once
 
 #include "ddp/error.h"
+#include "ddp/metrics.h"
 #include "ddp/process_group.h"
 #include "ddp/reducer.h"
 #include "ddp/types.h"

@@ -16,6 +16,10 @@ namespace ddprun::agent {
 
 inline constexpr double kDefaultGracePeriodS = 30.0;  // SIGTERM -> SIGKILL
 inline constexpr const char* kDefaultRole = "default";
+// Hang detection: seconds without progress of any rank before the server
+// reports a hang (docs/monitoring.md). Long enough for an evaluation pass or
+// a checkpoint without optimizer steps; far below PyTorch's 10-30 min.
+inline constexpr double kDefaultHangTimeoutS = 300.0;
 
 enum class RendezvousMode {
   kEmbedded,  // this agent hosts the rendezvous (--standalone; one node without an endpoint)
@@ -69,6 +73,14 @@ struct AgentOptions {
   // settings). They override the inherited environment; ddprun's own
   // variables (RANK, MASTER_ADDR, ...) override them.
   std::map<std::string, std::string> extra_env;
+
+  // Monitoring (docs/monitoring-sources.md). Sent in every JoinRequest; the
+  // first joiner's values hold for the job. hang_timeout_s <= 0 disables
+  // hang detection; on_hang: "report" | "restart" | "abort".
+  double hang_timeout_s = kDefaultHangTimeoutS;
+  std::string on_hang = "report";
+  // --python_hook: ddprun's start-up hook on the workers' PYTHONPATH.
+  bool python_hook = true;
 };
 
 }  // namespace ddprun::agent

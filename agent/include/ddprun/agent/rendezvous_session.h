@@ -30,6 +30,7 @@
 #include "ddprun/agent/agent_options.h"
 #include "ddprun/agent/events.h"
 #include "ddprun/rendezvous/clock.h"
+#include "ddprun/rendezvous/metrics_types.h"
 #include "ddprun/rendezvous/types.h"
 
 namespace ddprun::agent {
@@ -70,6 +71,16 @@ class RendezvousSession {
                               rendezvous::Duration timeout) = 0;
   // The job as the rendezvous sees it (nodes gathered, deadlines).
   virtual absl::StatusOr<rendezvous::JobStatus> JobStatus(rendezvous::Duration timeout) = 0;
+  // Monitoring (docs/monitoring-sources.md): this node's report, about once
+  // a second; the reply carries the server's requests (stacks to take, a hang
+  // report to print). Called on the agent's reporter thread, between Open()
+  // and Close(), concurrently with the main thread's calls: implementations
+  // make this call thread-safe. UNIMPLEMENTED: the server has no monitoring
+  // (an older ddprund), and the agent stops reporting.
+  virtual absl::StatusOr<rendezvous::MetricsReply> ReportMetrics(
+      const rendezvous::MetricsReport& report, rendezvous::Duration timeout) {
+    return absl::UnimplementedError("this rendezvous session has no monitoring");
+  }
   // Ends every stream and stops what the session serves.
   virtual void Close() = 0;
 };

@@ -42,6 +42,7 @@ enum class ValueType {
   kBackend,      // c10d, ddprun (alias) or static
   kSignals,      // SIG,... of the forwarded set
   kStartMethod,  // spawn, fork or forkserver
+  kOnHang,       // report, restart or abort
   kRdzvConf,     // KEY=VALUE,... (each key is its own knob below)
   kFileOnly,     // a job-file structure parsed by job_config.cc (hosts, command, ...)
 };
@@ -54,9 +55,10 @@ inline constexpr const char* kGroupCommand = "Worker command";
 inline constexpr const char* kGroupOutput = "Worker output and logs";
 inline constexpr const char* kGroupCompat = "Accepted for torchrun compatibility";
 inline constexpr const char* kGroupConfig = "Job file (docs/config.md)";
+inline constexpr const char* kGroupMonitoring = "Monitoring (docs/monitoring.md)";
 inline constexpr const char* kHelpGroups[] = {kGroupJob,    kGroupRdzv,   kGroupStatic,
-                                              kGroupCommand, kGroupOutput, kGroupCompat,
-                                              kGroupConfig};
+                                              kGroupCommand, kGroupOutput, kGroupMonitoring,
+                                              kGroupCompat, kGroupConfig};
 
 struct Knob {
   // The flag's underscore name ("nproc_per_node"); nullptr for a job-file
@@ -188,6 +190,21 @@ inline constexpr Knob kKnobs[] = {
      .help = "Lines of each worker's stderr kept for the failure report; 0 leaves stderr "
              "unpiped",
      .min = 0, .max = 10'000, .what = "a number of lines in 0..10000"},
+    // Monitoring (docs/monitoring.md, docs/monitoring-sources.md).
+    {.name = "hang_timeout", .yaml_key = "monitoring.hang_timeout", .type = ValueType::kSeconds,
+     .default_value = "300", .default_text = "300", .metavar = "SECONDS",
+     .group = kGroupMonitoring,
+     .help = "Report a hang when no rank made progress (optimizer steps, ddp::metrics::Step, "
+             "SDK collectives) for this long while every worker runs; 0 disables it"},
+    {.name = "on_hang", .yaml_key = "monitoring.on_hang", .type = ValueType::kOnHang,
+     .default_value = "report", .default_text = "report", .metavar = "report|restart|abort",
+     .group = kGroupMonitoring,
+     .help = "After a hang report (culprit ranks and their stacks): report only, restart the "
+             "job (counts against --max_restarts) or abort it"},
+    {.name = "no_python_hook", .yaml_key = "monitoring.no_python_hook", .type = ValueType::kBool,
+     .default_text = "off", .group = kGroupMonitoring,
+     .help = "Do not put ddprun's start-up hook (optimizer steps, samples, stacks) on the Python "
+             "workers' PYTHONPATH; DDPRUN_PYTHON_HOOK=0 turns it off for one job too"},
     {.yaml_key = "environment.set", .type = ValueType::kFileOnly},
     {.yaml_key = "environment.pass", .type = ValueType::kFileOnly},
     {.yaml_key = "nccl.NCCL_*", .type = ValueType::kFileOnly},

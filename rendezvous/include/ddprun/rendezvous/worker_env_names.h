@@ -22,5 +22,14 @@ inline constexpr const char* kEnvDebug = "DDPRUN_DEBUG";
 // its summary for the launcher, and the test hook that corrupts one rank's results.
 inline constexpr const char* kEnvBenchResult = "DDPRUN_BENCH_RESULT";
 inline constexpr const char* kEnvBenchCorruptRank = "DDPRUN_BENCH_CORRUPT_RANK";
+// Monitoring (docs/monitoring-sources.md). The worker's metrics channel
+// (metrics_channel.h), as a path the worker opens; unset: not monitored.
+inline constexpr const char* kEnvMetricsFile = "DDPRUN_METRICS_FILE";
+// Where the Python start-up hook's faulthandler writes stacks (opened for
+// appending by the worker).
+inline constexpr const char* kEnvStackFile = "DDPRUN_STACK_FILE";
+// "0": the Python start-up hook does nothing (set by --python_hook=0, or
+// by the user for one job).
+inline constexpr const char* kEnvPythonHook = "DDPRUN_PYTHON_HOOK";
 
 }  // namespace ddprun

@@ -1,0 +1,131 @@
+// ddp::metrics (ddp/metrics.h) over the process's metrics channel.
+#include "ddp/metrics.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+
+#include "ddp/types.h"
+#include "ddprun/rendezvous/worker_env_names.h"
+#include "metrics.h"
+
+namespace ddp {
+namespace detail {
+namespace {
+
+namespace rdzv = ::ddprun::rendezvous;
+
+std::unique_ptr<rdzv::ChannelWriter> OpenChannel() {
+  const char* path = std::getenv(ddprun::kEnvMetricsFile);
+  if (path == nullptr || *path == '\0') return nullptr;
+  auto writer = rdzv::ChannelWriter::Open(path);
+  if (writer.ok()) return std::move(*writer);
+  // Another process of this worker owns it (the Python hook of a parent):
+  // that one reports; this one stays quiet.
+  if (writer.status().code() != absl::StatusCode::kAlreadyExists) {
+    std::fprintf(stderr, "ddp: metrics off for this worker: %s\n",
+                 std::string(writer.status().message()).c_str());
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+rdzv::ChannelWriter* MetricsChannel() {
+  static rdzv::ChannelWriter* const channel = OpenChannel().release();  // lives until exit
+  return channel;
+}
+
+double BusBandwidthGbps(const char* op, std::int64_t input_bytes, double seconds, int ranks) {
+  if (seconds <= 0 || ranks < 1 || input_bytes <= 0) return 0;
+  const double n = ranks;
+  const double algbw = static_cast<double>(input_bytes) / seconds / 1e9;
+  if (std::strcmp(op, "allreduce") == 0) return algbw * 2 * (n - 1) / n;
+  if (std::strcmp(op, "allgather") == 0) return algbw * (n - 1);  // input is 1/n of the result
+  if (std::strcmp(op, "reduce_scatter") == 0) return algbw * (n - 1) / n;
+  if (std::strcmp(op, "broadcast") == 0) return algbw;
+  return 0;
+}
+
+std::function<void()> RecordCollective(const std::string& desc, std::function<void()> run,
+                                       int ranks) {
+  rdzv::ChannelWriter* channel = MetricsChannel();
+  if (channel == nullptr) return run;
+  // DescribeOp's format (process_group.cc): "op(count x dtype[, extra])".
+  const std::size_t paren = desc.find('(');
+  std::string op = desc.substr(0, paren);
+  std::int64_t bytes = 0;
+  if (paren != std::string::npos) {
+    const std::size_t x = desc.find(" x ", paren);
+    const std::size_t end = desc.find_first_of(",)", x == std::string::npos ? paren : x);
+    if (x != std::string::npos && end != std::string::npos) {
+      const std::int64_t count = std::strtoll(desc.c_str() + paren + 1, nullptr, 10);
+      const std::string dtype = desc.substr(x + 3, end - x - 3);
+      for (int d = 0; IsValidDType(d); ++d) {
+        if (dtype == DTypeName(static_cast<DType>(d))) {
+          bytes = count * static_cast<std::int64_t>(DTypeSize(static_cast<DType>(d)));
+        }
+      }
+    }
+  }
+  return [channel, op = std::move(op), bytes, ranks, run = std::move(run)] {
+    channel->CollectiveStart(op);
+    const auto t0 = std::chrono::steady_clock::now();
+    struct End {
+      rdzv::ChannelWriter* channel;
+      const std::string& op;
+      std::int64_t bytes;
+      int ranks;
+      std::chrono::steady_clock::time_point t0;
+      ~End() {
+        const double s =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        channel->CollectiveEnd(op, bytes, s, BusBandwidthGbps(op.c_str(), bytes, s, ranks));
+      }
+    } end{channel, op, bytes, ranks, t0};
+    if (run) run();
+  };
+}
+
+}  // namespace detail
+
+namespace metrics {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::mutex& StepMutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+}  // namespace
+
+void Step(double samples) {
+  auto* channel = detail::MetricsChannel();
+  if (channel == nullptr) return;
+  static Clock::time_point last{};  // under StepMutex()
+  double seconds = std::nan("");
+  {
+    std::lock_guard<std::mutex> lock(StepMutex());
+    const Clock::time_point now = Clock::now();
+    if (last != Clock::time_point{}) seconds = std::chrono::duration<double>(now - last).count();
+    last = now;
+  }
+  channel->Step(std::isfinite(samples) ? samples : -1, seconds);
+}
+
+bool Scalar(std::string_view name, double value) {
+  auto* channel = detail::MetricsChannel();
+  if (channel == nullptr) return false;
+  return channel->Scalar(name, value);
+}
+
+bool Enabled() { return detail::MetricsChannel() != nullptr; }
+
+}  // namespace metrics
+}  // namespace ddp
