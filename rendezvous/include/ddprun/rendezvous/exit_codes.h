@@ -1,4 +1,4 @@
-// The exit status of ddprun, ddprund and `ddprun status`, defined once
+// The exit status of ddprun, ddprund, `ddprun status` and `ddprun check`, defined once
 // (docs/cli.md lists them). 128+N means killed by signal N, as shells report.
 #pragma once
 
@@ -8,6 +8,9 @@ inline constexpr int kExitSuccess = 0;
 inline constexpr int kExitWorkerFailed = 1;     // a worker failed beyond --max_restarts
 inline constexpr int kExitUsage = 2;            // bad flags, job file or environment
 inline constexpr int kExitRendezvousError = 3;  // join timeout, daemon unreachable, refused
+// `ddprun check` (docs/check.md): 0 when every check passed, these otherwise.
+inline constexpr int kExitCheckWarnings = 4;  // the worst result is a warning
+inline constexpr int kExitCheckFailed = 5;    // at least one check failed
 
 inline constexpr int ExitForSignal(int signo) { return 128 + signo; }
 
