@@ -29,6 +29,8 @@ std::string Bytes(std::int64_t b) {
   return absl::StrCat(b / 1024, " KiB");
 }
 
+std::string Workers(int n) { return absl::StrCat(n, n == 1 ? " worker" : " workers"); }
+
 std::string NodeName(const NodeFacts& n) {
   return absl::StrCat("node ", n.group_rank, " (", n.host.empty() ? n.hostname : n.host, ")");
 }
@@ -344,8 +346,8 @@ class NofileCheck final : public LocalCheck {
       return Make(Name(), n, Verdict::kFail,
                   absl::StrCat(found, "; ",
                                n.group_rank == 0
-                                   ? absl::StrCat("the store of ", job.WorldSize(), " workers")
-                                   : absl::StrCat(job.nproc_per_node, " workers"),
+                                   ? absl::StrCat("the store of ", Workers(job.WorldSize()))
+                                   : Workers(job.nproc_per_node),
                                " needs ", need),
                   fix);
     }

@@ -70,7 +70,7 @@ void MeasureClock(rendezvous::Store& store, SystemProbe& probe, int node,
       facts.clock_measured = true;
       // Integer microseconds first: wall clocks are ~1.7e15 us, past a
       // double's exact range for sums.
-      const std::int64_t offset_us = t1 - (t0 + (t2 - t0) / 2);
+      const std::int64_t offset_us = (t0 + (t2 - t0) / 2) - t1;  // mine minus node 0's
       facts.clock_offset_ms = static_cast<double>(offset_us) / 1000.0;
       facts.clock_uncertainty_ms = static_cast<double>(std::max<std::int64_t>(rtt, 0)) / 2000.0;
     }
