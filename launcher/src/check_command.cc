@@ -231,7 +231,8 @@ int RunCheckWorker(const agent::Env& env, std::ostream& err) {
   in.job.job_id = spec.value("job_id", "");
   in.job.nproc_per_node = spec.value("nproc_per_node", 1);
   in.job.nnodes = in.group_world_size;
-  in.timeout = preflight::Millis(static_cast<long>(spec.value("timeout_s", kDefaultCheckTimeoutS) * 1000));
+  in.timeout =
+      preflight::Millis(static_cast<long>(spec.value("timeout_s", kDefaultCheckTimeoutS) * 1000));
   in.connect_timeout = std::min(in.connect_timeout, in.timeout);
   const std::string* host = Find(env, kEnvHost);
   in.host = host ? *host : *master_addr;
@@ -256,16 +257,16 @@ int RunCheckWorker(const agent::Env& env, std::ostream& err) {
   auto store = rendezvous::C10dStoreClient::Connect(
       *master_addr, store_port, std::chrono::duration_cast<rendezvous::Duration>(in.timeout));
   if (!store.ok()) {
-    return fail(absl::StrCat("ddprun check: node ", in.group_rank, " cannot reach the job's store at ",
-                             rendezvous::FormatHostPort(*master_addr, store_port), " (",
-                             store.status().message(),
-                             "); open that TCP port from this node to node 0"));
+    return fail(
+        absl::StrCat("ddprun check: node ", in.group_rank, " cannot reach the job's store at ",
+                     rendezvous::FormatHostPort(*master_addr, store_port), " (",
+                     store.status().message(), "); open that TCP port from this node to node 0"));
   }
   absl::StatusOr<preflight::ExchangeOutcome> outcome =
       preflight::RunExchange(**store, *probe, std::move(local), in);
   if (!outcome.ok()) {
-    return fail(absl::StrCat("ddprun check: node ", in.group_rank, ": ",
-                             outcome.status().message()));
+    return fail(
+        absl::StrCat("ddprun check: node ", in.group_rank, ": ", outcome.status().message()));
   }
   if (!WriteReport(*report_path, *outcome)) {
     err << "ddprun check: cannot write " << *report_path << "; make /tmp writable" << std::endl;

@@ -75,10 +75,10 @@ class DdprunVersionCheck final : public SameAsNodeZero {
     if (n.ddprun_version == ref.ddprun_version) {
       return Make(Name(), n, Verdict::kPass, n.ddprun_version);
     }
-    return Make(Name(), n, Verdict::kFail,
-                absl::StrCat(n.ddprun_version, ", but ", NodeName(ref), " runs ",
-                             ref.ddprun_version),
-                absl::StrCat("install the same ddprun on every node (", ref.ddprun_version, ")"));
+    return Make(
+        Name(), n, Verdict::kFail,
+        absl::StrCat(n.ddprun_version, ", but ", NodeName(ref), " runs ", ref.ddprun_version),
+        absl::StrCat("install the same ddprun on every node (", ref.ddprun_version, ")"));
   }
 };
 
@@ -181,14 +181,15 @@ class NcclSocketIfnameCheck final : public LocalCheck {
       const absl::string_view list = absl::string_view(*value).substr(exact ? 1 : 0);
       for (absl::string_view entry : absl::StrSplit(list, ',', absl::SkipEmpty())) {
         const std::string one = absl::StrCat(exact ? "=" : "", entry);
-        const bool any = std::any_of(n.interfaces.begin(), n.interfaces.end(),
-                                     [&](const Interface& i) { return NcclListSelects(one, i.name); });
+        const bool any =
+            std::any_of(n.interfaces.begin(), n.interfaces.end(),
+                        [&](const Interface& i) { return NcclListSelects(one, i.name); });
         if (!any) {
-          return Make(Name(), n, Verdict::kWarn,
-                      absl::StrCat("NCCL_SOCKET_IFNAME=", *value, ": '", entry,
-                                   "' matches no interface; NCCL uses ",
-                                   absl::StrJoin(selected, ",")),
-                      fix);
+          return Make(
+              Name(), n, Verdict::kWarn,
+              absl::StrCat("NCCL_SOCKET_IFNAME=", *value, ": '", entry,
+                           "' matches no interface; NCCL uses ", absl::StrJoin(selected, ",")),
+              fix);
         }
       }
     }
@@ -211,12 +212,12 @@ class GlooSocketIfnameCheck final : public LocalCheck {
       const auto it = std::find_if(n.interfaces.begin(), n.interfaces.end(),
                                    [&](const Interface& i) { return i.name == entry; });
       if (it == n.interfaces.end() || !it->up || !it->has_address) {
-        return Make(Name(), n, Verdict::kFail,
-                    absl::StrCat("GLOO_SOCKET_IFNAME=", *value, ": '", entry, "' ",
-                                 it == n.interfaces.end() ? "does not exist"
-                                                          : "is down or has no address"),
-                    absl::StrCat("set GLOO_SOCKET_IFNAME to exact interface names of this node (",
-                                 InterfaceNames(n), "), or unset it"));
+        return Make(
+            Name(), n, Verdict::kFail,
+            absl::StrCat("GLOO_SOCKET_IFNAME=", *value, ": '", entry, "' ",
+                         it == n.interfaces.end() ? "does not exist" : "is down or has no address"),
+            absl::StrCat("set GLOO_SOCKET_IFNAME to exact interface names of this node (",
+                         InterfaceNames(n), "), or unset it"));
       }
     }
     return Make(Name(), n, Verdict::kPass, absl::StrCat("GLOO_SOCKET_IFNAME=", *value));
@@ -247,10 +248,10 @@ class NcclIbHcaCheck final : public LocalCheck {
       if (NcclListSelects(*value, d)) selected.push_back(d);
     }
     if (selected.empty()) {
-      return Make(Name(), n, Verdict::kFail,
-                  absl::StrCat("NCCL_IB_HCA=", *value, " selects none of ", devices),
-                  absl::StrCat("set NCCL_IB_HCA to devices of this node (", devices,
-                               "), or unset it"));
+      return Make(
+          Name(), n, Verdict::kFail,
+          absl::StrCat("NCCL_IB_HCA=", *value, " selects none of ", devices),
+          absl::StrCat("set NCCL_IB_HCA to devices of this node (", devices, "), or unset it"));
     }
     return Make(Name(), n, Verdict::kPass,
                 absl::StrCat("NCCL_IB_HCA=", *value, " -> ", absl::StrJoin(selected, ",")));
@@ -277,19 +278,17 @@ class GpuCheck final : public LocalCheck {
     const std::string* cvd = EnvOf(n, "CUDA_VISIBLE_DEVICES");
     std::string invalid;
     const int visible = cvd == nullptr ? n.gpu_count : VisibleGpus(*cvd, n.gpu_count, &invalid);
-    const std::string seen =
-        absl::StrCat(n.gpu_count, " GPUs (", n.gpu_source, ")",
-                     cvd == nullptr ? "" : absl::StrCat(", CUDA_VISIBLE_DEVICES=", *cvd, " shows ",
-                                                        visible));
+    const std::string seen = absl::StrCat(
+        n.gpu_count, " GPUs (", n.gpu_source, ")",
+        cvd == nullptr ? "" : absl::StrCat(", CUDA_VISIBLE_DEVICES=", *cvd, " shows ", visible));
     if (nproc > visible) {
-      return Make(Name(), n, Verdict::kFail,
-                  absl::StrCat(nproc, " workers per node but ", seen),
-                  absl::StrCat("--nproc_per_node=", visible, " (or gpu)",
-                               cvd == nullptr ? "" : ", or list more GPUs in CUDA_VISIBLE_DEVICES"));
+      return Make(
+          Name(), n, Verdict::kFail, absl::StrCat(nproc, " workers per node but ", seen),
+          absl::StrCat("--nproc_per_node=", visible, " (or gpu)",
+                       cvd == nullptr ? "" : ", or list more GPUs in CUDA_VISIBLE_DEVICES"));
     }
     if (!invalid.empty()) {
-      return Make(Name(), n, Verdict::kWarn,
-                  absl::StrCat(seen, "; CUDA stops at '", invalid, "'"),
+      return Make(Name(), n, Verdict::kWarn, absl::StrCat(seen, "; CUDA stops at '", invalid, "'"),
                   absl::StrCat("list only GPUs 0-", n.gpu_count - 1,
                                " in CUDA_VISIBLE_DEVICES, without repeats"));
     }
@@ -310,12 +309,10 @@ class ShmCheck final : public LocalCheck {
     if (n.shm_total < 0) {
       return Make(Name(), n, Verdict::kFail, "/dev/shm is missing", fix);
     }
-    const std::string found =
-        absl::StrCat(Bytes(n.shm_free), " free of ", Bytes(n.shm_total));
+    const std::string found = absl::StrCat(Bytes(n.shm_free), " free of ", Bytes(n.shm_total));
     if (n.shm_free < sdk) {
       return Make(Name(), n, Verdict::kFail,
-                  absl::StrCat(found, "; ", job.nproc_per_node, " workers need ", Bytes(sdk)),
-                  fix);
+                  absl::StrCat(found, "; ", job.nproc_per_node, " workers need ", Bytes(sdk)), fix);
     }
     if (n.shm_free < kShmDataLoaderBytes) {
       return Make(Name(), n, Verdict::kWarn,
@@ -332,30 +329,30 @@ class NofileCheck final : public LocalCheck {
   CheckResult Judge(const NodeFacts& n, const std::vector<NodeFacts>&,
                     const JobFacts& job) const override {
     const std::int64_t soft = n.nofile_soft;
-    const std::string found = absl::StrCat("ulimit -n ", soft < 0 ? "unlimited" : absl::StrCat(soft));
+    const std::string found =
+        absl::StrCat("ulimit -n ", soft < 0 ? "unlimited" : absl::StrCat(soft));
     if (soft < 0) return Make(Name(), n, Verdict::kPass, found);
     // Node 0 hosts the job's store: every worker of the job connects to it.
     const std::int64_t need = n.group_rank == 0
                                   ? kNofilePerWorker * job.WorldSize() + kNofileBase
                                   : kNofilePerWorker * job.nproc_per_node + kNofileBase;
-    const std::string fix = absl::StrCat("raise the open-file limit to at least ",
-                                         std::max(need, kNofileComfortable),
-                                         " (ulimit -n, limits.conf nofile, docker --ulimit "
-                                         "nofile=65536:65536); ddprun raises soft to hard");
+    const std::string fix =
+        absl::StrCat("raise the open-file limit to at least ", std::max(need, kNofileComfortable),
+                     " (ulimit -n, limits.conf nofile, docker --ulimit "
+                     "nofile=65536:65536); ddprun raises soft to hard");
     if (soft < need) {
-      return Make(Name(), n, Verdict::kFail,
-                  absl::StrCat(found, "; ",
-                               n.group_rank == 0
-                                   ? absl::StrCat("the store of ", Workers(job.WorldSize()))
-                                   : Workers(job.nproc_per_node),
-                               " needs ", need),
-                  fix);
+      return Make(
+          Name(), n, Verdict::kFail,
+          absl::StrCat(found, "; ",
+                       n.group_rank == 0 ? absl::StrCat("the store of ", Workers(job.WorldSize()))
+                                         : Workers(job.nproc_per_node),
+                       " needs ", need),
+          fix);
     }
     if (soft < kNofileComfortable) {
-      return Make(Name(), n, Verdict::kWarn,
-                  absl::StrCat(found, " (DataLoader workers and NCCL want ", kNofileComfortable,
-                               ")"),
-                  fix);
+      return Make(
+          Name(), n, Verdict::kWarn,
+          absl::StrCat(found, " (DataLoader workers and NCCL want ", kNofileComfortable, ")"), fix);
     }
     return Make(Name(), n, Verdict::kPass, found);
   }
@@ -366,13 +363,13 @@ class MemlockCheck final : public LocalCheck {
   std::string_view Name() const override { return "ulimit_memlock"; }
   CheckResult Judge(const NodeFacts& n, const std::vector<NodeFacts>&,
                     const JobFacts&) const override {
-    const std::string found = absl::StrCat("ulimit -l ", n.memlock_soft < 0
-                                                             ? std::string("unlimited")
-                                                             : Bytes(n.memlock_soft));
+    const std::string found = absl::StrCat(
+        "ulimit -l ", n.memlock_soft < 0 ? std::string("unlimited") : Bytes(n.memlock_soft));
     const std::string* disable = EnvOf(n, "NCCL_IB_DISABLE");
     const bool ib = n.ib_devices && !n.ib_devices->empty() && !(disable && *disable == "1");
     if (!ib) {
-      return Make(Name(), n, Verdict::kNotApplicable, absl::StrCat(found, "; InfiniBand not in use"));
+      return Make(Name(), n, Verdict::kNotApplicable,
+                  absl::StrCat(found, "; InfiniBand not in use"));
     }
     if (n.memlock_soft >= 0) {
       return Make(Name(), n, Verdict::kWarn,
@@ -420,7 +417,8 @@ class ReachCheck final : public LocalCheck {
       }
     }
     if (!bad.empty()) {
-      return Make(Name(), n, Verdict::kFail, absl::StrCat("cannot connect to ", absl::StrJoin(bad, "; ")),
+      return Make(Name(), n, Verdict::kFail,
+                  absl::StrCat("cannot connect to ", absl::StrJoin(bad, "; ")),
                   "open these TCP ports between the nodes (firewall, security group), or make "
                   "each node advertise a reachable address with --local_addr");
     }
@@ -441,8 +439,10 @@ class ClockCheck final : public LocalCheck {
       return Make(Name(), n, Verdict::kNotApplicable,
                   n.group_rank == 0 ? "the reference" : "not measured");
     }
-    const std::string found = absl::StrFormat("offset to node 0 %+.1f ms (+/- %.1f ms)",
-                                              n.clock_offset_ms, n.clock_uncertainty_ms);
+    // No "-0.0": an offset that rounds to zero is shown as +0.0.
+    const double shown = std::abs(n.clock_offset_ms) < 0.05 ? 0.0 : n.clock_offset_ms;
+    const std::string found =
+        absl::StrFormat("offset to node 0 %+.1f ms (+/- %.1f ms)", shown, n.clock_uncertainty_ms);
     const double excess = std::abs(n.clock_offset_ms) - n.clock_uncertainty_ms;
     const std::string fix =
         "synchronise the clocks with NTP on every node (chronyc tracking; timedatectl set-ntp "

@@ -95,10 +95,9 @@ void ResolveAndReach(SystemProbe& probe, const ExchangeInput& in, const std::vec
   auto connect = [&](const std::string& what, const std::string& host, int port) {
     const auto start = SteadyClock::now();
     const absl::Status s = probe.Connect(host, port, in.connect_timeout);
-    const double ms =
-        std::chrono::duration<double, std::milli>(SteadyClock::now() - start).count();
-    facts.reach.push_back({what, rendezvous::FormatHostPort({host, port}), s.ok(),
-                           std::string(s.message()), ms});
+    const double ms = std::chrono::duration<double, std::milli>(SteadyClock::now() - start).count();
+    facts.reach.push_back(
+        {what, rendezvous::FormatHostPort({host, port}), s.ok(), std::string(s.message()), ms});
   };
   for (const Target& t : in.targets) connect(t.what, t.host, t.port);
   for (int r = 0; r < in.group_world_size; ++r) {
@@ -125,7 +124,8 @@ absl::StatusOr<ExchangeOutcome> RunExchange(rendezvous::Store& store, SystemProb
   std::vector<Peer> peers(n);
   std::vector<bool> present(n, false);
   for (int r = 0; r < n; ++r) {
-    absl::StatusOr<std::string> v = store.Get(Key(absl::StrCat("listen/", r)), Left(arrival_deadline));
+    absl::StatusOr<std::string> v =
+        store.Get(Key(absl::StrCat("listen/", r)), Left(arrival_deadline));
     if (!v.ok()) continue;
     if (std::optional<Peer> p = ParsePeer(*v)) {
       peers[r] = *p;
@@ -155,12 +155,13 @@ absl::StatusOr<ExchangeOutcome> RunExchange(rendezvous::Store& store, SystemProb
                             store.Get(Key("verdict"), in.timeout + in.connect_timeout * 2));
     const Json j = Json::parse(verdict, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.contains("exit_code") || !j.contains("summary")) {
-      return absl::InvalidArgumentError("node 0's check verdict is not JSON; run the same ddprun "
-                                        "on every node");
+      return absl::InvalidArgumentError(
+          "node 0's check verdict is not JSON; run the same ddprun "
+          "on every node");
     }
     out.exit_code = j["exit_code"].get<int>();
-    out.text = absl::StrCat("ddprun check: node ", me, " (", in.host, "): ",
-                            j["summary"].get<std::string>(), "; node 0 prints the table\n");
+    out.text = absl::StrCat("ddprun check: node ", me, " (", in.host,
+                            "): ", j["summary"].get<std::string>(), "; node 0 prints the table\n");
     (void)store.Set(Key(absl::StrCat("ack/", me)), "");
     return out;
   }
@@ -180,7 +181,8 @@ absl::StatusOr<ExchangeOutcome> RunExchange(rendezvous::Store& store, SystemProb
       continue;
     }
     absl::StatusOr<std::string> v = store.Get(Key(absl::StrCat("facts/", r)), Left(facts_deadline));
-    absl::StatusOr<NodeFacts> f = v.ok() ? FactsFromJson(*v) : absl::StatusOr<NodeFacts>(v.status());
+    absl::StatusOr<NodeFacts> f =
+        v.ok() ? FactsFromJson(*v) : absl::StatusOr<NodeFacts>(v.status());
     if (!f.ok()) {
       missing.error = std::string(f.status().message());
       nodes.push_back(missing);

@@ -280,15 +280,15 @@ class RealProbe final : public SystemProbe {
 
  private:
   static absl::Status ConnectOne(const addrinfo* a, SteadyClock::time_point deadline) {
-    FdCloser fd(::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                         a->ai_protocol));
+    FdCloser fd(
+        ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol));
     if (fd.get() < 0) return absl::UnavailableError(Errno(errno));
     if (::connect(fd.get(), a->ai_addr, a->ai_addrlen) == 0) return absl::OkStatus();
     if (errno != EINPROGRESS) return absl::UnavailableError(Errno(errno));
     for (;;) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                            deadline - SteadyClock::now())
-                            .count();
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now())
+              .count();
       if (left <= 0) return absl::DeadlineExceededError("connect timed out");
       pollfd p{fd.get(), POLLOUT, 0};
       const int rc = ::poll(&p, 1, static_cast<int>(left));

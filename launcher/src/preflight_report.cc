@@ -72,9 +72,9 @@ std::string FormatText(const Report& report) {
       report.job.nproc_per_node == 1 ? "" : "s", report.job.WorldSize());
   size_t host_width = 4;
   for (const NodeFacts& n : report.nodes) host_width = std::max(host_width, n.hostname.size());
-  const std::string header = absl::StrFormat("%-4s %-*s %-18s %-6s %s\n", "NODE",
-                                             static_cast<int>(host_width), "HOST", "CHECK",
-                                             "RESULT", "DETAIL");
+  const std::string header =
+      absl::StrFormat("%-4s %-*s %-18s %-6s %s\n", "NODE", static_cast<int>(host_width), "HOST",
+                      "CHECK", "RESULT", "DETAIL");
   out += header;
   int last_node = -1;
   for (const CheckResult& r : report.results) {
@@ -89,8 +89,8 @@ std::string FormatText(const Report& report) {
     absl::StrAppendFormat(&out, "%-4s %-*s %-18s %-6s %s\n", node, static_cast<int>(host_width),
                           host, r.check, VerdictName(r.verdict), r.detail);
     if (!r.fix.empty() && (r.verdict == Verdict::kWarn || r.verdict == Verdict::kFail)) {
-      absl::StrAppendFormat(&out, "%-4s %-*s %-18s %-6s fix: %s\n", "", static_cast<int>(host_width),
-                            "", "", "", r.fix);
+      absl::StrAppendFormat(&out, "%-4s %-*s %-18s %-6s fix: %s\n", "",
+                            static_cast<int>(host_width), "", "", "", r.fix);
     }
   }
   absl::StrAppend(&out, "summary: ", Summary(report), "; exit ", ExitCode(report), "\n");
@@ -170,8 +170,9 @@ std::string FactsToJson(const NodeFacts& f) {
 absl::StatusOr<NodeFacts> FactsFromJson(std::string_view text) {
   const Json j = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
-    return absl::InvalidArgumentError("a node's check facts are not JSON; run the same ddprun on "
-                                      "every node");
+    return absl::InvalidArgumentError(
+        "a node's check facts are not JSON; run the same ddprun on "
+        "every node");
   }
   try {
     NodeFacts f;
@@ -182,8 +183,8 @@ absl::StatusOr<NodeFacts> FactsFromJson(std::string_view text) {
     f.error = j.at("error").get<std::string>();
     f.env = j.at("env").get<std::map<std::string, std::string>>();
     for (const Json& i : j.at("interfaces")) {
-      f.interfaces.push_back(
-          {i.at("name").get<std::string>(), i.at("up").get<bool>(), i.at("has_address").get<bool>()});
+      f.interfaces.push_back({i.at("name").get<std::string>(), i.at("up").get<bool>(),
+                              i.at("has_address").get<bool>()});
     }
     if (j.contains("ib_devices")) f.ib_devices = j.at("ib_devices").get<std::vector<std::string>>();
     f.gpu_count = j.at("gpu_count").get<int>();
@@ -202,8 +203,8 @@ absl::StatusOr<NodeFacts> FactsFromJson(std::string_view text) {
     f.torch_version = j.at("torch_version").get<std::string>();
     f.python_error = j.at("python_error").get<std::string>();
     for (const Json& r : j.at("resolved")) {
-      f.resolved.push_back(
-          {r.at("name").get<std::string>(), r.at("ok").get<bool>(), r.at("error").get<std::string>()});
+      f.resolved.push_back({r.at("name").get<std::string>(), r.at("ok").get<bool>(),
+                            r.at("error").get<std::string>()});
     }
     for (const Json& r : j.at("reach")) {
       f.reach.push_back({r.at("what").get<std::string>(), r.at("address").get<std::string>(),
@@ -215,8 +216,8 @@ absl::StatusOr<NodeFacts> FactsFromJson(std::string_view text) {
     f.clock_uncertainty_ms = j.at("clock_uncertainty_ms").get<double>();
     return f;
   } catch (const Json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a node's check facts lack a field (", e.what(), "); run the same ddprun on every node"));
+    return absl::InvalidArgumentError(absl::StrCat("a node's check facts lack a field (", e.what(),
+                                                   "); run the same ddprun on every node"));
   }
 }
 

@@ -50,8 +50,8 @@ TEST_CASE("ddprun check passes on this machine as configured", "[multiproc]") {
   const std::string out = p.Out();
   INFO("stdout:\n" << out << "stderr:\n" << p.Err());
   for (const char* check : {"reported", "ddprun_version", "script", "python", "nccl_socket_ifname",
-                            "gloo_socket_ifname", "nccl_ib_hca", "gpus", "dev_shm",
-                            "ulimit_nofile", "ulimit_memlock", "resolve", "reach", "clock"}) {
+                            "gloo_socket_ifname", "nccl_ib_hca", "gpus", "dev_shm", "ulimit_nofile",
+                            "ulimit_memlock", "resolve", "reach", "clock"}) {
     const std::string line = Line(out, check);
     INFO(check << ": " << line);
     CHECK(!line.empty());
@@ -70,8 +70,7 @@ TEST_CASE("ddprun check passes on this machine as configured", "[multiproc]") {
 TEST_CASE("ddprun check: a non-existent interface in NCCL_SOCKET_IFNAME fails, --json too",
           "[multiproc]") {
   Harness h;
-  Proc& p = h.StartDdprun("check",
-                          {"check", "--json", "--standalone", "--no_python", "/bin/true"},
+  Proc& p = h.StartDdprun("check", {"check", "--json", "--standalone", "--no_python", "/bin/true"},
                           {{"NCCL_SOCKET_IFNAME", "nosuchif0"}});
   const int rc = h.Wait(p, 30);
   INFO("stdout:\n" << p.Out() << "stderr:\n" << p.Err());
@@ -113,13 +112,11 @@ TEST_CASE("ddprun check: two nodes, a different script on one of them", "[multip
   const std::string a = WriteScript(h, "a.py", "print('a')\n");
   const std::string b = WriteScript(h, "b.py", "print('b')\n");
   auto flags = [&](int rank, const std::string& script) {
-    return std::vector<std::string>{"check",
-                                    "--check_timeout=20",
-                                    "--nnodes=2",
-                                    "--rdzv_endpoint=127.0.0.1:" + std::to_string(port),
-                                    "--rdzv_id=two",
-                                    "--node_rank=" + std::to_string(rank),
-                                    script};
+    return std::vector<std::string>{
+        "check",         "--check_timeout=20",
+        "--nnodes=2",    "--rdzv_endpoint=127.0.0.1:" + std::to_string(port),
+        "--rdzv_id=two", "--node_rank=" + std::to_string(rank),
+        script};
   };
   Proc& n0 = h.StartDdprun("node0", flags(0, a));
   Proc& n1 = h.StartDdprun("node1", flags(1, b));

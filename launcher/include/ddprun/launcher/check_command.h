@@ -30,8 +30,8 @@ inline constexpr double kDefaultCheckTimeoutS = 30.0;
 
 // args[0] is the program, args[1] "check". Runs this node's agent; returns
 // the exit code.
-int RunCheckCommand(const std::vector<std::string>& args, const agent::Env& env,
-                    std::ostream& out, std::ostream& err);
+int RunCheckCommand(const std::vector<std::string>& args, const agent::Env& env, std::ostream& out,
+                    std::ostream& err);
 
 // The check worker's main (argv[1] == kCheckWorkerSubcommand): reads the
 // agent's worker environment and kEnvCheckSpec, runs this node's part and

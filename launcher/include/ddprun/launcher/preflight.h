@@ -59,8 +59,8 @@ struct Reach {
   std::string what;     // "rendezvous", "store", "node 1"
   std::string address;  // host:port
   bool ok = false;
-  std::string error;    // when !ok
-  double ms = 0;        // connect time when ok
+  std::string error;  // when !ok
+  double ms = 0;      // connect time when ok
 };
 
 struct Resolved {

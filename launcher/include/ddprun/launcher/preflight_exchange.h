@@ -49,8 +49,8 @@ struct ExchangeInput {
   std::string host;             // this node's advertised address
   std::vector<Target> targets;  // besides the other nodes
   JobFacts job;
-  Millis timeout{30000};          // arrival and results
-  Millis connect_timeout{5000};   // one TCP connection
+  Millis timeout{30000};         // arrival and results
+  Millis connect_timeout{5000};  // one TCP connection
 };
 
 struct ExchangeOutcome {

@@ -83,8 +83,8 @@ std::unique_ptr<SystemProbe> MakeSystemProbe();
 // What runs in each worker, as the check sees it: the script file (if any)
 // and whether it is a Python interpreter. `env` supplies PATH.
 struct CommandFile {
-  std::string path;         // "" when there is no file (python -m MODULE)
-  std::string python;       // the interpreter when the command runs one, else ""
+  std::string path;    // "" when there is no file (python -m MODULE)
+  std::string python;  // the interpreter when the command runs one, else ""
 };
 CommandFile FileOfCommand(const std::vector<std::string>& command, const agent::Env& env);
 
