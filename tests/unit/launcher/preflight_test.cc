@@ -287,6 +287,21 @@ TEST_CASE("check: the facts survive the store's JSON", "[unit]") {
   CHECK_FALSE(FactsFromJson("not json").ok());
 }
 
+TEST_CASE("check: the file that would run, as BuildWorkerCommand builds the command", "[unit]") {
+  const agent::Env env{{"PATH", "/nonexistent:/bin"}};
+  CommandFile f = FileOfCommand({"python3", "-u", "train.py", "--lr", "1"}, env);
+  CHECK(f.path == "train.py");
+  CHECK(f.python == "python3");
+  f = FileOfCommand({"/usr/bin/python3.11", "-u", "-m", "pkg.train"}, env);
+  CHECK(f.path.empty());  // a module: no file to checksum
+  CHECK(f.python == "/usr/bin/python3.11");
+  f = FileOfCommand({"./worker", "--size", "4"}, env);
+  CHECK(f.path == "./worker");
+  CHECK(f.python.empty());
+  f = FileOfCommand({"true"}, env);  // found on PATH, as the agent's exec would
+  CHECK(f.path == "/bin/true");
+}
+
 // ---------------------------------------------------------------------------
 // The exchange, with one fake machine per node and threads as nodes.
 
