@@ -47,7 +47,7 @@ class ReportedCheck final : public Check {
   std::string_view Name() const override { return "reported"; }
   CheckResult Run(const NodeFacts& n, const std::vector<NodeFacts>&,
                   const JobFacts&) const override {
-    if (n.reported) return Make(Name(), n, Verdict::kPass, absl::StrCat("host ", n.hostname));
+    if (n.reported) return Make(Name(), n, Verdict::kPass, "results received");
     return Make(Name(), n, Verdict::kFail,
                 absl::StrCat("sent no results", n.error.empty() ? "" : ": ", n.error),
                 "see that node's stderr; it must reach node 0's store (MASTER_ADDR:MASTER_PORT) "

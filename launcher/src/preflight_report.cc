@@ -70,8 +70,14 @@ std::string FormatText(const Report& report) {
       "ddprun check: job %s, %d node%s x %d worker%s (world size %d)\n", report.job.job_id,
       report.job.nnodes, report.job.nnodes == 1 ? "" : "s", report.job.nproc_per_node,
       report.job.nproc_per_node == 1 ? "" : "s", report.job.WorldSize());
+  // "name (advertised address)" when they differ, e.g. two nodes on one host.
+  auto host_of = [](const NodeFacts& n) {
+    if (n.hostname.empty()) return n.host;
+    if (n.host.empty() || n.host == n.hostname) return n.hostname;
+    return absl::StrCat(n.hostname, " (", n.host, ")");
+  };
   size_t host_width = 4;
-  for (const NodeFacts& n : report.nodes) host_width = std::max(host_width, n.hostname.size());
+  for (const NodeFacts& n : report.nodes) host_width = std::max(host_width, host_of(n).size());
   const std::string header =
       absl::StrFormat("%-4s %-*s %-18s %-6s %s\n", "NODE", static_cast<int>(host_width), "HOST",
                       "CHECK", "RESULT", "DETAIL");
@@ -83,7 +89,7 @@ std::string FormatText(const Report& report) {
       node = std::to_string(r.node);
       const auto it = std::find_if(report.nodes.begin(), report.nodes.end(),
                                    [&](const NodeFacts& n) { return n.group_rank == r.node; });
-      host = it == report.nodes.end() ? "?" : (it->hostname.empty() ? it->host : it->hostname);
+      host = it == report.nodes.end() ? "?" : host_of(*it);
       last_node = r.node;
     }
     absl::StrAppendFormat(&out, "%-4s %-*s %-18s %-6s %s\n", node, static_cast<int>(host_width),
