@@ -141,6 +141,18 @@ int RunCheckCommand(const std::vector<std::string>& args, const agent::Env& env,
   agent::BlockAgentSignals();
   auto parsed = ParseCommandLine(launcher_args, env, ProbeHost());
   if (!parsed.ok()) {
+    // The check's own flags after a launcher flag read as unknown options.
+    for (const std::string& a : launcher_args) {
+      if (a == "--json" || absl::StartsWith(a, "--check_timeout") ||
+          absl::StartsWith(a, "--check-timeout")) {
+        err << "ddprun check: " << a.substr(0, a.find('='))
+            << " goes right after `check`, before the launcher flags (ddprun check --json "
+               "--check_timeout=S [LAUNCHER FLAGS] SCRIPT)"
+            << std::endl;
+        return kExitUsage;
+      }
+      if (a == "--") break;
+    }
     err << parsed.status().message() << std::endl;
     return kExitUsage;
   }
