@@ -5,6 +5,7 @@
 #include <limits>
 #include <optional>
 #include <set>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -17,6 +18,8 @@ namespace ddprun::launcher::preflight {
 namespace {
 
 using SteadyClock = std::chrono::steady_clock;
+
+constexpr size_t kParallelConnects = 32;
 
 std::string Key(const std::string& what) { return absl::StrCat(kKeyPrefix, what); }
 
@@ -92,19 +95,32 @@ void ResolveAndReach(SystemProbe& probe, const ExchangeInput& in, const std::vec
     const absl::Status s = probe.Resolve(name);
     facts.resolved.push_back({name, s.ok(), std::string(s.message())});
   }
-  auto connect = [&](const std::string& what, const std::string& host, int port) {
-    const auto start = SteadyClock::now();
-    const absl::Status s = probe.Connect(host, port, in.connect_timeout);
-    const double ms = std::chrono::duration<double, std::milli>(SteadyClock::now() - start).count();
-    facts.reach.push_back(
-        {what, rendezvous::FormatHostPort({host, port}), s.ok(), std::string(s.message()), ms});
-  };
-  for (const Target& t : in.targets) connect(t.what, t.host, t.port);
+  // Every connection at once (up to kParallelConnects), so that the phase
+  // takes one connect deadline however many peers are unreachable.
+  std::vector<Target> all = in.targets;
   for (int r = 0; r < in.group_world_size; ++r) {
     if (r != in.group_rank && present[r]) {
-      connect(absl::StrCat("node ", r), peers[r].host, peers[r].port);
+      all.push_back({absl::StrCat("node ", r), peers[r].host, peers[r].port});
     }
   }
+  std::vector<Reach> results(all.size());
+  for (size_t first = 0; first < all.size(); first += kParallelConnects) {
+    const size_t last = std::min(all.size(), first + kParallelConnects);
+    std::vector<std::thread> threads;
+    for (size_t i = first; i < last; ++i) {
+      threads.emplace_back([&, i] {
+        const Target& t = all[i];
+        const auto start = SteadyClock::now();
+        const absl::Status s = probe.Connect(t.host, t.port, in.connect_timeout);
+        const double ms =
+            std::chrono::duration<double, std::milli>(SteadyClock::now() - start).count();
+        results[i] = {t.what, rendezvous::FormatHostPort(t.host, t.port), s.ok(),
+                      std::string(s.message()), ms};
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  facts.reach.insert(facts.reach.end(), results.begin(), results.end());
 }
 
 }  // namespace
@@ -151,8 +167,10 @@ absl::StatusOr<ExchangeOutcome> RunExchange(rendezvous::Store& store, SystemProb
   using Json = nlohmann::json;
   ExchangeOutcome out;
   if (me != 0) {
+    // Node 0 may wait up to a timeout for arrivals and another for facts,
+    // and spends a few connect deadlines on clocks and connections.
     DDPRUN_ASSIGN_OR_RETURN(const std::string verdict,
-                            store.Get(Key("verdict"), in.timeout + in.connect_timeout * 2));
+                            store.Get(Key("verdict"), in.timeout * 2 + in.connect_timeout * 4));
     const Json j = Json::parse(verdict, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.contains("exit_code") || !j.contains("summary")) {
       return absl::InvalidArgumentError(

@@ -10,8 +10,8 @@
 //     t2) / 2 of the sample with the shortest round trip; uncertainty half
 //     that round trip.
 //  3. Reach. Each node resolves every name it needs and connects to the
-//     rendezvous, the store and every other node's listener, each connection
-//     with the connect deadline.
+//     rendezvous, the store and every other node's listener, the connections
+//     in parallel, each with the connect deadline.
 //  4. Facts. Each node sets facts/<g> (preflight.h FactsToJson).
 //  5. Verdict. Node 0 reads every facts/<r> (a node with none by the
 //     deadline is reported as such), runs the checks and sets verdict =

@@ -65,6 +65,7 @@ class SystemProbe {
   // OK, or the resolver's error as one line.
   virtual absl::Status Resolve(const std::string& host) = 0;
   // One TCP connection, closed at once; Unavailable/DeadlineExceeded naming why.
+  // Called from several threads at once.
   virtual absl::Status Connect(const std::string& host, int port, Millis timeout) = 0;
   virtual absl::StatusOr<std::unique_ptr<Listener>> Listen() = 0;
   // The file's SHA-256 in hex; NotFound / PermissionDenied with the reason.
