@@ -116,16 +116,38 @@ class PythonCheck final : public SameAsNodeZero {
       return Make(Name(), n, Verdict::kFail, n.python_error,
                   "install Python 3 on this node or set PYTHON_EXEC to it");
     }
+    const std::string mine = absl::StrCat("Python ", n.python_version);
+    if (n.python_version == ref.python_version || !ref.python_error.empty()) {
+      return Make(Name(), n, Verdict::kPass, mine);
+    }
+    return Make(Name(), n, Verdict::kFail,
+                absl::StrCat(mine, ", but ", NodeName(ref), " has Python ", ref.python_version),
+                absl::StrCat("install the same Python on every node (", ref.python_version,
+                             "), e.g. one container image or environment"));
+  }
+};
+
+// PyTorch's version, as `import torch` in the job's interpreter sees it.
+class TorchCheck final : public SameAsNodeZero {
+ public:
+  std::string_view Name() const override { return "torch"; }
+  CheckResult Compare(const NodeFacts& n, const NodeFacts& ref, const JobFacts&) const override {
+    if (!n.python_command) {
+      return Make(Name(), n, Verdict::kNotApplicable, "the command is not a Python script");
+    }
+    if (!n.python_error.empty()) {
+      return Make(Name(), n, Verdict::kNotApplicable, "Python did not run (see python)");
+    }
     const auto text = [](const NodeFacts& f) {
-      return absl::StrCat("Python ", f.python_version, ", ",
-                          f.torch_version.empty() ? "no torch" : "torch " + f.torch_version);
+      return f.torch_version.empty() ? std::string("no torch") : "torch " + f.torch_version;
     };
-    if (n.python_version == ref.python_version && n.torch_version == ref.torch_version) {
-      return Make(Name(), n, Verdict::kPass, text(n));
+    if (n.torch_version == ref.torch_version || !ref.python_error.empty()) {
+      return Make(Name(), n, n.torch_version.empty() ? Verdict::kNotApplicable : Verdict::kPass,
+                  text(n));
     }
     return Make(Name(), n, Verdict::kFail,
                 absl::StrCat(text(n), ", but ", NodeName(ref), " has ", text(ref)),
-                absl::StrCat("install the same Python and PyTorch on every node (", text(ref),
+                absl::StrCat("install the same PyTorch on every node (", text(ref),
                              "), e.g. one container image or environment"));
   }
 };
@@ -525,6 +547,7 @@ std::vector<std::unique_ptr<Check>> DefaultChecks() {
   checks.push_back(std::make_unique<DdprunVersionCheck>());
   checks.push_back(std::make_unique<ScriptCheck>());
   checks.push_back(std::make_unique<PythonCheck>());
+  checks.push_back(std::make_unique<TorchCheck>());
   checks.push_back(std::make_unique<NcclSocketIfnameCheck>());
   checks.push_back(std::make_unique<GlooSocketIfnameCheck>());
   checks.push_back(std::make_unique<NcclIbHcaCheck>());

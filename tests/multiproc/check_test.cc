@@ -49,9 +49,10 @@ TEST_CASE("ddprun check passes on this machine as configured", "[multiproc]") {
   const int rc = h.Wait(p, 60);
   const std::string out = p.Out();
   INFO("stdout:\n" << out << "stderr:\n" << p.Err());
-  for (const char* check : {"reported", "ddprun_version", "script", "python", "nccl_socket_ifname",
-                            "gloo_socket_ifname", "nccl_ib_hca", "gpus", "dev_shm", "ulimit_nofile",
-                            "ulimit_memlock", "resolve", "reach", "clock"}) {
+  for (const char* check :
+       {"reported", "ddprun_version", "script", "python", "torch", "nccl_socket_ifname",
+        "gloo_socket_ifname", "nccl_ib_hca", "gpus", "dev_shm", "ulimit_nofile", "ulimit_memlock",
+        "resolve", "reach", "clock"}) {
     const std::string line = Line(out, check);
     INFO(check << ": " << line);
     CHECK(!line.empty());

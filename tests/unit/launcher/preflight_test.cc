@@ -236,16 +236,26 @@ TEST_CASE("check: every node runs the same ddprun, script, Python and torch", "[
   ExpectFix(JudgeNode1("script", n), Verdict::kFail, "train.py: no such file", "copy the script");
   n = GoodNode(1);
   n.torch_version = "";
-  ExpectFix(JudgeNode1("python", n), Verdict::kFail, "no torch, but node 0",
-            "install the same Python and PyTorch");
+  ExpectFix(JudgeNode1("torch", n), Verdict::kFail,
+            "no torch, but node 0 (10.0.0.1) has torch 1.13.0",
+            "install the same PyTorch on every node");
+  n.torch_version = "2.1.0";
+  CHECK(JudgeNode1("torch", n).verdict == Verdict::kFail);
+  NodeFacts zero = GoodNode(0);  // no torch anywhere: n/a
+  zero.torch_version = "";
+  n.torch_version = "";
+  CHECK(Judge("torch", {zero, n}, Job(), 1).verdict == Verdict::kNotApplicable);
   n = GoodNode(1);
   n.python_version = "3.9.2";
-  CHECK(JudgeNode1("python", n).verdict == Verdict::kFail);
+  ExpectFix(JudgeNode1("python", n), Verdict::kFail, "Python 3.9.2, but node 0",
+            "install the same Python on every node (3.11.2)");
   n.python_error = "cannot run python3: No such file or directory";
   ExpectFix(JudgeNode1("python", n), Verdict::kFail, "cannot run python3", "PYTHON_EXEC");
+  CHECK(JudgeNode1("torch", n).verdict == Verdict::kNotApplicable);
   n = GoodNode(1);
   n.python_command = false;
   CHECK(JudgeNode1("python", n).verdict == Verdict::kNotApplicable);
+  CHECK(JudgeNode1("torch", n).verdict == Verdict::kNotApplicable);
 }
 
 TEST_CASE("check: clock skew against node 0, beyond the measurement's uncertainty", "[unit]") {
