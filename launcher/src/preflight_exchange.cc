@@ -180,6 +180,13 @@ absl::StatusOr<ExchangeOutcome> RunExchange(rendezvous::Store& store, SystemProb
     out.exit_code = j["exit_code"].get<int>();
     out.text = absl::StrCat("ddprun check: node ", me, " (", in.host,
                             "): ", j["summary"].get<std::string>(), "; node 0 prints the table\n");
+    out.json = Json{{"node", me},
+                    {"host", in.host},
+                    {"summary", j["summary"]},
+                    {"exit_code", out.exit_code},
+                    {"report_on_node", 0}}
+                   .dump(2) +
+               "\n";
     (void)store.Set(Key(absl::StrCat("ack/", me)), "");
     return out;
   }

@@ -400,6 +400,7 @@ TEST_CASE("check exchange: skewed clocks are measured, a dead peer port fails re
   CHECK(table.find("rendezvous 127.0.0.1:29400, store 127.0.0.1:29500, node 1 127.0.0.2:40001") !=
         std::string::npos);
   CHECK(outcomes[1]->text.find("node 0 prints the table") != std::string::npos);
+  CHECK(outcomes[1]->json.find("\"report_on_node\": 0") != std::string::npos);
   CHECK(outcomes[0]->json.find("\"check\": \"clock\"") != std::string::npos);
 }
 

@@ -56,7 +56,8 @@ struct ExchangeInput {
 struct ExchangeOutcome {
   int exit_code = 0;
   std::string text;  // node 0: the table; others: one summary line
-  std::string json;  // node 0 only: the report as JSON
+  std::string json;  // node 0: the report as JSON; others: {"node", "host", "summary",
+                     // "exit_code", "report_on_node": 0}
 };
 
 // Runs this node's part; `local` is its CollectLocalFacts().
