@@ -254,8 +254,11 @@ int RunCheckWorker(const agent::Env& env, std::ostream& err) {
   in.targets.push_back({"store", *master_addr, store_port});
 
   std::unique_ptr<preflight::SystemProbe> probe = preflight::MakeSystemProbe();
-  preflight::NodeFacts local =
-      preflight::CollectLocalFacts(*probe, command, env, std::chrono::seconds(30));
+  // The Python probe gets at most half the check timeout (30 s by default),
+  // so that node 0 hears from this node even when the interpreter hangs.
+  const preflight::Millis python_timeout =
+      std::min<preflight::Millis>(std::chrono::seconds(30), in.timeout / 2);
+  auto collect = [&] { return preflight::CollectLocalFacts(*probe, command, env, python_timeout); };
   auto fail = [&](const std::string& line) {
     err << line << std::endl;
     preflight::ExchangeOutcome o;
@@ -273,7 +276,7 @@ int RunCheckWorker(const agent::Env& env, std::ostream& err) {
                      store.status().message(), "); open that TCP port from this node to node 0"));
   }
   absl::StatusOr<preflight::ExchangeOutcome> outcome =
-      preflight::RunExchange(**store, *probe, std::move(local), in);
+      preflight::RunExchange(**store, *probe, collect, in);
   if (!outcome.ok()) {
     return fail(
         absl::StrCat("ddprun check: node ", in.group_rank, ": ", outcome.status().message()));

@@ -2,6 +2,7 @@
 #include "ddprun/launcher/preflight_exchange.h"
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <set>
@@ -126,11 +127,11 @@ void ResolveAndReach(SystemProbe& probe, const ExchangeInput& in, const std::vec
 }  // namespace
 
 absl::StatusOr<ExchangeOutcome> RunExchange(rendezvous::Store& store, SystemProbe& probe,
-                                            NodeFacts local, const ExchangeInput& in) {
+                                            const std::function<NodeFacts()>& collect_local,
+                                            const ExchangeInput& in) {
   const int me = in.group_rank;
   const int n = in.group_world_size;
-  local.group_rank = me;
-  local.host = in.host;
+  NodeFacts clock;  // step 2's result
 
   // 1. Arrive.
   DDPRUN_ASSIGN_OR_RETURN(std::unique_ptr<Listener> listener, probe.Listen());
@@ -156,8 +157,17 @@ absl::StatusOr<ExchangeOutcome> RunExchange(rendezvous::Store& store, SystemProb
       if (present[r]) ServeClock(store, probe, r, clock_timeout);
     }
   } else if (present[0]) {
-    MeasureClock(store, probe, me, clock_timeout + clock_timeout * n, local);
+    MeasureClock(store, probe, me, clock_timeout + clock_timeout * n, clock);
   }
+
+  // This node's own facts: after the clocks (the Python probe would disturb
+  // them) and within node 0's wait for facts.
+  NodeFacts local = collect_local();
+  local.group_rank = me;
+  local.host = in.host;
+  local.clock_measured = clock.clock_measured;
+  local.clock_offset_ms = clock.clock_offset_ms;
+  local.clock_uncertainty_ms = clock.clock_uncertainty_ms;
 
   // 3. Reach, 4. Facts.
   ResolveAndReach(probe, in, peers, present, local);

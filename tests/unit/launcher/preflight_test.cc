@@ -381,8 +381,10 @@ TEST_CASE("check exchange: skewed clocks are measured, a dead peer port fails re
   for (int r = 0; r < kWorld; ++r) {
     threads.emplace_back([&, r] {
       FakeProbe probe(r, skew[r], r == 1 ? std::set<int>{40002} : std::set<int>{});
-      NodeFacts local = CollectLocalFacts(probe, {"python3", "-u", "train.py"}, {}, Millis(100));
-      outcomes[r] = RunExchange(store, probe, local, Input(r, kWorld));
+      auto collect = [&] {
+        return CollectLocalFacts(probe, {"python3", "-u", "train.py"}, {}, Millis(100));
+      };
+      outcomes[r] = RunExchange(store, probe, collect, Input(r, kWorld));
     });
   }
   for (std::thread& t : threads) t.join();
@@ -410,8 +412,8 @@ TEST_CASE("check exchange: a node that never comes is reported, within the timeo
   ExchangeInput in = Input(0, 2);
   in.timeout = std::chrono::milliseconds(200);
   const auto t0 = std::chrono::steady_clock::now();
-  absl::StatusOr<ExchangeOutcome> out =
-      RunExchange(store, probe, CollectLocalFacts(probe, {"/bin/true"}, {}, Millis(100)), in);
+  absl::StatusOr<ExchangeOutcome> out = RunExchange(
+      store, probe, [&] { return CollectLocalFacts(probe, {"/bin/true"}, {}, Millis(100)); }, in);
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3));
   REQUIRE(out.ok());
   CHECK(out->exit_code == kExitCheckFailed);

@@ -23,6 +23,7 @@
 // error, never a hang.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -60,8 +61,12 @@ struct ExchangeOutcome {
                      // "exit_code", "report_on_node": 0}
 };
 
-// Runs this node's part; `local` is its CollectLocalFacts().
+// Runs this node's part. `collect_local` gathers this node's own facts
+// (CollectLocalFacts); it runs after step 2, so that the slow probes (the
+// Python interpreter) run on every node at once, within node 0's wait for
+// facts, and do not disturb the clock samples.
 absl::StatusOr<ExchangeOutcome> RunExchange(rendezvous::Store& store, SystemProbe& probe,
-                                            NodeFacts local, const ExchangeInput& in);
+                                            const std::function<NodeFacts()>& collect_local,
+                                            const ExchangeInput& in);
 
 }  // namespace ddprun::launcher::preflight
