@@ -45,7 +45,7 @@ constexpr const char* kCheckUsage =
     "  --json                 print the report as JSON on stdout\n"
     "  --check_timeout=S      seconds to wait for the other nodes' results (default 30)\n"
     "\n"
-    "Exit status: 0 every check passed, 4 warnings only, 5 a check failed, 2 usage error,\n"
+    "Exit status: 0 every check passed, 5 warnings only, 6 a check failed, 2 usage error,\n"
     "3 the nodes could not rendezvous.\n";
 
 struct CheckFlags {

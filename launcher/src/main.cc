@@ -1,6 +1,6 @@
 // ddprun: parse the command line into AgentOptions and run this node's agent.
 // Exit status: 0 success, 1 a worker failed, 2 usage error, 3 rendezvous
-// error, 128+N killed by signal N; `ddprun check` adds 4 and 5 (see docs/cli.md).
+// error, 128+N killed by signal N; `ddprun check` adds 5 and 6 (see docs/cli.md).
 #include <iostream>
 #include <string>
 #include <vector>

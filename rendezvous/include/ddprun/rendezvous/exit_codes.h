@@ -9,8 +9,8 @@ inline constexpr int kExitWorkerFailed = 1;     // a worker failed beyond --max_
 inline constexpr int kExitUsage = 2;            // bad flags, job file or environment
 inline constexpr int kExitRendezvousError = 3;  // join timeout, daemon unreachable, refused
 // `ddprun check` (docs/check.md): 0 when every check passed, these otherwise.
-inline constexpr int kExitCheckWarnings = 4;  // the worst result is a warning
-inline constexpr int kExitCheckFailed = 5;    // at least one check failed
+inline constexpr int kExitCheckWarnings = 5;  // the worst result is a warning
+inline constexpr int kExitCheckFailed = 6;    // at least one check failed
 
 inline constexpr int ExitForSignal(int signo) { return 128 + signo; }
 
