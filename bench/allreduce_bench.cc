@@ -1,8 +1,10 @@
 // Worker SDK benchmarks, run under ddprun (bench/allreduce_bench.sh runs them
 // next to torch's Gloo in the same run):
-//   allreduce_bench allreduce   bus bandwidth (nccl-tests: busbw = S/t * 2(n-1)/n),
+//   allreduce_bench allreduce [max_bytes]
+//                               bus bandwidth (nccl-tests: busbw = S/t * 2(n-1)/n),
 //                               f32 sum, 4 KiB .. 256 MiB, median per call
-//   allreduce_bench resnet50    the ResNet-50 gradient set (161 f32 tensors,
+//   allreduce_bench resnet50 [bucket_cap_mb]
+//                               the ResNet-50 gradient set (161 f32 tensors,
 //                               25.6 M values): per tensor, blocking; per tensor,
 //                               all issued then waited; bucketed (Reducer, defaults)
 //   allreduce_bench latency     small-message latency: 4 KiB .. 1 MiB, 300 calls
@@ -12,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -56,7 +59,9 @@ int main(int argc, char** argv) {
     const int n = pg->size();
     const bool print = pg->rank() == 0;
     if (mode == "allreduce") {
-      const std::size_t max_bytes = std::size_t(256) << 20;
+      // Optional second argument: the largest size (bytes, default 256 MiB).
+      const std::size_t max_bytes =
+          argc > 2 ? std::strtoull(argv[2], nullptr, 10) : std::size_t(256) << 20;
       std::vector<float> buf(max_bytes / 4, 1.0f);  // touched once
       for (std::size_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
         const std::size_t count = bytes / 4;
@@ -102,7 +107,11 @@ int main(int argc, char** argv) {
         for (auto& g : grads) w.push_back(pg->Allreduce(std::span<float>(g)));
         for (auto& x : w) x.Wait();
       });
-      ddp::Reducer reducer(pg);
+      // Optional second argument: the buckets' cap in MiB (default: the
+      // Reducer's, 25 MiB like torch DDP's bucket_cap_mb).
+      ddp::ReducerOptions opts;
+      if (argc > 2) opts.bucket_cap_bytes = std::strtoull(argv[2], nullptr, 10) << 20;
+      ddp::Reducer reducer(pg, opts);
       for (auto& g : grads) reducer.Register(std::span<float>(g));
       auto step = [&] {
         for (std::size_t k = grads.size(); k-- > 0;) reducer.MarkReady(k);
@@ -110,7 +119,7 @@ int main(int argc, char** argv) {
       };
       step();  // builds (and touches) the buckets, checks ranks agree
       const double bucketed = MedianSeconds(*pg, iters, step);
-      ddp::ReducerOptions view_opts;
+      ddp::ReducerOptions view_opts = opts;
       view_opts.gradient_as_bucket_view = true;
       ddp::Reducer view(pg, view_opts);
       for (auto& g : grads) view.Register(std::span<float>(g));

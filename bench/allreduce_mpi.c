@@ -1,7 +1,8 @@
 // OpenMPI's MPI_Allreduce as a peer of `allreduce_bench allreduce` (same sizes,
 // same method, same output format, prefix "mpi"); bench/allreduce_bench.sh runs it
 // with mpirun -np 2 next to the SDK and torch's Gloo:
-//   allreduce_mpi     bus bandwidth (nccl-tests: busbw = S/t * 2(n-1)/n),
+//   allreduce_mpi [max_bytes]
+//                     bus bandwidth (nccl-tests: busbw = S/t * 2(n-1)/n),
 //                     f32 sum in place, 4 KiB .. 256 MiB, median per call
 // The buffer is allocated and touched once, then reused (first-touch page faults
 // are slow on these VMs). Each measured call follows a barrier; warm-up calls
@@ -24,7 +25,8 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
 
-  const size_t max_bytes = (size_t)256 << 20;
+  /* Optional argument: the largest size (bytes, default 256 MiB). */
+  const size_t max_bytes = argc > 1 ? (size_t)strtoull(argv[1], NULL, 10) : (size_t)256 << 20;
   float* buf = malloc(max_bytes);
   double* t = malloc(200 * sizeof(double));
   if (!buf || !t) {

@@ -16,5 +16,8 @@ echo
 echo "## worker SDK allreduce and ResNet-50 gradient set (SDK vs torch Gloo vs OpenMPI, same run)"
 bash bench/allreduce_bench.sh "$BUILD_DIR"
 echo
+echo "## worker SDK allreduce at 2, 4 and 8 ranks on one host (SDK vs OpenMPI, same run)"
+bash bench/allreduce_ranks.sh "$BUILD_DIR" 2 4 8
+echo
 echo "## failure recovery (worker death, agent kill -9, daemon restart)"
 python3 bench/restart_latency.py --build "$BUILD_DIR"

@@ -11,7 +11,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libboost-dev libyaml-cpp-dev catch2 libgloo-dev libcli11-dev
   libspdlog-dev libfmt-dev nlohmann-json3-dev
-  python3-torch python3-numpy iproute2 pkg-config openssl
+  python3-torch python3-numpy iproute2 pkg-config openssl libssl-dev
   # Real peers the tests drive: a 3-member etcd (HA control plane; the v3
   # protos come from golang-etcd-server-dev), Prometheus (promtool and a real
   # scrape of /metrics), headless Chromium (the dashboard), gdb (native

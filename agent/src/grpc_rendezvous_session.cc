@@ -24,6 +24,7 @@
 #include "ddprun/rendezvous/host_port.h"
 #include "ddprun/rendezvous/kv_engine.h"
 #include "ddprun/rendezvous/server.h"
+#include "ddprun/rendezvous/tls.h"
 
 namespace ddprun::agent {
 namespace {
@@ -88,6 +89,9 @@ class GrpcRendezvousSession final : public RendezvousSession {
     // Once per process, before any store starts: the workers' store holds two
     // connections per worker, up to the hard open-file limit.
     rdzv::RaiseOpenFileLimit();
+    auto tls = rdzv::LoadClientTls(options_.tls);
+    if (!tls.ok()) return tls.status();
+    tls_ = *std::move(tls);
     absl::Status st = OpenByMode(deadline);
     interrupted_ = nullptr;
     return st;
@@ -181,6 +185,7 @@ class GrpcRendezvousSession final : public RendezvousSession {
       case RendezvousMode::kEmbedded: {
         const std::string bind = options_.rdzv_host.empty() ? "0.0.0.0" : options_.rdzv_host;
         if (absl::Status st = HostRendezvous(bind, options_.rdzv_port); !st.ok()) {
+          if (rdzv::KindOf(st) == rdzv::ErrorKind::kBadInput) return st;  // TLS files
           return absl::UnavailableError(absl::StrCat(
               "cannot host the rendezvous on ", rdzv::FormatHostPort(bind, options_.rdzv_port),
               ": ", st.message(), "; pick a free port or another --rdzv_endpoint"));
@@ -194,11 +199,15 @@ class GrpcRendezvousSession final : public RendezvousSession {
         if (IsLocalHost(host)) {
           // Like torchrun's c10d is_host: the endpoint is ours, so serve it
           // unless somebody (ddprund, another local agent) already does.
-          auto probe = rdzv::RendezvousClient::Create(host, port);
-          if (!probe->WaitForConnected(kHostProbe).ok()) {
+          auto probe = rdzv::RendezvousClient::Create(host, port, tls_);
+          const absl::Status probed = probe->WaitForConnected(kHostProbe);
+          // A server that refuses our handshake is there: ConnectClient says why.
+          if (!probed.ok() && !rdzv::IsTlsHandshakeError(probed)) {
             const std::string bind = IsLoopbackHost(host) && host != "localhost" ? host : "0.0.0.0";
-            if (HostRendezvous(bind, port).ok()) {
+            if (absl::Status hosted = HostRendezvous(bind, port); hosted.ok()) {
               Log(absl::StrCat("hosting the rendezvous at ", rdzv::FormatHostPort(host, port)));
+            } else if (rdzv::KindOf(hosted) == rdzv::ErrorKind::kBadInput) {
+              return hosted;  // TLS files unfit to serve (ServerTls)
             }
             // Otherwise another local agent bound it first: join it as a client.
           }
@@ -217,10 +226,32 @@ class GrpcRendezvousSession final : public RendezvousSession {
     std::fflush(stderr);
   }
 
+  // The hosted rendezvous speaks TLS when this node does (docs/tls.md):
+  // its --tls_cert/--tls_key serve, and its --tls_ca verifies every client
+  // (mutual TLS), so every node needs a certificate from that CA.
+  absl::StatusOr<rdzv::TlsConfig> ServerTls() const {
+    if (!tls_.enabled) return rdzv::TlsConfig{};
+    const rdzv::TlsOptions& t = options_.tls;
+    if (t.cert_file.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("this node hosts the rendezvous and ", t.names.ca,
+                       " asks for TLS, but it has no ", t.names.cert,
+                       "; give it --tls_cert and --tls_key (a certificate for the address "
+                       "the nodes connect to)"));
+    }
+    rdzv::TlsOptions server = t;
+    server.client_ca_file = t.ca_file;
+    server.names.client_ca = t.names.ca;
+    return rdzv::LoadServerTls(server);
+  }
+
   absl::Status HostRendezvous(const std::string& bind_host, int port) {
     rdzv::ServerOptions so;
     so.host = bind_host;
     so.port = port;
+    DDPRUN_ASSIGN_OR_RETURN(so.tls, ServerTls());
+    so.log_prefix = "ddprun: ";
+    so.client_ca_flag = options_.tls.names.ca;
     DDPRUN_ASSIGN_OR_RETURN(server_, rdzv::RendezvousServer::Start(so));
     DDPRUN_DEBUG_LOG(kAgent) << "hosting the rendezvous on "
                              << rdzv::FormatHostPort(bind_host, server_->port());
@@ -231,12 +262,13 @@ class GrpcRendezvousSession final : public RendezvousSession {
   absl::Status ConnectClient(const std::string& host, int port, TimePoint deadline) {
     connect_host_ = host;
     connect_port_ = port;
-    client_ = rdzv::RendezvousClient::Create(host, port);
+    client_ = rdzv::RendezvousClient::Create(host, port, tls_);
     absl::Status st;
     do {
       if (CheckInterrupted()) return Interrupted();
       auto slice = std::min<Duration>(seconds(1), deadline - clock_.Now());
       st = client_->WaitForConnected(std::max<Duration>(slice, milliseconds(1)));
+      if (rdzv::IsTlsHandshakeError(st)) return st;  // waiting cannot fix it
     } while (!st.ok() && clock_.Now() < deadline);
     if (!st.ok()) {
       return absl::UnavailableError(
@@ -267,6 +299,7 @@ class GrpcRendezvousSession final : public RendezvousSession {
       }
       store_server_ = std::move(*store);
       if (absl::Status st = HostRendezvous("0.0.0.0", 0); !st.ok()) {
+        if (rdzv::KindOf(st) == rdzv::ErrorKind::kBadInput) return st;  // TLS files
         return absl::UnavailableError(absl::StrCat("cannot host the rendezvous: ", st.message()));
       }
       const std::string host = IsAnyAddress(maddr) ? "127.0.0.1" : maddr;
@@ -309,6 +342,7 @@ class GrpcRendezvousSession final : public RendezvousSession {
   std::unique_ptr<rdzv::RendezvousServer> server_;       // when this agent hosts it
   std::unique_ptr<rdzv::C10dStoreServer> store_server_;  // the workers' TCPStore
   std::unique_ptr<rdzv::RendezvousClient> client_;
+  rdzv::TlsConfig tls_;  // this node's, checked in Open()
   std::string connect_host_;
   int connect_port_ = 0;
   int master_port_ = 0;

@@ -62,6 +62,17 @@ Env BuildWorkerEnv(const Env& base, const WorkerEnvInputs& in, int local_rank) {
   set(kEnvRound, std::to_string(a.round));
   set(kEnvToken, a.store_token);
   set(kEnvHost, in.host);
+  // The agent's TLS files, never ones inherited from its own environment.
+  auto set_or_erase = [&env](const char* key, const std::string& value) {
+    if (value.empty()) {
+      env.erase(key);
+    } else {
+      env[key] = value;
+    }
+  };
+  set_or_erase(kEnvTlsCa, opt.tls.ca_file);
+  set_or_erase(kEnvTlsCert, opt.tls.cert_file);
+  set_or_erase(kEnvTlsKey, opt.tls.key_file);
   return env;
 }
 

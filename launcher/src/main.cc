@@ -9,13 +9,14 @@
 #include "ddprun/agent/agent.h"
 #include "ddprun/agent/process_launcher.h"
 #include "ddprun/agent/worker_env.h"
+#include "ddprun/launcher/bench_command.h"
 #include "ddprun/launcher/check_command.h"
 #include "ddprun/launcher/cli.h"
 #include "ddprun/launcher/status_command.h"
 #include "ddprun/rendezvous/exit_codes.h"
 
 int main(int argc, char** argv) {
-  // `ddprun status ...` is a subcommand; anything else is a training job.
+  // `ddprun status ...` and `ddprun bench ...` are subcommands; anything else is a training job.
   if (argc > 1 && std::string(argv[1]) == "status") {
     return ddprun::launcher::RunStatusCommand(std::vector<std::string>(argv, argv + argc),
                                               std::cout, std::cerr);
@@ -32,6 +33,11 @@ int main(int argc, char** argv) {
   }
   // First, so that every thread started later inherits the mask.
   ddprun::agent::BlockAgentSignals();
+  if (argc > 1 && std::string(argv[1]) == "bench") {
+    return ddprun::launcher::RunBenchCommand(std::vector<std::string>(argv, argv + argc),
+                                             ddprun::agent::CurrentEnvironment(),
+                                             ddprun::launcher::ProbeHost(), std::cout, std::cerr);
+  }
 
   auto parsed = ddprun::launcher::ParseCommandLine(argc, argv, ddprun::agent::CurrentEnvironment(),
                                                    ddprun::launcher::ProbeHost());

@@ -4,6 +4,7 @@
 #include "resolve_options.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <optional>
 #include <set>
 
@@ -14,6 +15,7 @@
 #include "ddprun/rendezvous/host_port.h"
 #include "ddprun/rendezvous/job_id.h"
 #include "ddprun/rendezvous/status_macros.h"
+#include "ddprun/rendezvous/tls.h"
 
 namespace ddprun::launcher {
 namespace {
@@ -23,6 +25,24 @@ using agent::RendezvousMode;
 using rendezvous::kDefaultRdzvPort;
 
 bool FromCommandLine(const KnobValue& v) { return absl::StartsWith(v.source, "--"); }
+
+// --tls_ca/--tls_cert/--tls_key: the files, named as the user gave them
+// ("PET_TLS_CA (--tls_ca)"), checked now so that a bad file is a usage error
+// before anything starts, and absolute so that workers find them too.
+absl::Status ResolveTls(const FlagTable& flags, rendezvous::TlsOptions& tls) {
+  auto take = [&](const char* name, std::string& file, std::string& label) {
+    const KnobValue v = flags.Get(name);
+    label = v.Name(FlagLabel(KnobNamed(name)));
+    file = v.value.empty() ? "" : std::filesystem::absolute(v.value).lexically_normal().string();
+  };
+  take("tls_ca", tls.ca_file, tls.names.ca);
+  take("tls_cert", tls.cert_file, tls.names.cert);
+  take("tls_key", tls.key_file, tls.names.key);
+  if (absl::Status st = rendezvous::LoadClientTls(tls).status(); !st.ok()) {
+    return UsageError(st.message());
+  }
+  return absl::OkStatus();
+}
 
 absl::Status ResolveShape(const ResolveContext& ctx, ParsedCommand& out) {
   const FlagTable& flags = ctx.flags;
@@ -180,6 +200,7 @@ absl::Status ResolveRendezvous(const ResolveContext& ctx, ParsedCommand& out) {
   const KnobValue master_addr = flags.Get("master_addr");
   const KnobValue master_port = flags.Get("master_port");
   o.local_addr = flags.Get("local_addr").value;
+  DDPRUN_RETURN_IF_ERROR(ResolveTls(flags, o.tls));
 
   DDPRUN_ASSIGN_OR_RETURN(const std::string backend_name,
                           ParseKnob(flags, KnobNamed("rdzv_backend"), ParseBackend));

@@ -9,11 +9,13 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "ddprun/launcher/knobs.h"
 #include "ddprun/launcher/value_parsers.h"
 #include "ddprun/rendezvous/client.h"
 #include "ddprun/rendezvous/clock.h"
 #include "ddprun/rendezvous/exit_codes.h"
 #include "ddprun/rendezvous/host_port.h"
+#include "ddprun/rendezvous/tls.h"
 #include "nlohmann/json.hpp"
 
 namespace ddprun::launcher {
@@ -103,6 +105,13 @@ int RunStatusCommand(const std::vector<std::string>& args, std::ostream& out, st
   app.add_flag("--json", json, "Print JSON instead of a table");
   app.add_option("--timeout", timeout_s, "Seconds to wait for the daemon")
       ->check(CLI::Range(0.1, 3600.0));
+  // The agent's TLS knobs (knobs.h), with the same PET_ variables.
+  rendezvous::TlsOptions tls;
+  app.add_option("--tls_ca,--tls-ca", tls.ca_file,
+                 "PEM CA that signed ddprund's certificate: talk TLS (env PET_TLS_CA)");
+  app.add_option("--tls_cert,--tls-cert", tls.cert_file,
+                 "PEM client certificate for mutual TLS (env PET_TLS_CERT)");
+  app.add_option("--tls_key,--tls-key", tls.key_file, "PEM key of --tls_cert (env PET_TLS_KEY)");
   std::vector<std::string> rest(args.begin() + std::min<std::size_t>(2, args.size()), args.end());
   std::reverse(rest.begin(), rest.end());
   try {
@@ -116,6 +125,22 @@ int RunStatusCommand(const std::vector<std::string>& args, std::ostream& out, st
   }
   if (endpoint.empty()) {
     if (const char* e = std::getenv("PET_RDZV_ENDPOINT"); e != nullptr) endpoint = e;
+  }
+  auto from_env = [](std::string& file, std::string& name, const char* flag) {
+    const std::string pet = PetName(flag);
+    if (!file.empty()) return;
+    if (const char* e = std::getenv(pet.c_str()); e != nullptr && *e != '\0') {
+      file = e;
+      name = absl::StrCat(pet, " (--", flag, ")");
+    }
+  };
+  from_env(tls.ca_file, tls.names.ca, "tls_ca");
+  from_env(tls.cert_file, tls.names.cert, "tls_cert");
+  from_env(tls.key_file, tls.names.key, "tls_key");
+  auto tls_config = rendezvous::LoadClientTls(tls);
+  if (!tls_config.ok()) {
+    err << "ddprun status: " << tls_config.status().message() << std::endl;
+    return kExitUsage;
   }
   if (endpoint.empty()) {
     err << "ddprun status: --rdzv_endpoint is required; pass the daemon's HOST:PORT" << std::endl;
@@ -137,8 +162,12 @@ int RunStatusCommand(const std::vector<std::string>& args, std::ostream& out, st
   const int port = hp->port;
   const auto timeout =
       std::chrono::duration_cast<rendezvous::Duration>(std::chrono::duration<double>(timeout_s));
-  auto client = rendezvous::RendezvousClient::Create(host, port);
+  auto client = rendezvous::RendezvousClient::Create(host, port, *tls_config);
   if (absl::Status st = client->WaitForConnected(timeout); !st.ok()) {
+    if (rendezvous::IsTlsHandshakeError(st)) {
+      err << "ddprun status: " << st.message() << std::endl;
+      return kExitRendezvousError;
+    }
     err << "ddprun status: cannot reach the rendezvous at " << rendezvous::FormatHostPort(*hp)
         << " within " << timeout_s << " s; check that ddprund runs there" << std::endl;
     return kExitRendezvousError;

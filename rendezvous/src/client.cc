@@ -11,6 +11,8 @@
 #include "ddprun/rendezvous/server.h"
 #include "ddprun/v1/ddprun.grpc.pb.h"
 #include "proto_convert.h"
+#include "tls_credentials.h"
+#include "tls_probe.h"
 
 namespace ddprun::rendezvous {
 namespace {
@@ -18,13 +20,15 @@ namespace {
 // Extra time a waiting store call allows the server to answer by itself.
 constexpr Duration kWaitSlack = std::chrono::seconds(5);
 constexpr Duration kDefaultCallTimeout = std::chrono::seconds(30);
+// WaitForConnected looks for a refused TLS handshake after this long.
+constexpr Duration kFirstConnectSlice = std::chrono::milliseconds(500);
 
 std::chrono::system_clock::time_point DeadlineAfter(Duration d) {
   return std::chrono::system_clock::now() +
          std::chrono::duration_cast<std::chrono::system_clock::duration>(d);
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const TlsConfig& tls) {
   SilenceGrpcLogging();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
@@ -41,7 +45,26 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
   // Each client gets its own connection (agents and workers in one process
   // must not share a subchannel whose failure would take both down).
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel(target, MakeChannelCredentials(tls), args);
+}
+
+// Waits up to `timeout` for the channel to connect. A server that is there
+// but refuses the handshake is named after the first slice, not at the end of
+// a long wait, and once more at the end. Ok: connected; TlsHandshakeError;
+// or DeadlineExceeded: not connected, and no TLS problem found.
+absl::Status WaitOrDiagnose(grpc::Channel& channel, const std::string& host, int port,
+                            const TlsConfig& tls, Duration timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  const Duration first = std::min<Duration>(timeout, kFirstConnectSlice);
+  if (channel.WaitForConnected(DeadlineAfter(first))) return absl::OkStatus();
+  DDPRUN_RETURN_IF_ERROR(DiagnoseTls(host, port, tls, first));
+  if (std::chrono::steady_clock::now() < end) {
+    if (channel.WaitForConnected(DeadlineAfter(end - std::chrono::steady_clock::now()))) {
+      return absl::OkStatus();
+    }
+    DDPRUN_RETURN_IF_ERROR(DiagnoseTls(host, port, tls, first));
+  }
+  return absl::DeadlineExceededError("not connected");
 }
 
 }  // namespace
@@ -129,12 +152,18 @@ class GrpcJoinStream final : public JoinStream,
 
 class RendezvousClient::Impl {
  public:
-  Impl(const std::string& host, int port)
-      : target_(FormatHostPort(host, port)),
-        channel_(MakeChannel(target_)),
+  Impl(const std::string& host, int port, const TlsConfig& tls)
+      : host_(host),
+        port_(port),
+        tls_(tls),
+        target_(FormatHostPort(host, port)),
+        channel_(MakeChannel(target_, tls)),
         rdzv_(pb::Rendezvous::NewStub(channel_)),
         store_(pb::Store::NewStub(channel_)) {}
 
+  std::string host_;
+  int port_;
+  TlsConfig tls_;
   std::string target_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pb::Rendezvous::Stub> rdzv_;
@@ -144,15 +173,18 @@ class RendezvousClient::Impl {
 RendezvousClient::RendezvousClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 RendezvousClient::~RendezvousClient() = default;
 
-std::unique_ptr<RendezvousClient> RendezvousClient::Create(const std::string& host, int port) {
+std::unique_ptr<RendezvousClient> RendezvousClient::Create(const std::string& host, int port,
+                                                           const TlsConfig& tls) {
   return std::unique_ptr<RendezvousClient>(
-      new RendezvousClient(std::make_unique<Impl>(host, port)));
+      new RendezvousClient(std::make_unique<Impl>(host, port, tls)));
 }
 
 const std::string& RendezvousClient::target() const { return impl_->target_; }
 
 absl::Status RendezvousClient::WaitForConnected(Duration timeout) {
-  if (impl_->channel_->WaitForConnected(DeadlineAfter(timeout))) return absl::OkStatus();
+  const absl::Status st =
+      WaitOrDiagnose(*impl_->channel_, impl_->host_, impl_->port_, impl_->tls_, timeout);
+  if (st.ok() || IsTlsHandshakeError(st)) return st;
   return absl::UnavailableError("cannot reach the rendezvous at " + impl_->target_ + " within " +
                                 std::to_string(std::chrono::duration<double>(timeout).count()) +
                                 " s; check that ddprund runs there and the endpoint is right");
@@ -195,9 +227,13 @@ absl::StatusOr<std::vector<JobStatus>> RendezvousClient::Status(const std::strin
 
 class GrpcStore::Impl {
  public:
-  Impl(const std::string& host, int port, StoreScope scope)
-      : target_(FormatHostPort(host, port)),
-        stub_(pb::Store::NewStub(MakeChannel(target_))),
+  Impl(const std::string& host, int port, StoreScope scope, const TlsConfig& tls)
+      : host_(host),
+        port_(port),
+        tls_(tls),
+        target_(FormatHostPort(host, port)),
+        channel_(MakeChannel(target_, tls)),
+        stub_(pb::Store::NewStub(channel_)),
         scope_(std::move(scope)) {}
 
   void Fill(pb::StoreScope* s) const {
@@ -215,19 +251,31 @@ class GrpcStore::Impl {
     grpc::Status st = ((*stub_).*method)(&ctx, req, resp);
     // Our own deadline, not the server's answer that a wait timed out.
     if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && !SentByServer(st)) {
+      // Never connected: a refused TLS handshake is the better answer.
+      DDPRUN_RETURN_IF_ERROR(DiagnoseTls(host_, port_, tls_, kWaitSlack));
       return absl::DeadlineExceededError("the store at " + target_ + " did not answer in time");
     }
     return FromGrpc(st);
   }
 
+  std::string host_;
+  int port_;
+  TlsConfig tls_;
   std::string target_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pb::Store::Stub> stub_;
   StoreScope scope_;
 };
 
-GrpcStore::GrpcStore(const std::string& host, int port, StoreScope scope)
-    : impl_(std::make_unique<Impl>(host, port, std::move(scope))) {}
+GrpcStore::GrpcStore(const std::string& host, int port, StoreScope scope, const TlsConfig& tls)
+    : impl_(std::make_unique<Impl>(host, port, std::move(scope), tls)) {}
 GrpcStore::~GrpcStore() = default;
+
+absl::Status GrpcStore::CheckTls(Duration timeout) {
+  const absl::Status st =
+      WaitOrDiagnose(*impl_->channel_, impl_->host_, impl_->port_, impl_->tls_, timeout);
+  return IsTlsHandshakeError(st) ? st : absl::OkStatus();
+}
 
 absl::Status GrpcStore::Set(const std::string& key, const std::string& value) {
   pb::SetRequest req;

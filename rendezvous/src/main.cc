@@ -16,6 +16,7 @@
 #include "ddprun/rendezvous/exit_codes.h"
 #include "ddprun/rendezvous/host_port.h"
 #include "ddprun/rendezvous/server.h"
+#include "ddprun/rendezvous/tls.h"
 #include "yaml-cpp/yaml.h"
 
 namespace {
@@ -138,6 +139,17 @@ int main(int argc, char** argv) {
                  "How long a quarantined host is refused; `ddprun status` shows why")
       ->check(CLI::Range(0.0, 1e7))
       ->option_text("SECONDS [300]");
+  ddprun::rendezvous::TlsOptions tls;
+  app.add_option("--tls_cert,--tls-cert", tls.cert_file,
+                 "PEM certificate (chain) of this daemon: serve TLS instead of plaintext;\n"
+                 "its subjectAltName must hold the name or address agents connect to")
+      ->option_text("FILE [none: plaintext]");
+  app.add_option("--tls_key,--tls-key", tls.key_file, "PEM private key of --tls_cert")
+      ->option_text("FILE");
+  app.add_option("--tls_client_ca,--tls-client-ca", tls.client_ca_file,
+                 "Mutual TLS: require every agent, worker and `ddprun status` to present a\n"
+                 "certificate signed by this PEM CA (docs/tls.md)")
+      ->option_text("FILE [none: no client certificates]");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -163,6 +175,13 @@ int main(int argc, char** argv) {
       return kExitUsage;
     }
   }
+  // Checked before anything listens: a bad file is one line naming the flag.
+  if (auto loaded = ddprun::rendezvous::LoadServerTls(tls); loaded.ok()) {
+    options.tls = *std::move(loaded);
+  } else {
+    std::cerr << "ddprund: " << loaded.status().message() << std::endl;
+    return kExitUsage;
+  }
   options.lease_timeout = ddprun::rendezvous::Seconds(lease_s);
   options.reattach_timeout = ddprun::rendezvous::Seconds(reattach_s);
   options.quarantine.cooldown = ddprun::rendezvous::Seconds(cooldown_s);
@@ -177,6 +196,14 @@ int main(int argc, char** argv) {
     // address already in use; <listen_fix>", or the --state_dir's problem.
     std::cerr << "ddprund: " << server.status().message() << std::endl;
     return kExitCannotServe;
+  }
+  // The ready line stays as it is (scripts parse it); the mode goes to stderr.
+  if (options.tls.enabled) {
+    std::cerr << "ddprund: serving TLS"
+              << (options.tls.client_ca_pem.empty()
+                      ? " (no client certificates)"
+                      : " with mutual TLS (clients need a certificate signed by --tls_client_ca)")
+              << std::endl;
   }
   std::cout << "ddprund listening on "
             << ddprun::rendezvous::FormatHostPort(options.host, (*server)->port()) << std::endl;

@@ -24,13 +24,18 @@
 #include "ddprun/v1/ddprun.grpc.pb.h"
 #include "proto_convert.h"
 #include "state_log.h"
+#include "tls_credentials.h"
+#include "tls_refusal_log.h"
 
 namespace ddprun::rendezvous {
 namespace {
 
 // gRPC's own log lines (for example a bind failure) would duplicate our
-// one-line errors; DDPRUN_GRPC_LOG=1 lets them through for debugging.
-void DropGrpcLog(gpr_log_func_args*) {}
+// one-line errors; DDPRUN_GRPC_LOG=1 lets them through for debugging. A TLS
+// server's refused handshakes become our own rate-limited lines.
+void DropGrpcLog(gpr_log_func_args* args) {
+  NoteGrpcLogLine(args->file, args->severity, args->message);
+}
 
 // A store wait's timeout from the wire (seconds) as a duration: 0 for a
 // non-positive or NaN value, at most kMaxTimeout.
@@ -418,7 +423,7 @@ absl::Status RendezvousServer::Impl::Start() {
   store_service_ = std::make_unique<StoreServiceImpl>(this);
   grpc::ServerBuilder builder;
   const std::string addr = FormatHostPort(opts_.host, opts_.port);
-  builder.AddListeningPort(addr, grpc::InsecureServerCredentials(), &port_);
+  builder.AddListeningPort(addr, MakeServerCredentials(opts_.tls), &port_);
   // gRPC sets SO_REUSEPORT by default, which would let two servers share a
   // port silently. A port in use must be an error.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -433,6 +438,9 @@ absl::Status RendezvousServer::Impl::Start() {
   builder.RegisterService(rdzv_service_.get());
   builder.RegisterService(store_service_.get());
   server_ = builder.BuildAndStart();
+  if (server_ && port_ != 0 && opts_.tls.enabled) {
+    ArmTlsRefusalLog(opts_.log_prefix, opts_.client_ca_flag);
+  }
   if (!server_ || port_ == 0) {
     server_.reset();
     // Find out why, for a useful message.

@@ -77,12 +77,42 @@ std::deque<QueuedTask> CommQueue::TakeQueued() {
   return taken;
 }
 
+bool CommQueue::TryClaim() {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  if (!thread_.joinable() || state_->stop || state_->busy || state_->claimed ||
+      !state_->queue.empty()) {
+    return false;
+  }
+  state_->claimed = true;
+  return true;
+}
+
+void CommQueue::Release() {
+  bool queued;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->claimed = false;
+    queued = !state_->queue.empty();
+  }
+  if (queued) state_->cv.notify_one();
+}
+
+void CommQueue::Release(QueuedTask rest) {
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->claimed = false;
+    state_->queue.push_front(std::move(rest));
+  }
+  state_->cv.notify_one();
+}
+
 void CommQueue::Loop(std::shared_ptr<State> state, std::shared_ptr<void> keep_alive) {
   for (;;) {
     QueuedTask task;
     {
       std::unique_lock<std::mutex> lock(state->mu);
-      state->cv.wait(lock, [&] { return state->stop || !state->queue.empty(); });
+      state->cv.wait(lock,
+                     [&] { return !state->claimed && (state->stop || !state->queue.empty()); });
       if (state->queue.empty()) return;  // stop requested and nothing left
       task = std::move(state->queue.front());
       state->queue.pop_front();

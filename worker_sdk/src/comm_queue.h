@@ -75,6 +75,15 @@ class CommQueue {
   // Removes every task not started yet (an abort completes their works).
   std::deque<QueuedTask> TakeQueued();
 
+  // The caller may run a collective itself, without a thread handoff, when
+  // nothing is queued or running: TryClaim reserves the group's issue order
+  // for it (the thread starts nothing while claimed) and Release ends the
+  // claim. Release(rest) hands the thread the collective's remainder, which
+  // runs before anything queued meanwhile. Only the claiming thread releases.
+  bool TryClaim();
+  void Release();
+  void Release(QueuedTask rest);
+
  private:
   struct State {
     std::mutex mu;
@@ -82,6 +91,7 @@ class CommQueue {
     std::deque<QueuedTask> queue;
     bool stop = false;
     bool busy = false;
+    bool claimed = false;  // a caller runs a collective (TryClaim)
     ErrorHandler on_error;
   };
   static void Loop(std::shared_ptr<State> state, std::shared_ptr<void> keep_alive);

@@ -1,7 +1,9 @@
 // Host elementwise kernels shared by the Gloo backend, the shared-memory
 // path and the Reducer. Defined in elementwise.cc, which is compiled with
 // -O3 so that these loops are vectorised (at -O2 GCC 12 leaves loops that
-// need a runtime alias check scalar, and out == a is allowed here).
+// need a runtime alias check scalar, and out == a is allowed here); the
+// f32/f64/i32/i64 reductions also for AVX2 and AVX-512, picked at run time
+// (__builtin_cpu_supports), never assumed from the build machine.
 #pragma once
 
 #include <cstddef>

@@ -61,6 +61,9 @@ namespace rdzv = ddprun::rendezvous;
 constexpr const char* kEnvTimeoutSec = "DDP_TIMEOUT_SEC";
 constexpr const char* kEnvBackend = "DDP_BACKEND";
 constexpr const char* kEnvShm = "DDP_SHM";
+// How long ddp::Init waits for the store's connection before it looks for a
+// refused TLS handshake (a store that is up connects in milliseconds).
+constexpr auto kTlsCheckTimeout = std::chrono::seconds(2);
 
 constexpr const char* kHowToRun =
     "Start the trainer under the launcher, for example:\n"
@@ -260,8 +263,25 @@ absl::StatusOr<std::shared_ptr<Backend>> InitBackend(const InitOptions& in) {
 
   DDPRUN_ASSIGN_OR_RETURN(const rdzv::HostPort addr, StoreAddress(info.store_addr));
   const char* token = std::getenv(ddprun::kEnvToken);
+  // TLS as the agent talks it: the files it passed in DDPRUN_TLS_*.
+  rdzv::TlsOptions tls_files;
+  auto env_or_empty = [](const char* name) {
+    const char* v = std::getenv(name);
+    return std::string(v ? v : "");
+  };
+  tls_files.ca_file = env_or_empty(ddprun::kEnvTlsCa);
+  tls_files.cert_file = env_or_empty(ddprun::kEnvTlsCert);
+  tls_files.key_file = env_or_empty(ddprun::kEnvTlsKey);
+  tls_files.names = {ddprun::kEnvTlsCa, ddprun::kEnvTlsCert, ddprun::kEnvTlsKey, ""};
+  absl::StatusOr<rdzv::TlsConfig> tls = rdzv::LoadClientTls(tls_files);
+  if (!tls.ok()) return absl::InvalidArgumentError(absl::StrCat(fence, tls.status().message()));
   auto store = std::make_shared<rdzv::GrpcStore>(
-      addr.host, addr.port, rdzv::StoreScope{info.job_id, token ? token : "", info.round});
+      addr.host, addr.port, rdzv::StoreScope{info.job_id, token ? token : "", info.round}, *tls);
+  // A refused handshake fails now, naming the fix, instead of at the first
+  // call's deadline; a store that is merely slow to answer is waited for.
+  if (absl::Status st = store->CheckTls(kTlsCheckTimeout); !st.ok()) {
+    return absl::Status(st.code(), absl::StrCat(fence, st.message()));
+  }
 
   // Every group of this process gets its own key space within the round;
   // every rank creates its groups in the same order.

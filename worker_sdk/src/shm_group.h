@@ -24,8 +24,19 @@
 // buckets): the copies gather from it and scatter back; a share that spans
 // two buffers is gathered into the rank's own slot first.
 //
+// Small all-reduces (at most small_allreduce_bytes()) take one barrier, not
+// two: every rank copies its whole input to in[b][rank], passes the barrier,
+// then folds in[b][0..W-1] in rank order into its own buffer (the same bits
+// on every rank, and the same as the two-barrier path's). Each rank reads
+// W x bytes, which for small messages is cheaper than a second barrier. Such
+// an all-reduce (and a barrier) can be split in two halves that may run on
+// two threads one after the other (Post, then Complete): the caller posts
+// and, when the peers are already there, completes it itself; otherwise the
+// communication thread completes it (gloo_backend.cc).
+//
 // Barrier: one shared counter; barrier number e completes when it reaches
-// e*W (mod 2^32). Waiters spin briefly, spin yielding the CPU, then sleep on
+// e*W (mod 2^32). Waiters spin (2 us, or up to 50 us while no missing peer
+// last ran on the waiter's CPU), spin yielding the CPU, then sleep on
 // the counter with FUTEX_WAIT in slices, checking between slices for peers
 // that died (their pid is gone), a failure another rank published (the first
 // failing rank writes its cause: a dead peer, a timeout, an Abort(); then
@@ -102,6 +113,33 @@ class ShmGroup {
   absl::Status Allgather(const void* in, void* out, std::size_t bytes, Clock::time_point deadline);
   absl::Status Barrier(Clock::time_point deadline);
 
+  // The largest all-reduce (bytes) that takes the one-barrier path.
+  std::size_t small_allreduce_bytes() const { return small_; }
+  // A collective posted by this rank and not yet completed.
+  struct Posted {
+    std::uint32_t target = 0;  // the barrier count that completes it
+    int buffer = 0;
+    bool allreduce = false;
+    std::size_t count = 0;
+    DType dtype = DType::kFloat32;
+    ReduceOp op = ReduceOp::kSum;
+  };
+  // The first half of a small all-reduce (count * DTypeSize(dtype) <=
+  // small_allreduce_bytes()): posts `data` (read now, not after) and arrives.
+  absl::Status PostAllreduce(const void* data, std::size_t count, DType dtype, ReduceOp op,
+                             Posted* posted);
+  // The first half of a barrier: arrives.
+  absl::Status PostBarrier(Posted* posted);
+  // Whether every rank arrived at `posted`'s barrier, waiting at most
+  // `yield_until`: spins, and after `spin` yields the CPU instead when a
+  // missing peer last ran on this CPU (it waits for this core).
+  bool Arrived(const Posted& posted, std::chrono::nanoseconds spin,
+               std::chrono::nanoseconds yield_until) const;
+  // The second half: waits for the others (until deadline), checks that they
+  // issued the same collective, and (all-reduce) writes the result to data.
+  // The next collective of this group starts only after it.
+  absl::Status Complete(const Posted& posted, void* data, Clock::time_point deadline);
+
   // Marks the group aborted for every rank and wakes the waiting ones.
   // Thread-safe; the first abort wins.
   void Abort();
@@ -130,9 +168,13 @@ class ShmGroup {
   static std::string DescribeSig(const std::uint64_t* sig);
   // A barrier; after the first of a collective, CheckSame.
   absl::Status Barrier(const char* op, Clock::time_point deadline);
+  // The first half of a barrier: this rank arrives; *target completes it.
+  absl::Status Arrive(const char* op, std::uint32_t* target);
   void AbortFor(AbortKind kind, int subject, std::int32_t pid);
   absl::Status AbortedStatus(const char* op) const;
   std::vector<int> Missing() const;  // members that did not reach this barrier
+  // Whether a member that did not reach this barrier last ran on this CPU.
+  bool PeerSharesCpu() const;
   int Name(int member) const {
     return member >= 0 && member < static_cast<int>(names_.size()) ? names_[member] : member;
   }
@@ -145,12 +187,14 @@ class ShmGroup {
   int rank_;
   int size_;
   std::size_t chunk_;
+  std::size_t small_;
   bool owns_;
   std::uint32_t epoch_ = 0;       // barriers this rank passed
   std::uint64_t step_ = 0;        // steps this rank ran (buffer set = step % 2)
   std::uint64_t collective_ = 0;  // collectives this rank issued (sig slot)
   bool check_pending_ = false;
   std::vector<int> names_;
+  std::vector<char> packed_;  // a small all-reduce of several buffers, packed
 };
 
 // Which ranks share a host. Hosts are numbered in the order of their lowest

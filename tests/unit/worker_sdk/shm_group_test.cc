@@ -428,3 +428,44 @@ TEST_CASE("shm bootstrap refuses a segment address that is not the host's segmen
   CHECK(why.find("is not the host's segment") != std::string::npos);
   CHECK(why.find("DDP_SHM_HOST_ID") != std::string::npos);
 }
+
+TEST_CASE("shm small allreduce: posted by one thread, completed by another, same bits", "[unit]") {
+  // Rank 0 posts before the others and sees that they are not there; a second
+  // thread completes its all-reduce (what CallerRuns hands the communication
+  // thread), while ranks 1 and 2 run plain Allreduce calls.
+  const int size = 3;
+  const std::size_t n = 10;  // 40 bytes: the one-barrier path (64-byte steps)
+  Segment seg(size, 64);
+  REQUIRE(n * sizeof(float) <= seg.rank(0).small_allreduce_bytes());
+  std::vector<std::vector<float>> data(size, std::vector<float>(n));
+  for (int r = 0; r < size; ++r) {
+    for (std::size_t i = 0; i < n; ++i) data[r][i] = Value<float>(r, i);
+  }
+  ShmGroup::Posted posted;
+  REQUIRE(
+      seg.rank(0).PostAllreduce(data[0].data(), n, DType::kFloat32, ReduceOp::kSum, &posted).ok());
+  // Posting read the input: changing it now does not change the result.
+  std::vector<float> input = data[0];
+  std::fill(data[0].begin(), data[0].end(), 1000.0f);
+  CHECK_FALSE(
+      seg.rank(0).Arrived(posted, std::chrono::microseconds(1), std::chrono::microseconds(2)));
+  RequireAllOk(seg.Run([&](int r) -> absl::Status {
+    if (r == 0) return seg.rank(0).Complete(posted, data[0].data(), In(10s));
+    return seg.rank(r).Allreduce(data[r].data(), n, DType::kFloat32, ReduceOp::kSum, In(10s));
+  }));
+  CHECK(seg.rank(0).Arrived(posted, std::chrono::microseconds(0), std::chrono::microseconds(0)));
+  const auto want = Reference<float>(size, n, ReduceOp::kSum);
+  for (int r = 0; r < size; ++r) REQUIRE(data[r] == want);
+  // A split barrier, and the group goes on with the two-barrier path.
+  ShmGroup::Posted b;
+  REQUIRE(seg.rank(1).PostBarrier(&b).ok());
+  RequireAllOk(seg.Run([&](int r) -> absl::Status {
+    if (r == 1) return seg.rank(1).Complete(b, nullptr, In(10s));
+    return seg.rank(r).Barrier(In(10s));
+  }));
+  std::vector<std::vector<double>> big(size, std::vector<double>(100, 1.0));
+  RequireAllOk(seg.Run([&](int r) {
+    return seg.rank(r).Allreduce(big[r].data(), 100, DType::kFloat64, ReduceOp::kAvg, In(10s));
+  }));
+  for (int r = 0; r < size; ++r) REQUIRE(big[r] == std::vector<double>(100, 1.0));
+}

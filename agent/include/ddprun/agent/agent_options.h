@@ -9,6 +9,7 @@
 
 #include "ddprun/agent/log_spec.h"
 #include "ddprun/rendezvous/host_port.h"
+#include "ddprun/rendezvous/tls.h"
 #include "ddprun/rendezvous/types.h"
 
 namespace ddprun::agent {
@@ -45,6 +46,10 @@ struct AgentOptions {
   std::string master_addr = "127.0.0.1";  // static
   int master_port = rendezvous::kDefaultMasterPort;  // static
   std::string local_addr;         // address advertised to other nodes ("" = hostname)
+  // TLS to the rendezvous (--tls_ca/--tls_cert/--tls_key, docs/tls.md): the
+  // launcher checked the files (LoadClientTls) and made the paths absolute;
+  // names say where each was given. Workers get them as DDPRUN_TLS_*.
+  rendezvous::TlsOptions tls;
 
   // Workers.
   std::vector<std::string> command;  // argv of each worker, before ${local_rank} substitution

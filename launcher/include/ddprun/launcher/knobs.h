@@ -107,6 +107,20 @@ inline constexpr Knob kKnobs[] = {
      .metavar = "SECONDS"},
     {.name = "rdzv_conf", .type = ValueType::kRdzvConf, .default_text = "none", .metavar = "K=V,...",
      .group = kGroupRdzv, .help = "Keys:"},  // the keys' entries above complete the help
+    // TLS on the control plane (docs/tls.md): this node's files, the same
+    // meaning for the agent, its workers (DDPRUN_TLS_*) and `ddprun status`.
+    {.name = "tls_ca", .yaml_key = "rendezvous.tls_ca", .type = ValueType::kText,
+     .default_text = "none: plaintext", .metavar = "FILE", .group = kGroupRdzv,
+     .help = "PEM CA that signed ddprund's certificate: talk TLS to the rendezvous and "
+             "verify it (workers' store calls too); the hosting node's rendezvous requires "
+             "client certificates signed by it"},
+    {.name = "tls_cert", .yaml_key = "rendezvous.tls_cert", .type = ValueType::kText,
+     .default_text = "none", .metavar = "FILE", .group = kGroupRdzv,
+     .help = "PEM certificate of this node, presented for mutual TLS (ddprund "
+             "--tls_client_ca); served by this node when it hosts the rendezvous"},
+    {.name = "tls_key", .yaml_key = "rendezvous.tls_key", .type = ValueType::kText,
+     .default_text = "none", .metavar = "FILE", .group = kGroupRdzv,
+     .help = "PEM private key of --tls_cert"},
     // Job shape.
     {.name = "nnodes", .yaml_key = "nodes.count", .type = ValueType::kNodeRange,
      .default_value = "1", .default_text = "1", .metavar = "N|MIN:MAX", .group = kGroupJob,

@@ -8,6 +8,7 @@
 #include "absl/status/statusor.h"
 #include "ddprun/rendezvous/clock.h"
 #include "ddprun/rendezvous/store.h"
+#include "ddprun/rendezvous/tls.h"
 #include "ddprun/rendezvous/types.h"
 
 namespace ddprun::rendezvous {
@@ -28,11 +29,16 @@ class JoinStream {
 
 class RendezvousClient {
  public:
-  // Creates a channel; does not connect yet.
-  static std::unique_ptr<RendezvousClient> Create(const std::string& host, int port);
+  // Creates a channel; does not connect yet. `tls` (LoadClientTls) disabled:
+  // plaintext.
+  static std::unique_ptr<RendezvousClient> Create(const std::string& host, int port,
+                                                  const TlsConfig& tls = {});
   ~RendezvousClient();
 
-  // Waits until the server accepts a connection, up to timeout.
+  // Waits until the server accepts a connection, up to timeout. A server
+  // that is there but refuses the TLS handshake (either side's certificate,
+  // or one side without TLS) is TlsHandshakeError (tls.h, kind kAuth) naming
+  // the reason and the flag to fix: retrying cannot help.
   absl::Status WaitForConnected(Duration timeout);
   std::unique_ptr<JoinStream> Join(const JoinSpec& spec);
   absl::Status Report(const std::string& job_id, const std::string& node_id, std::int64_t round,
@@ -52,7 +58,11 @@ class RendezvousClient {
 // authenticated with the job's store token. Thread-safe.
 class GrpcStore final : public Store {
  public:
-  GrpcStore(const std::string& host, int port, StoreScope scope);
+  GrpcStore(const std::string& host, int port, StoreScope scope, const TlsConfig& tls = {});
+  // Waits up to `timeout` for a connection. Ok also when the server is merely
+  // not there yet (calls wait for it); TlsHandshakeError when it is there but
+  // the TLS handshake is refused, as RendezvousClient::WaitForConnected.
+  absl::Status CheckTls(Duration timeout);
   ~GrpcStore() override;
   absl::Status Set(const std::string& key, const std::string& value) override;
   absl::StatusOr<std::string> Get(const std::string& key, Duration timeout) override;

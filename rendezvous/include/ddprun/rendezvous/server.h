@@ -11,6 +11,7 @@
 #include "ddprun/rendezvous/host_port.h"
 #include "ddprun/rendezvous/job_rendezvous.h"
 #include "ddprun/rendezvous/job_table.h"
+#include "ddprun/rendezvous/tls.h"
 #include "ddprun/rendezvous/types.h"
 
 namespace ddprun::rendezvous {
@@ -35,6 +36,13 @@ struct ServerOptions {
   Duration lease_timeout = kDefaultLeaseTimeout;
   // Hosts that keep failing are refused for a while (see job_rendezvous.h).
   QuarantinePolicy quarantine;
+  // TLS (LoadServerTls); disabled: plaintext. With client_ca_pem, clients
+  // without a certificate it signed are refused (docs/tls.md).
+  TlsConfig tls;
+  // For the one line a TLS server prints per refused handshake (rate-limited):
+  // who prints it and which flag names the CA that clients must be signed by.
+  std::string log_prefix = "ddprund: ";
+  std::string client_ca_flag = "--tls_client_ca";
 };
 
 class RendezvousServer {

@@ -11,7 +11,16 @@ inline constexpr const char* kEnvJobId = "DDPRUN_JOB_ID";
 inline constexpr const char* kEnvRound = "DDPRUN_ROUND";
 inline constexpr const char* kEnvToken = "DDPRUN_TOKEN";
 inline constexpr const char* kEnvHost = "DDPRUN_HOST";
+// TLS to the store at DDPRUN_STORE_ADDR (docs/tls.md): absolute paths of the
+// agent's --tls_ca, --tls_cert, --tls_key; unset when the agent has none.
+inline constexpr const char* kEnvTlsCa = "DDPRUN_TLS_CA";
+inline constexpr const char* kEnvTlsCert = "DDPRUN_TLS_CERT";
+inline constexpr const char* kEnvTlsKey = "DDPRUN_TLS_KEY";
 // Subsystems of the debug channel (debug_log.h): DDPRUN_DEBUG=rdzv,agent,store,sdk or all.
 inline constexpr const char* kEnvDebug = "DDPRUN_DEBUG";
+// `ddprun bench` (launcher/bench_worker/bench_worker.h): where rank 0 writes
+// its summary for the launcher, and the test hook that corrupts one rank's results.
+inline constexpr const char* kEnvBenchResult = "DDPRUN_BENCH_RESULT";
+inline constexpr const char* kEnvBenchCorruptRank = "DDPRUN_BENCH_CORRUPT_RANK";
 
 }  // namespace ddprun
