@@ -17,6 +17,9 @@ packages=(
   # scrape of /metrics), headless Chromium (the dashboard), gdb (native
   # stacks of a hung worker).
   etcd-server etcd-client golang-etcd-server-dev prometheus chromium gdb
+  # `ddprun check`: prlimit (util-linux) in its tests; libssl-dev above
+  # (OpenSSL's SHA-256 of the script).
+  util-linux
 )
 bench_packages=(openmpi-bin libopenmpi-dev)
 

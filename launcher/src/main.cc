@@ -1,6 +1,6 @@
 // ddprun: parse the command line into AgentOptions and run this node's agent.
 // Exit status: 0 success, 1 a worker failed, 2 usage error, 3 rendezvous
-// error, 128+N killed by signal N (see docs/cli.md).
+// error, 128+N killed by signal N; `ddprun check` adds 5 and 6 (see docs/cli.md).
 #include <iostream>
 #include <string>
 #include <vector>
@@ -10,6 +10,7 @@
 #include "ddprun/agent/process_launcher.h"
 #include "ddprun/agent/worker_env.h"
 #include "ddprun/launcher/bench_command.h"
+#include "ddprun/launcher/check_command.h"
 #include "ddprun/launcher/cli.h"
 #include "ddprun/launcher/status_command.h"
 #include "ddprun/launcher/top_command.h"
@@ -24,6 +25,16 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "top") {
     return ddprun::launcher::RunTopCommand(std::vector<std::string>(argv, argv + argc), std::cout,
                                            std::cerr);
+  }
+  // `ddprun check ...`: a preflight run like the job (check_command.h); its
+  // worker is this binary again.
+  if (argc > 1 && std::string(argv[1]) == ddprun::launcher::kCheckSubcommand) {
+    return ddprun::launcher::RunCheckCommand(std::vector<std::string>(argv, argv + argc),
+                                             ddprun::agent::CurrentEnvironment(), std::cout,
+                                             std::cerr);
+  }
+  if (argc > 1 && std::string(argv[1]) == ddprun::launcher::kCheckWorkerSubcommand) {
+    return ddprun::launcher::RunCheckWorker(ddprun::agent::CurrentEnvironment(), std::cerr);
   }
   // First, so that every thread started later inherits the mask.
   ddprun::agent::BlockAgentSignals();

@@ -1,4 +1,4 @@
-// The exit status of ddprun, ddprund and `ddprun status`, defined once
+// The exit status of ddprun, ddprund, `ddprun status` and `ddprun check`, defined once
 // (docs/cli.md lists them). 128+N means killed by signal N, as shells report.
 #pragma once
 
@@ -9,6 +9,9 @@ inline constexpr int kExitWorkerFailed = 1;     // a worker failed beyond --max_
 inline constexpr int kExitUsage = 2;            // bad flags, job file or environment
 inline constexpr int kExitRendezvousError = 3;  // join timeout, daemon unreachable, refused
 inline constexpr int kExitBenchWrong = 4;       // `ddprun bench`: a collective's result was wrong
+// `ddprun check` (docs/check.md): 0 when every check passed, these otherwise.
+inline constexpr int kExitCheckWarnings = 5;  // the worst result is a warning
+inline constexpr int kExitCheckFailed = 6;    // at least one check failed
 
 inline constexpr int ExitForSignal(int signo) { return 128 + signo; }
 
