@@ -36,6 +36,8 @@ constexpr const char* kFooter =
     "  The collectives as nccl-tests prints them, and the scaling efficiency (docs/bench.md):\n"
     "    ddprun bench --nproc_per_node=4 --op all --sizes 4K:64M\n"
     "    ddprun bench --scaling --nproc_per_node=4\n"
+    "  A preflight of the job on every node, with the fix for each problem (docs/check.md):\n"
+    "    ddprun check --nnodes=2 --rdzv_endpoint=A:29400 --rdzv_id=job1 train.py\n"
     "\n"
     "Everything after the script is passed to it verbatim; \"${local_rank}\" in it becomes\n"
     "the worker's local rank. Exit status: 0 success, 1 a worker failed, 2 usage error,\n"
