@@ -18,6 +18,7 @@
 #include <deque>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -361,6 +362,7 @@ class Agent::Impl {
     const TimePoint joined_at = clock_.Now();
     const TimePoint deadline = joined_at + join_timeout_ + last_call_timeout_ + kJoinSlack;
     bool announced = !rejoin_after_departure;
+    bool replica_noted = false;
     while (!assignment_) {
       const TimePoint wake =
           announced ? deadline : std::min(deadline, joined_at + kReplacementNotice);
@@ -401,6 +403,22 @@ class Agent::Impl {
         Log(absl::StrCat("the job closed before this node was admitted (", c->reason,
                          "); start a new job with a different --rdzv_id"));
         return kExitRendezvousError;
+      } else if (const absl::Status& st = std::get<absl::Status>(*ev);
+                 session_->has_replicas() && rdzv::KindOf(st) == rdzv::ErrorKind::kConnection &&
+                 clock_.Now() < deadline) {
+        // A replica that stopped or is a standby (docs/ha.md): join the next
+        // one, after a pause (during a fail-over no replica leads for ~ the
+        // lease TTL). Signals queue meanwhile.
+        if (!replica_noted) {
+          Log(absl::StrCat("the rendezvous replica at ", session_->endpoint(), " cannot serve (",
+                           st.message(), "); trying the other replicas"));
+          replica_noted = true;
+        }
+        EndJoin();
+        std::this_thread::sleep_for(milliseconds(100));
+        (void)session_->WaitForConnected(
+            std::min<Duration>(seconds(1), std::max<Duration>(deadline - clock_.Now(), {})));
+        StartJoin();
       } else {
         RendezvousError(std::get<absl::Status>(*ev));
         return kExitRendezvousError;
@@ -541,7 +559,8 @@ class Agent::Impl {
         }
       }
       next_try = clock_.Now() + backoff;
-      backoff = std::min(backoff * 2, milliseconds(500));
+      // Replicas (docs/ha.md): one of them leads within the lease TTL; look often.
+      backoff = std::min(backoff * 2, session_->has_replicas() ? milliseconds(100) : milliseconds(500));
     }
     return ReattachResult::kFailed;
   }

@@ -26,6 +26,8 @@ using std::chrono::milliseconds;
 
 // Replies of a Range over many keys (recovery of every job) exceed gRPC's 4 MiB.
 constexpr int kMaxReceiveBytes = 256 << 20;
+// How long a call waits for a member whose connection is failing.
+constexpr auto kFailingMemberWait = std::chrono::milliseconds(500);
 
 std::chrono::system_clock::time_point DeadlineAfter(Duration d) {
   return std::chrono::system_clock::now() +
@@ -171,8 +173,9 @@ class EtcdClient::Impl {
       args.SetMaxReceiveMessageSize(kMaxReceiveBytes);
       // A restarted member is found again within ~1 s, not gRPC's default of
       // up to two minutes of backoff.
+      // (Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC also uses it as the
+      // connect timeout, and a member that is starting needs more than that.)
       args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-      args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
       args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
       // etcd refuses pings more often than every 5 s (--grpc-keepalive-min-time).
       args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 5000);
@@ -207,7 +210,15 @@ class EtcdClient::Impl {
     for (std::size_t k = 0; k < members_.size(); ++k) {
       const std::size_t i = (start + k) % members_.size();
       grpc::ClientContext ctx;
-      ctx.set_deadline(DeadlineAfter(options_.call_timeout));
+      // Wait for the connection within the deadline (a member that refused us
+      // earlier is retried now, not after gRPC's backoff), but give a member
+      // known to be failing only a short while before moving on.
+      const bool failing =
+          members_[i].channel->GetState(true) == GRPC_CHANNEL_TRANSIENT_FAILURE;
+      ctx.set_deadline(DeadlineAfter(
+          failing ? std::min<Duration>(options_.call_timeout, kFailingMemberWait)
+                  : options_.call_timeout));
+      ctx.set_wait_for_ready(true);
       grpc::Status s = call(members_[i], ctx);
       if (s.ok()) {
         current_.store(i);
@@ -294,6 +305,7 @@ class LeaseKeeper final : public EtcdLeaseKeeper {
       auto ctx = std::make_unique<grpc::ClientContext>();
       ctx->set_deadline(DeadlineAfter(
           std::min<Duration>(impl_->options().call_timeout, valid_until_ - Clock::now())));
+      ctx->set_wait_for_ready(true);
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (stop_) return;
