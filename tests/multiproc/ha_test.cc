@@ -220,3 +220,64 @@ TEST_CASE("ha: bad etcd set-ups are one line and exit 1: unreachable, foreign da
   REQUIRE(after.ok());
   CHECK(after->kvs.empty());
 }
+
+TEST_CASE("ha: etcd loses its leader, then its majority, mid-job: workers go on, the control "
+          "plane waits naming etcd, and serves again when the majority is back",
+          "[multiproc][ha]") {
+  if (!EtcdAvailable()) return SkipCase("multiproc", "no /usr/bin/etcd (etcd-server)");
+  Harness h;
+  EtcdCluster etcd(h, 3);
+  std::vector<Replica> replicas{StartReplica(h, "r0", etcd), StartReplica(h, "r1", etcd)};
+  const int leader = WaitLeader(replicas, 10);
+  REQUIRE(leader >= 0);
+  const std::string pids = h.PidDir("pids");
+  const std::string out = h.MakeDir("out");
+  std::vector<Proc*> agents;
+  for (int i = 0; i < 2; ++i) {
+    agents.push_back(&h.StartDdprun("node" + std::to_string(i),
+                                    JobFlags(Endpoints(replicas), "quorum", i),
+                                    {{"FIXTURE_PIDFILE_DIR", pids},
+                                     {"FIXTURE_OUT_DIR", out},
+                                     {"FIXTURE_SLEEP_MS", "7000"},
+                                     {"FIXTURE_FAIL_RANK", "0"},
+                                     {"FIXTURE_FAIL_ONLY_RESTART", "0"},
+                                     {"FIXTURE_EXIT_CODE", "3"}}));
+  }
+  const std::vector<pid_t> workers = h.WaitForPids(pids, 4, 20);
+  // Kill etcd's leader: the others elect one within ~1 s; nothing is lost.
+  const int etcd_leader = etcd.Leader();
+  REQUIRE(etcd_leader >= 0);
+  etcd.Kill(etcd_leader);
+  SleepMs(1500);
+  for (pid_t w : workers) CHECK(IsAlive(w));
+  // Then a second member: no majority. Workers go on.
+  const int second = (etcd_leader + 1) % 3;
+  etcd.Stop(second);
+  SleepMs(3000);
+  for (pid_t w : workers) CHECK(IsAlive(w));
+  // The majority comes back before rank 0 fails at 7 s; the failure restarts
+  // the job once through whichever replica leads then.
+  etcd.Restart(etcd_leader);
+  etcd.Restart(second);
+  for (Proc* a : agents) {
+    const int rc = h.Wait(*a, 60);
+    INFO(a->name << " stderr:\n" << a->Err() << "\nr0:\n" << replicas[0].proc->Err() << "\nr1:\n"
+                 << replicas[1].proc->Err());
+    CHECK(rc == 0);
+  }
+  std::set<long> restarts;
+  for (const Record& r : ReadRecords(out)) restarts.insert(r.Int("restart_count"));
+  CHECK(restarts == std::set<long>{0, 1});
+  // Whatever replica lost its lease while etcd had no majority said so in one
+  // line naming etcd, and exited; the other serves.
+  for (Replica& r : replicas) {
+    int status = 0;
+    if (::waitpid(r.proc->pid, &status, WNOHANG) == r.proc->pid) {
+      r.proc->exit = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      CHECK(*r.proc->exit == 1);
+      CHECK(r.proc->Err().find("etcd") != std::string::npos);
+    } else {
+      h.StopDaemon(*r.proc);
+    }
+  }
+}
