@@ -152,7 +152,10 @@ class GrpcRendezvousSession final : public RendezvousSession {
     // The replica we talked to broke or refused us (a standby): the next one,
     // then the others in turn, each for its share of the timeout.
     const auto& replicas = options_.rdzv_replicas;
-    const Duration slice = std::max<Duration>(timeout / replicas.size(), milliseconds(100));
+    // A dead replica refuses at once, but gRPC reports it only at the end of
+    // the wait: keep each short, the caller tries again.
+    const Duration slice = std::clamp<Duration>(timeout / replicas.size(), milliseconds(50),
+                                                milliseconds(150));
     absl::Status st;
     for (std::size_t k = 1; k <= replicas.size(); ++k) {
       const std::size_t i = (replica_ + k) % replicas.size();

@@ -27,7 +27,8 @@ struct Replica {
 Replica StartReplica(Harness& h, const std::string& name, const EtcdCluster& etcd,
                      const std::vector<std::string>& extra = {}) {
   Replica r;
-  std::vector<std::string> flags{"--etcd_endpoints", etcd.endpoints(), "--etcd_lease_ttl", "1"};
+  // TTL 2 (the default): a loaded CI machine must not depose a healthy leader.
+  std::vector<std::string> flags{"--etcd_endpoints", etcd.endpoints(), "--etcd_lease_ttl", "2"};
   flags.insert(flags.end(), extra.begin(), extra.end());
   r.port = h.StartDaemon(name, &r.proc, flags);
   return r;
