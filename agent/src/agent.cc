@@ -565,6 +565,37 @@ class Agent::Impl {
     return ReattachResult::kFailed;
   }
 
+  // With ddprund replicas (docs/ha.md): the failure report goes to the replica
+  // that leads, trying the others for up to kReattachWindow while a fail-over
+  // runs. Reported elsewhere than on the Join stream's replica, the agent
+  // re-joins its round there, to hear the decision (RestartRound or JobClosed).
+  void ReportToReplicas(rdzv::Outcome outcome, const std::vector<rdzv::WorkerFailure>& failures) {
+    if (!assignment_) return;
+    const TimePoint deadline = clock_.Now() + kReattachWindow;
+    bool moved = false;
+    absl::Status st;
+    while (true) {
+      st = session_->Report(*assignment_, outcome, failures, kReportTimeout);
+      if (st.ok() || rdzv::KindOf(st) != rdzv::ErrorKind::kConnection ||
+          clock_.Now() >= deadline) {
+        break;
+      }
+      moved = true;
+      std::this_thread::sleep_for(milliseconds(100));
+      (void)session_->WaitForConnected(seconds(1));
+    }
+    if (!st.ok()) {
+      // A stale round (the job moved on meanwhile) is answered by the re-join.
+      Log(absl::StrCat("could not report to the rendezvous: ", st.message()));
+      if (rdzv::KindOf(st) == rdzv::ErrorKind::kConnection) return;
+    }
+    if (moved) {
+      resuming_ = true;
+      StartJoin();
+      resuming_ = false;
+    }
+  }
+
   std::optional<int> OnWorkerFailure() {
     std::vector<rdzv::WorkerFailure> failures = Failures();
     for (const auto& f : failures) {
@@ -573,7 +604,11 @@ class Agent::Impl {
       Log(DescribeFailure(f) + "; stopping the node's other workers");
     }
     StopWorkers(SIGTERM);
-    ReportBestEffort(rdzv::Outcome::kFailed, failures);
+    if (session_->has_replicas()) {
+      ReportToReplicas(rdzv::Outcome::kFailed, failures);
+    } else {
+      ReportBestEffort(rdzv::Outcome::kFailed, failures);
+    }
     const TimePoint deadline = clock_.Now() + kDecisionTimeout;
     while (true) {
       auto e = NextEvent(deadline);
@@ -611,7 +646,11 @@ class Agent::Impl {
   std::optional<int> OnSuccess() {
     DDPRUN_DEBUG_LOG(kAgent) << rdzv::Fence(options_.job_id, round_)
                              << "every worker exited 0; reporting success";
-    ReportBestEffort(rdzv::Outcome::kSucceeded, {});
+    if (session_->has_replicas()) {
+      ReportToReplicas(rdzv::Outcome::kSucceeded, {});
+    } else {
+      ReportBestEffort(rdzv::Outcome::kSucceeded, {});
+    }
     // Wait for the job to end, so that a node hosting the rendezvous or the
     // master store stays up for the others (torchrun's exit barrier). A host
     // waits until the end; the others give up after kExitBarrier.
