@@ -43,8 +43,8 @@ bool TryNextMember(const grpc::Status& s) {
 }
 
 EtcdKeyValue FromPb(const ::mvccpb::KeyValue& kv) {
-  return EtcdKeyValue{kv.key(), kv.value(), kv.create_revision(), kv.mod_revision(), kv.version(),
-                      kv.lease()};
+  return EtcdKeyValue{kv.key(),          kv.value(),   kv.create_revision(),
+                      kv.mod_revision(), kv.version(), kv.lease()};
 }
 
 EtcdRange FromPb(const epb::RangeResponse& r) {
@@ -82,10 +82,18 @@ void ToPb(const EtcdOp& op, epb::RequestOp* out) {
 void ToPb(const EtcdCompare& c, epb::Compare* out) {
   out->set_key(c.key);
   switch (c.result) {
-    case EtcdCompare::Result::kEqual: out->set_result(epb::Compare::EQUAL); break;
-    case EtcdCompare::Result::kGreater: out->set_result(epb::Compare::GREATER); break;
-    case EtcdCompare::Result::kLess: out->set_result(epb::Compare::LESS); break;
-    case EtcdCompare::Result::kNotEqual: out->set_result(epb::Compare::NOT_EQUAL); break;
+    case EtcdCompare::Result::kEqual:
+      out->set_result(epb::Compare::EQUAL);
+      break;
+    case EtcdCompare::Result::kGreater:
+      out->set_result(epb::Compare::GREATER);
+      break;
+    case EtcdCompare::Result::kLess:
+      out->set_result(epb::Compare::LESS);
+      break;
+    case EtcdCompare::Result::kNotEqual:
+      out->set_result(epb::Compare::NOT_EQUAL);
+      break;
   }
   switch (c.target) {
     case EtcdCompare::Target::kVersion:
@@ -213,11 +221,10 @@ class EtcdClient::Impl {
       // Wait for the connection within the deadline (a member that refused us
       // earlier is retried now, not after gRPC's backoff), but give a member
       // known to be failing only a short while before moving on.
-      const bool failing =
-          members_[i].channel->GetState(true) == GRPC_CHANNEL_TRANSIENT_FAILURE;
-      ctx.set_deadline(DeadlineAfter(
-          failing ? std::min<Duration>(options_.call_timeout, kFailingMemberWait)
-                  : options_.call_timeout));
+      const bool failing = members_[i].channel->GetState(true) == GRPC_CHANNEL_TRANSIENT_FAILURE;
+      ctx.set_deadline(
+          DeadlineAfter(failing ? std::min<Duration>(options_.call_timeout, kFailingMemberWait)
+                                : options_.call_timeout));
       ctx.set_wait_for_ready(true);
       grpc::Status s = call(members_[i], ctx);
       if (s.ok()) {
@@ -243,8 +250,9 @@ class EtcdClient::Impl {
   }
 
   static absl::Status Refused(const std::string& name, const grpc::Status& s) {
-    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                        absl::StrCat("etcd at ", name, " refused the request: ", s.error_message()));
+    return absl::Status(
+        static_cast<absl::StatusCode>(s.error_code()),
+        absl::StrCat("etcd at ", name, " refused the request: ", s.error_message()));
   }
 
  private:
@@ -294,9 +302,9 @@ class LeaseKeeper final : public EtcdLeaseKeeper {
         if (Clock::now() >= valid_until_) {
           lost_ = true;
           lock.unlock();
-          on_lost_(absl::UnavailableError(absl::StrCat(
-              "the etcd lease ", lease_.id, " was not renewed within its TTL of ", lease_.ttl_s,
-              " s (", last_error, "); ", impl_->options().fix)));
+          on_lost_(absl::UnavailableError(
+              absl::StrCat("the etcd lease ", lease_.id, " was not renewed within its TTL of ",
+                           lease_.ttl_s, " s (", last_error, "); ", impl_->options().fix)));
           return;
         }
       }
@@ -329,8 +337,8 @@ class LeaseKeeper final : public EtcdLeaseKeeper {
             std::lock_guard<std::mutex> lock(mu_);
             lost_ = true;
           }
-          on_lost_(absl::UnavailableError(absl::StrCat("etcd says the lease ", lease_.id,
-                                                       " has expired")));
+          on_lost_(absl::UnavailableError(
+              absl::StrCat("etcd says the lease ", lease_.id, " has expired")));
           return;
         }
         impl_->Answered(member);
@@ -338,7 +346,8 @@ class LeaseKeeper final : public EtcdLeaseKeeper {
         valid_until_ = sent + std::chrono::seconds(resp.ttl());
         next = Clock::now() + period;
       } else {
-        last_error = absl::StrCat(m.name, ": ", s.ok() ? "stream closed" : EtcdClient::Impl::Describe(s));
+        last_error =
+            absl::StrCat(m.name, ": ", s.ok() ? "stream closed" : EtcdClient::Impl::Describe(s));
         DDPRUN_DEBUG_LOG(kRdzv) << "etcd lease keep-alive: " << last_error;
         ++member;  // the next member, soon
         next = Clock::now() + milliseconds(100);
@@ -408,8 +417,8 @@ class Watcher final : public EtcdWatch {
       if (stream->Write(req)) {
         while (stream->Read(&resp)) {
           if (resp.compact_revision() > 0 || (resp.canceled() && !resp.created())) {
-            on_error_(absl::DataLossError(absl::StrCat(
-                "etcd compacted revision ", next_revision_, " before this replica read it")));
+            on_error_(absl::DataLossError(absl::StrCat("etcd compacted revision ", next_revision_,
+                                                       " before this replica read it")));
             failed = true;
             break;
           }
@@ -470,9 +479,8 @@ absl::StatusOr<EtcdRange> EtcdClient::Range(const std::string& key, const std::s
   req.set_range_end(range_end);
   req.set_limit(limit);
   epb::RangeResponse resp;
-  DDPRUN_RETURN_IF_ERROR(impl_->Each([&](Impl::Member& m, grpc::ClientContext& ctx) {
-    return m.kv->Range(&ctx, req, &resp);
-  }));
+  DDPRUN_RETURN_IF_ERROR(impl_->Each(
+      [&](Impl::Member& m, grpc::ClientContext& ctx) { return m.kv->Range(&ctx, req, &resp); }));
   return FromPb(resp);
 }
 

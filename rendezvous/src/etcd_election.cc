@@ -84,11 +84,10 @@ void EtcdElection::Run() {
         std::lock_guard<std::mutex> lock(mu_);
         if (stop_ || lost_) break;
       }
-      absl::StatusOr<EtcdTxnResult> r =
-          etcd.Txn({EtcdCompare{leader_key, EtcdCompare::Target::kCreateRevision,
-                                EtcdCompare::Result::kEqual, 0, ""}},
-                   {EtcdOp::Put(leader_key, options_.address, lease->id)},
-                   {EtcdOp::Range(leader_key)});
+      absl::StatusOr<EtcdTxnResult> r = etcd.Txn(
+          {EtcdCompare{leader_key, EtcdCompare::Target::kCreateRevision,
+                       EtcdCompare::Result::kEqual, 0, ""}},
+          {EtcdOp::Put(leader_key, options_.address, lease->id)}, {EtcdOp::Range(leader_key)});
       if (!r.ok()) {
         Log(absl::StrCat("standby: cannot campaign for the leadership: ", r.status().message()));
         Pause(kRetryPause);

@@ -61,8 +61,8 @@ class EtcdElection {
   std::condition_variable cv_;
   bool stop_ = false;
   bool leading_ = false;
-  bool lost_ = false;        // the current lease is gone
-  bool key_deleted_ = false; // P/leader was deleted (watch)
+  bool lost_ = false;         // the current lease is gone
+  bool key_deleted_ = false;  // P/leader was deleted (watch)
   std::string leader_;
   std::unique_ptr<EtcdLeaseKeeper> keeper_;
   std::int64_t lease_id_ = 0;

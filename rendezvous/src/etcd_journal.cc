@@ -31,11 +31,11 @@ std::string Round20(std::int64_t round) {
 }
 
 absl::Status Foreign(const std::string& prefix, const std::string& key, const std::string& why) {
-  return absl::FailedPreconditionError(absl::StrCat(
-      "etcd key '", key, "' under --etcd_prefix=", prefix, " is not ddprun's (", why,
-      "); another program or cluster writes there: give this ddprund cluster its own "
-      "--etcd_prefix, or remove those keys (etcdctl del --prefix ",
-      prefix, "/) if they are stale"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("etcd key '", key, "' under --etcd_prefix=", prefix, " is not ddprun's (", why,
+                   "); another program or cluster writes there: give this ddprund cluster its own "
+                   "--etcd_prefix, or remove those keys (etcdctl del --prefix ",
+                   prefix, "/) if they are stale"));
 }
 
 }  // namespace
@@ -75,11 +75,10 @@ absl::Status ClaimEtcdPrefix(EtcdClient& client, const std::string& prefix) {
                           client.Range(prefix + "/", EtcdClient::PrefixEnd(prefix + "/"), 1));
   if (!any.kvs.empty()) return Foreign(prefix, any.kvs[0].key, "no " + format_key + " marker");
   // Two replicas starting together both write the same marker: harmless.
-  DDPRUN_ASSIGN_OR_RETURN(
-      EtcdTxnResult put,
-      client.Txn({EtcdCompare{format_key, EtcdCompare::Target::kVersion,
-                              EtcdCompare::Result::kEqual, 0, ""}},
-                 {EtcdOp::Put(format_key, kEtcdFormat)}));
+  DDPRUN_ASSIGN_OR_RETURN(EtcdTxnResult put,
+                          client.Txn({EtcdCompare{format_key, EtcdCompare::Target::kVersion,
+                                                  EtcdCompare::Result::kEqual, 0, ""}},
+                                     {EtcdOp::Put(format_key, kEtcdFormat)}));
   (void)put;
   return absl::OkStatus();
 }
@@ -113,8 +112,8 @@ absl::Status EtcdJournal::Write(std::vector<EtcdOp> ops) {
     }
     ++writes_;
     absl::StatusOr<EtcdTxnResult> r = options_.client->Txn(
-        {EtcdCompare{leader_key, EtcdCompare::Target::kCreateRevision,
-                     EtcdCompare::Result::kEqual, leader_revision_.load(), ""}},
+        {EtcdCompare{leader_key, EtcdCompare::Target::kCreateRevision, EtcdCompare::Result::kEqual,
+                     leader_revision_.load(), ""}},
         ops);
     if (r.ok() && r->succeeded) return absl::OkStatus();
     if (r.ok()) {
@@ -167,8 +166,7 @@ absl::StatusOr<std::vector<RecoveredJob>> EtcdJournal::Recover() {
       if (digits.find_first_not_of("0123456789") != std::string::npos) {
         return Foreign(options_.prefix, kv.key, "not a store key");
       }
-      by_job[hex].rounds[std::stoll(digits)].emplace_back(what.substr(6 + 21),
-                                                          std::move(kv.value));
+      by_job[hex].rounds[std::stoll(digits)].emplace_back(what.substr(6 + 21), std::move(kv.value));
     } else {
       return Foreign(options_.prefix, kv.key, "unknown key");
     }

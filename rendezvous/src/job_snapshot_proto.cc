@@ -39,7 +39,8 @@ JobSnapshot SnapshotFromProto(const pb::JobSnapshot& p) {
   s.state = p.state();
   s.round = p.round();
   s.restart_count = p.restart_count();
-  for (const auto& m : p.members()) s.members.push_back({m.node_id(), FromProto(m.spec()), m.done()});
+  for (const auto& m : p.members())
+    s.members.push_back({m.node_id(), FromProto(m.spec()), m.done()});
   for (const auto& n : p.assigned()) s.assigned.push_back(FromProto(n));
   for (const auto& f : p.failures()) s.failures.push_back(FromProto(f));
   s.close_reason = p.close_reason();

@@ -72,9 +72,10 @@ std::vector<std::string> JobFlags(const std::string& endpoints, const std::strin
 
 }  // namespace
 
-TEST_CASE("ha: kill -9 the leading replica mid-job, then fail a worker: the other replica "
-          "serves, store keys survive, workers untouched",
-          "[multiproc][ha]") {
+TEST_CASE(
+    "ha: kill -9 the leading replica mid-job, then fail a worker: the other replica "
+    "serves, store keys survive, workers untouched",
+    "[multiproc][ha]") {
   if (!EtcdAvailable()) return SkipCase("multiproc", "no /usr/bin/etcd (etcd-server)");
   Harness h;
   EtcdCluster etcd(h, 3);
@@ -137,7 +138,8 @@ TEST_CASE("ha: kill -9 the leading replica mid-job, then fail a worker: the othe
   CHECK(second_round == std::set<long>{0, 1, 2, 3});
   // Round 1's workers are new processes (the restart); the kill restarted none:
   // every record of round 0 came from the workers that ran through it.
-  for (pid_t p : ReadPids(pids)) CHECK(std::find(workers.begin(), workers.end(), p) == workers.end());
+  for (pid_t p : ReadPids(pids))
+    CHECK(std::find(workers.begin(), workers.end(), p) == workers.end());
   h.RequireAllGone(pids, 2);
   h.StopDaemon(*replicas[next].proc);
 }
@@ -151,8 +153,7 @@ TEST_CASE("ha: two agents failing at once, each starting at a different replica:
   REQUIRE(WaitLeader(replicas, 10) >= 0);
   const std::string out = h.MakeDir("out");
   // Node 0 lists r0 first, node 1 lists r1 first: one of them starts at the standby.
-  const std::vector<std::string> lists{Endpoints(replicas),
-                                       Endpoints({replicas[1], replicas[0]})};
+  const std::vector<std::string> lists{Endpoints(replicas), Endpoints({replicas[1], replicas[0]})};
   std::vector<Proc*> agents;
   for (int i = 0; i < 2; ++i) {
     agents.push_back(&h.StartDdprun("node" + std::to_string(i), JobFlags(lists[i], "both", i, "3"),
@@ -173,15 +174,16 @@ TEST_CASE("ha: two agents failing at once, each starting at a different replica:
   for (Replica& r : replicas) h.StopDaemon(*r.proc);
 }
 
-TEST_CASE("ha: bad etcd set-ups are one line and exit 1: unreachable, foreign data; two "
-          "clusters on two prefixes each elect their own leader",
-          "[multiproc][ha]") {
+TEST_CASE(
+    "ha: bad etcd set-ups are one line and exit 1: unreachable, foreign data; two "
+    "clusters on two prefixes each elect their own leader",
+    "[multiproc][ha]") {
   if (!EtcdAvailable()) return SkipCase("multiproc", "no /usr/bin/etcd (etcd-server)");
   Harness h;
   const int dead = FreePort();
-  Proc& unreachable = h.Start("unreachable", {Ddprund(), "--host", "127.0.0.1", "--port", "0",
-                                              "--etcd_endpoints",
-                                              "127.0.0.1:" + std::to_string(dead)});
+  Proc& unreachable =
+      h.Start("unreachable", {Ddprund(), "--host", "127.0.0.1", "--port", "0", "--etcd_endpoints",
+                              "127.0.0.1:" + std::to_string(dead)});
   CHECK(h.Wait(unreachable, 10) == 1);
   CHECK(unreachable.Err().find("etcd unreachable (127.0.0.1:" + std::to_string(dead)) !=
         std::string::npos);
@@ -192,9 +194,9 @@ TEST_CASE("ha: bad etcd set-ups are one line and exit 1: unreachable, foreign da
   EtcdCluster etcd(h, 1);
   auto client = etcd.Client();
   REQUIRE(client->Put("/other/config", "not ddprun's").ok());
-  Proc& foreign = h.Start("foreign", {Ddprund(), "--host", "127.0.0.1", "--port", "0",
-                                      "--etcd_endpoints", etcd.endpoints(), "--etcd_prefix",
-                                      "/other"});
+  Proc& foreign =
+      h.Start("foreign", {Ddprund(), "--host", "127.0.0.1", "--port", "0", "--etcd_endpoints",
+                          etcd.endpoints(), "--etcd_prefix", "/other"});
   CHECK(h.Wait(foreign, 10) == 1);
   CHECK(foreign.Err().find("etcd key '/other/config' under --etcd_prefix=/other is not ddprun's") !=
         std::string::npos);
@@ -222,9 +224,10 @@ TEST_CASE("ha: bad etcd set-ups are one line and exit 1: unreachable, foreign da
   CHECK(after->kvs.empty());
 }
 
-TEST_CASE("ha: etcd loses its leader, then its majority, mid-job: workers go on, the control "
-          "plane waits naming etcd, and serves again when the majority is back",
-          "[multiproc][ha]") {
+TEST_CASE(
+    "ha: etcd loses its leader, then its majority, mid-job: workers go on, the control "
+    "plane waits naming etcd, and serves again when the majority is back",
+    "[multiproc][ha]") {
   if (!EtcdAvailable()) return SkipCase("multiproc", "no /usr/bin/etcd (etcd-server)");
   Harness h;
   EtcdCluster etcd(h, 3);
@@ -262,7 +265,9 @@ TEST_CASE("ha: etcd loses its leader, then its majority, mid-job: workers go on,
   etcd.Restart(second);
   for (Proc* a : agents) {
     const int rc = h.Wait(*a, 60);
-    INFO(a->name << " stderr:\n" << a->Err() << "\nr0:\n" << replicas[0].proc->Err() << "\nr1:\n"
+    INFO(a->name << " stderr:\n"
+                 << a->Err() << "\nr0:\n"
+                 << replicas[0].proc->Err() << "\nr1:\n"
                  << replicas[1].proc->Err());
     CHECK(rc == 0);
   }

@@ -62,8 +62,8 @@ class EtcdCluster {
     while (SecondsSince(t0) < timeout_s) {
       for (int i = 0; i < size(); ++i) {
         if (!members_[i].running) continue;
-        const std::string out = RunEtcdctl({"--endpoints", endpoint(i), "endpoint", "status",
-                                            "-w", "fields"});
+        const std::string out =
+            RunEtcdctl({"--endpoints", endpoint(i), "endpoint", "status", "-w", "fields"});
         const std::string id = Field(out, "\"MemberID\" : ");
         const std::string leader = Field(out, "\"Leader\" : ");
         if (!id.empty() && id == leader) return i;
@@ -141,14 +141,33 @@ class EtcdCluster {
     }
     const std::string client = "http://127.0.0.1:" + std::to_string(m.client_port);
     const std::string peer = "http://127.0.0.1:" + std::to_string(m.peer_port);
-    m.proc = &h_.Start(m.name + "." + std::to_string(m.starts++),
-                       {"/usr/bin/etcd", "--name", m.name, "--data-dir", m.data,
-                        "--listen-client-urls", client, "--advertise-client-urls", client,
-                        "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                        "--initial-cluster", cluster, "--initial-cluster-token", name_,
-                        "--initial-cluster-state", existing ? "existing" : "new",
-                        "--heartbeat-interval", "50", "--election-timeout", "500",
-                        "--logger", "zap", "--log-level", "warn"});
+    m.proc = &h_.Start(m.name + "." + std::to_string(m.starts++), {"/usr/bin/etcd",
+                                                                   "--name",
+                                                                   m.name,
+                                                                   "--data-dir",
+                                                                   m.data,
+                                                                   "--listen-client-urls",
+                                                                   client,
+                                                                   "--advertise-client-urls",
+                                                                   client,
+                                                                   "--listen-peer-urls",
+                                                                   peer,
+                                                                   "--initial-advertise-peer-urls",
+                                                                   peer,
+                                                                   "--initial-cluster",
+                                                                   cluster,
+                                                                   "--initial-cluster-token",
+                                                                   name_,
+                                                                   "--initial-cluster-state",
+                                                                   existing ? "existing" : "new",
+                                                                   "--heartbeat-interval",
+                                                                   "50",
+                                                                   "--election-timeout",
+                                                                   "500",
+                                                                   "--logger",
+                                                                   "zap",
+                                                                   "--log-level",
+                                                                   "warn"});
     m.running = true;
   }
 

@@ -76,17 +76,17 @@ struct EtcdOp {
   enum class Kind { kRange, kPut, kDelete };
   Kind kind = Kind::kRange;
   std::string key;
-  std::string range_end;  // kRange, kDelete: "" = the key alone
-  std::string value;      // kPut
-  std::int64_t lease = 0; // kPut
+  std::string range_end;   // kRange, kDelete: "" = the key alone
+  std::string value;       // kPut
+  std::int64_t lease = 0;  // kPut
   static EtcdOp Put(std::string key, std::string value, std::int64_t lease = 0);
   static EtcdOp Delete(std::string key, std::string range_end = "");
   static EtcdOp Range(std::string key, std::string range_end = "");
 };
 
 struct EtcdTxnResult {
-  bool succeeded = false;      // the compares held: the success branch ran
-  std::int64_t revision = 0;   // the store's revision after the transaction
+  bool succeeded = false;         // the compares held: the success branch ran
+  std::int64_t revision = 0;      // the store's revision after the transaction
   std::vector<EtcdRange> ranges;  // one per kRange op of the branch that ran, in order
 };
 
