@@ -287,3 +287,50 @@ TEST_CASE(
     }
   }
 }
+
+TEST_CASE(
+    "ha: etcd with TLS: a replica given the CA (and a client certificate) leads; without "
+    "the CA it fails in one line",
+    "[multiproc][ha]") {
+  if (!EtcdAvailable()) return SkipCase("multiproc", "no /usr/bin/etcd (etcd-server)");
+  Harness h;
+  const std::string tls = h.MakeDir("tls");
+  // A CA, a server certificate for 127.0.0.1 and a client certificate.
+  const std::string gen =
+      "cd " + tls +
+      " && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 "
+      "-subj /CN=ddprun-test-ca 2>/dev/null"
+      " && openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr "
+      "-subj /CN=127.0.0.1 2>/dev/null"
+      " && printf 'subjectAltName=IP:127.0.0.1\\n' > san.ext"
+      " && openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+      "-out server.pem -days 2 -extfile san.ext 2>/dev/null"
+      " && openssl req -newkey rsa:2048 -nodes -keyout client.key -out client.csr "
+      "-subj /CN=ddprund 2>/dev/null"
+      " && openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+      "-out client.pem -days 2 2>/dev/null";
+  REQUIRE(std::system(gen.c_str()) == 0);
+  EtcdCluster etcd(h, 1, "etcdtls", tls, /*client_auth=*/true);
+  // Right CA and client certificate: leads.
+  Replica ok = StartReplica(h, "ok", etcd,
+                            {"--etcd_ca", tls + "/ca.pem", "--etcd_cert", tls + "/client.pem",
+                             "--etcd_key", tls + "/client.key"});
+  CHECK(WaitLeader({ok}, 20) == 0);
+  h.StopDaemon(*ok.proc);
+  // Plain text against the TLS etcd: one line naming etcd, exit 1.
+  Proc& plain = h.Start("plain", {Ddprund(), "--host", "127.0.0.1", "--port", "0",
+                                  "--etcd_endpoints", etcd.endpoints()});
+  CHECK(h.Wait(plain, 20) == 1);
+  const std::string err = plain.Err();
+  CHECK(err.find("ddprund: etcd unreachable (127.0.0.1:") != std::string::npos);
+  CHECK(std::count(err.begin(), err.end(), '\n') == 1);
+  // The CA but no client certificate, where etcd requires one: refused, one line.
+  Proc& no_cert =
+      h.Start("nocert", {Ddprund(), "--host", "127.0.0.1", "--port", "0", "--etcd_endpoints",
+                         etcd.endpoints(), "--etcd_ca", tls + "/ca.pem"});
+  CHECK(h.Wait(no_cert, 20) == 1);
+  const std::string no_cert_err = no_cert.Err();
+  INFO(no_cert_err);
+  CHECK(no_cert_err.find("etcd") != std::string::npos);
+  CHECK(std::count(no_cert_err.begin(), no_cert_err.end(), '\n') == 1);
+}

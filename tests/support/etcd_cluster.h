@@ -23,7 +23,11 @@ inline bool EtcdAvailable() { return ::access("/usr/bin/etcd", X_OK) == 0; }
 
 class EtcdCluster {
  public:
-  EtcdCluster(Harness& h, int members, const std::string& name = "etcd") : h_(h), name_(name) {
+  // tls_dir: serve clients over TLS with tls_dir/server.pem, server.key (and
+  // require client certificates signed by tls_dir/ca.pem when client_auth).
+  EtcdCluster(Harness& h, int members, const std::string& name = "etcd",
+              const std::string& tls_dir = "", bool client_auth = false)
+      : h_(h), name_(name), tls_dir_(tls_dir), client_auth_(client_auth) {
     for (int i = 0; i < members; ++i) {
       Member m;
       m.name = name + std::to_string(i);
@@ -33,7 +37,7 @@ class EtcdCluster {
       members_.push_back(m);
     }
     for (int i = 0; i < members; ++i) Launch(i, /*existing=*/false);
-    WaitHealthy(20);
+    if (tls_dir_.empty()) WaitHealthy(20);
   }
 
   int size() const { return static_cast<int>(members_.size()); }
@@ -139,35 +143,47 @@ class EtcdCluster {
       if (!cluster.empty()) cluster += ",";
       cluster += o.name + "=http://127.0.0.1:" + std::to_string(o.peer_port);
     }
-    const std::string client = "http://127.0.0.1:" + std::to_string(m.client_port);
+    const std::string client = (tls_dir_.empty() ? "http://127.0.0.1:" : "https://127.0.0.1:") +
+                               std::to_string(m.client_port);
     const std::string peer = "http://127.0.0.1:" + std::to_string(m.peer_port);
-    m.proc = &h_.Start(m.name + "." + std::to_string(m.starts++), {"/usr/bin/etcd",
-                                                                   "--name",
-                                                                   m.name,
-                                                                   "--data-dir",
-                                                                   m.data,
-                                                                   "--listen-client-urls",
-                                                                   client,
-                                                                   "--advertise-client-urls",
-                                                                   client,
-                                                                   "--listen-peer-urls",
-                                                                   peer,
-                                                                   "--initial-advertise-peer-urls",
-                                                                   peer,
-                                                                   "--initial-cluster",
-                                                                   cluster,
-                                                                   "--initial-cluster-token",
-                                                                   name_,
-                                                                   "--initial-cluster-state",
-                                                                   existing ? "existing" : "new",
-                                                                   "--heartbeat-interval",
-                                                                   "50",
-                                                                   "--election-timeout",
-                                                                   "500",
-                                                                   "--logger",
-                                                                   "zap",
-                                                                   "--log-level",
-                                                                   "warn"});
+    std::vector<std::string> argv{"/usr/bin/etcd",
+                                  "--name",
+                                  m.name,
+                                  "--data-dir",
+                                  m.data,
+                                  "--listen-client-urls",
+                                  client,
+                                  "--advertise-client-urls",
+                                  client,
+                                  "--listen-peer-urls",
+                                  peer,
+                                  "--initial-advertise-peer-urls",
+                                  peer,
+                                  "--initial-cluster",
+                                  cluster,
+                                  "--initial-cluster-token",
+                                  name_,
+                                  "--initial-cluster-state",
+                                  existing ? "existing" : "new",
+                                  "--heartbeat-interval",
+                                  "50",
+                                  "--election-timeout",
+                                  "500",
+                                  "--logger",
+                                  "zap",
+                                  "--log-level",
+                                  "warn"};
+    if (!tls_dir_.empty()) {
+      for (const std::string& a : {std::string("--cert-file"), tls_dir_ + "/server.pem",
+                                   std::string("--key-file"), tls_dir_ + "/server.key"})
+        argv.push_back(a);
+      if (client_auth_) {
+        for (const std::string& a : {std::string("--client-cert-auth"),
+                                     std::string("--trusted-ca-file"), tls_dir_ + "/ca.pem"})
+          argv.push_back(a);
+      }
+    }
+    m.proc = &h_.Start(m.name + "." + std::to_string(m.starts++), argv);
     m.running = true;
   }
 
@@ -181,6 +197,8 @@ class EtcdCluster {
 
   Harness& h_;
   std::string name_;
+  std::string tls_dir_;
+  bool client_auth_ = false;
   std::vector<Member> members_;
 };
 
