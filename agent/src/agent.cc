@@ -687,6 +687,9 @@ class Agent::Impl {
         OnRestart(*r);
         return std::nullopt;
       }
+      // A re-join after reporting to another replica (ReportToReplicas) gets
+      // its round's Assignment back first: wait on for the job's decision.
+      if (std::holds_alternative<rdzv::Assignment>(*ev)) continue;
       // The end of the stream: this node's part is done.
       return kExitSuccess;
     }
