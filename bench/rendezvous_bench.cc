@@ -25,8 +25,10 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "ddprun/rendezvous/host_port.h"
 #include "ddprun/rendezvous/job_rendezvous.h"
 #include "ddprun/rendezvous/server.h"
 #include "support/simulated_job.h"
@@ -71,7 +73,20 @@ class ServerProcess {
       ServerOptions opts;
       opts.host = "127.0.0.1";
       opts.port = 0;
+      // DDPRUN_BENCH_ETCD=H:P,...: the server is a replica on that etcd
+      // (docs/ha.md), alone, so it leads; every round change goes to etcd.
+      if (const char* etcd = std::getenv("DDPRUN_BENCH_ETCD"); etcd && *etcd) {
+        auto list = ParseHostPortList(etcd, {.default_port = 2379});
+        if (!list.ok()) Die(std::string(list.status().message()));
+        opts.etcd_endpoints = *list;
+        opts.etcd_prefix = "/ddprun-bench-" + std::to_string(getpid());
+        opts.etcd_lease_ttl_s = 5;
+      }
       auto server = RendezvousServer::Start(opts);
+      if (!server.ok()) Die(std::string(server.status().message()));
+      if (!opts.etcd_endpoints.empty()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));  // elected alone
+      }
       inproc_ = std::move(*server);
       port_ = inproc_->port();
       return;

@@ -18,6 +18,7 @@
 #include <deque>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -409,6 +410,7 @@ class Agent::Impl {
     const TimePoint joined_at = clock_.Now();
     const TimePoint deadline = joined_at + join_timeout_ + last_call_timeout_ + kJoinSlack;
     bool announced = !rejoin_after_departure;
+    bool replica_noted = false;
     while (!assignment_) {
       const TimePoint wake =
           announced ? deadline : std::min(deadline, joined_at + kReplacementNotice);
@@ -449,6 +451,22 @@ class Agent::Impl {
         Log(absl::StrCat("the job closed before this node was admitted (", c->reason,
                          "); start a new job with a different --rdzv_id"));
         return kExitRendezvousError;
+      } else if (const absl::Status& st = std::get<absl::Status>(*ev);
+                 session_->has_replicas() && rdzv::KindOf(st) == rdzv::ErrorKind::kConnection &&
+                 clock_.Now() < deadline) {
+        // A replica that stopped or is a standby (docs/ha.md): join the next
+        // one, after a pause (during a fail-over no replica leads for ~ the
+        // lease TTL). Signals queue meanwhile.
+        if (!replica_noted) {
+          Log(absl::StrCat("the rendezvous replica at ", session_->endpoint(), " cannot serve (",
+                           st.message(), "); trying the other replicas"));
+          replica_noted = true;
+        }
+        EndJoin();
+        std::this_thread::sleep_for(milliseconds(100));
+        (void)session_->WaitForConnected(
+            std::min<Duration>(seconds(1), std::max<Duration>(deadline - clock_.Now(), {})));
+        StartJoin();
       } else {
         RendezvousError(std::get<absl::Status>(*ev));
         return kExitRendezvousError;
@@ -590,9 +608,41 @@ class Agent::Impl {
         }
       }
       next_try = clock_.Now() + backoff;
-      backoff = std::min(backoff * 2, milliseconds(500));
+      // Replicas (docs/ha.md): one of them leads within the lease TTL; look often.
+      backoff = std::min(backoff * 2, session_->has_replicas() ? milliseconds(100) : milliseconds(500));
     }
     return ReattachResult::kFailed;
+  }
+
+  // With ddprund replicas (docs/ha.md): the failure report goes to the replica
+  // that leads, trying the others for up to kReattachWindow while a fail-over
+  // runs. Reported elsewhere than on the Join stream's replica, the agent
+  // re-joins its round there, to hear the decision (RestartRound or JobClosed).
+  void ReportToReplicas(rdzv::Outcome outcome, const std::vector<rdzv::WorkerFailure>& failures) {
+    if (!assignment_) return;
+    const TimePoint deadline = clock_.Now() + kReattachWindow;
+    bool moved = false;
+    absl::Status st;
+    while (true) {
+      st = session_->Report(*assignment_, outcome, failures, kReportTimeout);
+      if (st.ok() || rdzv::KindOf(st) != rdzv::ErrorKind::kConnection ||
+          clock_.Now() >= deadline) {
+        break;
+      }
+      moved = true;
+      std::this_thread::sleep_for(milliseconds(100));
+      (void)session_->WaitForConnected(seconds(1));
+    }
+    if (!st.ok()) {
+      // A stale round (the job moved on meanwhile) is answered by the re-join.
+      Log(absl::StrCat("could not report to the rendezvous: ", st.message()));
+      if (rdzv::KindOf(st) == rdzv::ErrorKind::kConnection) return;
+    }
+    if (moved) {
+      resuming_ = true;
+      StartJoin();
+      resuming_ = false;
+    }
   }
 
   std::optional<int> OnWorkerFailure() {
@@ -603,7 +653,11 @@ class Agent::Impl {
       Log(DescribeFailure(f) + "; stopping the node's other workers");
     }
     StopWorkers(SIGTERM);
-    ReportBestEffort(rdzv::Outcome::kFailed, failures);
+    if (session_->has_replicas()) {
+      ReportToReplicas(rdzv::Outcome::kFailed, failures);
+    } else {
+      ReportBestEffort(rdzv::Outcome::kFailed, failures);
+    }
     const TimePoint deadline = clock_.Now() + kDecisionTimeout;
     while (true) {
       auto e = NextEvent(deadline);
@@ -642,7 +696,11 @@ class Agent::Impl {
     if (monitoring_) monitoring_->EndRound();
     DDPRUN_DEBUG_LOG(kAgent) << rdzv::Fence(options_.job_id, round_)
                              << "every worker exited 0; reporting success";
-    ReportBestEffort(rdzv::Outcome::kSucceeded, {});
+    if (session_->has_replicas()) {
+      ReportToReplicas(rdzv::Outcome::kSucceeded, {});
+    } else {
+      ReportBestEffort(rdzv::Outcome::kSucceeded, {});
+    }
     // Wait for the job to end, so that a node hosting the rendezvous or the
     // master store stays up for the others (torchrun's exit barrier). A host
     // waits until the end; the others give up after kExitBarrier.
@@ -679,6 +737,9 @@ class Agent::Impl {
         OnRestart(*r);
         return std::nullopt;
       }
+      // A re-join after reporting to another replica (ReportToReplicas) gets
+      // its round's Assignment back first: wait on for the job's decision.
+      if (std::holds_alternative<rdzv::Assignment>(*ev)) continue;
       // The end of the stream: this node's part is done.
       return kExitSuccess;
     }

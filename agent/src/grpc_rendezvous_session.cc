@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "ddprun/agent/host.h"
 #include "ddprun/agent/rendezvous_session.h"
 #include "ddprun/rendezvous/c10d_store_client.h"
@@ -125,6 +126,7 @@ class GrpcRendezvousSession final : public RendezvousSession {
     return Hostname();
   }
   bool hosts_rendezvous() const override { return server_ != nullptr; }
+  bool has_replicas() const override { return !options_.rdzv_replicas.empty(); }
 
   std::uint64_t Join(const rdzv::JoinSpec& spec, EventQueue& events) override {
     EndJoin();
@@ -150,7 +152,28 @@ class GrpcRendezvousSession final : public RendezvousSession {
   }
 
   absl::Status WaitForConnected(Duration timeout) override {
-    return client_->WaitForConnected(timeout);
+    if (!has_replicas()) return client_->WaitForConnected(timeout);
+    // The replica we talked to broke or refused us (a standby): the next one,
+    // then the others in turn, each for its share of the timeout.
+    const auto& replicas = options_.rdzv_replicas;
+    // A dead replica refuses at once, but gRPC reports it only at the end of
+    // the wait: keep each short, the caller tries again.
+    const Duration slice = std::clamp<Duration>(timeout / replicas.size(), milliseconds(50),
+                                                milliseconds(150));
+    absl::Status st;
+    for (std::size_t k = 1; k <= replicas.size(); ++k) {
+      const std::size_t i = (replica_ + k) % replicas.size();
+      auto client = rdzv::RendezvousClient::Create(replicas[i].host, replicas[i].port);
+      st = client->WaitForConnected(slice);
+      if (st.ok()) {
+        replica_ = i;
+        client_ = std::move(client);
+        connect_host_ = replicas[i].host;
+        connect_port_ = replicas[i].port;
+        return st;
+      }
+    }
+    return st;
   }
 
   absl::Status Report(const rdzv::Assignment& a, rdzv::Outcome outcome,
@@ -202,6 +225,7 @@ class GrpcRendezvousSession final : public RendezvousSession {
         return ConnectClient(host, server_->port(), deadline);
       }
       case RendezvousMode::kRemote: {
+        if (has_replicas()) return ConnectReplicas(deadline);
         const std::string& host = options_.rdzv_host;
         const int port = options_.rdzv_port;
         if (IsLocalHost(host)) {
@@ -299,6 +323,26 @@ class GrpcRendezvousSession final : public RendezvousSession {
     return absl::OkStatus();
   }
 
+  // Several ddprund replicas: the first that accepts a connection, in turn,
+  // until the deadline. Never hosts: the replicas serve.
+  absl::Status ConnectReplicas(TimePoint deadline) {
+    replica_ = options_.rdzv_replicas.size() - 1;  // WaitForConnected starts at the next: 0
+    absl::Status st;
+    do {
+      if (CheckInterrupted()) return Interrupted();
+      st = WaitForConnected(std::max<Duration>(
+          std::min<Duration>(seconds(1), deadline - clock_.Now()), milliseconds(1)));
+    } while (!st.ok() && clock_.Now() < deadline);
+    if (!st.ok()) {
+      std::vector<std::string> names;
+      for (const auto& hp : options_.rdzv_replicas) names.push_back(rdzv::FormatHostPort(hp));
+      return absl::UnavailableError(absl::StrCat(
+          "cannot reach any ddprund replica (", absl::StrJoin(names, ", "), ") within ",
+          options_.join_timeout_s, " s; start ddprund there, or fix --rdzv_endpoint"));
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status OpenStatic(TimePoint deadline) {
     const std::string& maddr = options_.master_addr;
     const int mport = options_.master_port;
@@ -364,6 +408,7 @@ class GrpcRendezvousSession final : public RendezvousSession {
   rdzv::TlsConfig tls_;  // this node's, checked in Open()
   std::string connect_host_;
   int connect_port_ = 0;
+  std::size_t replica_ = 0;  // with replicas: the index of connect_host_:connect_port_
   int master_port_ = 0;
 
   std::unique_ptr<rdzv::JoinStream> stream_;

@@ -222,6 +222,15 @@ class Parser {
         parts.push_back(absl::StrCat(rank, ":", v));
       }
       text = absl::StrJoin(parts, ",");
+    } else if (k.type == ValueType::kEndpoint && n.IsSequence()) {
+      // ddprund replicas (docs/ha.md): rdzv.endpoint: [d1:29400, d2:29400, d3:29400]
+      if (n.size() == 0) return Error(n, key, "is an empty list", "write HOST:PORT of each ddprund replica");
+      std::vector<std::string> items;
+      for (const auto& item : n) {
+        DDPRUN_ASSIGN_OR_RETURN(std::string s, Scalar(item, key, fix));
+        items.push_back(s);
+      }
+      text = absl::StrJoin(items, ",");
     } else if (k.type == ValueType::kRankList && n.IsSequence()) {
       if (n.size() == 0) return Error(n, key, "is an empty list", "write local ranks, e.g. [0] or [0, 1]");
       std::vector<std::string> items;

@@ -325,6 +325,18 @@ absl::Status ResolveRendezvous(const ResolveContext& ctx, ParsedCommand& out) {
         "ddprun: --master_addr/--master_port are only used with --rdzv_backend=static; "
         "ignored");
   }
+  if (endpoint.is_set() && absl::StrContains(endpoint.value, ',')) {
+    DDPRUN_ASSIGN_OR_RETURN(
+        o.rdzv_replicas,
+        ParseKnob(flags, KnobNamed("rdzv_endpoint"), [](const std::string& s) {
+          return ParseEndpointList(s, kDefaultRdzvPort);
+        }));
+    o.mode = RendezvousMode::kRemote;
+    o.rdzv_host = o.rdzv_replicas[0].host;
+    o.rdzv_port = o.rdzv_replicas[0].port;
+    DDPRUN_ASSIGN_OR_RETURN(o.job_id, ParseKnob(flags, KnobNamed("rdzv_id"), ParseJobIdValue));
+    return absl::OkStatus();
+  }
   if (endpoint.is_set()) {
     DDPRUN_ASSIGN_OR_RETURN(rendezvous::HostPort hp,
                             ParseKnob(flags, KnobNamed("rdzv_endpoint"), [](const std::string& s) {

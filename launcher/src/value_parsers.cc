@@ -13,6 +13,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "ddprun/rendezvous/job_id.h"
 #include "ddprun/rendezvous/status_macros.h"
@@ -159,6 +160,24 @@ absl::StatusOr<rendezvous::HostPort> ParseEndpoint(absl::string_view text, int d
   return hp;
 }
 
+absl::StatusOr<std::vector<rendezvous::HostPort>> ParseEndpointList(absl::string_view text,
+                                                                     int default_port) {
+  std::vector<rendezvous::HostPort> out;
+  for (absl::string_view entry : absl::StrSplit(text, ',')) {
+    if (entry.empty()) {
+      return Bad(absl::StrCat("must be HOST[:PORT] entries separated by commas, one per ddprund "
+                              "replica; an entry is empty in '", text, "'"));
+    }
+    DDPRUN_ASSIGN_OR_RETURN(rendezvous::HostPort hp, ParseEndpoint(entry, default_port));
+    if (std::find(out.begin(), out.end(), hp) != out.end()) {
+      return Bad(absl::StrCat("lists ", rendezvous::FormatHostPort(hp), " twice; name each ddprund "
+                              "replica once"));
+    }
+    out.push_back(std::move(hp));
+  }
+  return out;
+}
+
 absl::StatusOr<int> ParsePort(absl::string_view text) {
   auto v = Int(text);
   if (!v || *v < 1 || *v > rendezvous::kMaxPort) {
@@ -277,6 +296,11 @@ absl::StatusOr<std::string> NormalizeKnobValue(const Knob& knob, absl::string_vi
     case ValueType::kEndpoint: {
       // first_node[:PORT] names the first listed host (placement.h).
       absl::string_view check = text;
+      if (absl::StrContains(text, ',')) {
+        // Several ddprund replicas (docs/ha.md): each entry HOST[:PORT].
+        DDPRUN_RETURN_IF_ERROR(ParseEndpointList(text, rendezvous::kDefaultRdzvPort).status());
+        return std::string(text);
+      }
       std::string substituted;
       if (check == "first_node" || check.rfind("first_node:", 0) == 0) {
         substituted = absl::StrCat("first-node", check.substr(10));

@@ -54,6 +54,31 @@ absl::StatusOr<HostPort> ParseHostPort(std::string_view v, HostPortOptions optio
   return out;
 }
 
+absl::StatusOr<std::vector<HostPort>> ParseHostPortList(std::string_view text,
+                                                        HostPortOptions options) {
+  std::vector<HostPort> out;
+  std::size_t start = 0;
+  for (int n = 1;; ++n) {
+    const std::size_t comma = text.find(',', start);
+    const std::string_view entry =
+        text.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
+    auto bad = [&](const std::string& why) {
+      return absl::InvalidArgumentError("entry " + std::to_string(n) + " ('" + std::string(entry) +
+                                        "'): " + why);
+    };
+    if (entry.empty()) return bad("is empty");
+    absl::StatusOr<HostPort> hp = ParseHostPort(entry, options);
+    if (!hp.ok()) return bad(std::string(hp.status().message()));
+    for (const HostPort& seen : out) {
+      if (seen == *hp) return bad("is listed twice");
+    }
+    out.push_back(*std::move(hp));
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
 std::string FormatHostPort(std::string_view host, int port) {
   const bool v6 = host.find(':') != std::string_view::npos;
   std::string out;

@@ -155,6 +155,36 @@ int main(int argc, char** argv) {
                  "Monitoring HTTP port: the dashboard, /api/v1/jobs and Prometheus /metrics "
                  "for every job (docs/monitoring.md); 0 lets the OS pick one, off disables it")
       ->option_text("PORT|off [" + dashboard + "]");
+  std::string etcd_endpoints;
+  app.add_option("--etcd_endpoints,--etcd-endpoints", etcd_endpoints,
+                 "Run as one replica of a replicated control plane over this etcd v3\n"
+                 "cluster (comma-separated members): replicas elect one leader, which\n"
+                 "serves every job and keeps it in etcd (docs/ha.md)")
+      ->option_text("H:P,H:P,... [none: one daemon]");
+  app.add_option("--etcd_prefix,--etcd-prefix", options.etcd_prefix,
+                 "etcd key prefix of this ddprund cluster; two clusters sharing one etcd\n"
+                 "need two prefixes")
+      ->option_text("PREFIX [/ddprun]");
+  app.add_option("--etcd_lease_ttl,--etcd-lease-ttl", options.etcd_lease_ttl_s,
+                 "A killed leader replica is replaced within this many seconds (etcd\n"
+                 "raises values below its own minimum)")
+      ->check(CLI::Range(1, 3600))
+      ->option_text("SECONDS [2]");
+  app.add_option("--advertise_addr,--advertise-addr", options.advertise,
+                 "How agents reach this replica; standbys name the leader by it")
+      ->option_text("HOST:PORT [host:port, hostname for 0.0.0.0]");
+  app.add_option("--etcd_ca,--etcd-ca", options.etcd_tls.ca_file,
+                 "CA certificate (PEM) that verifies etcd's members: TLS to etcd")
+      ->option_text("FILE");
+  app.add_option("--etcd_cert,--etcd-cert", options.etcd_tls.cert_file,
+                 "Client certificate (PEM) for an etcd with --client-cert-auth")
+      ->option_text("FILE");
+  app.add_option("--etcd_key,--etcd-key", options.etcd_tls.key_file,
+                 "The key of --etcd_cert (PEM)")
+      ->option_text("FILE");
+  options.etcd_tls.names.ca = "--etcd_ca";
+  options.etcd_tls.names.cert = "--etcd_cert";
+  options.etcd_tls.names.key = "--etcd_key";
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -186,6 +216,15 @@ int main(int argc, char** argv) {
   } else {
     std::cerr << "ddprund: " << loaded.status().message() << std::endl;
     return kExitUsage;
+  }
+  if (app.count("--etcd_endpoints") > 0) {
+    auto list = ddprun::rendezvous::ParseHostPortList(etcd_endpoints, {.default_port = 2379});
+    if (!list.ok()) {
+      std::cerr << "ddprund: --etcd_endpoints=" << etcd_endpoints << ": " << list.status().message()
+                << "; write the etcd members as HOST:PORT,HOST:PORT" << std::endl;
+      return kExitUsage;
+    }
+    options.etcd_endpoints = *std::move(list);
   }
   options.lease_timeout = ddprun::rendezvous::Seconds(lease_s);
   options.reattach_timeout = ddprun::rendezvous::Seconds(reattach_s);

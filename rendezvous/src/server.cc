@@ -11,10 +11,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <iostream>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "ddprun/rendezvous/deadline_timer.h"
 #include "ddprun/rendezvous/hang_action.h"
@@ -28,6 +31,8 @@
 #include "ddprun/v1/ddprun.grpc.pb.h"
 #include "metrics_service.h"
 #include "proto_convert.h"
+#include "etcd_election.h"
+#include "etcd_journal.h"
 #include "state_log.h"
 #include "tls_credentials.h"
 #include "tls_refusal_log.h"
@@ -97,6 +102,11 @@ class RendezvousServer::Impl {
   JobTable& table() { return *table_; }
   MetricsHub& hub() { return *hub_; }
   TimePoint Now() const { return clock_.Now(); }
+  // OK where this server serves jobs: always, but a replica of the etcd
+  // control plane only while it leads. Otherwise Unavailable naming the leader.
+  absl::Status Gate() const;
+  // Every job (or one) as etcd holds it, for a standby's `ddprun status`.
+  std::vector<JobStatus> StatusFromEtcd(const std::string& job_id) const;
 
  private:
   ServerOptions opts_;
@@ -104,6 +114,17 @@ class RendezvousServer::Impl {
   int port_ = 0;
   std::unique_ptr<StateLog> state_;
   std::unique_ptr<MetricsHub> hub_;  // before the table, which tells it about jobs
+  // The replicated control plane (--etcd_endpoints): the client, the journal
+  // and the election; serving_ is true once this replica leads.
+  std::string etcd_prefix_;
+  std::string advertise_;
+  std::unique_ptr<EtcdClient> etcd_;
+  std::unique_ptr<EtcdJournal> etcd_journal_;
+  std::unique_ptr<EtcdElection> election_;
+  std::atomic<bool> serving_{true};
+  absl::Status StartEtcd();
+  void OnElected(std::int64_t revision);
+  void OnDeposed(const absl::Status& why);
   std::unique_ptr<JobTable> table_;
   std::unique_ptr<DeadlineTimer> timer_;  // before the services: reactors notify it
 
@@ -252,6 +273,10 @@ class RendezvousServiceImpl final : public pb::Rendezvous::CallbackService {
   grpc::ServerWriteReactor<pb::RoundEvent>* Join(grpc::CallbackServerContext* ctx,
                                                  const pb::JoinRequest* req) override {
     auto* reactor = new JoinReactor(&impl_->table());
+    if (absl::Status gate = impl_->Gate(); !gate.ok()) {
+      reactor->FailNow(gate);
+      return reactor;
+    }
     auto node = impl_->table().Join(FromProto(*req), reactor->sink());
     if (!node.ok()) reactor->FailNow(node.status());
     return reactor;
@@ -261,6 +286,10 @@ class RendezvousServiceImpl final : public pb::Rendezvous::CallbackService {
                                    const pb::ReportRequest* req,
                                    pb::ReportResponse* resp) override {
     auto* reactor = ctx->DefaultReactor();
+    if (absl::Status gate = impl_->Gate(); !gate.ok()) {
+      reactor->Finish(ToGrpc(gate));
+      return reactor;
+    }
     std::vector<WorkerFailure> failures;
     for (const auto& f : req->failures()) failures.push_back(FromProto(f));
     reactor->Finish(ToGrpc(impl_->table().Report(req->job_id(), req->node_id(), req->round(),
@@ -271,7 +300,11 @@ class RendezvousServiceImpl final : public pb::Rendezvous::CallbackService {
   grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* ctx,
                                    const pb::StatusRequest* req,
                                    pb::StatusResponse* resp) override {
-    for (const auto& s : impl_->table().Status(req->job_id())) ToProto(s, resp->add_jobs());
+    // A standby answers from etcd: every replica shows the same jobs.
+    const std::vector<JobStatus> jobs = impl_->Gate().ok()
+                                            ? impl_->table().Status(req->job_id())
+                                            : impl_->StatusFromEtcd(req->job_id());
+    for (const auto& s : jobs) ToProto(s, resp->add_jobs());
     auto* reactor = ctx->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
     return reactor;
@@ -374,6 +407,10 @@ class StoreServiceImpl final : public pb::Store::CallbackService {
   grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext* ctx, const pb::StoreScope& scope,
                                 F&& op) {
     auto* reactor = ctx->DefaultReactor();
+    if (absl::Status gate = impl_->Gate(); !gate.ok()) {
+      reactor->Finish(ToGrpc(gate));
+      return reactor;
+    }
     const StoreScope s = FromProto(scope);
     auto engine = impl_->table().StoreFor(s);
     reactor->Finish(ToGrpc(engine.ok() ? op(s, **engine) : engine.status()));
@@ -386,6 +423,10 @@ class StoreServiceImpl final : public pb::Store::CallbackService {
                                     const pb::StoreScope& scope, std::vector<std::string> keys,
                                     double timeout_s, F then) {
     auto* reactor = ctx->DefaultReactor();
+    if (absl::Status gate = impl_->Gate(); !gate.ok()) {
+      reactor->Finish(ToGrpc(gate));
+      return reactor;
+    }
     auto engine = impl_->table().StoreFor(FromProto(scope));
     if (!engine.ok()) {
       reactor->Finish(ToGrpc(engine.status()));
@@ -452,9 +493,19 @@ absl::Status RendezvousServer::Impl::Start() {
   table_opts.quarantine = opts_.quarantine;
   table_opts.reattach_timeout = opts_.reattach_timeout;
   table_opts.journal = state_.get();
+  if (!opts_.etcd_endpoints.empty()) {
+    if (state_) {
+      return absl::InvalidArgumentError(
+          "--state_dir and --etcd_endpoints exclude each other: replicas keep their state in "
+          "etcd; drop --state_dir");
+    }
+    DDPRUN_RETURN_IF_ERROR(StartEtcd());
+    table_opts.journal = etcd_journal_.get();
+    serving_ = false;  // until elected
+  }
   table_opts.on_deadline = [this](TimePoint t) { timer_->Notify(t); };
   table_ = std::make_unique<JobTable>(std::move(table_opts));
-  DDPRUN_RETURN_IF_ERROR(table_->Recover());
+  if (!etcd_) DDPRUN_RETURN_IF_ERROR(table_->Recover());  // a replica recovers when elected
   // Before any call can reach the table (on_deadline uses it).
   timer_ = std::make_unique<DeadlineTimer>(
       clock_, [this] { return table_->NextDeadline(); }, [this] { table_->Tick(); });
@@ -526,7 +577,90 @@ absl::Status RendezvousServer::Impl::Start() {
       shutdown_cv_.wait_for(lock, std::chrono::seconds(1), [&] { return shutting_down_; });
     }
   });
+  if (etcd_) {
+    advertise_ = opts_.advertise;
+    if (advertise_.empty()) {
+      char name[256] = {};
+      const bool any = opts_.host == "0.0.0.0" || opts_.host == "::" || opts_.host.empty();
+      if (any && ::gethostname(name, sizeof(name) - 1) != 0) std::strcpy(name, "localhost");
+      advertise_ = FormatHostPort(any ? std::string(name) : opts_.host, port_);
+    }
+    EtcdElectionOptions eo;
+    eo.client = etcd_.get();
+    eo.prefix = etcd_prefix_;
+    eo.address = advertise_;
+    eo.lease_ttl_s = opts_.etcd_lease_ttl_s;
+    eo.on_elected = [this](std::int64_t revision) { OnElected(revision); };
+    eo.on_deposed = [this](absl::Status why) { OnDeposed(why); };
+    election_ = std::make_unique<EtcdElection>(std::move(eo));
+  }
   return absl::OkStatus();
+}
+
+absl::Status RendezvousServer::Impl::StartEtcd() {
+  DDPRUN_ASSIGN_OR_RETURN(etcd_prefix_, NormalizeEtcdPrefix(opts_.etcd_prefix));
+  EtcdOptions eo;
+  eo.endpoints = opts_.etcd_endpoints;
+  eo.tls = opts_.etcd_tls;
+  DDPRUN_ASSIGN_OR_RETURN(etcd_, EtcdClient::Create(std::move(eo)));
+  // Fails at start, in one line, when etcd is unreachable or the prefix holds
+  // another program's data.
+  DDPRUN_RETURN_IF_ERROR(ClaimEtcdPrefix(*etcd_, etcd_prefix_));
+  EtcdJournalOptions jo;
+  jo.client = etcd_.get();
+  jo.prefix = etcd_prefix_;
+  jo.may_lead = [this] { return election_ && election_->MayLead(); };
+  jo.on_deposed = [this](absl::Status why) { OnDeposed(why); };
+  etcd_journal_ = std::make_unique<EtcdJournal>(std::move(jo));
+  return absl::OkStatus();
+}
+
+void RendezvousServer::Impl::OnElected(std::int64_t revision) {
+  etcd_journal_->SetLeaderRevision(revision);
+  if (absl::Status st = table_->Recover(); !st.ok()) {
+    OnDeposed(st);
+    return;
+  }
+  if (auto next = table_->NextDeadline()) timer_->Notify(*next);
+  serving_ = true;
+  std::cerr << "ddprund: " << advertise_ << " leads the control plane (etcd prefix "
+            << etcd_prefix_ << ", leader revision " << revision << ")" << std::endl;
+}
+
+void RendezvousServer::Impl::OnDeposed(const absl::Status& why) {
+  serving_ = false;
+  if (opts_.on_deposed) {
+    opts_.on_deposed(why);
+    return;
+  }
+  std::cerr << "ddprund: " << why.message()
+            << "; exiting so that the agents move to the replica that leads (restart this one: "
+               "it rejoins as a standby)"
+            << std::endl;
+  std::_Exit(1);
+}
+
+absl::Status RendezvousServer::Impl::Gate() const {
+  if (serving_.load()) return absl::OkStatus();
+  const std::string leader = election_ ? election_->leader() : "";
+  return absl::UnavailableError(absl::StrCat(
+      "ddprund at ", advertise_, " is a standby replica; ",
+      leader.empty() ? std::string("no replica leads yet (is etcd reachable?)")
+                     : "the leader is " + leader,
+      " (etcd prefix ", etcd_prefix_,
+      "); give agents every replica in --rdzv_endpoint and they move on by themselves"));
+}
+
+std::vector<JobStatus> RendezvousServer::Impl::StatusFromEtcd(const std::string& job_id) const {
+  std::vector<JobStatus> out;
+  if (!etcd_journal_) return out;
+  absl::StatusOr<std::vector<RecoveredJob>> jobs = etcd_journal_->Recover();
+  if (!jobs.ok()) return out;
+  for (const RecoveredJob& j : *jobs) {
+    if (!job_id.empty() && j.snapshot.job_id != job_id) continue;
+    out.push_back(JobRendezvous::Restore(j.snapshot, clock_, opts_.reattach_timeout)->Status());
+  }
+  return out;
 }
 
 void RendezvousServer::Impl::Shutdown() {
@@ -545,6 +679,8 @@ void RendezvousServer::Impl::Shutdown() {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     server_->Wait();
   }
+  // Last: a leader revokes its lease, and a standby takes over at once.
+  election_.reset();
 }
 
 // -------------------------------------------------------------- Facade

@@ -686,6 +686,27 @@ TEST_CASE("CountNvidiaGpus", "[unit]") {
   fs::remove_all(root);
 }
 
+TEST_CASE("--rdzv_endpoint lists ddprund replicas: every one, in order; bad lists are one line",
+          "[unit]") {
+  auto p = Ok({"--nnodes=2", "--rdzv_endpoint=d1:29401,d2,[::1]:7", "--rdzv_id=ha",
+               S().Path("train.py")});
+  const auto& o = p.options;
+  CHECK(o.mode == RendezvousMode::kRemote);
+  CHECK(o.rdzv_host == "d1");
+  CHECK(o.rdzv_port == 29401);
+  CHECK(o.rdzv_replicas == std::vector<ddprun::rendezvous::HostPort>{
+                               {"d1", 29401}, {"d2", 29400}, {"::1", 7}});
+  CHECK(Ok({"--nnodes=2", "--rdzv_endpoint=d1:1", "--rdzv_id=x", S().Path("train.py")})
+            .options.rdzv_replicas.empty());
+  const std::string twice =
+      Err({"--nnodes=2", "--rdzv_endpoint=d1:1,d1:1", "--rdzv_id=x", S().Path("train.py")});
+  CHECK(twice.find("--rdzv_endpoint") != std::string::npos);
+  CHECK(twice.find("lists d1:1 twice") != std::string::npos);
+  const std::string empty =
+      Err({"--nnodes=2", "--rdzv_endpoint=d1:1,,d2:2", "--rdzv_id=x", S().Path("train.py")});
+  CHECK(empty.find("an entry is empty") != std::string::npos);
+}
+
 }  // namespace ddprun::launcher
 
 namespace ddprun::launcher {

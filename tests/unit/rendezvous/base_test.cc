@@ -2,6 +2,7 @@
 // kinds, the status macros and the debug channel's switch.
 #include <catch2/catch.hpp>
 
+#include "absl/strings/match.h"
 #include "ddprun/rendezvous/debug_log.h"
 #include "ddprun/rendezvous/errors.h"
 #include "ddprun/rendezvous/host_port.h"
@@ -128,4 +129,20 @@ TEST_CASE("DDPRUN_DEBUG subsystems parse; a disabled line is not formatted", "[u
   DDPRUN_DEBUG_LOG(kAgent) << "debug channel test line " << touch();
   CHECK(evaluated == 1);
   SetEnabledForTest(0);
+}
+
+TEST_CASE("ParseHostPortList: replicas and etcd members, each entry checked", "[unit]") {
+  auto list = ParseHostPortList("d1:29400,d2,[::1]:2379", {.default_port = 29400});
+  REQUIRE(list.ok());
+  CHECK(*list == std::vector<HostPort>{{"d1", 29400}, {"d2", 29400}, {"::1", 2379}});
+  CHECK(ParseHostPortList("d1:1").value() == std::vector<HostPort>{{"d1", 1}});
+  auto empty = ParseHostPortList("d1:1,,d2:2");
+  REQUIRE_FALSE(empty.ok());
+  CHECK(empty.status().message() == "entry 2 (''): is empty");
+  auto twice = ParseHostPortList("d1:1,d1:1");
+  REQUIRE_FALSE(twice.ok());
+  CHECK(twice.status().message() == "entry 2 ('d1:1'): is listed twice");
+  auto bad = ParseHostPortList("d1:1,d2:x");
+  REQUIRE_FALSE(bad.ok());
+  CHECK(absl::StartsWith(bad.status().message(), "entry 2 ('d2:x'): "));
 }

@@ -43,6 +43,9 @@ struct AgentOptions {
   RendezvousMode mode = RendezvousMode::kEmbedded;
   std::string rdzv_host = "127.0.0.1";
   int rdzv_port = 0;              // 0 with kEmbedded: the OS picks
+  // kRemote with several ddprund replicas (docs/ha.md): every one, in the
+  // user's order; rdzv_host:rdzv_port is the first. Empty with one endpoint.
+  std::vector<rendezvous::HostPort> rdzv_replicas;
   std::string join_token;         // --rdzv_conf token=...
   double join_timeout_s = rendezvous::kDefaultJoinTimeoutS;
   double last_call_timeout_s = rendezvous::kDefaultLastCallTimeoutS;

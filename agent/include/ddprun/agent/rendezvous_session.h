@@ -57,6 +57,10 @@ class RendezvousSession {
   // Whether this agent hosts the rendezvous server (it must then stay up
   // until the job ends, and cannot re-attach to itself).
   virtual bool hosts_rendezvous() const = 0;
+  // Whether the rendezvous is several ddprund replicas (docs/ha.md): a broken
+  // or refused stream is then retried on the next one (WaitForConnected moves
+  // on), also while a round gathers.
+  virtual bool has_replicas() const { return false; }
 
   // Starts a Join (ending the previous one). Its events arrive on `events`
   // as StreamEvent{id} with the returned id (never 0); the stream ends after
@@ -65,6 +69,7 @@ class RendezvousSession {
   // Ends the current Join; its later events are stale.
   virtual void EndJoin() = 0;
   // Waits up to `timeout` for the connection to the rendezvous (re-attach).
+  // With replicas, tries the next replica first, then the others in turn.
   virtual absl::Status WaitForConnected(rendezvous::Duration timeout) = 0;
   virtual absl::Status Report(const rendezvous::Assignment& assignment, rendezvous::Outcome outcome,
                               const std::vector<rendezvous::WorkerFailure>& failures,

@@ -62,6 +62,11 @@ absl::StatusOr<std::vector<int>> ParseRankList(absl::string_view text);
 // is required. An address with several ':' must be bracketed ([v6]:PORT),
 // so that "::1:5" is not silently read as a host without a port.
 absl::StatusOr<rendezvous::HostPort> ParseEndpoint(absl::string_view text, int default_port);
+// kEndpoint with commas: the ddprund replicas of a replicated control plane
+// (docs/ha.md), "d1:29400,d2:29400,d3:29400"; each entry as ParseEndpoint, no
+// empty entry, none twice.
+absl::StatusOr<std::vector<rendezvous::HostPort>> ParseEndpointList(absl::string_view text,
+                                                                     int default_port);
 
 // kPort: 1..65535.
 absl::StatusOr<int> ParsePort(absl::string_view text);

@@ -8,6 +8,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -37,6 +38,12 @@ struct HostPortOptions {
 // InvalidArgument with the reason only ("the port is empty", ...): the caller
 // names the flag or key it came from. The text itself is not repeated.
 absl::StatusOr<HostPort> ParseHostPort(std::string_view text, HostPortOptions options = {});
+
+// A comma-separated list, "h1:2379,h2:2379,[v6]:2379" (replicas, etcd members):
+// each entry as ParseHostPort; empty entries and duplicates are refused.
+// InvalidArgument "entry N ('text'): <reason>" (the caller names the flag).
+absl::StatusOr<std::vector<HostPort>> ParseHostPortList(std::string_view text,
+                                                        HostPortOptions options = {});
 
 // "host:port", "[v6]:port".
 std::string FormatHostPort(std::string_view host, int port);

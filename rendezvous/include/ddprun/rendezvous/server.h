@@ -3,6 +3,7 @@
 // it hosts the rendezvous itself. The gRPC types stay behind the pimpl.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -52,6 +53,21 @@ struct ServerOptions {
   std::string dashboard_listen_fix = "pick another --dashboard_port, or `off`";
   // Print every hang report on stderr (ddprund's log).
   bool log_hangs = false;
+
+  // The replicated control plane (docs/ha.md): etcd's members; empty = one
+  // daemon. With them, replicas elect one leader through etcd; it alone serves
+  // and persists jobs and store keys there; the others answer Unavailable
+  // naming the leader, and `Status` from etcd.
+  std::vector<HostPort> etcd_endpoints;
+  std::string etcd_prefix = "/ddprun";  // keys of this ddprund cluster
+  std::int64_t etcd_lease_ttl_s = 2;    // a killed leader is replaced within it
+  TlsOptions etcd_tls;                  // client TLS to etcd
+  // How agents reach this replica, "H:P" (followers name the leader by it);
+  // "" = host:port, with this machine's hostname for 0.0.0.0.
+  std::string advertise;
+  // The leadership was lost (lease expired, another replica leads): this
+  // replica must stop serving. ddprund prints it and exits; null = the same.
+  std::function<void(const absl::Status&)> on_deposed;
 };
 
 class RendezvousServer {

@@ -1,0 +1,336 @@
+// The replicated control plane (docs/ha.md) against a real 3-member etcd on
+// loopback: ddprund replicas that elect a leader, agents that fail over
+// between them, workers that never notice.
+#include <signal.h>
+
+#include <algorithm>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ddprun/rendezvous/client.h"
+#include "ddprun/rendezvous/errors.h"
+#include "support/etcd_cluster.h"
+#include "support/process_helpers.h"
+#include "support/skip.h"
+
+using namespace ddprun::test;
+namespace rdzv = ddprun::rendezvous;
+
+namespace {
+
+struct Replica {
+  Proc* proc = nullptr;
+  int port = 0;
+};
+
+Replica StartReplica(Harness& h, const std::string& name, const EtcdCluster& etcd,
+                     const std::vector<std::string>& extra = {}) {
+  Replica r;
+  // TTL 2 (the default): a loaded CI machine must not depose a healthy leader.
+  std::vector<std::string> flags{"--etcd_endpoints", etcd.endpoints(), "--etcd_lease_ttl", "2"};
+  flags.insert(flags.end(), extra.begin(), extra.end());
+  r.port = h.StartDaemon(name, &r.proc, flags);
+  return r;
+}
+
+bool Leads(const Replica& r) {
+  return r.proc->Err().find("leads the control plane") != std::string::npos;
+}
+
+// The replica that leads, waiting up to timeout_s.
+int WaitLeader(const std::vector<Replica>& replicas, double timeout_s) {
+  const auto t0 = Clock::now();
+  while (SecondsSince(t0) < timeout_s) {
+    for (std::size_t i = 0; i < replicas.size(); ++i)
+      if (!replicas[i].proc->exit && Leads(replicas[i])) return static_cast<int>(i);
+    SleepMs(20);
+  }
+  return -1;
+}
+
+std::string Endpoints(const std::vector<Replica>& rs) {
+  std::string out;
+  for (const Replica& r : rs) {
+    if (!out.empty()) out += ",";
+    out += "127.0.0.1:" + std::to_string(r.port);
+  }
+  return out;
+}
+
+std::vector<std::string> JobFlags(const std::string& endpoints, const std::string& id, int node,
+                                  const std::string& restarts = "1") {
+  return {"--nnodes=2",
+          "--nproc_per_node=2",
+          "--max_restarts=" + restarts,
+          "--local_addr=127.0.0." + std::to_string(node + 1),
+          "--rdzv_endpoint=" + endpoints,
+          "--rdzv_id=" + id,
+          "--rdzv_conf=join_timeout=30",
+          FixtureWorker()};
+}
+
+}  // namespace
+
+TEST_CASE(
+    "ha: kill -9 the leading replica mid-job, then fail a worker: the other replica "
+    "serves, store keys survive, workers untouched",
+    "[multiproc][ha]") {
+  if (!EtcdAvailable()) return SkipCase("multiproc", "no /usr/bin/etcd (etcd-server)");
+  Harness h;
+  EtcdCluster etcd(h, 3);
+  std::vector<Replica> replicas{StartReplica(h, "r0", etcd), StartReplica(h, "r1", etcd)};
+  const int leader = WaitLeader(replicas, 10);
+  REQUIRE(leader >= 0);
+  const std::string pids = h.PidDir("pids");
+  const std::string out = h.MakeDir("out");
+  std::vector<Proc*> agents;
+  for (int i = 0; i < 2; ++i) {
+    agents.push_back(&h.StartDdprun("node" + std::to_string(i),
+                                    JobFlags(Endpoints(replicas), "hajob", i),
+                                    {{"FIXTURE_PIDFILE_DIR", pids},
+                                     {"FIXTURE_OUT_DIR", out},
+                                     {"FIXTURE_SLEEP_MS", "4000"},
+                                     {"FIXTURE_FAIL_RANK", "3"},
+                                     {"FIXTURE_FAIL_ONLY_RESTART", "0"},
+                                     {"FIXTURE_EXIT_CODE", "7"}}));
+  }
+  const std::vector<pid_t> workers = h.WaitForPids(pids, 4, 20);
+  // A key in the job's store (a worker's view: token and round of its env).
+  std::vector<Record> first;
+  const auto t0 = Clock::now();
+  while ((first = ReadRecords(out)).size() < 4 && SecondsSince(t0) < 5) SleepMs(10);
+  REQUIRE(first.size() == 4);
+  rdzv::StoreScope scope{"hajob", first[0].Str("store_token"), first[0].round};
+  {
+    rdzv::GrpcStore store("127.0.0.1", replicas[leader].port, scope);
+    REQUIRE(store.Set("before-failover", "kept").ok());
+  }
+  // kill -9 the leader: the standby leads within the lease TTL, and every
+  // agent re-attaches there with its workers running.
+  const auto killed_at = Clock::now();
+  REQUIRE(::kill(replicas[leader].proc->pid, SIGKILL) == 0);
+  h.Wait(*replicas[leader].proc, 5);
+  const int next = WaitLeader(replicas, 10);
+  REQUIRE(next == 1 - leader);
+  INFO("the standby led after " << SecondsSince(killed_at) << " s");
+  for (pid_t w : workers) CHECK(IsAlive(w));
+  {
+    rdzv::GrpcStore store("127.0.0.1", replicas[next].port, scope);
+    auto v = store.Get("before-failover", std::chrono::seconds(2));
+    REQUIRE(v.ok());
+    CHECK(*v == "kept");
+  }
+  // Rank 3 fails (exit 7) at 4 s: one restart through the new leader, then success.
+  for (Proc* a : agents) {
+    const int rc = h.Wait(*a, 40);
+    INFO(a->name << " stderr:\n" << a->Err() << "\nleader stderr:\n" << replicas[next].proc->Err());
+    CHECK(rc == 0);
+    CHECK(a->Err().find("re-attached") != std::string::npos);
+  }
+  std::set<long> first_round, second_round;
+  for (const Record& r : ReadRecords(out)) {
+    if (r.Int("restart_count") == 0) first_round.insert(r.Int("rank"));
+    if (r.Int("restart_count") == 1) second_round.insert(r.Int("rank"));
+    CHECK(r.Int("restart_count") <= 1);
+  }
+  CHECK(first_round == std::set<long>{0, 1, 2, 3});
+  CHECK(second_round == std::set<long>{0, 1, 2, 3});
+  // Round 1's workers are new processes (the restart); the kill restarted none:
+  // every record of round 0 came from the workers that ran through it.
+  for (pid_t p : ReadPids(pids))
+    CHECK(std::find(workers.begin(), workers.end(), p) == workers.end());
+  h.RequireAllGone(pids, 2);
+  h.StopDaemon(*replicas[next].proc);
+}
+
+TEST_CASE("ha: two agents failing at once, each starting at a different replica: one restart",
+          "[multiproc][ha]") {
+  if (!EtcdAvailable()) return SkipCase("multiproc", "no /usr/bin/etcd (etcd-server)");
+  Harness h;
+  EtcdCluster etcd(h, 3);
+  std::vector<Replica> replicas{StartReplica(h, "r0", etcd), StartReplica(h, "r1", etcd)};
+  REQUIRE(WaitLeader(replicas, 10) >= 0);
+  const std::string out = h.MakeDir("out");
+  // Node 0 lists r0 first, node 1 lists r1 first: one of them starts at the standby.
+  const std::vector<std::string> lists{Endpoints(replicas), Endpoints({replicas[1], replicas[0]})};
+  std::vector<Proc*> agents;
+  for (int i = 0; i < 2; ++i) {
+    agents.push_back(&h.StartDdprun("node" + std::to_string(i), JobFlags(lists[i], "both", i, "3"),
+                                    {{"FIXTURE_OUT_DIR", out},
+                                     {"FIXTURE_SLEEP_MS", "300"},
+                                     {"FIXTURE_FAIL_ONLY_RESTART", "0"},
+                                     {"FIXTURE_EXIT_CODE", "5"}}));
+  }
+  for (Proc* a : agents) {
+    INFO(a->name << " stderr:\n" << a->Err());
+    CHECK(h.Wait(*a, 30) == 0);
+  }
+  // Every worker of both nodes failed at once in round 0: the job restarted
+  // exactly once (one counter increment), and round 1 succeeded.
+  std::set<long> restarts;
+  for (const Record& r : ReadRecords(out)) restarts.insert(r.Int("restart_count"));
+  CHECK(restarts == std::set<long>{0, 1});
+  for (Replica& r : replicas) h.StopDaemon(*r.proc);
+}
+
+TEST_CASE(
+    "ha: bad etcd set-ups are one line and exit 1: unreachable, foreign data; two "
+    "clusters on two prefixes each elect their own leader",
+    "[multiproc][ha]") {
+  if (!EtcdAvailable()) return SkipCase("multiproc", "no /usr/bin/etcd (etcd-server)");
+  Harness h;
+  const int dead = FreePort();
+  Proc& unreachable =
+      h.Start("unreachable", {Ddprund(), "--host", "127.0.0.1", "--port", "0", "--etcd_endpoints",
+                              "127.0.0.1:" + std::to_string(dead)});
+  CHECK(h.Wait(unreachable, 10) == 1);
+  CHECK(unreachable.Err().find("etcd unreachable (127.0.0.1:" + std::to_string(dead)) !=
+        std::string::npos);
+  CHECK(unreachable.Err().find("start etcd or fix --etcd_endpoints") != std::string::npos);
+  const std::string unreachable_err = unreachable.Err();
+  CHECK(std::count(unreachable_err.begin(), unreachable_err.end(), '\n') == 1);
+
+  EtcdCluster etcd(h, 1);
+  auto client = etcd.Client();
+  REQUIRE(client->Put("/other/config", "not ddprun's").ok());
+  Proc& foreign =
+      h.Start("foreign", {Ddprund(), "--host", "127.0.0.1", "--port", "0", "--etcd_endpoints",
+                          etcd.endpoints(), "--etcd_prefix", "/other"});
+  CHECK(h.Wait(foreign, 10) == 1);
+  CHECK(foreign.Err().find("etcd key '/other/config' under --etcd_prefix=/other is not ddprun's") !=
+        std::string::npos);
+  const std::string foreign_err = foreign.Err();
+  CHECK(std::count(foreign_err.begin(), foreign_err.end(), '\n') == 1);
+
+  // Two ddprund clusters on one etcd, told apart by their prefixes.
+  Replica a = StartReplica(h, "a", etcd, {"--etcd_prefix", "/team-a"});
+  Replica b = StartReplica(h, "b", etcd, {"--etcd_prefix", "/team-b/"});
+  CHECK(WaitLeader({a}, 10) == 0);
+  CHECK(WaitLeader({b}, 10) == 0);
+  auto leader_a = client->Range("/team-a/leader");
+  auto leader_b = client->Range("/team-b/leader");
+  REQUIRE(leader_a.ok());
+  REQUIRE(leader_b.ok());
+  REQUIRE(leader_a->kvs.size() == 1);
+  REQUIRE(leader_b->kvs.size() == 1);
+  CHECK(leader_a->kvs[0].value == "127.0.0.1:" + std::to_string(a.port));
+  CHECK(leader_b->kvs[0].value == "127.0.0.1:" + std::to_string(b.port));
+  h.StopDaemon(*a.proc);
+  h.StopDaemon(*b.proc);
+  // A stopped leader hands over at once: its key is gone.
+  auto after = client->Range("/team-a/leader");
+  REQUIRE(after.ok());
+  CHECK(after->kvs.empty());
+}
+
+TEST_CASE(
+    "ha: etcd loses its leader, then its majority, mid-job: workers go on, the control "
+    "plane waits naming etcd, and serves again when the majority is back",
+    "[multiproc][ha]") {
+  if (!EtcdAvailable()) return SkipCase("multiproc", "no /usr/bin/etcd (etcd-server)");
+  Harness h;
+  EtcdCluster etcd(h, 3);
+  std::vector<Replica> replicas{StartReplica(h, "r0", etcd), StartReplica(h, "r1", etcd)};
+  const int leader = WaitLeader(replicas, 10);
+  REQUIRE(leader >= 0);
+  const std::string pids = h.PidDir("pids");
+  const std::string out = h.MakeDir("out");
+  std::vector<Proc*> agents;
+  for (int i = 0; i < 2; ++i) {
+    agents.push_back(&h.StartDdprun("node" + std::to_string(i),
+                                    JobFlags(Endpoints(replicas), "quorum", i),
+                                    {{"FIXTURE_PIDFILE_DIR", pids},
+                                     {"FIXTURE_OUT_DIR", out},
+                                     {"FIXTURE_SLEEP_MS", "7000"},
+                                     {"FIXTURE_FAIL_RANK", "0"},
+                                     {"FIXTURE_FAIL_ONLY_RESTART", "0"},
+                                     {"FIXTURE_EXIT_CODE", "3"}}));
+  }
+  const std::vector<pid_t> workers = h.WaitForPids(pids, 4, 20);
+  // Kill etcd's leader: the others elect one within ~1 s; nothing is lost.
+  const int etcd_leader = etcd.Leader();
+  REQUIRE(etcd_leader >= 0);
+  etcd.Kill(etcd_leader);
+  SleepMs(1500);
+  for (pid_t w : workers) CHECK(IsAlive(w));
+  // Then a second member: no majority. Workers go on.
+  const int second = (etcd_leader + 1) % 3;
+  etcd.Stop(second);
+  SleepMs(3000);
+  for (pid_t w : workers) CHECK(IsAlive(w));
+  // The majority comes back before rank 0 fails at 7 s; the failure restarts
+  // the job once through whichever replica leads then.
+  etcd.Restart(etcd_leader);
+  etcd.Restart(second);
+  for (Proc* a : agents) {
+    const int rc = h.Wait(*a, 60);
+    INFO(a->name << " stderr:\n"
+                 << a->Err() << "\nr0:\n"
+                 << replicas[0].proc->Err() << "\nr1:\n"
+                 << replicas[1].proc->Err());
+    CHECK(rc == 0);
+  }
+  std::set<long> restarts;
+  for (const Record& r : ReadRecords(out)) restarts.insert(r.Int("restart_count"));
+  CHECK(restarts == std::set<long>{0, 1});
+  // Whatever replica lost its lease while etcd had no majority said so in one
+  // line naming etcd, and exited; the other serves.
+  for (Replica& r : replicas) {
+    int status = 0;
+    if (::waitpid(r.proc->pid, &status, WNOHANG) == r.proc->pid) {
+      r.proc->exit = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      CHECK(*r.proc->exit == 1);
+      CHECK(r.proc->Err().find("etcd") != std::string::npos);
+    } else {
+      h.StopDaemon(*r.proc);
+    }
+  }
+}
+
+TEST_CASE(
+    "ha: etcd with TLS: a replica given the CA (and a client certificate) leads; without "
+    "the CA it fails in one line",
+    "[multiproc][ha]") {
+  if (!EtcdAvailable()) return SkipCase("multiproc", "no /usr/bin/etcd (etcd-server)");
+  Harness h;
+  const std::string tls = h.MakeDir("tls");
+  // A CA, a server certificate for 127.0.0.1 and a client certificate.
+  const std::string gen =
+      "cd " + tls +
+      " && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 "
+      "-subj /CN=ddprun-test-ca 2>/dev/null"
+      " && openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr "
+      "-subj /CN=127.0.0.1 2>/dev/null"
+      " && printf 'subjectAltName=IP:127.0.0.1\\n' > san.ext"
+      " && openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+      "-out server.pem -days 2 -extfile san.ext 2>/dev/null"
+      " && openssl req -newkey rsa:2048 -nodes -keyout client.key -out client.csr "
+      "-subj /CN=ddprund 2>/dev/null"
+      " && openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+      "-out client.pem -days 2 2>/dev/null";
+  REQUIRE(std::system(gen.c_str()) == 0);
+  EtcdCluster etcd(h, 1, "etcdtls", tls, /*client_auth=*/true);
+  // Right CA and client certificate: leads.
+  Replica ok = StartReplica(h, "ok", etcd,
+                            {"--etcd_ca", tls + "/ca.pem", "--etcd_cert", tls + "/client.pem",
+                             "--etcd_key", tls + "/client.key"});
+  CHECK(WaitLeader({ok}, 20) == 0);
+  h.StopDaemon(*ok.proc);
+  // Plain text against the TLS etcd: one line naming etcd, exit 1.
+  Proc& plain = h.Start("plain", {Ddprund(), "--host", "127.0.0.1", "--port", "0",
+                                  "--etcd_endpoints", etcd.endpoints()});
+  CHECK(h.Wait(plain, 20) == 1);
+  const std::string err = plain.Err();
+  CHECK(err.find("ddprund: etcd unreachable (127.0.0.1:") != std::string::npos);
+  CHECK(std::count(err.begin(), err.end(), '\n') == 1);
+  // The CA but no client certificate, where etcd requires one: refused, one line.
+  Proc& no_cert =
+      h.Start("nocert", {Ddprund(), "--host", "127.0.0.1", "--port", "0", "--etcd_endpoints",
+                         etcd.endpoints(), "--etcd_ca", tls + "/ca.pem"});
+  CHECK(h.Wait(no_cert, 20) == 1);
+  const std::string no_cert_err = no_cert.Err();
+  INFO(no_cert_err);
+  CHECK(no_cert_err.find("etcd") != std::string::npos);
+  CHECK(std::count(no_cert_err.begin(), no_cert_err.end(), '\n') == 1);
+}
