@@ -62,9 +62,7 @@ TEST_CASE("bad command lines: one line on stderr, exit 2, fast", "[multiproc]") 
   SECTION("a job id with a space") {
     ExpectOneLineError({"--rdzv_id=a b", fw}, 2, "is not a valid job id");
   }
-  SECTION("missing script") {
-    ExpectOneLineError({"/nonexistent/dir/train.py"}, 2, "not found");
-  }
+  SECTION("missing script") { ExpectOneLineError({"/nonexistent/dir/train.py"}, 2, "not found"); }
   SECTION("--no_python on a file that is not executable") {
     Harness h;
     const std::string file = h.dir() + "/plain.txt";
@@ -80,8 +78,8 @@ TEST_CASE("an endpoint that does not speak gRPC: exit 3 within join_timeout", "[
   // endpoint" here is a listening socket that never answers.
   SilentListener silent;
   const double took = ExpectOneLineError(
-      {"--nnodes=2", "--rdzv_endpoint=127.0.0.1:" + std::to_string(silent.port),
-       "--rdzv_id=wrong", "--rdzv_conf=join_timeout=2", FixtureWorker()},
+      {"--nnodes=2", "--rdzv_endpoint=127.0.0.1:" + std::to_string(silent.port), "--rdzv_id=wrong",
+       "--rdzv_conf=join_timeout=2", FixtureWorker()},
       3, "cannot reach the rendezvous at 127.0.0.1:" + std::to_string(silent.port), 5.0);
   CHECK(took >= 1.5);
 }
@@ -90,10 +88,10 @@ TEST_CASE("a lone agent of a 2-node job times out naming the node count", "[mult
   Harness h;
   Proc* daemon = nullptr;
   const int port = h.StartDaemon("ddprund", &daemon);
-  const double took = ExpectOneLineError(
-      {"--nnodes=2", "--rdzv_endpoint=127.0.0.1:" + std::to_string(port), "--rdzv_id=lone",
-       "--rdzv_conf=join_timeout=2", FixtureWorker()},
-      3, "1 of 2 required nodes", 5.0);
+  const double took =
+      ExpectOneLineError({"--nnodes=2", "--rdzv_endpoint=127.0.0.1:" + std::to_string(port),
+                          "--rdzv_id=lone", "--rdzv_conf=join_timeout=2", FixtureWorker()},
+                         3, "1 of 2 required nodes", 5.0);
   CHECK(took >= 1.5);
   h.StopDaemon(*daemon);
 }
@@ -102,8 +100,8 @@ TEST_CASE("ddprund on a port in use: one line, exit 1", "[multiproc]") {
   Harness h;
   Proc* first = nullptr;
   const int port = h.StartDaemon("first", &first);
-  Proc& second =
-      h.Start("second", {Ddprund(), "--host", "127.0.0.1", "--port", std::to_string(port)});
+  Proc& second = h.Start("second", {Ddprund(), "--dashboard_port", "0", "--host", "127.0.0.1",
+                                    "--port", std::to_string(port)});
   const int rc = h.Wait(second, 10);
   const std::string err = second.Err();
   INFO("stderr:\n" << err);
@@ -123,16 +121,18 @@ TEST_CASE("two agents claiming the same --node_rank: the second is refused", "[m
   const std::string endpoint = "--rdzv_endpoint=127.0.0.1:" + std::to_string(port);
   const std::string pids = h.PidDir("pids");
   const EnvList env{{"FIXTURE_PIDFILE_DIR", pids}};
-  Proc& a = h.StartDdprun("a",
-                          {"--nnodes=2", "--node_rank=0", endpoint, "--rdzv_id=dup",
-                           "--local_addr=127.0.0.1", "--rdzv_conf=join_timeout=20", FixtureWorker()},
-                          env);
+  Proc& a =
+      h.StartDdprun("a",
+                    {"--nnodes=2", "--node_rank=0", endpoint, "--rdzv_id=dup",
+                     "--local_addr=127.0.0.1", "--rdzv_conf=join_timeout=20", FixtureWorker()},
+                    env);
   // Let the first agent claim rank 0 before the second asks for it.
   SleepMs(500);
-  Proc& b = h.StartDdprun("b",
-                          {"--nnodes=2", "--node_rank=0", endpoint, "--rdzv_id=dup",
-                           "--local_addr=127.0.0.2", "--rdzv_conf=join_timeout=20", FixtureWorker()},
-                          env);
+  Proc& b =
+      h.StartDdprun("b",
+                    {"--nnodes=2", "--node_rank=0", endpoint, "--rdzv_id=dup",
+                     "--local_addr=127.0.0.2", "--rdzv_conf=join_timeout=20", FixtureWorker()},
+                    env);
   const int rc = h.Wait(b, 10);
   INFO("b stderr:\n" << b.Err());
   CHECK(rc != 0);
@@ -149,12 +149,12 @@ TEST_CASE("two agents claiming the same --node_rank: the second is refused", "[m
   const std::string out = h.MakeDir("out");
   std::vector<Proc*> next;
   for (int i = 0; i < 2; ++i)
-    next.push_back(&h.StartDdprun(
-        "next" + std::to_string(i),
-        {"--nnodes=2", "--node_rank=" + std::to_string(i), endpoint, "--rdzv_id=after_dup",
-         "--local_addr=127.0.0." + std::to_string(i + 1), "--rdzv_conf=join_timeout=20",
-         FixtureWorker()},
-        {{"FIXTURE_OUT_DIR", out}, {"FIXTURE_PIDFILE_DIR", pids}}));
+    next.push_back(
+        &h.StartDdprun("next" + std::to_string(i),
+                       {"--nnodes=2", "--node_rank=" + std::to_string(i), endpoint,
+                        "--rdzv_id=after_dup", "--local_addr=127.0.0." + std::to_string(i + 1),
+                        "--rdzv_conf=join_timeout=20", FixtureWorker()},
+                       {{"FIXTURE_OUT_DIR", out}, {"FIXTURE_PIDFILE_DIR", pids}}));
   for (Proc* n : next) {
     const int nrc = h.Wait(*n, 20);
     INFO(n->name << " stderr:\n" << n->Err());

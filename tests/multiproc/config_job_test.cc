@@ -26,10 +26,9 @@ std::string WriteFile(Harness& h, const std::string& name, const std::string& te
 
 // A worker that records its environment, then runs the fixture worker.
 std::string EnvWorker(Harness& h) {
-  return WriteFile(h, "env_worker.sh",
-                   "#!/bin/sh\nenv > \"$FIXTURE_OUT_DIR/env.$RANK\"\nexec " + FixtureWorker() +
-                       "\n",
-                   0755);
+  return WriteFile(
+      h, "env_worker.sh",
+      "#!/bin/sh\nenv > \"$FIXTURE_OUT_DIR/env.$RANK\"\nexec " + FixtureWorker() + "\n", 0755);
 }
 
 std::map<std::string, std::string> ReadEnv(const std::string& path) {
@@ -76,24 +75,27 @@ void CheckNode(const Node& n, long group, const std::string& job_id) {
 
 }  // namespace
 
-TEST_CASE("config: a two-node job from one YAML file, node rank from the address",
-          "[multiproc]") {
+TEST_CASE("config: a two-node job from one YAML file, node rank from the address", "[multiproc]") {
   Harness h;
   const int port = FreePort();
   const std::string worker = EnvWorker(h);
-  const std::string yaml = WriteFile(
-      h, "two_nodes.yaml",
-      "job: {id: yaml-pair}\n"
-      "rendezvous:\n"
-      "  endpoint: first_node:" + std::to_string(port) + "\n"
-      "  join_timeout: 20\n"
-      "nodes:\n"
-      "  hosts:\n"
-      "    - 127.0.0.1 slots=2\n"
-      "    - 127.0.0.2 slots=2\n"
-      "command: " + worker + "\n"
-      "environment: {set: {FROM_FILE: yes-it-is}}\n"
-      "nccl: {socket_ifname: lo, debug: WARN, p2p_disable: true, NCCL_ALGO: Ring}\n");
+  const std::string yaml =
+      WriteFile(h, "two_nodes.yaml",
+                "job: {id: yaml-pair}\n"
+                "rendezvous:\n"
+                "  endpoint: first_node:" +
+                    std::to_string(port) +
+                    "\n"
+                    "  join_timeout: 20\n"
+                    "nodes:\n"
+                    "  hosts:\n"
+                    "    - 127.0.0.1 slots=2\n"
+                    "    - 127.0.0.2 slots=2\n"
+                    "command: " +
+                    worker +
+                    "\n"
+                    "environment: {set: {FROM_FILE: yes-it-is}}\n"
+                    "nccl: {socket_ifname: lo, debug: WARN, p2p_disable: true, NCCL_ALGO: Ring}\n");
   // Node 1 first: its rank comes from its address, not from the order of joining.
   Node n1 = StartNode(h, "node1", {"--config", yaml, "--local_addr=127.0.0.2"});
   SleepMs(200);
@@ -171,8 +173,8 @@ TEST_CASE("config: a simulated Slurm allocation places the nodes; a count mismat
   h.RequireAllGone(n1.pids, 2);
 
   // The file wants 3 nodes, Slurm allocated 2: exit 2 within seconds, no waiting.
-  const std::string three = WriteFile(h, "three.yaml",
-                                      "nodes: {count: 3}\ncommand: " + FixtureWorker() + "\n");
+  const std::string three =
+      WriteFile(h, "three.yaml", "nodes: {count: 3}\ncommand: " + FixtureWorker() + "\n");
   Proc& bad = h.StartDdprun("mismatch", {"--config", three}, slurm(0, 2));
   CHECK(h.Wait(bad, 10) == 2);
   CHECK(bad.Seconds() < 5);
@@ -188,12 +190,12 @@ TEST_CASE("ddprun status lists two live jobs on one ddprund (text and JSON)", "[
   std::vector<Node> nodes;
   for (const std::string id : {"jobA", "jobB"}) {
     for (int i = 0; i < 2; ++i) {
-      nodes.push_back(StartNode(
-          h, id + std::to_string(i),
-          {"--nnodes=2", "--nproc_per_node=2", "--local_addr=127.0.0." + std::to_string(i + 1),
-           "--rdzv_endpoint=" + ep, "--rdzv_id=" + id, "--rdzv_conf=join_timeout=20",
-           FixtureWorker()},
-          {{"FIXTURE_SLEEP_MS", "4000"}}));
+      nodes.push_back(
+          StartNode(h, id + std::to_string(i),
+                    {"--nnodes=2", "--nproc_per_node=2",
+                     "--local_addr=127.0.0." + std::to_string(i + 1), "--rdzv_endpoint=" + ep,
+                     "--rdzv_id=" + id, "--rdzv_conf=join_timeout=20", FixtureWorker()},
+                    {{"FIXTURE_SLEEP_MS", "4000"}}));
     }
   }
   // Poll until both jobs run (bounded).

@@ -365,9 +365,10 @@ TEST_CASE(
   h.RequireAllGone(b_workers, 2);
 
   // The announcement: one line, fenced with the round it waits for.
-  const std::string needle = "ddprun: [job fixed round 1] a node left this fixed-size job "
-                             "(--nnodes=2): waiting for a replacement, 1 of 2 nodes have joined; "
-                             "the job fails with exit code 3 unless 2 nodes join by ";
+  const std::string needle =
+      "ddprun: [job fixed round 1] a node left this fixed-size job "
+      "(--nnodes=2): waiting for a replacement, 1 of 2 nodes have joined; "
+      "the job fails with exit code 3 unless 2 nodes join by ";
   while (a.proc->Err().find(needle) == std::string::npos && SecondsSince(t0) < 3) SleepMs(10);
   const std::string announced = a.proc->Err();
   const std::size_t at = announced.find(needle);
@@ -394,8 +395,7 @@ TEST_CASE(
         std::string::npos);
   CHECK(text.find(" s) unless they join") != std::string::npos);
   const std::string json = StatusJson(h, port, "fixed");
-  CHECK(json.find("\"min_nodes\":2,\"max_nodes\":2,\"join_deadline_in_s\":") !=
-        std::string::npos);
+  CHECK(json.find("\"min_nodes\":2,\"max_nodes\":2,\"join_deadline_in_s\":") != std::string::npos);
 
   const int rc = h.Wait(*a.proc, 10);
   const double took = SecondsSince(t0);
@@ -435,7 +435,8 @@ void DaemonRestart(int sig) {
   CHECK(h.Wait(*daemon, 5) == (sig == SIGKILL ? 128 + SIGKILL : 0));
   SleepMs(200);
   for (pid_t w : workers) CHECK(IsAlive(w));  // the agents keep their workers
-  std::vector<std::string> argv{Ddprund(), "--host", "127.0.0.1", "--port", std::to_string(port)};
+  std::vector<std::string> argv{Ddprund(), "--dashboard_port",  "0", "--host", "127.0.0.1",
+                                "--port",  std::to_string(port)};
   argv.insert(argv.end(), flags.begin(), flags.end());
   Proc& again = h.Start("ddprund2", argv);
   for (Node* n : {&a, &b}) {

@@ -83,10 +83,9 @@ TEST_CASE("with --max_restarts=0 a worker failure ends the job with a report", "
 TEST_CASE("a worker killed by SIGSEGV is reported with the signal name", "[multiproc]") {
   Harness h;
   const std::string pids = h.PidDir("pids");
-  Proc& p = h.StartDdprun("ddprun", {"--nproc_per_node=2", FixtureWorker()},
-                          {{"FIXTURE_PIDFILE_DIR", pids},
-                           {"FIXTURE_FAIL_RANK", "1"},
-                           {"FIXTURE_CRASH_SIGNAL", "11"}});
+  Proc& p = h.StartDdprun(
+      "ddprun", {"--nproc_per_node=2", FixtureWorker()},
+      {{"FIXTURE_PIDFILE_DIR", pids}, {"FIXTURE_FAIL_RANK", "1"}, {"FIXTURE_CRASH_SIGNAL", "11"}});
   const int rc = h.Wait(p, 20);
   const std::string err = p.Err();
   INFO("stderr:\n" << err);

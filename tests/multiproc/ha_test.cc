@@ -182,8 +182,8 @@ TEST_CASE(
   Harness h;
   const int dead = FreePort();
   Proc& unreachable =
-      h.Start("unreachable", {Ddprund(), "--host", "127.0.0.1", "--port", "0", "--etcd_endpoints",
-                              "127.0.0.1:" + std::to_string(dead)});
+      h.Start("unreachable", {Ddprund(), "--dashboard_port", "0", "--host", "127.0.0.1", "--port",
+                              "0", "--etcd_endpoints", "127.0.0.1:" + std::to_string(dead)});
   CHECK(h.Wait(unreachable, 10) == 1);
   CHECK(unreachable.Err().find("etcd unreachable (127.0.0.1:" + std::to_string(dead)) !=
         std::string::npos);
@@ -195,8 +195,8 @@ TEST_CASE(
   auto client = etcd.Client();
   REQUIRE(client->Put("/other/config", "not ddprun's").ok());
   Proc& foreign =
-      h.Start("foreign", {Ddprund(), "--host", "127.0.0.1", "--port", "0", "--etcd_endpoints",
-                          etcd.endpoints(), "--etcd_prefix", "/other"});
+      h.Start("foreign", {Ddprund(), "--dashboard_port", "0", "--host", "127.0.0.1", "--port", "0",
+                          "--etcd_endpoints", etcd.endpoints(), "--etcd_prefix", "/other"});
   CHECK(h.Wait(foreign, 10) == 1);
   CHECK(foreign.Err().find("etcd key '/other/config' under --etcd_prefix=/other is not ddprun's") !=
         std::string::npos);
@@ -318,16 +318,16 @@ TEST_CASE(
   CHECK(WaitLeader({ok}, 20) == 0);
   h.StopDaemon(*ok.proc);
   // Plain text against the TLS etcd: one line naming etcd, exit 1.
-  Proc& plain = h.Start("plain", {Ddprund(), "--host", "127.0.0.1", "--port", "0",
-                                  "--etcd_endpoints", etcd.endpoints()});
+  Proc& plain = h.Start("plain", {Ddprund(), "--dashboard_port", "0", "--host", "127.0.0.1",
+                                  "--port", "0", "--etcd_endpoints", etcd.endpoints()});
   CHECK(h.Wait(plain, 20) == 1);
   const std::string err = plain.Err();
   CHECK(err.find("ddprund: etcd unreachable (127.0.0.1:") != std::string::npos);
   CHECK(std::count(err.begin(), err.end(), '\n') == 1);
   // The CA but no client certificate, where etcd requires one: refused, one line.
   Proc& no_cert =
-      h.Start("nocert", {Ddprund(), "--host", "127.0.0.1", "--port", "0", "--etcd_endpoints",
-                         etcd.endpoints(), "--etcd_ca", tls + "/ca.pem"});
+      h.Start("nocert", {Ddprund(), "--dashboard_port", "0", "--host", "127.0.0.1", "--port", "0",
+                         "--etcd_endpoints", etcd.endpoints(), "--etcd_ca", tls + "/ca.pem"});
   CHECK(h.Wait(no_cert, 20) == 1);
   const std::string no_cert_err = no_cert.Err();
   INFO(no_cert_err);

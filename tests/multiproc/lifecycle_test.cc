@@ -49,8 +49,8 @@ void DaemonRestartMidJob(int sig) {
   CHECK(h.Wait(*daemon, 10) == (sig == SIGTERM ? 0 : 128 + SIGKILL));
   SleepMs(200);
   for (pid_t w : workers) CHECK(IsAlive(w));  // the agents keep their workers
-  Proc& again = h.Start("ddprund2", {Ddprund(), "--host", "127.0.0.1", "--port",
-                                     std::to_string(port), "--state_dir", state});
+  Proc& again = h.Start("ddprund2", {Ddprund(), "--dashboard_port", "0", "--host", "127.0.0.1",
+                                     "--port", std::to_string(port), "--state_dir", state});
   for (Proc* a : agents) {
     const int rc = h.Wait(*a, 10);
     INFO(a->name << " stderr:\n" << a->Err() << "\nddprund2 stderr:\n" << again.Err());
@@ -108,9 +108,9 @@ TEST_CASE("elastic --nnodes=1:2: one node starts alone after last_call_timeout",
   const int port = h.StartDaemon("ddprund", &daemon);
   const std::string out = h.MakeDir("out");
   const std::string pids = h.PidDir("pids");
-  Proc& a = h.StartDdprun("alone",
-                          JobFlags(port, "el1", "1:2", "join_timeout=10,last_call_timeout=1", 0),
-                          {{"FIXTURE_OUT_DIR", out}, {"FIXTURE_PIDFILE_DIR", pids}});
+  Proc& a =
+      h.StartDdprun("alone", JobFlags(port, "el1", "1:2", "join_timeout=10,last_call_timeout=1", 0),
+                    {{"FIXTURE_OUT_DIR", out}, {"FIXTURE_PIDFILE_DIR", pids}});
   const int rc = h.Wait(a, 15);
   INFO("stderr:\n" << a.Err());
   CHECK(rc == 0);
@@ -136,10 +136,10 @@ TEST_CASE("elastic --nnodes=1:2: two nodes joining together form one round", "[m
     outs.push_back(h.MakeDir("out" + std::to_string(i)));
     // A last call long enough that both nodes are in the first round, which
     // then starts as soon as MAX nodes have joined.
-    agents.push_back(&h.StartDdprun(
-        "node" + std::to_string(i),
-        JobFlags(port, "el2", "1:2", "join_timeout=20,last_call_timeout=10", i),
-        {{"FIXTURE_OUT_DIR", outs.back()}, {"FIXTURE_PIDFILE_DIR", pids}}));
+    agents.push_back(
+        &h.StartDdprun("node" + std::to_string(i),
+                       JobFlags(port, "el2", "1:2", "join_timeout=20,last_call_timeout=10", i),
+                       {{"FIXTURE_OUT_DIR", outs.back()}, {"FIXTURE_PIDFILE_DIR", pids}}));
   }
   for (Proc* a : agents) {
     const int rc = h.Wait(*a, 20);
@@ -221,12 +221,12 @@ TEST_CASE("elastic --nnodes=1:2: losing a node re-forms the job without using a 
   for (int i = 0; i < 2; ++i) {
     pids.push_back(h.PidDir("pids" + std::to_string(i)));
     outs.push_back(h.MakeDir("out" + std::to_string(i)));
-    agents.push_back(&h.StartDdprun(
-        "node" + std::to_string(i),
-        JobFlags(port, "shrink", "1:2", "join_timeout=20,last_call_timeout=1", i),
-        {{"FIXTURE_PIDFILE_DIR", pids.back()},
-         {"FIXTURE_OUT_DIR", outs.back()},
-         {"FIXTURE_SLEEP_MS", "2500"}}));
+    agents.push_back(
+        &h.StartDdprun("node" + std::to_string(i),
+                       JobFlags(port, "shrink", "1:2", "join_timeout=20,last_call_timeout=1", i),
+                       {{"FIXTURE_PIDFILE_DIR", pids.back()},
+                        {"FIXTURE_OUT_DIR", outs.back()},
+                        {"FIXTURE_SLEEP_MS", "2500"}}));
   }
   for (const std::string& d : pids) h.WaitForPids(d, 2, 20);
   REQUIRE(::kill(agents[1]->pid, SIGKILL) == 0);

@@ -114,8 +114,7 @@ std::vector<std::string> DaemonFlags(int port, const std::string& id,
 
 }  // namespace
 
-TEST_CASE("ddprund + 2 agents: contiguous ranks per node, rank 0 on group rank 0",
-          "[multiproc]") {
+TEST_CASE("ddprund + 2 agents: contiguous ranks per node, rank 0 on group rank 0", "[multiproc]") {
   Harness h;
   Proc* daemon = nullptr;
   const int port = h.StartDaemon("ddprund", &daemon);
@@ -212,9 +211,8 @@ TEST_CASE("static backend: node 0 hosts the store at master_addr:master_port", "
   const int port = FreePort();
   std::vector<Node> nodes = StartNodes(
       h, "static", 2, 2,
-      {"--rdzv_backend=static", "--master_addr=127.0.0.1",
-       "--master_port=" + std::to_string(port), "--rdzv_id=static",
-       "--rdzv_conf=timeout=20"},
+      {"--rdzv_backend=static", "--master_addr=127.0.0.1", "--master_port=" + std::to_string(port),
+       "--rdzv_id=static", "--rdzv_conf=timeout=20"},
       {}, {{"--node_rank=0"}, {"--node_rank=1"}});
   WaitAll(h, nodes, 0, 30);
   // With static, MASTER_ADDR:MASTER_PORT is the given master, not a local_addr.

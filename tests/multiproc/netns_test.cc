@@ -184,7 +184,8 @@ TEST_CASE(
   }
   Harness h;
   std::vector<std::string> dargv = net.In(1);
-  for (const std::string& a : {Ddprund(), std::string("--host"), net.addr1(), std::string("--port"),
+  for (const std::string& a : {Ddprund(), std::string("--dashboard_port"), std::string("0"),
+                               std::string("--host"), net.addr1(), std::string("--port"),
                                std::string("0"), std::string("--lease_timeout"), std::string("1")})
     dargv.push_back(a);
   Proc& daemon = h.Start("ddprund", dargv);

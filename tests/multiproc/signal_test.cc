@@ -18,10 +18,10 @@ constexpr int kNproc = 3;
 void ForwardsSignal(int sig) {
   Harness h;
   const std::string pids = h.PidDir("pids");
-  Proc& p = h.StartDdprun("ddprun",
-                          {"--nproc_per_node=" + std::to_string(kNproc), "--grace_period=10",
-                           FixtureWorker()},
-                          {{"FIXTURE_PIDFILE_DIR", pids}, {"FIXTURE_HANG", "1"}});
+  Proc& p = h.StartDdprun(
+      "ddprun",
+      {"--nproc_per_node=" + std::to_string(kNproc), "--grace_period=10", FixtureWorker()},
+      {{"FIXTURE_PIDFILE_DIR", pids}, {"FIXTURE_HANG", "1"}});
   const std::vector<pid_t> workers = h.WaitForPids(pids, kNproc, 10);
   REQUIRE(::kill(p.pid, sig) == 0);
   const auto t0 = Clock::now();
@@ -88,8 +88,8 @@ TEST_CASE("kill -9 of ddprun also kills the workers' own children", "[multiproc]
   const std::string pids = h.PidDir("pids");
   // PDEATHSIG reaches only the direct workers (the shells); the background
   // fixture_workers need the agent's orphan guard to kill their process group.
-  const std::string script = "echo $$ > \"$FIXTURE_PIDFILE_DIR/sh$LOCAL_RANK.pid\"; '" +
-                             FixtureWorker() + "' & wait";
+  const std::string script =
+      "echo $$ > \"$FIXTURE_PIDFILE_DIR/sh$LOCAL_RANK.pid\"; '" + FixtureWorker() + "' & wait";
   Proc& p = h.StartDdprun("ddprun", {"--nproc_per_node=2", "--no_python", "/bin/sh", "-c", script},
                           {{"FIXTURE_PIDFILE_DIR", pids}, {"FIXTURE_HANG", "1"}});
   h.WaitForPids(pids, 4, 10);
@@ -106,8 +106,8 @@ TEST_CASE("SIGTERM also kills a worker's own children (its process group)", "[mu
   // Each worker is a shell that records its pid and waits on a background
   // fixture_worker, whose pid file records the grandchild's pid. PDEATHSIG
   // does not cover the grandchild; only the process-group kill does.
-  const std::string script = "echo $$ > \"$FIXTURE_PIDFILE_DIR/sh$LOCAL_RANK.pid\"; '" +
-                             FixtureWorker() + "' & wait";
+  const std::string script =
+      "echo $$ > \"$FIXTURE_PIDFILE_DIR/sh$LOCAL_RANK.pid\"; '" + FixtureWorker() + "' & wait";
   Proc& p = h.StartDdprun(
       "ddprun", {"--nproc_per_node=2", "--grace_period=10", "--no_python", "/bin/sh", "-c", script},
       {{"FIXTURE_PIDFILE_DIR", pids}, {"FIXTURE_HANG", "1"}});

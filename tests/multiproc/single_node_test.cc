@@ -53,8 +53,7 @@ TEST_CASE("single node, nproc 4: every rank once, one MASTER_PORT", "[multiproc]
   h.RequireAllGone(pids, 2);
 }
 
-TEST_CASE("twenty single-node jobs at once all succeed (MASTER_PORT never races)",
-          "[multiproc]") {
+TEST_CASE("twenty single-node jobs at once all succeed (MASTER_PORT never races)", "[multiproc]") {
   Harness h;
   constexpr int kJobs = 20;
   std::vector<Proc*> jobs;
@@ -62,11 +61,12 @@ TEST_CASE("twenty single-node jobs at once all succeed (MASTER_PORT never races)
   for (int i = 0; i < kJobs; ++i) {
     outs.push_back(h.MakeDir("out" + std::to_string(i)));
     pid_dirs.push_back(h.PidDir("pids" + std::to_string(i)));
-    jobs.push_back(&h.StartDdprun(
-        "job" + std::to_string(i), {"--nproc_per_node=2", FixtureWorker()},
-        {{"FIXTURE_OUT_DIR", outs.back()}, {"FIXTURE_PIDFILE_DIR", pid_dirs.back()},
-         // Keep the workers (and so every job's store) alive together.
-         {"FIXTURE_SLEEP_MS", "300"}}));
+    jobs.push_back(&h.StartDdprun("job" + std::to_string(i),
+                                  {"--nproc_per_node=2", FixtureWorker()},
+                                  {{"FIXTURE_OUT_DIR", outs.back()},
+                                   {"FIXTURE_PIDFILE_DIR", pid_dirs.back()},
+                                   // Keep the workers (and so every job's store) alive together.
+                                   {"FIXTURE_SLEEP_MS", "300"}}));
   }
   std::set<long> ports_seen;
   for (int i = 0; i < kJobs; ++i) {
@@ -96,9 +96,10 @@ TEST_CASE("twenty single-node jobs at once all succeed (MASTER_PORT never races)
   for (const std::string& d : pid_dirs) h.RequireAllGone(d, 2);
 }
 
-TEST_CASE("torchrun's command line: --master_addr/--master_port, no backend: the store is on "
-          "MASTER_PORT",
-          "[multiproc]") {
+TEST_CASE(
+    "torchrun's command line: --master_addr/--master_port, no backend: the store is on "
+    "MASTER_PORT",
+    "[multiproc]") {
   // torchrun's default backend is static: node rank 0 hosts the store on
   // --master_port, and tcp://MASTER_ADDR:MASTER_PORT (or env://) reaches it.
   // Each worker connects to MASTER_ADDR:MASTER_PORT before it reports: a
@@ -116,12 +117,11 @@ TEST_CASE("torchrun's command line: --master_addr/--master_port, no backend: the
   }
   ::chmod(script.c_str(), 0755);
   const int port = FreePort();
-  Proc& p = h.StartDdprun("ddprun",
-                          {"--master_addr=127.0.0.1", "--master_port=" + std::to_string(port),
-                           "--nproc_per_node=2", script},
-                          {{"FIXTURE_OUT_DIR", out},
-                           {"FIXTURE_PIDFILE_DIR", pids},
-                           {"FIXTURE_BIN", FixtureWorker()}});
+  Proc& p = h.StartDdprun(
+      "ddprun",
+      {"--master_addr=127.0.0.1", "--master_port=" + std::to_string(port), "--nproc_per_node=2",
+       script},
+      {{"FIXTURE_OUT_DIR", out}, {"FIXTURE_PIDFILE_DIR", pids}, {"FIXTURE_BIN", FixtureWorker()}});
   const int rc = h.Wait(p, 20);
   INFO("stderr: " << p.Err());
   REQUIRE(rc == 0);

@@ -106,7 +106,7 @@ inline std::vector<std::string> ListDir(const std::string& dir) {
 }
 
 inline void RemoveTree(const std::string& path) {
-  struct stat st{};
+  struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) return;
   if (S_ISDIR(st.st_mode)) {
     for (const std::string& n : ListDir(path)) RemoveTree(path + "/" + n);
@@ -180,7 +180,8 @@ inline void ReapOrphans(const std::set<pid_t>& ours) {
       if (ours.count(pid)) continue;
       std::string stat = ReadFile("/proc/" + n + "/stat");
       std::size_t close = stat.rfind(')');
-      if (close == std::string::npos || close + 2 >= stat.size() || stat[close + 2] != 'Z') continue;
+      if (close == std::string::npos || close + 2 >= stat.size() || stat[close + 2] != 'Z')
+        continue;
       std::istringstream rest(stat.substr(close + 2));
       char state = 0;
       long ppid = 0;
@@ -298,9 +299,7 @@ using EnvList = std::vector<std::pair<std::string, std::string>>;
 class Harness {
  public:
   Harness() {
-    static const bool subreaper = [] {
-      return ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0;
-    }();
+    static const bool subreaper = [] { return ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0; }();
     REQUIRE(subreaper);
     char tmpl[] = "/tmp/ddprun-mp-XXXXXX";
     REQUIRE(::mkdtemp(tmpl) != nullptr);
@@ -389,8 +388,8 @@ class Harness {
     posix_spawnattr_setsigmask(&attr, &empty);
     posix_spawnattr_setsigdefault(&attr, &all);
     posix_spawnattr_setpgroup(&attr, 0);
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK |
-                                        POSIX_SPAWN_SETSIGDEF);
+    posix_spawnattr_setflags(
+        &attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
     pid_t pid = -1;
     int rc = ::posix_spawnp(&pid, cargv[0], &fa, &attr, cargv.data(), envp.data());
     posix_spawn_file_actions_destroy(&fa);
@@ -440,11 +439,13 @@ class Harness {
     return -1;
   }
 
-  // Starts ddprund on 127.0.0.1 with --port 0 (and extra flags) and returns
-  // its port, parsed from its ready line.
+  // Starts ddprund on 127.0.0.1 with --port 0 and --dashboard_port 0 (tests
+  // run in parallel: never the fixed default ports) and extra flags, and
+  // returns its port, parsed from its ready line.
   int StartDaemon(const std::string& name, Proc** out = nullptr,
                   const std::vector<std::string>& extra = {}) {
-    std::vector<std::string> argv{Ddprund(), "--host", "127.0.0.1", "--port", "0"};
+    std::vector<std::string> argv{Ddprund(), "--host",           "127.0.0.1", "--port",
+                                  "0",       "--dashboard_port", "0"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     Proc& d = Start(name, argv);
     if (out) *out = &d;
@@ -490,8 +491,8 @@ class Harness {
       if (pids.size() >= n) return pids;
       SleepMs(5);
     }
-    FAIL("only " << ReadPids(dir).size() << " of " << n << " workers wrote a pid file in "
-                 << dir << " within " << timeout_s << " s");
+    FAIL("only " << ReadPids(dir).size() << " of " << n << " workers wrote a pid file in " << dir
+                 << " within " << timeout_s << " s");
     return {};
   }
 

@@ -133,7 +133,9 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
     if (count == 0) return Enqueue(desc, nullptr);
     const int n = size();
     if (n == 1) {
-      return Enqueue(desc, [=] { if (op == ReduceOp::kAvg) DivideInPlace(data, count, dtype, 1); });
+      return Enqueue(desc, [=] {
+        if (op == ReduceOp::kAvg) DivideInPlace(data, count, dtype, 1);
+      });
     }
     const Duration t = timeout();
     if (ShmGroup* one_host = OneHostShm()) {
@@ -142,9 +144,8 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
           return one_host->PostAllreduce(data, count, dtype, op, p);
         });
       }
-      return Enqueue(desc, [=] {
-        ThrowIfFailed(one_host->Allreduce(data, count, dtype, op, DeadlineIn(t)));
-      });
+      return Enqueue(
+          desc, [=] { ThrowIfFailed(one_host->Allreduce(data, count, dtype, op, DeadlineIn(t))); });
     }
     ShmGroup* shm = core_->shm.get();
     const std::size_t bytes = count * DTypeSize(dtype);
@@ -165,8 +166,8 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
       });
     }
     return Enqueue(desc, [=, core = core_.get(), tag = NextTag()] {
-      TcpAllreduce(core->context, core->sync_context, core->sync_max_bytes, data, count, dtype,
-                   op, tag, t);
+      TcpAllreduce(core->context, core->sync_context, core->sync_max_bytes, data, count, dtype, op,
+                   tag, t);
       if (op == ReduceOp::kAvg) DivideInPlace(data, count, dtype, n);
     });
   }
@@ -192,13 +193,11 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
     });
   }
 
-  absl::StatusOr<WorkPtr> Broadcast(void* data, std::size_t count, DType dtype,
-                                    int root) override {
+  absl::StatusOr<WorkPtr> Broadcast(void* data, std::size_t count, DType dtype, int root) override {
     DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "broadcast", data, count, dtype));
     if (root < 0 || root >= size()) {
-      return absl::InvalidArgumentError(absl::StrCat(Fence(), "broadcast: root ", root,
-                                                     " is not a rank of this group (size ",
-                                                     size(), ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          Fence(), "broadcast: root ", root, " is not a rank of this group (size ", size(), ")"));
     }
     const std::string desc = DescribeOp("broadcast", count, dtype, "");
     if (count == 0 || size() == 1) return Enqueue(desc, nullptr);
@@ -210,9 +209,8 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
     }
     return Enqueue(desc, [=, ctx = core_->context, tag = NextTag()] {
       gloo::BroadcastOptions opts(ctx);
-      WithElementType(dtype, [&](auto e) {
-        opts.setOutput(static_cast<decltype(e)*>(data), count);
-      });
+      WithElementType(dtype,
+                      [&](auto e) { opts.setOutput(static_cast<decltype(e)*>(data), count); });
       opts.setRoot(root);
       opts.setTag(tag);
       opts.setTimeout(t);
@@ -228,7 +226,9 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
     if (count == 0) return Enqueue(desc, nullptr);
     const std::size_t bytes = count * DTypeSize(dtype);
     if (size() == 1) {
-      return Enqueue(desc, [=] { if (out != in) std::memmove(out, in, bytes); });
+      return Enqueue(desc, [=] {
+        if (out != in) std::memmove(out, in, bytes);
+      });
     }
     const Duration t = timeout();
     const std::size_t n = size();
@@ -250,8 +250,8 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
 
   // Gloo 0.5's new API has no reduce-scatter: all-reduce a copy in a reused
   // scratch buffer, then keep this rank's block.
-  absl::StatusOr<WorkPtr> ReduceScatter(const void* in, void* out, std::size_t count,
-                                        DType dtype, ReduceOp op) override {
+  absl::StatusOr<WorkPtr> ReduceScatter(const void* in, void* out, std::size_t count, DType dtype,
+                                        ReduceOp op) override {
     DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "reduce_scatter", in, count, dtype, "input"));
     DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "reduce_scatter", out, count, dtype, "output"));
     DDPRUN_RETURN_IF_ERROR(CheckReduceOp(*this, "reduce_scatter", op));
@@ -271,9 +271,8 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
         ThrowIfFailed(one_host->Allreduce(s, count * n, dtype, op, DeadlineIn(t)));
       } else if (n > 1) {
         gloo::AllreduceOptions opts(core->context);
-        WithElementType(dtype, [&](auto e) {
-          opts.setOutput(reinterpret_cast<decltype(e)*>(s), count * n);
-        });
+        WithElementType(
+            dtype, [&](auto e) { opts.setOutput(reinterpret_cast<decltype(e)*>(s), count * n); });
         opts.setReduceFunction(func);
         opts.setTag(tag);
         opts.setTimeout(t);
@@ -303,8 +302,8 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
   absl::StatusOr<void*> Alloc(std::size_t bytes) override {
     void* p = nullptr;
     if (::posix_memalign(&p, 64, std::max<std::size_t>(bytes, 64)) != 0) {
-      return absl::ResourceExhaustedError(absl::StrCat(Fence(), "out of memory for ", bytes,
-                                                       " bytes of buckets"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat(Fence(), "out of memory for ", bytes, " bytes of buckets"));
     }
     // Touch every page now: first-touch page faults are slow on VMs.
     std::memset(p, 0, bytes);
@@ -348,15 +347,23 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
         ThrowIfFailed(shm->Complete(p, data, deadline));
       });
     }
+    // ddprun's monitoring (metrics.h): from the post to the completion,
+    // wherever that happens.
+    std::shared_ptr<detail::CollectiveRecord> rec = detail::BeginCollective(desc, size());
     ShmGroup::Posted p;
     absl::Status s = post(&p);
     if (s.ok() && !shm->Arrived(p, kCallerSpin, kCallerYield)) {
       auto work = std::make_shared<QueuedWork>(weak_from_this(), desc, timeout());
-      queue_.Release(
-          QueuedTask{desc, [=] { ThrowIfFailed(shm->Complete(p, data, deadline)); }, work});
+      queue_.Release(QueuedTask{desc,
+                                [=]() mutable {
+                                  const auto done = std::move(rec);
+                                  ThrowIfFailed(shm->Complete(p, data, deadline));
+                                },
+                                work});
       return work;
     }
     if (s.ok()) s = shm->Complete(p, data, deadline);
+    rec.reset();
     queue_.Release();
     if (!s.ok()) s = ClassifyShm(desc, s, weak_from_this());
     return std::make_shared<DoneWork>(std::move(s));
@@ -397,8 +404,8 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
           fence, desc, " failed: a peer issued a collective of another size (every rank must ",
           "issue the same collectives with the same sizes, in the same order; gloo: ", what, ")"));
     }
-    const bool timed_out = what.find("imed out") != std::string::npos ||
-                           what.find("imeout") != std::string::npos;
+    const bool timed_out =
+        what.find("imed out") != std::string::npos || what.find("imeout") != std::string::npos;
     std::string msg = absl::StrCat(fence, desc, timed_out ? " timed out" : " failed",
                                    ": a peer died, hung or left the job (gloo: ", what, ")");
     return timed_out ? absl::DeadlineExceededError(msg) : absl::UnavailableError(msg);
@@ -414,8 +421,8 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
       fence = self->Fence();
       self->Fail(absl::StrCat(desc, ": ", s.message()));
     }
-    return absl::Status(s.code(), absl::StrCat(fence, desc, " failed (shared memory): ",
-                                               s.message()));
+    return absl::Status(s.code(),
+                        absl::StrCat(fence, desc, " failed (shared memory): ", s.message()));
   }
 
   std::shared_ptr<Core> core_;
@@ -437,15 +444,19 @@ absl::StatusOr<std::shared_ptr<Backend>> CreateGlooBackend(const WorkerInfo& inf
   if (options.shared_memory && info.world_size > 1) {
     auto l = ExchangeHostLayout(info, *store, key_prefix, options.timeout);
     if (!l.ok()) {
-      return absl::Status(l.status().code(), absl::StrCat(fence, "host layout through the store: ",
-                                                          l.status().message()));
+      return absl::Status(
+          l.status().code(),
+          absl::StrCat(fence, "host layout through the store: ", l.status().message()));
     }
     layout = *l;
   }
   if (WantSharedMemory(options.shared_memory, info.world_size, layout.num_hosts)) {
     std::string why;
     auto shm = ConnectShmGroup(layout, info, *store, key_prefix, options.timeout,
-                               std::getenv("DDP_SHM_CHUNK") ? std::strtoull(std::getenv("DDP_SHM_CHUNK"), nullptr, 10) : kDefaultShmChunkBytes, &why);  // TUNING ONLY
+                               std::getenv("DDP_SHM_CHUNK")
+                                   ? std::strtoull(std::getenv("DDP_SHM_CHUNK"), nullptr, 10)
+                                   : kDefaultShmChunkBytes,
+                               &why);  // TUNING ONLY
     if (!shm.ok()) {
       return absl::Status(shm.status().code(),
                           absl::StrCat(fence, "shared memory bootstrap through the store: ",
@@ -475,13 +486,13 @@ absl::StatusOr<std::shared_ptr<Backend>> CreateGlooBackend(const WorkerInfo& inf
     attr.hostname = host.empty() ? "127.0.0.1" : host;
     core->device = gloo::transport::tcp::CreateDevice(attr);
   } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        fence, "gloo: cannot use address '", host, "' (DDPRUN_HOST) for TCP: ", e.what()));
+    return absl::InvalidArgumentError(absl::StrCat(fence, "gloo: cannot use address '", host,
+                                                   "' (DDPRUN_HOST) for TCP: ", e.what()));
   }
   // One full mesh of Gloo pairs between `size` members, bootstrapped through
   // our store under prefix.
-  auto connect = [&](const std::string& prefix, int rank, int size, bool sync)
-      -> absl::StatusOr<std::shared_ptr<gloo::rendezvous::Context>> {
+  auto connect = [&](const std::string& prefix, int rank, int size,
+                     bool sync) -> absl::StatusOr<std::shared_ptr<gloo::rendezvous::Context>> {
     auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
     ctx->setTimeout(options.timeout);
     if (size == 1) return ctx;
@@ -494,8 +505,8 @@ absl::StatusOr<std::shared_ptr<Backend>> CreateGlooBackend(const WorkerInfo& inf
     } catch (const std::exception& e) {
       if (!adapter.error().ok()) {
         const absl::Status& s = adapter.error();
-        return absl::Status(s.code(), absl::StrCat(fence, "gloo bootstrap through the store: ",
-                                                   s.message()));
+        return absl::Status(s.code(),
+                            absl::StrCat(fence, "gloo bootstrap through the store: ", s.message()));
       }
       return absl::UnavailableError(absl::StrCat(fence, "gloo bootstrap: connecting to the other ",
                                                  size - 1, " ranks failed: ", e.what()));
@@ -510,8 +521,8 @@ absl::StatusOr<std::shared_ptr<Backend>> CreateGlooBackend(const WorkerInfo& inf
     // the hosts' sums among themselves.
     core->leader = layout.local_index == 0;
     if (core->leader) {
-      DDPRUN_ASSIGN_OR_RETURN(core->leaders, connect("gloo-leaders/", layout.host,
-                                                     layout.num_hosts, /*sync=*/false));
+      DDPRUN_ASSIGN_OR_RETURN(
+          core->leaders, connect("gloo-leaders/", layout.host, layout.num_hosts, /*sync=*/false));
       DDPRUN_ASSIGN_OR_RETURN(core->leaders_sync, connect("gloo-leaders-sync/", layout.host,
                                                           layout.num_hosts, /*sync=*/true));
     }

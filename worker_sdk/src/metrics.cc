@@ -51,11 +51,33 @@ double BusBandwidthGbps(const char* op, std::int64_t input_bytes, double seconds
   return 0;
 }
 
-std::function<void()> RecordCollective(const std::string& desc, std::function<void()> run,
-                                       int ranks) {
-  rdzv::ChannelWriter* channel = MetricsChannel();
-  if (channel == nullptr) return run;
-  // DescribeOp's format (process_group.cc): "op(count x dtype[, extra])".
+class CollectiveRecord {
+ public:
+  CollectiveRecord(rdzv::ChannelWriter* channel, std::string op, std::int64_t bytes, int ranks)
+      : channel_(channel), op_(std::move(op)), bytes_(bytes), ranks_(ranks) {
+    channel_->CollectiveStart(op_);
+    t0_ = std::chrono::steady_clock::now();
+  }
+  ~CollectiveRecord() {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    channel_->CollectiveEnd(op_, bytes_, s, BusBandwidthGbps(op_.c_str(), bytes_, s, ranks_));
+  }
+  CollectiveRecord(const CollectiveRecord&) = delete;
+  CollectiveRecord& operator=(const CollectiveRecord&) = delete;
+
+ private:
+  rdzv::ChannelWriter* channel_;
+  std::string op_;
+  std::int64_t bytes_;
+  int ranks_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+namespace {
+
+// DescribeOp's format (process_group.cc): "op(count x dtype[, extra])" ->
+// the op and its payload bytes per rank (0 when the format is not that).
+std::pair<std::string, std::int64_t> ParseDesc(const std::string& desc) {
   const std::size_t paren = desc.find('(');
   std::string op = desc.substr(0, paren);
   std::int64_t bytes = 0;
@@ -72,21 +94,24 @@ std::function<void()> RecordCollective(const std::string& desc, std::function<vo
       }
     }
   }
-  return [channel, op = std::move(op), bytes, ranks, run = std::move(run)] {
-    channel->CollectiveStart(op);
-    const auto t0 = std::chrono::steady_clock::now();
-    struct End {
-      rdzv::ChannelWriter* channel;
-      const std::string& op;
-      std::int64_t bytes;
-      int ranks;
-      std::chrono::steady_clock::time_point t0;
-      ~End() {
-        const double s =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        channel->CollectiveEnd(op, bytes, s, BusBandwidthGbps(op.c_str(), bytes, s, ranks));
-      }
-    } end{channel, op, bytes, ranks, t0};
+  return {std::move(op), bytes};
+}
+
+}  // namespace
+
+std::shared_ptr<CollectiveRecord> BeginCollective(const std::string& desc, int ranks) {
+  rdzv::ChannelWriter* channel = MetricsChannel();
+  if (channel == nullptr) return nullptr;
+  auto [op, bytes] = ParseDesc(desc);
+  return std::make_shared<CollectiveRecord>(channel, std::move(op), bytes, ranks);
+}
+
+std::function<void()> RecordCollective(const std::string& desc, std::function<void()> run,
+                                       int ranks) {
+  if (MetricsChannel() == nullptr) return run;
+  return [desc, ranks, run = std::move(run)] {
+    // The end is recorded when `rec` goes, when `run` throws too.
+    const std::shared_ptr<CollectiveRecord> rec = BeginCollective(desc, ranks);
     if (run) run();
   };
 }

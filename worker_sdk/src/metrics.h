@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "ddprun/rendezvous/metrics_channel.h"
@@ -25,5 +26,12 @@ double BusBandwidthGbps(const char* op, std::int64_t input_bytes, double seconds
 // when there is no channel. The end is recorded when `run` throws too.
 std::function<void()> RecordCollective(const std::string& desc, std::function<void()> run,
                                        int ranks);
+
+// The same record for a collective that does not run as one function (the
+// caller-run shared-memory path, gloo_backend.cc): the start is recorded by
+// Begin, the end (bytes, duration, bus bandwidth) when the last copy of the
+// returned pointer goes. Null when there is no channel.
+class CollectiveRecord;
+std::shared_ptr<CollectiveRecord> BeginCollective(const std::string& desc, int ranks);
 
 }  // namespace ddp::detail
