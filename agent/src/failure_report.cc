@@ -79,6 +79,12 @@ std::vector<rendezvous::WorkerFailure> CollectFailures(const WorkerGroup& group,
 }
 
 std::string DescribeFailure(const rendezvous::WorkerFailure& f) {
+  // A failure with neither an exit code nor a signal was not an exit: the
+  // rendezvous named this rank in a hang report (metrics_hub.cc).
+  if (f.exit_code == 0 && f.signal == 0) {
+    return absl::StrCat("worker rank ", f.global_rank, " (local rank ", f.local_rank, ") on ",
+                        f.host, " hung (it had not exited; see the hang report)");
+  }
   ExitStatus s;
   s.exit_code = f.exit_code;
   s.signal = f.signal;

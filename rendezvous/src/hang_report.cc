@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <limits>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "ddprun/rendezvous/errors.h"
@@ -104,6 +105,45 @@ HangVerdict FindHangCulprits(const std::vector<HangRank>& ranks) {
   std::sort(v.culprits.begin(), v.culprits.end());
   v.waiting = Others(ranks, v.culprits);
   return v;
+}
+
+namespace {
+
+// A Python frame of faulthandler's format ('  File "PATH", line N in F') whose
+// path is inside torch's autograd or its distributed package.
+bool InPyTorchCollective(const std::string& stack) {
+  static constexpr const char* kWaitingIn[] = {"/torch/autograd/", "/torch/distributed/",
+                                               "/torch/nn/parallel/distributed.py"};
+  std::size_t pos = 0;
+  while ((pos = stack.find("File \"", pos)) != std::string::npos) {
+    pos += 6;
+    const std::size_t end = stack.find('"', pos);
+    if (end == std::string::npos) break;
+    const std::string_view path(stack.data() + pos, end - pos);
+    for (const char* w : kWaitingIn) {
+      if (path.find(w) != std::string_view::npos) return true;
+    }
+    pos = end;
+  }
+  return false;
+}
+
+}  // namespace
+
+void RefineHangWithStacks(HangVerdict& verdict, const std::map<int, StackDump>& stacks) {
+  if (!verdict.waiting.empty() || verdict.culprits.size() < 2) return;
+  std::vector<int> behind, waiting;
+  for (int r : verdict.culprits) {
+    auto it = stacks.find(r);
+    if (it == stacks.end() || it->second.kind != "python" || it->second.text.empty()) return;
+    (InPyTorchCollective(it->second.text) ? waiting : behind).push_back(r);
+  }
+  if (behind.empty() || waiting.empty()) return;
+  verdict.culprits = std::move(behind);
+  verdict.waiting = std::move(waiting);
+  absl::StrAppend(&verdict.why,
+                  "; by their Python stacks, the others wait inside a PyTorch collective "
+                  "(autograd or torch.distributed) and these do not");
 }
 
 std::string FormatHangReport(const HangReportInput& in) {

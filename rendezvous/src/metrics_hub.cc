@@ -503,6 +503,7 @@ void MetricsHub::TickJobLocked(Job& job, TimePoint now, std::vector<std::functio
 
   auto publish = [&] {
     job.pending.stalled_s = Secs(now - job.last_progress);
+    RefineHangWithStacks(job.pending.verdict, job.pending.stacks);
     job.hang_report = FormatHangReport(job.pending);
     ++job.hangs;
     AddEvent(job, UnixNow(), "hang",

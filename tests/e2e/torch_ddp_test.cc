@@ -5,10 +5,10 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <sys/socket.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -140,8 +140,7 @@ TEST_CASE("PyTorch DDP (gloo, env://) on one node under ddprun", "[e2e]") {
   }
   const std::string dir = MakeTempDir();
   Proc p;
-  Start(p,
-        {kBin + "/ddprun", "--nproc_per_node=2", kScript, "--steps", "4", "--out", dir},
+  Start(p, {kBin + "/ddprun", "--nproc_per_node=2", kScript, "--steps", "4", "--out", dir},
         dir + "/ddprun.log", {"PYTHON_EXEC=" + kPython});
   int rc = Wait(p, 180s);
   INFO(ReadFile(dir + "/ddprun.log"));
@@ -171,9 +170,10 @@ TEST_CASE("PyTorch DDP, torchrun's static command line: --master_addr/--master_p
   CheckRanks(dir, 2);
 }
 
-TEST_CASE("torchrun's static command line: a script whose tcp:// URL is the --master_port it was "
-          "given",
-          "[e2e]") {
+TEST_CASE(
+    "torchrun's static command line: a script whose tcp:// URL is the --master_port it was "
+    "given",
+    "[e2e]") {
   if (!TorchAvailable()) {
     WARN("SKIPPED: " << kPython << " cannot import torch; install python3-torch");
     return;
@@ -218,7 +218,9 @@ TEST_CASE("PyTorch DDP on two nodes: ddprund and two ddprun agents on loopback",
   const std::string dir = MakeTempDir();
   const int port = FreePort();
   Proc daemon;
-  Start(daemon, {kBin + "/ddprund", "--host", "127.0.0.1", "--port", std::to_string(port)},
+  Start(daemon,
+        {kBin + "/ddprund", "--host", "127.0.0.1", "--port", std::to_string(port),
+         "--dashboard_port", "0"},
         dir + "/ddprund.log", {});
   Proc a, b;
   auto agent = [&](Proc& p, const std::string& addr, const std::string& log) {

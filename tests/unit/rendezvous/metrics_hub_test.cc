@@ -423,6 +423,45 @@ TEST_CASE("hang culprits: collectives first, then steps", "[metrics][hang]") {
   CHECK(RankList({0, 1, 2, 4, 6, 7}) == "0-2,4,6-7");
 }
 
+TEST_CASE("hang culprits at one step: Python stacks tell the rank outside the collective",
+          "[metrics][hang]") {
+  auto py = [](int r, std::string text) {
+    StackDump d;
+    d.rank = r;
+    d.kind = "python";
+    d.text = std::move(text);
+    return d;
+  };
+  const std::string waiting =
+      "Thread 0x1 (most recent call first):\n"
+      "  File \"/usr/lib/python3/dist-packages/torch/autograd/__init__.py\", line 197 in "
+      "backward\n  File \"/usr/lib/python3/dist-packages/torch/_tensor.py\", line 487 in "
+      "backward\n  File \"/job/train.py\", line 41 in main\n";
+  const std::string sleeping =
+      "Thread 0x1 (most recent call first):\n  File \"/job/train.py\", line 37 in main\n";
+  HangRank a, b, c;
+  a.rank = 0, b.rank = 1, c.rank = 2;
+  a.steps = b.steps = c.steps = 5;
+  HangVerdict v = FindHangCulprits({a, b, c});
+  REQUIRE(v.culprits == std::vector<int>{0, 1, 2});
+  HangVerdict refined = v;
+  RefineHangWithStacks(refined, {{0, py(0, waiting)}, {1, py(1, sleeping)}, {2, py(2, waiting)}});
+  CHECK(refined.culprits == std::vector<int>{1});
+  CHECK(refined.waiting == std::vector<int>{0, 2});
+  // Every rank waiting, a native stack, or a missing stack: no change.
+  refined = v;
+  RefineHangWithStacks(refined, {{0, py(0, waiting)}, {1, py(1, waiting)}, {2, py(2, waiting)}});
+  CHECK(refined.culprits == v.culprits);
+  refined = v;
+  StackDump native = py(1, "#0 nanosleep");
+  native.kind = "native";
+  RefineHangWithStacks(refined, {{0, py(0, waiting)}, {1, native}, {2, py(2, waiting)}});
+  CHECK(refined.culprits == v.culprits);
+  refined = v;
+  RefineHangWithStacks(refined, {{0, py(0, waiting)}, {1, py(1, sleeping)}});
+  CHECK(refined.culprits == v.culprits);
+}
+
 TEST_CASE("the time series keeps at least 15 minutes at 2 s and stays bounded", "[metrics]") {
   Fixture f;
   std::int64_t steps = 0;

@@ -36,6 +36,15 @@ struct HangVerdict {
 
 HangVerdict FindHangCulprits(const std::vector<HangRank>& ranks);
 
+// When the counters cannot tell (every rank stopped at the same step: an
+// unmodified PyTorch script, whose ranks all wait for step N's all-reduce
+// while one never reaches it), the Python stacks can: a rank whose stack has
+// a frame in torch's autograd or torch.distributed (DDP's backward, a c10d
+// call) waits in a collective; the ranks without one are the culprits. The
+// verdict changes only when the stacks split the ranks into both groups, and
+// only on "python" stacks of every culprit; otherwise it stays as it is.
+void RefineHangWithStacks(HangVerdict& verdict, const std::map<int, StackDump>& stacks);
+
 // "0-3,5,7-8" for sorted ranks.
 std::string RankList(const std::vector<int>& sorted_ranks);
 
