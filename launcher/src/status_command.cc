@@ -9,6 +9,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "daemon_client.h"
 #include "ddprun/launcher/knobs.h"
 #include "ddprun/launcher/value_parsers.h"
 #include "ddprun/rendezvous/client.h"
@@ -42,8 +43,8 @@ std::string FormatStatusText(const std::vector<rendezvous::JobStatus>& jobs) {
     if (j.state == "gathering" && j.max_nodes > 0 && j.join_deadline_in_s > 0) {
       absl::StrAppend(&out, "  waiting for ", j.max_nodes, " nodes (", j.nodes.size(), " of ",
                       j.max_nodes, " have joined); the round fails at ",
-                      rendezvous::WallClockAfter(rendezvous::Seconds(j.join_deadline_in_s)), " (in ",
-                      static_cast<long>(j.join_deadline_in_s), " s) unless they join\n");
+                      rendezvous::WallClockAfter(rendezvous::Seconds(j.join_deadline_in_s)),
+                      " (in ", static_cast<long>(j.join_deadline_in_s), " s) unless they join\n");
     }
     // Hosts the daemon refuses for now, and why ("HOST: N worker failures, S s left").
     for (const auto& q : j.quarantined) absl::StrAppend(&out, "  quarantined ", q, "\n");
@@ -95,23 +96,12 @@ int RunStatusCommand(const std::vector<std::string>& args, std::ostream& out, st
       "restarts).",
       "ddprun status"};
   app.set_help_flag("-h,--help", "Print this help and exit");
-  std::string endpoint, job_id;
+  DaemonClientFlags flags;
+  std::string job_id;
   bool json = false;
-  double timeout_s = 5;
-  app.add_option("--rdzv_endpoint,--rdzv-endpoint", endpoint,
-                 absl::StrCat("ddprund to ask, HOST[:PORT] (port ", rendezvous::kDefaultRdzvPort,
-                              " by default; env PET_RDZV_ENDPOINT)"));
+  AddDaemonClientFlags(app, flags, "ddprund to ask");
   app.add_option("--rdzv_id,--rdzv-id", job_id, "Only this job");
   app.add_flag("--json", json, "Print JSON instead of a table");
-  app.add_option("--timeout", timeout_s, "Seconds to wait for the daemon")
-      ->check(CLI::Range(0.1, 3600.0));
-  // The agent's TLS knobs (knobs.h), with the same PET_ variables.
-  rendezvous::TlsOptions tls;
-  app.add_option("--tls_ca,--tls-ca", tls.ca_file,
-                 "PEM CA that signed ddprund's certificate: talk TLS (env PET_TLS_CA)");
-  app.add_option("--tls_cert,--tls-cert", tls.cert_file,
-                 "PEM client certificate for mutual TLS (env PET_TLS_CERT)");
-  app.add_option("--tls_key,--tls-key", tls.key_file, "PEM key of --tls_cert (env PET_TLS_KEY)");
   std::vector<std::string> rest(args.begin() + std::min<std::size_t>(2, args.size()), args.end());
   std::reverse(rest.begin(), rest.end());
   try {
@@ -123,55 +113,20 @@ int RunStatusCommand(const std::vector<std::string>& args, std::ostream& out, st
     err << "ddprun status: " << e.what() << "; see ddprun status --help" << std::endl;
     return kExitUsage;
   }
-  if (endpoint.empty()) {
-    if (const char* e = std::getenv("PET_RDZV_ENDPOINT"); e != nullptr) endpoint = e;
-  }
-  auto from_env = [](std::string& file, std::string& name, const char* flag) {
-    const std::string pet = PetName(flag);
-    if (!file.empty()) return;
-    if (const char* e = std::getenv(pet.c_str()); e != nullptr && *e != '\0') {
-      file = e;
-      name = absl::StrCat(pet, " (--", flag, ")");
-    }
-  };
-  from_env(tls.ca_file, tls.names.ca, "tls_ca");
-  from_env(tls.cert_file, tls.names.cert, "tls_cert");
-  from_env(tls.key_file, tls.names.key, "tls_key");
-  auto tls_config = rendezvous::LoadClientTls(tls);
-  if (!tls_config.ok()) {
-    err << "ddprun status: " << tls_config.status().message() << std::endl;
-    return kExitUsage;
-  }
-  if (endpoint.empty()) {
-    err << "ddprun status: --rdzv_endpoint is required; pass the daemon's HOST:PORT" << std::endl;
-    return kExitUsage;
-  }
-  // The same parsers, and so the same messages, as ddprun's own flags.
-  auto hp = ParseEndpoint(endpoint, rendezvous::kDefaultRdzvPort);
-  if (!hp.ok()) {
-    err << "ddprun status: --rdzv_endpoint " << hp.status().message() << std::endl;
-    return kExitUsage;
-  }
   if (!job_id.empty()) {
     if (auto id = ParseJobIdValue(job_id); !id.ok()) {
       err << "ddprun status: --rdzv_id " << id.status().message() << std::endl;
       return kExitUsage;
     }
   }
-  const std::string& host = hp->host;
-  const int port = hp->port;
-  const auto timeout =
-      std::chrono::duration_cast<rendezvous::Duration>(std::chrono::duration<double>(timeout_s));
-  auto client = rendezvous::RendezvousClient::Create(host, port, *tls_config);
-  if (absl::Status st = client->WaitForConnected(timeout); !st.ok()) {
-    if (rendezvous::IsTlsHandshakeError(st)) {
-      err << "ddprun status: " << st.message() << std::endl;
-      return kExitRendezvousError;
-    }
-    err << "ddprun status: cannot reach the rendezvous at " << rendezvous::FormatHostPort(*hp)
-        << " within " << timeout_s << " s; check that ddprund runs there" << std::endl;
-    return kExitRendezvousError;
+  auto daemon = ConnectToDaemon(flags);
+  if (!daemon.ok()) {
+    err << "ddprun status: " << daemon.status().message() << std::endl;
+    return ExitCodeOf(daemon.status());
   }
+  const rendezvous::HostPort* hp = &daemon->endpoint;
+  const auto timeout = daemon->timeout;
+  auto& client = daemon->client;
   auto jobs = client->Status(job_id, timeout);
   if (!jobs.ok()) {
     err << "ddprun status: " << jobs.status().message() << std::endl;

@@ -11,6 +11,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "daemon_client.h"
 #include "ddprun/launcher/value_parsers.h"
 #include "ddprun/rendezvous/client.h"
 #include "ddprun/rendezvous/errors.h"
@@ -77,18 +78,13 @@ int RunTopCommand(const std::vector<std::string>& args, std::ostream& out, std::
       "GPU, stragglers, hangs), refreshed every second.",
       "ddprun top"};
   app.set_help_flag("-h,--help", "Print this help and exit");
-  std::string endpoint, job_id;
+  DaemonClientFlags flags;
+  std::string job_id;
   bool once = false;
-  double timeout_s = 5;
-  app.add_option("--rdzv_endpoint,--rdzv-endpoint", endpoint,
-                 absl::StrCat("ddprund (or the agent hosting the rendezvous) to ask, "
-                              "HOST[:PORT] (port ",
-                              rendezvous::kDefaultRdzvPort, " by default; env PET_RDZV_ENDPOINT)"));
+  AddDaemonClientFlags(app, flags, "ddprund (or the agent hosting the rendezvous) to ask");
   app.add_option("--job,--rdzv_id,--rdzv-id", job_id,
                  "The job; optional when the daemon serves exactly one");
   app.add_flag("--once", once, "Print one snapshot and exit (for scripts)");
-  app.add_option("--timeout", timeout_s, "Seconds to wait for the daemon")
-      ->check(CLI::Range(0.1, 3600.0));
   std::vector<std::string> rest(args.begin() + std::min<std::size_t>(2, args.size()), args.end());
   std::reverse(rest.begin(), rest.end());
   try {
@@ -100,34 +96,20 @@ int RunTopCommand(const std::vector<std::string>& args, std::ostream& out, std::
     err << "ddprun top: " << e.what() << "; see ddprun top --help" << std::endl;
     return kExitUsage;
   }
-  if (endpoint.empty()) {
-    if (const char* e = std::getenv("PET_RDZV_ENDPOINT"); e != nullptr) endpoint = e;
-  }
-  if (endpoint.empty()) {
-    err << "ddprun top: --rdzv_endpoint is required; pass the daemon's HOST:PORT (ddprun prints "
-           "it when it hosts the rendezvous)"
-        << std::endl;
-    return kExitUsage;
-  }
-  auto hp = ParseEndpoint(endpoint, rendezvous::kDefaultRdzvPort);
-  if (!hp.ok()) {
-    err << "ddprun top: --rdzv_endpoint " << hp.status().message() << std::endl;
-    return kExitUsage;
-  }
   if (!job_id.empty()) {
     if (auto id = ParseJobIdValue(job_id); !id.ok()) {
       err << "ddprun top: --job " << id.status().message() << std::endl;
       return kExitUsage;
     }
   }
-  const auto timeout =
-      std::chrono::duration_cast<rendezvous::Duration>(std::chrono::duration<double>(timeout_s));
-  auto client = rendezvous::RendezvousClient::Create(hp->host, hp->port);
-  if (absl::Status st = client->WaitForConnected(timeout); !st.ok()) {
-    err << "ddprun top: cannot reach the rendezvous at " << rendezvous::FormatHostPort(*hp)
-        << " within " << timeout_s << " s; check that ddprund runs there" << std::endl;
-    return kExitRendezvousError;
+  auto daemon = ConnectToDaemon(flags);
+  if (!daemon.ok()) {
+    err << "ddprun top: " << daemon.status().message() << std::endl;
+    return ExitCodeOf(daemon.status());
   }
+  const rendezvous::HostPort* hp = &daemon->endpoint;
+  const auto timeout = daemon->timeout;
+  auto& client = daemon->client;
   if (job_id.empty()) {
     auto jobs = client->Status("", timeout);
     if (!jobs.ok()) {
