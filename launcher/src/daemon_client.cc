@@ -1,5 +1,6 @@
 #include "daemon_client.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 
@@ -25,6 +26,25 @@ void AddDaemonClientFlags(CLI::App& app, DaemonClientFlags& flags,
                  "PEM key of --tls_cert (env PET_TLS_KEY)");
   app.add_option("--timeout", flags.timeout_s, "Seconds to wait for the daemon")
       ->check(CLI::Range(0.1, 3600.0));
+}
+
+std::optional<int> ParseClientCommand(CLI::App& app, const std::vector<std::string>& args,
+                                      const std::string& command, std::ostream& out,
+                                      std::ostream& err) {
+  // CLI11 takes the arguments reversed, without "ddprun <command>".
+  std::vector<std::string> rest(args.begin() + std::min<std::size_t>(2, args.size()), args.end());
+  std::reverse(rest.begin(), rest.end());
+  try {
+    app.parse(rest);
+  } catch (const CLI::CallForHelp&) {
+    out << app.help();
+    return kExitSuccess;
+  } catch (const CLI::ParseError& e) {
+    err << "ddprun " << command << ": " << e.what() << "; see ddprun " << command << " --help"
+        << std::endl;
+    return kExitUsage;
+  }
+  return std::nullopt;
 }
 
 absl::StatusOr<DaemonConnection> ConnectToDaemon(DaemonClientFlags flags) {

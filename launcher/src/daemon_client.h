@@ -6,7 +6,10 @@
 #pragma once
 
 #include <memory>
+#include <optional>
+#include <ostream>
 #include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
@@ -26,6 +29,13 @@ struct DaemonClientFlags {
 // Registers the shared flags on `app`; `endpoint_help` says what is asked.
 void AddDaemonClientFlags(CLI::App& app, DaemonClientFlags& flags,
                           const std::string& endpoint_help);
+
+// Parses `args` (argv of `ddprun <command> ...`) into `app`. Returns the exit
+// code when the command is done (--help printed: 0; a parse error printed in
+// one line naming `command`: kExitUsage), nullopt to go on.
+std::optional<int> ParseClientCommand(CLI::App& app, const std::vector<std::string>& args,
+                                      const std::string& command, std::ostream& out,
+                                      std::ostream& err);
 
 struct DaemonConnection {
   rendezvous::HostPort endpoint;

@@ -102,17 +102,7 @@ int RunStatusCommand(const std::vector<std::string>& args, std::ostream& out, st
   AddDaemonClientFlags(app, flags, "ddprund to ask");
   app.add_option("--rdzv_id,--rdzv-id", job_id, "Only this job");
   app.add_flag("--json", json, "Print JSON instead of a table");
-  std::vector<std::string> rest(args.begin() + std::min<std::size_t>(2, args.size()), args.end());
-  std::reverse(rest.begin(), rest.end());
-  try {
-    app.parse(rest);
-  } catch (const CLI::CallForHelp&) {
-    out << app.help();
-    return kExitSuccess;
-  } catch (const CLI::ParseError& e) {
-    err << "ddprun status: " << e.what() << "; see ddprun status --help" << std::endl;
-    return kExitUsage;
-  }
+  if (auto done = ParseClientCommand(app, args, "status", out, err)) return *done;
   if (!job_id.empty()) {
     if (auto id = ParseJobIdValue(job_id); !id.ok()) {
       err << "ddprun status: --rdzv_id " << id.status().message() << std::endl;

@@ -85,17 +85,7 @@ int RunTopCommand(const std::vector<std::string>& args, std::ostream& out, std::
   app.add_option("--job,--rdzv_id,--rdzv-id", job_id,
                  "The job; optional when the daemon serves exactly one");
   app.add_flag("--once", once, "Print one snapshot and exit (for scripts)");
-  std::vector<std::string> rest(args.begin() + std::min<std::size_t>(2, args.size()), args.end());
-  std::reverse(rest.begin(), rest.end());
-  try {
-    app.parse(rest);
-  } catch (const CLI::CallForHelp&) {
-    out << app.help();
-    return kExitSuccess;
-  } catch (const CLI::ParseError& e) {
-    err << "ddprun top: " << e.what() << "; see ddprun top --help" << std::endl;
-    return kExitUsage;
-  }
+  if (auto done = ParseClientCommand(app, args, "top", out, err)) return *done;
   if (!job_id.empty()) {
     if (auto id = ParseJobIdValue(job_id); !id.ok()) {
       err << "ddprun top: --job " << id.status().message() << std::endl;

@@ -55,5 +55,10 @@ void ToProto(const RankSample& r, pb::RankSample* p);
 void ToProto(const StackDump& d, pb::StackDump* p);
 pb::MetricsReport ToProto(const MetricsReport& r);
 MetricsReply FromProto(const pb::MetricsReply& p);
+// The server's side. The report is bounded while it is copied (ranks, step
+// durations, scalars, stacks, events: metrics_hub.h's limits); the hub
+// validates the rest.
+MetricsReport FromProto(const pb::MetricsReport& p);
+void ToProto(const MetricsReply& r, pb::MetricsReply* p);
 
 }  // namespace ddprun::rendezvous
