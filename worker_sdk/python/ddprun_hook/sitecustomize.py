@@ -323,6 +323,21 @@ def _register_stacks(channel):
     faulthandler.register(signum, file=_register_stacks.file, all_threads=True, chain=False)
     channel.set_stack_signal(signum)
 
+    def _ignore_at_exit():
+        # The interpreter's finalisation drops faulthandler's handler and
+        # restores SIG_DFL, which would let a late stack request (a job that
+        # ends while the hub suspects a hang) kill an exiting worker. Runs
+        # last of the atexit handlers (registered first).
+        try:
+            channel.set_stack_signal(0)
+            faulthandler.unregister(signum)
+            signal.signal(signum, signal.SIG_IGN)
+        except Exception:
+            pass
+
+    import atexit
+    atexit.register(_ignore_at_exit)
+
 
 def _install():
     if os.environ.get("DDPRUN_PYTHON_HOOK", "1") == "0" or not os.environ.get("DDPRUN_METRICS_FILE"):
