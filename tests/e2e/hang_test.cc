@@ -57,6 +57,35 @@ TEST_CASE(
   CheckReportedInTime(out);
 }
 
+TEST_CASE(
+    "hang: --on_hang=restart restarts the round as the hung rank's failure, counted against "
+    "--max_restarts",
+    "[e2e][hang]") {
+  if (!TorchAvailable()) {
+    return SkipCase("e2e", kPython + " cannot import torch; install python3-torch");
+  }
+  Harness h;
+  // Rank 1 hangs in the first round only; the restarted round trains to the end.
+  Proc& p = h.StartDdprun("ddprun",
+                          {"--standalone", "--nproc_per_node=2", "--hang_timeout=4",
+                           "--on_hang=restart", "--max_restarts=1", kPython, kHangScript},
+                          {{"HANG_RANK", "1"}, {"HANG_AT_STEP", "5"}, {"HANG_RESTART", "0"}});
+  const int rc = h.Wait(p, 150);
+  const std::string out = p.Out() + p.Err();
+  INFO(out);
+  CHECK(rc == 0);
+  CHECK_THAT(out, Catch::Contains("culprit rank(s) 1:"));
+  CHECK_THAT(out, Catch::Contains("on_hang=restart"));
+  // The console says why the workers restart: rank 1 hung, one restart of one.
+  CHECK(std::regex_search(out, std::regex("restarting the workers: rank 1 on 127\\.0\\.0\\.1 "
+                                          "\\(pid [0-9]+\\) hung: no progress for "
+                                          "--hang_timeout \\(see the hang report\\) "
+                                          "\\(restart 1 of 1\\)")));
+  CHECK(out.find("worker failure on") == std::string::npos);
+  CHECK_THAT(out, Catch::Contains("restart 1"));  // the second round's start line
+  CheckReportedInTime(out);
+}
+
 TEST_CASE("hang: a C++ SDK trainer whose rank 0 skips its all-reduce is named with native frames",
           "[e2e][hang]") {
   Harness h;
