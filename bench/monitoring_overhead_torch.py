@@ -12,14 +12,16 @@ interquartile range and min..max over the pairs; the overhead is called
 noise when the IQR straddles zero.
 
 Then the hook's own cost per step, which the end-to-end figure bounds only
-as well as the noise allows: one process, world size 1 on gloo, MICRO_STEPS
-steps of the same tiny model without the sleep, the hook on (a metrics
-channel in a temporary file, the hook on PYTHONPATH) and off, in interleaved
-pairs; the difference of the median step times is the hook's microseconds
-per step, and its share of a 10 ms step.
+as well as the noise allows: one process under the hook (world size 1 on
+gloo, the same tiny model without the sleep, a metrics channel in a
+temporary file) switching between the hook's patches and the originals
+(DistributedDataParallel.forward, torch.autograd.backward, the optimizer
+hook returning at once) in interleaved blocks of 200 steps; the differences
+of the median step times are the hook's microseconds per step (step
+counting and samples; the DDP wait timing) and their share of a 10 ms step.
 
     bench/monitoring_overhead_torch.py [--build build] [--pairs 10] [--steps 400]
-        [--nproc 2] [--step_s 0.01]
+        [--nproc 2] [--step_s 0.01] [--micro_blocks 30]
 """
 import argparse
 import os
@@ -46,48 +48,69 @@ def run(args, hook):
 
 
 MICRO = r"""
-import os, tempfile, time, torch, torch.distributed as dist
+import os, statistics, time, torch, torch.distributed as dist
+import sitecustomize as hook  # ddprun's, first on PYTHONPATH
+import torch.nn.parallel.distributed as ddp_module
 dist.init_process_group("gloo", init_method="file://" + os.environ["STORE_FILE"], rank=0,
                         world_size=1)
 torch.manual_seed(0)
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 4))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 x = torch.randn(8, 16)
-marks = []
-for step in range(int(os.environ["MICRO_STEPS"])):
-    marks.append(time.perf_counter())
-    loss = model(x).pow(2).mean()
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-gaps = sorted(b - a for a, b in zip(marks[100:], marks[101:]))
-print("median_step %.9f" % gaps[len(gaps) // 2])
+DDP = ddp_module.DistributedDataParallel
+patched = (DDP.forward, torch.autograd.backward)
+plain = (DDP.forward.__wrapped__, torch.autograd.backward.__wrapped__)
+
+def mode(name):  # "on": the whole hook; "no_wait": without the DDP wait timing; "off": none
+    DDP.forward, torch.autograd.backward = plain if name == "off" else patched
+    hook._Wait.off = name != "on"
+    hook._State.explicit = name == "off"  # the optimizer hook returns at once
+
+def block(n):
+    marks = []
+    for _ in range(n):
+        marks.append(time.perf_counter())
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    gaps = sorted(b - a for a, b in zip(marks, marks[1:]))
+    return gaps[len(gaps) // 2]
+
+block(200)
+names = ["on", "no_wait", "off"]
+res = {n: [] for n in names}
+for i in range(int(os.environ["MICRO_BLOCKS"])):
+    for n in (names if i % 2 == 0 else names[::-1]):
+        mode(n)
+        res[n].append(block(200))
+for n in names:
+    print("%s %.9f" % (n, statistics.median(res[n])))
 """
 
 
-def micro(args, hook):
+def micro(args):
+    """The hook's per-step cost in one process: modes interleaved in blocks."""
     import tempfile
     with tempfile.TemporaryDirectory() as d:
+        channel = os.path.join(d, "channel")
+        b = bytearray(34176)
+        b[0:8] = b"DDPRMET1"
+        b[8:16] = (1).to_bytes(4, "little") + (34176).to_bytes(4, "little")
+        with open(channel, "wb") as f:
+            f.write(b)
+        py = os.path.join(args.build, "python")
         env = dict(os.environ, STORE_FILE=os.path.join(d, "store"),
-                   MICRO_STEPS=str(args.micro_steps))
-        env.pop("DDPRUN_METRICS_FILE", None)
-        if hook:
-            channel = os.path.join(d, "channel")
-            b = bytearray(34176)
-            b[0:8] = b"DDPRMET1"
-            b[8:16] = (1).to_bytes(4, "little") + (34176).to_bytes(4, "little")
-            with open(channel, "wb") as f:
-                f.write(b)
-            py = os.path.join(args.build, "python")
-            env.update(DDPRUN_METRICS_FILE=channel, DDPRUN_STACK_FILE=os.path.join(d, "stacks"),
-                       PYTHONPATH=os.path.join(py, "ddprun_hook") + ":" + py)
+                   MICRO_BLOCKS=str(args.micro_blocks), DDPRUN_METRICS_FILE=channel,
+                   DDPRUN_STACK_FILE=os.path.join(d, "stacks"),
+                   PYTHONPATH=os.path.join(py, "ddprun_hook") + ":" + py)
         p = subprocess.run([args.python, "-c", MICRO], env=env, capture_output=True, text=True,
                            timeout=600)
-        m = re.search(r"median_step ([0-9.]+)", p.stdout)
-        if p.returncode != 0 or m is None:
+        got = dict(re.findall(r"^(\w+) ([0-9.]+)$", p.stdout, re.M))
+        if p.returncode != 0 or len(got) != 3:
             sys.exit("the micro run failed (exit %d):\n%s%s" % (p.returncode, p.stdout,
                                                                   p.stderr))
-        return float(m.group(1))
+        return {k: float(v) for k, v in got.items()}
 
 
 def quartiles(xs):
@@ -98,6 +121,19 @@ def quartiles(xs):
     return q[0], q[2]
 
 
+def report_pairs(args, ratios, on_all, off_all):
+    med = statistics.median(ratios)
+    q1, q3 = quartiles(ratios)
+    verdict = "within noise (the IQR straddles 0)" if q1 <= 1 <= q3 else "measurable"
+    print("PyTorch DDP, %d ranks, %d steps of %.0f ms, %d interleaved pairs, load %.1f:" %
+          (args.nproc, args.steps, 1e3 * args.step_s, args.pairs, os.getloadavg()[0]))
+    print("  median step: on %.3f ms, off %.3f ms" %
+          (1e3 * statistics.median(on_all), 1e3 * statistics.median(off_all)))
+    print("  overhead (median of pair ratios) %+.2f %%, IQR %+.2f..%+.2f %%, min..max "
+          "%+.2f..%+.2f %%: %s" % (100 * (med - 1), 100 * (q1 - 1), 100 * (q3 - 1),
+                                   100 * (min(ratios) - 1), 100 * (max(ratios) - 1), verdict))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", default="build")
@@ -105,8 +141,7 @@ def main():
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--step_s", type=float, default=0.01)
-    ap.add_argument("--micro_pairs", type=int, default=5)
-    ap.add_argument("--micro_steps", type=int, default=3000)
+    ap.add_argument("--micro_blocks", type=int, default=30)
     ap.add_argument("--python", default=os.environ.get("PYTHON_EXEC", "/usr/bin/python3"))
     args = ap.parse_args()
     ratios, on_all, off_all = [], [], []
@@ -119,28 +154,15 @@ def main():
         print("pair %2d (%s first): on %.3f ms/step, off %.3f ms/step, on/off %.4f" %
               (i + 1, "on" if order[0] else "off", 1e3 * got[True], 1e3 * got[False],
                ratios[-1]), flush=True)
-    med = statistics.median(ratios)
-    q1, q3 = quartiles(ratios)
-    verdict = "within noise (the IQR straddles 0)" if q1 <= 1 <= q3 else "measurable"
-    print("PyTorch DDP, %d ranks, %d steps of %.0f ms, %d interleaved pairs, load %.1f:" %
-          (args.nproc, args.steps, 1e3 * args.step_s, args.pairs, os.getloadavg()[0]))
-    print("  median step: on %.3f ms, off %.3f ms" %
-          (1e3 * statistics.median(on_all), 1e3 * statistics.median(off_all)))
-    print("  overhead (median of pair ratios) %+.2f %%, IQR %+.2f..%+.2f %%, min..max "
-          "%+.2f..%+.2f %%: %s" % (100 * (med - 1), 100 * (q1 - 1), 100 * (q3 - 1),
-                                   100 * (min(ratios) - 1), 100 * (max(ratios) - 1), verdict))
-    diffs = []
-    for i in range(args.micro_pairs):
-        order = (True, False) if i % 2 == 0 else (False, True)
-        got = {hook: micro(args, hook) for hook in order}
-        diffs.append(got[True] - got[False])
-        print("micro pair %d: on %.1f us/step, off %.1f us/step, hook %+.1f us" %
-              (i + 1, 1e6 * got[True], 1e6 * got[False], 1e6 * diffs[-1]), flush=True)
-    d = statistics.median(diffs)
-    q1, q3 = quartiles(diffs)
-    print("  the hook per step (world 1, no sleep, median of %d pairs): %+.1f us (IQR %+.1f..%+.1f),"
-          " %.3f %% of a %.0f ms step" % (args.micro_pairs, 1e6 * d, 1e6 * q1, 1e6 * q3,
-                                          100 * d / args.step_s, 1e3 * args.step_s))
+    if ratios:
+        report_pairs(args, ratios, on_all, off_all)
+    m = micro(args)
+    print("the hook per step, in one process (world 1, no sleep, %d interleaved blocks of 200 "
+          "steps, medians): off %.1f us, steps+samples %+.1f us, + DDP wait timing %+.1f us;"
+          " all of it %.3f %% of a %.0f ms step" %
+          (args.micro_blocks, 1e6 * m["off"], 1e6 * (m["no_wait"] - m["off"]),
+           1e6 * (m["on"] - m["no_wait"]), 100 * (m["on"] - m["off"]) / args.step_s,
+           1e3 * args.step_s))
 
 
 if __name__ == "__main__":
