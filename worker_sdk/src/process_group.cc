@@ -275,8 +275,22 @@ absl::StatusOr<std::shared_ptr<Backend>> InitBackend(const InitOptions& in) {
   tls_files.names = {ddprun::kEnvTlsCa, ddprun::kEnvTlsCert, ddprun::kEnvTlsKey, ""};
   absl::StatusOr<rdzv::TlsConfig> tls = rdzv::LoadClientTls(tls_files);
   if (!tls.ok()) return absl::InvalidArgumentError(absl::StrCat(fence, tls.status().message()));
+  // Replicas (docs/ha.md): DDPRUN_STORE_ADDR first, then the others in the
+  // agent's order; the store moves on when one stops serving.
+  std::vector<rdzv::HostPort> replicas{addr};
+  if (const char* list = std::getenv(ddprun::kEnvStoreReplicas); list != nullptr && *list) {
+    auto parsed = rdzv::ParseHostPortList(list);
+    if (!parsed.ok()) {
+      return EnvError(absl::StrCat(ddprun::kEnvStoreReplicas, "='", list,
+                                   "' is not host:port,host:port (", parsed.status().message(),
+                                   ")."));
+    }
+    for (const rdzv::HostPort& hp : *parsed) {
+      if (hp.host != addr.host || hp.port != addr.port) replicas.push_back(hp);
+    }
+  }
   auto store = std::make_shared<rdzv::GrpcStore>(
-      addr.host, addr.port, rdzv::StoreScope{info.job_id, token ? token : "", info.round}, *tls);
+      replicas, rdzv::StoreScope{info.job_id, token ? token : "", info.round}, *tls);
   // A refused handshake fails now, naming the fix, instead of at the first
   // call's deadline; a store that is merely slow to answer is waited for.
   if (absl::Status st = store->CheckTls(kTlsCheckTimeout); !st.ok()) {
