@@ -213,8 +213,10 @@ TlsFinding ProbeTls(const std::string& host, int port, const TlsConfig& tls, Dur
   }
   if (verify != X509_V_OK) return {TlsProblem::kUntrusted, X509_verify_cert_error_string(verify)};
   if (seen.alert >= 0) {
-    if (!have_cert &&
-        (seen.alert == kAlertCertificateRequired || seen.alert == kAlertHandshakeFailure)) {
+    // We sent no certificate: an alert after the server asked for one (Go's
+    // TLS, etcd's, says bad_certificate) means that it requires one.
+    if (!have_cert && (seen.alert == kAlertCertificateRequired ||
+                       seen.alert == kAlertHandshakeFailure || seen.cert_request)) {
       return {TlsProblem::kClientCertMissing, ""};
     }
     return {TlsProblem::kClientCertRefused, AlertName(seen.alert)};

@@ -10,6 +10,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <set>
 #include <string>
 #include <vector>
@@ -106,6 +107,11 @@ TEST_CASE(
   // The agents' connections to it are silent: keepalive (2 s + 3 s) notices.
   const bool reattached = WaitReattached(agents, 15);
   const double took_agents = SecondsSince(cut_at);
+  // For docs/ha.md's figures (timings are never asserted tightly here).
+  std::fprintf(stderr,
+               "ha partition: link down -> standby leads %.2f s, cut-off leader exits %.2f s, "
+               "both agents re-attached %.2f s\n",
+               took_lead, cut_exit, took_agents);
   INFO("link down -> standby leads " << took_lead << " s, cut-off leader exits " << cut_exit
                                      << " s, both agents re-attached " << took_agents << " s");
   INFO("r_cut stderr:\n" << cut.proc->Err() << "\nr_hub stderr:\n" << standby.proc->Err());
