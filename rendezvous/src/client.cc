@@ -379,10 +379,30 @@ GrpcStore::GrpcStore(const std::vector<HostPort>& replicas, StoreScope scope,
     : impl_(std::make_unique<Impl>(replicas, std::move(scope), tls)) {}
 GrpcStore::~GrpcStore() = default;
 
+HostPort GrpcStore::endpoint() const {
+  const Impl::Endpoint& ep = impl_->eps_[impl_->current_.load()];
+  return HostPort{ep.host, ep.port};
+}
+
 absl::Status GrpcStore::CheckTls(Duration timeout) {
-  const Impl::Endpoint& ep = impl_->eps_[0];
-  const absl::Status st = WaitOrDiagnose(*ep.channel, ep.host, ep.port, impl_->tls_, timeout);
-  return IsTlsHandshakeError(st) ? st : absl::OkStatus();
+  if (impl_->eps_.size() == 1) {
+    const Impl::Endpoint& ep = impl_->eps_[0];
+    const absl::Status st = WaitOrDiagnose(*ep.channel, ep.host, ep.port, impl_->tls_, timeout);
+    return IsTlsHandshakeError(st) ? st : absl::OkStatus();
+  }
+  // Replicas: done once one connects (a dead one is not waited for).
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    for (const Impl::Endpoint& ep : impl_->eps_) {
+      const Duration left = deadline - std::chrono::steady_clock::now();
+      if (left <= Duration::zero()) break;
+      if (ep.channel->WaitForConnected(DeadlineAfter(std::min(left, kReplicaSlice)))) {
+        return absl::OkStatus();
+      }
+      DDPRUN_RETURN_IF_ERROR(DiagnoseTls(ep.host, ep.port, impl_->tls_, kReplicaSlice));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status GrpcStore::Set(const std::string& key, const std::string& value) {

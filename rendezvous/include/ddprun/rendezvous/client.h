@@ -78,6 +78,8 @@ class GrpcStore final : public Store {
   // the TLS handshake is refused, as RendezvousClient::WaitForConnected.
   absl::Status CheckTls(Duration timeout);
   ~GrpcStore() override;
+  // The replica that answered last (the first one until a call answered).
+  HostPort endpoint() const;
   absl::Status Set(const std::string& key, const std::string& value) override;
   absl::StatusOr<std::string> Get(const std::string& key, Duration timeout) override;
   absl::StatusOr<std::int64_t> Add(const std::string& key, std::int64_t delta) override;
