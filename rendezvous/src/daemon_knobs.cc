@@ -43,76 +43,75 @@ absl::Status NonEmpty(const std::string& text, const char* what) {
   return absl::OkStatus();
 }
 
-// Each setter: (text, source, settings) -> Status.
-absl::Status Host(const std::string& t, const std::string&, DaemonSettings& o) {
-  if (absl::Status s = NonEmpty(t, "an address such as 0.0.0.0"); !s.ok()) return s;
-  o.server.host = t;
+// The stores shared by the setters below: check, then write one field.
+absl::Status StoreText(const std::string& t, const char* what, std::string& field) {
+  if (absl::Status s = NonEmpty(t, what); !s.ok()) return s;
+  field = t;
   return absl::OkStatus();
 }
-absl::Status Port(const std::string& t, const std::string&, DaemonSettings& o) {
-  auto v = Integer(t, 0, kMaxPort, "a port (0 lets the OS pick one)");
+template <typename Int>
+absl::Status StoreInt(const std::string& t, long min, long max, const char* what, Int& field) {
+  auto v = Integer(t, min, max, what);
   if (!v.ok()) return v.status();
-  o.server.port = static_cast<int>(*v);
+  field = static_cast<Int>(*v);
   return absl::OkStatus();
 }
-absl::Status StateDir(const std::string& t, const std::string&, DaemonSettings& o) {
-  if (absl::Status s = NonEmpty(t, "a directory"); !s.ok()) return s;
-  o.server.state_dir = t;
-  return absl::OkStatus();
-}
-absl::Status LeaseTimeout(const std::string& t, const std::string&, DaemonSettings& o) {
-  auto v = SecondsIn(t, 0.2, 3600);
+absl::Status StoreSeconds(const std::string& t, double min, double max, Duration& field) {
+  auto v = SecondsIn(t, min, max);
   if (!v.ok()) return v.status();
-  o.server.lease_timeout = Seconds(*v);
-  return absl::OkStatus();
-}
-absl::Status ReattachTimeout(const std::string& t, const std::string&, DaemonSettings& o) {
-  auto v = SecondsIn(t, 0.1, 3600);
-  if (!v.ok()) return v.status();
-  o.server.reattach_timeout = Seconds(*v);
-  return absl::OkStatus();
-}
-absl::Status QuarantineFailures(const std::string& t, const std::string&, DaemonSettings& o) {
-  auto v = Integer(t, 0, 1'000'000, "a number of failures (0: never)");
-  if (!v.ok()) return v.status();
-  o.server.quarantine.failures = static_cast<int>(*v);
-  return absl::OkStatus();
-}
-absl::Status QuarantineCooldown(const std::string& t, const std::string&, DaemonSettings& o) {
-  auto v = SecondsIn(t, 0, 1e7);
-  if (!v.ok()) return v.status();
-  o.server.quarantine.cooldown = Seconds(*v);
+  field = Seconds(*v);
   return absl::OkStatus();
 }
 // A file path; its contents are checked later by the TLS loader, which names
-// `source`.
-absl::Status File(const std::string& t, std::string& path, std::string& name,
-                  const std::string& source) {
+// `source` (so the file's field and the name that messages use go together).
+absl::Status StoreFile(const std::string& t, const std::string& source, std::string& path,
+                       std::string& name) {
   if (absl::Status s = NonEmpty(t, "the path of a PEM file"); !s.ok()) return s;
   path = t;
   name = source;
   return absl::OkStatus();
 }
-absl::Status TlsCert(const std::string& t, const std::string& src, DaemonSettings& o) {
-  return File(t, o.tls.cert_file, o.tls.names.cert, src);
+
+// Each setter: (text, source, settings) -> Status.
+using T = const std::string&;
+absl::Status Host(T t, T, DaemonSettings& o) {
+  return StoreText(t, "an address such as 0.0.0.0", o.server.host);
 }
-absl::Status TlsKey(const std::string& t, const std::string& src, DaemonSettings& o) {
-  return File(t, o.tls.key_file, o.tls.names.key, src);
+absl::Status Port(T t, T, DaemonSettings& o) {
+  return StoreInt(t, 0, kMaxPort, "a port (0 lets the OS pick one)", o.server.port);
 }
-absl::Status TlsClientCa(const std::string& t, const std::string& src, DaemonSettings& o) {
-  if (absl::Status s = File(t, o.tls.client_ca_file, o.tls.names.client_ca, src); !s.ok()) {
-    return s;
-  }
-  o.server.client_ca_flag = src;
-  return absl::OkStatus();
+absl::Status StateDir(T t, T, DaemonSettings& o) {
+  return StoreText(t, "a directory", o.server.state_dir);
 }
-absl::Status DashboardPort(const std::string& t, const std::string&, DaemonSettings& o) {
+absl::Status LeaseTimeout(T t, T, DaemonSettings& o) {
+  return StoreSeconds(t, 0.2, 3600, o.server.lease_timeout);
+}
+absl::Status ReattachTimeout(T t, T, DaemonSettings& o) {
+  return StoreSeconds(t, 0.1, 3600, o.server.reattach_timeout);
+}
+absl::Status QuarantineFailures(T t, T, DaemonSettings& o) {
+  return StoreInt(t, 0, 1'000'000, "a number of failures (0: never)", o.server.quarantine.failures);
+}
+absl::Status QuarantineCooldown(T t, T, DaemonSettings& o) {
+  return StoreSeconds(t, 0, 1e7, o.server.quarantine.cooldown);
+}
+absl::Status TlsCert(T t, T src, DaemonSettings& o) {
+  return StoreFile(t, src, o.tls.cert_file, o.tls.names.cert);
+}
+absl::Status TlsKey(T t, T src, DaemonSettings& o) {
+  return StoreFile(t, src, o.tls.key_file, o.tls.names.key);
+}
+absl::Status TlsClientCa(T t, T src, DaemonSettings& o) {
+  o.server.client_ca_flag = src;  // the refusal log names it
+  return StoreFile(t, src, o.tls.client_ca_file, o.tls.names.client_ca);
+}
+absl::Status DashboardPort(T t, T, DaemonSettings& o) {
   auto v = ParseDashboardPort(t);
   if (!v.ok()) return v.status();
   o.server.dashboard_port = *v;
   return absl::OkStatus();
 }
-absl::Status EtcdEndpoints(const std::string& t, const std::string&, DaemonSettings& o) {
+absl::Status EtcdEndpoints(T t, T, DaemonSettings& o) {
   auto list = ParseHostPortList(t, {.default_port = 2379});
   if (!list.ok()) {
     return Bad(std::string(list.status().message()),
@@ -121,30 +120,24 @@ absl::Status EtcdEndpoints(const std::string& t, const std::string&, DaemonSetti
   o.server.etcd_endpoints = *std::move(list);
   return absl::OkStatus();
 }
-absl::Status EtcdPrefix(const std::string& t, const std::string&, DaemonSettings& o) {
-  if (absl::Status s = NonEmpty(t, "a key prefix such as /ddprun"); !s.ok()) return s;
-  o.server.etcd_prefix = t;  // its form is checked when the replica starts
-  return absl::OkStatus();
+absl::Status EtcdPrefix(T t, T, DaemonSettings& o) {
+  // Its form is checked when the replica starts (NormalizeEtcdPrefix).
+  return StoreText(t, "a key prefix such as /ddprun", o.server.etcd_prefix);
 }
-absl::Status EtcdLeaseTtl(const std::string& t, const std::string&, DaemonSettings& o) {
-  auto v = Integer(t, 1, 3600, "whole seconds, e.g. 2");
-  if (!v.ok()) return v.status();
-  o.server.etcd_lease_ttl_s = *v;
-  return absl::OkStatus();
+absl::Status EtcdLeaseTtl(T t, T, DaemonSettings& o) {
+  return StoreInt(t, 1, 3600, "whole seconds, e.g. 2", o.server.etcd_lease_ttl_s);
 }
-absl::Status Advertise(const std::string& t, const std::string&, DaemonSettings& o) {
-  if (absl::Status s = NonEmpty(t, "HOST:PORT as agents reach this replica"); !s.ok()) return s;
-  o.server.advertise = t;
-  return absl::OkStatus();
+absl::Status Advertise(T t, T, DaemonSettings& o) {
+  return StoreText(t, "HOST:PORT as agents reach this replica", o.server.advertise);
 }
-absl::Status EtcdCa(const std::string& t, const std::string& src, DaemonSettings& o) {
-  return File(t, o.server.etcd_tls.ca_file, o.server.etcd_tls.names.ca, src);
+absl::Status EtcdCa(T t, T src, DaemonSettings& o) {
+  return StoreFile(t, src, o.server.etcd_tls.ca_file, o.server.etcd_tls.names.ca);
 }
-absl::Status EtcdCert(const std::string& t, const std::string& src, DaemonSettings& o) {
-  return File(t, o.server.etcd_tls.cert_file, o.server.etcd_tls.names.cert, src);
+absl::Status EtcdCert(T t, T src, DaemonSettings& o) {
+  return StoreFile(t, src, o.server.etcd_tls.cert_file, o.server.etcd_tls.names.cert);
 }
-absl::Status EtcdKey(const std::string& t, const std::string& src, DaemonSettings& o) {
-  return File(t, o.server.etcd_tls.key_file, o.server.etcd_tls.names.key, src);
+absl::Status EtcdKey(T t, T src, DaemonSettings& o) {
+  return StoreFile(t, src, o.server.etcd_tls.key_file, o.server.etcd_tls.names.key);
 }
 
 }  // namespace

@@ -18,7 +18,6 @@
 using namespace ddprun::test;
 namespace rdzv = ddprun::rendezvous;
 
-
 TEST_CASE(
     "ha: kill -9 the leading replica mid-job, then fail a worker: the other replica "
     "serves, store keys survive, workers untouched",
@@ -31,17 +30,14 @@ TEST_CASE(
   REQUIRE(leader >= 0);
   const std::string pids = h.PidDir("pids");
   const std::string out = h.MakeDir("out");
-  std::vector<Proc*> agents;
-  for (int i = 0; i < 2; ++i) {
-    agents.push_back(&h.StartDdprun("node" + std::to_string(i),
-                                    JobFlags(Endpoints(replicas), "hajob", i),
-                                    {{"FIXTURE_PIDFILE_DIR", pids},
-                                     {"FIXTURE_OUT_DIR", out},
-                                     {"FIXTURE_SLEEP_MS", "4000"},
-                                     {"FIXTURE_FAIL_RANK", "3"},
-                                     {"FIXTURE_FAIL_ONLY_RESTART", "0"},
-                                     {"FIXTURE_EXIT_CODE", "7"}}));
-  }
+  const std::vector<Proc*> agents =
+      StartTwoNodeJob(h, {Endpoints(replicas), Endpoints(replicas)}, "hajob",
+                      {{"FIXTURE_PIDFILE_DIR", pids},
+                       {"FIXTURE_OUT_DIR", out},
+                       {"FIXTURE_SLEEP_MS", "4000"},
+                       {"FIXTURE_FAIL_RANK", "3"},
+                       {"FIXTURE_FAIL_ONLY_RESTART", "0"},
+                       {"FIXTURE_EXIT_CODE", "7"}});
   const std::vector<pid_t> workers = h.WaitForPids(pids, 4, 20);
   // A key in the job's store (a worker's view: token and round of its env).
   std::vector<Record> first;
@@ -101,14 +97,12 @@ TEST_CASE("ha: two agents failing at once, each starting at a different replica:
   const std::string out = h.MakeDir("out");
   // Node 0 lists r0 first, node 1 lists r1 first: one of them starts at the standby.
   const std::vector<std::string> lists{Endpoints(replicas), Endpoints({replicas[1], replicas[0]})};
-  std::vector<Proc*> agents;
-  for (int i = 0; i < 2; ++i) {
-    agents.push_back(&h.StartDdprun("node" + std::to_string(i), JobFlags(lists[i], "both", i, "3"),
-                                    {{"FIXTURE_OUT_DIR", out},
-                                     {"FIXTURE_SLEEP_MS", "300"},
-                                     {"FIXTURE_FAIL_ONLY_RESTART", "0"},
-                                     {"FIXTURE_EXIT_CODE", "5"}}));
-  }
+  const std::vector<Proc*> agents = StartTwoNodeJob(h, lists, "both",
+                                                    {{"FIXTURE_OUT_DIR", out},
+                                                     {"FIXTURE_SLEEP_MS", "300"},
+                                                     {"FIXTURE_FAIL_ONLY_RESTART", "0"},
+                                                     {"FIXTURE_EXIT_CODE", "5"}},
+                                                    "3");
   for (Proc* a : agents) {
     INFO(a->name << " stderr:\n" << a->Err());
     CHECK(h.Wait(*a, 30) == 0);
@@ -183,17 +177,14 @@ TEST_CASE(
   REQUIRE(leader >= 0);
   const std::string pids = h.PidDir("pids");
   const std::string out = h.MakeDir("out");
-  std::vector<Proc*> agents;
-  for (int i = 0; i < 2; ++i) {
-    agents.push_back(&h.StartDdprun("node" + std::to_string(i),
-                                    JobFlags(Endpoints(replicas), "quorum", i),
-                                    {{"FIXTURE_PIDFILE_DIR", pids},
-                                     {"FIXTURE_OUT_DIR", out},
-                                     {"FIXTURE_SLEEP_MS", "7000"},
-                                     {"FIXTURE_FAIL_RANK", "0"},
-                                     {"FIXTURE_FAIL_ONLY_RESTART", "0"},
-                                     {"FIXTURE_EXIT_CODE", "3"}}));
-  }
+  const std::vector<Proc*> agents =
+      StartTwoNodeJob(h, {Endpoints(replicas), Endpoints(replicas)}, "quorum",
+                      {{"FIXTURE_PIDFILE_DIR", pids},
+                       {"FIXTURE_OUT_DIR", out},
+                       {"FIXTURE_SLEEP_MS", "7000"},
+                       {"FIXTURE_FAIL_RANK", "0"},
+                       {"FIXTURE_FAIL_ONLY_RESTART", "0"},
+                       {"FIXTURE_EXIT_CODE", "3"}});
   const std::vector<pid_t> workers = h.WaitForPids(pids, 4, 20);
   // Kill etcd's leader: the others elect one within ~1 s; nothing is lost.
   const int etcd_leader = etcd.Leader();

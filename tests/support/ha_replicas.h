@@ -62,4 +62,17 @@ inline std::vector<std::string> JobFlags(const std::string& endpoints, const std
           FixtureWorker()};
 }
 
+// Starts the two agents of JobFlags' job (node0, node1) with `env` for their
+// workers; returns them in node order.
+inline std::vector<Proc*> StartTwoNodeJob(Harness& h, const std::vector<std::string>& endpoints,
+                                          const std::string& id, const EnvList& env,
+                                          const std::string& restarts = "1") {
+  std::vector<Proc*> agents;
+  for (int i = 0; i < 2; ++i) {
+    agents.push_back(
+        &h.StartDdprun("node" + std::to_string(i), JobFlags(endpoints[i], id, i, restarts), env));
+  }
+  return agents;
+}
+
 }  // namespace ddprun::test
