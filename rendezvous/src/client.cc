@@ -11,9 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "ddprun/rendezvous/debug_log.h"
 #include "ddprun/rendezvous/errors.h"
-#include "ddprun/rendezvous/status_macros.h"
 #include "ddprun/rendezvous/host_port.h"
 #include "ddprun/rendezvous/server.h"
+#include "ddprun/rendezvous/status_macros.h"
 #include "ddprun/v1/ddprun.grpc.pb.h"
 #include "proto_convert.h"
 #include "tls_credentials.h"
@@ -324,8 +324,7 @@ class GrpcStore::Impl {
       const Duration left = deadline - std::chrono::steady_clock::now();
       if (left <= Duration::zero()) {
         return absl::DeadlineExceededError(absl::StrCat(
-            "no replica of the store answered in time (last: ", last.empty() ? "none" : last,
-            ")"));
+            "no replica of the store answered in time (last: ", last.empty() ? "none" : last, ")"));
       }
       if (tried > 0 && tried % eps_.size() == 0) {
         std::this_thread::sleep_for(std::min(left, kReplicaRoundPause));
@@ -346,10 +345,10 @@ class GrpcStore::Impl {
       if (st.error_code() == grpc::StatusCode::UNAVAILABLE) {
         const bool from_server = SentByServer(st);
         if (!from_server && !repeatable) {
-          return absl::UnavailableError(absl::StrCat(
-              "lost the connection to the store at ", ep.target,
-              " during a call that is not repeated (it may have been applied): ",
-              st.error_message()));
+          return absl::UnavailableError(
+              absl::StrCat("lost the connection to the store at ", ep.target,
+                           " during a call that is not repeated (it may have been applied): ",
+                           st.error_message()));
         }
         DDPRUN_DEBUG_LOG(kStore) << "store replica " << ep.target << ": " << st.error_message()
                                  << "; trying the next one";
@@ -358,8 +357,7 @@ class GrpcStore::Impl {
         continue;
       }
       if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && !SentByServer(st)) {
-        return absl::DeadlineExceededError("the store at " + ep.target +
-                                           " did not answer in time");
+        return absl::DeadlineExceededError("the store at " + ep.target + " did not answer in time");
       }
       current_.store(i);
       return FromGrpc(st);
@@ -374,8 +372,7 @@ class GrpcStore::Impl {
 
 GrpcStore::GrpcStore(const std::string& host, int port, StoreScope scope, const TlsConfig& tls)
     : impl_(std::make_unique<Impl>(std::vector<HostPort>{{host, port}}, std::move(scope), tls)) {}
-GrpcStore::GrpcStore(const std::vector<HostPort>& replicas, StoreScope scope,
-                     const TlsConfig& tls)
+GrpcStore::GrpcStore(const std::vector<HostPort>& replicas, StoreScope scope, const TlsConfig& tls)
     : impl_(std::make_unique<Impl>(replicas, std::move(scope), tls)) {}
 GrpcStore::~GrpcStore() = default;
 
@@ -448,9 +445,8 @@ absl::StatusOr<bool> GrpcStore::CompareSet(const std::string& key,
   }
   req.set_desired(desired);
   pb::CompareSetResponse resp;
-  DDPRUN_RETURN_IF_ERROR(
-      impl_->Call(&pb::Store::Stub::CompareSet, req, &resp, kDefaultCallTimeout,
-                  /*repeatable=*/false));
+  DDPRUN_RETURN_IF_ERROR(impl_->Call(&pb::Store::Stub::CompareSet, req, &resp, kDefaultCallTimeout,
+                                     /*repeatable=*/false));
   if (current) *current = resp.current();
   return resp.swapped();
 }

@@ -37,19 +37,19 @@ absl::StatusOr<DaemonConfigFile> ParseDaemonConfig(const std::string& text,
   if (root.IsNull()) return file;  // an empty file (or comments only) sets nothing
   if (!root.IsMap()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(path, ":1:1: (top level): must be a mapping of settings; write key: value "
-                           "lines such as port: 29400 (see configs/ddprund.yaml)"));
+        absl::StrCat(path,
+                     ":1:1: (top level): must be a mapping of settings; write key: value "
+                     "lines such as port: 29400 (see configs/ddprund.yaml)"));
   }
   for (const auto& kv : root) {
     const std::string key = kv.first.Scalar();
     const std::string at = Where(path, kv.first.Mark());
     if (FindDaemonKnob(key) == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(at, ": ", key, ": unknown key; ddprund knows ",
-                                                     KnownKeys()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(at, ": ", key, ": unknown key; ddprund knows ", KnownKeys()));
     }
     if (file.values.count(key) > 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(at, ": ", key, ": given twice; keep one"));
+      return absl::InvalidArgumentError(absl::StrCat(at, ": ", key, ": given twice; keep one"));
     }
     const YAML::Node& v = kv.second;
     std::string value;
@@ -59,16 +59,16 @@ absl::StatusOr<DaemonConfigFile> ParseDaemonConfig(const std::string& text,
       std::vector<std::string> items;
       for (const auto& item : v) {
         if (!item.IsScalar()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              Where(path, item.Mark()), ": ", key, ": each member must be one HOST:PORT"));
+          return absl::InvalidArgumentError(absl::StrCat(Where(path, item.Mark()), ": ", key,
+                                                         ": each member must be one HOST:PORT"));
         }
         items.push_back(item.Scalar());
       }
       value = absl::StrJoin(items, ",");
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          Where(path, v.Mark()), ": ", key, ": must be a single value",
-          key == "etcd_endpoints" ? " or a list of HOST:PORT" : ""));
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(path, v.Mark()), ": ", key, ": must be a single value",
+                       key == "etcd_endpoints" ? " or a list of HOST:PORT" : ""));
     }
     file.values[key] = value;
     file.where[key] = Where(path, v.Mark());
@@ -80,7 +80,8 @@ absl::StatusOr<DaemonConfigFile> ReadDaemonConfig(const std::string& path) {
   std::string text;
   FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) {
-    return absl::InvalidArgumentError(path + ": cannot read the config file; check the --config path");
+    return absl::InvalidArgumentError(path +
+                                      ": cannot read the config file; check the --config path");
   }
   char buf[4096];
   std::size_t n;

@@ -31,9 +31,9 @@ absl::StatusOr<double> SecondsIn(const std::string& text, double min, double max
   char* end = nullptr;
   const double v = std::strtod(text.c_str(), &end);
   if (text.empty() || *end != '\0' || !std::isfinite(v) || v < min || v > max) {
-    return Bad(absl::StrCat("must be a number of seconds in ", min, "..", max, ", got '", text,
-                            "'"),
-               "write seconds, e.g. 4 or 0.5");
+    return Bad(
+        absl::StrCat("must be a number of seconds in ", min, "..", max, ", got '", text, "'"),
+        "write seconds, e.g. 4 or 0.5");
   }
   return v;
 }

@@ -487,10 +487,9 @@ absl::Status EtcdClient::DiagnoseTls(Duration timeout) const {
       case TlsProblem::kNone:
         continue;
       case TlsProblem::kServerNotTls:
-        return TlsHandshakeError(
-            target, "etcd does not speak TLS and this ddprund asks for it",
-            absl::StrCat("drop ", n.ca, " (and ", n.cert, "/", n.key,
-                         "), or serve etcd with --cert-file and --key-file"));
+        return TlsHandshakeError(target, "etcd does not speak TLS and this ddprund asks for it",
+                                 absl::StrCat("drop ", n.ca, " (and ", n.cert, "/", n.key,
+                                              "), or serve etcd with --cert-file and --key-file"));
       case TlsProblem::kServerRequiresTls:
         return TlsHandshakeError(
             target, "etcd requires TLS and this ddprund connects in plaintext",
@@ -517,7 +516,8 @@ absl::Status EtcdClient::DiagnoseTls(Duration timeout) const {
             target,
             absl::StrCat("etcd refused this ddprund's client certificate (mutual TLS",
                          found.detail.empty() ? "" : ": " + found.detail, ")"),
-            absl::StrCat("check ", n.cert, ": it must be signed by the CA of etcd's "
+            absl::StrCat("check ", n.cert,
+                         ": it must be signed by the CA of etcd's "
                          "--trusted-ca-file"));
     }
   }

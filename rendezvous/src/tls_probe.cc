@@ -236,8 +236,9 @@ absl::Status DiagnoseTls(const std::string& host, int port, const TlsConfig& tls
     case TlsProblem::kNone:
       return absl::OkStatus();
     case TlsProblem::kServerNotTls:
-      return TlsHandshakeError(target, "the server does not speak TLS",
-                               "start it with --tls_cert and --tls_key, or connect without --tls_ca");
+      return TlsHandshakeError(
+          target, "the server does not speak TLS",
+          "start it with --tls_cert and --tls_key, or connect without --tls_ca");
     case TlsProblem::kServerRequiresTls:
       return TlsHandshakeError(
           target, "the server requires TLS and this client connects in plaintext",

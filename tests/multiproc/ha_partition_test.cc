@@ -45,9 +45,8 @@ Replica StartReplicaIn(Harness& h, const NetPair& net, int which, const std::str
 bool WaitReattached(const std::vector<Proc*>& agents, double timeout_s) {
   const auto t0 = Clock::now();
   do {
-    if (std::all_of(agents.begin(), agents.end(), [](Proc* a) {
-          return a->Err().find("re-attached") != std::string::npos;
-        }))
+    if (std::all_of(agents.begin(), agents.end(),
+                    [](Proc* a) { return a->Err().find("re-attached") != std::string::npos; }))
       return true;
     SleepMs(20);
   } while (SecondsSince(t0) < timeout_s);
@@ -76,8 +75,8 @@ TEST_CASE(
   Replica cut = StartReplicaIn(h, net, 2, "r_cut", etcd);
   REQUIRE(WaitLeader({cut}, 10) == 0);
   Replica standby = StartReplicaIn(h, net, 1, "r_hub", etcd);
-  const std::string endpoints = net.addr2() + ":" + std::to_string(cut.port) + "," +
-                                net.addr1() + ":" + std::to_string(standby.port);
+  const std::string endpoints = net.addr2() + ":" + std::to_string(cut.port) + "," + net.addr1() +
+                                ":" + std::to_string(standby.port);
   const std::string pids = h.PidDir("pids");
   const std::string out = h.MakeDir("out");
   std::vector<Proc*> agents;

@@ -290,9 +290,9 @@ TEST_CASE(
   };
   std::vector<Proc*> procs;
   for (const Refusal& r : refusals) {
-    std::vector<std::string> argv{Ddprund(),         "--dashboard_port",  "0", "--host",
-                                  "127.0.0.1",       "--port",            "0",
-                                  "--etcd_endpoints", etcd.endpoints()};
+    std::vector<std::string> argv{Ddprund(), "--dashboard_port", "0",
+                                  "--host",  "127.0.0.1",        "--port",
+                                  "0",       "--etcd_endpoints", etcd.endpoints()};
     argv.insert(argv.end(), r.flags.begin(), r.flags.end());
     procs.push_back(&h.Start(r.name, argv));
   }

@@ -17,7 +17,7 @@ struct Replica {
 };
 
 inline Replica StartReplica(Harness& h, const std::string& name, const EtcdCluster& etcd,
-                     const std::vector<std::string>& extra = {}) {
+                            const std::vector<std::string>& extra = {}) {
   Replica r;
   // TTL 2 (the default): a loaded CI machine must not depose a healthy leader.
   std::vector<std::string> flags{"--etcd_endpoints", etcd.endpoints(), "--etcd_lease_ttl", "2"};
@@ -50,8 +50,8 @@ inline std::string Endpoints(const std::vector<Replica>& rs) {
   return out;
 }
 
-inline std::vector<std::string> JobFlags(const std::string& endpoints, const std::string& id, int node,
-                                  const std::string& restarts = "1") {
+inline std::vector<std::string> JobFlags(const std::string& endpoints, const std::string& id,
+                                         int node, const std::string& restarts = "1") {
   return {"--nnodes=2",
           "--nproc_per_node=2",
           "--max_restarts=" + restarts,

@@ -5,10 +5,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <mutex>
-#include <optional>
 #include <chrono>
 #include <cstdlib>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 

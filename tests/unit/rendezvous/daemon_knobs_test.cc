@@ -70,8 +70,8 @@ TEST_CASE("ddprund knobs: defaults, then file < DDPRUND_* < flag", "[unit]") {
                                 Lookup({{"DDPRUND_PORT", "2000"}, {"DDPRUND_ETCD_PREFIX", "/env"}}),
                                 &f, s)
               .ok());
-  CHECK(s.server.port == 3000);            // flag over variable over file
-  CHECK(s.server.etcd_prefix == "/env");   // variable over file
+  CHECK(s.server.port == 3000);           // flag over variable over file
+  CHECK(s.server.etcd_prefix == "/env");  // variable over file
   CHECK(s.server.lease_timeout == std::chrono::milliseconds(1500));
   REQUIRE(s.server.etcd_endpoints.size() == 3);
   CHECK(s.server.etcd_endpoints[0].host == "e1");
@@ -100,8 +100,8 @@ TEST_CASE("ddprund knobs: every source gives one line naming it for a bad value"
   CHECK(Error({}, {}, "etcd_lease_ttl: 0\n") ==
         "d.yaml:1:17: etcd_lease_ttl: must be an integer in 1..3600, got '0'; write whole "
         "seconds, e.g. 2");
-  CHECK(Error({{"lease_timeout", "0.1"}}, {}, "").rfind(
-            "--lease_timeout=0.1: must be a number of seconds in 0.2..3600", 0) == 0);
+  CHECK(Error({{"lease_timeout", "0.1"}}, {}, "")
+            .rfind("--lease_timeout=0.1: must be a number of seconds in 0.2..3600", 0) == 0);
   const std::string e = Error({}, {}, "etcd_endpoints: 'a:1,,b'\n");
   CHECK(e.rfind("d.yaml:1:17: etcd_endpoints: ", 0) == 0);
   CHECK(e.find("; write the etcd members as HOST:PORT,HOST:PORT") != std::string::npos);

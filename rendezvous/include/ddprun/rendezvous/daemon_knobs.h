@@ -39,14 +39,13 @@ struct DaemonKnob {
   const char* default_value;  // what the parser gets when nothing sets it; nullptr:
                               // ServerOptions' own default stands
   const char* default_text;   // as --help and docs/cli.md show it
-  const char* metavar;       // "H:P,H:P,..."
+  const char* metavar;        // "H:P,H:P,..."
   const char* help;
   // Checks `text` and stores it in `out`. Errors are InvalidArgument
   // "problem; fix"; the caller prefixes where the text came from. `source`
   // names it for later messages (TLS files: "--tls_cert",
   // "DDPRUND_TLS_CERT", "tls_cert in FILE").
-  absl::Status (*apply)(const std::string& text, const std::string& source,
-                        DaemonSettings& out);
+  absl::Status (*apply)(const std::string& text, const std::string& source, DaemonSettings& out);
 };
 
 // Every knob, in --help's order.
