@@ -7,6 +7,11 @@
 namespace ddprun {
 
 inline constexpr const char* kEnvStoreAddr = "DDPRUN_STORE_ADDR";  // host:port of the gRPC Store
+// Replicated control plane (docs/ha.md): every ddprund replica the agent
+// knows, "h1:p1,h2:p2,..." (its --rdzv_endpoint list); unset with one daemon.
+// The SDK's store starts at DDPRUN_STORE_ADDR and moves on through this list
+// when that replica stops serving.
+inline constexpr const char* kEnvStoreReplicas = "DDPRUN_STORE_REPLICAS";
 inline constexpr const char* kEnvJobId = "DDPRUN_JOB_ID";
 inline constexpr const char* kEnvRound = "DDPRUN_ROUND";
 inline constexpr const char* kEnvToken = "DDPRUN_TOKEN";
