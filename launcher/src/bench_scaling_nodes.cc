@@ -13,7 +13,9 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
+#include <thread>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -44,6 +46,8 @@ constexpr const char* kKeyRoot = "ddprun-bench-scaling/";
 constexpr double kStepSlackS = 10;
 constexpr double kSizeSlackS = 60;
 constexpr double kConnectTimeoutS = 30;
+// Longer than the agent's re-attach window (30 s) after a lost rendezvous.
+constexpr int kAwaitStopS = 60;
 
 // "<prefix>.<id>", cut to the job-id limit.
 std::string DerivedJobId(const std::string& prefix, const std::string& id,
@@ -195,7 +199,7 @@ class NodeRun {
 
     const std::vector<int> worlds = ScalingWorldsAcrossNodes(base_.nproc_per_node, nodes_);
     for (std::size_t i = 0; i < worlds.size(); ++i) {
-      if (const int rc = RunSize(static_cast<int>(i), worlds[i]); rc != kExitSuccess) return rc;
+      if (const std::optional<int> end = RunSize(static_cast<int>(i), worlds[i])) return *end;
     }
     if (rank_ == 0 && bench_.json) out_ << FormatScalingJson(backend_, bench_, rows_) << std::flush;
     return Finish(kExitSuccess, "");
@@ -235,7 +239,8 @@ class NodeRun {
            base_.grace_period_s + kSizeSlackS;
   }
 
-  int RunSize(int i, int w) {
+  // nullopt: on to the next size; else the node worker's exit status.
+  std::optional<int> RunSize(int i, int w) {
     const int per_node = base_.nproc_per_node;
     const int job_nodes = (w + per_node - 1) / per_node;
     const std::string key = absl::StrCat(kKeyRoot, i, "/");
@@ -260,6 +265,9 @@ class NodeRun {
         if (!absl::SimpleAtoi(p.value, &port)) port = 0;
       }
       rc = RunAgent(SizeJob(w, job_nodes, port), dir_.Path(i));
+      // The first job's agent is stopping this node (the size's agent took
+      // the signal): its own line says why.
+      if (rc > 128) return rc;
       if (const int sig = PendingStopSignal()) return 128 + sig;
       if (absl::Status st = store_->Set(absl::StrCat(key, "done/", rank_), std::to_string(rc));
           !st.ok()) {
@@ -272,7 +280,7 @@ class NodeRun {
       int code = kExitWorkerFailed;
       const std::size_t space = next.value.find(' ');
       if (!absl::SimpleAtoi(next.value.substr(0, space), &code)) code = kExitWorkerFailed;
-      if (code == kExitSuccess) return kExitSuccess;
+      if (code == kExitSuccess) return std::nullopt;
       return Finish(code, absl::StrCat("ddprun bench --scaling: node 0 stopped the run at ", w,
                                        " rank(s): ",
                                        space == std::string::npos ? "" : next.value.substr(space + 1)));
@@ -281,7 +289,7 @@ class NodeRun {
   }
 
   // Node 0: its own part, then the others', then the row.
-  int NodeZeroVerdict(int i, int w, int job_nodes, int rc) {
+  std::optional<int> NodeZeroVerdict(int i, int w, int job_nodes, int rc) {
     const Json result = ReadResult(dir_.Path(i));
     std::ostringstream why;
     const int v = Verdict(rc, result, env_, why);
@@ -334,7 +342,7 @@ class NodeRun {
     }
     if (rows_.size() == 1) backend_ = backend;
     last_backend_ = backend;
-    return kExitSuccess;
+    return std::nullopt;
   }
 
   // Node 0 ends the run: every other node learns `code` and `line`.
@@ -345,11 +353,20 @@ class NodeRun {
     return Finish(code, line);
   }
 
+  // Node 0's store is gone: so is node 0, or its agent. This node's agent
+  // notices it too (the rendezvous fails the round, or cannot be re-attached
+  // within its window) and stops this worker; exiting 0 before that would
+  // read as this node's success. Waits for the stop at most kAwaitStopS.
   int StoreLost(int w, const std::string& error) {
-    return Finish(kExitRendezvousError,
-                  absl::StrCat("ddprun bench --scaling: node ", rank_, " lost node 0's store at ",
-                               w, " rank(s) (", error, "); node 0 stopped or is unreachable: "
-                               "see its output"));
+    Finish(kExitRendezvousError,
+           absl::StrCat("ddprun bench --scaling: node ", rank_, " lost node 0's store at ", w,
+                        " rank(s) (", error, "); node 0 stopped or is unreachable: see its output"));
+    const auto deadline = SteadyClock::now() + std::chrono::seconds(kAwaitStopS);
+    while (SteadyClock::now() < deadline) {
+      if (const int sig = PendingStopSignal()) return 128 + sig;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return kExitRendezvousError;
   }
 
   int WaitFailed(const Waited& waited, int w, const std::string& what) {
@@ -401,6 +418,7 @@ int RunScalingAcrossNodes(const std::vector<std::string>& launcher_args, const s
   options.max_restarts = 0;
   options.hang_timeout_s = 0;  // the node workers make no steps; they have their own deadlines
   options.python_hook = false;
+  options.replace_lost_nodes = false;  // a lost node ends the run on every node at once
   options.command = {SelfExe(), kBenchScalingNodeSubcommand};
   options.extra_env[kEnvBenchScalingSpec] = spec.dump();
   const std::string path = dir.Path(0);
