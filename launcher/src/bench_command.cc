@@ -54,7 +54,7 @@ int RunScaling(const lb::SplitArgs& split, const std::string& worker, const lb::
   const std::vector<std::string> worker_args = lb::ToWorkerArgs(split.options);
   if (shape.options.max_nodes != 1) {
     return lb::RunScalingAcrossNodes(split.launcher_args, worker, worker_args,
-                                 std::move(shape.options), env, err);
+                                     std::move(shape.options), err);
   }
   std::vector<lb::ScalingRow> rows;
   std::string backend;
@@ -129,9 +129,8 @@ int RunBenchCommand(const std::vector<std::string>& args, const Env& env, const 
   }
   if (split->options.scaling) return RunScaling(*split, worker, dir, env, host, out, err);
   const std::string path = dir.Path(0);
-  lb::ParsedJob job =
-      lb::ParseJob(split->launcher_args, worker, lb::ToWorkerArgs(split->options), env, host, out,
-                   err);
+  lb::ParsedJob job = lb::ParseJob(split->launcher_args, worker, lb::ToWorkerArgs(split->options),
+                                   env, host, out, err);
   if (job.exit_code >= 0) return job.exit_code;
   const int rc = lb::RunAgent(std::move(job.options), path);
   return lb::Verdict(rc, lb::ReadResult(path), env, err);

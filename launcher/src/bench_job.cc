@@ -102,8 +102,8 @@ int Verdict(int rc, const Json& result, const Env& env, std::ostream& err) {
     const auto hook = env.find(kEnvBenchCorruptRank);
     if (hook != env.end() && !hook->second.empty()) {
       err << "ddprun bench: " << wrong << " wrong element(s) in the results (#wrong), as the test "
-          << "hook " << kEnvBenchCorruptRank << "=" << hook->second
-          << " asked; unset it to measure" << std::endl;
+          << "hook " << kEnvBenchCorruptRank << "=" << hook->second << " asked; unset it to measure"
+          << std::endl;
     } else {
       err << "ddprun bench: " << wrong
           << " wrong element(s) in the results (#wrong); the collectives returned values that "

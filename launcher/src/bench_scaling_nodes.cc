@@ -109,9 +109,8 @@ struct Waited {
 // Waits for `key` up to `timeout`, in slices, so that a stop signal from the
 // agent ends the wait within a second.
 Waited WaitKey(rendezvous::Store& store, const std::string& key, double timeout_s) {
-  const auto deadline =
-      SteadyClock::now() + std::chrono::duration_cast<SteadyClock::duration>(
-                               std::chrono::duration<double>(timeout_s));
+  const auto deadline = SteadyClock::now() + std::chrono::duration_cast<SteadyClock::duration>(
+                                                 std::chrono::duration<double>(timeout_s));
   Waited w;
   while (true) {
     if (const int sig = PendingStopSignal()) {
@@ -182,18 +181,20 @@ class NodeRun {
     bench_ = *std::move(options);
     base_ = std::move(base.options);
     if (!dir_.ok()) {
-      return Finish(kExitUsage, absl::StrCat("ddprun bench: node ", rank_,
-                                             " cannot create a directory in ",
-                                             fs::temp_directory_path().string(),
-                                             "; set TMPDIR to a writable directory"));
+      return Finish(
+          kExitUsage,
+          absl::StrCat("ddprun bench: node ", rank_, " cannot create a directory in ",
+                       fs::temp_directory_path().string(), "; set TMPDIR to a writable directory"));
     }
     auto store = rendezvous::C10dStoreClient::Connect(master_addr_, port, kConnectTimeoutS);
     if (!store.ok()) {
-      return Finish(kExitRendezvousError,
-                    absl::StrCat("ddprun bench --scaling: node ", rank_, " cannot reach node 0's "
-                                 "store at ", rendezvous::FormatHostPort(master_addr_, port), " (",
-                                 store.status().message(),
-                                 "); open that TCP port from this node to node 0"));
+      return Finish(
+          kExitRendezvousError,
+          absl::StrCat("ddprun bench --scaling: node ", rank_,
+                       " cannot reach node 0's "
+                       "store at ",
+                       rendezvous::FormatHostPort(master_addr_, port), " (",
+                       store.status().message(), "); open that TCP port from this node to node 0"));
     }
     store_ = *std::move(store);
 
@@ -250,9 +251,10 @@ class NodeRun {
     if (rank_ == 0) {
       port = FreePort();
       if (port <= 0) {
-        return Stop(i, w, kExitRendezvousError,
+        return Stop(i, kExitRendezvousError,
                     absl::StrCat("ddprun bench --scaling: node 0 found no free TCP port for the "
-                                 "job at ", w, " rank(s); free some ports (ss -tan)"));
+                                 "job at ",
+                                 w, " rank(s); free some ports (ss -tan)"));
       }
       if (absl::Status st = store_->Set(key + "port", std::to_string(port)); !st.ok()) {
         return StoreLost(w, std::string(st.message()));
@@ -281,9 +283,9 @@ class NodeRun {
       const std::size_t space = next.value.find(' ');
       if (!absl::SimpleAtoi(next.value.substr(0, space), &code)) code = kExitWorkerFailed;
       if (code == kExitSuccess) return std::nullopt;
-      return Finish(code, absl::StrCat("ddprun bench --scaling: node 0 stopped the run at ", w,
-                                       " rank(s): ",
-                                       space == std::string::npos ? "" : next.value.substr(space + 1)));
+      return Finish(
+          code, absl::StrCat("ddprun bench --scaling: node 0 stopped the run at ", w, " rank(s): ",
+                             space == std::string::npos ? "" : next.value.substr(space + 1)));
     }
     return NodeZeroVerdict(i, w, job_nodes, rc);
   }
@@ -300,10 +302,10 @@ class NodeRun {
         line = absl::StrCat("ddprun bench --scaling: the job at ", w,
                             " rank(s) failed on node 0 (exit ", v, "); see the lines above");
       }
-      return Stop(i, w, v, line);
+      return Stop(i, v, line);
     }
     if (!result.is_object() || !result.contains("row")) {
-      return Stop(i, w, kExitWorkerFailed,
+      return Stop(i, kExitWorkerFailed,
                   absl::StrCat("ddprun bench --scaling: the job at ", w,
                                " rank(s) ended without its figures; rerun with DDPRUN_DEBUG=sdk"));
     }
@@ -314,15 +316,17 @@ class NodeRun {
       if (d.end == WaitEnd::kSignal) return 128 + d.signal;
       if (d.end == WaitEnd::kStoreLost) return StoreLost(w, d.error);
       if (d.end == WaitEnd::kTimeout) {
-        return Stop(i, w, kExitWorkerFailed,
-                    absl::StrCat("ddprun bench --scaling: node ", j, " did not finish its part of "
-                                 "the job at ", w, " rank(s) within ", wait_s,
-                                 " s after node 0; see that node's output"));
+        return Stop(
+            i, kExitWorkerFailed,
+            absl::StrCat("ddprun bench --scaling: node ", j,
+                         " did not finish its part of "
+                         "the job at ",
+                         w, " rank(s) within ", wait_s, " s after node 0; see that node's output"));
       }
       if (d.value != "0") {
         int code = kExitWorkerFailed;
         if (!absl::SimpleAtoi(d.value, &code) || code == kExitSuccess) code = kExitWorkerFailed;
-        return Stop(i, w, code,
+        return Stop(i, code,
                     absl::StrCat("ddprun bench --scaling: node ", j, "'s part of the job at ", w,
                                  " rank(s) failed (exit ", d.value, "); see that node's output"));
       }
@@ -346,8 +350,7 @@ class NodeRun {
   }
 
   // Node 0 ends the run: every other node learns `code` and `line`.
-  int Stop(int i, int w, int code, const std::string& line) {
-    (void)w;
+  int Stop(int i, int code, const std::string& line) {
     // Best effort: a node that cannot read it ends at its own deadline.
     (void)store_->Set(absl::StrCat(kKeyRoot, i, "/next"), absl::StrCat(code, " ", line));
     return Finish(code, line);
@@ -358,9 +361,10 @@ class NodeRun {
   // within its window) and stops this worker; exiting 0 before that would
   // read as this node's success. Waits for the stop at most kAwaitStopS.
   int StoreLost(int w, const std::string& error) {
-    Finish(kExitRendezvousError,
-           absl::StrCat("ddprun bench --scaling: node ", rank_, " lost node 0's store at ", w,
-                        " rank(s) (", error, "); node 0 stopped or is unreachable: see its output"));
+    Finish(
+        kExitRendezvousError,
+        absl::StrCat("ddprun bench --scaling: node ", rank_, " lost node 0's store at ", w,
+                     " rank(s) (", error, "); node 0 stopped or is unreachable: see its output"));
     const auto deadline = SteadyClock::now() + std::chrono::seconds(kAwaitStopS);
     while (SteadyClock::now() < deadline) {
       if (const int sig = PendingStopSignal()) return 128 + sig;
@@ -400,9 +404,8 @@ class NodeRun {
 }  // namespace
 
 int RunScalingAcrossNodes(const std::vector<std::string>& launcher_args, const std::string& worker,
-                          const std::vector<std::string>& worker_args,
-                          agent::AgentOptions options, const Env& env, std::ostream& err) {
-  (void)env;
+                          const std::vector<std::string>& worker_args, agent::AgentOptions options,
+                          std::ostream& err) {
   ResultDir dir;
   if (!dir.ok()) {
     err << "ddprun bench: cannot create a directory in " << fs::temp_directory_path()

@@ -33,7 +33,7 @@ namespace ddprun::launcher::bench {
 // The launcher's side: runs the first job with `options` (the user's job,
 // parsed) and returns this node's exit code.
 int RunScalingAcrossNodes(const std::vector<std::string>& launcher_args, const std::string& worker,
-                          const std::vector<std::string>& worker_args,
-                          agent::AgentOptions options, const Env& env, std::ostream& err);
+                          const std::vector<std::string>& worker_args, agent::AgentOptions options,
+                          std::ostream& err);
 
 }  // namespace ddprun::launcher::bench

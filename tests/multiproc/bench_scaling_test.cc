@@ -41,10 +41,10 @@ std::vector<std::vector<std::string>> Rows(const std::string& out) {
 // Starts node `i` of a 2 x 2 scaling run with the rendezvous flags.
 Proc& StartNode(Harness& h, const std::string& tag, int i, const std::vector<std::string>& rdzv,
                 const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> args{"bench",           "--scaling",        "--compute_ms=20",
-                                "--iters=2",       "--warmup=0",       "--batch=16",
-                                "--nnodes=2",      "--nproc_per_node=2",
-                                "--local_addr=127.0.0." + std::to_string(i + 1)};
+  std::vector<std::string> args{
+      "bench",      "--scaling",          "--compute_ms=20",
+      "--iters=2",  "--warmup=0",         "--batch=16",
+      "--nnodes=2", "--nproc_per_node=2", "--local_addr=127.0.0." + std::to_string(i + 1)};
   args.insert(args.end(), rdzv.begin(), rdzv.end());
   args.insert(args.end(), extra.begin(), extra.end());
   return h.StartDdprun(tag + "_node" + std::to_string(i), args, {{"DDP_TIMEOUT_SEC", "60"}});
@@ -55,8 +55,10 @@ Proc& StartNode(Harness& h, const std::string& tag, int i, const std::vector<std
 void CheckRun(Harness& h, Proc& n0, Proc& n1) {
   const int rc1 = h.Wait(n1, 120);
   const int rc0 = h.Wait(n0, 120);
-  INFO("node 0 stdout:\n" << n0.Out() << "\nnode 0 stderr:\n" << n0.Err() << "\nnode 1 stderr:\n"
-                          << n1.Err());
+  INFO("node 0 stdout:\n"
+       << n0.Out() << "\nnode 0 stderr:\n"
+       << n0.Err() << "\nnode 1 stderr:\n"
+       << n1.Err());
   REQUIRE(rc0 == 0);
   REQUIRE(rc1 == 0);
   const auto rows = Rows(n0.Out());
@@ -115,7 +117,8 @@ TEST_CASE("bench --scaling across 2 nodes through ddprund: rows 1, 2, 4", "[mult
   h.StopDaemon(*daemon);
 }
 
-TEST_CASE("bench --scaling across nodes: a node that dies ends the run on the other", "[multiproc]") {
+TEST_CASE("bench --scaling across nodes: a node that dies ends the run on the other",
+          "[multiproc]") {
   if (!BenchWorkerBuilt()) return SkipCase("multiproc", "ddprun-bench-worker is not built");
   Harness h;
   const std::vector<std::string> rdzv{"--rdzv_backend=static", "--master_addr=127.0.0.1",
