@@ -272,8 +272,8 @@ TEST_CASE("Agent: with replace_lost_nodes off, a lost node stops the job at once
   CHECK(r.rc == kExitRendezvousError);
   REQUIRE(world.rec.spawns.size() == 1);
   CHECK(world.rec.signals[0] == std::vector<int>{SIGTERM});
-  CHECK(r.err.find("ddprun: [job " + o.job_id + " round 0] stopping the workers: agent " +
-                   phantom + " was lost, and this job cannot take a replacement node\n") !=
+  CHECK(r.err.find("ddprun: [job " + o.job_id + " round 0] stopping the workers: agent " + phantom +
+                   " was lost, and this job cannot take a replacement node\n") !=
         std::string::npos);
   CHECK(r.err.find("waiting for a replacement") == std::string::npos);
   CHECK(r.seconds < 5);  // not the 10 s join timeout
