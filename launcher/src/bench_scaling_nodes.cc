@@ -173,10 +173,11 @@ class NodeRun {
     std::ostringstream quiet;
     ParsedJob base = ParseJob(launcher_args, worker, worker_args, env_, host, quiet, quiet);
     if (!options.ok() || base.exit_code >= 0) {
-      return Finish(kExitUsage,
-                    absl::StrCat("ddprun bench --scaling: node ", rank_,
-                                 " cannot parse the job's flags again: ",
-                                 options.ok() ? quiet.str() : options.status().message()));
+      return Finish(
+          kExitUsage,
+          absl::StrCat(
+              "ddprun bench --scaling: node ", rank_, " cannot parse the job's flags again: ",
+              OneLine(options.ok() ? quiet.str() : std::string(options.status().message()))));
     }
     bench_ = *std::move(options);
     base_ = std::move(base.options);
@@ -190,9 +191,7 @@ class NodeRun {
     if (!store.ok()) {
       return Finish(
           kExitRendezvousError,
-          absl::StrCat("ddprun bench --scaling: node ", rank_,
-                       " cannot reach node 0's "
-                       "store at ",
+          absl::StrCat("ddprun bench --scaling: node ", rank_, " cannot reach node 0's store at ",
                        rendezvous::FormatHostPort(master_addr_, port), " (",
                        store.status().message(), "); open that TCP port from this node to node 0"));
     }
