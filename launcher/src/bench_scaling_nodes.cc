@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "bench_job.h"
 #include "ddprun/launcher/bench_command.h"
 #include "ddprun/rendezvous/c10d_store_client.h"
@@ -175,9 +176,11 @@ class NodeRun {
     if (!options.ok() || base.exit_code >= 0) {
       return Finish(
           kExitUsage,
-          absl::StrCat(
-              "ddprun bench --scaling: node ", rank_, " cannot parse the job's flags again: ",
-              OneLine(options.ok() ? quiet.str() : std::string(options.status().message()))));
+          absl::StrCat("ddprun bench --scaling: node ", rank_,
+                       " cannot parse the job's flags again: ",
+                       absl::StrReplaceAll(
+                           options.ok() ? quiet.str() : std::string(options.status().message()),
+                           {{"\n", " "}})));
     }
     bench_ = *std::move(options);
     base_ = std::move(base.options);
