@@ -27,6 +27,10 @@ inline constexpr const char* kEnvDebug = "DDPRUN_DEBUG";
 // its summary for the launcher, and the test hook that corrupts one rank's results.
 inline constexpr const char* kEnvBenchResult = "DDPRUN_BENCH_RESULT";
 inline constexpr const char* kEnvBenchCorruptRank = "DDPRUN_BENCH_CORRUPT_RANK";
+// `ddprun bench --scaling` across nodes: the run (the user's launcher flags,
+// the bench worker and its flags, as JSON) for each node's scaling worker
+// (launcher/src/bench_scaling_nodes.h).
+inline constexpr const char* kEnvBenchScalingSpec = "DDPRUN_BENCH_SCALING_SPEC";
 // Monitoring (docs/monitoring-sources.md). The worker's metrics channel
 // (metrics_channel.h), as a path the worker opens; unset: not monitored.
 inline constexpr const char* kEnvMetricsFile = "DDPRUN_METRICS_FILE";
