@@ -76,7 +76,7 @@ CpuTopology ReadCpuTopology() {
 }
 
 absl::StatusOr<std::vector<std::vector<int>>> PlanCpuBinding(CpuBind policy, int nproc,
-                                                            const CpuTopology& topology) {
+                                                             const CpuTopology& topology) {
   const int cores = static_cast<int>(topology.cores.size());
   if (nproc <= 0 || cores == 0 || policy == CpuBind::kNone) return std::vector<std::vector<int>>{};
   if (policy == CpuBind::kAuto) {
@@ -90,9 +90,9 @@ absl::StatusOr<std::vector<std::vector<int>>> PlanCpuBinding(CpuBind policy, int
       for (const auto& c : topology.cores) all.insert(all.end(), c.begin(), c.end());
       std::sort(all.begin(), all.end());
       return absl::InvalidArgumentError(absl::StrCat(
-          nproc, " workers but ddprun may use only ", cores, " core(s) (CPUs ",
-          FormatCpuList(all), ") and core gives each worker its own; use --cpu_bind=none (or ",
-          "auto), or at most ", cores, " worker(s) per node"));
+          nproc, " workers but ddprun may use only ", cores, " core(s) (CPUs ", FormatCpuList(all),
+          ") and core gives each worker its own; use --cpu_bind=none (or ", "auto), or at most ",
+          cores, " worker(s) per node"));
     }
     for (int i = 0; i < nproc; ++i) {
       for (int c = i * cores / nproc; c < (i + 1) * cores / nproc; ++c) {

@@ -42,7 +42,8 @@ std::pair<std::string, std::string> WorkerAffinity(const std::vector<std::string
 
 std::string AllCpus() {
   std::vector<int> all;
-  for (const auto& c : ddprun::agent::ReadCpuTopology().cores) all.insert(all.end(), c.begin(), c.end());
+  for (const auto& c : ddprun::agent::ReadCpuTopology().cores)
+    all.insert(all.end(), c.begin(), c.end());
   std::sort(all.begin(), all.end());
   return ddprun::agent::FormatCpuList(all);
 }

@@ -1,9 +1,9 @@
 // --cpu_bind's plan as a pure function of the policy, the worker count and a
 // topology (cpu_binding.h); the real affinity is checked in
 // tests/multiproc/cpu_bind_test.cc.
-#include <catch2/catch.hpp>
-
 #include "ddprun/agent/cpu_binding.h"
+
+#include <catch2/catch.hpp>
 
 namespace ddprun::agent {
 namespace {
@@ -57,8 +57,7 @@ TEST_CASE("cpu_bind=core with more workers than cores: one line naming both and 
   CHECK(m.find("--cpu_bind=none") != std::string::npos);
 }
 
-TEST_CASE("cpu_bind=auto: core while every worker can have its own core, else nothing",
-          "[unit]") {
+TEST_CASE("cpu_bind=auto: core while every worker can have its own core, else nothing", "[unit]") {
   CHECK(*PlanCpuBinding(CpuBind::kAuto, 2, Topo(2)) == Plan{{0}, {1}});
   CHECK(*PlanCpuBinding(CpuBind::kAuto, 2, Topo(16)) ==
         *PlanCpuBinding(CpuBind::kCore, 2, Topo(16)));
@@ -73,8 +72,7 @@ TEST_CASE("cpu_bind=none binds nothing; an unknown topology binds nothing", "[un
 
 TEST_CASE("cpu_bind=numa: workers spread over the nodes in order", "[unit]") {
   // 2 nodes of 4 cores (0-3, 4-7).
-  CHECK(*PlanCpuBinding(CpuBind::kNuma, 2, Topo(8, 1, 2)) ==
-        Plan{{0, 1, 2, 3}, {4, 5, 6, 7}});
+  CHECK(*PlanCpuBinding(CpuBind::kNuma, 2, Topo(8, 1, 2)) == Plan{{0, 1, 2, 3}, {4, 5, 6, 7}});
   CHECK(*PlanCpuBinding(CpuBind::kNuma, 4, Topo(8, 1, 2)) ==
         Plan{{0, 1, 2, 3}, {0, 1, 2, 3}, {4, 5, 6, 7}, {4, 5, 6, 7}});
   // More workers than cores is fine: they share their node.

@@ -55,7 +55,7 @@ CpuTopology ReadCpuTopology();
 // nothing. An error (one line, naming the flag and the fix) when the policy
 // cannot be met: core with more workers than cores.
 absl::StatusOr<std::vector<std::vector<int>>> PlanCpuBinding(CpuBind policy, int nproc,
-                                                            const CpuTopology& topology);
+                                                             const CpuTopology& topology);
 
 // "0-3,8" for {0, 1, 2, 3, 8}.
 std::string FormatCpuList(const std::vector<int>& cpus);
