@@ -4,9 +4,10 @@
 # path for ranks of one host (shared memory, "sdk") and on Gloo's TCP transport like
 # torch (DDP_SHM=0, "tcp"):
 #   bench/allreduce_bench.sh [build-dir]     (default: build)
-# BIND=1 pins local rank i of the SDK and torch runs to core i % nproc (taskset), as
-# mpirun -np 2 does for OpenMPI by default (--bind-to core); BIND=0 (default) leaves
-# the SDK and torch unbound, as ddprun and torchrun start them.
+# BIND=1 runs the SDK and torch with --cpu_bind=core (local rank i on its own core), as
+# mpirun -np 2 binds OpenMPI by default (--bind-to core); BIND=0 with --cpu_bind=none
+# (unbound, as torchrun starts workers). Without BIND, ddprun's default (--cpu_bind=auto:
+# core when every rank can have its own core, as here with 2 ranks on 2 or more cores).
 # Prints every peer's lines, then the allreduce table with the ratios (peer time / SDK
 # time: > 1 means the SDK is faster). OpenMPI is installed when missing
 # (scripts/install-deps.sh --bench) and build-dir/bin/allreduce_mpi built when absent;
@@ -28,16 +29,18 @@ fi
 mpirun_args=(-np 2)
 [[ $(id -u) -eq 0 ]] && mpirun_args+=(--allow-run-as-root)
 
-# A worker command, pinned with BIND=1 (LOCAL_RANK is set by ddprun).
 pin=()
-[[ ${BIND:-0} == 1 ]] && pin=(bash -c 'exec taskset -c $((LOCAL_RANK % $(nproc))) "$@"' pin)
+case ${BIND:-} in
+  1) pin=(--cpu_bind=core) ;;
+  0) pin=(--cpu_bind=none) ;;
+esac
 
 for mode in allreduce resnet50; do
-  "$B/bin/ddprun" --nproc_per_node=2 --no_python "${pin[@]}" "$B/bin/allreduce_bench" $mode |
+  "$B/bin/ddprun" --nproc_per_node=2 "${pin[@]}" --no_python "$B/bin/allreduce_bench" $mode |
     grep '^sdk' | tee "$out/sdk.$mode"
-  DDP_SHM=0 "$B/bin/ddprun" --nproc_per_node=2 --no_python "${pin[@]}" "$B/bin/allreduce_bench" $mode |
+  DDP_SHM=0 "$B/bin/ddprun" --nproc_per_node=2 "${pin[@]}" --no_python "$B/bin/allreduce_bench" $mode |
     grep '^sdk' | sed 's/^sdk /tcp /' | tee "$out/tcp.$mode"
-  "$B/bin/ddprun" --nproc_per_node=2 --no_python "${pin[@]}" "$PYTHON_EXEC" bench/allreduce_bench_torch.py $mode 2>/dev/null |
+  "$B/bin/ddprun" --nproc_per_node=2 "${pin[@]}" --no_python "$PYTHON_EXEC" bench/allreduce_bench_torch.py $mode 2>/dev/null |
     grep '^torch' | tee "$out/torch.$mode"
   if [[ $mode == allreduce && -x "$B/bin/allreduce_mpi" ]] && command -v mpirun >/dev/null; then
     # OpenMPI's defaults (shared memory, cross-memory attach for large messages); where a

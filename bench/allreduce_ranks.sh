@@ -3,7 +3,7 @@
 # counts on this one host, in the same run, from the repository root:
 #   bench/allreduce_ranks.sh [build-dir] [ranks...]     (default: build 2 4 8)
 # MAX_BYTES (default 64 MiB) caps the sweep. Neither side is bound to cores
-# (mpirun --bind-to none; ddprun binds nothing): with more ranks than cores both
+# (mpirun --bind-to none; ddprun --cpu_bind=none): with more ranks than cores both
 # are oversubscribed, and OpenMPI then yields while it polls (it detects that).
 # Prints one table per rank count: bytes, sdk ms, mpi ms, mpi/sdk (> 1: the SDK is
 # faster), sdk and mpi busbw (GB/s). Needs build-dir/bin/allreduce_mpi
@@ -19,7 +19,7 @@ trap 'rm -rf "$out"' EXIT
 mpirun_args=(--bind-to none --oversubscribe)
 [[ $(id -u) -eq 0 ]] && mpirun_args+=(--allow-run-as-root)
 for n in "${ranks[@]}"; do
-  "$B/bin/ddprun" --nproc_per_node="$n" --no_python "$B/bin/allreduce_bench" allreduce "$max" |
+  "$B/bin/ddprun" --nproc_per_node="$n" --cpu_bind=none --no_python "$B/bin/allreduce_bench" allreduce "$max" |
     grep '^sdk' | tee "$out/sdk.$n"
   if [[ -x "$B/bin/allreduce_mpi" ]] && command -v mpirun >/dev/null; then
     mpirun -np "$n" "${mpirun_args[@]}" "$B/bin/allreduce_mpi" "$max" 2>"$out/mpi.err" |

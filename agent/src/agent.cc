@@ -293,6 +293,13 @@ class Agent::Impl {
     in.assignment = &a;
     in.store_endpoint = session_->endpoint();
     in.host = advertised_host_;
+    // The launcher checked the policy against this node at start; the mask
+    // may have changed since, so a plan that fails now fails the spawn.
+    const auto plan = PlanCpuBinding(options_.cpu_bind, a.local_world_size, ReadCpuTopology());
+    if (!plan.ok()) {
+      Log(absl::StrCat("--cpu_bind: ", plan.status().message()));
+      return false;
+    }
     for (int j = 0; j < a.local_world_size; ++j) {
       SpawnSpec spec;
       std::string error_file;
@@ -301,6 +308,7 @@ class Agent::Impl {
       spec.argv = SubstituteLocalRank(options_.command, j);
       spec.env = BuildWorkerEnv(base_env_, in, j);
       if (monitoring_) monitoring_->AddWorkerEnv(j, &spec.env);
+      if (!plan->empty()) spec.cpus = (*plan)[static_cast<std::size_t>(j)];
       absl::Status st = workers_.Spawn(j, a.base_rank + j, spec, std::move(error_file), prepared);
       if (monitoring_ && st.ok() && workers_.workers().back().child) {
         monitoring_->WorkerStarted(j, workers_.workers().back().child->pid());

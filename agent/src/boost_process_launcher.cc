@@ -9,6 +9,7 @@
 // (the agent has gRPC threads): the hook uses only syscalls on data prepared
 // in the parent.
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -204,7 +205,18 @@ class BoostProcessLauncher final : public ProcessLauncher {
     // A descriptor given by the caller (a log pipe) wins over a path.
     const int child_out = spec.stdout_fd >= 0 ? spec.stdout_fd : out_fd;
     const int child_err = spec.stderr_fd >= 0 ? spec.stderr_fd : err_fd;
-    auto exec_setup = [parent, child_out, child_err](auto& exec) {
+    // Built here: the child may only make async-signal-safe calls.
+    cpu_set_t cpus;
+    CPU_ZERO(&cpus);
+    for (int c : spec.cpus) {
+      if (c < 0 || c >= CPU_SETSIZE) {
+        close_fds();
+        return absl::InvalidArgumentError(absl::StrCat("CPU ", c, " is out of range"));
+      }
+      CPU_SET(c, &cpus);
+    }
+    const bool bind = !spec.cpus.empty();
+    auto exec_setup = [parent, child_out, child_err, bind, cpus](auto& exec) {
       // Runs in the child, between fork and exec: async-signal-safe only.
       sigset_t empty;
       sigemptyset(&empty);
@@ -228,6 +240,11 @@ class BoostProcessLauncher final : public ProcessLauncher {
       }
       // The agent died before the death signal was armed: do not outlive it.
       if (::getppid() != parent) ::_exit(127);
+      if (bind && ::sched_setaffinity(0, sizeof(cpus), &cpus) != 0) {
+        exec.set_error(std::error_code(errno, std::system_category()),
+                       "sched_setaffinity (--cpu_bind) failed");
+        ::_exit(127);
+      }
       if (child_out >= 0 && ::dup2(child_out, STDOUT_FILENO) < 0) ::_exit(127);
       if (child_err >= 0 && ::dup2(child_err, STDERR_FILENO) < 0) ::_exit(127);
       // Do not leak the agent's descriptors (sockets of its servers) into the

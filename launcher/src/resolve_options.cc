@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "ddprun/agent/cpu_binding.h"
 #include "ddprun/rendezvous/host_port.h"
 #include "ddprun/rendezvous/job_id.h"
 #include "ddprun/rendezvous/status_macros.h"
@@ -96,6 +97,17 @@ absl::Status ResolveShape(const ResolveContext& ctx, ParsedCommand& out) {
 
   DDPRUN_ASSIGN_OR_RETURN(o.dashboard_port,
                           ParseKnob(flags, KnobNamed("dashboard_port"), ParsePortOrOff));
+
+  DDPRUN_ASSIGN_OR_RETURN(std::string cpu_bind,
+                          ParseKnob(flags, KnobNamed("cpu_bind"), ParseCpuBind));
+  o.cpu_bind = *agent::CpuBindFromName(cpu_bind);
+  // Checked here, once, so that a policy this node cannot meet is a usage
+  // error before anything starts (the agent plans again at every spawn).
+  if (auto plan = agent::PlanCpuBinding(o.cpu_bind, o.nproc_per_node, ctx.host.cpu_topology);
+      !plan.ok()) {
+    return UsageError(absl::StrCat(flags.Get("cpu_bind").Name("--cpu_bind"), "=", cpu_bind,
+                                   ": ", plan.status().message()));
+  }
 
   DDPRUN_ASSIGN_OR_RETURN(SignalSet signals,
                           ParseKnob(flags, KnobNamed("signals_to_handle"), ParseSignals));

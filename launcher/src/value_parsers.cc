@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
+#include "ddprun/agent/cpu_binding.h"
 #include "ddprun/rendezvous/job_id.h"
 #include "ddprun/rendezvous/status_macros.h"
 
@@ -267,6 +268,13 @@ absl::StatusOr<std::string> ParseOnHang(absl::string_view text) {
   return std::string(text);
 }
 
+absl::StatusOr<std::string> ParseCpuBind(absl::string_view text) {
+  if (!agent::CpuBindFromName(text)) {
+    return Bad(absl::StrCat("must be ", agent::kCpuBindChoices, ", got '", text, "'"));
+  }
+  return std::string(text);
+}
+
 absl::StatusOr<std::string> NormalizeKnobValue(const Knob& knob, absl::string_view text) {
   switch (knob.type) {
     case ValueType::kNodeRange: {
@@ -336,6 +344,8 @@ absl::StatusOr<std::string> NormalizeKnobValue(const Knob& knob, absl::string_vi
       return ParseStartMethod(text);
     case ValueType::kOnHang:
       return ParseOnHang(text);
+    case ValueType::kCpuBind:
+      return ParseCpuBind(text);
     case ValueType::kRdzvConf:
     case ValueType::kFileOnly:
       break;

@@ -88,6 +88,7 @@ HostFacts ProbeHost() {
   facts.names = ProbeHostNames();
   facts.cpu_count = std::max(1u, std::thread::hardware_concurrency());
   facts.gpu_count = CountNvidiaGpus();
+  facts.cpu_topology = agent::ReadCpuTopology();
   return facts;
 }
 

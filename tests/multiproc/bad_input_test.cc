@@ -62,6 +62,13 @@ TEST_CASE("bad command lines: one line on stderr, exit 2, fast", "[multiproc]") 
   SECTION("a job id with a space") {
     ExpectOneLineError({"--rdzv_id=a b", fw}, 2, "is not a valid job id");
   }
+  SECTION("--cpu_bind with an unknown policy") {
+    ExpectOneLineError({"--cpu_bind=socket", fw}, 2, "must be auto, none, core or numa");
+  }
+  SECTION("--cpu_bind=core with more workers than cores") {
+    ExpectOneLineError({"--cpu_bind=core", "--nproc_per_node=4096", fw}, 2,
+                       "use --cpu_bind=none");
+  }
   SECTION("missing script") { ExpectOneLineError({"/nonexistent/dir/train.py"}, 2, "not found"); }
   SECTION("--no_python on a file that is not executable") {
     Harness h;

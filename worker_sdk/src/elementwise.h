@@ -21,6 +21,16 @@ using ReduceFn = void (*)(void* out, const void* a, const void* b, std::size_t n
 // The function for (dtype, op); kAvg reduces as kSum (divide afterwards).
 ReduceFn ReduceFunc(DType dtype, ReduceOp op);
 
+// out[i] = copy[i] = op(a[i], b[i]) in one pass: the shared-memory all-
+// reduce's last fold, written to the shared result and to the rank's own
+// output at once (one read of the result less). out and copy may each equal
+// a or b (every element is read before it is written), not each other.
+using ReduceFn2 = void (*)(void* out, void* copy, const void* a, const void* b, std::size_t n);
+
+// The fused function for (dtype, op), or nullptr where there is none (f16,
+// bf16: fold with ReduceFunc, then copy). kAvg reduces as kSum.
+ReduceFn2 ReduceFunc2(DType dtype, ReduceOp op);
+
 // data /= divisor, in the element type (integers truncate).
 void DivideInPlace(void* data, std::size_t n, DType dtype, int divisor);
 

@@ -505,6 +505,8 @@ absl::Status ShmGroup::Allreduce(const std::vector<ShmPiece>& pieces, DType dtyp
   const Pieces view(pieces);
   const std::size_t per_step = chunk_ / es;
   const ReduceFn fn = ReduceFunc(dtype, op);
+  // Fused last fold (not for kAvg, which divides the result afterwards).
+  const ReduceFn2 fn2 = size_ > 1 && op != ReduceOp::kAvg ? ReduceFunc2(dtype, op) : nullptr;
   const auto w = static_cast<std::size_t>(size_);
   for (std::size_t off = 0; off < count; off += per_step) {
     const std::size_t n = std::min(per_step, count - off);
@@ -528,16 +530,30 @@ absl::Status ShmGroup::Allreduce(const std::vector<ShmPiece>& pieces, DType dtyp
       // This rank's share, folded over ranks 0..W-1 in order.
       auto src = [&](int r) -> const char* { return r == rank_ ? own : Slot(b, r) + lo * es; };
       char* res = Result(b) + lo * es;
-      if (size_ == 1) {
-        std::memcpy(res, src(0), (hi - lo) * es);
+      const std::size_t m = hi - lo;
+      if (fn2 != nullptr && own != mine + lo * es) {
+        // The last fold writes the shared result and this rank's own output
+        // (its input, in place) in one pass.
+        char* own_out = const_cast<char*>(own);
+        if (size_ == 2) {
+          fn2(res, own_out, src(0), src(1), m);
+        } else {
+          fn(res, src(0), src(1), m);
+          for (int r = 2; r + 1 < size_; ++r) fn(res, res, src(r), m);
+          fn2(res, own_out, res, src(size_ - 1), m);
+        }
       } else {
-        fn(res, src(0), src(1), hi - lo);
-        for (int r = 2; r < size_; ++r) fn(res, res, src(r), hi - lo);
+        if (size_ == 1) {
+          std::memcpy(res, src(0), m * es);
+        } else {
+          fn(res, src(0), src(1), m);
+          for (int r = 2; r < size_; ++r) fn(res, res, src(r), m);
+        }
+        // Averages while the share is in cache, once for every rank.
+        if (op == ReduceOp::kAvg) DivideInPlace(res, m, dtype, size_);
+        // This rank's own result now, while the others still reduce theirs.
+        view.Scatter(at + lo * es, res, m * es);
       }
-      // Averages while the share is in cache, once for every rank.
-      if (op == ReduceOp::kAvg) DivideInPlace(res, hi - lo, dtype, size_);
-      // This rank's own result now, while the others still reduce theirs.
-      view.Scatter(at + lo * es, res, (hi - lo) * es);
     }
     DDPRUN_RETURN_IF_ERROR(Sync("allreduce", deadline));
     view.Scatter(at, Result(b), lo * es);

@@ -17,8 +17,10 @@
 // All-reduce step of n elements: rank r owns elements [n*r/W, n*(r+1)/W). Each
 // rank copies the others' shares of its input to in[b][rank]; after the
 // barrier, rank r folds its share over ranks 0, 1, ..., W-1 in that order into
-// res[b] (its own input read in place; kAvg divided there) and after the
-// second barrier every rank copies res[b]. Every element is computed once, in
+// res[b] (its own input read in place; kAvg divided there; the last fold
+// writes res[b] and the rank's own output in one pass, elementwise.h's
+// ReduceFn2, where its share lies in one buffer and the op is not kAvg) and
+// after the second barrier every rank copies res[b]. Every element is computed once, in
 // one order, so every rank ends with the same bits (unlike a per-rank
 // summation order). The input may be a list of buffers (the Reducer's
 // buckets): the copies gather from it and scatter back; a share that spans

@@ -30,7 +30,7 @@ const BadFile kBadFiles[] = {
      "job.yaml:1:17: nproc_per_node: must be a positive number of workers, 'cpu', 'gpu' or 'auto', got '0'"},
     {"unknown top-level key",
      "nproc_per_nod: 4\n",
-     "job.yaml:1:1: nproc_per_nod: unknown key (did you mean 'nproc_per_node'?); valid keys here are job, rendezvous, nodes, scheduler, nproc_per_node, role, command, args, module, no_python, restart, logs, monitoring, environment, nccl"},
+     "job.yaml:1:1: nproc_per_nod: unknown key (did you mean 'nproc_per_node'?); valid keys here are job, rendezvous, nodes, scheduler, nproc_per_node, role, command, args, module, no_python, restart, cpu_bind, logs, monitoring, environment, nccl"},
     {"min > max",
      "nodes:\n  count: 4:2\n",
      "job.yaml:2:10: nodes.count: must be N or MIN:MAX with 0 < MIN <= MAX (e.g. 2 or 1:4), got '4:2'"},

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "ddprun/agent/cpu_binding.h"
 #include "ddprun/agent/log_spec.h"
 #include "ddprun/rendezvous/host_port.h"
 #include "ddprun/rendezvous/tls.h"
@@ -70,6 +71,9 @@ struct AgentOptions {
   // Workers.
   std::vector<std::string> command;  // argv of each worker, before ${local_rank} substitution
   double grace_period_s = kDefaultGracePeriodS;
+  // --cpu_bind (cpu_binding.h): each worker's CPUs, planned from this node's
+  // affinity mask and topology.
+  CpuBind cpu_bind = CpuBind::kAuto;
   // --signals_to_handle: SIGUSR1/SIGUSR2 listed here are forwarded to every
   // worker's process group and the job keeps running (e.g. Slurm's
   // pre-emption warning). Unlisted, ddprun ignores them. SIGTERM, SIGINT,

@@ -31,6 +31,9 @@ struct SpawnSpec {
   // agent's log pump) instead of a path; the caller keeps and closes it.
   int stdout_fd = -1;
   int stderr_fd = -1;
+  // Non-empty: the child's CPU affinity (sched_setaffinity before exec;
+  // --cpu_bind, cpu_binding.h). A CPU the kernel refuses fails the spawn.
+  std::vector<int> cpus;
 };
 
 // How a child ended.

@@ -70,6 +70,8 @@ struct HostFacts {
   // This machine's host names and interface addresses, matched against a job
   // file's nodes.hosts (placement.h).
   std::vector<std::string> names;
+  // The cores ddprun may use (its affinity mask), for --cpu_bind.
+  agent::CpuTopology cpu_topology;
 };
 
 // The real machine: hardware threads, CountNvidiaGpus() and ProbeHostNames().

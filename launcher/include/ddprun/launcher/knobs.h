@@ -43,6 +43,7 @@ enum class ValueType {
   kSignals,      // SIG,... of the forwarded set
   kStartMethod,  // spawn, fork or forkserver
   kOnHang,       // report, restart or abort
+  kCpuBind,      // auto, none, core or numa (agent/cpu_binding.h)
   kRdzvConf,     // KEY=VALUE,... (each key is its own knob below)
   kFileOnly,     // a job-file structure parsed by job_config.cc (hosts, command, ...)
 };
@@ -164,6 +165,13 @@ inline constexpr Knob kKnobs[] = {
      .help = "Signals forwarded to every worker: SIGTERM, SIGINT, SIGHUP and SIGQUIT always "
              "(then the node stops); add SIGUSR1/SIGUSR2 to forward them while the job keeps "
              "running (e.g. Slurm's pre-emption warning)"},
+    {.name = "cpu_bind", .yaml_key = "cpu_bind", .type = ValueType::kCpuBind,
+     .default_value = "auto", .default_text = "auto", .metavar = "auto|none|core|numa",
+     .group = kGroupJob,
+     .help = "CPUs of each worker: core splits the cores ddprun may use into nproc_per_node "
+             "blocks, one per local rank (mpirun's --bind-to core; more workers than cores is an "
+             "error); numa binds local rank i to NUMA node i*nodes/nproc; none binds nothing; "
+             "auto: core when 2 <= nproc_per_node <= cores, else none"},
     // Output.
     {.name = "log_dir", .yaml_key = "logs.log_dir", .type = ValueType::kText,
      .default_text = "a fresh $TMPDIR/ddprun_XXXXXX", .metavar = "DIR", .group = kGroupOutput,

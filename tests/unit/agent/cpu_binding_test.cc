@@ -1,0 +1,101 @@
+// --cpu_bind's plan as a pure function of the policy, the worker count and a
+// topology (cpu_binding.h); the real affinity is checked in
+// tests/multiproc/cpu_bind_test.cc.
+#include "ddprun/agent/cpu_binding.h"
+
+#include <catch2/catch.hpp>
+
+namespace ddprun::agent {
+namespace {
+
+using Plan = std::vector<std::vector<int>>;
+
+// `cores` cores of `smt` threads each, numbered like Intel's sysfs (core c's
+// siblings are c, c + cores, ...), split evenly over `nodes` NUMA nodes.
+CpuTopology Topo(int cores, int smt = 1, int nodes = 1) {
+  CpuTopology t;
+  for (int c = 0; c < cores; ++c) {
+    std::vector<int> cpus;
+    for (int s = 0; s < smt; ++s) cpus.push_back(c + s * cores);
+    t.cores.push_back(cpus);
+    t.core_numa.push_back(c * nodes / cores);
+  }
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("cpu_bind names: the four policies, nothing else", "[unit]") {
+  CHECK(CpuBindFromName("auto") == CpuBind::kAuto);
+  CHECK(CpuBindFromName("none") == CpuBind::kNone);
+  CHECK(CpuBindFromName("core") == CpuBind::kCore);
+  CHECK(CpuBindFromName("numa") == CpuBind::kNuma);
+  CHECK_FALSE(CpuBindFromName("Core").has_value());
+  CHECK_FALSE(CpuBindFromName("socket").has_value());
+  CHECK_FALSE(CpuBindFromName("").has_value());
+}
+
+TEST_CASE("cpu_bind=core: one core each, or equal blocks of cores", "[unit]") {
+  CHECK(*PlanCpuBinding(CpuBind::kCore, 2, Topo(2)) == Plan{{0}, {1}});
+  CHECK(*PlanCpuBinding(CpuBind::kCore, 2, Topo(8)) == Plan{{0, 1, 2, 3}, {4, 5, 6, 7}});
+  // Uneven: blocks differ by at most one core and cover every core.
+  CHECK(*PlanCpuBinding(CpuBind::kCore, 3, Topo(4)) == Plan{{0}, {1}, {2, 3}});
+  // SMT siblings stay with their core: worker 0 never gets worker 1's core.
+  CHECK(*PlanCpuBinding(CpuBind::kCore, 2, Topo(4, 2)) == Plan{{0, 1, 4, 5}, {2, 3, 6, 7}});
+  // One worker: all of it.
+  CHECK(*PlanCpuBinding(CpuBind::kCore, 1, Topo(2)) == Plan{{0, 1}});
+}
+
+TEST_CASE("cpu_bind=core with more workers than cores: one line naming both and the fix",
+          "[unit]") {
+  auto plan = PlanCpuBinding(CpuBind::kCore, 3, Topo(2));
+  REQUIRE_FALSE(plan.ok());
+  const std::string m(plan.status().message());
+  CHECK(m.find('\n') == std::string::npos);
+  CHECK(m.find("3 workers") != std::string::npos);
+  CHECK(m.find("2 core(s) (CPUs 0-1)") != std::string::npos);
+  CHECK(m.find("--cpu_bind=none") != std::string::npos);
+}
+
+TEST_CASE("cpu_bind=auto: core while every worker can have its own core, else nothing", "[unit]") {
+  CHECK(*PlanCpuBinding(CpuBind::kAuto, 2, Topo(2)) == Plan{{0}, {1}});
+  CHECK(*PlanCpuBinding(CpuBind::kAuto, 2, Topo(16)) ==
+        *PlanCpuBinding(CpuBind::kCore, 2, Topo(16)));
+  CHECK(PlanCpuBinding(CpuBind::kAuto, 3, Topo(2))->empty());  // oversubscribed: never an error
+  CHECK(PlanCpuBinding(CpuBind::kAuto, 1, Topo(2))->empty());  // one worker keeps everything
+}
+
+TEST_CASE("cpu_bind=none binds nothing; an unknown topology binds nothing", "[unit]") {
+  CHECK(PlanCpuBinding(CpuBind::kNone, 2, Topo(2))->empty());
+  CHECK(PlanCpuBinding(CpuBind::kCore, 2, CpuTopology{})->empty());
+}
+
+TEST_CASE("cpu_bind=numa: workers spread over the nodes in order", "[unit]") {
+  // 2 nodes of 4 cores (0-3, 4-7).
+  CHECK(*PlanCpuBinding(CpuBind::kNuma, 2, Topo(8, 1, 2)) == Plan{{0, 1, 2, 3}, {4, 5, 6, 7}});
+  CHECK(*PlanCpuBinding(CpuBind::kNuma, 4, Topo(8, 1, 2)) ==
+        Plan{{0, 1, 2, 3}, {0, 1, 2, 3}, {4, 5, 6, 7}, {4, 5, 6, 7}});
+  // More workers than cores is fine: they share their node.
+  CHECK(PlanCpuBinding(CpuBind::kNuma, 16, Topo(8, 1, 2))->size() == 16);
+  // One node: every worker gets every CPU.
+  CHECK(*PlanCpuBinding(CpuBind::kNuma, 2, Topo(2)) == Plan{{0, 1}, {0, 1}});
+}
+
+TEST_CASE("CPU lists are written as ranges", "[unit]") {
+  CHECK(FormatCpuList({0, 1, 2, 3, 8}) == "0-3,8");
+  CHECK(FormatCpuList({1}) == "1");
+  CHECK(FormatCpuList({}).empty());
+  CHECK(FormatCpuList({0, 2, 4, 5}) == "0,2,4-5");
+}
+
+TEST_CASE("this machine's topology: every usable CPU once", "[unit]") {
+  const CpuTopology t = ReadCpuTopology();
+  REQUIRE_FALSE(t.cores.empty());
+  CHECK(t.core_numa.size() == t.cores.size());
+  std::vector<int> all;
+  for (const auto& c : t.cores) all.insert(all.end(), c.begin(), c.end());
+  std::sort(all.begin(), all.end());
+  CHECK(std::adjacent_find(all.begin(), all.end()) == all.end());
+}
+
+}  // namespace ddprun::agent
