@@ -6,8 +6,7 @@
 #   bench/allreduce_bench.sh [build-dir]     (default: build)
 # BIND=1 runs the SDK and torch with --cpu_bind=core (local rank i on its own core), as
 # mpirun -np 2 binds OpenMPI by default (--bind-to core); BIND=0 with --cpu_bind=none
-# (unbound, as torchrun starts workers). Without BIND, ddprun's default (--cpu_bind=auto:
-# core when every rank can have its own core, as here with 2 ranks on 2 or more cores).
+# (unbound, as torchrun starts workers). Without BIND, ddprun's default (--cpu_bind=none).
 # Prints every peer's lines, then the allreduce table with the ratios (peer time / SDK
 # time: > 1 means the SDK is faster). OpenMPI is installed when missing
 # (scripts/install-deps.sh --bench) and build-dir/bin/allreduce_mpi built when absent;

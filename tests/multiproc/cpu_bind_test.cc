@@ -61,11 +61,12 @@ TEST_CASE("--cpu_bind=core: two workers on disjoint cores; none: both inherit", 
   CHECK(c0 == want0);
   CHECK(c1 == want1);
   CHECK(c0 != c1);
-  // The default (auto) binds as core here; PET_CPU_BIND=none turns it off.
-  auto [a0, a1] = WorkerAffinity({}, {});
+  // auto binds as core here (2 workers, >= 2 cores), also through PET_CPU_BIND; the
+  // default (none, as torchrun) leaves the workers on every CPU ddprun may use.
+  auto [a0, a1] = WorkerAffinity({}, {{"PET_CPU_BIND", "auto"}});
   CHECK(a0 == want0);
   CHECK(a1 == want1);
-  auto [n0, n1] = WorkerAffinity({}, {{"PET_CPU_BIND", "none"}});
+  auto [n0, n1] = WorkerAffinity({}, {});
   CHECK(n0 == AllCpus());
   CHECK(n1 == AllCpus());
 }

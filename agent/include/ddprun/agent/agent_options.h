@@ -73,7 +73,7 @@ struct AgentOptions {
   double grace_period_s = kDefaultGracePeriodS;
   // --cpu_bind (cpu_binding.h): each worker's CPUs, planned from this node's
   // affinity mask and topology.
-  CpuBind cpu_bind = CpuBind::kAuto;
+  CpuBind cpu_bind = CpuBind::kNone;
   // --signals_to_handle: SIGUSR1/SIGUSR2 listed here are forwarded to every
   // worker's process group and the job keeps running (e.g. Slurm's
   // pre-emption warning). Unlisted, ddprun ignores them. SIGTERM, SIGINT,

@@ -166,7 +166,7 @@ inline constexpr Knob kKnobs[] = {
              "(then the node stops); add SIGUSR1/SIGUSR2 to forward them while the job keeps "
              "running (e.g. Slurm's pre-emption warning)"},
     {.name = "cpu_bind", .yaml_key = "cpu_bind", .type = ValueType::kCpuBind,
-     .default_value = "auto", .default_text = "auto", .metavar = "auto|none|core|numa",
+     .default_value = "none", .default_text = "none", .metavar = "auto|none|core|numa",
      .group = kGroupJob,
      .help = "CPUs of each worker: core splits the cores ddprun may use into nproc_per_node "
              "blocks, one per local rank (mpirun's --bind-to core; more workers than cores is an "
