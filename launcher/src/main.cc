@@ -7,17 +7,23 @@
 #include <utility>
 
 #include "ddprun/agent/agent.h"
+#include "ddprun/agent/grpc_module.h"
 #include "ddprun/agent/process_launcher.h"
 #include "ddprun/agent/worker_env.h"
 #include "ddprun/launcher/cli.h"
-#include "ddprun/launcher/status_command.h"
 #include "ddprun/rendezvous/exit_codes.h"
 
 int main(int argc, char** argv) {
-  // `ddprun status ...` is a subcommand; anything else is a training job.
+  // `ddprun status ...` is a subcommand (a gRPC client, in the gRPC module:
+  // agent/include/ddprun/agent/grpc_module.h); anything else is a training job.
   if (argc > 1 && std::string(argv[1]) == "status") {
-    return ddprun::launcher::RunStatusCommand(std::vector<std::string>(argv, argv + argc),
-                                              std::cout, std::cerr);
+    auto module = ddprun::agent::LoadGrpcModule();
+    if (!module.ok()) {
+      std::cerr << "ddprun status: " << module.status().message() << std::endl;
+      return ddprun::kExitRendezvousError;
+    }
+    return (*module)->run_status_command(std::vector<std::string>(argv, argv + argc), std::cout,
+                                         std::cerr);
   }
   // First, so that every thread started later inherits the mask.
   ddprun::agent::BlockAgentSignals();

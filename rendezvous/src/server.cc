@@ -84,6 +84,7 @@ class RendezvousServer::Impl {
   }
   int port() const { return port_; }
   JobTable& table() { return *table_; }
+  void HandOver(int fd, const std::string& first_bytes);
   TimePoint Now() const { return clock_.Now(); }
 
  private:
@@ -91,8 +92,11 @@ class RendezvousServer::Impl {
   const Clock& clock_;
   int port_ = 0;
   std::unique_ptr<StateLog> state_;
-  std::unique_ptr<JobTable> table_;
+  std::unique_ptr<JobTable> own_table_;    // unless opts_.table is given
+  JobTable* table_ = nullptr;              // own_table_ or opts_.table
   std::unique_ptr<DeadlineTimer> timer_;  // before the services: reactors notify it
+  // With opts_.external_connections: where HandOver() sends connections.
+  std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> acceptor_;
 
   // Services outlive the server that calls them (members die in reverse order).
   std::unique_ptr<grpc::Service> rdzv_service_;
@@ -397,20 +401,25 @@ RendezvousServer::Impl::Impl(const ServerOptions& opts) : opts_(opts), clock_(*o
 
 absl::Status RendezvousServer::Impl::Start() {
   SilenceGrpcLogging();
-  if (!opts_.state_dir.empty()) {
-    DDPRUN_ASSIGN_OR_RETURN(state_, StateLog::Open(opts_.state_dir));
+  if (opts_.table != nullptr) {
+    table_ = opts_.table;  // its owner recovered it and runs its deadlines
+  } else {
+    if (!opts_.state_dir.empty()) {
+      DDPRUN_ASSIGN_OR_RETURN(state_, StateLog::Open(opts_.state_dir));
+    }
+    JobTableOptions table_opts;
+    table_opts.clock = &clock_;
+    table_opts.quarantine = opts_.quarantine;
+    table_opts.reattach_timeout = opts_.reattach_timeout;
+    table_opts.journal = state_.get();
+    table_opts.on_deadline = [this](TimePoint t) { timer_->Notify(t); };
+    own_table_ = std::make_unique<JobTable>(std::move(table_opts));
+    table_ = own_table_.get();
+    DDPRUN_RETURN_IF_ERROR(table_->Recover());
+    // Before any call can reach the table (on_deadline uses it).
+    timer_ = std::make_unique<DeadlineTimer>(
+        clock_, [this] { return table_->NextDeadline(); }, [this] { table_->Tick(); });
   }
-  JobTableOptions table_opts;
-  table_opts.clock = &clock_;
-  table_opts.quarantine = opts_.quarantine;
-  table_opts.reattach_timeout = opts_.reattach_timeout;
-  table_opts.journal = state_.get();
-  table_opts.on_deadline = [this](TimePoint t) { timer_->Notify(t); };
-  table_ = std::make_unique<JobTable>(std::move(table_opts));
-  DDPRUN_RETURN_IF_ERROR(table_->Recover());
-  // Before any call can reach the table (on_deadline uses it).
-  timer_ = std::make_unique<DeadlineTimer>(
-      clock_, [this] { return table_->NextDeadline(); }, [this] { table_->Tick(); });
 
   const int lease_ms = static_cast<int>(
       std::chrono::duration_cast<std::chrono::milliseconds>(opts_.lease_timeout).count());
@@ -418,7 +427,14 @@ absl::Status RendezvousServer::Impl::Start() {
   store_service_ = std::make_unique<StoreServiceImpl>(this);
   grpc::ServerBuilder builder;
   const std::string addr = FormatHostPort(opts_.host, opts_.port);
-  builder.AddListeningPort(addr, grpc::InsecureServerCredentials(), &port_);
+  if (opts_.external_connections) {
+    acceptor_ = builder.experimental().AddExternalConnectionAcceptor(
+        grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD,
+        grpc::InsecureServerCredentials());
+    port_ = opts_.port;
+  } else {
+    builder.AddListeningPort(addr, grpc::InsecureServerCredentials(), &port_);
+  }
   // gRPC sets SO_REUSEPORT by default, which would let two servers share a
   // port silently. A port in use must be an error.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -462,11 +478,26 @@ void RendezvousServer::Impl::Shutdown() {
   shutdown_cv_.notify_all();
   if (timer_) timer_->Stop();
   // Ends every open stream and cancels store waits, so Shutdown cannot hang.
-  if (table_) table_->Shutdown();
+  // A borrowed table is its owner's to shut down (after this server).
+  if (own_table_) own_table_->Shutdown();
   if (server_) {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     server_->Wait();
   }
+}
+
+void RendezvousServer::Impl::HandOver(int fd, const std::string& first_bytes) {
+  if (!acceptor_) {
+    close(fd);
+    return;
+  }
+  grpc::experimental::ExternalConnectionAcceptor::NewConnectionParameters p;
+  p.fd = fd;
+  if (!first_bytes.empty()) {
+    grpc::Slice slice(first_bytes);
+    p.read_buffer = grpc::ByteBuffer(&slice, 1);
+  }
+  acceptor_->HandleNewConnection(&p);
 }
 
 // -------------------------------------------------------------- Facade
@@ -482,6 +513,9 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::Start(
 }
 
 int RendezvousServer::port() const { return impl_->port(); }
+void RendezvousServer::HandOver(int fd, const std::string& first_bytes) {
+  impl_->HandOver(fd, first_bytes);
+}
 void RendezvousServer::Shutdown() { impl_->Shutdown(); }
 void RendezvousServer::Wait() { impl_->Wait(); }
 std::vector<JobStatus> RendezvousServer::Status() const { return impl_->table().Status(); }

@@ -35,6 +35,15 @@ struct ServerOptions {
   Duration lease_timeout = kDefaultLeaseTimeout;
   // Hosts that keep failing are refused for a while (see job_rendezvous.h).
   QuarantinePolicy quarantine;
+  // Serve this table instead of a table of the server's own (borrowed; it
+  // must outlive the server). Its owner has recovered it and applies its
+  // deadlines; state_dir, reattach_timeout and quarantine are then unused.
+  // ddprun's single-node agent owns its table and starts a server over it
+  // only when a client first connects (agent/src/local_rendezvous_session.cc).
+  JobTable* table = nullptr;
+  // Listen on no port: connections accepted elsewhere are handed in with
+  // RendezvousServer::HandOver(); port() is then `port` as given.
+  bool external_connections = false;
 };
 
 class RendezvousServer {
@@ -46,6 +55,9 @@ class RendezvousServer {
   ~RendezvousServer();  // Shutdown() then join.
 
   int port() const;
+  // Serves an accepted connection (takes the fd; external_connections only).
+  // `first_bytes` were read from it already and are served first.
+  void HandOver(int fd, const std::string& first_bytes = "");
   // Stops accepting calls and ends every open stream (with a deadline).
   void Shutdown();
   // Blocks until Shutdown() is called from another thread.
