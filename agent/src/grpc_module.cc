@@ -9,6 +9,10 @@
 
 #include "absl/strings/str_cat.h"
 
+// Defined when the program links the gRPC session in (ddprun_agent's
+// grpc_module_linked.cc); bin/ddprun does not, and loads the module.
+extern "C" const ddprun::agent::GrpcModule* ddprun_grpc_module_linked() __attribute__((weak));
+
 namespace ddprun::agent {
 namespace {
 
@@ -22,6 +26,7 @@ std::string ModulePath() {
 }
 
 absl::StatusOr<const GrpcModule*> Load() {
+  if (ddprun_grpc_module_linked != nullptr) return ddprun_grpc_module_linked();
   const std::string path = ModulePath();
   // RTLD_LOCAL: the module's own copies of our static libraries stay its own.
   void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);

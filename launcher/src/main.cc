@@ -18,6 +18,9 @@ int main(int argc, char** argv) {
   // agent/include/ddprun/agent/grpc_module.h); anything else is a training job.
   if (argc > 1 && std::string(argv[1]) == "status") {
     auto module = ddprun::agent::LoadGrpcModule();
+    if (module.ok() && (*module)->run_status_command == nullptr) {
+      module = absl::FailedPreconditionError("this build has no `ddprun status`");
+    }
     if (!module.ok()) {
       std::cerr << "ddprun status: " << module.status().message() << std::endl;
       return ddprun::kExitRendezvousError;

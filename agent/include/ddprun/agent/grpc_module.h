@@ -54,7 +54,9 @@ struct GrpcModule {
 };
 
 // Loads the module once per process (thread-safe) from
-// <dir of /proc/self/exe>/../lib/libddprun_grpc.so. Error: one line naming
+// <dir of /proc/self/exe>/../lib/libddprun_grpc.so; a program that links
+// ddprun_agent (the gRPC session linked in) gets that instead, without
+// run_status_command. Error: one line naming
 // the file, dlerror() and the fix (build the ddprun_grpc target).
 absl::StatusOr<const GrpcModule*> LoadGrpcModule();
 
