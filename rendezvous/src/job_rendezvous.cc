@@ -27,6 +27,17 @@ JobRendezvous::JobRendezvous(std::string job_id, const Clock& clock, QuarantineP
       store_token_(RandomToken()),
       quarantine_(quarantine) {}
 
+const JobRendezvous::Member* JobRendezvous::RankHolder(int rank) {
+  auto it = rank_holders_.find(rank);
+  if (it == rank_holders_.end()) return nullptr;
+  for (const std::map<std::string, Member>* set : {&members_, &spares_}) {
+    auto m = set->find(it->second);
+    if (m != set->end() && m->second.spec.requested_rank == rank) return &m->second;
+  }
+  rank_holders_.erase(it);  // that node left
+  return nullptr;
+}
+
 std::string JobRendezvous::Prefix() const { return Fence(job_id_, round_); }
 
 std::string JobRendezvous::NodeIdOf(const JoinSpec& spec) {
@@ -111,19 +122,14 @@ absl::StatusOr<std::string> JobRendezvous::Join(const JoinSpec& spec,
                                     " is already a member of this job");
   }
   if (spec.requested_rank >= 0) {
-    auto clash = [&](const std::map<std::string, Member>& set) -> const Member* {
-      for (const auto& [id, m] : set)
-        if (m.spec.requested_rank == spec.requested_rank) return &m;
-      return nullptr;
-    };
-    const Member* other = clash(members_);
-    if (!other) other = clash(spares_);
-    if (other) {
+    if (const Member* other = RankHolder(spec.requested_rank)) {
       return absl::AlreadyExistsError(
           Prefix() + "node rank " + std::to_string(spec.requested_rank) +
           " is already claimed by the agent at " + NodeIdOf(other->spec) +
           "; give each node a distinct --node_rank");
     }
+    // A join refused below leaves a stale entry, which RankHolder drops.
+    rank_holders_[spec.requested_rank] = node_id;
   }
   if (!shaped_) {
     shaped_ = true;
@@ -553,6 +559,7 @@ std::unique_ptr<JobRendezvous> JobRendezvous::Restore(const JobSnapshot& snap, c
     for (const auto& m : snap.members) {
       Member member{m.spec, now, m.done, std::nullopt};
       if (!m.done) member.detached_since = now;
+      if (m.spec.requested_rank >= 0) job->rank_holders_[m.spec.requested_rank] = m.node_id;
       job->members_.emplace(m.node_id, std::move(member));
     }
     job->assigned_ = snap.assigned;

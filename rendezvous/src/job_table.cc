@@ -397,6 +397,7 @@ void JobTable::Shutdown() {
 }
 
 void JobTable::CollectLocked(Job& job, std::vector<Delivery>& out, Batch* batch) {
+  const std::size_t heard_before = batch->size();
   for (auto& d : out) {
     auto it = job.sinks.find(d.node_id);
     if (it == job.sinks.end()) continue;  // that agent is gone; nothing to tell
@@ -409,7 +410,13 @@ void JobTable::CollectLocked(Job& job, std::vector<Delivery>& out, Batch* batch)
   }
   RotateStoreLocked(job);
   // Durable before anyone hears of it: the batch is sent after this returns.
-  PersistLocked(job);
+  // A change that nobody hears of while the round gathers (a join, a leave)
+  // is not written: the snapshot holds every member, so writing it per join
+  // made a round of N joins O(N^2) bytes, and after a restart of the server
+  // the agents of a gathering round join again anyway. The round's forming,
+  // which every member hears of, writes it.
+  const bool heard = batch->size() > heard_before;
+  if (heard || job.rdzv->state() != JobRendezvous::State::kGathering) PersistLocked(job);
 }
 
 void JobTable::RotateStoreLocked(Job& job) {

@@ -146,6 +146,24 @@ TEST_CASE("JobTable: the snapshot is written before any agent hears of the chang
   CHECK(snapshots_at_delivery > before);
 }
 
+TEST_CASE("JobTable: joins of a gathering round write no snapshot; its forming writes one",
+          "[unit]") {
+  // A snapshot holds every member: one per join would be O(N^2) bytes for N.
+  Fixture f;
+  constexpr int kNodes = 64;
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  for (int i = 0; i + 1 < kNodes; ++i)
+    sinks.push_back(f.Join(Spec("j", "10.0.1." + std::to_string(i), kNodes, kNodes)));
+  CHECK(f.journal.snapshots == 0);
+  int snapshots_at_delivery = -1;
+  sinks[0]->on_deliver = [&] { snapshots_at_delivery = f.journal.snapshots; };
+  sinks.push_back(f.Join(Spec("j", "10.0.1.99", kNodes, kNodes)));
+  CHECK(f.journal.snapshots == 1);
+  CHECK(snapshots_at_delivery == 1);  // still durable before anyone heard
+  CHECK(f.journal.jobs.at("j").snapshot.state == "running");
+  CHECK(f.journal.jobs.at("j").snapshot.members.size() == static_cast<std::size_t>(kNodes));
+}
+
 TEST_CASE("JobTable: refused joins, a refused first join leaves no job", "[unit]") {
   Fixture f;
   JoinSpec bad = Spec("j", "10.0.0.1");

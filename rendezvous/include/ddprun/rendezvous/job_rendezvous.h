@@ -151,6 +151,9 @@ class JobRendezvous {
                       std::vector<Delivery>* out);
   std::string Prefix() const;
   void NoteDeadline(TimePoint t);
+  // The member or spare that requested `rank` (--node_rank), if any: O(log N)
+  // through rank_holders_, whose stale entries it drops.
+  const Member* RankHolder(int rank);
 
   const std::string job_id_;
   const Clock& clock_;
@@ -164,6 +167,10 @@ class JobRendezvous {
   std::map<std::string, Member> members_;   // this round's members (gathering or running)
   std::map<std::string, Member> spares_;    // waiting for a place
   std::set<std::string> expected_;          // previous members not yet back
+  // requested rank -> the node that last claimed it. Checked against
+  // members_ and spares_ when read (RankHolder), so departures need not
+  // update it.
+  std::map<int, std::string> rank_holders_;
   std::optional<TimePoint> last_call_deadline_;
   std::vector<NodeInfo> assigned_;          // the running round's nodes
   std::vector<std::string> assigned_ids_;   // their node ids, by group rank
