@@ -33,9 +33,9 @@ absl::StatusOr<const GrpcModule*> Load() {
   if (handle == nullptr) {
     const char* why = ::dlerror();
     return absl::FailedPreconditionError(
-        absl::StrCat("cannot load ddprun's gRPC module ", path, ": ", why ? why : "unknown error",
-                     "; build it with `cmake --build build --target ddprun_grpc` (it is "
-                     "installed beside bin/ddprun as lib/libddprun_grpc.so)"));
+        absl::StrCat("cannot load ddprun's gRPC module: ", why ? why : path,
+                     "; build it with `cmake --build build --target ddprun_grpc`, and keep "
+                     "lib/libddprun_grpc.so beside the bin/ directory of ddprun"));
   }
   using Entry = const GrpcModule* (*)();
   auto entry = reinterpret_cast<Entry>(::dlsym(handle, kGrpcModuleEntry));
