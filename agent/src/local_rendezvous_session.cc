@@ -348,7 +348,11 @@ class LocalRendezvousSession final : public RendezvousSession {
         return;
       }
       if (fds[1].revents != 0) return;
-      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      // Non-blocking, as gRPC's own listener accepts them: gRPC's endpoint
+      // reads until EAGAIN, and a blocking descriptor handed over stalls one
+      // of its event threads in read(), which delays every connection's ping
+      // acks (clients then fail with "keepalive watchdog timeout").
+      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd < 0) {
         if (errno == EMFILE || errno == ENFILE) {
           ::poll(nullptr, 0, 10);  // out of descriptors: do not spin
