@@ -370,9 +370,9 @@ class LocalRendezvousSession final : public RendezvousSession {
         } else {
           failed = true;
           const absl::Status& st = module.ok() ? served.status() : module.status();
-          std::string line = absl::StrCat("ddprun: ", rdzv::Fence(options_.job_id, 0),
-                                          "cannot serve the rendezvous to a client: ",
-                                          st.message(), "\n");
+          std::string line =
+              absl::StrCat("ddprun: ", rdzv::Fence(options_.job_id, 0),
+                           "cannot serve the rendezvous to a client: ", st.message(), "\n");
           std::fputs(line.c_str(), stderr);
         }
       }

@@ -8,17 +8,16 @@
 
 using namespace ddprun::test;
 
-TEST_CASE("single node: gRPC is loaded only when a client reaches the rendezvous",
-          "[multiproc]") {
+TEST_CASE("single node: gRPC is loaded only when a client reaches the rendezvous", "[multiproc]") {
   Harness h;
   const std::string out = h.MakeDir("out");
   // The worker's parent is ddprun (workers are spawned directly).
-  const std::string script =
-      "grep -c libgrpc /proc/$PPID/maps > " + out + "/before; " + Ddprun() +
-      " status --rdzv_endpoint \"$DDPRUN_STORE_ADDR\" > " + out + "/status 2>&1 || exit 5; " +
-      "grep -c libgrpc /proc/$PPID/maps > " + out + "/after; exit 0";
-  Proc& p = h.StartDdprun("ddprun", {"--nproc_per_node=1", "--rdzv_id=lazy1", "--no_python",
-                                     "sh", "-c", script});
+  const std::string script = "grep -c libgrpc /proc/$PPID/maps > " + out + "/before; " + Ddprun() +
+                             " status --rdzv_endpoint \"$DDPRUN_STORE_ADDR\" > " + out +
+                             "/status 2>&1 || exit 5; " + "grep -c libgrpc /proc/$PPID/maps > " +
+                             out + "/after; exit 0";
+  Proc& p = h.StartDdprun(
+      "ddprun", {"--nproc_per_node=1", "--rdzv_id=lazy1", "--no_python", "sh", "-c", script});
   const int rc = h.Wait(p, 30);
   INFO("stderr: " << p.Err() << "\nstatus: " << ReadFile(out + "/status"));
   REQUIRE(rc == 0);
@@ -47,14 +46,13 @@ TEST_CASE("single node: the dashboard serves without gRPC, and ddprun top reads 
       "    if json.loads(body).get(\"ranks\"): break\n"
       "    time.sleep(0.1)\n"
       "open(sys.argv[2], \"w\").write(body)\n";
-  const std::string script =
-      "python3 -c '" + fetch + "' " + url + " " + out + "/jobs || exit 5; " +
-      "grep -c libgrpc /proc/$PPID/maps > " + out + "/before; " + Ddprun() +
-      " top --once --rdzv_endpoint \"$DDPRUN_STORE_ADDR\" --job dash1 > " + out +
-      "/top 2>&1 || exit 6; exit 0";
-  Proc& p = h.StartDdprun("ddprun", {"--nproc_per_node=1", "--rdzv_id=dash1", "--no_python",
-                                     "--dashboard_port=" + std::to_string(port), "sh", "-c",
-                                     script});
+  const std::string script = "python3 -c '" + fetch + "' " + url + " " + out + "/jobs || exit 5; " +
+                             "grep -c libgrpc /proc/$PPID/maps > " + out + "/before; " + Ddprun() +
+                             " top --once --rdzv_endpoint \"$DDPRUN_STORE_ADDR\" --job dash1 > " +
+                             out + "/top 2>&1 || exit 6; exit 0";
+  Proc& p =
+      h.StartDdprun("ddprun", {"--nproc_per_node=1", "--rdzv_id=dash1", "--no_python",
+                               "--dashboard_port=" + std::to_string(port), "sh", "-c", script});
   const int rc = h.Wait(p, 60);
   INFO("stderr: " << p.Err() << "\njobs: " << ReadFile(out + "/jobs")
                   << "\ntop: " << ReadFile(out + "/top"));
