@@ -517,6 +517,12 @@ class Agent::Impl {
       rdzv::RoundEvent* ev = CurrentStreamEvent(*e);
       if (ev == nullptr) continue;
       if (auto* r = std::get_if<rdzv::RestartRound>(ev)) {
+        if (!options_.replace_lost_nodes && !r->counts_as_failure) {
+          Log(absl::StrCat("stopping the workers: ", r->reason,
+                           ", and this job cannot take a replacement node"));
+          StopWorkers(SIGTERM);
+          return kExitRendezvousError;
+        }
         Log(absl::StrCat("restarting the workers: ", r->reason));
         StopWorkers(SIGTERM);
         OnRestart(*r);

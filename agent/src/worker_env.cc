@@ -2,6 +2,7 @@
 
 #include <string_view>
 
+#include "ddprun/rendezvous/host_port.h"
 #include "ddprun/rendezvous/worker_env_names.h"
 
 extern char** environ;
@@ -58,6 +59,16 @@ Env BuildWorkerEnv(const Env& base, const WorkerEnvInputs& in, int local_rank) {
 
   // ddprun's own, for the worker SDK.
   set(kEnvStoreAddr, in.store_endpoint);
+  if (!opt.rdzv_replicas.empty()) {
+    std::string list;
+    for (const auto& hp : opt.rdzv_replicas) {
+      if (!list.empty()) list += ",";
+      list += rendezvous::FormatHostPort(hp);
+    }
+    set(kEnvStoreReplicas, list);
+  } else {
+    env.erase(kEnvStoreReplicas);  // never an outer job's list
+  }
   set(kEnvJobId, a.job_id.empty() ? opt.job_id : a.job_id);
   set(kEnvRound, std::to_string(a.round));
   set(kEnvToken, a.store_token);

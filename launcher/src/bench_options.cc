@@ -528,4 +528,11 @@ std::vector<int> ScalingWorlds(int world) {
   return w;
 }
 
+std::vector<int> ScalingWorldsAcrossNodes(int nproc, int nodes) {
+  std::vector<int> w = ScalingWorlds(nproc);
+  for (int k = 2; k < nodes; k *= 2) w.push_back(k * std::max(1, nproc));
+  if (nodes > 1) w.push_back(nodes * std::max(1, nproc));
+  return w;
+}
+
 }  // namespace ddprun::launcher::bench

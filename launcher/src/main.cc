@@ -60,6 +60,12 @@ int main(int argc, char** argv) {
                                              ddprun::agent::CurrentEnvironment(),
                                              ddprun::launcher::ProbeHost(), std::cout, std::cerr);
   }
+  // One node's side of `ddprun bench --scaling` across nodes (a hidden worker).
+  if (argc > 1 && std::string(argv[1]) == ddprun::launcher::kBenchScalingNodeSubcommand) {
+    return ddprun::launcher::RunBenchScalingNode(ddprun::agent::CurrentEnvironment(),
+                                                 ddprun::launcher::ProbeHost(), std::cout,
+                                                 std::cerr);
+  }
 
   auto parsed = ddprun::launcher::ParseCommandLine(argc, argv, ddprun::agent::CurrentEnvironment(),
                                                    ddprun::launcher::ProbeHost());

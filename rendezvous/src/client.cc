@@ -2,14 +2,18 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+#include "ddprun/rendezvous/debug_log.h"
 #include "ddprun/rendezvous/errors.h"
-#include "ddprun/rendezvous/status_macros.h"
 #include "ddprun/rendezvous/host_port.h"
 #include "ddprun/rendezvous/server.h"
+#include "ddprun/rendezvous/status_macros.h"
 #include "ddprun/v1/ddprun.grpc.pb.h"
 #include "proto_convert.h"
 #include "tls_credentials.h"
@@ -247,16 +251,42 @@ absl::StatusOr<std::vector<JobStatus>> RendezvousClient::Status(const std::strin
 
 // --------------------------------------------------------------- GrpcStore
 
+// With replicas (docs/ha.md), one call goes to the replica that answered last
+// and moves on, in list order, while the store's deadline allows:
+//   - a replica not connected within kReplicaSlice: nothing was sent;
+//   - a replica that answers Unavailable itself (a standby, or one shutting
+//     down): nothing was applied;
+//   - a connection that broke during the call: it may have been applied, so
+//     only calls that can be repeated safely (Set, Get, Wait, MultiGet,
+//     Delete) go on; Add and CompareSet return the error.
+// Standbys' replies name the leader in text only; the list order is the
+// redirect (never a decision on text).
+constexpr Duration kReplicaSlice = std::chrono::milliseconds(300);
+// Between two rounds over every replica (no replica leads yet).
+constexpr Duration kReplicaRoundPause = std::chrono::milliseconds(50);
+
 class GrpcStore::Impl {
  public:
-  Impl(const std::string& host, int port, StoreScope scope, const TlsConfig& tls)
-      : host_(host),
-        port_(port),
-        tls_(tls),
-        target_(FormatHostPort(host, port)),
-        channel_(MakeChannel(target_, tls)),
-        stub_(pb::Store::NewStub(channel_)),
-        scope_(std::move(scope)) {}
+  struct Endpoint {
+    std::string host;
+    int port = 0;
+    std::string target;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<pb::Store::Stub> stub;
+  };
+
+  Impl(const std::vector<HostPort>& endpoints, StoreScope scope, const TlsConfig& tls)
+      : tls_(tls), scope_(std::move(scope)) {
+    for (const HostPort& hp : endpoints) {
+      Endpoint e;
+      e.host = hp.host;
+      e.port = hp.port;
+      e.target = FormatHostPort(hp.host, hp.port);
+      e.channel = MakeChannel(e.target, tls);
+      e.stub = pb::Store::NewStub(e.channel);
+      eps_.push_back(std::move(e));
+    }
+  }
 
   void Fill(pb::StoreScope* s) const {
     s->set_job_id(scope_.job_id);
@@ -266,37 +296,110 @@ class GrpcStore::Impl {
 
   // Runs one call with a deadline; maps transport failures to a clear message.
   template <typename Req, typename Resp, typename Method>
-  absl::Status Call(Method method, const Req& req, Resp* resp, Duration timeout) {
+  absl::Status Call(Method method, const Req& req, Resp* resp, Duration timeout,
+                    bool repeatable = true) {
+    if (eps_.size() > 1) return CallReplicas(method, req, resp, timeout, repeatable);
+    Endpoint& ep = eps_[0];
     grpc::ClientContext ctx;
     ctx.set_deadline(DeadlineAfter(timeout));
     ctx.set_wait_for_ready(true);
-    grpc::Status st = ((*stub_).*method)(&ctx, req, resp);
+    grpc::Status st = ((*ep.stub).*method)(&ctx, req, resp);
     // Our own deadline, not the server's answer that a wait timed out.
     if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && !SentByServer(st)) {
       // Never connected: a refused TLS handshake is the better answer.
-      DDPRUN_RETURN_IF_ERROR(DiagnoseTls(host_, port_, tls_, kWaitSlack));
-      return absl::DeadlineExceededError("the store at " + target_ + " did not answer in time");
+      DDPRUN_RETURN_IF_ERROR(DiagnoseTls(ep.host, ep.port, tls_, kWaitSlack));
+      return absl::DeadlineExceededError("the store at " + ep.target + " did not answer in time");
     }
     return FromGrpc(st);
   }
 
-  std::string host_;
-  int port_;
+  template <typename Req, typename Resp, typename Method>
+  absl::Status CallReplicas(Method method, const Req& req, Resp* resp, Duration timeout,
+                            bool repeatable) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::size_t i = current_.load();
+    std::size_t tried = 0;
+    std::string last;
+    while (true) {
+      const Duration left = deadline - std::chrono::steady_clock::now();
+      if (left <= Duration::zero()) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "no replica of the store answered in time (last: ", last.empty() ? "none" : last, ")"));
+      }
+      if (tried > 0 && tried % eps_.size() == 0) {
+        std::this_thread::sleep_for(std::min(left, kReplicaRoundPause));
+      }
+      Endpoint& ep = eps_[i];
+      const std::size_t next = (i + 1) % eps_.size();
+      ++tried;
+      if (!ep.channel->WaitForConnected(DeadlineAfter(std::min(left, kReplicaSlice)))) {
+        // A refused TLS handshake is not a replica to skip.
+        DDPRUN_RETURN_IF_ERROR(DiagnoseTls(ep.host, ep.port, tls_, kReplicaSlice));
+        last = ep.target + ": not connected";
+        i = next;
+        continue;
+      }
+      grpc::ClientContext ctx;
+      ctx.set_deadline(DeadlineAfter(deadline - std::chrono::steady_clock::now()));
+      grpc::Status st = ((*ep.stub).*method)(&ctx, req, resp);
+      if (st.error_code() == grpc::StatusCode::UNAVAILABLE) {
+        const bool from_server = SentByServer(st);
+        if (!from_server && !repeatable) {
+          return absl::UnavailableError(
+              absl::StrCat("lost the connection to the store at ", ep.target,
+                           " during a call that is not repeated (it may have been applied): ",
+                           st.error_message()));
+        }
+        DDPRUN_DEBUG_LOG(kStore) << "store replica " << ep.target << ": " << st.error_message()
+                                 << "; trying the next one";
+        last = absl::StrCat(ep.target, ": ", st.error_message());
+        i = next;
+        continue;
+      }
+      if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && !SentByServer(st)) {
+        return absl::DeadlineExceededError("the store at " + ep.target + " did not answer in time");
+      }
+      current_.store(i);
+      return FromGrpc(st);
+    }
+  }
+
   TlsConfig tls_;
-  std::string target_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<pb::Store::Stub> stub_;
+  std::vector<Endpoint> eps_;
+  std::atomic<std::size_t> current_{0};
   StoreScope scope_;
 };
 
 GrpcStore::GrpcStore(const std::string& host, int port, StoreScope scope, const TlsConfig& tls)
-    : impl_(std::make_unique<Impl>(host, port, std::move(scope), tls)) {}
+    : impl_(std::make_unique<Impl>(std::vector<HostPort>{{host, port}}, std::move(scope), tls)) {}
+GrpcStore::GrpcStore(const std::vector<HostPort>& replicas, StoreScope scope, const TlsConfig& tls)
+    : impl_(std::make_unique<Impl>(replicas, std::move(scope), tls)) {}
 GrpcStore::~GrpcStore() = default;
 
+HostPort GrpcStore::endpoint() const {
+  const Impl::Endpoint& ep = impl_->eps_[impl_->current_.load()];
+  return HostPort{ep.host, ep.port};
+}
+
 absl::Status GrpcStore::CheckTls(Duration timeout) {
-  const absl::Status st =
-      WaitOrDiagnose(*impl_->channel_, impl_->host_, impl_->port_, impl_->tls_, timeout);
-  return IsTlsHandshakeError(st) ? st : absl::OkStatus();
+  if (impl_->eps_.size() == 1) {
+    const Impl::Endpoint& ep = impl_->eps_[0];
+    const absl::Status st = WaitOrDiagnose(*ep.channel, ep.host, ep.port, impl_->tls_, timeout);
+    return IsTlsHandshakeError(st) ? st : absl::OkStatus();
+  }
+  // Replicas: done once one connects (a dead one is not waited for).
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    for (const Impl::Endpoint& ep : impl_->eps_) {
+      const Duration left = deadline - std::chrono::steady_clock::now();
+      if (left <= Duration::zero()) break;
+      if (ep.channel->WaitForConnected(DeadlineAfter(std::min(left, kReplicaSlice)))) {
+        return absl::OkStatus();
+      }
+      DDPRUN_RETURN_IF_ERROR(DiagnoseTls(ep.host, ep.port, impl_->tls_, kReplicaSlice));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status GrpcStore::Set(const std::string& key, const std::string& value) {
@@ -324,7 +427,8 @@ absl::StatusOr<std::int64_t> GrpcStore::Add(const std::string& key, std::int64_t
   req.set_key(key);
   req.set_delta(delta);
   pb::AddResponse resp;
-  DDPRUN_RETURN_IF_ERROR(impl_->Call(&pb::Store::Stub::Add, req, &resp, kDefaultCallTimeout));
+  DDPRUN_RETURN_IF_ERROR(impl_->Call(&pb::Store::Stub::Add, req, &resp, kDefaultCallTimeout,
+                                     /*repeatable=*/false));
   return resp.value();
 }
 
@@ -341,8 +445,8 @@ absl::StatusOr<bool> GrpcStore::CompareSet(const std::string& key,
   }
   req.set_desired(desired);
   pb::CompareSetResponse resp;
-  DDPRUN_RETURN_IF_ERROR(
-      impl_->Call(&pb::Store::Stub::CompareSet, req, &resp, kDefaultCallTimeout));
+  DDPRUN_RETURN_IF_ERROR(impl_->Call(&pb::Store::Stub::CompareSet, req, &resp, kDefaultCallTimeout,
+                                     /*repeatable=*/false));
   if (current) *current = resp.current();
   return resp.swapped();
 }

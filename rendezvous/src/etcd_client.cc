@@ -17,6 +17,7 @@
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
 #include "proto_convert.h"
 #include "tls_credentials.h"
+#include "tls_probe.h"
 
 namespace ddprun::rendezvous {
 namespace {
@@ -174,7 +175,8 @@ class EtcdClient::Impl {
     if (options_.endpoints.empty()) {
       return absl::InvalidArgumentError("no etcd endpoint given; " + options_.fix);
     }
-    DDPRUN_ASSIGN_OR_RETURN(TlsConfig tls, LoadClientTls(options_.tls));
+    DDPRUN_ASSIGN_OR_RETURN(tls_, LoadClientTls(options_.tls));
+    const TlsConfig& tls = tls_;
     SilenceGrpcLogging();
     for (const HostPort& hp : options_.endpoints) {
       grpc::ChannelArguments args;
@@ -207,6 +209,7 @@ class EtcdClient::Impl {
   std::size_t current() const { return current_.load(); }
   void Answered(std::size_t i) { current_.store(i % members_.size()); }
   const EtcdOptions& options() const { return options_; }
+  const TlsConfig& tls() const { return tls_; }
   std::atomic<std::int64_t> writes{0};
 
   // Runs call(member, context) on each member in turn, from the one that
@@ -257,6 +260,7 @@ class EtcdClient::Impl {
 
  private:
   EtcdOptions options_;
+  TlsConfig tls_;
   std::vector<Member> members_;
   std::atomic<std::size_t> current_{0};
 };
@@ -470,6 +474,54 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(EtcdOptions optio
   auto impl = std::make_unique<Impl>(std::move(options));
   DDPRUN_RETURN_IF_ERROR(impl->Init());
   return std::unique_ptr<EtcdClient>(new EtcdClient(std::move(impl)));
+}
+
+// The probe's finding in etcd's words: etcd's own flags for its side, this
+// client's (names) for ours.
+absl::Status EtcdClient::DiagnoseTls(Duration timeout) const {
+  const TlsSourceNames& n = impl_->options().tls.names;
+  for (const HostPort& hp : impl_->options().endpoints) {
+    const TlsFinding found = ProbeTls(hp.host, hp.port, impl_->tls(), timeout);
+    const std::string target = "etcd at " + FormatHostPort(hp);
+    switch (found.problem) {
+      case TlsProblem::kNone:
+        continue;
+      case TlsProblem::kServerNotTls:
+        return TlsHandshakeError(target, "etcd does not speak TLS and this ddprund asks for it",
+                                 absl::StrCat("drop ", n.ca, " (and ", n.cert, "/", n.key,
+                                              "), or serve etcd with --cert-file and --key-file"));
+      case TlsProblem::kServerRequiresTls:
+        return TlsHandshakeError(
+            target, "etcd requires TLS and this ddprund connects in plaintext",
+            absl::StrCat("give ", n.ca, " with the CA that signed etcd's --cert-file (and ", n.cert,
+                         "/", n.key, " if etcd runs with --client-cert-auth)"));
+      case TlsProblem::kWrongName:
+        return TlsHandshakeError(
+            target, absl::StrCat("etcd's certificate is not issued for ", hp.host),
+            "list etcd in --etcd_endpoints by a name or address in its certificate's "
+            "subjectAltName, or issue it with this one");
+      case TlsProblem::kUntrusted:
+        return TlsHandshakeError(
+            target, absl::StrCat("etcd's certificate is not trusted (", found.detail, ")"),
+            absl::StrCat("check ", n.ca, ": it must be the CA that signed etcd's --cert-file"));
+      case TlsProblem::kClientCertMissing:
+        return TlsHandshakeError(
+            target,
+            "etcd requires a client certificate (mutual TLS, its --client-cert-auth) and this "
+            "ddprund has none",
+            absl::StrCat("give ", n.cert, " and ", n.key,
+                         ", a certificate signed by the CA of etcd's --trusted-ca-file"));
+      case TlsProblem::kClientCertRefused:
+        return TlsHandshakeError(
+            target,
+            absl::StrCat("etcd refused this ddprund's client certificate (mutual TLS",
+                         found.detail.empty() ? "" : ": " + found.detail, ")"),
+            absl::StrCat("check ", n.cert,
+                         ": it must be signed by the CA of etcd's "
+                         "--trusted-ca-file"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<EtcdRange> EtcdClient::Range(const std::string& key, const std::string& range_end,

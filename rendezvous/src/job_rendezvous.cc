@@ -322,7 +322,7 @@ absl::Status JobRendezvous::Abort(std::int64_t round, const std::string& reason,
 
 absl::Status JobRendezvous::Report(const std::string& node_id, std::int64_t round,
                                    Outcome outcome, std::vector<WorkerFailure> failures,
-                                   std::vector<Delivery>* out) {
+                                   std::vector<Delivery>* out, const std::string& cause) {
   if (state_ == State::kClosed) return absl::OkStatus();  // late reports change nothing
   if (round != round_) {
     return absl::FailedPreconditionError(
@@ -356,12 +356,14 @@ absl::Status JobRendezvous::Report(const std::string& node_id, std::int64_t roun
       }
       if (restart_count_ > shape_.max_restarts) {
         Close(false,
-              "a worker failed and the restart budget (" + std::to_string(shape_.max_restarts) +
+              (cause.empty() ? std::string("a worker failed") : cause) +
+                  " and the restart budget (" + std::to_string(shape_.max_restarts) +
                   ") is spent",
               out);
         return absl::OkStatus();
       }
-      std::string reason = "worker failure on " + node_id + " (restart " +
+      std::string reason = (cause.empty() ? "worker failure on " + node_id : cause) +
+                           " (restart " +
                            std::to_string(restart_count_) + " of " +
                            std::to_string(shape_.max_restarts) + ")";
       OpenNextRound(reason, /*counts_as_failure=*/true, out, /*failed_node=*/node_id);

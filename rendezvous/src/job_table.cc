@@ -192,7 +192,7 @@ absl::StatusOr<std::string> JobTable::Join(const JoinSpec& spec, std::shared_ptr
 
 absl::Status JobTable::Report(const std::string& job_id, const std::string& node_id,
                               std::int64_t round, Outcome outcome,
-                              std::vector<WorkerFailure> failures) {
+                              std::vector<WorkerFailure> failures, const std::string& cause) {
   DDPRUN_RETURN_IF_ERROR(CheckJobId(job_id));
   Batch batch;
   std::optional<TimePoint> deadline;
@@ -211,7 +211,9 @@ absl::Status JobTable::Report(const std::string& job_id, const std::string& node
                                                                : "leaving");
     std::vector<Delivery> out;
     std::string what;
-    if (outcome == Outcome::kFailed) {
+    if (outcome == Outcome::kFailed && !cause.empty()) {
+      what = cause + "; node " + node_id + " fails";
+    } else if (outcome == Outcome::kFailed) {
       what = "node " + node_id + " reported a worker failure";
       if (!failures.empty() && failures.front().global_rank >= 0)
         what += " (rank " + std::to_string(failures.front().global_rank) + ")";
@@ -219,7 +221,7 @@ absl::Status JobTable::Report(const std::string& job_id, const std::string& node
       what = "node " + node_id + " left";
     }
     const char* tag = outcome == Outcome::kFailed ? "failure" : "leave";
-    st = job.rdzv->Report(node_id, round, outcome, std::move(failures), &out);
+    st = job.rdzv->Report(node_id, round, outcome, std::move(failures), &out, cause);
     LogChange(*job.rdzv, before, out);  // before CollectLocked moves the events
     ObserveLocked(*job.rdzv, before.state, before.round, out, st.ok() && !what.empty() ? tag : "",
                   st.ok() ? what : "");

@@ -205,11 +205,11 @@ void ChannelWriter::CollectiveStart(std::string_view op) {
 }
 
 void ChannelWriter::CollectiveEnd(std::string_view op, std::int64_t bytes, double seconds,
-                                  double busbw_gbps) {
+                                  double busbw_gbps, bool more_in_flight) {
   std::lock_guard<std::mutex> lock(comm_mu_);
   SeqWrite w(map_->header.comm_seq);
   CommSection& c = map_->comm;
-  c.in_collective = 0;
+  c.in_collective = more_in_flight ? 1 : 0;
   c.comm_seconds_total += seconds;
   const int i = OpIndex(op);
   if (i < 0) return;

@@ -630,7 +630,14 @@ absl::Status RendezvousServer::Impl::StartEtcd() {
   DDPRUN_ASSIGN_OR_RETURN(etcd_, EtcdClient::Create(std::move(eo)));
   // Fails at start, in one line, when etcd is unreachable or the prefix holds
   // another program's data.
-  DDPRUN_RETURN_IF_ERROR(ClaimEtcdPrefix(*etcd_, etcd_prefix_));
+  if (absl::Status claimed = ClaimEtcdPrefix(*etcd_, etcd_prefix_); !claimed.ok()) {
+    // An etcd that is there but refuses our handshake is named as such (one
+    // probe per member), not as "unreachable".
+    if (KindOf(claimed) == ErrorKind::kConnection) {
+      DDPRUN_RETURN_IF_ERROR(etcd_->DiagnoseTls(std::chrono::seconds(1)));
+    }
+    return claimed;
+  }
   EtcdJournalOptions jo;
   jo.client = etcd_.get();
   jo.prefix = etcd_prefix_;

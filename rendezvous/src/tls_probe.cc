@@ -145,18 +145,16 @@ class BlockSigpipe {
 
 }  // namespace
 
-absl::Status DiagnoseTls(const std::string& host, int port, const TlsConfig& tls,
-                         Duration timeout) {
+TlsFinding ProbeTls(const std::string& host, int port, const TlsConfig& tls, Duration timeout) {
   const TimePoint deadline = std::chrono::steady_clock::now() + std::min(timeout, kMaxProbe);
-  const std::string target = FormatHostPort(host, port);
   BlockSigpipe no_sigpipe;
   auto addresses = net::ResolveTcp(host, port);
-  if (!addresses.ok() || addresses->empty()) return absl::OkStatus();
+  if (!addresses.ok() || addresses->empty()) return {};
   auto fd = net::ConnectTcp(addresses->front(), deadline);
-  if (!fd.ok()) return absl::OkStatus();  // nothing listens: not a TLS problem
+  if (!fd.ok()) return {};  // nothing listens: not a TLS problem
 
   std::unique_ptr<SSL_CTX, SslCtxFree> ctx(SSL_CTX_new(TLS_client_method()));
-  if (!ctx) return absl::OkStatus();
+  if (!ctx) return {};
   SSL_CTX_set_min_proto_version(ctx.get(), TLS1_2_VERSION);
   static const unsigned char kAlpn[] = {2, 'h', '2'};
   SSL_CTX_set_alpn_protos(ctx.get(), kAlpn, sizeof(kAlpn));
@@ -168,7 +166,7 @@ absl::Status DiagnoseTls(const std::string& host, int port, const TlsConfig& tls
   SSL_CTX_set_msg_callback(ctx.get(), OnMessage);
   SSL_CTX_set_msg_callback_arg(ctx.get(), &seen);
   std::unique_ptr<SSL, SslFree> ssl(SSL_new(ctx.get()));
-  if (!ssl) return absl::OkStatus();
+  if (!ssl) return {};
   SSL_set_fd(ssl.get(), fd->get());
   if (IsIpLiteral(host)) {
     X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl.get()), host.c_str());
@@ -184,7 +182,7 @@ absl::Status DiagnoseTls(const std::string& host, int port, const TlsConfig& tls
   int rc = RunUntil(
       s, fd->get(), deadline, [s] { return SSL_connect(s); }, &timed_out);
   ERR_clear_error();
-  if (timed_out) return absl::OkStatus();
+  if (timed_out) return {};
   // Whether the server dropped us during or right after the handshake
   // without a word of HTTP/2 (gRPC does not always send its alert).
   bool dropped = rc <= 0;
@@ -205,50 +203,66 @@ absl::Status DiagnoseTls(const std::string& host, int port, const TlsConfig& tls
   }
 
   if (!seen.server_hello) {
-    if (!tls.enabled) return absl::OkStatus();  // plaintext both: not a TLS problem
-    return TlsHandshakeError(target, "the server does not speak TLS",
-                             "start it with --tls_cert and --tls_key, or connect without --tls_ca");
+    if (!tls.enabled) return {};  // plaintext both: not a TLS problem
+    return {TlsProblem::kServerNotTls, ""};
   }
-  if (!tls.enabled) {
-    return TlsHandshakeError(
-        target, "the server requires TLS and this client connects in plaintext",
-        "give --tls_ca (PET_TLS_CA, job file tls_ca; DDPRUN_TLS_CA for workers) with the CA that "
-        "signed the server's certificate");
-  }
+  if (!tls.enabled) return {TlsProblem::kServerRequiresTls, ""};
   const long verify = SSL_get_verify_result(s);
   if (verify == X509_V_ERR_HOSTNAME_MISMATCH || verify == X509_V_ERR_IP_ADDRESS_MISMATCH) {
-    return TlsHandshakeError(
-        target, absl::StrCat("the server's certificate is not issued for ", host),
-        "connect by a name or address in its subjectAltName, or issue it with this one");
+    return {TlsProblem::kWrongName, ""};
   }
-  if (verify != X509_V_OK) {
-    return TlsHandshakeError(
-        target,
-        absl::StrCat("the server's certificate is not trusted (",
-                     X509_verify_cert_error_string(verify), ")"),
-        "check --tls_ca: it must be the CA that signed the server's --tls_cert");
-  }
+  if (verify != X509_V_OK) return {TlsProblem::kUntrusted, X509_verify_cert_error_string(verify)};
   if (seen.alert >= 0) {
-    if (!have_cert &&
-        (seen.alert == kAlertCertificateRequired || seen.alert == kAlertHandshakeFailure)) {
-      return TlsHandshakeError(
-          target, "the server requires a client certificate (mutual TLS) and this client has none",
-          "give --tls_cert and --tls_key, signed by the CA of the server's --tls_client_ca");
+    // We sent no certificate: an alert after the server asked for one (Go's
+    // TLS, etcd's, says bad_certificate) means that it requires one.
+    if (!have_cert && (seen.alert == kAlertCertificateRequired ||
+                       seen.alert == kAlertHandshakeFailure || seen.cert_request)) {
+      return {TlsProblem::kClientCertMissing, ""};
     }
-    return TlsHandshakeError(
-        target,
-        absl::StrCat("the server refused this client's certificate (", AlertName(seen.alert), ")"),
-        "check --tls_cert: it must be signed by the CA of the server's --tls_client_ca");
+    return {TlsProblem::kClientCertRefused, AlertName(seen.alert)};
   }
   if (dropped && seen.cert_request) {
-    if (!have_cert) {
+    if (!have_cert) return {TlsProblem::kClientCertMissing, ""};
+    return {TlsProblem::kClientCertRefused, ""};
+  }
+  return {};
+}
+
+absl::Status DiagnoseTls(const std::string& host, int port, const TlsConfig& tls,
+                         Duration timeout) {
+  const TlsFinding found = ProbeTls(host, port, tls, timeout);
+  const std::string target = FormatHostPort(host, port);
+  switch (found.problem) {
+    case TlsProblem::kNone:
+      return absl::OkStatus();
+    case TlsProblem::kServerNotTls:
+      return TlsHandshakeError(
+          target, "the server does not speak TLS",
+          "start it with --tls_cert and --tls_key, or connect without --tls_ca");
+    case TlsProblem::kServerRequiresTls:
+      return TlsHandshakeError(
+          target, "the server requires TLS and this client connects in plaintext",
+          "give --tls_ca (PET_TLS_CA, job file tls_ca; DDPRUN_TLS_CA for workers) with the CA that "
+          "signed the server's certificate");
+    case TlsProblem::kWrongName:
+      return TlsHandshakeError(
+          target, absl::StrCat("the server's certificate is not issued for ", host),
+          "connect by a name or address in its subjectAltName, or issue it with this one");
+    case TlsProblem::kUntrusted:
+      return TlsHandshakeError(
+          target, absl::StrCat("the server's certificate is not trusted (", found.detail, ")"),
+          "check --tls_ca: it must be the CA that signed the server's --tls_cert");
+    case TlsProblem::kClientCertMissing:
       return TlsHandshakeError(
           target, "the server requires a client certificate (mutual TLS) and this client has none",
           "give --tls_cert and --tls_key, signed by the CA of the server's --tls_client_ca");
-    }
-    return TlsHandshakeError(
-        target, "the server closed the connection after checking this client's certificate",
-        "check --tls_cert: it must be signed by the CA of the server's --tls_client_ca");
+    case TlsProblem::kClientCertRefused:
+      return TlsHandshakeError(
+          target,
+          found.detail.empty()
+              ? "the server closed the connection after checking this client's certificate"
+              : absl::StrCat("the server refused this client's certificate (", found.detail, ")"),
+          "check --tls_cert: it must be signed by the CA of the server's --tls_client_ca");
   }
   return absl::OkStatus();
 }

@@ -14,6 +14,29 @@
 
 namespace ddprun::rendezvous {
 
+// What one probe handshake found, as the TLS protocol says it.
+enum class TlsProblem {
+  kNone,               // nothing listens, the handshake works, or the probe ran out of time
+  kServerNotTls,       // a TLS client; the server sent no ServerHello
+  kServerRequiresTls,  // a plaintext client; the server answered TLS
+  kWrongName,          // the server's certificate is not for the host we dialled
+  kUntrusted,          // the server's certificate does not verify with our CA
+  kClientCertMissing,  // the server requires a client certificate; we have none
+  kClientCertRefused,  // the server refused our client certificate
+};
+
+struct TlsFinding {
+  TlsProblem problem = TlsProblem::kNone;
+  // kUntrusted: X.509's verification error; kClientCertRefused: the alert
+  // the server sent, or "" when it closed without one.
+  std::string detail;
+};
+
+// One TCP connection to host:port and one OpenSSL handshake with `tls`'s
+// roots and certificate; sends nothing but the TLS handshake and an HTTP/2
+// preface. At most `timeout` (and never more than 2 s) is spent.
+TlsFinding ProbeTls(const std::string& host, int port, const TlsConfig& tls, Duration timeout);
+
 // Returns TlsHandshakeError (tls.h) naming the reason and the flag to fix
 // when the handshake between this client's `tls` and the server at host:port
 // cannot work:

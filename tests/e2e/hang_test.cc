@@ -19,6 +19,19 @@ const std::string kHangScript = std::string(DDPRUN_SOURCE_DIR) + "/tests/fixture
 constexpr double kHangTimeout = 4;
 constexpr double kReportWithin = kHangTimeout + 15;
 
+// `hang_ddp.py", line N in main` for the fixture's line marked HANG_LINE,
+// where the culprit sleeps.
+std::string HangLineFrame() {
+  const std::vector<std::string> lines = Lines(ReadFile(kHangScript));
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    if (lines[i].find("# HANG_LINE") != std::string::npos) {
+      return "hang_ddp.py\", line " + std::to_string(i + 1) + " in main";
+    }
+  }
+  FAIL("no HANG_LINE in " << kHangScript);
+  return "";
+}
+
 bool TorchAvailable() {
   return std::system((kPython + " -c 'import torch.distributed' >/dev/null 2>&1").c_str()) == 0;
 }
@@ -52,8 +65,37 @@ TEST_CASE(
   CHECK_THAT(out, Catch::Contains("HANG: no rank made progress"));
   CHECK_THAT(out, Catch::Contains("culprit rank(s) 1:"));
   CHECK_THAT(out, Catch::Contains("waiting: rank(s) 0"));
-  CHECK_THAT(out, Catch::Contains("hang_ddp.py\", line 37 in main"));  // HANG_LINE
+  CHECK_THAT(out, Catch::Contains(HangLineFrame()));
   CHECK_THAT(out, Catch::Contains("on_hang=abort"));
+  CheckReportedInTime(out);
+}
+
+TEST_CASE(
+    "hang: --on_hang=restart restarts the round as the hung rank's failure, counted against "
+    "--max_restarts",
+    "[e2e][hang]") {
+  if (!TorchAvailable()) {
+    return SkipCase("e2e", kPython + " cannot import torch; install python3-torch");
+  }
+  Harness h;
+  // Rank 1 hangs in the first round only; the restarted round trains to the end.
+  Proc& p = h.StartDdprun("ddprun",
+                          {"--standalone", "--nproc_per_node=2", "--hang_timeout=4",
+                           "--on_hang=restart", "--max_restarts=1", kPython, kHangScript},
+                          {{"HANG_RANK", "1"}, {"HANG_AT_STEP", "5"}, {"HANG_RESTART", "0"}});
+  const int rc = h.Wait(p, 150);
+  const std::string out = p.Out() + p.Err();
+  INFO(out);
+  CHECK(rc == 0);
+  CHECK_THAT(out, Catch::Contains("culprit rank(s) 1:"));
+  CHECK_THAT(out, Catch::Contains("on_hang=restart"));
+  // The console says why the workers restart: rank 1 hung, one restart of one.
+  CHECK(std::regex_search(out, std::regex("restarting the workers: rank 1 on 127\\.0\\.0\\.1 "
+                                          "\\(pid [0-9]+\\) hung: no progress for "
+                                          "--hang_timeout \\(see the hang report\\) "
+                                          "\\(restart 1 of 1\\)")));
+  CHECK(out.find("worker failure on") == std::string::npos);
+  CHECK_THAT(out, Catch::Contains("restart 1"));  // the second round's start line
   CheckReportedInTime(out);
 }
 
@@ -103,7 +145,7 @@ TEST_CASE(
   CHECK(rb != 0);
   for (const std::string& out : {out_a, out_b}) {
     CHECK_THAT(out, Catch::Contains("culprit rank(s) 3:"));
-    CHECK_THAT(out, Catch::Contains("hang_ddp.py\", line 37 in main"));
+    CHECK_THAT(out, Catch::Contains(HangLineFrame()));
   }
   CheckReportedInTime(out_a);
   h.StopDaemon(*daemon);

@@ -81,6 +81,10 @@ TEST_CASE("GPU: the Reducer on NCCL (bit for bit, averaging, no_sync, compressio
   RunOnGpus("[gpu-reducer]");
 }
 
+TEST_CASE("GPU: NCCL collectives show up in the worker's metrics channel", "[gpu]") {
+  RunOnGpus("[gpu-metrics]");
+}
+
 TEST_CASE("GPU: an aborted NCCL group refuses every later call", "[gpu]") {
   RunOnGpus("[gpu-abort]");
 }

@@ -11,66 +11,12 @@
 #include "ddprun/rendezvous/client.h"
 #include "ddprun/rendezvous/errors.h"
 #include "support/etcd_cluster.h"
+#include "support/ha_replicas.h"
 #include "support/process_helpers.h"
 #include "support/skip.h"
 
 using namespace ddprun::test;
 namespace rdzv = ddprun::rendezvous;
-
-namespace {
-
-struct Replica {
-  Proc* proc = nullptr;
-  int port = 0;
-};
-
-Replica StartReplica(Harness& h, const std::string& name, const EtcdCluster& etcd,
-                     const std::vector<std::string>& extra = {}) {
-  Replica r;
-  // TTL 2 (the default): a loaded CI machine must not depose a healthy leader.
-  std::vector<std::string> flags{"--etcd_endpoints", etcd.endpoints(), "--etcd_lease_ttl", "2"};
-  flags.insert(flags.end(), extra.begin(), extra.end());
-  r.port = h.StartDaemon(name, &r.proc, flags);
-  return r;
-}
-
-bool Leads(const Replica& r) {
-  return r.proc->Err().find("leads the control plane") != std::string::npos;
-}
-
-// The replica that leads, waiting up to timeout_s.
-int WaitLeader(const std::vector<Replica>& replicas, double timeout_s) {
-  const auto t0 = Clock::now();
-  while (SecondsSince(t0) < timeout_s) {
-    for (std::size_t i = 0; i < replicas.size(); ++i)
-      if (!replicas[i].proc->exit && Leads(replicas[i])) return static_cast<int>(i);
-    SleepMs(20);
-  }
-  return -1;
-}
-
-std::string Endpoints(const std::vector<Replica>& rs) {
-  std::string out;
-  for (const Replica& r : rs) {
-    if (!out.empty()) out += ",";
-    out += "127.0.0.1:" + std::to_string(r.port);
-  }
-  return out;
-}
-
-std::vector<std::string> JobFlags(const std::string& endpoints, const std::string& id, int node,
-                                  const std::string& restarts = "1") {
-  return {"--nnodes=2",
-          "--nproc_per_node=2",
-          "--max_restarts=" + restarts,
-          "--local_addr=127.0.0." + std::to_string(node + 1),
-          "--rdzv_endpoint=" + endpoints,
-          "--rdzv_id=" + id,
-          "--rdzv_conf=join_timeout=30",
-          FixtureWorker()};
-}
-
-}  // namespace
 
 TEST_CASE(
     "ha: kill -9 the leading replica mid-job, then fail a worker: the other replica "
@@ -84,17 +30,14 @@ TEST_CASE(
   REQUIRE(leader >= 0);
   const std::string pids = h.PidDir("pids");
   const std::string out = h.MakeDir("out");
-  std::vector<Proc*> agents;
-  for (int i = 0; i < 2; ++i) {
-    agents.push_back(&h.StartDdprun("node" + std::to_string(i),
-                                    JobFlags(Endpoints(replicas), "hajob", i),
-                                    {{"FIXTURE_PIDFILE_DIR", pids},
-                                     {"FIXTURE_OUT_DIR", out},
-                                     {"FIXTURE_SLEEP_MS", "4000"},
-                                     {"FIXTURE_FAIL_RANK", "3"},
-                                     {"FIXTURE_FAIL_ONLY_RESTART", "0"},
-                                     {"FIXTURE_EXIT_CODE", "7"}}));
-  }
+  const std::vector<Proc*> agents =
+      StartTwoNodeJob(h, {Endpoints(replicas), Endpoints(replicas)}, "hajob",
+                      {{"FIXTURE_PIDFILE_DIR", pids},
+                       {"FIXTURE_OUT_DIR", out},
+                       {"FIXTURE_SLEEP_MS", "4000"},
+                       {"FIXTURE_FAIL_RANK", "3"},
+                       {"FIXTURE_FAIL_ONLY_RESTART", "0"},
+                       {"FIXTURE_EXIT_CODE", "7"}});
   const std::vector<pid_t> workers = h.WaitForPids(pids, 4, 20);
   // A key in the job's store (a worker's view: token and round of its env).
   std::vector<Record> first;
@@ -154,14 +97,12 @@ TEST_CASE("ha: two agents failing at once, each starting at a different replica:
   const std::string out = h.MakeDir("out");
   // Node 0 lists r0 first, node 1 lists r1 first: one of them starts at the standby.
   const std::vector<std::string> lists{Endpoints(replicas), Endpoints({replicas[1], replicas[0]})};
-  std::vector<Proc*> agents;
-  for (int i = 0; i < 2; ++i) {
-    agents.push_back(&h.StartDdprun("node" + std::to_string(i), JobFlags(lists[i], "both", i, "3"),
-                                    {{"FIXTURE_OUT_DIR", out},
-                                     {"FIXTURE_SLEEP_MS", "300"},
-                                     {"FIXTURE_FAIL_ONLY_RESTART", "0"},
-                                     {"FIXTURE_EXIT_CODE", "5"}}));
-  }
+  const std::vector<Proc*> agents = StartTwoNodeJob(h, lists, "both",
+                                                    {{"FIXTURE_OUT_DIR", out},
+                                                     {"FIXTURE_SLEEP_MS", "300"},
+                                                     {"FIXTURE_FAIL_ONLY_RESTART", "0"},
+                                                     {"FIXTURE_EXIT_CODE", "5"}},
+                                                    "3");
   for (Proc* a : agents) {
     INFO(a->name << " stderr:\n" << a->Err());
     CHECK(h.Wait(*a, 30) == 0);
@@ -236,17 +177,14 @@ TEST_CASE(
   REQUIRE(leader >= 0);
   const std::string pids = h.PidDir("pids");
   const std::string out = h.MakeDir("out");
-  std::vector<Proc*> agents;
-  for (int i = 0; i < 2; ++i) {
-    agents.push_back(&h.StartDdprun("node" + std::to_string(i),
-                                    JobFlags(Endpoints(replicas), "quorum", i),
-                                    {{"FIXTURE_PIDFILE_DIR", pids},
-                                     {"FIXTURE_OUT_DIR", out},
-                                     {"FIXTURE_SLEEP_MS", "7000"},
-                                     {"FIXTURE_FAIL_RANK", "0"},
-                                     {"FIXTURE_FAIL_ONLY_RESTART", "0"},
-                                     {"FIXTURE_EXIT_CODE", "3"}}));
-  }
+  const std::vector<Proc*> agents =
+      StartTwoNodeJob(h, {Endpoints(replicas), Endpoints(replicas)}, "quorum",
+                      {{"FIXTURE_PIDFILE_DIR", pids},
+                       {"FIXTURE_OUT_DIR", out},
+                       {"FIXTURE_SLEEP_MS", "7000"},
+                       {"FIXTURE_FAIL_RANK", "0"},
+                       {"FIXTURE_FAIL_ONLY_RESTART", "0"},
+                       {"FIXTURE_EXIT_CODE", "3"}});
   const std::vector<pid_t> workers = h.WaitForPids(pids, 4, 20);
   // Kill etcd's leader: the others elect one within ~1 s; nothing is lost.
   const int etcd_leader = etcd.Leader();
@@ -317,20 +255,54 @@ TEST_CASE(
                              "--etcd_key", tls + "/client.key"});
   CHECK(WaitLeader({ok}, 20) == 0);
   h.StopDaemon(*ok.proc);
-  // Plain text against the TLS etcd: one line naming etcd, exit 1.
-  Proc& plain = h.Start("plain", {Ddprund(), "--dashboard_port", "0", "--host", "127.0.0.1",
-                                  "--port", "0", "--etcd_endpoints", etcd.endpoints()});
-  CHECK(h.Wait(plain, 20) == 1);
-  const std::string err = plain.Err();
-  CHECK(err.find("ddprund: etcd unreachable (127.0.0.1:") != std::string::npos);
-  CHECK(std::count(err.begin(), err.end(), '\n') == 1);
-  // The CA but no client certificate, where etcd requires one: refused, one line.
-  Proc& no_cert =
-      h.Start("nocert", {Ddprund(), "--dashboard_port", "0", "--host", "127.0.0.1", "--port", "0",
-                         "--etcd_endpoints", etcd.endpoints(), "--etcd_ca", tls + "/ca.pem"});
-  CHECK(h.Wait(no_cert, 20) == 1);
-  const std::string no_cert_err = no_cert.Err();
-  INFO(no_cert_err);
-  CHECK(no_cert_err.find("etcd") != std::string::npos);
-  CHECK(std::count(no_cert_err.begin(), no_cert_err.end(), '\n') == 1);
+  // A second CA, and a client certificate it signed, for the refusals below.
+  const std::string gen_other =
+      "cd " + tls +
+      " && openssl req -x509 -newkey rsa:2048 -nodes -keyout other-ca.key -out other-ca.pem "
+      "-days 2 -subj /CN=other-ca 2>/dev/null"
+      " && openssl req -newkey rsa:2048 -nodes -keyout stranger.key -out stranger.csr "
+      "-subj /CN=stranger 2>/dev/null"
+      " && openssl x509 -req -in stranger.csr -CA other-ca.pem -CAkey other-ca.key "
+      "-CAcreateserial -out stranger.pem -days 2 2>/dev/null";
+  REQUIRE(std::system(gen_other.c_str()) == 0);
+  // Each refusal: exit 1 at start, ONE line naming etcd, its endpoint, the
+  // cause and the flags to give (classified by an OpenSSL probe handshake).
+  // They run side by side: each waits out one etcd call before the probe.
+  struct Refusal {
+    std::string name;
+    std::vector<std::string> flags;
+    std::vector<std::string> says;
+  };
+  const std::string at = "TLS handshake with etcd at " + etcd.endpoint(0) + " failed: ";
+  const std::vector<Refusal> refusals{
+      {"plain", {}, {at + "etcd requires TLS and this ddprund connects in plaintext", "--etcd_ca"}},
+      {"nocert",
+       {"--etcd_ca", tls + "/ca.pem"},
+       {at + "etcd requires a client certificate (mutual TLS", "give --etcd_cert and --etcd_key"}},
+      {"wrongca",
+       {"--etcd_ca", tls + "/other-ca.pem", "--etcd_cert", tls + "/client.pem", "--etcd_key",
+        tls + "/client.key"},
+       {at + "etcd's certificate is not trusted", "check --etcd_ca"}},
+      {"stranger",
+       {"--etcd_ca", tls + "/ca.pem", "--etcd_cert", tls + "/stranger.pem", "--etcd_key",
+        tls + "/stranger.key"},
+       {at + "etcd refused this ddprund's client certificate (mutual TLS", "check --etcd_cert"}},
+  };
+  std::vector<Proc*> procs;
+  for (const Refusal& r : refusals) {
+    std::vector<std::string> argv{Ddprund(), "--dashboard_port", "0",
+                                  "--host",  "127.0.0.1",        "--port",
+                                  "0",       "--etcd_endpoints", etcd.endpoints()};
+    argv.insert(argv.end(), r.flags.begin(), r.flags.end());
+    procs.push_back(&h.Start(r.name, argv));
+  }
+  for (std::size_t i = 0; i < refusals.size(); ++i) {
+    const int rc = h.Wait(*procs[i], 20);
+    const std::string err = procs[i]->Err();
+    INFO(refusals[i].name << ": " << err);
+    CHECK(rc == 1);
+    CHECK(std::count(err.begin(), err.end(), '\n') == 1);
+    CHECK(err.rfind("ddprund: ", 0) == 0);
+    for (const std::string& s : refusals[i].says) CHECK(err.find(s) != std::string::npos);
+  }
 }

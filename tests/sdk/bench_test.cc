@@ -164,8 +164,10 @@ TEST_CASE("ddprun bench: bad flags and requests are one line and exit 2", "[sdk]
       {{"--op=alltoall"}, "ddprun bench: --op: unknown collective 'alltoall'"},
       {{"--nproc_per_node=2", "--op=broadcast", "--root=5", "--sizes=4K"},
        "ddprun bench: --root 5 is not a rank of this job of 2 rank(s)"},
-      {{"--scaling", "--nnodes=2", "--rdzv_endpoint=127.0.0.1:1"},
-       "ddprun bench --scaling: runs its world sizes as successive jobs on one node"},
+      // Across nodes (tests/multiproc/bench_scaling_test.cc): the job's own checks.
+      {{"--scaling", "--nnodes=2", "--rdzv_backend=static", "--master_addr=127.0.0.1",
+        "--master_port=29999"},
+       "ddprun: static rendezvous with --nnodes=2 needs this node's --node_rank"},
   };
   for (const auto& [args, want] : cases) {
     const Result r = Bench(args, {}, 60);

@@ -21,13 +21,22 @@ namespace ddprun::test {
 // Whether the etcd binary is installed (tests skip otherwise).
 inline bool EtcdAvailable() { return ::access("/usr/bin/etcd", X_OK) == 0; }
 
+// Where the members run: on `host`, each started (and checked with etcdctl)
+// through the argv prefix `wrap` (`ip netns exec NS` for a network namespace
+// of support/net_pair.h). Members in a namespace are checked with etcdctl
+// run there, since this process cannot reach them.
+struct EtcdPlace {
+  std::string host = "127.0.0.1";
+  std::vector<std::string> wrap;
+};
+
 class EtcdCluster {
  public:
   // tls_dir: serve clients over TLS with tls_dir/server.pem, server.key (and
   // require client certificates signed by tls_dir/ca.pem when client_auth).
   EtcdCluster(Harness& h, int members, const std::string& name = "etcd",
-              const std::string& tls_dir = "", bool client_auth = false)
-      : h_(h), name_(name), tls_dir_(tls_dir), client_auth_(client_auth) {
+              const std::string& tls_dir = "", bool client_auth = false, EtcdPlace place = {})
+      : h_(h), name_(name), tls_dir_(tls_dir), client_auth_(client_auth), place_(std::move(place)) {
     for (int i = 0; i < members; ++i) {
       Member m;
       m.name = name + std::to_string(i);
@@ -46,12 +55,12 @@ class EtcdCluster {
     std::string out;
     for (const Member& m : members_) {
       if (!out.empty()) out += ",";
-      out += "127.0.0.1:" + std::to_string(m.client_port);
+      out += place_.host + ":" + std::to_string(m.client_port);
     }
     return out;
   }
   std::string endpoint(int i) const {
-    return "127.0.0.1:" + std::to_string(members_[i].client_port);
+    return place_.host + ":" + std::to_string(members_[i].client_port);
   }
   int client_port(int i) const { return members_[i].client_port; }
 
@@ -79,6 +88,15 @@ class EtcdCluster {
 
   // Until a write through every running member's list succeeds.
   void WaitHealthy(double timeout_s) {
+    if (!place_.wrap.empty()) {
+      const auto t0 = Clock::now();
+      while (SecondsSince(t0) < timeout_s) {
+        if (RunEtcdctl({"--endpoints", endpoints(), "put", "/ddprun-test-health", "ok"}) == "OK\n")
+          return;
+        SleepMs(50);
+      }
+      FAIL("etcd " << name_ << " not healthy within " << timeout_s << " s");
+    }
     rendezvous::EtcdOptions o;
     for (int i = 0; i < size(); ++i) o.endpoints.push_back({"127.0.0.1", members_[i].client_port});
     o.call_timeout = std::chrono::milliseconds(500);
@@ -93,6 +111,13 @@ class EtcdCluster {
       SleepMs(50);
     }
     FAIL("etcd " << name_ << " not healthy within " << timeout_s << " s: " << last.message());
+  }
+
+  // The value of key, read with etcdctl ("" when absent or unreachable).
+  std::string Get(const std::string& key) const {
+    std::string out = RunEtcdctl({"--endpoints", endpoints(), "get", key, "--print-value-only"});
+    while (!out.empty() && out.back() == '\n') out.pop_back();
+    return out;
   }
 
   // A client of the whole cluster, for checks.
@@ -122,8 +147,10 @@ class EtcdCluster {
     return text.substr(at + key.size(), end - at - key.size());
   }
 
-  static std::string RunEtcdctl(const std::vector<std::string>& args) {
-    std::string cmd = "ETCDCTL_API=3 /usr/bin/etcdctl --command-timeout=1s";
+  std::string RunEtcdctl(const std::vector<std::string>& args) const {
+    std::string cmd = "ETCDCTL_API=3";
+    for (const auto& w : place_.wrap) cmd += " '" + w + "'";
+    cmd += " /usr/bin/etcdctl --command-timeout=1s";
     for (const auto& a : args) cmd += " '" + a + "'";
     cmd += " 2>/dev/null";
     std::string out;
@@ -143,36 +170,38 @@ class EtcdCluster {
       if (!cluster.empty()) cluster += ",";
       cluster += o.name + "=http://127.0.0.1:" + std::to_string(o.peer_port);
     }
-    const std::string client = (tls_dir_.empty() ? "http://127.0.0.1:" : "https://127.0.0.1:") +
+    const std::string client = (tls_dir_.empty() ? "http://" : "https://") + place_.host + ":" +
                                std::to_string(m.client_port);
     const std::string peer = "http://127.0.0.1:" + std::to_string(m.peer_port);
-    std::vector<std::string> argv{"/usr/bin/etcd",
-                                  "--name",
-                                  m.name,
-                                  "--data-dir",
-                                  m.data,
-                                  "--listen-client-urls",
-                                  client,
-                                  "--advertise-client-urls",
-                                  client,
-                                  "--listen-peer-urls",
-                                  peer,
-                                  "--initial-advertise-peer-urls",
-                                  peer,
-                                  "--initial-cluster",
-                                  cluster,
-                                  "--initial-cluster-token",
-                                  name_,
-                                  "--initial-cluster-state",
-                                  existing ? "existing" : "new",
-                                  "--heartbeat-interval",
-                                  "50",
-                                  "--election-timeout",
-                                  "500",
-                                  "--logger",
-                                  "zap",
-                                  "--log-level",
-                                  "warn"};
+    std::vector<std::string> argv = place_.wrap;
+    for (const std::string& a : std::vector<std::string>{"/usr/bin/etcd",
+                                                         "--name",
+                                                         m.name,
+                                                         "--data-dir",
+                                                         m.data,
+                                                         "--listen-client-urls",
+                                                         client,
+                                                         "--advertise-client-urls",
+                                                         client,
+                                                         "--listen-peer-urls",
+                                                         peer,
+                                                         "--initial-advertise-peer-urls",
+                                                         peer,
+                                                         "--initial-cluster",
+                                                         cluster,
+                                                         "--initial-cluster-token",
+                                                         name_,
+                                                         "--initial-cluster-state",
+                                                         existing ? "existing" : "new",
+                                                         "--heartbeat-interval",
+                                                         "50",
+                                                         "--election-timeout",
+                                                         "500",
+                                                         "--logger",
+                                                         "zap",
+                                                         "--log-level",
+                                                         "warn"})
+      argv.push_back(a);
     if (!tls_dir_.empty()) {
       for (const std::string& a : {std::string("--cert-file"), tls_dir_ + "/server.pem",
                                    std::string("--key-file"), tls_dir_ + "/server.key"})
@@ -199,6 +228,7 @@ class EtcdCluster {
   std::string name_;
   std::string tls_dir_;
   bool client_auth_ = false;
+  EtcdPlace place_;
   std::vector<Member> members_;
 };
 

@@ -36,11 +36,14 @@ _OFF_OWNER = 16
 _OFF_FLAGS = 24
 _OFF_STACK_SIGNAL = 28
 _OFF_PROGRESS_SEQ = 32
+_OFF_COMM_SEQ = 40
 _OFF_SCALARS_SEQ = 48
 # ProgressSection at 64
 _OFF_STEPS = 64
 _OFF_SAMPLES = 72
 _OFF_RING = 80
+# CommSection at 592
+_OFF_COMM_SECONDS = 608
 # ScalarsSection at 1392
 _OFF_SCALAR_COUNT = 1392
 _OFF_SCALAR_DROPPED = 1400
@@ -136,6 +139,20 @@ class Channel:
             _qd.pack_into(m, _OFF_STEPS, steps, total)
             _d.pack_into(m, _OFF_RING + 8 * ((steps - 1) % STEP_RING), float(seconds))
             _Q.pack_into(m, _OFF_PROGRESS_SEQ, seq + 1)
+
+    def add_comm_seconds(self, seconds):
+        """Adds `seconds` of waiting for other ranks to comm_seconds_total (the
+        start-up hook's DDP all-reduce wait; the hub subtracts it from the
+        step time to find stragglers). Ignores values that are not > 0."""
+        if not self._alive or not seconds > 0:
+            return
+        m = self._m
+        with self._lock:
+            seq = _Q.unpack_from(m, _OFF_COMM_SEQ)[0] | 1
+            _Q.pack_into(m, _OFF_COMM_SEQ, seq)
+            total = _d.unpack_from(m, _OFF_COMM_SECONDS)[0]
+            _d.pack_into(m, _OFF_COMM_SECONDS, total + float(seconds))
+            _Q.pack_into(m, _OFF_COMM_SEQ, seq + 1)
 
     def scalar(self, name, value):
         """Sets a named scalar; False when the name is refused (counted as dropped)."""

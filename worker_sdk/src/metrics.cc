@@ -73,11 +73,8 @@ class CollectiveRecord {
   std::chrono::steady_clock::time_point t0_;
 };
 
-namespace {
-
-// DescribeOp's format (process_group.cc): "op(count x dtype[, extra])" ->
-// the op and its payload bytes per rank (0 when the format is not that).
-std::pair<std::string, std::int64_t> ParseDesc(const std::string& desc) {
+// DescribeOp's format: process_group.cc.
+std::pair<std::string, std::int64_t> ParseCollectiveDesc(const std::string& desc) {
   const std::size_t paren = desc.find('(');
   std::string op = desc.substr(0, paren);
   std::int64_t bytes = 0;
@@ -97,12 +94,10 @@ std::pair<std::string, std::int64_t> ParseDesc(const std::string& desc) {
   return {std::move(op), bytes};
 }
 
-}  // namespace
-
 std::shared_ptr<CollectiveRecord> BeginCollective(const std::string& desc, int ranks) {
   rdzv::ChannelWriter* channel = MetricsChannel();
   if (channel == nullptr) return nullptr;
-  auto [op, bytes] = ParseDesc(desc);
+  auto [op, bytes] = ParseCollectiveDesc(desc);
   return std::make_shared<CollectiveRecord>(channel, std::move(op), bytes, ranks);
 }
 

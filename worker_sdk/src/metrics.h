@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "ddprun/rendezvous/metrics_channel.h"
 
@@ -19,6 +20,10 @@ ddprun::rendezvous::ChannelWriter* MetricsChannel();
 // Bus bandwidth in GB/s of one collective, as nccl-tests defines it, from
 // this rank's input bytes, its duration and the group size.
 double BusBandwidthGbps(const char* op, std::int64_t input_bytes, double seconds, int ranks);
+
+// DescribeOp's "op(count x dtype[, extra])" -> the op and its payload bytes
+// per rank (0 when the format is not that).
+std::pair<std::string, std::int64_t> ParseCollectiveDesc(const std::string& desc);
 
 // `run` (a collective of the group's communication thread, described by
 // DescribeOp's "op(count x dtype, ...)") wrapped so that the channel records

@@ -13,12 +13,24 @@
 // that Work::Wait polls and Work::Synchronize makes another stream wait on.
 // Zero-element collectives are not sent to NCCL: they are done at once.
 //
+// Monitoring (docs/monitoring-sources.md): under ddprun every collective is
+// recorded in the metrics channel like the CPU backends' (op, bytes,
+// sequence number, duration, bus bandwidth). Its start is recorded when it
+// is enqueued; its duration is device time between two timing events
+// recorded on the collective stream around the NCCL call (so it includes
+// waiting for the peers, as the CPU paths' does). The end is recorded once
+// the end event has completed, found by cudaEventQuery without blocking: at
+// the next launch, and in Work::Wait / IsCompleted once they see the work
+// done. Nothing waits for the events; the hot path gains two
+// cudaEventRecord calls and a query per collective.
+//
 // Compression (the Reducer's f16/bf16 buckets): CompressF32/DecompressF32
 // launch the kernels of cuda_kernels.cu on the caller's stream, like Copy, so
 // they are ordered after the trainer's work and before the next collective.
 #include "absl/strings/str_cat.h"
 #include "backend.h"
 #include "ddprun/rendezvous/store.h"
+#include "metrics.h"
 
 #if DDPRUN_WITH_CUDA
 #include <cuda_runtime.h>
@@ -26,7 +38,9 @@
 
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <thread>
+#include <vector>
 
 #include "cuda_kernels.h"
 #endif
@@ -120,6 +134,11 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
         else ncclCommAbort(comm_);
       }
     }
+    for (const InFlight& f : in_flight_) {
+      cudaEventDestroy(f.start);
+      cudaEventDestroy(f.end);
+    }
+    for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
     if (scratch_ != nullptr) cudaFree(scratch_);
     if (ready_ != nullptr) cudaEventDestroy(ready_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -294,6 +313,13 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
   }
   std::weak_ptr<NcclBackend> weak() { return weak_from_this(); }
 
+  // Records the end of every monitored collective whose end event has
+  // completed (in issue order: one stream). Never blocks.
+  void Reap() {
+    std::lock_guard<std::mutex> lock(launch_mu_);
+    ReapLocked();
+  }
+
  protected:
   void OnAbort() override {
     std::lock_guard<std::mutex> lock(launch_mu_);
@@ -311,6 +337,49 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
 
   static absl::StatusOr<WorkPtr> Done() { return WorkPtr(std::make_shared<DoneWork>()); }
 
+  // A monitored collective between its enqueue and the host seeing its end.
+  struct InFlight {
+    std::string op;
+    std::int64_t bytes = 0;
+    cudaEvent_t start = nullptr, end = nullptr;  // timing events on stream_
+  };
+  static constexpr std::size_t kMaxInFlight = 4096;  // beyond: recorded without a duration
+
+  // A timing event from the spares, or a new one; null on a CUDA error.
+  cudaEvent_t TakeEvent() {
+    if (!spare_events_.empty()) {
+      cudaEvent_t e = spare_events_.back();
+      spare_events_.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    if (cudaEventCreate(&e) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    return e;
+  }
+
+  void ReapLocked() {
+    while (!in_flight_.empty()) {
+      InFlight& f = in_flight_.front();
+      const cudaError_t q = cudaEventQuery(f.end);
+      if (q == cudaErrorNotReady) return;
+      float ms = 0;
+      if (q != cudaSuccess || cudaEventElapsedTime(&ms, f.start, f.end) != cudaSuccess) {
+        cudaGetLastError();  // an aborted communicator: no duration
+        ms = 0;
+      }
+      const double s = ms / 1000.0;
+      channel_->CollectiveEnd(f.op, f.bytes, s,
+                              BusBandwidthGbps(f.op.c_str(), f.bytes, s, size()),
+                              in_flight_.size() > 1);
+      spare_events_.push_back(f.start);
+      spare_events_.push_back(f.end);
+      in_flight_.pop_front();
+    }
+  }
+
   template <class Fn>
   absl::StatusOr<WorkPtr> Launch(const std::string& desc, Fn&& call) {
     std::lock_guard<std::mutex> lock(launch_mu_);
@@ -320,15 +389,49 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
     cudaError_t e = cudaEventRecord(ready_, user_stream_);
     if (e == cudaSuccess) e = cudaStreamWaitEvent(stream_, ready_, 0);
     if (e != cudaSuccess) return Cuda("ordering against the caller's stream", e);
+    InFlight rec;
+    if (channel_ != nullptr) {
+      ReapLocked();
+      auto [op, bytes] = ParseCollectiveDesc(desc);
+      rec.op = std::move(op);
+      rec.bytes = bytes;
+      channel_->CollectiveStart(rec.op);
+      if (in_flight_.size() < kMaxInFlight) {
+        rec.start = TakeEvent();
+        rec.end = rec.start ? TakeEvent() : nullptr;
+        if (rec.start && cudaEventRecord(rec.start, stream_) != cudaSuccess) {
+          cudaGetLastError();
+          spare_events_.push_back(rec.start);
+          if (rec.end) spare_events_.push_back(rec.end);
+          rec.start = rec.end = nullptr;
+        }
+      }
+    }
     ncclResult_t r = call();
     if (r == ncclInProgress) r = PollAsync(timeout());
     if (r != ncclSuccess) {
       const std::string why = r == ncclInProgress ? "did not enqueue within the timeout"
                                                   : NcclErr(r);
+      if (channel_ != nullptr) {  // never enqueued: ended, no duration
+        if (rec.start) spare_events_.push_back(rec.start);
+        if (rec.end) spare_events_.push_back(rec.end);
+        channel_->CollectiveEnd(rec.op, rec.bytes, 0, 0, !in_flight_.empty());
+      }
       launch_mu_.unlock();
       Fail(absl::StrCat(desc, ": ", why));
       launch_mu_.lock();
       return absl::UnavailableError(absl::StrCat(Fence(), desc, " failed: ", why));
+    }
+    if (channel_ != nullptr) {
+      if (rec.end != nullptr && cudaEventRecord(rec.end, stream_) == cudaSuccess) {
+        in_flight_.push_back(std::move(rec));
+      } else {
+        // No events (a CUDA error or too many in flight): ended now, no duration.
+        cudaGetLastError();
+        if (rec.start) spare_events_.push_back(rec.start);
+        if (rec.end) spare_events_.push_back(rec.end);
+        channel_->CollectiveEnd(rec.op, rec.bytes, 0, 0, !in_flight_.empty());
+      }
     }
     cudaEvent_t done = nullptr;
     e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
@@ -344,6 +447,9 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
   cudaEvent_t ready_ = nullptr;
   void* scratch_ = nullptr;
   std::mutex launch_mu_;
+  ddprun::rendezvous::ChannelWriter* const channel_ = MetricsChannel();  // null: not monitored
+  std::deque<InFlight> in_flight_;         // under launch_mu_, issue order
+  std::vector<cudaEvent_t> spare_events_;  // under launch_mu_
 };
 
 absl::Status NcclWork::Wait(Duration timeout) {
@@ -354,7 +460,10 @@ absl::Status NcclWork::Wait(Duration timeout) {
   const auto spin_until = start + std::chrono::microseconds(200);
   for (;;) {
     cudaError_t e = cudaEventQuery(done_);
-    if (e == cudaSuccess) return absl::OkStatus();
+    if (e == cudaSuccess) {
+      if (auto owner = owner_.lock()) owner->Reap();  // monitoring: the end is known now
+      return absl::OkStatus();
+    }
     auto owner = owner_.lock();
     if (e != cudaErrorNotReady) {
       if (owner) owner->Fail(absl::StrCat(desc_, ": ", CudaErr(e)));
@@ -388,7 +497,10 @@ absl::Status NcclWork::Wait(Duration timeout) {
 
 absl::StatusOr<bool> NcclWork::IsCompleted() {
   cudaError_t e = cudaEventQuery(done_);
-  if (e == cudaSuccess) return true;
+  if (e == cudaSuccess) {
+    if (auto owner = owner_.lock()) owner->Reap();
+    return true;
+  }
   if (e == cudaErrorNotReady) return false;
   return absl::InternalError(absl::StrCat(desc_, ": ", CudaErr(e)));
 }

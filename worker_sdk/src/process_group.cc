@@ -3,10 +3,14 @@
 // absl::Status into ddp::Error.
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -275,8 +279,35 @@ absl::StatusOr<std::shared_ptr<Backend>> InitBackend(const InitOptions& in) {
   tls_files.names = {ddprun::kEnvTlsCa, ddprun::kEnvTlsCert, ddprun::kEnvTlsKey, ""};
   absl::StatusOr<rdzv::TlsConfig> tls = rdzv::LoadClientTls(tls_files);
   if (!tls.ok()) return absl::InvalidArgumentError(absl::StrCat(fence, tls.status().message()));
+  // Replicas (docs/ha.md): the replica that served this process's last
+  // group (else DDPRUN_STORE_ADDR) first, then the others in the agent's
+  // order; the store moves on when one stops serving.
+  static std::mutex preferred_mu;
+  static std::optional<rdzv::HostPort> preferred;
+  std::vector<rdzv::HostPort> replicas{addr};
+  {
+    std::lock_guard<std::mutex> lock(preferred_mu);
+    if (preferred) replicas[0] = *preferred;
+  }
+  auto listed = [&replicas](const rdzv::HostPort& hp) {
+    return std::any_of(replicas.begin(), replicas.end(), [&](const rdzv::HostPort& r) {
+      return r.host == hp.host && r.port == hp.port;
+    });
+  };
+  if (!listed(addr)) replicas.push_back(addr);
+  if (const char* list = std::getenv(ddprun::kEnvStoreReplicas); list != nullptr && *list) {
+    auto parsed = rdzv::ParseHostPortList(list);
+    if (!parsed.ok()) {
+      return EnvError(absl::StrCat(ddprun::kEnvStoreReplicas, "='", list,
+                                   "' is not host:port,host:port (", parsed.status().message(),
+                                   ")."));
+    }
+    for (const rdzv::HostPort& hp : *parsed) {
+      if (!listed(hp)) replicas.push_back(hp);
+    }
+  }
   auto store = std::make_shared<rdzv::GrpcStore>(
-      addr.host, addr.port, rdzv::StoreScope{info.job_id, token ? token : "", info.round}, *tls);
+      replicas, rdzv::StoreScope{info.job_id, token ? token : "", info.round}, *tls);
   // A refused handshake fails now, naming the fix, instead of at the first
   // call's deadline; a store that is merely slow to answer is waited for.
   if (absl::Status st = store->CheckTls(kTlsCheckTimeout); !st.ok()) {
@@ -288,6 +319,10 @@ absl::StatusOr<std::shared_ptr<Backend>> InitBackend(const InitOptions& in) {
   static std::atomic<int> next_group{0};
   const std::string prefix = absl::StrCat("ddp/pg", next_group++, "/");
   DDPRUN_RETURN_IF_ERROR(Hello(*store, info, prefix));
+  if (replicas.size() > 1) {
+    std::lock_guard<std::mutex> lock(preferred_mu);
+    preferred = store->endpoint();
+  }
   return ConnectBackend(info, options, std::move(store), prefix);
 }
 

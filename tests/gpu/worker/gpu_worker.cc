@@ -10,16 +10,21 @@
 // uploads (and Work::Wait has returned before a result is read back).
 // References are computed on the host in double.
 #include <cuda_runtime.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "ddp/ddp.h"
+#include "ddprun/rendezvous/metrics_channel.h"
 #include "half.h"
 #include "support/sdk_values.h"
 
@@ -668,4 +673,57 @@ TEST_CASE("nccl: an aborted group refuses every later call", "[gpu-abort]") {
   reducer.reset();
   pg2.reset();  // destroying an aborted group does not hang
   pg->Barrier().Wait();  // the first group is untouched
+}
+
+// ---- monitoring ----
+
+namespace {
+// This worker's metrics channel as the agent reads it (ddprun sets
+// DDPRUN_METRICS_FILE for every worker).
+ddprun::rendezvous::ChannelSnapshot ReadOwnChannel() {
+  const char* path = std::getenv("DDPRUN_METRICS_FILE");
+  INFO("DDPRUN_METRICS_FILE is not set: not under ddprun with monitoring on?");
+  REQUIRE(path != nullptr);
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  ddprun::rendezvous::ChannelReader reader(fd);
+  auto snap = reader.Read();
+  ::close(fd);
+  INFO(snap.status().message());
+  REQUIRE(snap.ok());
+  return *snap;
+}
+
+const ddprun::rendezvous::ChannelSnapshot::Op* FindOp(
+    const ddprun::rendezvous::ChannelSnapshot& s, const std::string& op) {
+  for (const auto& o : s.ops)
+    if (o.op == op) return &o;
+  return nullptr;
+}
+}  // namespace
+
+TEST_CASE("nccl: collectives are recorded in the metrics channel (op, bytes, seq, duration)",
+          "[gpu-metrics]") {
+  auto& pg = Group();
+  const auto before = ReadOwnChannel();
+  const auto* ar0 = FindOp(before, "allreduce");
+  const std::int64_t count0 = ar0 ? ar0->count : 0, bytes0 = ar0 ? ar0->bytes_total : 0;
+  constexpr int kCalls = 8;
+  constexpr std::size_t kCount = 1 << 20;  // 4 MiB of f32: a duration well above zero
+  DevBuf buf(kCount * 4);
+  CUDA_REQUIRE(cudaMemset(buf.p, 0, kCount * 4));
+  std::vector<ddp::Work> works;
+  for (int k = 0; k < kCalls; ++k) works.push_back(pg->Allreduce(buf.p, kCount, DType::kFloat32));
+  works.back().Wait();  // the ends are recorded once seen done, without a sync of their own
+  const auto after = ReadOwnChannel();
+  REQUIRE((after.flags & ddprun::rendezvous::kChannelFlagCollectives) != 0);
+  CHECK(after.collective_seq >= before.collective_seq + kCalls);
+  CHECK_FALSE(after.in_collective);
+  const auto* ar = FindOp(after, "allreduce");
+  REQUIRE(ar != nullptr);
+  CHECK(ar->count - count0 == kCalls);
+  CHECK(ar->bytes_total - bytes0 == std::int64_t(kCalls * kCount * 4));
+  CHECK(ar->seconds_total > 0);
+  CHECK(after.comm_seconds_total > before.comm_seconds_total);
+  if (pg->size() > 1) CHECK(ar->busbw_gbps > 0);
 }

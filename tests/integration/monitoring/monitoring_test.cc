@@ -20,6 +20,7 @@
 #include "ddprun/rendezvous/errors.h"
 #include "ddprun/rendezvous/server.h"
 #include "nlohmann/json.hpp"
+#include "support/http_get.h"
 #include "support/process_helpers.h"
 #include "support/simulated_job.h"
 #include "support/skip.h"
@@ -30,38 +31,9 @@ namespace {
 using namespace std::chrono_literals;
 using rendezvous::MetricsReport;
 using rendezvous::RankSample;
+using test::Http;
 using test::SkipCase;
 namespace th = ddprun::test;
-
-// GET (or another method) on 127.0.0.1:port; returns the status code and body.
-std::pair<int, std::string> Http(int port, const std::string& target,
-                                 const std::string& method = "GET") {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-  const std::string req =
-      method + " " + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
-  REQUIRE(::send(fd, req.data(), req.size(), 0) == static_cast<ssize_t>(req.size()));
-  std::string resp;
-  char buf[65536];
-  for (;;) {
-    pollfd p{fd, POLLIN, 0};
-    REQUIRE(::poll(&p, 1, 10000) == 1);
-    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n <= 0) break;
-    resp.append(buf, static_cast<std::size_t>(n));
-  }
-  ::close(fd);
-  const auto sp = resp.find(' ');
-  const auto body = resp.find("\r\n\r\n");
-  REQUIRE(sp != std::string::npos);
-  REQUIRE(body != std::string::npos);
-  return {std::stoi(resp.substr(sp + 1, 3)), resp.substr(body + 4)};
-}
 
 bool Installed(const std::string& program) {
   return std::system(("command -v " + program + " > /dev/null 2>&1").c_str()) == 0;

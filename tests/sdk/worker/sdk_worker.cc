@@ -577,3 +577,31 @@ TEST_CASE("ranks that all-reduce different sizes get an error, not mixed data", 
   std::vector<float> v(1000 + 24 * pg->rank(), 1.0f);
   ReportAllreduceAndExit(v);
 }
+
+TEST_CASE("store failover: groups bootstrap again and again while a replica dies", "[failover]") {
+  // tests/sdk/ha_store_test.cc kills the leading ddprund replica while every
+  // rank runs this loop: each ddp::Init is a new group whose bootstrap goes
+  // through the store (the hello key, Gloo's addresses with DDP_SHM=0: set,
+  // get and wait), so some of them meet the kill. Each must go on through the
+  // next replica (DDPRUN_STORE_REPLICAS) and give the right sums.
+  const char* n = std::getenv("FAILOVER_ITERATIONS");
+  const int iterations = n != nullptr ? std::atoi(n) : 20;
+  const char* progress = std::getenv("FAILOVER_PROGRESS_DIR");
+  int rank = -1;
+  for (int i = 0; i < iterations; ++i) {
+    auto pg = ddp::Init();
+    rank = pg->rank();
+    const int w = pg->size();
+    std::vector<float> v{float(rank + 1), float(i)};
+    pg->Allreduce(std::span<float>(v)).Wait();
+    REQUIRE(v[0] == float(w * (w + 1) / 2));
+    REQUIRE(v[1] == float(w * i));
+    if (progress != nullptr && i == 1) {
+      std::ofstream(std::string(progress) + "/started." + std::to_string(rank)) << i << "\n";
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (progress != nullptr) {
+    std::ofstream(std::string(progress) + "/done." + std::to_string(rank)) << iterations << "\n";
+  }
+}

@@ -257,6 +257,28 @@ TEST_CASE("Agent: a fixed-size job that loses a node says what it waits for, the
   CHECK(r.seconds == Approx(11).margin(0.5));
 }
 
+TEST_CASE("Agent: with replace_lost_nodes off, a lost node stops the job at once with exit 3",
+          "[unit][agent]") {
+  SimWorld world;
+  AgentOptions o = Options(1, 0);
+  o.min_nodes = o.max_nodes = 2;
+  o.replace_lost_nodes = false;  // ddprun bench --scaling across nodes
+  std::string phantom;
+  auto r = RunAgent(world, o, [&](InProcessSession& s) {
+    phantom = s.PhantomJoin(o, "10.0.0.9");
+    world.queue.After(std::chrono::seconds(1), [&s, &phantom] { s.PhantomLost(phantom); });
+  });
+  INFO(r.err);
+  CHECK(r.rc == kExitRendezvousError);
+  REQUIRE(world.rec.spawns.size() == 1);
+  CHECK(world.rec.signals[0] == std::vector<int>{SIGTERM});
+  CHECK(r.err.find("ddprun: [job " + o.job_id + " round 0] stopping the workers: agent " + phantom +
+                   " was lost, and this job cannot take a replacement node\n") !=
+        std::string::npos);
+  CHECK(r.err.find("waiting for a replacement") == std::string::npos);
+  CHECK(r.seconds < 5);  // not the 10 s join timeout
+}
+
 TEST_CASE("Agent: a restart for a worker failure does not announce a replacement wait",
           "[unit][agent]") {
   SimWorld world;

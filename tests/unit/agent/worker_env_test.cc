@@ -68,6 +68,18 @@ TEST_CASE("BuildWorkerEnv sets every torchrun and ddprun variable", "[unit]") {
   CHECK(env.at(kEnvHost) == "10.0.0.2");
 }
 
+TEST_CASE("BuildWorkerEnv: replicas are passed in DDPRUN_STORE_REPLICAS, never inherited",
+          "[unit]") {
+  Fixture f;
+  // One daemon: none, even when the agent itself ran inside another job.
+  CHECK(BuildWorkerEnv({{kEnvStoreReplicas, "old:1,old:2"}}, f.in, 0).count(kEnvStoreReplicas) ==
+        0);
+  f.options.rdzv_replicas = {{"d1", 29400}, {"::1", 29401}};
+  Env env = BuildWorkerEnv({{kEnvStoreReplicas, "old:1"}}, f.in, 0);
+  CHECK(env.at(kEnvStoreReplicas) == "d1:29400,[::1]:29401");
+  CHECK(env.at(kEnvStoreAddr) == "10.0.0.1:29400");  // the one the agent joined through
+}
+
 TEST_CASE("BuildWorkerEnv: RANK is base rank plus local rank for each local rank", "[unit]") {
   Fixture f;
   f.assignment.base_rank = 8;

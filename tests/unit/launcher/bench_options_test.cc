@@ -121,6 +121,13 @@ TEST_CASE("ddprun bench: nccl-tests' sweep, counts and bus bandwidth factors", "
   CHECK(ScalingWorlds(1) == std::vector<int>{1});
   CHECK(ScalingWorlds(4) == std::vector<int>{1, 2, 4});
   CHECK(ScalingWorlds(6) == std::vector<int>{1, 2, 4, 6});
+  // Across nodes: node 0's sizes, then whole nodes.
+  CHECK(ScalingWorldsAcrossNodes(2, 1) == std::vector<int>{1, 2});
+  CHECK(ScalingWorldsAcrossNodes(2, 2) == std::vector<int>{1, 2, 4});
+  CHECK(ScalingWorldsAcrossNodes(8, 2) == std::vector<int>{1, 2, 4, 8, 16});
+  CHECK(ScalingWorldsAcrossNodes(8, 3) == std::vector<int>{1, 2, 4, 8, 16, 24});
+  CHECK(ScalingWorldsAcrossNodes(3, 8) == std::vector<int>{1, 2, 3, 6, 12, 24});
+  CHECK(ScalingWorldsAcrossNodes(1, 4) == std::vector<int>{1, 2, 4});
 }
 
 TEST_CASE("ddprun bench prints nccl-tests' table: header, rows, footer", "[unit]") {

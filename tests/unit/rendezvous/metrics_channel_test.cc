@@ -82,6 +82,29 @@ TEST_CASE("a writer's steps, samples, collectives and scalars reach the reader",
   CHECK(t->samples_total == 96);
 }
 
+TEST_CASE("a GPU backend's overlapping collectives: inside until the last one ends", "[channel]") {
+  Channel ch;
+  auto writer = ChannelWriter::Open(ch.path());
+  REQUIRE(writer.ok());
+  ChannelReader reader(ch.fd);
+  (*writer)->CollectiveStart("allreduce");  // #1 and #2 enqueued before #1 ends
+  (*writer)->CollectiveStart("allreduce");
+  (*writer)->CollectiveEnd("allreduce", 1024, 0.002, 1.0, /*more_in_flight=*/true);
+  auto s = reader.Read();
+  REQUIRE(s.ok());
+  CHECK(s->collective_seq == 2);
+  CHECK(s->in_collective);  // #2 is still in flight
+  CHECK(s->collective_op == "allreduce");
+  (*writer)->CollectiveEnd("allreduce", 1024, 0.003, 1.0, /*more_in_flight=*/false);
+  s = reader.Read();
+  REQUIRE(s.ok());
+  CHECK_FALSE(s->in_collective);
+  REQUIRE(s->ops.size() == 1);
+  CHECK(s->ops[0].count == 2);
+  CHECK(s->ops[0].bytes_total == 2048);
+  CHECK(s->comm_seconds_total == Approx(0.005));
+}
+
 TEST_CASE("more steps than the ring between two reads: the last 64 durations", "[channel]") {
   Channel ch;
   auto writer = ChannelWriter::Open(ch.path());

@@ -350,7 +350,8 @@ void HangUntilActed(Fixture& f) {
   REQUIRE(f.acted.ok());
 }
 
-TEST_CASE("on_hang=restart restarts the round as a failure", "[metrics][hang]") {
+TEST_CASE("on_hang=restart restarts the round as a failure that names the hung rank",
+          "[metrics][hang]") {
   Fixture f(10, "restart", /*max_restarts=*/3);
   HangUntilActed(f);
   for (const auto& s : f.sinks) {
@@ -358,9 +359,33 @@ TEST_CASE("on_hang=restart restarts the round as a failure", "[metrics][hang]") 
     const auto* x = std::get_if<RestartRound>(&s->events.back());
     REQUIRE(x != nullptr);
     CHECK(x->counts_as_failure);
+    // The reason the agents print: the culprit hung, not "worker failure on <node>".
+    CHECK(x->reason ==
+          "rank 2 on host1 (pid 502) hung: no progress for --hang_timeout (see the "
+          "hang report) (restart 1 of 3)");
   }
   CHECK(f.table->Status("job1").front().restart_count == 1);
-  CHECK(f.hub->View("job1")->state == "gathering");
+  auto v = f.hub->View("job1");
+  CHECK(v->state == "gathering");
+  bool timeline = false;
+  for (const auto& e : v->events) timeline |= e.text.find("rank 2 on host1 (pid 502) hung") == 0;
+  CHECK(timeline);
+}
+
+TEST_CASE("on_hang=restart beyond --max_restarts closes the job, naming the hung rank",
+          "[metrics][hang]") {
+  Fixture f(10, "restart", /*max_restarts=*/0);
+  HangUntilActed(f);
+  for (const auto& s : f.sinks) {
+    const auto* c = std::get_if<JobClosed>(&s->events.back());
+    REQUIRE(c != nullptr);
+    CHECK(!c->success);
+    CHECK_THAT(c->reason, Catch::StartsWith("rank 2 on host1 (pid 502) hung") &&
+                              Catch::EndsWith("and the restart budget (0) is spent"));
+    REQUIRE(c->failures.size() == 1);
+    CHECK_THAT(c->failures[0].error_message, Catch::Contains("culprit rank(s) 2"));
+  }
+  CHECK(f.hub->View("job1")->state == "failed");
 }
 
 TEST_CASE("on_hang=abort closes the job with the hang report", "[metrics][hang]") {

@@ -13,7 +13,15 @@ one on sys.path), then, under ddprun and unless DDPRUN_PYTHON_HOOK=0:
   every optimizer calls, Optimizer._optimizer_step_code); when it imports
   torch.nn.parallel, DistributedDataParallel.forward in training mode adds
   the batch dimension of its first tensor input to the samples. Only the
-  first optimizer that steps is counted (a GAN's second one is not).
+  first optimizer that steps is counted (a GAN's second one is not);
+- times each rank's wait for the others (docs/monitoring.md#stragglers):
+  the part of backward() after the rank's own gradients are done (DDP's
+  final all-reduce wait: an autograd final callback, queued from a hook on
+  DDP's output when its gradient arrives, marks the end of the graph, and a
+  wrapper of torch.autograd.backward the return) plus DDP's buffer
+  broadcast in forward. On CUDA the two marks are CUDA events read a later
+  step once complete (never a synchronisation). The wait goes to the
+  channel's comm_seconds_total, which the hub subtracts from the step time.
 
 Nothing here changes what the script computes: the wrappers call the
 original and only read shapes and the clock. Any error in the hook turns the
@@ -21,6 +29,7 @@ hook off with one line on stderr; the script runs as without it.
 """
 import os
 import sys
+import time
 
 # The signal faulthandler dumps on: real-time, so that no library's handler
 # (SIGUSR1/2: Slurm's warnings, torchelastic) is taken. The agent reads the
@@ -71,6 +80,120 @@ def _on_optimizer_step(optimizer, *unused):
     st.channel.step(samples)
 
 
+class _Wait:
+    """The DDP wait timing's state (one backward at a time per process)."""
+    off = False
+    depth = 0            # nested torch.autograd.backward calls (reentrant checkpointing)
+    queued = False       # the graph-done callback is queued for this backward
+    graph_done = None    # perf_counter() when this backward's graph finished
+    cuda = False         # DDP's output was on a CUDA device
+    cuda_start = None    # the CUDA event recorded when the graph finished
+    pending = []         # (start, end) CUDA event pairs not yet complete
+    buffers_s = 0.0      # host time in DDP's buffer broadcast since the last backward
+
+
+def _wait_failed(e):
+    _Wait.off = True
+    sys.stderr.write("ddprun: the Python hook stops timing DDP's all-reduce wait (%s); "
+                     "steps are still counted\n" % e)
+
+
+def _on_graph_done():
+    """Autograd final callback: the backward graph (this rank's gradients) is done."""
+    try:
+        _Wait.graph_done = time.perf_counter()
+        if _Wait.cuda:
+            ev = sys.modules["torch"].cuda.Event(enable_timing=True)
+            ev.record()
+            _Wait.cuda_start = ev
+    except Exception as e:
+        _wait_failed(e)
+
+
+def _on_output_grad(grad):
+    """Hook on DDP's output: its gradient arrives first in backward. Queues
+    _on_graph_done ahead of DDP's own final callback, which DDP queues only
+    once its last bucket is ready. Returns None: the gradient is unchanged."""
+    if not _Wait.queued and not _Wait.off and _Wait.depth > 0:
+        _Wait.queued = True
+        try:
+            sys.modules["torch"].autograd.Variable._execution_engine.queue_callback(
+                _on_graph_done)
+        except Exception as e:
+            _wait_failed(e)
+    return None
+
+
+def _drain_cuda(channel):
+    """Adds the wait of every completed CUDA event pair; never waits."""
+    keep = []
+    for start, end in _Wait.pending:
+        if end.query():
+            channel.add_comm_seconds(start.elapsed_time(end) / 1000.0)
+        else:
+            keep.append((start, end))
+    _Wait.pending = keep[-64:]  # bounded even if a device never completes
+
+
+def _after_backward(channel):
+    if _Wait.graph_done is None:
+        return
+    buffers_s, _Wait.buffers_s = _Wait.buffers_s, 0.0
+    if _Wait.cuda:  # a broadcast on CUDA does not block the host: not counted
+        if _Wait.cuda_start is not None:
+            end = sys.modules["torch"].cuda.Event(enable_timing=True)
+            end.record()
+            _Wait.pending.append((_Wait.cuda_start, end))
+        _drain_cuda(channel)
+    else:
+        channel.add_comm_seconds(time.perf_counter() - _Wait.graph_done + buffers_s)
+
+
+def _patch_backward(autograd):
+    original = autograd.backward
+
+    def backward(*args, **kwargs):
+        if _Wait.off:
+            return original(*args, **kwargs)
+        outer = _Wait.depth == 0
+        if outer:
+            _Wait.queued = False
+            _Wait.graph_done = None
+            _Wait.cuda_start = None
+        _Wait.depth += 1
+        try:
+            result = original(*args, **kwargs)
+        finally:
+            _Wait.depth -= 1
+        if outer:
+            try:
+                _after_backward(_State.channel)
+            except Exception as e:
+                _wait_failed(e)
+        return result
+
+    backward.__wrapped__ = original
+    backward.__doc__ = original.__doc__
+    autograd.backward = backward
+
+
+def _first_grad_tensor(output):
+    torch = sys.modules.get("torch")
+    queue = [output]
+    for depth in range(3):
+        nested = []
+        for x in queue:
+            if isinstance(x, torch.Tensor):
+                if x.requires_grad:
+                    return x
+            elif isinstance(x, (list, tuple)):
+                nested.extend(x)
+            elif isinstance(x, dict):
+                nested.extend(x.values())
+        queue = nested
+    return None
+
+
 def _first_batch_dim(args, kwargs):
     torch = sys.modules.get("torch")
     if torch is None:
@@ -113,6 +236,20 @@ def _patch_ddp(module):
         return
     import functools
     original = cls.forward
+    autograd = sys.modules.get("torch.autograd")
+    if autograd is not None and not hasattr(autograd.backward, "__wrapped__"):
+        _patch_backward(autograd)
+    sync_buffers = getattr(cls, "_sync_buffers", None)
+    if sync_buffers is not None:
+        @functools.wraps(sync_buffers)
+        def _sync_buffers(self, *args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return sync_buffers(self, *args, **kwargs)
+            finally:
+                _Wait.buffers_s += time.perf_counter() - t0  # a broadcast from rank 0
+
+        cls._sync_buffers = _sync_buffers
 
     @functools.wraps(original)
     def forward(self, *args, **kwargs):
@@ -124,7 +261,16 @@ def _patch_ddp(module):
             if n is not None:
                 _State.saw_forward = True
                 _State.pending_samples += int(n)
-        return original(self, *args, **kwargs)
+        output = original(self, *args, **kwargs)
+        if self.training and not _Wait.off:
+            try:
+                t = _first_grad_tensor(output)
+                if t is not None:
+                    _Wait.cuda = t.is_cuda
+                    t.register_hook(_on_output_grad)
+            except Exception as e:
+                _wait_failed(e)
+        return output
 
     cls.forward = forward
 
@@ -176,6 +322,21 @@ def _register_stacks(channel):
     _register_stacks.file = open(path, "a")
     faulthandler.register(signum, file=_register_stacks.file, all_threads=True, chain=False)
     channel.set_stack_signal(signum)
+
+    def _ignore_at_exit():
+        # The interpreter's finalisation drops faulthandler's handler and
+        # restores SIG_DFL, which would let a late stack request (a job that
+        # ends while the hub suspects a hang) kill an exiting worker. Runs
+        # last of the atexit handlers (registered first).
+        try:
+            channel.set_stack_signal(0)
+            faulthandler.unregister(signum)
+            signal.signal(signum, signal.SIG_IGN)
+        except Exception:
+            pass
+
+    import atexit
+    atexit.register(_ignore_at_exit)
 
 
 def _install():

@@ -36,6 +36,12 @@ struct AgentOptions {
   int nproc_per_node = 1;
   int max_restarts = 0;
   std::string role = kDefaultRole;
+  // Whether a node lost while the workers run is waited for (torchelastic:
+  // the others re-join and wait up to the join timeout for a replacement).
+  // false: this node stops its workers and exits with kExitRendezvousError at
+  // once, naming the lost node (jobs that cannot take a new node, such as
+  // `ddprun bench --scaling` across nodes). Not a flag.
+  bool replace_lost_nodes = true;
 
   // Rendezvous. The launcher decides the mode once (launcher/src/cli.cc);
   // the agent only reads it. Per mode, the fields it reads and what the

@@ -124,5 +124,8 @@ std::string FormatScalingJson(const std::string& backend, const BenchOptions& o,
                               const std::vector<ScalingRow>& rows);
 // The world sizes of the scaling table: 1, 2, 4, ... and `world` itself.
 std::vector<int> ScalingWorlds(int world);
+// Across `nodes` nodes of `nproc` ranks: ScalingWorlds(nproc) on node 0, then
+// whole nodes: 2, 4, ... and `nodes` times `nproc` (2 x 8 -> 1 2 4 8 16).
+std::vector<int> ScalingWorldsAcrossNodes(int nproc, int nodes);
 
 }  // namespace ddprun::launcher::bench

@@ -4,9 +4,11 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "ddprun/rendezvous/clock.h"
+#include "ddprun/rendezvous/host_port.h"
 #include "ddprun/rendezvous/metrics_types.h"
 #include "ddprun/rendezvous/store.h"
 #include "ddprun/rendezvous/tls.h"
@@ -66,11 +68,18 @@ class RendezvousClient {
 class GrpcStore final : public Store {
  public:
   GrpcStore(const std::string& host, int port, StoreScope scope, const TlsConfig& tls = {});
+  // Replicas of one control plane (docs/ha.md), the first tried first: a call
+  // moves on to the next replica when one is down, is a standby, or its
+  // connection broke during a call that can be repeated (Set, Get, Wait,
+  // MultiGet, Delete; not Add or CompareSet), within the call's own deadline.
+  GrpcStore(const std::vector<HostPort>& replicas, StoreScope scope, const TlsConfig& tls = {});
   // Waits up to `timeout` for a connection. Ok also when the server is merely
   // not there yet (calls wait for it); TlsHandshakeError when it is there but
   // the TLS handshake is refused, as RendezvousClient::WaitForConnected.
   absl::Status CheckTls(Duration timeout);
   ~GrpcStore() override;
+  // The replica that answered last (the first one until a call answered).
+  HostPort endpoint() const;
   absl::Status Set(const std::string& key, const std::string& value) override;
   absl::StatusOr<std::string> Get(const std::string& key, Duration timeout) override;
   absl::StatusOr<std::int64_t> Add(const std::string& key, std::int64_t delta) override;

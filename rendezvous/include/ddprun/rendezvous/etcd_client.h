@@ -148,6 +148,17 @@ class EtcdClient {
                                    std::function<void(const std::vector<EtcdEvent>&)> on_events,
                                    std::function<void(absl::Status)> on_error);
 
+  // Why etcd may have been unreachable: one TLS handshake of this client's
+  // own (tls_probe.h: OpenSSL, classified on protocol facts, never on gRPC's
+  // text) with each member, at most `timeout` each. Returns a
+  // TlsHandshakeError (kind auth) for the first member whose handshake cannot
+  // work, naming etcd, the member, the cause (plaintext against TLS, an
+  // untrusted or misnamed certificate, mutual TLS without or with a refused
+  // client certificate) and the flags to give (EtcdOptions::tls.names); Ok
+  // when none is a TLS problem. Makes one connection per member: for an
+  // error at start, not for every failed call.
+  absl::Status DiagnoseTls(Duration timeout) const;
+
   // The member that answered last, "H:P".
   std::string endpoint() const;
   // Write calls made so far (Put, DeleteRange, Txn, whether they applied or not).

@@ -15,6 +15,11 @@
 
 namespace ddprun::rendezvous {
 
+// "rank 3 on node-b (pid 4711) hung: ...": what a hang restart's
+// RestartRound reason (and, beyond --max_restarts, the job's closing reason)
+// says failed; `culprit` is the hub's failure for the first culprit.
+std::string HangCause(const WorkerFailure& culprit);
+
 absl::Status ApplyOnHang(JobTable& table, const std::string& job_id, std::int64_t round,
                          const std::string& node_id, OnHang action, const WorkerFailure& failure);
 

@@ -95,9 +95,12 @@ class JobRendezvous {
   // Adds a node to the job. Returns the node id under which the caller's
   // stream must be registered; deliveries (possibly for this node) go to out.
   absl::StatusOr<std::string> Join(const JoinSpec& spec, std::vector<Delivery>* out);
-  // An agent reports how its round ended.
+  // An agent reports how its round ended. `cause` (kFailed only) says what
+  // failed, for the restart's reason and the closing reason ("rank 3 on
+  // node-b (pid 4711) hung: ..."); empty: "worker failure on <node>".
   absl::Status Report(const std::string& node_id, std::int64_t round, Outcome outcome,
-                      std::vector<WorkerFailure> failures, std::vector<Delivery>* out);
+                      std::vector<WorkerFailure> failures, std::vector<Delivery>* out,
+                      const std::string& cause = "");
   // The node's stream broke without a report.
   void NodeLost(const std::string& node_id, std::vector<Delivery>* out);
   // Applies deadlines (last call, join timeout).

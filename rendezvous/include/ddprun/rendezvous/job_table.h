@@ -97,8 +97,11 @@ class JobTable {
   absl::Status Abort(const std::string& job_id, std::int64_t round, const std::string& reason,
                      std::vector<WorkerFailure> failures);
   // An agent reports how its round ended. NotFound for an unknown job.
+  // `cause`: what failed, when the server itself fails a node (a hang with
+  // --on_hang=restart); see JobRendezvous::Report.
   absl::Status Report(const std::string& job_id, const std::string& node_id, std::int64_t round,
-                      Outcome outcome, std::vector<WorkerFailure> failures);
+                      Outcome outcome, std::vector<WorkerFailure> failures,
+                      const std::string& cause = "");
   // The node's stream broke without a terminal event: the node is lost.
   // Ignored unless sink is the node's current stream (a stale stream).
   void StreamLost(const std::string& job_id, const std::string& node_id, const EventSink* sink);

@@ -141,9 +141,12 @@ class ChannelWriter {
   // kChannelMaxScalars names already set): counted in `dropped`.
   bool Scalar(std::string_view name, double value);
   // A collective starts / ends. End adds its bytes, duration and bus
-  // bandwidth to its op's totals.
+  // bandwidth to its op's totals; `more_in_flight` (a GPU backend that
+  // enqueues several before the first ends): a later one started and has not
+  // ended, so the writer stays inside a collective.
   void CollectiveStart(std::string_view op);
-  void CollectiveEnd(std::string_view op, std::int64_t bytes, double seconds, double busbw_gbps);
+  void CollectiveEnd(std::string_view op, std::int64_t bytes, double seconds, double busbw_gbps,
+                     bool more_in_flight = false);
   void AddFlags(std::uint32_t flags);
 
  private:

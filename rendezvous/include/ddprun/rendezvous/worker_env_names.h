@@ -7,6 +7,11 @@
 namespace ddprun {
 
 inline constexpr const char* kEnvStoreAddr = "DDPRUN_STORE_ADDR";  // host:port of the gRPC Store
+// Replicated control plane (docs/ha.md): every ddprund replica the agent
+// knows, "h1:p1,h2:p2,..." (its --rdzv_endpoint list); unset with one daemon.
+// The SDK's store starts at DDPRUN_STORE_ADDR and moves on through this list
+// when that replica stops serving.
+inline constexpr const char* kEnvStoreReplicas = "DDPRUN_STORE_REPLICAS";
 inline constexpr const char* kEnvJobId = "DDPRUN_JOB_ID";
 inline constexpr const char* kEnvRound = "DDPRUN_ROUND";
 inline constexpr const char* kEnvToken = "DDPRUN_TOKEN";
@@ -22,6 +27,10 @@ inline constexpr const char* kEnvDebug = "DDPRUN_DEBUG";
 // its summary for the launcher, and the test hook that corrupts one rank's results.
 inline constexpr const char* kEnvBenchResult = "DDPRUN_BENCH_RESULT";
 inline constexpr const char* kEnvBenchCorruptRank = "DDPRUN_BENCH_CORRUPT_RANK";
+// `ddprun bench --scaling` across nodes: the run (the user's launcher flags,
+// the bench worker and its flags, as JSON) for each node's scaling worker
+// (launcher/src/bench_scaling_nodes.h).
+inline constexpr const char* kEnvBenchScalingSpec = "DDPRUN_BENCH_SCALING_SPEC";
 // Monitoring (docs/monitoring-sources.md). The worker's metrics channel
 // (metrics_channel.h), as a path the worker opens; unset: not monitored.
 inline constexpr const char* kEnvMetricsFile = "DDPRUN_METRICS_FILE";
