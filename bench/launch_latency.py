@@ -46,6 +46,8 @@ def main():
     ap.add_argument("--peer-reps", type=int, default=3)
     ap.add_argument("--ddprun", default=os.path.join(HERE, "..", "build", "bin", "ddprun"))
     ap.add_argument("--sizes", default="1,2,8")
+    ap.add_argument("--baseline", default=None,
+                    help="another ddprun binary (for example main's) measured in the same run")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     true_bin = shutil.which("true")
@@ -57,6 +59,9 @@ def main():
         row = {"n": n}
         row["ddprun"] = median_of([args.ddprun, f"--nproc_per_node={n}", "--no_python", true_bin],
                                   args.reps)
+        if args.baseline:
+            row["baseline"] = median_of(
+                [args.baseline, f"--nproc_per_node={n}", "--no_python", true_bin], args.reps)
         if py:
             base = [py, os.path.join(HERE, "torchrun_compat.py"), "--standalone",
                     f"--nproc_per_node={n}", "--no_python"]
@@ -80,6 +85,10 @@ def main():
             return f"{r[key]:.3f} s | {r[key] / r['ddprun']:.0f}x"
         print(f"| {r['n']} | {r['ddprun']:.3f} s | {cell('torchrun')} | {cell('torchrun_fast')} |"
               f" {cell('mpirun')} |")
+    if args.baseline:
+        print(f"\nbaseline {args.baseline}, same run: " + ", ".join(
+            f"N={r['n']} {r['baseline']:.3f} s ({r['baseline'] / r['ddprun']:.1f}x ddprun)"
+            for r in rows))
 
 
 if __name__ == "__main__":

@@ -24,9 +24,11 @@ rm -rf "$out" && mkdir -p "$out/bin" "$out/lib"
 for f in ddprun ddprund gpu_tests gpu_worker nccl_bench; do
   strip -o "$out/bin/$f" "$B/bin/$f"
 done
+# ddprun loads its gRPC half from ../lib beside its bin/ (agent/include/ddprun/agent/grpc_module.h).
+strip -o "$out/lib/libddprun_grpc.so" "$B/lib/libddprun_grpc.so"
 # Every shared library they load, except glibc's, the driver's and NCCL.
 skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libcuda\.so|libnccl\.so)'
-ldd "$B"/bin/{ddprun,ddprund,gpu_tests,gpu_worker,nccl_bench} | awk '/=> \//{print $1, $3}' | sort -u |
+ldd "$B"/bin/{ddprun,ddprund,gpu_tests,gpu_worker,nccl_bench} "$B"/lib/libddprun_grpc.so | awk '/=> \//{print $1, $3}' | sort -u |
   while read -r name path; do
     [[ $name =~ $skip ]] && continue
     strip -o "$out/lib/$name" "$path" 2>/dev/null || cp -L "$path" "$out/lib/$name"

@@ -91,7 +91,7 @@ class Agent::Impl {
         clock_(deps.clock != nullptr ? *deps.clock : rdzv::SystemClock::Get()),
         launcher_(deps.launcher ? std::move(deps.launcher) : MakeBoostProcessLauncher()),
         session_(deps.session ? std::move(deps.session)
-                              : MakeGrpcRendezvousSession(options_, clock_)),
+                              : MakeRendezvousSession(options_, clock_)),
         own_events_(deps.events == nullptr ? MakeEventQueue(clock_) : nullptr),
         events_(deps.events != nullptr ? *deps.events : *own_events_),
         join_timeout_(rdzv::Seconds(options_.join_timeout_s)),

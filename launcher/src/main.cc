@@ -6,25 +6,42 @@
 #include <vector>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "ddprun/agent/agent.h"
+#include "ddprun/agent/grpc_module.h"
 #include "ddprun/agent/process_launcher.h"
 #include "ddprun/agent/worker_env.h"
 #include "ddprun/launcher/bench_command.h"
 #include "ddprun/launcher/check_command.h"
 #include "ddprun/launcher/cli.h"
-#include "ddprun/launcher/status_command.h"
-#include "ddprun/launcher/top_command.h"
 #include "ddprun/rendezvous/exit_codes.h"
 
+namespace {
+
+// `ddprun status` and `ddprun top` are gRPC clients: they live in the gRPC
+// module (agent/include/ddprun/agent/grpc_module.h), loaded here.
+int RunClientCommand(const char* name, ddprun::agent::GrpcModule::Command command, int argc,
+                     char** argv) {
+  auto module = ddprun::agent::LoadGrpcModule();
+  if (module.ok() && (*module)->*command == nullptr) {
+    module = absl::FailedPreconditionError(absl::StrCat("this build has no `ddprun ", name, "`"));
+  }
+  if (!module.ok()) {
+    std::cerr << "ddprun " << name << ": " << module.status().message() << std::endl;
+    return ddprun::kExitRendezvousError;
+  }
+  return ((*module)->*command)(std::vector<std::string>(argv, argv + argc), std::cout, std::cerr);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  // `ddprun status ...` and `ddprun bench ...` are subcommands; anything else is a training job.
+  // `ddprun status|top|check|bench ...` are subcommands; anything else is a training job.
   if (argc > 1 && std::string(argv[1]) == "status") {
-    return ddprun::launcher::RunStatusCommand(std::vector<std::string>(argv, argv + argc),
-                                              std::cout, std::cerr);
+    return RunClientCommand("status", &ddprun::agent::GrpcModule::run_status_command, argc, argv);
   }
   if (argc > 1 && std::string(argv[1]) == "top") {
-    return ddprun::launcher::RunTopCommand(std::vector<std::string>(argv, argv + argc), std::cout,
-                                           std::cerr);
+    return RunClientCommand("top", &ddprun::agent::GrpcModule::run_top_command, argc, argv);
   }
   // `ddprun check ...`: a preflight run like the job (check_command.h); its
   // worker is this binary again.

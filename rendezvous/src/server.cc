@@ -101,6 +101,7 @@ class RendezvousServer::Impl {
   int dashboard_port() const { return http_ ? http_->port() : -1; }
   JobTable& table() { return *table_; }
   MetricsHub& hub() { return *hub_; }
+  void HandOver(int fd, const std::string& first_bytes);
   TimePoint Now() const { return clock_.Now(); }
   // OK where this server serves jobs: always, but a replica of the etcd
   // control plane only while it leads. Otherwise Unavailable naming the leader.
@@ -113,7 +114,8 @@ class RendezvousServer::Impl {
   const Clock& clock_;
   int port_ = 0;
   std::unique_ptr<StateLog> state_;
-  std::unique_ptr<MetricsHub> hub_;  // before the table, which tells it about jobs
+  std::unique_ptr<MetricsHub> own_hub_;  // before the table, which tells it about jobs
+  MetricsHub* hub_ = nullptr;            // own_hub_ or opts_.hub
   // The replicated control plane (--etcd_endpoints): the client, the journal
   // and the election; serving_ is true once this replica leads.
   std::string etcd_prefix_;
@@ -125,8 +127,11 @@ class RendezvousServer::Impl {
   absl::Status StartEtcd();
   void OnElected(std::int64_t revision);
   void OnDeposed(const absl::Status& why);
-  std::unique_ptr<JobTable> table_;
+  std::unique_ptr<JobTable> own_table_;    // unless opts_.table is given
+  JobTable* table_ = nullptr;              // own_table_ or opts_.table
   std::unique_ptr<DeadlineTimer> timer_;  // before the services: reactors notify it
+  // With opts_.external_connections: where HandOver() sends connections.
+  std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> acceptor_;
 
   // Services outlive the server that calls them (members die in reverse order).
   std::unique_ptr<grpc::Service> rdzv_service_;
@@ -468,47 +473,60 @@ RendezvousServer::Impl::Impl(const ServerOptions& opts) : opts_(opts), clock_(*o
 
 absl::Status RendezvousServer::Impl::Start() {
   SilenceGrpcLogging();
-  if (!opts_.state_dir.empty()) {
-    DDPRUN_ASSIGN_OR_RETURN(state_, StateLog::Open(opts_.state_dir));
-  }
-  MetricsHubOptions hub_opts;
-  hub_opts.clock = &clock_;
-  if (opts_.log_hangs) {
-    hub_opts.log = [](const std::string& report) {
-      std::fprintf(stderr, "ddprund: %s", report.c_str());
-      std::fflush(stderr);
-    };
-  }
-  hub_opts.act = [this](const std::string& job, std::int64_t round, const std::string& node,
-                        OnHang action, const WorkerFailure& failure) {
-    absl::Status st = ApplyOnHang(*table_, job, round, node, action, failure);
-    if (!st.ok() && KindOf(st) != ErrorKind::kState) {
-      std::fprintf(stderr, "ddprund: %s\n", std::string(st.message()).c_str());
-    }
-  };
-  hub_ = std::make_unique<MetricsHub>(std::move(hub_opts));
-  JobTableOptions table_opts;
-  table_opts.clock = &clock_;
-  table_opts.observer = hub_.get();
-  table_opts.quarantine = opts_.quarantine;
-  table_opts.reattach_timeout = opts_.reattach_timeout;
-  table_opts.journal = state_.get();
-  if (!opts_.etcd_endpoints.empty()) {
-    if (state_) {
+  if (opts_.table != nullptr) {
+    // Its owner recovered it, runs its deadlines, ticks its hub and serves
+    // the hub's HTTP port (agent/src/local_rendezvous_session.cc).
+    if (opts_.hub == nullptr || !opts_.etcd_endpoints.empty()) {
       return absl::InvalidArgumentError(
-          "--state_dir and --etcd_endpoints exclude each other: replicas keep their state in "
-          "etcd; drop --state_dir");
+          "a server over a borrowed job table needs that table's metrics hub and no etcd");
     }
-    DDPRUN_RETURN_IF_ERROR(StartEtcd());
-    table_opts.journal = etcd_journal_.get();
-    serving_ = false;  // until elected
+    table_ = opts_.table;
+    hub_ = opts_.hub;
+  } else {
+    if (!opts_.state_dir.empty()) {
+      DDPRUN_ASSIGN_OR_RETURN(state_, StateLog::Open(opts_.state_dir));
+    }
+    MetricsHubOptions hub_opts;
+    hub_opts.clock = &clock_;
+    if (opts_.log_hangs) {
+      hub_opts.log = [](const std::string& report) {
+        std::fprintf(stderr, "ddprund: %s", report.c_str());
+        std::fflush(stderr);
+      };
+    }
+    hub_opts.act = [this](const std::string& job, std::int64_t round, const std::string& node,
+                          OnHang action, const WorkerFailure& failure) {
+      absl::Status st = ApplyOnHang(*table_, job, round, node, action, failure);
+      if (!st.ok() && KindOf(st) != ErrorKind::kState) {
+        std::fprintf(stderr, "ddprund: %s\n", std::string(st.message()).c_str());
+      }
+    };
+    own_hub_ = std::make_unique<MetricsHub>(std::move(hub_opts));
+    hub_ = own_hub_.get();
+    JobTableOptions table_opts;
+    table_opts.clock = &clock_;
+    table_opts.observer = hub_;
+    table_opts.quarantine = opts_.quarantine;
+    table_opts.reattach_timeout = opts_.reattach_timeout;
+    table_opts.journal = state_.get();
+    if (!opts_.etcd_endpoints.empty()) {
+      if (state_) {
+        return absl::InvalidArgumentError(
+            "--state_dir and --etcd_endpoints exclude each other: replicas keep their state in "
+            "etcd; drop --state_dir");
+      }
+      DDPRUN_RETURN_IF_ERROR(StartEtcd());
+      table_opts.journal = etcd_journal_.get();
+      serving_ = false;  // until elected
+    }
+    table_opts.on_deadline = [this](TimePoint t) { timer_->Notify(t); };
+    own_table_ = std::make_unique<JobTable>(std::move(table_opts));
+    table_ = own_table_.get();
+    if (!etcd_) DDPRUN_RETURN_IF_ERROR(table_->Recover());  // a replica recovers when elected
+    // Before any call can reach the table (on_deadline uses it).
+    timer_ = std::make_unique<DeadlineTimer>(
+        clock_, [this] { return table_->NextDeadline(); }, [this] { table_->Tick(); });
   }
-  table_opts.on_deadline = [this](TimePoint t) { timer_->Notify(t); };
-  table_ = std::make_unique<JobTable>(std::move(table_opts));
-  if (!etcd_) DDPRUN_RETURN_IF_ERROR(table_->Recover());  // a replica recovers when elected
-  // Before any call can reach the table (on_deadline uses it).
-  timer_ = std::make_unique<DeadlineTimer>(
-      clock_, [this] { return table_->NextDeadline(); }, [this] { table_->Tick(); });
 
   const int lease_ms = static_cast<int>(
       std::chrono::duration_cast<std::chrono::milliseconds>(opts_.lease_timeout).count());
@@ -516,7 +534,14 @@ absl::Status RendezvousServer::Impl::Start() {
   store_service_ = std::make_unique<StoreServiceImpl>(this);
   grpc::ServerBuilder builder;
   const std::string addr = FormatHostPort(opts_.host, opts_.port);
-  builder.AddListeningPort(addr, MakeServerCredentials(opts_.tls), &port_);
+  if (opts_.external_connections) {
+    acceptor_ = builder.experimental().AddExternalConnectionAcceptor(
+        grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD,
+        MakeServerCredentials(opts_.tls));
+    port_ = opts_.port;
+  } else {
+    builder.AddListeningPort(addr, MakeServerCredentials(opts_.tls), &port_);
+  }
   // gRPC sets SO_REUSEPORT by default, which would let two servers share a
   // port silently. A port in use must be an error.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -551,12 +576,12 @@ absl::Status RendezvousServer::Impl::Start() {
     return absl::UnavailableError("cannot listen on " + addr + ": " + why + "; " +
                                   opts_.listen_fix);
   }
-  if (opts_.dashboard_port >= 0) {
+  if (own_hub_ && opts_.dashboard_port >= 0) {
     HttpServerOptions ho;
     ho.host = opts_.dashboard_host.empty() ? opts_.host : opts_.dashboard_host;
     ho.port = opts_.dashboard_port;
     ho.listen_fix = opts_.dashboard_listen_fix;
-    MetricsHub* hub = hub_.get();
+    MetricsHub* hub = hub_;
     auto http = HttpServer::Start(ho, [hub](const std::string& target) {
       return ServeMonitoring(*hub, target);
     });
@@ -568,7 +593,7 @@ absl::Status RendezvousServer::Impl::Start() {
     }
     http_ = std::move(*http);
   }
-  ticker_ = std::thread([this] {
+  if (own_hub_) ticker_ = std::thread([this] {
     std::unique_lock<std::mutex> lock(shutdown_mu_);
     while (!shutting_down_) {
       lock.unlock();
@@ -681,13 +706,28 @@ void RendezvousServer::Impl::Shutdown() {
   if (http_) http_->Stop();
   if (timer_) timer_->Stop();
   // Ends every open stream and cancels store waits, so Shutdown cannot hang.
-  if (table_) table_->Shutdown();
+  // A borrowed table is its owner's to shut down (after this server).
+  if (own_table_) own_table_->Shutdown();
   if (server_) {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     server_->Wait();
   }
   // Last: a leader revokes its lease, and a standby takes over at once.
   election_.reset();
+}
+
+void RendezvousServer::Impl::HandOver(int fd, const std::string& first_bytes) {
+  if (!acceptor_) {
+    close(fd);
+    return;
+  }
+  grpc::experimental::ExternalConnectionAcceptor::NewConnectionParameters p;
+  p.fd = fd;
+  if (!first_bytes.empty()) {
+    grpc::Slice slice(first_bytes);
+    p.read_buffer = grpc::ByteBuffer(&slice, 1);
+  }
+  acceptor_->HandleNewConnection(&p);
 }
 
 // -------------------------------------------------------------- Facade
@@ -704,6 +744,9 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::Start(
 
 int RendezvousServer::port() const { return impl_->port(); }
 int RendezvousServer::dashboard_port() const { return impl_->dashboard_port(); }
+void RendezvousServer::HandOver(int fd, const std::string& first_bytes) {
+  impl_->HandOver(fd, first_bytes);
+}
 void RendezvousServer::Shutdown() { impl_->Shutdown(); }
 void RendezvousServer::Wait() { impl_->Wait(); }
 std::vector<JobStatus> RendezvousServer::Status() const { return impl_->table().Status(); }

@@ -36,7 +36,7 @@ namespace ddprun::agent {
 // What the agent runs on. A null member gets the real one.
 struct AgentDeps {
   std::unique_ptr<ProcessLauncher> launcher;   // null: MakeBoostProcessLauncher()
-  std::unique_ptr<RendezvousSession> session;  // null: MakeGrpcRendezvousSession()
+  std::unique_ptr<RendezvousSession> session;  // null: MakeRendezvousSession()
   const rendezvous::Clock* clock = nullptr;    // null: SystemClock
   // Null: a real queue fed by a SignalWatcher thread. A caller's queue gets
   // no signal watcher: the caller pushes whatever events it wants seen.

@@ -95,4 +95,17 @@ class RendezvousSession {
 std::unique_ptr<RendezvousSession> MakeGrpcRendezvousSession(const AgentOptions& options,
                                                              const rendezvous::Clock& clock);
 
+// Whether the job can only ever be this node (kEmbedded, max_nodes 1) and
+// speaks plaintext (no --tls_* file): its rendezvous then runs in this
+// process (local_rendezvous_session.cc). With TLS the gRPC session hosts it.
+bool RunsRendezvousInProcess(const AgentOptions& options);
+// The single-node session: the JobTable in process, its endpoint listening
+// from Open() and served over gRPC from the first client on.
+std::unique_ptr<RendezvousSession> MakeLocalRendezvousSession(const AgentOptions& options,
+                                                              const rendezvous::Clock& clock);
+// The agent's default: the local session when RunsRendezvousInProcess, else
+// the gRPC session from the gRPC module (grpc_module.h), loaded here.
+std::unique_ptr<RendezvousSession> MakeRendezvousSession(const AgentOptions& options,
+                                                         const rendezvous::Clock& clock);
+
 }  // namespace ddprun::agent

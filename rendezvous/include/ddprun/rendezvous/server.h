@@ -17,6 +17,8 @@
 
 namespace ddprun::rendezvous {
 
+class MetricsHub;  // metrics_hub.h
+
 inline constexpr int kMaxMessageBytes = 8 << 20;
 inline constexpr Duration kDefaultLeaseTimeout = std::chrono::seconds(4);
 
@@ -68,6 +70,22 @@ struct ServerOptions {
   // The leadership was lost (lease expired, another replica leads): this
   // replica must stop serving. ddprund prints it and exits; null = the same.
   std::function<void(const absl::Status&)> on_deposed;
+
+  // Serve this table instead of a table of the server's own (borrowed; it
+  // must outlive the server). Its owner has recovered it and applies its
+  // deadlines; state_dir, reattach_timeout, quarantine and etcd_* are then
+  // unused (etcd_endpoints must be empty). ddprun's single-node agent owns
+  // its table and starts a server over it only when a client first connects
+  // (agent/src/local_rendezvous_session.cc).
+  JobTable* table = nullptr;
+  // With `table`: the hub that table reports to (borrowed, required). Its
+  // owner ticks it and serves its HTTP port; dashboard_port and log_hangs are
+  // then unused, and this server only answers ReportMetrics/GetMetrics.
+  MetricsHub* hub = nullptr;
+  // Listen on no port: connections accepted elsewhere are handed in with
+  // RendezvousServer::HandOver(); port() is then `port` as given. `tls`
+  // applies to them as to a listening port.
+  bool external_connections = false;
 };
 
 class RendezvousServer {
@@ -81,6 +99,9 @@ class RendezvousServer {
   int port() const;
   // The monitoring HTTP port, -1 when it is off.
   int dashboard_port() const;
+  // Serves an accepted connection (takes the fd; external_connections only).
+  // `first_bytes` were read from it already and are served first.
+  void HandOver(int fd, const std::string& first_bytes = "");
   // Stops accepting calls and ends every open stream (with a deadline).
   void Shutdown();
   // Blocks until Shutdown() is called from another thread.

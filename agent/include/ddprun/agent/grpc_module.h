@@ -1,0 +1,72 @@
+// The gRPC half of ddprun, in a module of its own (lib/libddprun_grpc.so next
+// to bin/ddprun) that is loaded with dlopen on first need. Loading gRPC,
+// protobuf and their abseil dependencies costs about 35 ms of relocations
+// and static constructors per process (docs/launch.md), which a single-node
+// job does not pay unless a client (an SDK worker's store, `ddprun status`)
+// reaches its rendezvous. Multi-node modes load it when the session opens.
+//
+// The table below is a C++ interface between two parts of one build (same
+// compiler, same sources), not a stable ABI: kGrpcModuleVersion changes when
+// it does, and a module of another version is refused.
+#pragma once
+
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "ddprun/agent/agent_options.h"
+#include "ddprun/agent/rendezvous_session.h"
+#include "ddprun/rendezvous/clock.h"
+#include "ddprun/rendezvous/job_table.h"
+#include "ddprun/rendezvous/metrics_hub.h"
+
+namespace ddprun::agent {
+
+inline constexpr int kGrpcModuleVersion = 2;
+// The module's one exported symbol: `const GrpcModule* ddprun_grpc_module()`.
+inline constexpr const char* kGrpcModuleEntry = "ddprun_grpc_module";
+
+// A RendezvousServer over a table its caller owns, fed with connections the
+// caller accepts (RendezvousServer::HandOver).
+class ServedTable {
+ public:
+  virtual ~ServedTable() = default;
+  // Takes the accepted fd and serves it.
+  virtual void HandOver(int fd) = 0;
+  // Ends every call with a deadline; the table's owner shuts the table down
+  // first, so that streams and store waits end cleanly.
+  virtual void Shutdown() = 0;
+};
+
+struct GrpcModule {
+  // A launcher subcommand that is a gRPC client: args are main's argv.
+  using CommandFn = int (*)(const std::vector<std::string>& args, std::ostream& out,
+                            std::ostream& err);
+  using Command = CommandFn GrpcModule::*;
+
+  int version = kGrpcModuleVersion;
+  // The gRPC RendezvousSession (grpc_rendezvous_session.cc), every mode.
+  std::unique_ptr<RendezvousSession> (*make_session)(const AgentOptions& options,
+                                                     const rendezvous::Clock& clock) = nullptr;
+  // Serves `table` and its metrics hub `hub` (neither owned; the table
+  // reports to the hub) on connections handed over; `port` is what the
+  // listener the caller accepts on is bound to (for messages).
+  absl::StatusOr<std::unique_ptr<ServedTable>> (*serve_table)(rendezvous::JobTable& table,
+                                                              rendezvous::MetricsHub& hub,
+                                                              int port) = nullptr;
+  // `ddprun status ...` (launcher/src/status_command.cc).
+  CommandFn run_status_command = nullptr;
+  // `ddprun top ...` (launcher/src/top_command.cc).
+  CommandFn run_top_command = nullptr;
+};
+
+// Loads the module once per process (thread-safe) from
+// <dir of /proc/self/exe>/../lib/libddprun_grpc.so; a program that links
+// ddprun_agent (the gRPC session linked in) gets that instead, without
+// run_status_command and run_top_command. Error: one line naming
+// the file, dlerror() and the fix (build the ddprun_grpc target).
+absl::StatusOr<const GrpcModule*> LoadGrpcModule();
+
+}  // namespace ddprun::agent

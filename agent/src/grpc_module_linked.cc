@@ -1,0 +1,50 @@
+// The gRPC module's table for programs that link the gRPC session in
+// (ddprun_agent: the tests, the benches, and lib/libddprun_grpc.so itself).
+// LoadGrpcModule() uses it instead of loading the module, which would
+// register the same generated protobuf files a second time (fatal).
+#include <memory>
+
+#include "ddprun/agent/grpc_module.h"
+#include "ddprun/rendezvous/server.h"
+
+namespace ddprun::agent {
+namespace {
+
+class ServedTableImpl final : public ServedTable {
+ public:
+  explicit ServedTableImpl(std::unique_ptr<rendezvous::RendezvousServer> server)
+      : server_(std::move(server)) {}
+  void HandOver(int fd) override { server_->HandOver(fd); }
+  void Shutdown() override { server_->Shutdown(); }
+
+ private:
+  std::unique_ptr<rendezvous::RendezvousServer> server_;
+};
+
+absl::StatusOr<std::unique_ptr<ServedTable>> ServeTable(rendezvous::JobTable& table,
+                                                        rendezvous::MetricsHub& hub, int port) {
+  rendezvous::ServerOptions so;
+  so.host = "127.0.0.1";
+  so.port = port;
+  so.table = &table;
+  so.hub = &hub;
+  so.log_prefix = "ddprun: ";
+  so.external_connections = true;
+  auto server = rendezvous::RendezvousServer::Start(so);
+  if (!server.ok()) return server.status();
+  return std::unique_ptr<ServedTable>(new ServedTableImpl(std::move(*server)));
+}
+
+const GrpcModule kLinked = [] {
+  GrpcModule m;
+  m.make_session = &MakeGrpcRendezvousSession;
+  m.serve_table = &ServeTable;
+  return m;  // run_status_command: the launcher's, added by the module's entry
+}();
+
+}  // namespace
+}  // namespace ddprun::agent
+
+extern "C" const ddprun::agent::GrpcModule* ddprun_grpc_module_linked() {
+  return &ddprun::agent::kLinked;
+}
