@@ -39,8 +39,8 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const TlsC
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
   // Notice a dead peer (cut network) within seconds, even on an idle stream.
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 2000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 3000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 1000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 1000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   // Reconnect quickly when a server comes up.
