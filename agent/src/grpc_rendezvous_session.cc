@@ -26,6 +26,7 @@
 #include "ddprun/rendezvous/kv_engine.h"
 #include "ddprun/rendezvous/server.h"
 #include "ddprun/rendezvous/tls.h"
+#include "round_store.h"
 
 namespace ddprun::agent {
 namespace {
@@ -100,18 +101,8 @@ class GrpcRendezvousSession final : public RendezvousSession {
 
   absl::Status PrepareRound() override {
     if (options_.mode == RendezvousMode::kStatic) return absl::OkStatus();
-    // Every round gets a fresh store, so that keys of an earlier round (same
-    // /worker/attempt_<n> prefix after a scale-up) cannot leak into the next.
-    store_server_.reset();
-    rdzv::C10dStoreServerOptions so;
-    so.host = "0.0.0.0";
-    so.port = 0;
-    auto store = rdzv::C10dStoreServer::Start(so);
-    if (!store.ok()) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot start the workers' TCPStore: ", store.status().message()));
-    }
-    store_server_ = std::move(*store);
+    store_server_.reset();  // the old round's store closes first (round_store.h)
+    DDPRUN_ASSIGN_OR_RETURN(store_server_, StartRoundStore());
     master_port_ = store_server_->port();
     return absl::OkStatus();
   }

@@ -55,6 +55,7 @@
 #include "ddprun/rendezvous/metrics_hub.h"
 #include "ddprun/rendezvous/monitoring_routes.h"
 #include "ddprun/rendezvous/status_macros.h"
+#include "round_store.h"
 
 namespace ddprun::agent {
 namespace {
@@ -158,17 +159,8 @@ class LocalRendezvousSession final : public RendezvousSession {
   }
 
   absl::Status PrepareRound() override {
-    // Every round gets a fresh store, as in grpc_rendezvous_session.cc.
-    store_server_.reset();
-    rdzv::C10dStoreServerOptions so;
-    so.host = "0.0.0.0";
-    so.port = 0;
-    auto store = rdzv::C10dStoreServer::Start(so);
-    if (!store.ok()) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot start the workers' TCPStore: ", store.status().message()));
-    }
-    store_server_ = std::move(*store);
+    store_server_.reset();  // the old round's store closes first (round_store.h)
+    DDPRUN_ASSIGN_OR_RETURN(store_server_, StartRoundStore());
     master_port_ = store_server_->port();
     return absl::OkStatus();
   }
