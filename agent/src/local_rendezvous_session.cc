@@ -51,6 +51,7 @@
 #include "ddprun/rendezvous/hang_action.h"
 #include "ddprun/rendezvous/host_port.h"
 #include "ddprun/rendezvous/http_server.h"
+#include "ddprun/rendezvous/hub_ticker.h"
 #include "ddprun/rendezvous/job_table.h"
 #include "ddprun/rendezvous/metrics_hub.h"
 #include "ddprun/rendezvous/monitoring_routes.h"
@@ -152,7 +153,7 @@ class LocalRendezvousSession final : public RendezvousSession {
     wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
     if (wake_fd_ < 0) return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
     acceptor_ = std::thread([this] { AcceptLoop(); });
-    ticker_ = std::thread([this] { TickLoop(); });
+    ticker_ = std::make_unique<rdzv::HubTicker>(hub_.get());
     DDPRUN_DEBUG_LOG(kAgent) << "hosting the rendezvous in process on "
                              << rdzv::FormatHostPort(connect_host_, port_);
     return absl::OkStatus();
@@ -211,12 +212,7 @@ class LocalRendezvousSession final : public RendezvousSession {
 
   void Close() override {
     EndJoin();
-    {
-      std::lock_guard<std::mutex> lock(tick_mu_);
-      closing_ = true;
-    }
-    tick_cv_.notify_all();
-    if (ticker_.joinable()) ticker_.join();
+    if (ticker_) ticker_->Stop();
     if (http_) http_->Stop();
     if (acceptor_.joinable()) {
       const std::uint64_t one = 1;
@@ -268,17 +264,6 @@ class LocalRendezvousSession final : public RendezvousSession {
                      "/ (Prometheus: /metrics; in a terminal: ddprun top --rdzv_endpoint ",
                      rdzv::FormatHostPort(shown, port_), " --job ", options_.job_id, ")"));
     return absl::OkStatus();
-  }
-
-  // The hub's clock: series points and hang deadlines, once a second.
-  void TickLoop() {
-    std::unique_lock<std::mutex> lock(tick_mu_);
-    while (!closing_) {
-      lock.unlock();
-      hub_->Tick();
-      lock.lock();
-      tick_cv_.wait_for(lock, std::chrono::seconds(1), [&] { return closing_; });
-    }
   }
 
   // The table's timer, started on its first deadline.
@@ -384,10 +369,7 @@ class LocalRendezvousSession final : public RendezvousSession {
   std::unique_ptr<rdzv::DeadlineTimer> timer_;
 
   std::unique_ptr<rdzv::HttpServer> http_;  // the dashboard; null when off
-  std::mutex tick_mu_;
-  std::condition_variable tick_cv_;
-  bool closing_ = false;
-  std::thread ticker_;
+  std::unique_ptr<rdzv::HubTicker> ticker_;  // the hub's clock (hub_ticker.h)
 
   int listen_fd_ = -1;
   int wake_fd_ = -1;

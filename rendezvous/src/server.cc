@@ -22,6 +22,7 @@
 #include "ddprun/rendezvous/deadline_timer.h"
 #include "ddprun/rendezvous/hang_action.h"
 #include "ddprun/rendezvous/http_server.h"
+#include "ddprun/rendezvous/hub_ticker.h"
 #include "ddprun/rendezvous/metrics_hub.h"
 #include "ddprun/rendezvous/monitoring_routes.h"
 #include "ddprun/rendezvous/errors.h"
@@ -144,7 +145,7 @@ class RendezvousServer::Impl {
 
   // Monitoring: the hub's one-second ticker (series points, hang deadlines)
   // and the HTTP port.
-  std::thread ticker_;
+  std::unique_ptr<HubTicker> ticker_;
   std::unique_ptr<HttpServer> http_;
 };
 
@@ -593,15 +594,7 @@ absl::Status RendezvousServer::Impl::Start() {
     }
     http_ = std::move(*http);
   }
-  if (own_hub_) ticker_ = std::thread([this] {
-    std::unique_lock<std::mutex> lock(shutdown_mu_);
-    while (!shutting_down_) {
-      lock.unlock();
-      hub_->Tick();
-      lock.lock();
-      shutdown_cv_.wait_for(lock, std::chrono::seconds(1), [&] { return shutting_down_; });
-    }
-  });
+  if (own_hub_) ticker_ = std::make_unique<HubTicker>(hub_);
   if (etcd_) {
     advertise_ = opts_.advertise;
     if (advertise_.empty()) {
@@ -702,7 +695,7 @@ void RendezvousServer::Impl::Shutdown() {
     shutting_down_ = true;
   }
   shutdown_cv_.notify_all();
-  if (ticker_.joinable()) ticker_.join();
+  if (ticker_) ticker_->Stop();
   if (http_) http_->Stop();
   if (timer_) timer_->Stop();
   // Ends every open stream and cancels store waits, so Shutdown cannot hang.
