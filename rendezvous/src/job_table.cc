@@ -74,15 +74,9 @@ std::optional<TimePoint> Earlier(std::optional<TimePoint> a, std::optional<TimeP
   return std::min(*a, *b);
 }
 
-// What a change did to a job, for the debug channel.
-struct Before {
-  JobRendezvous::State state;
-  std::int64_t round;
-};
-
-Before BeforeOf(const JobRendezvous& r) { return {r.state(), r.round()}; }
-
-void LogChange(const JobRendezvous& r, Before before, const std::vector<Delivery>& out) {
+// What a change did to a job (state and round before it), for the debug channel.
+void LogChange(const JobRendezvous& r, JobRendezvous::State before_state, std::int64_t before_round,
+               const std::vector<Delivery>& out) {
   if (!(debug::Enabled() & debug::kRdzv)) return;
   const std::string fence = Fence(r.job_id(), r.round());
   for (const auto& d : out) {
@@ -92,19 +86,19 @@ void LogChange(const JobRendezvous& r, Before before, const std::vector<Delivery
       return;
     }
     if (const auto* x = std::get_if<RestartRound>(&d.event)) {
-      DDPRUN_DEBUG_LOG(kRdzv) << fence << "restart: round " << before.round << " -> "
+      DDPRUN_DEBUG_LOG(kRdzv) << fence << "restart: round " << before_round << " -> "
                               << x->next_round << (x->counts_as_failure ? ", a failure" : "")
                               << (x->reason.empty() ? "" : ": ") << x->reason;
       return;
     }
   }
   if (r.state() == JobRendezvous::State::kRunning &&
-      (before.state != JobRendezvous::State::kRunning || before.round != r.round())) {
+      (before_state != JobRendezvous::State::kRunning || before_round != r.round())) {
     const JobStatus s = r.Status();
     DDPRUN_DEBUG_LOG(kRdzv) << fence << "round complete: " << s.nodes.size()
                             << " nodes, world size " << s.world_size;
   } else if (r.state() == JobRendezvous::State::kClosed &&
-             before.state != JobRendezvous::State::kClosed) {
+             before_state != JobRendezvous::State::kClosed) {
     DDPRUN_DEBUG_LOG(kRdzv) << fence << "closed";
   }
 }
@@ -131,7 +125,7 @@ absl::Status JobTable::Recover() {
     if (job.rdzv->state() == JobRendezvous::State::kClosed) job.closed_at = clock_.Now();
     DDPRUN_DEBUG_LOG(kRdzv) << Fence(r.snapshot.job_id, job.rdzv->round()) << "recovered, "
                             << StateName(job.rdzv->state());
-    ObserveLocked(*job.rdzv, JobRendezvous::State::kGathering, -1, {}, "", "");
+    ObserveLocked(*job.rdzv, {JobRendezvous::State::kGathering, -1}, {}, "", "");
     jobs_.insert_or_assign(r.snapshot.job_id, std::move(job));
   }
   return absl::OkStatus();
@@ -159,7 +153,7 @@ absl::StatusOr<std::string> JobTable::Join(const JoinSpec& spec, std::shared_ptr
       DDPRUN_DEBUG_LOG(kRdzv) << Fence(spec.job_id, 0) << "new job";
     }
     Job& job = it->second;
-    const Before before = BeforeOf(*job.rdzv);
+    const Before before{job.rdzv->state(), job.rdzv->round()};
     std::vector<Delivery> out;
     id = job.rdzv->Join(spec, &out);
     if (!id.ok()) {
@@ -180,10 +174,8 @@ absl::StatusOr<std::string> JobTable::Join(const JoinSpec& spec, std::shared_ptr
       // join reaches its own stream.
       job.sinks[*id] = std::move(sink);
     }
-    LogChange(*job.rdzv, before, out);  // before CollectLocked moves the events
-    ObserveLocked(*job.rdzv, before.state, before.round, out, id.ok() ? "join" : "",
-                  id.ok() ? spec.host + " joined as node " + *id : "");
-    CollectLocked(job, out, &batch);
+    SettleLocked(job, before, out, id.ok() ? "join" : "",
+                 id.ok() ? spec.host + " joined as node " + *id : "", &batch);
     deadline = NewDeadlineLocked(job);
   }
   Finish(batch, deadline);
@@ -199,12 +191,9 @@ absl::Status JobTable::Report(const std::string& job_id, const std::string& node
   absl::Status st;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (closing_) return ShuttingDown();
-    auto it = jobs_.find(job_id);
-    if (it == jobs_.end())
-      return absl::NotFoundError(Fence(job_id, round) + "no such job on this server");
-    Job& job = it->second;
-    const Before before = BeforeOf(*job.rdzv);
+    DDPRUN_ASSIGN_OR_RETURN(Job* const found, FindLocked(job_id, round));
+    Job& job = *found;
+    const Before before{job.rdzv->state(), job.rdzv->round()};
     DDPRUN_DEBUG_LOG(kRdzv) << Fence(job_id, round) << "report from " << node_id << ": "
                             << (outcome == Outcome::kSucceeded ? "succeeded"
                                 : outcome == Outcome::kFailed  ? "failed"
@@ -222,10 +211,8 @@ absl::Status JobTable::Report(const std::string& job_id, const std::string& node
     }
     const char* tag = outcome == Outcome::kFailed ? "failure" : "leave";
     st = job.rdzv->Report(node_id, round, outcome, std::move(failures), &out, cause);
-    LogChange(*job.rdzv, before, out);  // before CollectLocked moves the events
-    ObserveLocked(*job.rdzv, before.state, before.round, out, st.ok() && !what.empty() ? tag : "",
-                  st.ok() ? what : "");
-    CollectLocked(job, out, &batch);
+    SettleLocked(job, before, out, st.ok() && !what.empty() ? tag : "", st.ok() ? what : "",
+                 &batch);
     deadline = NewDeadlineLocked(job);
   }
   Finish(batch, deadline);
@@ -245,14 +232,11 @@ void JobTable::StreamLost(const std::string& job_id, const std::string& node_id,
     auto s = job.sinks.find(node_id);
     if (s == job.sinks.end() || s->second.get() != sink) return;  // a stale stream
     job.sinks.erase(s);
-    const Before before = BeforeOf(*job.rdzv);
+    const Before before{job.rdzv->state(), job.rdzv->round()};
     DDPRUN_DEBUG_LOG(kRdzv) << Fence(job_id, job.rdzv->round()) << "lost node " << node_id;
     std::vector<Delivery> out;
     job.rdzv->NodeLost(node_id, &out);
-    LogChange(*job.rdzv, before, out);  // before CollectLocked moves the events
-    ObserveLocked(*job.rdzv, before.state, before.round, out, "lost",
-                  "node " + node_id + " lost (its stream broke)");
-    CollectLocked(job, out, &batch);
+    SettleLocked(job, before, out, "lost", "node " + node_id + " lost (its stream broke)", &batch);
     deadline = NewDeadlineLocked(job);
   }
   Finish(batch, deadline);
@@ -383,12 +367,10 @@ void JobTable::Tick() {
       }
       auto next = job.rdzv->NextDeadline();
       if (next && *next <= now) {
-        const Before before = BeforeOf(*job.rdzv);
+        const Before before{job.rdzv->state(), job.rdzv->round()};
         std::vector<Delivery> out;
         job.rdzv->Tick(&out);
-        LogChange(*job.rdzv, before, out);
-        ObserveLocked(*job.rdzv, before.state, before.round, out, "", "");
-        CollectLocked(job, out, &batch);
+        SettleLocked(job, before, out, "", "", &batch);
         (void)job.rdzv->TakeNewDeadline();  // the timer asks NextDeadline() after Tick()
       }
       if (job.store && job.store->NumWaiters() > 0) engines.push_back(job.store);
@@ -428,26 +410,38 @@ absl::Status JobTable::Abort(const std::string& job_id, std::int64_t round,
   absl::Status st;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (closing_) return ShuttingDown();
-    auto it = jobs_.find(job_id);
-    if (it == jobs_.end())
-      return absl::NotFoundError(Fence(job_id, round) + "no such job on this server");
-    Job& job = it->second;
-    const Before before = BeforeOf(*job.rdzv);
+    DDPRUN_ASSIGN_OR_RETURN(Job* const found, FindLocked(job_id, round));
+    Job& job = *found;
+    const Before before{job.rdzv->state(), job.rdzv->round()};
     std::vector<Delivery> out;
     st = job.rdzv->Abort(round, reason, std::move(failures), &out);
-    LogChange(*job.rdzv, before, out);
-    ObserveLocked(*job.rdzv, before.state, before.round, out, "", "");
-    CollectLocked(job, out, &batch);
+    SettleLocked(job, before, out, "", "", &batch);
     deadline = NewDeadlineLocked(job);
   }
   Finish(batch, deadline);
   return st;
 }
 
-void JobTable::ObserveLocked(const JobRendezvous& r, JobRendezvous::State before_state,
-                             std::int64_t before_round, const std::vector<Delivery>& out,
-                             const std::string& tag, const std::string& text) {
+absl::StatusOr<JobTable::Job*> JobTable::FindLocked(const std::string& job_id, std::int64_t round) {
+  if (closing_) return ShuttingDown();
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end())
+    return absl::NotFoundError(Fence(job_id, round) + "no such job on this server");
+  return &it->second;
+}
+
+void JobTable::SettleLocked(Job& job, Before before, std::vector<Delivery>& out,
+                            const std::string& tag, const std::string& text, Batch* batch) {
+  LogChange(*job.rdzv, before.state, before.round, out);  // before CollectLocked moves them
+  ObserveLocked(*job.rdzv, before, out, tag, text);
+  CollectLocked(job, out, batch);
+}
+
+void JobTable::ObserveLocked(const JobRendezvous& r, Before before,
+                             const std::vector<Delivery>& out, const std::string& tag,
+                             const std::string& text) {
+  const JobRendezvous::State before_state = before.state;
+  const std::int64_t before_round = before.round;
   JobObserver* obs = options_.observer;
   if (!obs) return;
   auto change = [&](JobChange::Kind kind) {

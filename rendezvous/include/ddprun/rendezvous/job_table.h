@@ -145,14 +145,26 @@ class JobTable {
     std::uint64_t persisted_version = 0;
   };
   using Batch = std::vector<std::pair<std::shared_ptr<EventSink>, RoundEvent>>;
+  // A job's state and round before a change, to tell what the change did.
+  struct Before {
+    JobRendezvous::State state;
+    std::int64_t round;
+  };
 
+  // The job `job_id` (nullptr never): NotFound fenced by `round` when there
+  // is none, Unavailable once the table is closing.
+  absl::StatusOr<Job*> FindLocked(const std::string& job_id, std::int64_t round);
+  // Settles one change of `job` whose deliveries are `out`: logs it on the
+  // debug channel, tells the observer (tag/text: an event for the timeline,
+  // "" for none), then moves the deliveries into `batch` (CollectLocked).
+  void SettleLocked(Job& job, Before before, std::vector<Delivery>& out, const std::string& tag,
+                    const std::string& text, Batch* batch);
   // Turns deliveries into (sink, event) pairs (terminal events unregister
   // the sink), notes closing, rotates the store, persists, and logs.
   void CollectLocked(Job& job, std::vector<Delivery>& out, Batch* batch);
   // Tells the observer what a change did (before CollectLocked moves the
-  // events); tag/text: an event for the timeline, "" for none.
-  void ObserveLocked(const JobRendezvous& r, JobRendezvous::State before_state,
-                     std::int64_t before_round, const std::vector<Delivery>& out,
+  // events); tag/text as for SettleLocked.
+  void ObserveLocked(const JobRendezvous& r, Before before, const std::vector<Delivery>& out,
                      const std::string& tag, const std::string& text);
   void RotateStoreLocked(Job& job);
   void PersistLocked(Job& job);
