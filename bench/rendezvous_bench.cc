@@ -1,9 +1,11 @@
 // The rendezvous at scale: N simulated agents (tests/support/simulated_job.h)
 // over real gRPC streams on loopback to a real RendezvousServer.
 //
-//   rendezvous_bench [max_n]        the time from the first Join until every
-//                                   agent holds its Assignment, N = 8..max_n
-//                                   (and the state machine alone, no transport)
+//   rendezvous_bench [max_n [min_n]]
+//                                   the time from the first Join until every
+//                                   agent holds its Assignment, N = min_n (8)
+//                                   ..max_n, doubling (and the state machine
+//                                   alone, no transport)
 //   rendezvous_bench --restart N    in a job of N nodes that has formed, one
 //                                   agent reports a failed worker: the time
 //                                   until every agent has read RestartRound,
@@ -15,10 +17,12 @@
 // memory figures run it as `rendezvous_bench --serve` (it prints its port and
 // exits when stdin closes) and read its /proc/<pid>/status.
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -30,6 +34,8 @@
 
 #include "ddprun/rendezvous/host_port.h"
 #include "ddprun/rendezvous/job_rendezvous.h"
+#include "ddprun/rendezvous/job_table.h"
+#include "ddprun/rendezvous/metrics_hub.h"
 #include "ddprun/rendezvous/server.h"
 #include "support/simulated_job.h"
 
@@ -167,6 +173,38 @@ double StateMachineMs(int n) {
   return dt;
 }
 
+// A sink that only counts what it is given.
+class CountingSink final : public EventSink {
+ public:
+  explicit CountingSink(std::atomic<int>* delivered) : delivered_(delivered) {}
+  void Bind(const std::string&, const std::string&) override {}
+  void Deliver(RoundEvent) override { delivered_->fetch_add(1); }
+
+ private:
+  std::atomic<int>* delivered_;
+};
+
+// The server's in-memory side without transport: a JobTable (and the metrics
+// hub it tells about rounds, as in ddprund) takes N joins and delivers N
+// Assignments to sinks.
+double TableMs(int n) {
+  MetricsHub hub(MetricsHubOptions{});
+  JobTableOptions o;
+  o.observer = &hub;
+  JobTable table(std::move(o));
+  std::atomic<int> delivered{0};
+  std::vector<std::shared_ptr<EventSink>> sinks;
+  for (int i = 0; i < n; ++i) sinks.push_back(std::make_shared<CountingSink>(&delivered));
+  auto t0 = Clock_::now();
+  for (int i = 0; i < n; ++i) {
+    if (auto id = table.Join(Spec("table", i, n), sinks[i]); !id.ok()) Die(id.status().ToString());
+  }
+  const double dt = MsSince(t0);
+  if (delivered.load() != n) Die("the job table delivered too few assignments");
+  table.Shutdown();
+  return dt;
+}
+
 SimulatedJobOptions Job(int n, const std::string& id) {
   SimulatedJobOptions o;
   o.job_id = id;
@@ -179,29 +217,54 @@ void Check(const absl::StatusOr<std::vector<Assignment>>& a, int n) {
   if (auto st = SimulatedJob::CheckRanks(*a, n, 8); !st.ok()) Die(st.ToString());
 }
 
+// This process's CPU time (user + system, every thread), in ms: on a loaded
+// machine a steadier figure than the wall time.
+double CpuMs() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto ms = [](const timeval& t) { return t.tv_sec * 1e3 + t.tv_usec / 1e3; };
+  return ms(u.ru_utime) + ms(u.ru_stime);
+}
+
+// This process's context switches (voluntary and not).
+long CtxSwitches() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_nvcsw + u.ru_nivcsw;
+}
+
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
 
-void Rendezvous(int max_n) {
+void Rendezvous(int max_n, int min_n) {
   ServerProcess server(/*separate=*/false);
-  std::printf("| agents | state machine only (ms) | gRPC, N streams on loopback (ms) |\n");
-  std::printf("|---|---|---|\n");
-  for (int n = 8; n <= max_n; n *= 2) {
-    std::vector<double> sm, rpc;
+  std::printf(
+      "| agents | state machine only (ms) | job table + metrics hub (ms) | gRPC, N streams on loopback (ms) | CPU of the "
+      "process (ms) | context switches |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  for (int n = std::max(1, min_n); n <= max_n; n *= 2) {
+    std::vector<double> sm, tab, rpc, cpu, cs;
     const int reps = n >= 1024 ? 3 : 5;
     for (int r = 0; r < reps; ++r) {
       sm.push_back(StateMachineMs(n));
+      tab.push_back(TableMs(n));
       SimulatedJob job("127.0.0.1", server.port(),
                        Job(n, "bench-" + std::to_string(n) + "-" + std::to_string(r)));
       if (auto st = job.Connect(); !st.ok()) Die(st.ToString());
+      const double c0 = CpuMs();
+      const long x0 = CtxSwitches();
       auto t0 = Clock_::now();
       auto a = job.FormRound();
       rpc.push_back(MsSince(t0));
+      cpu.push_back(CpuMs() - c0);
+      cs.push_back(static_cast<double>(CtxSwitches() - x0));
       Check(a, n);
     }
-    std::printf("| %d | %.2f | %.1f |\n", n, Median(sm), Median(rpc));
+    std::printf("| %d | %.2f | %.2f | %.1f | %.1f | %.0f |\n", n, Median(sm), Median(tab),
+                Median(rpc), Median(cpu),
+                Median(cs));
     std::fflush(stdout);
   }
 }
@@ -268,12 +331,17 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "--serve") return Serve();
+  if (mode == "--table") {  // the in-memory side alone (for profiling)
+    const int n = argc > 2 ? std::atoi(argv[2]) : 16384;
+    for (int r = 0; r < 5; ++r) std::printf("%d agents: job table + metrics hub %.2f ms\n", n, TableMs(n));
+    return 0;
+  }
   if (mode == "--restart") {
     Restart(argc > 2 ? std::atoi(argv[2]) : 4096);
   } else if (mode == "--memory") {
     Memory(argc > 2 ? std::atoi(argv[2]) : 16384);
   } else {
-    Rendezvous(argc > 1 ? std::atoi(argv[1]) : 4096);
+    Rendezvous(argc > 1 ? std::atoi(argv[1]) : 4096, argc > 2 ? std::atoi(argv[2]) : 8);
   }
   return 0;
 }
