@@ -6,6 +6,10 @@
 //                                   agent holds its Assignment, N = min_n (8)
 //                                   ..max_n, doubling (and the state machine
 //                                   alone, no transport)
+//   rendezvous_bench --split N      the same round with the server in a
+//                                   process of its own (as ddprund runs):
+//                                   the wall time and each process's CPU
+//   rendezvous_bench --table N      the job table and metrics hub alone
 //   rendezvous_bench --restart N    in a job of N nodes that has formed, one
 //                                   agent reports a failed worker: the time
 //                                   until every agent has read RestartRound,
@@ -16,6 +20,9 @@
 // Prints Markdown tables. The timings run the server in this process; the
 // memory figures run it as `rendezvous_bench --serve` (it prints its port and
 // exits when stdin closes) and read its /proc/<pid>/status.
+//
+// Like ddprund, the bench keeps freed heap for reuse (server_heap.h);
+// DDPRUN_BENCH_GLIBC_HEAP=1 in the environment leaves glibc's defaults.
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -28,6 +35,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,6 +46,7 @@
 #include "ddprun/rendezvous/job_table.h"
 #include "ddprun/rendezvous/metrics_hub.h"
 #include "ddprun/rendezvous/server.h"
+#include "ddprun/rendezvous/server_heap.h"
 #include "support/simulated_job.h"
 
 using namespace ddprun::rendezvous;
@@ -129,6 +139,24 @@ class ServerProcess {
     waitpid(pid_, nullptr, 0);
   }
   int port() const { return port_; }
+  // The server process's CPU time (user + system), in ms.
+  double CpuMs() const {
+    if (inproc_) Die("CpuMs needs a separate server process");
+    std::ifstream f("/proc/" + std::to_string(pid_) + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    // Fields after the command's closing parenthesis: state is field 3,
+    // utime and stime are fields 14 and 15.
+    const std::size_t close = stat.rfind(')');
+    if (close == std::string::npos) Die("cannot read the server's /proc/<pid>/stat");
+    std::istringstream rest(stat.substr(close + 2));
+    std::string field;
+    double utime = 0, stime = 0;
+    for (int i = 3; i <= 15 && rest >> field; ++i) {
+      if (i == 14) utime = std::atof(field.c_str());
+      if (i == 15) stime = std::atof(field.c_str());
+    }
+    return (utime + stime) * 1000.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
+  }
   // The server's resident memory (VmRSS), in KiB.
   long RssKiB() const {
     if (inproc_) Die("RssKiB needs a separate server process");
@@ -269,6 +297,28 @@ void Rendezvous(int max_n, int min_n) {
   }
 }
 
+// The round with the server in a process of its own, as ddprund runs: the
+// wall time and each process's CPU (which share is the load generator's).
+void Split(int n) {
+  ServerProcess server(/*separate=*/true);
+  std::printf(
+      "| agents | gRPC, server in its own process (ms) | CPU of the agents' process (ms) | CPU "
+      "of the server's process (ms) |\n");
+  std::printf("|---|---|---|---|\n");
+  for (int r = 0; r < 3; ++r) {
+    SimulatedJob job("127.0.0.1", server.port(), Job(n, "split-" + std::to_string(r)));
+    if (auto st = job.Connect(); !st.ok()) Die(st.ToString());
+    const double c0 = CpuMs(), s0 = server.CpuMs();
+    auto t0 = Clock_::now();
+    auto a = job.FormRound();
+    const double wall = MsSince(t0);
+    const double c1 = CpuMs(), s1 = server.CpuMs();
+    Check(a, n);
+    std::printf("| %d | %.1f | %.1f | %.1f |\n", n, wall, c1 - c0, s1 - s0);
+    std::fflush(stdout);
+  }
+}
+
 void Restart(int n) {
   std::printf(
       "| nodes | first round (ms) | failure -> every node re-joined, next round held (ms) |\n");
@@ -329,11 +379,20 @@ void Memory(int n) {
 
 int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
+  // As ddprund does (server_heap.h); DDPRUN_BENCH_GLIBC_HEAP=1 leaves glibc's
+  // defaults, for the comparison in docs/benchmarks.md.
+  if (const char* e = std::getenv("DDPRUN_BENCH_GLIBC_HEAP"); !e || std::string(e) != "1") {
+    KeepFreedHeapForReuse();
+  }
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "--serve") return Serve();
   if (mode == "--table") {  // the in-memory side alone (for profiling)
     const int n = argc > 2 ? std::atoi(argv[2]) : 16384;
     for (int r = 0; r < 5; ++r) std::printf("%d agents: job table + metrics hub %.2f ms\n", n, TableMs(n));
+    return 0;
+  }
+  if (mode == "--split") {
+    Split(argc > 2 ? std::atoi(argv[2]) : 16384);
     return 0;
   }
   if (mode == "--restart") {
