@@ -269,7 +269,8 @@ double Median(std::vector<double> v) {
 void Rendezvous(int max_n, int min_n) {
   ServerProcess server(/*separate=*/false);
   std::printf(
-      "| agents | state machine only (ms) | job table + metrics hub (ms) | gRPC, N streams on loopback (ms) | CPU of the "
+      "| agents | state machine only (ms) | job table + metrics hub (ms) | gRPC, N streams on "
+      "loopback (ms) | CPU of the "
       "process (ms) | context switches |\n");
   std::printf("|---|---|---|---|---|---|\n");
   for (int n = std::max(1, min_n); n <= max_n; n *= 2) {
@@ -291,8 +292,7 @@ void Rendezvous(int max_n, int min_n) {
       Check(a, n);
     }
     std::printf("| %d | %.2f | %.2f | %.1f | %.1f | %.0f |\n", n, Median(sm), Median(tab),
-                Median(rpc), Median(cpu),
-                Median(cs));
+                Median(rpc), Median(cpu), Median(cs));
     std::fflush(stdout);
   }
 }
@@ -388,7 +388,8 @@ int main(int argc, char** argv) {
   if (mode == "--serve") return Serve();
   if (mode == "--table") {  // the in-memory side alone (for profiling)
     const int n = argc > 2 ? std::atoi(argv[2]) : 16384;
-    for (int r = 0; r < 5; ++r) std::printf("%d agents: job table + metrics hub %.2f ms\n", n, TableMs(n));
+    for (int r = 0; r < 5; ++r)
+      std::printf("%d agents: job table + metrics hub %.2f ms\n", n, TableMs(n));
     return 0;
   }
   if (mode == "--split") {

@@ -234,11 +234,10 @@ void MetricsHub::OnJobChange(const JobChange& c) {
       if (!std::is_sorted(job.ranks.begin(), job.ranks.end(), by_rank)) {
         std::stable_sort(job.ranks.begin(), job.ranks.end(), by_rank);
       }
-      job.ranks.erase(std::unique(job.ranks.begin(), job.ranks.end(),
-                                  [](const RankSlot& a, const RankSlot& b) {
-                                    return a.rank == b.rank;
-                                  }),
-                      job.ranks.end());
+      job.ranks.erase(
+          std::unique(job.ranks.begin(), job.ranks.end(),
+                      [](const RankSlot& a, const RankSlot& b) { return a.rank == b.rank; }),
+          job.ranks.end());
       job.hang = Hang::kArmed;
       job.last_progress = clock_.Now();
       job.stacks_wanted.clear();
