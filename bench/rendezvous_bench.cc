@@ -1,9 +1,15 @@
 // The rendezvous at scale: N simulated agents (tests/support/simulated_job.h)
 // over real gRPC streams on loopback to a real RendezvousServer.
 //
-//   rendezvous_bench [max_n]        the time from the first Join until every
-//                                   agent holds its Assignment, N = 8..max_n
-//                                   (and the state machine alone, no transport)
+//   rendezvous_bench [max_n [min_n]]
+//                                   the time from the first Join until every
+//                                   agent holds its Assignment, N = min_n (8)
+//                                   ..max_n, doubling (and the state machine
+//                                   alone, no transport)
+//   rendezvous_bench --split N      the same round with the server in a
+//                                   process of its own (as ddprund runs):
+//                                   the wall time and each process's CPU
+//   rendezvous_bench --table N      the job table and metrics hub alone
 //   rendezvous_bench --restart N    in a job of N nodes that has formed, one
 //                                   agent reports a failed worker: the time
 //                                   until every agent has read RestartRound,
@@ -14,23 +20,33 @@
 // Prints Markdown tables. The timings run the server in this process; the
 // memory figures run it as `rendezvous_bench --serve` (it prints its port and
 // exits when stdin closes) and read its /proc/<pid>/status.
+//
+// Like ddprund, the bench keeps freed heap for reuse (server_heap.h);
+// DDPRUN_BENCH_GLIBC_HEAP=1 in the environment leaves glibc's defaults.
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "ddprun/rendezvous/host_port.h"
 #include "ddprun/rendezvous/job_rendezvous.h"
+#include "ddprun/rendezvous/job_table.h"
+#include "ddprun/rendezvous/metrics_hub.h"
 #include "ddprun/rendezvous/server.h"
+#include "ddprun/rendezvous/server_heap.h"
 #include "support/simulated_job.h"
 
 using namespace ddprun::rendezvous;
@@ -123,6 +139,24 @@ class ServerProcess {
     waitpid(pid_, nullptr, 0);
   }
   int port() const { return port_; }
+  // The server process's CPU time (user + system), in ms.
+  double CpuMs() const {
+    if (inproc_) Die("CpuMs needs a separate server process");
+    std::ifstream f("/proc/" + std::to_string(pid_) + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    // Fields after the command's closing parenthesis: state is field 3,
+    // utime and stime are fields 14 and 15.
+    const std::size_t close = stat.rfind(')');
+    if (close == std::string::npos) Die("cannot read the server's /proc/<pid>/stat");
+    std::istringstream rest(stat.substr(close + 2));
+    std::string field;
+    double utime = 0, stime = 0;
+    for (int i = 3; i <= 15 && rest >> field; ++i) {
+      if (i == 14) utime = std::atof(field.c_str());
+      if (i == 15) stime = std::atof(field.c_str());
+    }
+    return (utime + stime) * 1000.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
+  }
   // The server's resident memory (VmRSS), in KiB.
   long RssKiB() const {
     if (inproc_) Die("RssKiB needs a separate server process");
@@ -167,6 +201,38 @@ double StateMachineMs(int n) {
   return dt;
 }
 
+// A sink that only counts what it is given.
+class CountingSink final : public EventSink {
+ public:
+  explicit CountingSink(std::atomic<int>* delivered) : delivered_(delivered) {}
+  void Bind(const std::string&, const std::string&) override {}
+  void Deliver(RoundEvent) override { delivered_->fetch_add(1); }
+
+ private:
+  std::atomic<int>* delivered_;
+};
+
+// The server's in-memory side without transport: a JobTable (and the metrics
+// hub it tells about rounds, as in ddprund) takes N joins and delivers N
+// Assignments to sinks.
+double TableMs(int n) {
+  MetricsHub hub(MetricsHubOptions{});
+  JobTableOptions o;
+  o.observer = &hub;
+  JobTable table(std::move(o));
+  std::atomic<int> delivered{0};
+  std::vector<std::shared_ptr<EventSink>> sinks;
+  for (int i = 0; i < n; ++i) sinks.push_back(std::make_shared<CountingSink>(&delivered));
+  auto t0 = Clock_::now();
+  for (int i = 0; i < n; ++i) {
+    if (auto id = table.Join(Spec("table", i, n), sinks[i]); !id.ok()) Die(id.status().ToString());
+  }
+  const double dt = MsSince(t0);
+  if (delivered.load() != n) Die("the job table delivered too few assignments");
+  table.Shutdown();
+  return dt;
+}
+
 SimulatedJobOptions Job(int n, const std::string& id) {
   SimulatedJobOptions o;
   o.job_id = id;
@@ -179,29 +245,76 @@ void Check(const absl::StatusOr<std::vector<Assignment>>& a, int n) {
   if (auto st = SimulatedJob::CheckRanks(*a, n, 8); !st.ok()) Die(st.ToString());
 }
 
+// This process's CPU time (user + system, every thread), in ms: on a loaded
+// machine a steadier figure than the wall time.
+double CpuMs() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto ms = [](const timeval& t) { return t.tv_sec * 1e3 + t.tv_usec / 1e3; };
+  return ms(u.ru_utime) + ms(u.ru_stime);
+}
+
+// This process's context switches (voluntary and not).
+long CtxSwitches() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_nvcsw + u.ru_nivcsw;
+}
+
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
 
-void Rendezvous(int max_n) {
+void Rendezvous(int max_n, int min_n) {
   ServerProcess server(/*separate=*/false);
-  std::printf("| agents | state machine only (ms) | gRPC, N streams on loopback (ms) |\n");
-  std::printf("|---|---|---|\n");
-  for (int n = 8; n <= max_n; n *= 2) {
-    std::vector<double> sm, rpc;
+  std::printf(
+      "| agents | state machine only (ms) | job table + metrics hub (ms) | gRPC, N streams on "
+      "loopback (ms) | CPU of the "
+      "process (ms) | context switches |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  for (int n = std::max(1, min_n); n <= max_n; n *= 2) {
+    std::vector<double> sm, tab, rpc, cpu, cs;
     const int reps = n >= 1024 ? 3 : 5;
     for (int r = 0; r < reps; ++r) {
       sm.push_back(StateMachineMs(n));
+      tab.push_back(TableMs(n));
       SimulatedJob job("127.0.0.1", server.port(),
                        Job(n, "bench-" + std::to_string(n) + "-" + std::to_string(r)));
       if (auto st = job.Connect(); !st.ok()) Die(st.ToString());
+      const double c0 = CpuMs();
+      const long x0 = CtxSwitches();
       auto t0 = Clock_::now();
       auto a = job.FormRound();
       rpc.push_back(MsSince(t0));
+      cpu.push_back(CpuMs() - c0);
+      cs.push_back(static_cast<double>(CtxSwitches() - x0));
       Check(a, n);
     }
-    std::printf("| %d | %.2f | %.1f |\n", n, Median(sm), Median(rpc));
+    std::printf("| %d | %.2f | %.2f | %.1f | %.1f | %.0f |\n", n, Median(sm), Median(tab),
+                Median(rpc), Median(cpu), Median(cs));
+    std::fflush(stdout);
+  }
+}
+
+// The round with the server in a process of its own, as ddprund runs: the
+// wall time and each process's CPU (which share is the load generator's).
+void Split(int n) {
+  ServerProcess server(/*separate=*/true);
+  std::printf(
+      "| agents | gRPC, server in its own process (ms) | CPU of the agents' process (ms) | CPU "
+      "of the server's process (ms) |\n");
+  std::printf("|---|---|---|---|\n");
+  for (int r = 0; r < 3; ++r) {
+    SimulatedJob job("127.0.0.1", server.port(), Job(n, "split-" + std::to_string(r)));
+    if (auto st = job.Connect(); !st.ok()) Die(st.ToString());
+    const double c0 = CpuMs(), s0 = server.CpuMs();
+    auto t0 = Clock_::now();
+    auto a = job.FormRound();
+    const double wall = MsSince(t0);
+    const double c1 = CpuMs(), s1 = server.CpuMs();
+    Check(a, n);
+    std::printf("| %d | %.1f | %.1f | %.1f |\n", n, wall, c1 - c0, s1 - s0);
     std::fflush(stdout);
   }
 }
@@ -266,14 +379,29 @@ void Memory(int n) {
 
 int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
+  // As ddprund does (server_heap.h); DDPRUN_BENCH_GLIBC_HEAP=1 leaves glibc's
+  // defaults, for the comparison in docs/benchmarks.md.
+  if (const char* e = std::getenv("DDPRUN_BENCH_GLIBC_HEAP"); !e || std::string(e) != "1") {
+    KeepFreedHeapForReuse();
+  }
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "--serve") return Serve();
+  if (mode == "--table") {  // the in-memory side alone (for profiling)
+    const int n = argc > 2 ? std::atoi(argv[2]) : 16384;
+    for (int r = 0; r < 5; ++r)
+      std::printf("%d agents: job table + metrics hub %.2f ms\n", n, TableMs(n));
+    return 0;
+  }
+  if (mode == "--split") {
+    Split(argc > 2 ? std::atoi(argv[2]) : 16384);
+    return 0;
+  }
   if (mode == "--restart") {
     Restart(argc > 2 ? std::atoi(argv[2]) : 4096);
   } else if (mode == "--memory") {
     Memory(argc > 2 ? std::atoi(argv[2]) : 16384);
   } else {
-    Rendezvous(argc > 1 ? std::atoi(argv[1]) : 4096);
+    Rendezvous(argc > 1 ? std::atoi(argv[1]) : 4096, argc > 2 ? std::atoi(argv[2]) : 8);
   }
   return 0;
 }

@@ -23,6 +23,7 @@
 #include "ddprun/rendezvous/exit_codes.h"
 #include "ddprun/rendezvous/host_port.h"
 #include "ddprun/rendezvous/server.h"
+#include "ddprun/rendezvous/server_heap.h"
 #include "ddprun/rendezvous/tls.h"
 
 namespace {
@@ -142,6 +143,7 @@ int main(int argc, char** argv) {
   // gRPC's own error lines (a multi-line dump for a port in use) would drown
   // our one-line messages; GRPC_VERBOSITY=ERROR or DEBUG brings them back.
   setenv("GRPC_VERBOSITY", "NONE", /*overwrite=*/0);
+  ddprun::rendezvous::KeepFreedHeapForReuse();
   auto server = ddprun::rendezvous::RendezvousServer::Start(options);
   if (!server.ok()) {
     // One line that says why and what to do: "cannot listen on HOST:PORT:

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "ddprun/rendezvous/errors.h"
@@ -100,6 +101,36 @@ struct NodeState {
 
 enum class Hang { kArmed, kCapturing, kPublished, kReported };
 
+// A rank of the round. Its state is made on its first report, not when the
+// round starts: a round of 16k nodes has 131k ranks, and making every state
+// then (under the job table's lock, before any Assignment goes out) measured
+// most of the job table's time for the round.
+struct RankSlot {
+  int rank = -1;
+  int local_rank = -1;
+  const std::string* node_id = nullptr;  // a key of Job::nodes (rebuilt together)
+  const NodeState* node = nullptr;       // that key's value
+  std::unique_ptr<RankState> state;      // null until the rank's first report
+};
+
+// The slot's view: its state's, or a rank not heard from yet.
+RankView ViewOf(const RankSlot& slot) {
+  if (slot.state) return slot.state->v;
+  RankView v;
+  v.rank = slot.rank;
+  v.local_rank = slot.local_rank;
+  v.node_id = *slot.node_id;
+  v.host = slot.node->host;
+  return v;
+}
+
+// Rank `rank`'s slot in a rank-ordered vector; null if it has none.
+RankSlot* FindRank(std::vector<RankSlot>& ranks, int rank) {
+  auto it = std::lower_bound(ranks.begin(), ranks.end(), rank,
+                             [](const RankSlot& r, int x) { return r.rank < x; });
+  return it != ranks.end() && it->rank == rank ? &*it : nullptr;
+}
+
 }  // namespace
 
 struct MetricsHub::Job {
@@ -111,7 +142,8 @@ struct MetricsHub::Job {
   double hang_timeout_s = 0;
   OnHang on_hang = OnHang::kReport;
   std::map<std::string, NodeState> nodes;
-  std::map<int, RankState> ranks;
+  // The round's ranks in rank order (FindRank looks one up).
+  std::vector<RankSlot> ranks;
   std::deque<SeriesPoint> series;
   std::optional<TimePoint> next_point;
   std::deque<TimelineEvent> events;
@@ -178,6 +210,9 @@ void MetricsHub::OnJobChange(const JobChange& c) {
       job.on_hang = ParseOnHang(c.on_hang).value_or(OnHang::kReport);
       job.nodes.clear();
       job.ranks.clear();
+      std::size_t total = 0;
+      for (const NodeInfo& n : c.nodes) total += static_cast<std::size_t>(std::max(0, n.nproc));
+      job.ranks.reserve(total);
       for (std::size_t i = 0; i < c.nodes.size() && i < c.node_ids.size(); ++i) {
         const NodeInfo& n = c.nodes[i];
         NodeState ns;
@@ -185,16 +220,24 @@ void MetricsHub::OnJobChange(const JobChange& c) {
         ns.pid = n.pid;
         ns.base_rank = n.base_rank;
         ns.nproc = n.nproc;
-        job.nodes[c.node_ids[i]] = ns;
+        auto [nit, added] = job.nodes.insert_or_assign(c.node_ids[i], std::move(ns));
         for (int l = 0; l < n.nproc; ++l) {
-          RankState rs(options_.rate_window);
-          rs.v.rank = n.base_rank + l;
-          rs.v.local_rank = l;
-          rs.v.node_id = c.node_ids[i];
-          rs.v.host = n.host;
-          job.ranks.emplace(rs.v.rank, std::move(rs));
+          RankSlot& slot = job.ranks.emplace_back();
+          slot.rank = n.base_rank + l;
+          slot.local_rank = l;
+          slot.node_id = &nit->first;
+          slot.node = &nit->second;
         }
       }
+      // Nodes come in base-rank order; sort anyway, one slot per rank.
+      auto by_rank = [](const RankSlot& a, const RankSlot& b) { return a.rank < b.rank; };
+      if (!std::is_sorted(job.ranks.begin(), job.ranks.end(), by_rank)) {
+        std::stable_sort(job.ranks.begin(), job.ranks.end(), by_rank);
+      }
+      job.ranks.erase(
+          std::unique(job.ranks.begin(), job.ranks.end(),
+                      [](const RankSlot& a, const RankSlot& b) { return a.rank == b.rank; }),
+          job.ranks.end());
       job.hang = Hang::kArmed;
       job.last_progress = clock_.Now();
       job.stacks_wanted.clear();
@@ -384,9 +427,17 @@ absl::StatusOr<MetricsReply> MetricsHub::Report(MetricsReport report) {
     for (auto& s : report.ranks) {
       if (s.rank < node.base_rank || s.rank >= node.base_rank + node.nproc) continue;
       if (!done.insert(s.rank).second) continue;  // a rank twice in one report
-      auto rit = job.ranks.find(s.rank);
-      if (rit == job.ranks.end()) continue;
-      progressed |= Ingest(rit->second, std::move(s), now, unix_s);
+      RankSlot* slot = FindRank(job.ranks, s.rank);
+      if (slot == nullptr) continue;
+      if (!slot->state) {
+        slot->state = std::make_unique<RankState>(options_.rate_window);
+        RankView& v = slot->state->v;
+        v.rank = slot->rank;
+        v.local_rank = slot->local_rank;
+        v.node_id = *slot->node_id;
+        v.host = slot->node->host;
+      }
+      progressed |= Ingest(*slot->state, std::move(s), now, unix_s);
     }
     std::int64_t events = 0;
     for (auto& e : report.events) {
@@ -455,25 +506,29 @@ struct Aggregate {
 };
 
 // Per-rank rates, quantiles and stragglers as of now; the job's totals.
-Aggregate Compute(std::map<int, RankState>& ranks, TimePoint now) {
+Aggregate Compute(std::vector<RankSlot>& ranks, TimePoint now) {
   Aggregate a;
   double fastest = -1;
   int counted = 0;
-  for (auto& [rank, r] : ranks) {
+  for (auto& slot : ranks) {
+    ++counted;  // a rank not heard from yet counts as 0 steps/s
+    if (!slot.state) continue;
+    RankState& r = *slot.state;
     RankView& v = r.v;
     v.steps_per_s = r.rates.StepsPerSecond(now);
     v.samples_per_s = r.rates.SamplesPerSecond(now);
     v.age_s = r.seen ? Secs(now - r.received) : -1;
     if (v.samples_per_s >= 0) a.samples_per_s = std::max(0.0, a.samples_per_s) + v.samples_per_s;
     a.steps_per_s += v.steps_per_s;
-    ++counted;
     if (v.step_p50_s > a.step_time_s) a.step_time_s = v.step_p50_s;
     if (r.compute_median > 0 && (fastest < 0 || r.compute_median < fastest)) {
       fastest = r.compute_median;
     }
   }
   if (counted > 0) a.steps_per_s /= counted;  // the job's steps/s: the ranks' mean
-  for (auto& [rank, r] : ranks) {
+  for (auto& slot : ranks) {
+    if (!slot.state) continue;
+    RankState& r = *slot.state;
     RankView& v = r.v;
     v.straggler = false;
     v.straggler_gap_s = 0;
@@ -514,16 +569,17 @@ void MetricsHub::TickJobLocked(Job& job, TimePoint now, std::vector<std::functio
     }
     // The job's failure report names the first culprit.
     const int c = job.pending.verdict.culprits.front();
-    const RankState& r = job.ranks.at(c);
+    const RankSlot* culprit = FindRank(job.ranks, c);  // one of the ranks
+    const RankView r = culprit ? ViewOf(*culprit) : RankView{};
     WorkerFailure f;
-    f.host = r.v.host;
+    f.host = r.host;
     f.global_rank = c;
-    f.local_rank = r.v.local_rank;
-    f.pid = r.v.pid;
+    f.local_rank = r.local_rank;
+    f.pid = r.pid;
     f.timestamp = UnixNow();
     f.round = job.round;
     f.error_message = job.hang_report;
-    job.act_node = r.v.node_id;
+    job.act_node = r.node_id;
     job.act_failure = std::move(f);
     job.stacks_wanted.clear();
     if (job.on_hang == OnHang::kReport) {
@@ -541,15 +597,18 @@ void MetricsHub::TickJobLocked(Job& job, TimePoint now, std::vector<std::functio
       // Every worker alive by a fresh report, and something that counts progress.
       if (job.ranks.empty()) return;
       bool source = false;
-      for (const auto& [rank, r] : job.ranks) {
-        if (!r.seen || r.v.state != "running" || now - r.received > options_.report_fresh) return;
-        source |= r.v.has_progress_source || r.v.collective_seq > 0;
+      for (const auto& slot : job.ranks) {
+        const RankState* r = slot.state.get();
+        if (!r || !r->seen || r->v.state != "running" || now - r->received > options_.report_fresh)
+          return;
+        source |= r->v.has_progress_source || r->v.collective_seq > 0;
       }
       if (!source) return;
       std::vector<HangRank> hr;
       hr.reserve(job.ranks.size());
-      for (const auto& [rank, r] : job.ranks) {
-        hr.push_back({rank, r.v.host, r.v.pid, r.v.steps, r.v.collective_seq, r.v.in_collective,
+      for (const auto& slot : job.ranks) {
+        const RankState& r = *slot.state;  // every rank reported (above)
+        hr.push_back({r.v.rank, r.v.host, r.v.pid, r.v.steps, r.v.collective_seq, r.v.in_collective,
                       r.v.collective_op});
       }
       job.pending = HangReportInput{};
@@ -563,7 +622,11 @@ void MetricsHub::TickJobLocked(Job& job, TimePoint now, std::vector<std::functio
                                job.pending.verdict.culprits.begin() +
                                    static_cast<std::ptrdiff_t>(std::min(
                                        kMaxStackCaptures, job.pending.verdict.culprits.size())));
-      for (int c : job.stacks_wanted) job.nodes[job.ranks.at(c).v.node_id].capture.push_back(c);
+      for (int c : job.stacks_wanted) {
+        if (const RankSlot* slot = FindRank(job.ranks, c)) {
+          job.nodes[*slot->node_id].capture.push_back(c);
+        }
+      }
       job.hang = Hang::kCapturing;
       job.hang_deadline = now + options_.stack_wait;
       AddEvent(job, UnixNow(), "hang",
@@ -617,8 +680,9 @@ absl::StatusOr<JobView> MetricsHub::View(const std::string& job_id, bool with_hi
   v.hang_timeout_s = job.hang_timeout_s;
   v.on_hang = OnHangName(job.on_hang);
   bool source = false;
-  for (const auto& [rank, r] : job.ranks)
-    source |= r.v.has_progress_source || r.v.collective_seq > 0;
+  for (const auto& slot : job.ranks) {
+    if (slot.state) source |= slot.state->v.has_progress_source || slot.state->v.collective_seq > 0;
+  }
   if (job.hang_timeout_s <= 0) {
     v.hang_state = "off";
   } else if (job.state != "running") {
@@ -637,9 +701,11 @@ absl::StatusOr<JobView> MetricsHub::View(const std::string& job_id, bool with_hi
   v.step_time_s = a.step_time_s;
   v.now_unix_s = UnixNow();
   v.ranks.reserve(job.ranks.size());
-  for (const auto& [rank, r] : job.ranks) {
-    v.ranks.push_back(r.v);
-    if (job.state == "running" && r.seen) v.data_age_s = std::max(v.data_age_s, r.v.age_s);
+  for (const auto& slot : job.ranks) {
+    v.ranks.push_back(ViewOf(slot));
+    if (job.state == "running" && slot.state && slot.state->seen) {
+      v.data_age_s = std::max(v.data_age_s, slot.state->v.age_s);
+    }
   }
   if (with_history) {
     v.series.assign(job.series.begin(), job.series.end());

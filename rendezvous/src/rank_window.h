@@ -6,27 +6,42 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <deque>
 #include <vector>
 
 #include "ddprun/rendezvous/clock.h"
 
 namespace ddprun::rendezvous {
 
+// The last `capacity` values in a ring. Allocates on the first Add, not
+// before: a round of 16k nodes makes one per rank (131k with 8 ranks a node)
+// under the job table's lock, and most are never written in the first seconds.
 class StepWindow {
  public:
-  explicit StepWindow(std::size_t capacity) : capacity_(capacity) {}
+  explicit StepWindow(std::size_t capacity) : capacity_(std::max<std::size_t>(1, capacity)) {}
   void Add(double seconds) {
-    values_.push_back(seconds);
-    if (values_.size() > capacity_) values_.pop_front();
+    if (values_.size() < capacity_) {
+      if (values_.empty()) values_.reserve(capacity_);
+      values_.push_back(seconds);
+      return;
+    }
+    values_[next_] = seconds;  // overwrite the oldest
+    next_ = (next_ + 1) % capacity_;
   }
   std::size_t size() const { return values_.size(); }
-  void Clear() { values_.clear(); }
+  void Clear() {
+    values_.clear();
+    next_ = 0;
+  }
   // The q-quantile (nearest rank) of the last `last` values (0: all); -1 when empty.
   double Quantile(double q, std::size_t last = 0) const {
     if (values_.empty()) return -1;
-    const std::size_t n = last == 0 ? values_.size() : std::min(last, values_.size());
-    std::vector<double> v(values_.end() - static_cast<std::ptrdiff_t>(n), values_.end());
+    const std::size_t size = values_.size();
+    const std::size_t n = last == 0 ? size : std::min(last, size);
+    // Oldest at next_ once full, at 0 before: the newest n end just before it.
+    std::vector<double> v;
+    v.reserve(n);
+    const std::size_t end = values_.size() < capacity_ ? size : next_;
+    for (std::size_t i = 0; i < n; ++i) v.push_back(values_[(end + size - n + i) % size]);
     const std::size_t k = std::min(n - 1, static_cast<std::size_t>(q * static_cast<double>(n)));
     std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
     return v[k];
@@ -34,7 +49,8 @@ class StepWindow {
 
  private:
   std::size_t capacity_;
-  std::deque<double> values_;
+  std::vector<double> values_;  // a ring once full
+  std::size_t next_ = 0;        // once full: the oldest value, overwritten next
 };
 
 // Rates from cumulative counters, over the reports of the last `window`
@@ -44,7 +60,9 @@ class RateWindow {
   explicit RateWindow(Duration window) : window_(window) {}
   void Add(TimePoint t, double steps, double samples) {
     points_.push_back({t, steps, samples});
-    while (points_.size() > 2 && points_[1].t <= t - window_) points_.pop_front();
+    std::size_t drop = 0;
+    while (points_.size() - drop > 2 && points_[drop + 1].t <= t - window_) ++drop;
+    points_.erase(points_.begin(), points_.begin() + static_cast<std::ptrdiff_t>(drop));
   }
   void Clear() { points_.clear(); }
   // Per second over the window ending now; 0 without two points, or when
@@ -71,7 +89,7 @@ class RateWindow {
     return d > 0 ? d / dt : 0;
   }
   Duration window_;
-  std::deque<Point> points_;
+  std::vector<Point> points_;  // a few (one a report); empty allocates nothing
 };
 
 }  // namespace ddprun::rendezvous

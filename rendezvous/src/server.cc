@@ -11,11 +11,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <iostream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -30,6 +32,7 @@
 #include "ddprun/rendezvous/job_table.h"
 #include "ddprun/rendezvous/kv_engine.h"
 #include "ddprun/v1/ddprun.grpc.pb.h"
+#include "completion_queues.h"
 #include "metrics_service.h"
 #include "proto_convert.h"
 #include "etcd_election.h"
@@ -69,23 +72,43 @@ void SilenceGrpcLogging() {
 
 // ------------------------------------------------------------------ Sinks
 
-class JoinReactor;
+class JoinCall;
 
 // The write side of one Join stream. Shared by the reactor and the job table,
 // so deliveries never touch a reactor that is gone.
 class Sink final : public EventSink {
  public:
-  explicit Sink(JoinReactor* reactor) : reactor_(reactor) {}
+  explicit Sink(JoinCall* call) : call_(call) {}
   void Bind(const std::string& job_id, const std::string& node_id) override;
   void Deliver(RoundEvent event) override;
 
   std::mutex mu;
-  // Called with mu held, by the reactor's OnDone.
-  void DetachLocked() { reactor_ = nullptr; }
+  // Called with mu held, by the call when it ends.
+  void DetachLocked() { call_ = nullptr; }
 
  private:
-  JoinReactor* reactor_;  // null once the reactor is done
+  JoinCall* call_;  // null once the call has ended
 };
+
+// The Rendezvous service: Join on the async API (JoinCall, below; the
+// streams live long, completion_queues.h says why), every other method on
+// the callback API.
+using RendezvousAsyncJoin =
+    pb::Rendezvous::WithAsyncMethod_Join<pb::Rendezvous::WithCallbackMethod_Report<
+        pb::Rendezvous::WithCallbackMethod_Status<pb::Rendezvous::WithCallbackMethod_ReportMetrics<
+            pb::Rendezvous::WithCallbackMethod_GetMetrics<pb::Rendezvous::Service>>>>>;
+
+// Join streams are spread over this many completion queues, each drained by
+// a thread of its own: a completion scans the tags of its queue only. One
+// per core, at most 8: each further queue adds thread wake-ups (a completion
+// is handed to its queue's thread), and on this 2-core machine 4 queues
+// measured more CPU and context switches than 2 (docs/benchmarks.md).
+static int JoinQueueCount() {
+  return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
+}
+// Join calls requested in advance on each queue (how many agents' streams
+// can be accepted at once before the next request is posted).
+constexpr int kJoinRequestsPerQueue = 32;
 
 class RendezvousServer::Impl {
  public:
@@ -109,6 +132,8 @@ class RendezvousServer::Impl {
   absl::Status Gate() const;
   // Every job (or one) as etcd holds it, for a standby's `ddprun status`.
   std::vector<JobStatus> StatusFromEtcd(const std::string& job_id) const;
+  // Asks for one more Join call on queue `q`, unless the server shuts down.
+  void RequestJoin(int q);
 
  private:
   ServerOptions opts_;
@@ -135,9 +160,16 @@ class RendezvousServer::Impl {
   std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> acceptor_;
 
   // Services outlive the server that calls them (members die in reverse order).
-  std::unique_ptr<grpc::Service> rdzv_service_;
+  std::unique_ptr<RendezvousAsyncJoin> rdzv_service_;
   std::unique_ptr<grpc::Service> store_service_;
   std::unique_ptr<grpc::Server> server_;
+  // The Join streams' queues and their threads. join_mu_ orders requests for
+  // new calls against shutdown: none is posted once accepting_joins_ is false.
+  std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> join_queues_;
+  std::vector<std::thread> join_threads_;
+  std::mutex join_mu_;
+  bool accepting_joins_ = false;
+  void StopJoinQueues();
 
   std::mutex shutdown_mu_;
   std::condition_variable shutdown_cv_;
@@ -149,13 +181,22 @@ class RendezvousServer::Impl {
   std::unique_ptr<HttpServer> http_;
 };
 
-// One Join call: writes queued RoundEvents in order; a terminal event (restart,
-// closed, error) ends the stream.
-class JoinReactor final : public grpc::ServerWriteReactor<pb::RoundEvent> {
+// One Join call on the async API: writes queued RoundEvents in order, one
+// write at a time; a terminal event (restart, closed, error) finishes the
+// stream. An open stream holds one operation on its queue (the notification
+// that the call is done: the agent went away, or the stream finished); a
+// write or the Finish adds one while it runs. The call deletes itself when
+// it is done and no operation of its own is left.
+class JoinCall final {
  public:
-  explicit JoinReactor(JobTable* table) : table_(table), sink_(std::make_shared<Sink>(this)) {}
+  // Requests the next Join call on queue `q` (Impl::RequestJoin).
+  JoinCall(RendezvousServer::Impl* impl, RendezvousAsyncJoin* service,
+           grpc::ServerCompletionQueue* cq, int q)
+      : impl_(impl), q_(q), writer_(&ctx_), sink_(std::make_shared<Sink>(this)) {
+    ctx_.AsyncNotifyWhenDone(&done_tag_);
+    service->RequestJoin(&ctx_, &request_, &writer_, cq, cq, &requested_tag_);
+  }
 
-  std::shared_ptr<Sink> sink() const { return sink_; }
   // Called with sink_->mu held.
   void SetNodeLocked(std::string job_id, std::string node_id) {
     job_id_ = std::move(job_id);
@@ -175,118 +216,130 @@ class JoinReactor final : public grpc::ServerWriteReactor<pb::RoundEvent> {
     if (!writing_) StartNextLocked();
   }
 
+ private:
+  // An agent's Join arrived (or, !ok, the server shuts down and the request
+  // is returned unused: no other tag of this call will come).
+  void OnRequested(bool ok) {
+    if (!ok) {
+      delete this;
+      return;
+    }
+    impl_->RequestJoin(q_);  // the next agent's
+    JobTable& table = impl_->table();
+    if (absl::Status gate = impl_->Gate(); !gate.ok()) {
+      FailNow(gate);
+      return;
+    }
+    auto node = table.Join(FromProto(request_), sink_);
+    if (!node.ok()) FailNow(node.status());
+  }
+
   void FailNow(const absl::Status& st) {
     std::lock_guard<std::mutex> lock(sink_->mu);
     PushLocked(st);
   }
 
-  void OnWriteDone(bool ok) override {
-    std::lock_guard<std::mutex> lock(sink_->mu);
+  void OnWriteDone(bool ok) {
+    std::unique_lock<std::mutex> lock(sink_->mu);
     writing_ = false;
-    if (!ok) {  // the client went away; OnCancel reports the loss
-      if (!finishing_) {
-        finishing_ = true;
-        Finish(grpc::Status(grpc::StatusCode::CANCELLED, "stream broken"));
-      }
-      return;
+    if (ok) {
+      StartNextLocked();
+    } else {
+      finishing_ = true;  // the agent went away; the done notification reports the loss
     }
-    StartNextLocked();
+    EndIfDone(lock);
   }
 
-  void OnCancel() override {
-    std::string job, node;
-    {
-      std::lock_guard<std::mutex> lock(sink_->mu);
-      // A cancelled call must still be finished, or OnDone never comes.
-      if (!finishing_ && !writing_) {
-        finishing_ = true;
-        Finish(grpc::Status(grpc::StatusCode::CANCELLED, "stream cancelled"));
-      }
-      if (terminal_queued_) return;  // the stream was ending anyway
-      job = job_id_;
-      node = node_id_;
-    }
-    if (!node.empty()) table_->StreamLost(job, node, sink_.get());
+  void OnFinishDone(bool) {
+    std::unique_lock<std::mutex> lock(sink_->mu);
+    writing_ = false;
+    EndIfDone(lock);
   }
 
-  void OnDone() override {
-    std::string job, node;
-    bool clean;
-    {
-      std::lock_guard<std::mutex> lock(sink_->mu);
-      sink_->DetachLocked();
-      job = job_id_;
-      node = node_id_;
-      clean = terminal_queued_;
-    }
-    // A stream that ends without a terminal event lost its agent (StreamLost
-    // ignores a sink that is no longer current, so this is idempotent).
+  // The call is over: finished, or cancelled (the agent went away, its
+  // connection broke, or the server shuts down).
+  void OnDone(bool) {
+    std::unique_lock<std::mutex> lock(sink_->mu);
+    call_done_ = true;
+    finishing_ = true;  // a cancelled call takes no more writes
+    EndIfDone(lock);
+  }
+
+  // Once the call is done and no write or Finish of ours is outstanding: a
+  // stream that ended without a terminal event lost its agent (StreamLost
+  // ignores a sink that is no longer current, so this is idempotent); then
+  // the call deletes itself.
+  void EndIfDone(std::unique_lock<std::mutex>& lock) {
+    if (!call_done_ || writing_) return;
+    sink_->DetachLocked();
+    const std::string job = job_id_, node = node_id_;
+    const bool clean = terminal_queued_;
+    lock.unlock();
     if (!node.empty()) {
       if (clean) {
-        table_->Unregister(job, node, sink_.get());
+        impl_->table().Unregister(job, node, sink_.get());
       } else {
-        table_->StreamLost(job, node, sink_.get());
+        impl_->table().StreamLost(job, node, sink_.get());
       }
     }
     delete this;
   }
 
- private:
+  // Called with sink_->mu held. `writing_` covers the Finish too.
   void StartNextLocked() {
     if (finishing_) return;
     if (!queue_.empty()) {
       current_ = std::move(queue_.front());
       queue_.pop_front();
       writing_ = true;
-      StartWrite(&current_);
+      writer_.Write(current_, &write_tag_);
       return;
     }
     if (terminal_queued_) {
       finishing_ = true;
-      Finish(final_status_);
+      writing_ = true;
+      writer_.Finish(final_status_, &finish_tag_);
     }
   }
 
-  JobTable* table_;
+  RendezvousServer::Impl* impl_;
+  const int q_;
+  grpc::ServerContext ctx_;
+  pb::JoinRequest request_;
+  grpc::ServerAsyncWriter<pb::RoundEvent> writer_;
+  MemberTag<JoinCall, &JoinCall::OnRequested> requested_tag_{this};
+  MemberTag<JoinCall, &JoinCall::OnWriteDone> write_tag_{this};
+  MemberTag<JoinCall, &JoinCall::OnFinishDone> finish_tag_{this};
+  MemberTag<JoinCall, &JoinCall::OnDone> done_tag_{this};
   std::shared_ptr<Sink> sink_;
   std::string job_id_, node_id_;
   std::deque<pb::RoundEvent> queue_;
   pb::RoundEvent current_;
-  bool writing_ = false;
+  bool writing_ = false;  // a Write or the Finish is outstanding
   bool terminal_queued_ = false;
-  bool finishing_ = false;
+  bool finishing_ = false;  // no more writes: finishing, or the call is done
+  bool call_done_ = false;
   grpc::Status final_status_ = grpc::Status::OK;
 };
 
 void Sink::Bind(const std::string& job_id, const std::string& node_id) {
   std::lock_guard<std::mutex> lock(mu);
-  if (reactor_) reactor_->SetNodeLocked(job_id, node_id);
+  if (call_) call_->SetNodeLocked(job_id, node_id);
 }
 
 void Sink::Deliver(RoundEvent event) {
   std::lock_guard<std::mutex> lock(mu);
-  if (reactor_) reactor_->PushLocked(std::move(event));
+  if (call_) call_->PushLocked(std::move(event));
 }
 
 // ------------------------------------------------------------ Services
 
 namespace {
 
-class RendezvousServiceImpl final : public pb::Rendezvous::CallbackService {
+// Join is served by JoinCall; the unary methods here.
+class RendezvousServiceImpl final : public RendezvousAsyncJoin {
  public:
   explicit RendezvousServiceImpl(RendezvousServer::Impl* impl) : impl_(impl) {}
-
-  grpc::ServerWriteReactor<pb::RoundEvent>* Join(grpc::CallbackServerContext* ctx,
-                                                 const pb::JoinRequest* req) override {
-    auto* reactor = new JoinReactor(&impl_->table());
-    if (absl::Status gate = impl_->Gate(); !gate.ok()) {
-      reactor->FailNow(gate);
-      return reactor;
-    }
-    auto node = impl_->table().Join(FromProto(*req), reactor->sink());
-    if (!node.ok()) reactor->FailNow(node.status());
-    return reactor;
-  }
 
   grpc::ServerUnaryReactor* Report(grpc::CallbackServerContext* ctx,
                                    const pb::ReportRequest* req,
@@ -556,12 +609,26 @@ absl::Status RendezvousServer::Impl::Start() {
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   builder.RegisterService(rdzv_service_.get());
   builder.RegisterService(store_service_.get());
+  for (int q = 0; q < JoinQueueCount(); ++q) join_queues_.push_back(builder.AddCompletionQueue());
   server_ = builder.BuildAndStart();
+  if (server_ && port_ != 0) {
+    for (std::size_t q = 0; q < join_queues_.size(); ++q) {
+      join_threads_.emplace_back([cq = join_queues_[q].get()] { DrainQueue(cq); });
+    }
+    {
+      std::lock_guard<std::mutex> lock(join_mu_);
+      accepting_joins_ = true;
+    }
+    for (std::size_t q = 0; q < join_queues_.size(); ++q) {
+      for (int i = 0; i < kJoinRequestsPerQueue; ++i) RequestJoin(static_cast<int>(q));
+    }
+  }
   if (server_ && port_ != 0 && opts_.tls.enabled) {
     ArmTlsRefusalLog(opts_.log_prefix, opts_.client_ca_flag);
   }
   if (!server_ || port_ == 0) {
     server_.reset();
+    StopJoinQueues();
     // Find out why, for a useful message.
     std::string why = "cannot bind";
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -665,6 +732,26 @@ void RendezvousServer::Impl::OnDeposed(const absl::Status& why) {
   std::_Exit(1);
 }
 
+void RendezvousServer::Impl::RequestJoin(int q) {
+  std::lock_guard<std::mutex> lock(join_mu_);
+  if (!accepting_joins_) return;
+  new JoinCall(this, rdzv_service_.get(), join_queues_[q].get(), q);  // deletes itself
+}
+
+void RendezvousServer::Impl::StopJoinQueues() {
+  {
+    std::lock_guard<std::mutex> lock(join_mu_);
+    accepting_joins_ = false;
+  }
+  for (auto& cq : join_queues_) cq->Shutdown();
+  if (join_threads_.empty()) {
+    for (auto& cq : join_queues_) DrainQueue(cq.get());  // never served: empty
+  }
+  for (auto& t : join_threads_) t.join();
+  join_threads_.clear();
+  join_queues_.clear();
+}
+
 absl::Status RendezvousServer::Impl::Gate() const {
   if (serving_.load()) return absl::OkStatus();
   const std::string leader = election_ ? election_->leader() : "";
@@ -701,10 +788,16 @@ void RendezvousServer::Impl::Shutdown() {
   // Ends every open stream and cancels store waits, so Shutdown cannot hang.
   // A borrowed table is its owner's to shut down (after this server).
   if (own_table_) own_table_->Shutdown();
+  {
+    std::lock_guard<std::mutex> lock(join_mu_);
+    accepting_joins_ = false;
+  }
   if (server_) {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     server_->Wait();
   }
+  // After the server: its calls have ended, so their last tags are queued.
+  StopJoinQueues();
   // Last: a leader revokes its lease, and a standby takes over at once.
   election_.reset();
 }

@@ -127,6 +127,28 @@ TEST_CASE("metrics hub refuses reports of unknown jobs, stale rounds and strange
   CHECK(absl::IsNotFound(f.hub->View("nope").status()));
 }
 
+TEST_CASE("metrics hub: ranks not heard from yet are in the view with their place", "[metrics]") {
+  Fixture f;
+  // Node 1 reports, node 0 has not yet: its ranks show their node and host.
+  REQUIRE(f.hub->Report(f.Report(1, 10, 0.1, 0)).ok());
+  auto v = f.hub->View("job1");
+  REQUIRE(v.ok());
+  REQUIRE(v->ranks.size() == 4);
+  for (int rank = 0; rank < 4; ++rank) CHECK(v->ranks[rank].rank == rank);  // rank order
+  const RankView& quiet = RankOf(*v, 1);
+  CHECK(quiet.local_rank == 1);
+  CHECK(quiet.node_id == f.node_ids[0]);
+  CHECK(quiet.host == "host0");
+  CHECK(quiet.state == "unknown");
+  CHECK(quiet.age_s == -1);
+  CHECK(quiet.steps_per_s == 0);
+  CHECK(quiet.samples_per_s == -1);
+  const RankView& heard = RankOf(*v, 3);
+  CHECK(heard.node_id == f.node_ids[1]);
+  CHECK(heard.steps == 10);
+  CHECK(heard.pid == 503);
+}
+
 TEST_CASE("metrics hub computes per-rank step times, rates and job totals", "[metrics]") {
   Fixture f;
   std::int64_t steps = 0;
