@@ -33,14 +33,31 @@ std::chrono::system_clock::time_point DeadlineAfter(Duration d) {
          std::chrono::duration_cast<std::chrono::system_clock::duration>(d);
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const TlsConfig& tls) {
+// gRPC keepalive: a ping after `time` without one, `timeout` for its answer.
+// It is how a client notices a peer gone silent (a host lost, a network cut:
+// no FIN, no RST) even on an idle stream: within time + timeout.
+struct Keepalive {
+  int time_ms;
+  int timeout_ms;
+};
+// An agent's channel (RendezvousClient): its Join stream is how it learns that
+// its replica is gone, so 0.5-1 s, under the replicas' lease (docs/ha.md).
+// ddprund allows pings every 500 ms (server.cc). The cost is one ping and its
+// ack per agent per 500 ms at the replica it talks to (docs/ha.md, "Cost").
+constexpr Keepalive kAgentKeepalive{500, 500};
+// A worker's store channel (GrpcStore): its calls have deadlines and move on
+// to the next replica by themselves; an idle worker should cost less than an
+// agent (there are nproc_per_node of them per node).
+constexpr Keepalive kStoreKeepalive{1000, 1000};
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const TlsConfig& tls,
+                                           Keepalive keepalive) {
   SilenceGrpcLogging();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
-  // Notice a dead peer (cut network) within seconds, even on an idle stream.
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 1000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 1000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, keepalive.time_ms);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, keepalive.timeout_ms);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   // Reconnect quickly when a server comes up.
@@ -162,7 +179,7 @@ class RendezvousClient::Impl {
         port_(port),
         tls_(tls),
         target_(FormatHostPort(host, port)),
-        channel_(MakeChannel(target_, tls)),
+        channel_(MakeChannel(target_, tls, kAgentKeepalive)),
         rdzv_(pb::Rendezvous::NewStub(channel_)),
         store_(pb::Store::NewStub(channel_)) {}
 
@@ -282,7 +299,7 @@ class GrpcStore::Impl {
       e.host = hp.host;
       e.port = hp.port;
       e.target = FormatHostPort(hp.host, hp.port);
-      e.channel = MakeChannel(e.target, tls);
+      e.channel = MakeChannel(e.target, tls, kStoreKeepalive);
       e.stub = pb::Store::NewStub(e.channel);
       eps_.push_back(std::move(e));
     }
