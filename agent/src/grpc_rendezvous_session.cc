@@ -156,9 +156,11 @@ class GrpcRendezvousSession final : public RendezvousSession {
     const Duration slice = std::clamp<Duration>(timeout / replicas.size(), milliseconds(50),
                                                 milliseconds(150));
     // While a standby takes over, the agent goes round the list every 100 ms
-    // until one leads. A replica that did not connect within its slice (dead,
-    // cut off) is tried only after the others for kDownFor, so that it costs
-    // its slice once rather than on every round (docs/ha.md).
+    // until one leads. A replica whose connection failed outright (refused or
+    // reset: a killed ddprund) is tried only after the others for kDownFor, so
+    // that it costs its slice once rather than on every round (docs/ha.md). One
+    // still connecting at the end of its slice is not marked: it may be a live
+    // replica on a loaded host, possibly the next leader.
     absl::Status st = absl::UnavailableError("no ddprund replica connected");
     absl::Status tls_refused;  // a replica's TLS refusal, named if none connects
     for (const bool down_pass : {false, true}) {
@@ -176,7 +178,7 @@ class GrpcRendezvousSession final : public RendezvousSession {
           return st;
         }
         if (rdzv::IsTlsHandshakeError(st) && tls_refused.ok()) tls_refused = st;
-        down_until_[i] = clock_.Now() + kDownFor;
+        if (client->ConnectFailed()) down_until_[i] = clock_.Now() + kDownFor;
       }
     }
     return tls_refused.ok() ? st : tls_refused;

@@ -35,19 +35,21 @@ std::chrono::system_clock::time_point DeadlineAfter(Duration d) {
 
 // gRPC keepalive: a ping after `time` without one, `timeout` for its answer.
 // It is how a client notices a peer gone silent (a host lost, a network cut:
-// no FIN, no RST) even on an idle stream: within time + timeout.
+// no FIN, no RST) even on an idle stream. gRPC pings only connections with an
+// open call, and (gRPC 1.51, chttp2's maybe_initiate_ping) never more than
+// once a second whatever `time` says: a silent peer is found 0.5-1.5 s after
+// it went silent with a timeout of 500 ms.
 struct Keepalive {
   int time_ms;
   int timeout_ms;
 };
 // An agent's channel (RendezvousClient): its Join stream is how it learns that
-// its replica is gone, so 0.5-1 s, under the replicas' lease (docs/ha.md).
-// ddprund allows pings every 500 ms (server.cc). The cost is one ping and its
-// ack per agent per 500 ms at the replica it talks to (docs/ha.md, "Cost").
-constexpr Keepalive kAgentKeepalive{500, 500};
+// its replica is gone, so its answer is due within 500 ms, under the replicas'
+// lease (docs/ha.md, "Choosing the lease TTL": what it costs, and a leader too
+// busy to answer a ping in 500 ms). ddprund allows pings every 500 ms.
+constexpr Keepalive kAgentKeepalive{1000, 500};
 // A worker's store channel (GrpcStore): its calls have deadlines and move on
-// to the next replica by themselves; an idle worker should cost less than an
-// agent (there are nproc_per_node of them per node).
+// to the next replica by themselves.
 constexpr Keepalive kStoreKeepalive{1000, 1000};
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const TlsConfig& tls,
@@ -210,6 +212,10 @@ absl::Status RendezvousClient::WaitForConnected(Duration timeout) {
   return absl::UnavailableError("cannot reach the rendezvous at " + impl_->target_ + " within " +
                                 std::to_string(std::chrono::duration<double>(timeout).count()) +
                                 " s; check that ddprund runs there and the endpoint is right");
+}
+
+bool RendezvousClient::ConnectFailed() const {
+  return impl_->channel_->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_TRANSIENT_FAILURE;
 }
 
 std::unique_ptr<JoinStream> RendezvousClient::Join(const JoinSpec& spec) {

@@ -43,6 +43,10 @@ class RendezvousClient {
   // or one side without TLS) is TlsHandshakeError (tls.h, kind kAuth) naming
   // the reason and the flag to fix: retrying cannot help.
   absl::Status WaitForConnected(Duration timeout);
+  // Whether the last attempt to connect failed outright (refused, reset,
+  // unreachable: gRPC's TRANSIENT_FAILURE), as opposed to still connecting
+  // (a slow or silent peer). Does not start a connection.
+  bool ConnectFailed() const;
   std::unique_ptr<JoinStream> Join(const JoinSpec& spec);
   absl::Status Report(const std::string& job_id, const std::string& node_id, std::int64_t round,
                       Outcome outcome, const std::vector<WorkerFailure>& failures,
