@@ -167,7 +167,8 @@ class GrpcRendezvousSession final : public RendezvousSession {
       for (std::size_t k = 1; k <= replicas.size(); ++k) {
         const std::size_t i = (replica_ + k) % replicas.size();
         if ((clock_.Now() < down_until_[i]) != down_pass) continue;
-        auto client = rdzv::RendezvousClient::Create(replicas[i].host, replicas[i].port, tls_);
+        auto client = rdzv::RendezvousClient::Create(replicas[i].host, replicas[i].port, tls_,
+                                                     rdzv::SilenceTimeout::kFailover);
         st = client->WaitForConnected(slice);
         if (st.ok()) {
           down_until_[i] = TimePoint{};

@@ -43,14 +43,16 @@ struct Keepalive {
   int time_ms;
   int timeout_ms;
 };
-// An agent's channel (RendezvousClient): its Join stream is how it learns that
-// its replica is gone, so its answer is due within 500 ms, under the replicas'
-// lease (docs/ha.md, "Choosing the lease TTL": what it costs, and a leader too
-// busy to answer a ping in 500 ms). ddprund allows pings every 500 ms.
-constexpr Keepalive kAgentKeepalive{1000, 500};
-// A worker's store channel (GrpcStore): its calls have deadlines and move on
-// to the next replica by themselves.
-constexpr Keepalive kStoreKeepalive{1000, 1000};
+// An agent's channel when it lists replicas (SilenceTimeout::kFailover): its
+// Join stream is how it learns that its replica is gone, so the answer is due
+// within 500 ms, under the replicas' lease (docs/ha.md, "Choosing the lease
+// TTL": what it costs, and a leader too busy to answer in time). ddprund
+// allows pings every 500 ms.
+constexpr Keepalive kFailoverKeepalive{1000, 500};
+// Every other channel: agents of one ddprund or of an agent-hosted rendezvous,
+// `ddprun status`, workers' store calls (GrpcStore, whose calls have deadlines
+// and move on to the next replica by themselves).
+constexpr Keepalive kPatientKeepalive{1000, 1000};
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const TlsConfig& tls,
                                            Keepalive keepalive) {
@@ -176,12 +178,14 @@ class GrpcJoinStream final : public JoinStream,
 
 class RendezvousClient::Impl {
  public:
-  Impl(const std::string& host, int port, const TlsConfig& tls)
+  Impl(const std::string& host, int port, const TlsConfig& tls, SilenceTimeout silence)
       : host_(host),
         port_(port),
         tls_(tls),
         target_(FormatHostPort(host, port)),
-        channel_(MakeChannel(target_, tls, kAgentKeepalive)),
+        channel_(MakeChannel(target_, tls,
+                             silence == SilenceTimeout::kFailover ? kFailoverKeepalive
+                                                                  : kPatientKeepalive)),
         rdzv_(pb::Rendezvous::NewStub(channel_)),
         store_(pb::Store::NewStub(channel_)) {}
 
@@ -198,9 +202,10 @@ RendezvousClient::RendezvousClient(std::unique_ptr<Impl> impl) : impl_(std::move
 RendezvousClient::~RendezvousClient() = default;
 
 std::unique_ptr<RendezvousClient> RendezvousClient::Create(const std::string& host, int port,
-                                                           const TlsConfig& tls) {
+                                                           const TlsConfig& tls,
+                                                           SilenceTimeout silence) {
   return std::unique_ptr<RendezvousClient>(
-      new RendezvousClient(std::make_unique<Impl>(host, port, tls)));
+      new RendezvousClient(std::make_unique<Impl>(host, port, tls, silence)));
 }
 
 const std::string& RendezvousClient::target() const { return impl_->target_; }
@@ -305,7 +310,7 @@ class GrpcStore::Impl {
       e.host = hp.host;
       e.port = hp.port;
       e.target = FormatHostPort(hp.host, hp.port);
-      e.channel = MakeChannel(e.target, tls, kStoreKeepalive);
+      e.channel = MakeChannel(e.target, tls, kPatientKeepalive);
       e.stub = pb::Store::NewStub(e.channel);
       eps_.push_back(std::move(e));
     }
