@@ -36,7 +36,6 @@
 #include <thread>
 #include <vector>
 
-
 #include "ddprun/v1/ddprun.grpc.pb.h"
 
 extern char** environ;
@@ -132,8 +131,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   const std::string port_s = std::to_string(port);
-  std::vector<std::string> args{ddprund, "--host", "127.0.0.1", "--port", port_s,
-                                "--dashboard_port", "off"};
+  std::vector<std::string> args{ddprund, "--host",           "127.0.0.1", "--port",
+                                port_s,  "--dashboard_port", "off"};
   std::vector<char*> cargv;
   for (auto& s : args) cargv.push_back(s.data());
   cargv.push_back(nullptr);
@@ -153,7 +152,8 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  std::printf("%d connections with an open Join stream to one ddprund, %.0f s per setting\n", n, seconds);
+  std::printf("%d connections with an open Join stream to one ddprund, %.0f s per setting\n", n,
+              seconds);
   std::printf("%-20s %13s %9s %15s %13s %15s %11s\n", "keepalive", "ddprund CPU/s", "pings/s",
               "ddprund us/ping", "clients CPU/s", "clients us/ping", "TCP segs/s");
   double base_server = 0, base_client = 0;

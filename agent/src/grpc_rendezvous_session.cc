@@ -418,7 +418,7 @@ class GrpcRendezvousSession final : public RendezvousSession {
   rdzv::TlsConfig tls_;  // this node's, checked in Open()
   std::string connect_host_;
   int connect_port_ = 0;
-  std::size_t replica_ = 0;  // with replicas: the index of connect_host_:connect_port_
+  std::size_t replica_ = 0;            // with replicas: the index of connect_host_:connect_port_
   std::vector<TimePoint> down_until_;  // with replicas: tried after the others until then
   int master_port_ = 0;
 

@@ -183,9 +183,9 @@ class RendezvousClient::Impl {
         port_(port),
         tls_(tls),
         target_(FormatHostPort(host, port)),
-        channel_(MakeChannel(target_, tls,
-                             silence == SilenceTimeout::kFailover ? kFailoverKeepalive
-                                                                  : kPatientKeepalive)),
+        channel_(MakeChannel(
+            target_, tls,
+            silence == SilenceTimeout::kFailover ? kFailoverKeepalive : kPatientKeepalive)),
         rdzv_(pb::Rendezvous::NewStub(channel_)),
         store_(pb::Store::NewStub(channel_)) {}
 

@@ -117,8 +117,7 @@ TEST_CASE(
   std::fprintf(stderr,
                "ha partition: link down -> agents noticed %.2f/%.2f s, standby leads %.2f s, "
                "cut-off leader exits %.2f s, agents re-attached %.2f/%.2f s (both %.2f s)\n",
-               noticed[0], noticed[1], took_lead, cut_exit, attached[0], attached[1],
-               took_agents);
+               noticed[0], noticed[1], took_lead, cut_exit, attached[0], attached[1], took_agents);
   INFO("link down -> standby leads " << took_lead << " s, cut-off leader exits " << cut_exit
                                      << " s, both agents re-attached " << took_agents << " s");
   INFO("r_cut stderr:\n" << cut.proc->Err() << "\nr_hub stderr:\n" << standby.proc->Err());
