@@ -55,9 +55,17 @@ start_job() {
   cat "$DIR/$tag/pids"/* | sort >"$DIR/$tag/workers.before"
 }
 
+# With LEADER set (the killed replica), also records T_LEAD: when another replica leads.
+T_LEAD=""
 all_reattached() {  # tag timeout_s
   local t0; t0=$(now)
   while true; do
+    if [ -n "${LEADER:-}" ] && [ -z "$T_LEAD" ]; then
+      for i in 0 1 2; do
+        [ "$i" != "$LEADER" ] && grep -q "leads the control plane" "$DIR/r$i.err" 2>/dev/null &&
+          T_LEAD=$(echo "$(now) - $t0" | bc)
+      done
+    fi
     local n; n=$( (grep -l "re-attached" "$DIR/$1"/a*.err 2>/dev/null || true) | wc -l)
     [ "$n" -ge "$N" ] && return 0
     if (( $(echo "$(now) - $t0 > $2" | bc) )); then echo "only $n of $N agents re-attached" >&2; return 1; fi
@@ -70,7 +78,7 @@ declare -a RP RPID
 REPS=""
 for i in 0 1 2; do
   RP[$i]=$(free_port)
-  "$BIN/ddprund" --host 127.0.0.1 --port ${RP[$i]} --etcd_endpoints "$EPS" --etcd_lease_ttl 1 \
+  "$BIN/ddprund" --host 127.0.0.1 --port ${RP[$i]} --dashboard_port 0 --etcd_endpoints "$EPS" --etcd_lease_ttl 1 \
     >"$DIR/r$i.out" 2>"$DIR/r$i.err" &
   RPID[$i]=$!; PIDS+=($!)
   REPS+="${REPS:+,}127.0.0.1:${RP[$i]}"
@@ -86,13 +94,14 @@ T0=$(now)
 kill -9 ${RPID[$LEADER]}
 all_reattached ha 30
 T_HA=$(echo "$(now) - $T0" | bc)
+LEADER=""
 cat "$DIR/ha/pids"/* | sort >"$DIR/ha/workers.after"
 cmp -s "$DIR/ha/workers.before" "$DIR/ha/workers.after" && TOUCHED=no || TOUCHED=yes
 for p in $(cat "$DIR/ha/workers.before"); do kill -0 "$p" 2>/dev/null || TOUCHED=yes; done
 
 # --- peer: one ddprund with --state_dir, killed and restarted at once
 SP=$(free_port)
-"$BIN/ddprund" --host 127.0.0.1 --port $SP --state_dir "$DIR/state" >"$DIR/s.out" 2>"$DIR/s.err" &
+"$BIN/ddprund" --host 127.0.0.1 --port $SP --dashboard_port 0 --state_dir "$DIR/state" >"$DIR/s.out" 2>"$DIR/s.err" &
 SPID=$!; PIDS+=($!)
 wait_line "$DIR/s.out" "listening" 10
 T0=$(now)
@@ -100,7 +109,7 @@ start_job "127.0.0.1:$SP" single
 T_SROUND=$(echo "$(now) - $T0" | bc)
 T0=$(now)
 kill -9 $SPID
-"$BIN/ddprund" --host 127.0.0.1 --port $SP --state_dir "$DIR/state" >"$DIR/s2.out" 2>"$DIR/s2.err" &
+"$BIN/ddprund" --host 127.0.0.1 --port $SP --dashboard_port 0 --state_dir "$DIR/state" >"$DIR/s2.out" 2>"$DIR/s2.err" &
 PIDS+=($!)
 all_reattached single 30
 T_SINGLE=$(echo "$(now) - $T0" | bc)
@@ -109,6 +118,7 @@ printf 'agents: %d (one worker each), etcd: 3 members on loopback, lease TTL 1 s
 printf 'round of %d agents through the replicas (start to every worker running): %.3f s, etcd writes: %d\n' \
   "$N" "$T_ROUND" "$((REV1 - REV0))"
 printf 'peer: the same round on one ddprund (--state_dir): %.3f s\n' "$T_SROUND"
-printf 'replica kill -9 -> every agent re-attached: %.3f s (workers touched: %s)\n' "$T_HA" "$TOUCHED"
+printf 'replica kill -9 -> a standby leads: %.3f s, every agent re-attached: %.3f s (workers touched: %s)\n' \
+  "${T_LEAD:-0}" "$T_HA" "$TOUCHED"
 printf 'peer: single ddprund --state_dir kill -9 + immediate restart -> every agent re-attached: %.3f s\n' "$T_SINGLE"
 printf 'ratio replicas/single: %.2f\n' "$(echo "$T_HA / $T_SINGLE" | bc -l)"

@@ -43,6 +43,9 @@ constexpr auto kStreamWait = std::chrono::hours(24 * 365);
 constexpr auto kHostProbe = milliseconds(300);
 // Key under which a static node rank 0 publishes its rendezvous endpoint.
 constexpr const char* kRdzvEndpointKey = "ddprun/rdzv_endpoint";
+// With replicas: how long one that did not connect is tried after the others
+// (about a fail-over with a 1-2 s lease; WaitForConnected).
+constexpr auto kDownFor = seconds(2);
 
 bool IsLoopbackHost(const std::string& host) {
   return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
@@ -147,24 +150,39 @@ class GrpcRendezvousSession final : public RendezvousSession {
     // The replica we talked to broke or refused us (a standby): the next one,
     // then the others in turn, each for its share of the timeout.
     const auto& replicas = options_.rdzv_replicas;
+    if (down_until_.size() != replicas.size()) down_until_.assign(replicas.size(), TimePoint{});
     // A dead replica refuses at once, but gRPC reports it only at the end of
     // the wait: keep each short, the caller tries again.
     const Duration slice = std::clamp<Duration>(timeout / replicas.size(), milliseconds(50),
                                                 milliseconds(150));
-    absl::Status st;
-    for (std::size_t k = 1; k <= replicas.size(); ++k) {
-      const std::size_t i = (replica_ + k) % replicas.size();
-      auto client = rdzv::RendezvousClient::Create(replicas[i].host, replicas[i].port);
-      st = client->WaitForConnected(slice);
-      if (st.ok()) {
-        replica_ = i;
-        client_ = std::move(client);
-        connect_host_ = replicas[i].host;
-        connect_port_ = replicas[i].port;
-        return st;
+    // While a standby takes over, the agent goes round the list every 100 ms
+    // until one leads. A replica whose connection failed outright (refused or
+    // reset: a killed ddprund) is tried only after the others for kDownFor, so
+    // that it costs its slice once rather than on every round (docs/ha.md). One
+    // still connecting at the end of its slice is not marked: it may be a live
+    // replica on a loaded host, possibly the next leader.
+    absl::Status st = absl::UnavailableError("no ddprund replica connected");
+    absl::Status tls_refused;  // a replica's TLS refusal, named if none connects
+    for (const bool down_pass : {false, true}) {
+      for (std::size_t k = 1; k <= replicas.size(); ++k) {
+        const std::size_t i = (replica_ + k) % replicas.size();
+        if ((clock_.Now() < down_until_[i]) != down_pass) continue;
+        auto client = rdzv::RendezvousClient::Create(replicas[i].host, replicas[i].port, tls_,
+                                                     rdzv::SilenceTimeout::kFailover);
+        st = client->WaitForConnected(slice);
+        if (st.ok()) {
+          down_until_[i] = TimePoint{};
+          replica_ = i;
+          client_ = std::move(client);
+          connect_host_ = replicas[i].host;
+          connect_port_ = replicas[i].port;
+          return st;
+        }
+        if (rdzv::IsTlsHandshakeError(st) && tls_refused.ok()) tls_refused = st;
+        if (client->ConnectFailed()) down_until_[i] = clock_.Now() + kDownFor;
       }
     }
-    return st;
+    return tls_refused.ok() ? st : tls_refused;
   }
 
   absl::Status Report(const rdzv::Assignment& a, rdzv::Outcome outcome,
@@ -323,6 +341,7 @@ class GrpcRendezvousSession final : public RendezvousSession {
       if (CheckInterrupted()) return Interrupted();
       st = WaitForConnected(std::max<Duration>(
           std::min<Duration>(seconds(1), deadline - clock_.Now()), milliseconds(1)));
+      if (rdzv::IsTlsHandshakeError(st)) return st;  // waiting cannot fix it
     } while (!st.ok() && clock_.Now() < deadline);
     if (!st.ok()) {
       std::vector<std::string> names;
@@ -399,7 +418,8 @@ class GrpcRendezvousSession final : public RendezvousSession {
   rdzv::TlsConfig tls_;  // this node's, checked in Open()
   std::string connect_host_;
   int connect_port_ = 0;
-  std::size_t replica_ = 0;  // with replicas: the index of connect_host_:connect_port_
+  std::size_t replica_ = 0;            // with replicas: the index of connect_host_:connect_port_
+  std::vector<TimePoint> down_until_;  // with replicas: tried after the others until then
   int master_port_ = 0;
 
   std::unique_ptr<rdzv::JoinStream> stream_;

@@ -33,14 +33,35 @@ std::chrono::system_clock::time_point DeadlineAfter(Duration d) {
          std::chrono::duration_cast<std::chrono::system_clock::duration>(d);
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const TlsConfig& tls) {
+// gRPC keepalive: a ping after `time` without one, `timeout` for its answer.
+// It is how a client notices a peer gone silent (a host lost, a network cut:
+// no FIN, no RST) even on an idle stream. gRPC pings only connections with an
+// open call, and (gRPC 1.51, chttp2's maybe_initiate_ping) never more than
+// once a second whatever `time` says: a silent peer is found 0.5-1.5 s after
+// it went silent with a timeout of 500 ms.
+struct Keepalive {
+  int time_ms;
+  int timeout_ms;
+};
+// An agent's channel when it lists replicas (SilenceTimeout::kFailover): its
+// Join stream is how it learns that its replica is gone, so the answer is due
+// within 500 ms, under the replicas' lease (docs/ha.md, "Choosing the lease
+// TTL": what it costs, and a leader too busy to answer in time). ddprund
+// allows pings every 500 ms.
+constexpr Keepalive kFailoverKeepalive{1000, 500};
+// Every other channel: agents of one ddprund or of an agent-hosted rendezvous,
+// `ddprun status`, workers' store calls (GrpcStore, whose calls have deadlines
+// and move on to the next replica by themselves).
+constexpr Keepalive kPatientKeepalive{1000, 1000};
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const TlsConfig& tls,
+                                           Keepalive keepalive) {
   SilenceGrpcLogging();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
-  // Notice a dead peer (cut network) within seconds, even on an idle stream.
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 1000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 1000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, keepalive.time_ms);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, keepalive.timeout_ms);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   // Reconnect quickly when a server comes up.
@@ -157,12 +178,14 @@ class GrpcJoinStream final : public JoinStream,
 
 class RendezvousClient::Impl {
  public:
-  Impl(const std::string& host, int port, const TlsConfig& tls)
+  Impl(const std::string& host, int port, const TlsConfig& tls, SilenceTimeout silence)
       : host_(host),
         port_(port),
         tls_(tls),
         target_(FormatHostPort(host, port)),
-        channel_(MakeChannel(target_, tls)),
+        channel_(MakeChannel(
+            target_, tls,
+            silence == SilenceTimeout::kFailover ? kFailoverKeepalive : kPatientKeepalive)),
         rdzv_(pb::Rendezvous::NewStub(channel_)),
         store_(pb::Store::NewStub(channel_)) {}
 
@@ -179,9 +202,10 @@ RendezvousClient::RendezvousClient(std::unique_ptr<Impl> impl) : impl_(std::move
 RendezvousClient::~RendezvousClient() = default;
 
 std::unique_ptr<RendezvousClient> RendezvousClient::Create(const std::string& host, int port,
-                                                           const TlsConfig& tls) {
+                                                           const TlsConfig& tls,
+                                                           SilenceTimeout silence) {
   return std::unique_ptr<RendezvousClient>(
-      new RendezvousClient(std::make_unique<Impl>(host, port, tls)));
+      new RendezvousClient(std::make_unique<Impl>(host, port, tls, silence)));
 }
 
 const std::string& RendezvousClient::target() const { return impl_->target_; }
@@ -193,6 +217,10 @@ absl::Status RendezvousClient::WaitForConnected(Duration timeout) {
   return absl::UnavailableError("cannot reach the rendezvous at " + impl_->target_ + " within " +
                                 std::to_string(std::chrono::duration<double>(timeout).count()) +
                                 " s; check that ddprund runs there and the endpoint is right");
+}
+
+bool RendezvousClient::ConnectFailed() const {
+  return impl_->channel_->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_TRANSIENT_FAILURE;
 }
 
 std::unique_ptr<JoinStream> RendezvousClient::Join(const JoinSpec& spec) {
@@ -282,7 +310,7 @@ class GrpcStore::Impl {
       e.host = hp.host;
       e.port = hp.port;
       e.target = FormatHostPort(hp.host, hp.port);
-      e.channel = MakeChannel(e.target, tls);
+      e.channel = MakeChannel(e.target, tls, kPatientKeepalive);
       e.stub = pb::Store::NewStub(e.channel);
       eps_.push_back(std::move(e));
     }

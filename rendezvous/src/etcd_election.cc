@@ -66,6 +66,19 @@ void EtcdElection::Run() {
       Pause(kRetryPause);
       continue;
     }
+    if (lease->ttl_s != options_.lease_ttl_s && !ttl_noted_) {
+      // etcd raises a lease's TTL to its minimum, 1.5 x its --election-timeout
+      // rounded up to whole seconds: every fail-over takes that long.
+      ttl_noted_ = true;
+      std::fprintf(stderr,
+                   "ddprund: etcd granted a lease TTL of %lld s, not the %lld s of "
+                   "--etcd_lease_ttl (etcd's minimum is 1.5 x its --election-timeout, rounded up "
+                   "to seconds); a lost leader is replaced in about %lld.5 s. For a 1 s TTL run "
+                   "etcd with --election-timeout 500 --heartbeat-interval 50 (docs/ha.md)\n",
+                   static_cast<long long>(lease->ttl_s),
+                   static_cast<long long>(options_.lease_ttl_s),
+                   static_cast<long long>(lease->ttl_s));
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       lost_ = false;

@@ -67,6 +67,7 @@ class EtcdElection {
   std::unique_ptr<EtcdLeaseKeeper> keeper_;
   std::int64_t lease_id_ = 0;
   std::chrono::steady_clock::time_point last_notice_{};
+  bool ttl_noted_ = false;  // etcd raised the TTL: said once (election thread only)
   std::thread thread_;
 };
 

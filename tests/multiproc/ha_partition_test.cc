@@ -33,24 +33,12 @@ Replica StartReplicaIn(Harness& h, const NetPair& net, int which, const std::str
        {Ddprund(), std::string("--dashboard_port"), std::string("0"), std::string("--host"),
         which == 1 ? net.addr1() : net.addr2(), std::string("--port"), std::string("0"),
         std::string("--etcd_endpoints"), etcd.endpoints(), std::string("--etcd_lease_ttl"),
-        std::string("2")})
+        std::string("1")})
     argv.push_back(a);
   Replica r;
   r.proc = &h.Start(name, argv);
   r.port = WaitForReadyLine(*r.proc, 10);
   return r;
-}
-
-// Whether every agent said it re-attached, waiting up to timeout_s.
-bool WaitReattached(const std::vector<Proc*>& agents, double timeout_s) {
-  const auto t0 = Clock::now();
-  do {
-    if (std::all_of(agents.begin(), agents.end(),
-                    [](Proc* a) { return a->Err().find("re-attached") != std::string::npos; }))
-      return true;
-    SleepMs(20);
-  } while (SecondsSince(t0) < timeout_s);
-  return false;
 }
 
 std::string LastLine(const std::string& text) {
@@ -95,27 +83,48 @@ TEST_CASE(
 
   REQUIRE(net.Cut());
   const auto cut_at = Clock::now();
-  // The standby leads once the cut-off leader's lease (TTL 2 s) expired in
-  // etcd: the TTL, etcd's expiry tick, the standby's watch; 3 s of slack.
-  REQUIRE(WaitLeader({standby}, 10) == 0);
-  const double took_lead = SecondsSince(cut_at);
-  // The cut-off leader cannot renew its lease either: it stops deciding and
-  // exits in one line naming etcd (it cannot tell a partition from a loss).
+  // Every component of the fail-over, timed from the cut by one 10 ms poll:
+  //  - each agent notices the silent connection by gRPC keepalive (a ping
+  //    after 500 ms of silence, 500 ms for its answer: rendezvous/src/client.cc)
+  //    and says "lost the rendezvous";
+  //  - the standby leads once the cut-off leader's lease (TTL 1 s) expired in
+  //    etcd: the TTL since its last renewal, etcd's 0.5 s expiry tick, the
+  //    standby's watch and campaign;
+  //  - the cut-off leader cannot renew its lease either: it stops deciding and
+  //    exits in one line naming etcd (it cannot tell a partition from a loss);
+  //  - each agent re-attaches to the standby once it leads.
+  // Timings are printed for docs/benchmarks.md, asserted only loosely here.
+  std::vector<double> noticed(agents.size(), -1), attached(agents.size(), -1);
+  double took_lead = -1, cut_exit = -1;
+  while (SecondsSince(cut_at) < 15) {
+    const double t = SecondsSince(cut_at);
+    if (took_lead < 0 && Leads(standby)) took_lead = t;
+    if (cut_exit < 0 && cut.proc->Err().find("exiting") != std::string::npos) cut_exit = t;
+    for (std::size_t i = 0; i < agents.size(); ++i) {
+      const std::string err = agents[i]->Err();
+      if (noticed[i] < 0 && err.find("lost the rendezvous") != std::string::npos) noticed[i] = t;
+      if (attached[i] < 0 && err.find("re-attached") != std::string::npos) attached[i] = t;
+    }
+    if (took_lead >= 0 && cut_exit >= 0 &&
+        std::all_of(attached.begin(), attached.end(), [](double a) { return a >= 0; }))
+      break;
+    SleepMs(10);
+  }
   const int cut_rc = h.Wait(*cut.proc, 10);
-  const double cut_exit = SecondsSince(cut_at);
-  // The agents' connections to it are silent: keepalive (2 s + 3 s) notices.
-  const bool reattached = WaitReattached(agents, 15);
-  const double took_agents = SecondsSince(cut_at);
-  // For docs/ha.md's figures (timings are never asserted tightly here).
+  const bool reattached =
+      std::all_of(attached.begin(), attached.end(), [](double a) { return a >= 0; });
+  const double took_agents = *std::max_element(attached.begin(), attached.end());
   std::fprintf(stderr,
-               "ha partition: link down -> standby leads %.2f s, cut-off leader exits %.2f s, "
-               "both agents re-attached %.2f s\n",
-               took_lead, cut_exit, took_agents);
+               "ha partition: link down -> agents noticed %.2f/%.2f s, standby leads %.2f s, "
+               "cut-off leader exits %.2f s, agents re-attached %.2f/%.2f s (both %.2f s)\n",
+               noticed[0], noticed[1], took_lead, cut_exit, attached[0], attached[1], took_agents);
   INFO("link down -> standby leads " << took_lead << " s, cut-off leader exits " << cut_exit
                                      << " s, both agents re-attached " << took_agents << " s");
   INFO("r_cut stderr:\n" << cut.proc->Err() << "\nr_hub stderr:\n" << standby.proc->Err());
   INFO("node0 stderr:\n" << agents[0]->Err() << "\nnode1 stderr:\n" << agents[1]->Err());
-  CHECK(took_lead < 2.0 + 3.0);
+  // TTL 1 s + etcd's tick 0.5 s; 3 s of slack for a loaded machine.
+  CHECK(took_lead >= 0);
+  CHECK(took_lead < 1.5 + 3.0);
   CHECK(cut_rc == 1);
   const std::string last = LastLine(cut.proc->Err());
   CHECK(last.find("etcd lease") != std::string::npos);

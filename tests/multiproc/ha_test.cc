@@ -14,6 +14,7 @@
 #include "support/ha_replicas.h"
 #include "support/process_helpers.h"
 #include "support/skip.h"
+#include "support/tls_certs.h"
 
 using namespace ddprun::test;
 namespace rdzv = ddprun::rendezvous;
@@ -305,4 +306,66 @@ TEST_CASE(
     CHECK(err.rfind("ddprund: ", 0) == 0);
     for (const std::string& s : refusals[i].says) CHECK(err.find(s) != std::string::npos);
   }
+}
+
+// Replicas serving TLS: agents given the CA join through the list and, after
+// the leader's kill -9, re-attach to the other replica over TLS too (every
+// connection to a replica carries the node's TLS settings).
+TEST_CASE("ha: replicas serving TLS: agents join through the list and re-attach after a kill -9",
+          "[multiproc][ha]") {
+  if (!EtcdAvailable()) return SkipCase("multiproc", "no /usr/bin/etcd (etcd-server)");
+  if (!HaveOpenssl()) return SkipCase("multiproc", "no openssl command for the test certificates");
+  const TestCerts certs = MakeTestCerts();
+  REQUIRE(certs.ok);
+  Harness h;
+  EtcdCluster etcd(h, 1);
+  const std::vector<std::string> tls{"--tls_cert", certs.server_cert, "--tls_key",
+                                     certs.server_key};
+  std::vector<Replica> replicas{StartReplica(h, "r0", etcd, tls), StartReplica(h, "r1", etcd, tls)};
+  const int leader = WaitLeader(replicas, 10);
+  REQUIRE(leader >= 0);
+  const std::string pids = h.PidDir("pids");
+  std::vector<Proc*> agents;
+  for (int i = 0; i < 2; ++i) {
+    std::vector<std::string> flags = JobFlags(Endpoints(replicas), "tlsjob", i);
+    flags.insert(flags.end() - 1, "--tls_ca=" + certs.ca);  // before the worker command
+    agents.push_back(&h.StartDdprun("node" + std::to_string(i), flags,
+                                    {{"FIXTURE_PIDFILE_DIR", pids}, {"FIXTURE_SLEEP_MS", "5000"}}));
+  }
+  const std::vector<pid_t> workers = h.WaitForPids(pids, 4, 20);
+  REQUIRE(::kill(replicas[leader].proc->pid, SIGKILL) == 0);
+  for (Proc* a : agents) {
+    const int rc = h.Wait(*a, 30);
+    INFO(a->name << " stderr:\n" << a->Err());
+    CHECK(rc == 0);
+    CHECK(a->Err().find("re-attached") != std::string::npos);
+  }
+  CHECK(ReadPids(pids).size() == 4);  // no restart: the kill touched no worker
+  // TTL 2 on an etcd that allows 1: granted as asked, nothing said.
+  CHECK(replicas[1 - leader].proc->Err().find("etcd granted") == std::string::npos);
+  h.StopDaemon(*replicas[1 - leader].proc);
+  RemoveTestCerts(certs);
+}
+
+// An etcd with its default timing (election timeout 1000 ms) grants no lease
+// under 2 s: a replica asking 1 s says so once, naming the etcd setting, and
+// leads with what etcd granted.
+TEST_CASE("ha: --etcd_lease_ttl under etcd's minimum: one line naming the TTL granted and the fix",
+          "[multiproc][ha]") {
+  if (!EtcdAvailable()) return SkipCase("multiproc", "no /usr/bin/etcd (etcd-server)");
+  Harness h;
+  EtcdPlace defaults;
+  defaults.heartbeat_ms = "100";
+  defaults.election_timeout_ms = "1000";
+  EtcdCluster etcd(h, 1, "etcd", "", false, defaults);
+  Replica r;
+  r.port =
+      h.StartDaemon("r0", &r.proc, {"--etcd_endpoints", etcd.endpoints(), "--etcd_lease_ttl", "1"});
+  REQUIRE(WaitLeader({r}, 10) == 0);
+  const std::string err = r.proc->Err();
+  INFO(err);
+  CHECK(err.find("etcd granted a lease TTL of 2 s, not the 1 s of --etcd_lease_ttl") !=
+        std::string::npos);
+  CHECK(err.find("--election-timeout 500") != std::string::npos);
+  h.StopDaemon(*r.proc);
 }

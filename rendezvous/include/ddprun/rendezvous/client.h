@@ -30,12 +30,20 @@ class JoinStream {
   virtual void Cancel() = 0;
 };
 
+// How soon a client gives up on a server gone silent (a host lost, a network
+// cut): gRPC keepalive pings each second while a call is open, then waits this
+// long for the answer. kFailover (500 ms) is for agents that list ddprund
+// replicas and have somewhere else to go (docs/ha.md); kPatient (1 s) for the
+// rest, where a loaded server slow to answer is better waited for.
+enum class SilenceTimeout { kPatient, kFailover };
+
 class RendezvousClient {
  public:
   // Creates a channel; does not connect yet. `tls` (LoadClientTls) disabled:
   // plaintext.
-  static std::unique_ptr<RendezvousClient> Create(const std::string& host, int port,
-                                                  const TlsConfig& tls = {});
+  static std::unique_ptr<RendezvousClient> Create(
+      const std::string& host, int port, const TlsConfig& tls = {},
+      SilenceTimeout silence = SilenceTimeout::kPatient);
   ~RendezvousClient();
 
   // Waits until the server accepts a connection, up to timeout. A server
@@ -43,6 +51,10 @@ class RendezvousClient {
   // or one side without TLS) is TlsHandshakeError (tls.h, kind kAuth) naming
   // the reason and the flag to fix: retrying cannot help.
   absl::Status WaitForConnected(Duration timeout);
+  // Whether the last attempt to connect failed outright (refused, reset,
+  // unreachable: gRPC's TRANSIENT_FAILURE), as opposed to still connecting
+  // (a slow or silent peer). Does not start a connection.
+  bool ConnectFailed() const;
   std::unique_ptr<JoinStream> Join(const JoinSpec& spec);
   absl::Status Report(const std::string& job_id, const std::string& node_id, std::int64_t round,
                       Outcome outcome, const std::vector<WorkerFailure>& failures,
