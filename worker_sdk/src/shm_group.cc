@@ -562,6 +562,7 @@ absl::Status ShmGroup::Allreduce(const std::vector<ShmPiece>& pieces, DType dtyp
       for (int r = 0; r < size_; ++r) shareable += ranks_[r].note[slot].serial != 0 ? 1 : 0;
       if (shareable == size_) {
         --step_;  // no staging buffer set was used
+        ++direct_;
         return DirectAllreduce(static_cast<char*>(pieces[0].data), count, dtype, op, deadline);
       }
       if (shareable > 0) {

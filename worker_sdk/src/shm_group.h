@@ -161,6 +161,9 @@ class ShmGroup {
   // Thread-safe; the first abort wins.
   void Abort();
 
+  // All-reduces that took the direct path (for tests and the debug log).
+  std::uint64_t direct_allreduces() const { return direct_; }
+
   // The job's rank of each member, for messages (default: the member index).
   void set_rank_names(std::vector<int> names) { names_ = std::move(names); }
 
@@ -227,6 +230,7 @@ class ShmGroup {
   std::vector<char> packed_;  // a small all-reduce of several buffers, packed
   std::vector<std::vector<PeerMapping>> peers_;  // by member: their buffers mapped here
   std::vector<char> fold_;                       // the direct path's fold, in cache
+  std::uint64_t direct_ = 0;
 };
 
 // Which ranks share a host. Hosts are numbered in the order of their lowest
