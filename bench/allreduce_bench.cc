@@ -104,8 +104,9 @@ int main(int argc, char** argv) {
         });
         const double busbw = bytes / t * 2.0 * (n - 1) / n / 1e9;
         if (print)
-          std::printf("sdk allreduce bytes=%zu ranks=%d median_ms=%.4f busbw_GBps=%.3f buffers=%s\n",
-                      bytes, n, t * 1e3, busbw, buf.kind());
+          std::printf(
+              "sdk allreduce bytes=%zu ranks=%d median_ms=%.4f busbw_GBps=%.3f buffers=%s\n", bytes,
+              n, t * 1e3, busbw, buf.kind());
       }
     } else if (mode == "latency") {
       Floats buf(*pg, (std::size_t(1) << 20) / 4);  // touched once

@@ -45,14 +45,15 @@ absl::StatusOr<void*> AllocShared(std::size_t bytes) {
   }
   if (int e = ::posix_fallocate(fd, 0, static_cast<off_t>(size)); e != 0) {
     ::close(fd);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "cannot allocate ", size, " bytes of shared memory: ", std::strerror(e)));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", size, " bytes of shared memory: ", std::strerror(e)));
   }
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (p == MAP_FAILED) {
     const int e = errno;
     ::close(fd);
-    return absl::ResourceExhaustedError(absl::StrCat("mmap of ", size, " bytes: ", std::strerror(e)));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("mmap of ", size, " bytes: ", std::strerror(e)));
   }
   Registry& r = Buffers();
   std::lock_guard<std::mutex> lock(r.mu);

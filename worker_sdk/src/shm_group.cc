@@ -633,8 +633,8 @@ absl::StatusOr<char*> ShmGroup::PeerBuffer(int member, const char* op) {
   if (fd < 0) {
     error = absl::StrCat("open ", path, ": ", std::strerror(errno));
   } else if (::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) != note.buffer_bytes) {
-    error = absl::StrCat(path, " is not the buffer rank ", Name(member), " announced (",
-                         st.st_size, " bytes, expected ", note.buffer_bytes, ")");
+    error = absl::StrCat(path, " is not the buffer rank ", Name(member), " announced (", st.st_size,
+                         " bytes, expected ", note.buffer_bytes, ")");
   } else {
     p = ::mmap(nullptr, note.buffer_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd,
                0);
@@ -643,11 +643,11 @@ absl::StatusOr<char*> ShmGroup::PeerBuffer(int member, const char* op) {
   if (fd >= 0) ::close(fd);
   if (!error.empty()) {
     Abort();
-    return absl::UnavailableError(absl::StrCat(op, ": cannot map rank ", Name(member),
-                                               "'s buffer (", error, ")"));
+    return absl::UnavailableError(
+        absl::StrCat(op, ": cannot map rank ", Name(member), "'s buffer (", error, ")"));
   }
-  maps.push_back(PeerMapping{note.serial, static_cast<std::int32_t>(note.fd),
-                             static_cast<char*>(p), note.buffer_bytes});
+  maps.push_back(PeerMapping{note.serial, static_cast<std::int32_t>(note.fd), static_cast<char*>(p),
+                             note.buffer_bytes});
   return static_cast<char*>(p) + note.offset;
 }
 

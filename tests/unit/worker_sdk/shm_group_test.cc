@@ -501,15 +501,15 @@ void CheckDirectSameBits(int size, const std::vector<std::vector<T>>& in, DType 
   const std::size_t n = in[0].size();
   auto heap = in;
   Segment a(size, chunk), b(size, chunk);
-  RequireAllOk(a.Run([&](int r) { return a.rank(r).Allreduce(heap[r].data(), n, dt, op, In(10s)); }));
+  RequireAllOk(
+      a.Run([&](int r) { return a.rank(r).Allreduce(heap[r].data(), n, dt, op, In(10s)); }));
   std::vector<std::unique_ptr<SharedVec<T>>> shared;
   for (int r = 0; r < size; ++r) {
     shared.push_back(std::make_unique<SharedVec<T>>(n, /*pad=*/3 * r));
     std::copy(in[r].begin(), in[r].end(), shared[r]->data());
   }
-  RequireAllOk(b.Run([&](int r) {
-    return b.rank(r).Allreduce(shared[r]->data(), n, dt, op, In(10s));
-  }));
+  RequireAllOk(
+      b.Run([&](int r) { return b.rank(r).Allreduce(shared[r]->data(), n, dt, op, In(10s)); }));
   for (int r = 0; r < size; ++r) {
     INFO("size " << size << " n " << n << " rank " << r << " op " << int(op) << " dtype "
                  << int(dt));
@@ -581,8 +581,8 @@ TEST_CASE("shm allreduce: shareable and heap buffers mixed across ranks take the
     for (int r = 0; r < size; ++r) {
       for (std::size_t i = 0; i < n; ++i) {
         INFO("rep " << rep << " rank " << r << " element " << i);
-        REQUIRE(buf[r][i] == Value<float>(0, i) + Value<float>(1, i) + Value<float>(2, i) +
-                                 3.0f * float(rep));
+        REQUIRE(buf[r][i] ==
+                Value<float>(0, i) + Value<float>(1, i) + Value<float>(2, i) + 3.0f * float(rep));
       }
       CHECK(seg.rank(r).direct_allreduces() == 0);
     }
