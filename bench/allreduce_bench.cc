@@ -11,6 +11,11 @@
 //                               back to back (no barrier), p10/p50/p90 per call
 // Buffers are allocated and touched once, then reused (first-touch page faults
 // are slow on these VMs). Rank 0 prints one line per measurement.
+// Buffers: the allreduce and latency buffers come from ProcessGroup::AllocMemory
+// (what `ddprun bench` uses: on one host, shareable memory that the all-reduce
+// folds in place); BUFFERS=heap puts them on the heap instead (the staged path:
+// copied into the group's segment and back). The ResNet-50 gradients are the
+// trainer's (heap) in every mode; the Reducer's buckets come from the SDK.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -50,6 +55,33 @@ double MedianSeconds(ddp::ProcessGroup& pg, int iters, Fn&& fn) {
 
 using ddprun::bench::ResNet50;
 
+// `count` floats from the SDK (default) or the heap (BUFFERS=heap), touched.
+class Floats {
+ public:
+  Floats(ddp::ProcessGroup& pg, std::size_t count) : pg_(pg) {
+    const char* b = std::getenv("BUFFERS");
+    heap_ = b != nullptr && std::string(b) == "heap";
+    if (heap_) {
+      vec_.assign(count, 1.0f);
+      p_ = vec_.data();
+    } else {
+      p_ = static_cast<float*>(pg.AllocMemory(count * sizeof(float)));
+      std::fill(p_, p_ + count, 1.0f);
+    }
+  }
+  ~Floats() {
+    if (!heap_) pg_.FreeMemory(p_);
+  }
+  float* data() { return p_; }
+  const char* kind() const { return heap_ ? "heap" : "sdk"; }
+
+ private:
+  ddp::ProcessGroup& pg_;
+  bool heap_ = false;
+  std::vector<float> vec_;
+  float* p_ = nullptr;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -62,7 +94,7 @@ int main(int argc, char** argv) {
       // Optional second argument: the largest size (bytes, default 256 MiB).
       const std::size_t max_bytes =
           argc > 2 ? std::strtoull(argv[2], nullptr, 10) : std::size_t(256) << 20;
-      std::vector<float> buf(max_bytes / 4, 1.0f);  // touched once
+      Floats buf(*pg, max_bytes / 4);  // touched once
       for (std::size_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
         const std::size_t count = bytes / 4;
         const int iters = bytes <= (1 << 20) ? 200 : bytes <= (16 << 20) ? 30 : 7;
@@ -72,11 +104,12 @@ int main(int argc, char** argv) {
         });
         const double busbw = bytes / t * 2.0 * (n - 1) / n / 1e9;
         if (print)
-          std::printf("sdk allreduce bytes=%zu ranks=%d median_ms=%.4f busbw_GBps=%.3f\n", bytes,
-                      n, t * 1e3, busbw);
+          std::printf(
+              "sdk allreduce bytes=%zu ranks=%d median_ms=%.4f busbw_GBps=%.3f buffers=%s\n", bytes,
+              n, t * 1e3, busbw, buf.kind());
       }
     } else if (mode == "latency") {
-      std::vector<float> buf((std::size_t(1) << 20) / 4, 1.0f);  // touched once
+      Floats buf(*pg, (std::size_t(1) << 20) / 4);  // touched once
       for (std::size_t bytes = 4096; bytes <= (std::size_t(1) << 20); bytes *= 4) {
         const std::size_t count = bytes / 4;
         pg->Allreduce(buf.data(), count, ddp::DType::kFloat32).Wait();  // warm-up

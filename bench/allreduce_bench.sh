@@ -2,7 +2,9 @@
 # Worker SDK vs torch.distributed (Gloo) vs OpenMPI (MPI_Allreduce) in the same run,
 # 2 ranks on this node, from the repository root. The SDK runs twice: on its default
 # path for ranks of one host (shared memory, "sdk") and on Gloo's TCP transport like
-# torch (DDP_SHM=0, "tcp"):
+# torch (DDP_SHM=0, "tcp"). The SDK's all-reduce buffers come from ProcessGroup::AllocMemory
+# (on one host: shared memory that the all-reduce folds in place, as `ddprun bench` times it);
+# BUFFERS=heap gives it heap buffers (the staged path, what a trainer's own buffers get):
 #   bench/allreduce_bench.sh [build-dir]     (default: build)
 # BIND=1 runs the SDK and torch with --cpu_bind=core (local rank i on its own core), as
 # mpirun -np 2 binds OpenMPI by default (--bind-to core); BIND=0 with --cpu_bind=none

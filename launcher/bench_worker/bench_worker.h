@@ -34,7 +34,10 @@ class Memory {
  public:
   // device: CUDA memory on the GPU the SDK picks for `local_rank` (local_rank
   // modulo the visible devices, as nccl_backend.cc does), made current here.
-  Memory(bool device, int local_rank);
+  // Host memory comes from `group`'s AllocMemory when given (what a trainer
+  // gets for its buffers: shareable memory on one host's shared memory
+  // path), else from the heap.
+  Memory(bool device, int local_rank, ddp::ProcessGroup* group = nullptr);
   void* Alloc(std::size_t bytes);
   void Free(void* p);
   // Host -> buffer; nothing when they are the same host memory.
@@ -53,6 +56,7 @@ class Memory {
  private:
   bool device_;
   int index_ = 0;
+  ddp::ProcessGroup* group_ = nullptr;  // host memory through the SDK
 };
 
 struct CollectiveSummary {

@@ -184,7 +184,7 @@ class Sweep {
       : pg_(pg),
         o_(o),
         op_(op),
-        mem_(pg.backend() == ddp::Backend::kNccl, pg.info().local_rank),
+        mem_(pg.backend() == ddp::Backend::kNccl, pg.info().local_rank, &pg),
         n_(pg.size()),
         rank_(pg.rank()),
         t_(o.dtype),

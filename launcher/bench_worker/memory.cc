@@ -42,7 +42,8 @@ std::string BackendLabel(const ddp::ProcessGroup& pg) {
   return "gloo (shared memory within a node, tcp between nodes)";
 }
 
-Memory::Memory(bool device, int local_rank) : device_(device) {
+Memory::Memory(bool device, int local_rank, ddp::ProcessGroup* group)
+    : device_(device), group_(device ? nullptr : group) {
 #if DDPRUN_BENCH_CUDA
   int n = 0;
   if (device_ && cudaGetDeviceCount(&n) == cudaSuccess && n > 0) {
@@ -65,6 +66,7 @@ void* Memory::Alloc(std::size_t bytes) {
     NoCuda();
 #endif
   }
+  if (group_ != nullptr) return group_->AllocMemory(bytes);
   void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
   if (p == nullptr) {
     throw ddp::Error(
@@ -82,6 +84,7 @@ void Memory::Free(void* p) {
     return;
   }
 #endif
+  if (group_ != nullptr) return group_->FreeMemory(p);
   std::free(p);
 }
 

@@ -92,6 +92,8 @@ for name, args, res in [
     ("ddp_reducer_set_require_sync", [_P, _I], _I),
     ("ddp_reducer_num_buckets", [_P], _SZ),
     ("ddp_broadcast_parameters", [_P, _c.POINTER(_P), _c.POINTER(_SZ), _c.POINTER(_I), _SZ, _I], _I),
+    ("ddp_alloc_memory", [_P, _SZ, _c.POINTER(_P)], _I),
+    ("ddp_free_memory", [_P, _P], _I),
 ]:
     if _lib is None:
         break
@@ -170,6 +172,18 @@ class Work:
                 pass
 
 
+class _Memory:
+    """One ddp_alloc_memory block, freed when the last array over it goes."""
+
+    def __init__(self, group, p):
+        self._group, self._p = group, p
+
+    def __del__(self):
+        if self._p and getattr(self._group, "_h", None):
+            _lib.ddp_free_memory(self._group._h, self._p)
+            self._p = None
+
+
 class ProcessGroup:
     def __init__(self, backend=0, timeout=0.0):
         if _lib is None:
@@ -226,6 +240,21 @@ class ProcessGroup:
         counts = (_SZ * n)(*[b[1] for b in bufs])
         dts = (_I * n)(*[b[2] for b in bufs])
         _check(_lib.ddp_broadcast_parameters(self._h, ptrs, counts, dts, n, root))
+
+    def empty(self, shape, dtype="float32"):
+        """A zero-filled numpy array in memory this group reduces fastest
+        (ddp_alloc_memory: on CPU ranks of one host, shared memory that large
+        all-reduces fold in place). Freed when the array is garbage
+        collected; it keeps the group alive until then."""
+        import numpy as np
+        dt = np.dtype(dtype)
+        count = int(np.prod(shape, dtype=np.int64)) if np.ndim(shape) else int(shape)
+        nbytes = max(count * dt.itemsize, 1)
+        p = _P()
+        _check(_lib.ddp_alloc_memory(self._h, nbytes, ctypes.byref(p)))
+        raw = (ctypes.c_char * nbytes).from_address(p.value)
+        raw._owner = _Memory(self, p)  # freed with the last view of raw
+        return np.frombuffer(raw, dt, count).reshape(shape)
 
     def abort(self, reason=""):
         _check(_lib.ddp_abort(self._h, reason.encode()))

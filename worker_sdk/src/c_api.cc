@@ -215,6 +215,17 @@ ddp_status_t ddp_reducer_gradient_buffer(ddp_reducer_t* r, size_t index, void** 
   return Guard([&] { *out = r->reducer->GradientBuffer(index); });
 }
 
+ddp_status_t ddp_alloc_memory(ddp_group_t* g, size_t bytes, void** out) {
+  DDP_REQUIRE(g != nullptr && out != nullptr, "ddp_alloc_memory: null pointer");
+  *out = nullptr;
+  return Guard([&] { *out = g->pg->AllocMemory(bytes); });
+}
+
+ddp_status_t ddp_free_memory(ddp_group_t* g, void* p) {
+  DDP_REQUIRE(g != nullptr, "ddp_free_memory: group is a null pointer");
+  return Guard([&] { g->pg->FreeMemory(p); });
+}
+
 ddp_status_t ddp_reducer_mark_ready(ddp_reducer_t* r, size_t index) {
   DDP_REQUIRE(r != nullptr, "ddp_reducer_mark_ready: reducer is a null pointer");
   return Guard([&] { r->reducer->MarkReady(index); });

@@ -57,6 +57,7 @@
 #include "gloo_ops.h"
 #include "gloo_store_adapter.h"
 #include "metrics.h"
+#include "shared_buffers.h"
 #include "shm_group.h"
 
 namespace ddp::detail {
@@ -299,7 +300,17 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
     });
   }
 
+  // With ranks that share a host, shareable memory (shared_buffers.h): a
+  // shared-memory all-reduce of it runs in place (shm_group.h's direct path).
   absl::StatusOr<void*> Alloc(std::size_t bytes) override {
+    if (core_->shm != nullptr && core_->shm->size() > 1) {
+      auto p = AllocShared(bytes);
+      if (!p.ok()) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat(Fence(), "shared memory for ", bytes, " bytes: ", p.status().message()));
+      }
+      return *p;
+    }
     void* p = nullptr;
     if (::posix_memalign(&p, 64, std::max<std::size_t>(bytes, 64)) != 0) {
       return absl::ResourceExhaustedError(
@@ -309,7 +320,9 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
     std::memset(p, 0, bytes);
     return p;
   }
-  void Free(void* p) override { std::free(p); }
+  void Free(void* p) override {
+    if (!FreeShared(p)) std::free(p);
+  }
   absl::Status Copy(void* dst, const void* src, std::size_t bytes) override {
     if (bytes) std::memcpy(dst, src, bytes);
     return absl::OkStatus();

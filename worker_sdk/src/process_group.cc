@@ -382,6 +382,12 @@ Work ProcessGroup::ReduceScatter(const void* in, void* out, std::size_t count, D
 }
 Work ProcessGroup::Barrier() { return Wrap(backend_->Barrier()); }
 void ProcessGroup::SetStream(void* stream) { backend_->SetStream(stream); }
+void* ProcessGroup::AllocMemory(std::size_t bytes) {
+  return detail::ValueOrThrow(backend_->Alloc(bytes));
+}
+void ProcessGroup::FreeMemory(void* p) {
+  if (p != nullptr) backend_->Free(p);
+}
 void ProcessGroup::Abort(const std::string& reason) {
   backend_->Fail(reason.empty() ? "aborted by the trainer" : reason);
 }

@@ -25,10 +25,11 @@
 #include "ddprun/rendezvous/status_macros.h"
 #include "ddprun/rendezvous/store.h"
 #include "elementwise.h"
+#include "shared_buffers.h"
 
 namespace ddp::detail {
 
-inline constexpr std::uint64_t kShmMagic = 0x3170'6d68'7370'6464ULL;  // "ddpshmp1"
+inline constexpr std::uint64_t kShmMagic = 0x3270'6d68'7370'6464ULL;  // "ddpshmp2"
 
 struct alignas(64) ShmHeader {
   std::uint64_t magic;
@@ -63,6 +64,15 @@ struct alignas(64) ShmRankState {
   // it. A rank writes slot c % 2 again only for collective c + 2, after every
   // rank passed the first barrier of c + 1, i.e. after they all checked c.
   std::uint64_t sig[2][2];
+  // Where this rank's buffer of collective c is (slot c % 2, written and read
+  // like sig): a large all-reduce's buffer in shareable memory
+  // (shared_buffers.h), or serial 0 when it is private.
+  struct {
+    std::uint64_t serial;
+    std::int64_t fd;
+    std::uint64_t buffer_bytes;
+    std::uint64_t offset;
+  } note[2];
 };
 
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
@@ -158,9 +168,13 @@ ShmGroup::ShmGroup(void* base, std::size_t bytes, int rank, bool owns_mapping)
       small_(std::min<std::size_t>(chunk_, kSmallAllreduceReadBytes / size_)),
       owns_(owns_mapping) {
   ranks_[rank_].pid.store(static_cast<std::int32_t>(::getpid()));
+  peers_.resize(static_cast<std::size_t>(size_));
 }
 
 ShmGroup::~ShmGroup() {
+  for (auto& maps : peers_) {
+    for (PeerMapping& m : maps) ::munmap(m.base, m.bytes);
+  }
   if (owns_) ::munmap(base_, bytes_);
 }
 
@@ -502,6 +516,16 @@ absl::Status ShmGroup::Allreduce(const std::vector<ShmPiece>& pieces, DType dtyp
     return absl::OkStatus();
   }
   Begin(OpKind::kAllreduce, dtype, op, -1, count);
+  // Where this rank's buffer is (the direct path needs every rank's in
+  // shareable memory); read by the others after the first barrier.
+  auto& note = ranks_[rank_].note[collective_ & 1];
+  const std::optional<SharedRef> ref =
+      pieces.size() == 1 ? FindShared(pieces[0].data, total) : std::nullopt;
+  note.serial = ref ? ref->serial : 0;
+  note.fd = ref ? ref->fd : -1;
+  note.buffer_bytes = ref ? ref->buffer_bytes : 0;
+  note.offset = ref ? ref->offset : 0;
+  const int slot = static_cast<int>(collective_ & 1);  // CheckSame advances collective_
   const Pieces view(pieces);
   const std::size_t per_step = chunk_ / es;
   const ReduceFn fn = ReduceFunc(dtype, op);
@@ -517,15 +541,36 @@ absl::Status ShmGroup::Allreduce(const std::vector<ShmPiece>& pieces, DType dtyp
     // The others' shares of this rank's input (the copy into shared memory
     // is also the packing of a list of buffers).
     char* mine = Slot(b, rank_);
-    view.Gather(at, mine, lo * es);
-    view.Gather(at + hi * es, mine + hi * es, (n - hi) * es);
+    auto copy_in = [&] {
+      view.Gather(at, mine, lo * es);
+      view.Gather(at + hi * es, mine + hi * es, (n - hi) * es);
+    };
     // This rank's own share is read where it is, unless it spans buffers.
     const char* own = view.Contiguous(at + lo * es, (hi - lo) * es);
     if (own == nullptr) {
       view.Gather(at + lo * es, mine + lo * es, (hi - lo) * es);
       own = mine + lo * es;
     }
-    DDPRUN_RETURN_IF_ERROR(Sync("allreduce", deadline));
+    if (off > 0) {
+      copy_in();
+      DDPRUN_RETURN_IF_ERROR(Sync("allreduce", deadline));
+    } else {
+      // Step 0's barrier is also where the ranks learn each other's buffers.
+      if (!ref) copy_in();
+      DDPRUN_RETURN_IF_ERROR(Sync("allreduce", deadline));
+      int shareable = 0;
+      for (int r = 0; r < size_; ++r) shareable += ranks_[r].note[slot].serial != 0 ? 1 : 0;
+      if (shareable == size_) {
+        --step_;  // no staging buffer set was used
+        ++direct_;
+        return DirectAllreduce(static_cast<char*>(pieces[0].data), count, dtype, op, deadline);
+      }
+      if (shareable > 0) {
+        // Mixed: the ranks with a shareable buffer stage step 0 now.
+        if (ref) copy_in();
+        DDPRUN_RETURN_IF_ERROR(Sync("allreduce", deadline));
+      }
+    }
     if (hi > lo) {
       // This rank's share, folded over ranks 0..W-1 in order.
       auto src = [&](int r) -> const char* { return r == rank_ ? own : Slot(b, r) + lo * es; };
@@ -560,6 +605,102 @@ absl::Status ShmGroup::Allreduce(const std::vector<ShmPiece>& pieces, DType dtyp
     view.Scatter(at + hi * es, Result(b) + hi * es, (n - hi) * es);
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<char*> ShmGroup::PeerBuffer(int member, const char* op) {
+  const auto& note = ranks_[member].note[(collective_ - 1) & 1];  // CheckSame advanced it
+  if (member == rank_) return absl::InternalError("PeerBuffer of this rank");
+  std::vector<PeerMapping>& maps = peers_[member];
+  for (const PeerMapping& m : maps) {
+    if (m.serial == note.serial) return m.base + note.offset;
+  }
+  // A buffer not seen yet. One of this peer's with the same fd was freed
+  // (the peer closed the fd, which the new buffer reuses): drop its mapping.
+  for (auto it = maps.begin(); it != maps.end();) {
+    if (it->fd == note.fd) {
+      ::munmap(it->base, it->bytes);
+      it = maps.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  const std::int32_t pid = ranks_[member].pid.load();
+  const std::string path = absl::StrCat("/proc/", pid, "/fd/", note.fd);
+  std::string error;
+  void* p = MAP_FAILED;
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  struct stat st {};
+  if (fd < 0) {
+    error = absl::StrCat("open ", path, ": ", std::strerror(errno));
+  } else if (::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) != note.buffer_bytes) {
+    error = absl::StrCat(path, " is not the buffer rank ", Name(member), " announced (", st.st_size,
+                         " bytes, expected ", note.buffer_bytes, ")");
+  } else {
+    p = ::mmap(nullptr, note.buffer_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd,
+               0);
+    if (p == MAP_FAILED) error = absl::StrCat("mmap ", path, ": ", std::strerror(errno));
+  }
+  if (fd >= 0) ::close(fd);
+  if (!error.empty()) {
+    Abort();
+    return absl::UnavailableError(
+        absl::StrCat(op, ": cannot map rank ", Name(member), "'s buffer (", error, ")"));
+  }
+  maps.push_back(PeerMapping{note.serial, static_cast<std::int32_t>(note.fd), static_cast<char*>(p),
+                             note.buffer_bytes});
+  return static_cast<char*>(p) + note.offset;
+}
+
+absl::Status ShmGroup::DirectAllreduce(char* mine, std::size_t count, DType dtype, ReduceOp op,
+                                       Clock::time_point deadline) {
+  // Every rank's buffer, here.
+  std::vector<char*> buf(static_cast<std::size_t>(size_));
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) {
+      buf[r] = mine;
+    } else {
+      DDPRUN_ASSIGN_OR_RETURN(buf[r], PeerBuffer(r, "allreduce"));
+    }
+  }
+  const std::size_t es = DTypeSize(dtype);
+  const auto w = static_cast<std::size_t>(size_);
+  const std::size_t lo = count * rank_ / w;
+  const std::size_t hi = count * (rank_ + 1) / w;
+  const ReduceFn fn = ReduceFunc(dtype, op);
+  const ReduceFn2 fn2 = op != ReduceOp::kAvg ? ReduceFunc2(dtype, op) : nullptr;
+  if (size_ == 2 && fn2 != nullptr) {
+    // One pass: read both shares, write the result into both buffers.
+    char* a = buf[0] + lo * es;
+    char* b = buf[1] + lo * es;
+    fn2(a, b, a, b, hi - lo);
+  } else if (size_ > 1) {
+    // Folded in cache-sized pieces into fold_, ranks in order, then written
+    // to every buffer (the last fold writes fold_ and rank 0's at once).
+    constexpr std::size_t kFoldBytes = std::size_t(64) << 10;
+    const std::size_t per = kFoldBytes / es;
+    if (fold_.size() < per * es) fold_.resize(per * es);
+    char* t = fold_.data();
+    for (std::size_t off = lo; off < hi; off += per) {
+      const std::size_t m = std::min(per, hi - off);
+      const std::size_t at = off * es;
+      auto src = [&](int r) { return buf[r] + at; };
+      if (fn2 != nullptr) {  // (more than 2 ranks)
+        fn(t, src(0), src(1), m);
+        for (int r = 2; r + 1 < size_; ++r) fn(t, t, src(r), m);
+        fn2(t, src(0), t, src(size_ - 1), m);
+        for (int r = 1; r < size_; ++r) std::memcpy(src(r), t, m * es);
+      } else {
+        fn(t, src(0), src(1), m);
+        for (int r = 2; r < size_; ++r) fn(t, t, src(r), m);
+        if (op == ReduceOp::kAvg) DivideInPlace(t, m, dtype, size_);
+        for (int r = 0; r < size_; ++r) std::memcpy(src(r), t, m * es);
+      }
+    }
+  } else if (op == ReduceOp::kAvg) {
+    DivideInPlace(mine, count, dtype, 1);
+  }
+  // Every result is in every buffer when every rank passed this.
+  return Sync("allreduce", deadline);
 }
 
 absl::Status ShmGroup::Broadcast(void* data, std::size_t bytes, int root,

@@ -26,6 +26,21 @@
 // buckets): the copies gather from it and scatter back; a share that spans
 // two buffers is gathered into the rank's own slot first.
 //
+// Direct path. When every rank's buffer of a (non-small, single-buffer)
+// all-reduce lies in shareable memory (shared_buffers.h: ProcessGroup::
+// AllocMemory, the Reducer's buckets), there is no staging: each rank
+// announces where its buffer is (memfd, offset) next to the collective's
+// signature, and after the first barrier every rank maps its peers' buffers
+// (once per buffer, cached) and folds its share straight from every rank's
+// buffer, in rank order, writing the result straight into every rank's
+// buffer (per rank: S read, S written, no copy-in, no copy-out); a second
+// barrier ends it. Same order of folds, so the same bits as the staged path.
+// Ranks whose buffers are not all shareable run the staged steps below; a
+// rank with a private buffer copies step 0's shares in before the first
+// barrier (as before), a rank with a shareable one after it, and when both
+// kinds meet, one more barrier follows (every rank knows from the
+// announcements).
+//
 // Small all-reduces (at most small_allreduce_bytes()) take one barrier, not
 // two: every rank copies its whole input to in[b][rank], passes the barrier,
 // then folds in[b][0..W-1] in rank order into its own buffer (the same bits
@@ -146,10 +161,26 @@ class ShmGroup {
   // Thread-safe; the first abort wins.
   void Abort();
 
+  // All-reduces that took the direct path (for tests and the debug log).
+  std::uint64_t direct_allreduces() const { return direct_; }
+
   // The job's rank of each member, for messages (default: the member index).
   void set_rank_names(std::vector<int> names) { names_ = std::move(names); }
 
  private:
+  // A peer's shareable buffer mapped into this process.
+  struct PeerMapping {
+    std::uint64_t serial = 0;
+    std::int32_t fd = -1;
+    char* base = nullptr;
+    std::size_t bytes = 0;
+  };
+  // Rank `member`'s buffer of the current collective in this process's
+  // address space (maps it on first use). Unavailable when it cannot be
+  // mapped (the group is aborted then, so that no rank waits for this one).
+  absl::StatusOr<char*> PeerBuffer(int member, const char* op);
+  absl::Status DirectAllreduce(char* mine, std::size_t count, DType dtype, ReduceOp op,
+                               Clock::time_point deadline);
   char* Slot(int buffer, int rank) const;
   char* Result(int buffer) const;
   int NextBuffer() { return static_cast<int>(step_++ & 1); }
@@ -197,6 +228,9 @@ class ShmGroup {
   bool check_pending_ = false;
   std::vector<int> names_;
   std::vector<char> packed_;  // a small all-reduce of several buffers, packed
+  std::vector<std::vector<PeerMapping>> peers_;  // by member: their buffers mapped here
+  std::vector<char> fold_;                       // the direct path's fold, in cache
+  std::uint64_t direct_ = 0;
 };
 
 // Which ranks share a host. Hosts are numbered in the order of their lowest

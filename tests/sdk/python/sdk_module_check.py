@@ -177,6 +177,22 @@ def np_collectives(pg):
     want[3:6] = world * (world + 1) // 2
     check(np.array_equal(base, want), "numpy allreduce of a slice [3:6] of 10: %r, want %r" % (base, want))
 
+    # pg.empty: zero-filled memory from ddp_alloc_memory; a large all-reduce
+    # of it (the shared memory path's direct fold at 3 ranks) sums exactly.
+    e = pg.empty((300007,), np.float32)
+    check(e.shape == (300007,) and e.dtype == np.float32 and not e.any(),
+          "pg.empty: %r %r, any=%r" % (e.shape, e.dtype, e.any()))
+    for rep in range(2):
+        e[:] = (np.arange(300007) % 7) * (rank + 1) + rep
+        pg.allreduce(e)
+        want = (np.arange(300007) % 7) * (world * (world + 1) // 2) + rep * world
+        check(np.array_equal(e, want.astype(np.float32)), "allreduce of pg.empty memory, rep %d" % rep)
+    m2 = pg.empty((3, 4), "int64")
+    m2[:] = rank
+    pg.allreduce(m2)
+    check(np.array_equal(m2, np.full((3, 4), world * (world - 1) // 2)), "allreduce of pg.empty((3, 4))")
+    del e, m2
+
     # A read-only input is fine where the SDK only reads it.
     ro = np.full(5, rank, np.int32)
     ro.flags.writeable = False

@@ -172,6 +172,31 @@ static void Collectives(ddp_group_t* g, int rank, int world) {
     CHECK(rout[i] == want, "reduce_scatter [%d]: %g, want %g", i, rout[i], want);
   }
 
+  /* ddp_alloc_memory: zero-filled; a large all-reduce of it (the shared
+   * memory path's direct fold on one host) sums exactly, twice in a row. */
+  {
+    const size_t n = 300007; /* above the one-barrier size at any world size */
+    float* m = NULL;
+    OK(ddp_alloc_memory(g, n * sizeof(float), (void**)&m));
+    CHECK(m != NULL, "ddp_alloc_memory gave NULL");
+    if (m != NULL) {
+      CHECK(m[0] == 0.0f && m[n - 1] == 0.0f, "ddp_alloc_memory: not zero-filled");
+      for (int rep = 0; rep < 2; ++rep) {
+        for (size_t i = 0; i < n; ++i) m[i] = (float)((rank + 1) * (int)(i % 7) + rep);
+        OK(ddp_allreduce(g, m, n, DDP_FLOAT32, DDP_SUM, NULL));
+        int bad = 0;
+        for (size_t i = 0; i < n; ++i) {
+          const float want = (float)((i % 7) * world * (world + 1) / 2 + rep * world);
+          bad += m[i] != want;
+        }
+        CHECK(bad == 0, "allreduce of ddp_alloc_memory memory: %d wrong element(s)", bad);
+      }
+      OK(ddp_free_memory(g, m));
+    }
+    FAILS(ddp_alloc_memory(g, 16, NULL), DDP_ERR_INVALID_ARGUMENT, "null");
+    FAILS(ddp_alloc_memory(NULL, 16, (void**)&m), DDP_ERR_INVALID_ARGUMENT, "null");
+    OK(ddp_free_memory(g, NULL));
+  }
   /* barrier: blocking, async, and an async one freed without waiting */
   OK(ddp_barrier(g, NULL));
   w = NULL;

@@ -17,6 +17,7 @@
 #include "ddprun/rendezvous/store.h"
 #include "elementwise.h"
 #include "half.h"
+#include "shared_buffers.h"
 
 using ddp::DType;
 using ddp::ReduceOp;
@@ -468,4 +469,146 @@ TEST_CASE("shm small allreduce: posted by one thread, completed by another, same
     return seg.rank(r).Allreduce(big[r].data(), 100, DType::kFloat64, ReduceOp::kAvg, In(10s));
   }));
   for (int r = 0; r < size; ++r) REQUIRE(big[r] == std::vector<double>(100, 1.0));
+}
+
+// ---- The direct path: every rank's buffer in shareable memory ----
+
+namespace {
+
+using ddp::detail::AllocShared;
+using ddp::detail::FreeShared;
+
+// A shareable buffer of n T's (shared_buffers.h), freed at scope end.
+template <class T>
+struct SharedVec {
+  explicit SharedVec(std::size_t n, std::size_t pad = 0) : n(n), pad(pad) {
+    auto p = AllocShared((n + pad) * sizeof(T));
+    REQUIRE(p.ok());
+    base = static_cast<T*>(*p);
+  }
+  ~SharedVec() { REQUIRE(FreeShared(base)); }
+  T* data() { return base + pad; }
+  std::size_t n, pad;
+  T* base;
+};
+
+// Runs one all-reduce of `in` (per rank) with heap buffers (the staged path)
+// and with shareable ones at per-rank offsets (the direct path); every rank's
+// result must be the same bits on both paths.
+template <class T>
+void CheckDirectSameBits(int size, const std::vector<std::vector<T>>& in, DType dt, ReduceOp op,
+                         std::size_t chunk) {
+  const std::size_t n = in[0].size();
+  auto heap = in;
+  Segment a(size, chunk), b(size, chunk);
+  RequireAllOk(
+      a.Run([&](int r) { return a.rank(r).Allreduce(heap[r].data(), n, dt, op, In(10s)); }));
+  std::vector<std::unique_ptr<SharedVec<T>>> shared;
+  for (int r = 0; r < size; ++r) {
+    shared.push_back(std::make_unique<SharedVec<T>>(n, /*pad=*/3 * r));
+    std::copy(in[r].begin(), in[r].end(), shared[r]->data());
+  }
+  RequireAllOk(
+      b.Run([&](int r) { return b.rank(r).Allreduce(shared[r]->data(), n, dt, op, In(10s)); }));
+  for (int r = 0; r < size; ++r) {
+    INFO("size " << size << " n " << n << " rank " << r << " op " << int(op) << " dtype "
+                 << int(dt));
+    CHECK(a.rank(r).direct_allreduces() == 0);
+    // Above the one-barrier size shareable buffers take the direct path (one
+    // rank too).
+    CHECK(b.rank(r).direct_allreduces() ==
+          (n * sizeof(T) > b.rank(r).small_allreduce_bytes() ? 1u : 0u));
+    REQUIRE(std::memcmp(shared[r]->data(), heap[r].data(), n * sizeof(T)) == 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("shm allreduce, direct path: every op and dtype, 1-4 ranks, the staged path's bits",
+          "[unit]") {
+  std::mt19937 gen(11);
+  std::normal_distribution<float> d(0.f, 100.f);
+  // 64-byte steps (small_ 64 bytes) for the short ones; 70001 elements cross
+  // the direct path's 64 KiB fold pieces at any width (4 KiB steps there, so
+  // that the staged reference stays quick).
+  for (int size = 1; size <= 4; ++size) {
+    for (std::size_t n : {17, 100, 70001}) {
+      const std::size_t chunk = n > 1000 ? 4096 : 64;
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+        std::vector<std::vector<float>> f(size, std::vector<float>(n));
+        std::vector<std::vector<double>> g(size, std::vector<double>(n));
+        std::vector<std::vector<std::int32_t>> i32(size, std::vector<std::int32_t>(n));
+        std::vector<std::vector<std::int64_t>> i64(size, std::vector<std::int64_t>(n));
+        std::vector<std::vector<std::uint16_t>> h(size, std::vector<std::uint16_t>(n));
+        std::vector<std::vector<std::uint16_t>> bf(size, std::vector<std::uint16_t>(n));
+        for (int r = 0; r < size; ++r) {
+          for (std::size_t i = 0; i < n; ++i) {
+            const float x = d(gen);
+            f[r][i] = x;
+            g[r][i] = double(x) * 1.000001;
+            i32[r][i] = static_cast<std::int32_t>(x * 1000);
+            i64[r][i] = static_cast<std::int64_t>(x * 1e6);
+            h[r][i] = ddp::detail::FloatToFloat16(x);
+            bf[r][i] = ddp::detail::FloatToBFloat16(x);
+          }
+        }
+        CheckDirectSameBits(size, f, DType::kFloat32, op, chunk);
+        CheckDirectSameBits(size, g, DType::kFloat64, op, chunk);
+        CheckDirectSameBits(size, i32, DType::kInt32, op, chunk);
+        CheckDirectSameBits(size, i64, DType::kInt64, op, chunk);
+        CheckDirectSameBits(size, h, DType::kFloat16, op, chunk);
+        CheckDirectSameBits(size, bf, DType::kBFloat16, op, chunk);
+      }
+    }
+  }
+}
+
+TEST_CASE("shm allreduce: shareable and heap buffers mixed across ranks take the staged path",
+          "[unit]") {
+  const int size = 3;
+  const std::size_t n = 1000;  // 64-byte steps: many staged steps
+  Segment seg(size, 64);
+  SharedVec<float> s0(n), s2(n);
+  std::vector<float> heap1(n);
+  std::vector<float*> buf = {s0.data(), heap1.data(), s2.data()};
+  for (int rep = 0; rep < 3; ++rep) {
+    for (int r = 0; r < size; ++r) {
+      for (std::size_t i = 0; i < n; ++i) buf[r][i] = Value<float>(r, i) + float(rep);
+    }
+    RequireAllOk(seg.Run([&](int r) {
+      return seg.rank(r).Allreduce(buf[r], n, DType::kFloat32, ReduceOp::kSum, In(10s));
+    }));
+    for (int r = 0; r < size; ++r) {
+      for (std::size_t i = 0; i < n; ++i) {
+        INFO("rep " << rep << " rank " << r << " element " << i);
+        REQUIRE(buf[r][i] ==
+                Value<float>(0, i) + Value<float>(1, i) + Value<float>(2, i) + 3.0f * float(rep));
+      }
+      CHECK(seg.rank(r).direct_allreduces() == 0);
+    }
+  }
+}
+
+TEST_CASE("shm allreduce, direct path: buffers freed and allocated again between calls", "[unit]") {
+  // A peer's freed buffer's fd is reused by its next one: the stale mapping
+  // must not be read (each rank would then see the old buffer's values).
+  const int size = 2;
+  const std::size_t n = 5000;
+  Segment seg(size, 256);
+  for (int rep = 0; rep < 4; ++rep) {
+    std::vector<std::unique_ptr<SharedVec<std::int32_t>>> v;
+    for (int r = 0; r < size; ++r) {
+      v.push_back(std::make_unique<SharedVec<std::int32_t>>(n + 100 * rep));
+      for (std::size_t i = 0; i < n; ++i) v[r]->data()[i] = Value<std::int32_t>(r, i) + rep;
+    }
+    RequireAllOk(seg.Run([&](int r) {
+      return seg.rank(r).Allreduce(v[r]->data(), n, DType::kInt32, ReduceOp::kSum, In(10s));
+    }));
+    for (int r = 0; r < size; ++r) {
+      for (std::size_t i = 0; i < n; i += 37) {
+        REQUIRE(v[r]->data()[i] == Value<std::int32_t>(0, i) + Value<std::int32_t>(1, i) + 2 * rep);
+      }
+      CHECK(seg.rank(r).direct_allreduces() == std::uint64_t(rep + 1));
+    }
+  }
 }

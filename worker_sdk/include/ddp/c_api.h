@@ -20,8 +20,9 @@
 extern "C" {
 #endif
 
-/* 1: the first release; 2: ddp_work_test; 3: ddp_metrics_step, ddp_metrics_scalar. */
-#define DDP_ABI_VERSION 3
+/* 1: the first release; 2: ddp_work_test; 3: ddp_metrics_step, ddp_metrics_scalar;
+ * 4: ddp_alloc_memory, ddp_free_memory. */
+#define DDP_ABI_VERSION 4
 
 typedef enum {
   DDP_OK = 0,
@@ -106,6 +107,14 @@ ddp_status_t ddp_reducer_mark_ready(ddp_reducer_t* r, size_t index);
 ddp_status_t ddp_reducer_finish(ddp_reducer_t* r);
 ddp_status_t ddp_reducer_set_require_sync(ddp_reducer_t* r, int require_sync);
 size_t ddp_reducer_num_buckets(const ddp_reducer_t* r);
+
+/* Memory for collective buffers that the group reduces fastest
+ * (ddp::ProcessGroup::AllocMemory): on a CPU group whose ranks share a host,
+ * shared memory every rank maps, so that large all-reduces fold it in place;
+ * device memory on NCCL; the heap otherwise. Zero-filled on CPU. Free it with
+ * ddp_free_memory on the same group, before ddp_group_destroy. */
+ddp_status_t ddp_alloc_memory(ddp_group_t* g, size_t bytes, void** out);
+ddp_status_t ddp_free_memory(ddp_group_t* g, void* p);
 
 /* Broadcasts `n` buffers from `root` (initial parameter sync). */
 ddp_status_t ddp_broadcast_parameters(ddp_group_t* g, void* const* data, const size_t* counts,
