@@ -500,6 +500,8 @@ class Agent::Impl {
       if (!warning.empty()) Log(warning);
     }
     if (!SpawnWorkers()) return OnWorkerFailure();
+    session_->WorkersStarted();
+    if (monitoring_) monitoring_->Start();
     return Monitor();
   }
 

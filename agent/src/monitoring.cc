@@ -91,7 +91,11 @@ Monitoring::Monitoring(Options options, RendezvousSession& session, const rdzv::
       print_(std::move(print)),
       proc_(proc ? std::move(proc) : MakeProcfsSource()),
       gpu_(gpu ? std::move(gpu) : MakeNvmlSource()),
-      collector_(*proc_, *gpu_, clock_) {
+      collector_(*proc_, *gpu_, clock_) {}
+
+void Monitoring::Start() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (thread_.joinable() || stop_) return;
   thread_ = std::thread([this] { Run(); });
 }
 
