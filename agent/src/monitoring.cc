@@ -46,8 +46,7 @@ int MakeFile(const std::string& name, const std::string& bytes) {
   const std::size_t end = bytes.find_last_not_of('\0') + 1;  // npos + 1 == 0: all zeros
   std::size_t done = 0;
   while (done < end) {
-    const ssize_t n =
-        ::pwrite(fd, bytes.data() + done, end - done, static_cast<off_t>(done));
+    const ssize_t n = ::pwrite(fd, bytes.data() + done, end - done, static_cast<off_t>(done));
     if (n <= 0) {
       ::close(fd);
       return -1;

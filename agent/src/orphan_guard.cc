@@ -25,9 +25,9 @@ namespace ddprun::agent {
 // byte, so that untouched slots are never faulted in; accessed through
 // std::atomic_ref.
 struct OrphanGuard::Shared {
-  int fd;                    // the guard's end of the socket
-  int high_water;            // slots [0, high_water) may hold a group
-  pid_t slots[kMaxGroups];   // a process group, or 0
+  int fd;                   // the guard's end of the socket
+  int high_water;           // slots [0, high_water) may hold a group
+  pid_t slots[kMaxGroups];  // a process group, or 0
 };
 
 namespace {
@@ -109,8 +109,7 @@ absl::StatusOr<std::unique_ptr<OrphanGuard>> OrphanGuard::Start() {
   // Shared (not private) so that the fork used off x86-64/arm64 sees the
   // agent's writes too. Untouched pages cost nothing: a job touches the
   // header, one page of slots per 1,024 workers and one page of stack.
-  void* mem = ::mmap(nullptr, kMapBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1,
-                     0);
+  void* mem = ::mmap(nullptr, kMapBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) {
     return absl::ResourceExhaustedError(std::string("cannot map the orphan guard's table: ") +
                                         std::strerror(errno));
