@@ -41,7 +41,8 @@ constexpr std::size_t kMapBytes = kTableBytes + kStackBytes;
 #define DDPRUN_GUARD_SHARES_MEMORY 1
 // A system call without libc: returns the result or -errno, touches no
 // thread-local state (the guard runs on the agent's thread pointer).
-inline long RawSyscall(long n, long a = 0, long b = 0, long c = 0, long d = 0) {
+[[gnu::always_inline]] inline long RawSyscall(long n, long a = 0, long b = 0, long c = 0,
+                                              long d = 0) {
 #if defined(__x86_64__)
   long ret;
   register long r10 __asm__("r10") = d;
@@ -69,8 +70,10 @@ inline long RawSyscall(long n, long a = 0, long b = 0, long c = 0, long d = 0) {
 }
 #endif
 
-// The guard's whole life. Raw system calls only (see orphan_guard.h).
-int GuardMain(void* arg) {
+// The guard's whole life. Raw system calls only (see orphan_guard.h). No
+// stack protector: its canary is read through the thread pointer, which is
+// the starting thread's (its stack and TLS may be gone once it exits).
+__attribute__((no_stack_protector)) int GuardMain(void* arg) {
   auto* shared = static_cast<OrphanGuard::Shared*>(arg);
   const int fd = shared->fd;
   // Every signal blocked (SIGKILL and SIGSTOP cannot be): the terminal
