@@ -164,9 +164,11 @@ class LocalRendezvousSession final : public RendezvousSession {
     return absl::OkStatus();
   }
 
-  // The acceptor and the hub's ticker start once the first round's workers
-  // run (rendezvous_session.h), not on the way to the first spawn.
+  // The dashboard's I/O thread, the acceptor and the hub's ticker start once
+  // the first round's workers run (rendezvous_session.h), not on the way to
+  // the first spawn.
   void WorkersStarted() override {
+    if (http_) http_->Serve();
     if (acceptor_.joinable() || listen_fd_ < 0 || wake_fd_ < 0) return;
     acceptor_ = std::thread([this] { AcceptLoop(); });
     ticker_ = std::make_unique<rdzv::HubTicker>(hub_.get());
@@ -256,6 +258,7 @@ class LocalRendezvousSession final : public RendezvousSession {
     ho.host = bind;
     ho.port = options_.dashboard_port;
     ho.listen_fix = "pick another --dashboard_port, or --dashboard_port=off";
+    ho.defer_serving = true;  // served from WorkersStarted()
     const rdzv::MetricsHub* hub = hub_.get();
     auto http = rdzv::HttpServer::Start(
         ho, [hub](const std::string& target) { return rdzv::ServeMonitoring(*hub, target); });
