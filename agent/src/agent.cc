@@ -295,7 +295,10 @@ class Agent::Impl {
     in.host = advertised_host_;
     // The launcher checked the policy against this node at start; the mask
     // may have changed since, so a plan that fails now fails the spawn.
-    const auto plan = PlanCpuBinding(options_.cpu_bind, a.local_world_size, ReadCpuTopology());
+    // (With `none`, the default, nothing to read: sysfs costs 7 system calls.)
+    const auto plan = PlanCpuBinding(
+        options_.cpu_bind, a.local_world_size,
+        options_.cpu_bind == CpuBind::kNone ? CpuTopology{} : ReadCpuTopology());
     if (!plan.ok()) {
       Log(absl::StrCat("--cpu_bind: ", plan.status().message()));
       return false;
@@ -497,6 +500,8 @@ class Agent::Impl {
       if (!warning.empty()) Log(warning);
     }
     if (!SpawnWorkers()) return OnWorkerFailure();
+    session_->WorkersStarted();
+    if (monitoring_) monitoring_->Start();
     return Monitor();
   }
 

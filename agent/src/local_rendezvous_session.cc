@@ -152,8 +152,6 @@ class LocalRendezvousSession final : public RendezvousSession {
     DDPRUN_RETURN_IF_ERROR(StartDashboard(bind));
     wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
     if (wake_fd_ < 0) return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
-    acceptor_ = std::thread([this] { AcceptLoop(); });
-    ticker_ = std::make_unique<rdzv::HubTicker>(hub_.get());
     DDPRUN_DEBUG_LOG(kAgent) << "hosting the rendezvous in process on "
                              << rdzv::FormatHostPort(connect_host_, port_);
     return absl::OkStatus();
@@ -164,6 +162,16 @@ class LocalRendezvousSession final : public RendezvousSession {
     DDPRUN_ASSIGN_OR_RETURN(store_server_, StartRoundStore());
     master_port_ = store_server_->port();
     return absl::OkStatus();
+  }
+
+  // The dashboard's I/O thread, the acceptor and the hub's ticker start once
+  // the first round's workers run (rendezvous_session.h), not on the way to
+  // the first spawn.
+  void WorkersStarted() override {
+    if (http_) http_->Serve();
+    if (acceptor_.joinable() || listen_fd_ < 0 || wake_fd_ < 0) return;
+    acceptor_ = std::thread([this] { AcceptLoop(); });
+    ticker_ = std::make_unique<rdzv::HubTicker>(hub_.get());
   }
 
   int master_port() const override { return master_port_; }
@@ -250,6 +258,7 @@ class LocalRendezvousSession final : public RendezvousSession {
     ho.host = bind;
     ho.port = options_.dashboard_port;
     ho.listen_fix = "pick another --dashboard_port, or --dashboard_port=off";
+    ho.defer_serving = true;  // served from WorkersStarted()
     const rdzv::MetricsHub* hub = hub_.get();
     auto http = rdzv::HttpServer::Start(
         ho, [hub](const std::string& target) { return rdzv::ServeMonitoring(*hub, target); });

@@ -32,14 +32,21 @@ bool IsHookDir(const std::string& dir) {
          ::access((dir + "/ddprun_metrics.py").c_str(), R_OK) == 0;
 }
 
-// A memfd holding `bytes`; -1 on failure.
+// A memfd holding `bytes`; -1 on failure. Its trailing zeros are a hole
+// (ftruncate), not written: the 34 KiB channel is ~600 bytes of header and
+// zeros, so a worker that never reports costs one page, not nine (tmpfs
+// reads a hole as zeros, the worker's mapping faults its pages in).
 int MakeFile(const std::string& name, const std::string& bytes) {
   const int fd = ::memfd_create(name.c_str(), MFD_CLOEXEC);
   if (fd < 0) return -1;
+  if (!bytes.empty() && ::ftruncate(fd, static_cast<off_t>(bytes.size())) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  const std::size_t end = bytes.find_last_not_of('\0') + 1;  // npos + 1 == 0: all zeros
   std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n =
-        ::pwrite(fd, bytes.data() + done, bytes.size() - done, static_cast<off_t>(done));
+  while (done < end) {
+    const ssize_t n = ::pwrite(fd, bytes.data() + done, end - done, static_cast<off_t>(done));
     if (n <= 0) {
       ::close(fd);
       return -1;
@@ -83,7 +90,11 @@ Monitoring::Monitoring(Options options, RendezvousSession& session, const rdzv::
       print_(std::move(print)),
       proc_(proc ? std::move(proc) : MakeProcfsSource()),
       gpu_(gpu ? std::move(gpu) : MakeNvmlSource()),
-      collector_(*proc_, *gpu_, clock_) {
+      collector_(*proc_, *gpu_, clock_) {}
+
+void Monitoring::Start() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (thread_.joinable() || stop_) return;
   thread_ = std::thread([this] { Run(); });
 }
 

@@ -66,6 +66,10 @@ class Monitoring {
   void Event(std::string event);
   // The round's workers are gone: reporting stops until the next round.
   void EndRound();
+  // Starts the reporter thread (its first report comes one interval later);
+  // the agent calls it once the round's workers are spawned, so that the
+  // thread is not started on the way to the first spawn. Idempotent.
+  void Start();
   // Stops the reporter (before the session closes). Idempotent.
   void Stop();
 

@@ -1,127 +1,202 @@
 #include "orphan_guard.h"
 
-#include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <vector>
+#include <new>
+#include <string>
 
 namespace ddprun::agent {
-namespace {
 
-// One message on the pipe: an op ('+' register, '-' unregister, 'q' quit)
-// and a pid, fixed size so a read never splits one.
-struct Message {
-  char op;
-  pid_t pgid;
+// The mapping the agent and the guard share: the table, then the guard's
+// stack. Written by the agent (under its mutex), read by the guard once the
+// agent is gone.
+// Trivial on purpose: built over a fresh (zero) mapping without writing a
+// byte, so that untouched slots are never faulted in; accessed through
+// std::atomic_ref.
+struct OrphanGuard::Shared {
+  int fd;                   // the guard's end of the socket
+  int high_water;           // slots [0, high_water) may hold a group
+  pid_t slots[kMaxGroups];  // a process group, or 0
 };
 
-// The guard's main loop. Async-signal-safe only: the table is preallocated.
-[[noreturn]] void GuardMain(int fd, pid_t* table) {
-  // Terminal signals reach the agent's whole process group; the guard must
-  // survive them to do its job.
-  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE}) {
-    ::signal(s, SIG_IGN);
-  }
-  sigset_t none;
-  sigemptyset(&none);
-  ::sigprocmask(SIG_SETMASK, &none, nullptr);
-  ::prctl(PR_SET_NAME, "ddprun-guard");
-  // Close everything but the pipe and stderr: three close_range calls
-  // instead of a close per descriptor (1,000 system calls at each start,
-  // docs/launch.md); the loop where the kernel lacks close_range (< 5.9).
-  const unsigned keep_lo = static_cast<unsigned>(std::min(fd, STDERR_FILENO));
-  const unsigned keep_hi = static_cast<unsigned>(std::max(fd, STDERR_FILENO));
-  const bool ranged = (keep_lo == 0 || ::close_range(0, keep_lo - 1, 0) == 0) &&
-                      (keep_hi == keep_lo + 1 || ::close_range(keep_lo + 1, keep_hi - 1, 0) == 0) &&
-                      ::close_range(keep_hi + 1, ~0U, 0) == 0;
-  if (!ranged) {
+namespace {
+
+constexpr std::size_t kPage = 4096;
+constexpr std::size_t kTableBytes = (sizeof(OrphanGuard::Shared) + kPage - 1) / kPage * kPage;
+constexpr std::size_t kStackBytes = 64 * 1024;  // the guard uses well under one page
+constexpr std::size_t kMapBytes = kTableBytes + kStackBytes;
+
+#if defined(__x86_64__) || defined(__aarch64__)
+#define DDPRUN_GUARD_SHARES_MEMORY 1
+// A system call without libc: returns the result or -errno, touches no
+// thread-local state (the guard runs on the agent's thread pointer).
+[[gnu::always_inline]] inline long RawSyscall(long n, long a = 0, long b = 0, long c = 0,
+                                              long d = 0) {
+#if defined(__x86_64__)
+  long ret;
+  register long r10 __asm__("r10") = d;
+  __asm__ volatile("syscall"
+                   : "=a"(ret)
+                   : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10)
+                   : "rcx", "r11", "memory");
+  return ret;
+#else
+  register long x8 __asm__("x8") = n;
+  register long x0 __asm__("x0") = a;
+  register long x1 __asm__("x1") = b;
+  register long x2 __asm__("x2") = c;
+  register long x3 __asm__("x3") = d;
+  __asm__ volatile("svc #0" : "+r"(x0) : "r"(x8), "r"(x1), "r"(x2), "r"(x3) : "memory");
+  return x0;
+#endif
+}
+#else
+#define DDPRUN_GUARD_SHARES_MEMORY 0
+// Elsewhere the guard is a fork (its own memory), where libc is safe.
+inline long RawSyscall(long n, long a = 0, long b = 0, long c = 0, long d = 0) {
+  const long r = ::syscall(n, a, b, c, d);
+  return r == -1 ? -errno : r;
+}
+#endif
+
+// The guard's whole life. Raw system calls only (see orphan_guard.h). No
+// stack protector: its canary is read through the thread pointer, which is
+// the starting thread's (its stack and TLS may be gone once it exits).
+__attribute__((no_stack_protector)) int GuardMain(void* arg) {
+  auto* shared = static_cast<OrphanGuard::Shared*>(arg);
+  const int fd = shared->fd;
+  // Every signal blocked (SIGKILL and SIGSTOP cannot be): the terminal
+  // signals sent to the agent's process group stay pending here.
+  const unsigned long all = ~0UL;
+  RawSyscall(SYS_rt_sigprocmask, SIG_SETMASK, reinterpret_cast<long>(&all), 0, sizeof(all));
+  static const char kName[] = "ddprun-guard";
+  RawSyscall(SYS_prctl, PR_SET_NAME, reinterpret_cast<long>(kName));
+  // Its copy of the agent's descriptor table: keep only the socket, so that
+  // the guard holds no listening socket, pipe or console of the agent's.
+  const bool ranged = (fd == 0 || RawSyscall(SYS_close_range, 0, fd - 1, 0) == 0) &&
+                      RawSyscall(SYS_close_range, fd + 1, ~0U, 0) == 0;
+  if (!ranged) {  // kernels before 5.9
     for (int i = 0; i < 1024; ++i) {
-      if (i != fd && i != STDERR_FILENO) ::close(i);
+      if (i != fd) RawSyscall(SYS_close, i);
     }
   }
-  int n = 0;
-  Message m;
-  for (;;) {
-    ssize_t r = ::read(fd, &m, sizeof(m));
-    if (r < 0 && errno == EINTR) continue;
-    if (r != static_cast<ssize_t>(sizeof(m))) break;  // EOF: the agent is gone
-    if (m.op == 'q') ::_exit(0);
-    if (m.op == '+' && n < OrphanGuard::kMaxGroups) {
-      table[n++] = m.pgid;
-    } else if (m.op == '-') {
-      for (int i = 0; i < n; ++i) {
-        if (table[i] == m.pgid) {
-          table[i] = table[--n];
-          break;
-        }
-      }
+  char op = 0;
+  long r;
+  do {
+    r = RawSyscall(SYS_read, fd, reinterpret_cast<long>(&op), 1);
+  } while (r == -EINTR);
+  if (r != 1 || op != 'q') {  // end-of-file (or an error): the agent is gone
+    const int n = std::atomic_ref<int>(shared->high_water).load(std::memory_order_acquire);
+    for (int i = 0; i < n; ++i) {
+      const pid_t pgid = std::atomic_ref<pid_t>(shared->slots[i]).load(std::memory_order_acquire);
+      if (pgid > 0) RawSyscall(SYS_kill, -pgid, SIGKILL);
     }
   }
-  for (int i = 0; i < n; ++i) ::kill(-table[i], SIGKILL);
-  ::_exit(0);
+  for (;;) RawSyscall(SYS_exit, 0);
 }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<OrphanGuard>> OrphanGuard::Start() {
+  // Shared (not private) so that the fork used off x86-64/arm64 sees the
+  // agent's writes too. Untouched pages cost nothing: a job touches the
+  // header, one page of slots per 1,024 workers and one page of stack.
+  void* mem = ::mmap(nullptr, kMapBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) {
+    return absl::ResourceExhaustedError(std::string("cannot map the orphan guard's table: ") +
+                                        std::strerror(errno));
+  }
+  auto* shared = new (mem) Shared;  // default-initialized: the zeros of the mapping stay
   // A socket rather than a pipe: send(MSG_NOSIGNAL) cannot raise SIGPIPE in
   // the agent if the guard is gone.
   int fds[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
-    return absl::ResourceExhaustedError(std::string("cannot create the orphan guard's pipe: ") +
-                                        std::strerror(errno));
+    const int err = errno;
+    ::munmap(mem, kMapBytes);
+    return absl::ResourceExhaustedError(std::string("cannot create the orphan guard's socket: ") +
+                                        std::strerror(err));
   }
-  // Allocated before fork: the guard must not call malloc.
-  static std::vector<pid_t> table(kMaxGroups);
-  pid_t pid = ::fork();
+  shared->fd = fds[0];
+#if DDPRUN_GUARD_SHARES_MEMORY
+  char* stack_top = static_cast<char*>(mem) + kMapBytes;
+  const pid_t pid = ::clone(GuardMain, stack_top, CLONE_VM | SIGCHLD, shared);
+#else
+  const pid_t pid = ::fork();
+  if (pid == 0) GuardMain(shared);
+#endif
   if (pid < 0) {
+    const int err = errno;
     ::close(fds[0]);
     ::close(fds[1]);
-    return absl::ResourceExhaustedError(std::string("cannot fork the orphan guard: ") +
-                                        std::strerror(errno));
-  }
-  if (pid == 0) {
-    ::close(fds[1]);
-    GuardMain(fds[0], table.data());
+    ::munmap(mem, kMapBytes);
+    return absl::ResourceExhaustedError(std::string("cannot start the orphan guard: ") +
+                                        std::strerror(err));
   }
   ::close(fds[0]);
-  return std::unique_ptr<OrphanGuard>(new OrphanGuard(pid, fds[1]));
+  return std::unique_ptr<OrphanGuard>(new OrphanGuard(pid, fds[1], shared));
 }
 
 OrphanGuard::~OrphanGuard() {
-  Send('q', 0);
+  const char quit = 'q';
+  while (::send(fd_, &quit, 1, MSG_NOSIGNAL) < 0 && errno == EINTR) {
+  }
   // It exits at once on 'q': its end of the socket closes as it does, which
-  // wakes this poll (instead of a first 1 ms sleep on every exit).
+  // wakes this poll (no sleep on every exit).
   pollfd p{fd_, POLLIN, 0};
   while (::poll(&p, 1, 200) < 0 && errno == EINTR) {
   }
   ::close(fd_);
-  // Reap it. Bounded (200 ms): never hang on it.
+  // Reap it. Bounded (200 ms): never hang on it. Its stack and table are
+  // unmapped only once it is gone.
   for (int i = 0; i < 2000; ++i) {
     pid_t r = ::waitpid(pid_, nullptr, WNOHANG);
-    if (r == pid_ || (r < 0 && errno == ECHILD)) return;
+    if (r == pid_ || (r < 0 && errno == ECHILD)) {
+      ::munmap(shared_, kMapBytes);
+      return;
+    }
     ::usleep(100);
   }
 }
 
-void OrphanGuard::Register(pid_t pgid) { Send('+', pgid); }
-void OrphanGuard::Unregister(pid_t pgid) { Send('-', pgid); }
-
-void OrphanGuard::Send(char op, pid_t pgid) {
-  Message m{op, pgid};
+void OrphanGuard::Register(pid_t pgid) {
   std::lock_guard<std::mutex> lock(mu_);
-  ssize_t r;
-  do {
-    r = ::send(fd_, &m, sizeof(m), MSG_NOSIGNAL);
-  } while (r < 0 && errno == EINTR);
+  int slot;
+  bool fresh = false;
+  if (!free_slots_.empty()) {
+    slot = free_slots_.back();
+    free_slots_.pop_back();
+  } else if (next_slot_ < kMaxGroups) {
+    slot = next_slot_++;
+    fresh = true;
+  } else {
+    return;
+  }
+  // The group first, then the high-water mark that makes the guard read it.
+  std::atomic_ref<pid_t>(shared_->slots[slot]).store(pgid, std::memory_order_release);
+  if (fresh) {
+    std::atomic_ref<int>(shared_->high_water).store(next_slot_, std::memory_order_release);
+  }
+  slot_of_[pgid] = slot;
+}
+
+void OrphanGuard::Unregister(pid_t pgid) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = slot_of_.find(pgid);
+  if (it == slot_of_.end()) return;
+  std::atomic_ref<pid_t>(shared_->slots[it->second]).store(0, std::memory_order_release);
+  free_slots_.push_back(it->second);
+  slot_of_.erase(it);
 }
 
 }  // namespace ddprun::agent

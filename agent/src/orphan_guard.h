@@ -2,22 +2,34 @@
 // killed with SIGKILL and not even the grandchildren of wrapper scripts.
 //
 // PR_SET_PDEATHSIG covers a worker itself but is not inherited by the
-// worker's own children. So at start-up the agent forks one small guard
-// process. The agent tells it, over a pipe, the process group of every worker
-// it spawns and reaps. When the agent dies, however it dies, the kernel
-// closes the pipe; the guard sees end-of-file, SIGKILLs every registered
-// process group and exits. On a normal exit the agent says goodbye first and
-// the guard exits without killing anything.
+// worker's own children. So at start-up the agent starts one small guard
+// process. It holds the read end of a socket whose other end only the agent
+// holds. When the agent dies, however it dies, the kernel closes the agent's
+// end; the guard's read returns end-of-file, it SIGKILLs every process group
+// in its table and exits. On a normal exit the agent says goodbye ('q') first
+// and the guard exits without killing anything.
 //
-// The guard ignores terminal signals (it shares the agent's process group)
-// and runs only async-signal-safe code, so it may be forked from a process
-// that already has threads.
+// The table (the process group of every worker spawned and not yet reaped)
+// lives in a shared anonymous mapping that the agent writes with plain atomic
+// stores: registering a worker is no system call and wakes nobody.
+//
+// The guard is a clone(CLONE_VM) of the agent (x86-64 and arm64; a fork
+// elsewhere): no page tables copied, and no copy-on-write fault in the agent
+// afterwards (a fork made every page the agent later wrote fault once, at
+// ~170 us per fault on this project's VM; docs/launch.md). Sharing the
+// agent's memory, the guard runs only raw system calls on its own stack
+// inside the mapping: no libc call (errno and the rest of libc's per-thread
+// state are the agent's main thread's), no allocation. It blocks every
+// signal (terminal signals reach the agent's whole process group; the guard
+// must survive them to do its job); SIGKILL still ends it.
 #pragma once
 
 #include <sys/types.h>
 
 #include <memory>
 #include <mutex>
+#include <unordered_map>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -29,22 +41,28 @@ class OrphanGuard {
   static constexpr int kMaxGroups = 65536;
 
   static absl::StatusOr<std::unique_ptr<OrphanGuard>> Start();
-  // Says goodbye: the guard exits without killing.
+  // Says goodbye: the guard exits without killing; it is reaped here
+  // (bounded wait).
   ~OrphanGuard();
 
-  // Thread-safe. A failed write (guard gone) is ignored: PDEATHSIG still
-  // covers the workers themselves.
+  // Thread-safe, no system call. Beyond kMaxGroups groups at once the extra
+  // ones are not tracked (PDEATHSIG still covers the workers themselves).
   void Register(pid_t pgid);
   void Unregister(pid_t pgid);
   pid_t pid() const { return pid_; }
 
+  struct Shared;  // the mapping shared with the guard (orphan_guard.cc)
+
  private:
-  OrphanGuard(pid_t pid, int fd) : pid_(pid), fd_(fd) {}
-  void Send(char op, pid_t pgid);
+  OrphanGuard(pid_t pid, int fd, Shared* shared) : pid_(pid), fd_(fd), shared_(shared) {}
 
   const pid_t pid_;
   const int fd_;
+  Shared* const shared_;
   std::mutex mu_;
+  int next_slot_ = 0;            // slots [0, next_slot_) have been used
+  std::vector<int> free_slots_;  // used slots now empty
+  std::unordered_map<pid_t, int> slot_of_;
 };
 
 }  // namespace ddprun::agent

@@ -1,6 +1,8 @@
 // ddprun: parse the command line into AgentOptions and run this node's agent.
 // Exit status: 0 success, 1 a worker failed, 2 usage error, 3 rendezvous
 // error, 128+N killed by signal N; `ddprun check` adds 5 and 6 (see docs/cli.md).
+#include <malloc.h>
+
 #include <iostream>
 #include <string>
 #include <vector>
@@ -36,6 +38,10 @@ int RunClientCommand(const char* name, ddprun::agent::GrpcModule::Command comman
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Two heap arenas, the main thread's and one shared by every other
+  // thread: glibc's default (one per thread) maps and faults in a fresh
+  // arena in each of the agent's threads at start (docs/launch.md).
+  ::mallopt(M_ARENA_MAX, 2);
   // `ddprun status|top|check|bench ...` are subcommands; anything else is a training job.
   if (argc > 1 && std::string(argv[1]) == "status") {
     return RunClientCommand("status", &ddprun::agent::GrpcModule::run_status_command, argc, argv);

@@ -42,8 +42,13 @@ class HttpServer::Impl {
     }
     port_ = acceptor_.local_endpoint().port();
     Accept();
-    thread_ = std::thread([this] { io_.run(); });
+    if (!options_.defer_serving) Serve();
     return absl::OkStatus();
+  }
+
+  void Serve() {
+    if (thread_.joinable() || stopped_) return;
+    thread_ = std::thread([this] { io_.run(); });
   }
 
   void Stop() {
@@ -179,6 +184,9 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
 }
 
 int HttpServer::port() const { return impl_->port(); }
+void HttpServer::Serve() {
+  if (impl_) impl_->Serve();
+}
 void HttpServer::Stop() {
   if (impl_) impl_->Stop();
 }

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 
 #include "ddprun/rendezvous/host_port.h"
 
@@ -206,7 +207,13 @@ IoState ReadAvailable(int fd, std::string* buf, std::size_t max_bytes) {
   // recv into one scratch chunk per thread and append what arrived: growing
   // `buf` by a whole chunk first would zero-fill 64 KiB per read and leave
   // every idle connection holding that capacity (1 GiB at 16k clients).
-  thread_local char chunk[kReadChunk];
+  // On the heap, allocated by the first read of each thread that reads: a
+  // 64 KiB thread_local array is in every thread's static TLS block, which
+  // the loader zero-fills at each thread's start (16 page faults per thread
+  // of every program linking this library, docs/launch.md).
+  thread_local std::unique_ptr<char[]> chunk_owner;
+  if (!chunk_owner) chunk_owner.reset(new char[kReadChunk]);
+  char* const chunk = chunk_owner.get();
   std::size_t total = 0;
   while (total < max_bytes) {
     const ssize_t n = ::recv(fd, chunk, kReadChunk, 0);

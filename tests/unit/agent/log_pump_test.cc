@@ -346,5 +346,40 @@ TEST_CASE("worker logs: the temporary directory goes unless it holds logs", "[un
   ::unsetenv("TMPDIR");
 }
 
+TEST_CASE("worker logs: without TMPDIR, error files only go to tmpfs, logs to /tmp", "[unit]") {
+  const char* saved = std::getenv("TMPDIR");
+  const std::string saved_value = saved != nullptr ? saved : "";
+  ::unsetenv("TMPDIR");
+  const bool shm_writable = ::access("/dev/shm", W_OK | X_OK) == 0;
+  std::string dir;
+  {
+    WorkerLogs::Options o;
+    o.job_id = "j";
+    WorkerLogs logs(o);
+    REQUIRE(logs.Init().ok());
+    dir = logs.log_dir();
+    CHECK(dir.rfind(shm_writable ? "/dev/shm/ddprun_" : "/tmp/ddprun_", 0) == 0);
+    logs.BeginRound(0);
+    SpawnSpec spec;
+    std::string ef;
+    REQUIRE(logs.Prepare(0, 0, &spec, &ef).ok());
+    logs.AfterSpawn(0);
+    CHECK(ef == dir + "/j/attempt_0/0/error.json");
+  }
+  CHECK_FALSE(fs::exists(dir));
+  {
+    WorkerLogs::Options o;
+    o.job_id = "j";
+    o.spec.redirects = *ParseStdStreams("3");
+    WorkerLogs logs(o);
+    REQUIRE(logs.Init().ok());
+    dir = logs.log_dir();
+    CHECK(dir.rfind("/tmp/ddprun_", 0) == 0);  // log files never go to memory
+  }
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  if (saved != nullptr) ::setenv("TMPDIR", saved_value.c_str(), 1);
+}
+
 }  // namespace
 }  // namespace ddprun::agent

@@ -86,6 +86,13 @@ class RendezvousSession {
       const rendezvous::MetricsReport& report, rendezvous::Duration timeout) {
     return absl::UnimplementedError("this rendezvous session has no monitoring");
   }
+  // The round's workers have been spawned. A session starts here what the
+  // workers do not need before they run (the in-process rendezvous: its
+  // acceptor and its hub's ticker), so that those threads are not started
+  // between ddprun's exec and the first spawn (docs/launch.md). Listening
+  // sockets exist from Open(): a client that connects earlier waits in the
+  // backlog for the few milliseconds of the spawns. Idempotent.
+  virtual void WorkersStarted() {}
   // Ends every stream and stops what the session serves.
   virtual void Close() = 0;
 };

@@ -5,9 +5,11 @@
 //
 //   <log_dir>/<run_id>/attempt_<round>/<local_rank>/{stdout.log,stderr.log,error.json}
 //
-// Without --log_dir, a fresh mkdtemp directory (/tmp/ddprun_XXXXXX) holds
-// the error files, and the logs when -r/-t ask for files; it is removed at
-// exit when it holds no log file (the error messages are in the report).
+// Without --log_dir, a fresh mkdtemp directory holds the error files, and
+// the logs when -r/-t ask for files; it is removed at exit when it holds no
+// log file (the error messages are in the report). It is $TMPDIR/ddprun_XXXXXX;
+// without TMPDIR, /dev/shm/ddprun_XXXXXX when it will hold only error files
+// (tmpfs: no journal wait per mkdir/rmdir), else /tmp/ddprun_XXXXXX.
 //
 // Only the agent's main thread calls it.
 #pragma once

@@ -33,6 +33,10 @@ struct HttpServerOptions {
   // What a failure to listen tells the user to do ("pick another
   // --dashboard_port or `off`").
   std::string listen_fix = "pick another port";
+  // Start() only binds and listens; the I/O thread starts at Serve() (a
+  // client that connects before waits in the backlog). ddprun's in-process
+  // rendezvous serves once its workers are spawned (docs/launch.md).
+  bool defer_serving = false;
 };
 
 class HttpServer {
@@ -42,6 +46,9 @@ class HttpServer {
                                                            HttpHandler handler);
   ~HttpServer();  // Stop()
   int port() const;
+  // Starts the I/O thread of a server started with defer_serving. Idempotent;
+  // a no-op once stopped. Call from one thread (the one that calls Stop()).
+  void Serve();
   void Stop();  // closes every connection and joins the thread; idempotent
 
   class Impl;
