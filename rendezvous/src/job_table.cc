@@ -300,6 +300,12 @@ absl::StatusOr<std::shared_ptr<KvEngine>> JobTable::StoreFor(const StoreScope& s
   return job.store;
 }
 
+absl::Status JobTable::CheckStoreValue(const StoreScope& scope, const std::string& key,
+                                       std::size_t value_bytes) const {
+  if (!options_.journal) return absl::OkStatus();
+  return options_.journal->CheckStoreValue(scope.job_id, scope.round, key, value_bytes);
+}
+
 absl::Status JobTable::PersistKey(const StoreScope& scope, const std::string& key,
                                   const KvEngine& engine) {
   if (!options_.journal) return absl::OkStatus();
@@ -510,7 +516,25 @@ void JobTable::CollectLocked(Job& job, std::vector<Delivery>& out, Batch* batch)
   // the agents of a gathering round join again anyway. The round's forming,
   // which every member hears of, writes it.
   const bool heard = batch->size() > heard_before;
-  if (heard || job.rdzv->state() != JobRendezvous::State::kGathering) PersistLocked(job);
+  if (!heard && job.rdzv->state() == JobRendezvous::State::kGathering) return;
+  const absl::Status st = PersistLocked(job);
+  if (st.ok() || !heard) return;
+  // A decision that is not durable is never delivered (a replica leading
+  // after a fail-over could decide differently): each member that would have
+  // heard it gets the journal's error instead, and its stream ends.
+  const absl::Status refused(st.code(), Fence(job.rdzv->job_id(), job.rdzv->round()) +
+                                            "not delivered: the job's change could not be "
+                                            "persisted: " + std::string(st.message()));
+  for (std::size_t i = heard_before; i < batch->size(); ++i) {
+    auto& [sink, event] = (*batch)[i];
+    event = refused;
+    for (auto s = job.sinks.begin(); s != job.sinks.end(); ++s) {
+      if (s->second == sink) {
+        job.sinks.erase(s);
+        break;
+      }
+    }
+  }
 }
 
 void JobTable::RotateStoreLocked(Job& job) {
@@ -525,17 +549,18 @@ void JobTable::RotateStoreLocked(Job& job) {
   job.store_round = job.rdzv->round();
 }
 
-void JobTable::PersistLocked(Job& job) {
-  if (!options_.journal || job.persisted_version == job.rdzv->version()) return;
+absl::Status JobTable::PersistLocked(Job& job) {
+  if (!options_.journal || job.persisted_version == job.rdzv->version()) return absl::OkStatus();
   absl::Status st =
       options_.journal->WriteSnapshot(job.rdzv->Snapshot(), job.store_round, *job.store);
   if (!st.ok()) {
-    std::fprintf(stderr, "ddprund: %scannot persist the job: %s\n",
+    std::fprintf(stderr, "ddprund: %scannot persist the job (retried on its next change): %s\n",
                  Fence(job.rdzv->job_id(), job.rdzv->round()).c_str(),
                  std::string(st.message()).c_str());
-    return;  // retried on the next change
+    return st;
   }
   job.persisted_version = job.rdzv->version();
+  return absl::OkStatus();
 }
 
 void JobTable::Finish(Batch& batch, std::optional<TimePoint> deadline) {
