@@ -1,0 +1,183 @@
+// Jobs and store values against etcd's request limit (docs/ha.md, "Large jobs
+// and etcd's request limit"): a real 3-member etcd on loopback started with a
+// small --max-request-bytes, so that a job of a few hundred simulated agents
+// (real Join streams over gRPC, tests/support/simulated_job.h) needs a
+// snapshot of several chunks; ddprund replicas as real processes.
+#include <signal.h>
+
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ddprun/rendezvous/client.h"
+#include "ddprun/rendezvous/errors.h"
+#include "support/etcd_cluster.h"
+#include "support/ha_replicas.h"
+#include "support/process_helpers.h"
+#include "support/simulated_job.h"
+#include "support/skip.h"
+
+using namespace ddprun::test;
+namespace rdzv = ddprun::rendezvous;
+using ddprun::testing::SimulatedJob;
+using ddprun::testing::SimulatedJobOptions;
+
+namespace {
+
+constexpr const char* kLimit = "16384";  // etcd's and ddprund's, bytes
+constexpr int kAgents = 1000;  // a snapshot of about 30 KiB compressed: 2-3 chunks of 16 KiB
+
+EtcdPlace SmallRequests() {
+  EtcdPlace p;
+  p.max_request_bytes = kLimit;
+  return p;
+}
+
+SimulatedJobOptions Job(const std::string& id, int nodes) {
+  SimulatedJobOptions o;
+  o.job_id = id;
+  o.nodes = nodes;
+  o.nproc = 8;
+  o.channels = 8;
+  o.timeout = std::chrono::seconds(30);
+  return o;
+}
+
+// The number in "chunks=N" of a snapshot head (0 when there is none).
+long HeadChunks(const std::string& head) {
+  const std::size_t at = head.find(" chunks=");
+  return at == std::string::npos ? 0 : std::stol(head.substr(at + 8));
+}
+
+}  // namespace
+
+TEST_CASE(
+    "ha size: a job whose snapshot spans several etcd requests fails over; the standby "
+    "recovers every member",
+    "[multiproc][ha]") {
+  if (!EtcdAvailable()) return SkipCase("multiproc", "no /usr/bin/etcd (etcd-server)");
+  Harness h;
+  EtcdCluster etcd(h, 3, "etcd", "", false, SmallRequests());
+  const std::vector<std::string> flags{"--etcd_max_request_bytes", kLimit};
+  std::vector<Replica> replicas{StartReplica(h, "r0", etcd, flags),
+                                StartReplica(h, "r1", etcd, flags)};
+  const int leader = WaitLeader(replicas, 10);
+  REQUIRE(leader >= 0);
+  SimulatedJob job("127.0.0.1", replicas[leader].port, Job("big", kAgents));
+  REQUIRE(job.Connect().ok());
+  auto formed = job.FormRound();
+  INFO(replicas[leader].proc->Err());
+  INFO(formed.status().ToString());
+  REQUIRE(formed.ok());
+  REQUIRE(SimulatedJob::CheckRanks(*formed, kAgents, 8).ok());
+  // Durable before delivered: the head names a version of several chunks.
+  const std::string head = etcd.Get("/ddprun/jobs/626967/head");  // hex("big")
+  INFO("head: " << head);
+  CHECK(HeadChunks(head) >= 2);
+  // A failure, so that a second version replaces the first (the head moves,
+  // the old chunks go).
+  auto reformed = job.FailAndReform(0);
+  INFO(reformed.status().ToString());
+  REQUIRE(reformed.ok());
+  // The restart and the new round wrote versions 2 and 3; only the head's is kept.
+  const std::string head2 = etcd.Get("/ddprun/jobs/626967/head");
+  INFO("head after the restart: " << head2);
+  CHECK(head2.find(" version=3 ") != std::string::npos);
+  {
+    const std::string dir = "/ddprun/jobs/626967/snapshot/";
+    auto chunks = etcd.Client()->Range(dir, rdzv::EtcdClient::PrefixEnd(dir));
+    REQUIRE(chunks.ok());
+    CHECK(static_cast<long>(chunks->kvs.size()) == HeadChunks(head2));
+    for (const auto& kv : chunks->kvs)
+      CHECK(kv.key.rfind(dir + "00000000000000000003/", 0) == 0);
+  }
+  std::set<std::string> hosts;
+  for (int i = 0; i < kAgents; ++i) hosts.insert(job.Spec(i).host);
+  // kill -9 the leader: the standby reads the head and its chunks.
+  REQUIRE(::kill(replicas[leader].proc->pid, SIGKILL) == 0);
+  h.Wait(*replicas[leader].proc, 5);
+  const int next = WaitLeader(replicas, 10);
+  REQUIRE(next == 1 - leader);
+  auto client = rdzv::RendezvousClient::Create("127.0.0.1", replicas[next].port);
+  auto status = client->Status("big", std::chrono::seconds(5));
+  INFO(replicas[next].proc->Err());
+  REQUIRE(status.ok());
+  REQUIRE(status->size() == 1);
+  const rdzv::JobStatus& s = status->front();
+  CHECK(s.state == "running");
+  CHECK(s.round == 1);
+  CHECK(s.restart_count == 1);
+  CHECK(s.world_size == kAgents * 8);
+  REQUIRE(s.nodes.size() == static_cast<std::size_t>(kAgents));
+  std::set<std::string> recovered;
+  for (const rdzv::NodeInfo& n : s.nodes) recovered.insert(n.host);
+  CHECK(recovered == hosts);
+  job.Close();
+  h.StopDaemon(*replicas[next].proc);
+}
+
+TEST_CASE(
+    "ha size: a store value over etcd's request limit is refused to the worker naming the "
+    "limit; no reader ever sees it",
+    "[multiproc][ha]") {
+  if (!EtcdAvailable()) return SkipCase("multiproc", "no /usr/bin/etcd (etcd-server)");
+  Harness h;
+  EtcdCluster etcd(h, 3, "etcd", "", false, SmallRequests());
+  std::vector<Replica> replicas{
+      StartReplica(h, "r0", etcd, {"--etcd_max_request_bytes", kLimit})};
+  REQUIRE(WaitLeader(replicas, 10) == 0);
+  SimulatedJob job("127.0.0.1", replicas[0].port, Job("kv", 2));
+  REQUIRE(job.Connect().ok());
+  auto formed = job.FormRound();
+  REQUIRE(formed.ok());
+  const rdzv::StoreScope scope{"kv", (*formed)[0].store_token, (*formed)[0].round};
+  rdzv::GrpcStore writer("127.0.0.1", replicas[0].port, scope);
+  rdzv::GrpcStore reader("127.0.0.1", replicas[0].port, scope);
+  // A reader already waiting for the key when the big value comes.
+  absl::StatusOr<std::string> waited;
+  std::thread wait([&] { waited = reader.Get("big", std::chrono::seconds(2)); });
+  SleepMs(200);
+  const absl::Status big = writer.Set("big", std::string(20000, 'x'));
+  REQUIRE_FALSE(big.ok());
+  CHECK(rdzv::KindOf(big) == rdzv::ErrorKind::kBadInput);
+  const std::string msg(big.message());
+  INFO(msg);
+  CHECK(msg.find("20000 bytes") != std::string::npos);
+  CHECK(msg.find("--etcd_max_request_bytes=16384") != std::string::npos);
+  CHECK(msg.find("--max-request-bytes") != std::string::npos);
+  CHECK(msg.find('\n') == std::string::npos);
+  wait.join();
+  CHECK(rdzv::KindOf(waited.status()) == rdzv::ErrorKind::kTimeout);
+  CHECK(etcd.Get("/ddprun/jobs/6b76/store/00000000000000000000/big").empty());
+  // A value that fits is written to etcd before the worker hears OK.
+  REQUIRE(writer.Set("small", std::string(10000, 'y')).ok());
+  CHECK(etcd.Get("/ddprun/jobs/6b76/store/00000000000000000000/small") == std::string(10000, 'y'));
+  job.Close();
+  h.StopDaemon(*replicas[0].proc);
+}
+
+TEST_CASE(
+    "ha size: ddprund told a larger limit than etcd's: the round is not delivered, its agents "
+    "get one line naming both settings",
+    "[multiproc][ha]") {
+  if (!EtcdAvailable()) return SkipCase("multiproc", "no /usr/bin/etcd (etcd-server)");
+  Harness h;
+  EtcdCluster etcd(h, 3, "etcd", "", false, SmallRequests());
+  std::vector<Replica> replicas{StartReplica(h, "r0", etcd)};  // the default 1.5 MiB
+  REQUIRE(WaitLeader(replicas, 10) == 0);
+  SimulatedJob job("127.0.0.1", replicas[0].port, Job("mis", kAgents));
+  REQUIRE(job.Connect().ok());
+  auto formed = job.FormRound();
+  REQUIRE_FALSE(formed.ok());
+  const std::string msg(formed.status().message());
+  INFO(msg);
+  CHECK(rdzv::KindOf(formed.status()) == rdzv::ErrorKind::kBadInput);
+  CHECK(msg.find("[job mis round 0] not delivered") != std::string::npos);
+  CHECK(msg.find("--etcd_max_request_bytes=1572864") != std::string::npos);
+  CHECK(msg.find("etcd's --max-request-bytes") != std::string::npos);
+  CHECK(msg.find('\n') == std::string::npos);
+  CHECK(etcd.Get("/ddprun/jobs/6d6973/head").empty());  // hex("mis"): nothing durable
+  job.Close();
+  h.StopDaemon(*replicas[0].proc);
+}
