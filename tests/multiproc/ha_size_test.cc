@@ -12,6 +12,7 @@
 
 #include "ddprun/rendezvous/client.h"
 #include "ddprun/rendezvous/errors.h"
+#include "etcd_snapshot_chunks.h"
 #include "support/etcd_cluster.h"
 #include "support/ha_replicas.h"
 #include "support/process_helpers.h"
@@ -180,4 +181,78 @@ TEST_CASE(
   CHECK(etcd.Get("/ddprun/jobs/6d6973/head").empty());  // hex("mis"): nothing durable
   job.Close();
   h.StopDaemon(*replicas[0].proc);
+}
+
+TEST_CASE(
+    "ha size: a job kept in the layout before chunks (one snapshot value) is recovered, and "
+    "rewritten in chunks on its next change",
+    "[multiproc][ha]") {
+  if (!EtcdAvailable()) return SkipCase("multiproc", "no /usr/bin/etcd (etcd-server)");
+  Harness h;
+  EtcdCluster etcd(h, 1);
+  const std::vector<std::string> flags{"--reattach_timeout", "1"};
+  std::vector<Replica> first{StartReplica(h, "r0", etcd, flags)};
+  REQUIRE(WaitLeader(first, 10) == 0);
+  SimulatedJob job("127.0.0.1", first[0].port, Job("old", 4));
+  REQUIRE(job.Connect().ok());
+  REQUIRE(job.FormRound().ok());
+  REQUIRE(::kill(first[0].proc->pid, SIGKILL) == 0);
+  h.Wait(*first[0].proc, 5);
+  job.Close();
+  // Rewrite the job as an older ddprund kept it: P/jobs/<hex>/snapshot, the
+  // serialized JobSnapshot in one value, no head, no chunks.
+  const std::string base = "/ddprun/jobs/6f6c64/";  // hex("old")
+  auto c = etcd.Client();
+  auto head = c->Range(base + "head");
+  REQUIRE(head.ok());
+  REQUIRE(head->kvs.size() == 1);
+  auto parsed = rdzv::ParseSnapshotHead(head->kvs[0].value);
+  REQUIRE(parsed.ok());
+  auto chunks = c->Range(base + "snapshot/", rdzv::EtcdClient::PrefixEnd(base + "snapshot/"));
+  REQUIRE(chunks.ok());
+  std::vector<std::string> values;
+  for (const auto& kv : chunks->kvs) values.push_back(kv.value);
+  auto raw = rdzv::JoinAndDecompress(*parsed, values);
+  REQUIRE(raw.ok());
+  REQUIRE(c->DeleteRange(base + "head").ok());
+  REQUIRE(c->DeleteRange(base + "snapshot/", rdzv::EtcdClient::PrefixEnd(base + "snapshot/")).ok());
+  REQUIRE(c->Put(base + "snapshot", *raw).ok());
+  // A new replica recovers it; its members do not re-attach, so after
+  // --reattach_timeout the round is over; new agents form the next one, and
+  // that change is written in chunks.
+  std::vector<Replica> second{StartReplica(h, "r1", etcd, flags)};
+  REQUIRE(WaitLeader(second, 10) == 0);
+  auto client = rdzv::RendezvousClient::Create("127.0.0.1", second[0].port);
+  auto status = client->Status("old", std::chrono::seconds(5));
+  INFO(second[0].proc->Err());
+  REQUIRE(status.ok());
+  REQUIRE(status->size() == 1);
+  CHECK(status->front().nodes.size() == 4);
+  CHECK(status->front().state == "running");
+  const auto t0 = Clock::now();
+  while (SecondsSince(t0) < 10) {
+    status = client->Status("old", std::chrono::seconds(5));
+    REQUIRE(status.ok());
+    if (status->front().state != "running") break;
+    SleepMs(50);
+  }
+  REQUIRE(status->front().state == "gathering");
+  {
+    auto legacy = c->Range(base + "snapshot");  // nothing written while nobody heard
+    REQUIRE(legacy.ok());
+    REQUIRE(legacy->kvs.size() == 1);
+    CHECK(legacy->kvs[0].value == *raw);
+  }
+  SimulatedJob again("127.0.0.1", second[0].port, Job("old", 4));
+  REQUIRE(again.Connect().ok());
+  auto formed = again.FormRound();
+  INFO(formed.status().ToString());
+  REQUIRE(formed.ok());
+  CHECK((*formed)[0].round == 1);
+  CHECK(HeadChunks(etcd.Get(base + "head")) == 1);
+  auto legacy = c->Range(base + "snapshot");
+  REQUIRE(legacy.ok());
+  CHECK(legacy->kvs.empty());
+  again.Close();
+  h.StopDaemon(*second[0].proc);
 }
