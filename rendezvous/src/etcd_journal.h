@@ -32,7 +32,7 @@
 //
 // Writes per round: one Txn per change of a job's state (a round formed,
 // restarted, closed; a report) while its compressed snapshot fits one chunk
-// (about 5000 members at etcd's default limit, docs/benchmarks.md), one more
+// (about 45k members at etcd's default limit, docs/benchmarks.md), one more
 // per further chunk; one per store write. Snapshots never rewrite store keys:
 // a new round's snapshot deletes the older rounds' keys in its last Txn.
 //
