@@ -18,9 +18,9 @@
 
 #include "ddprun/rendezvous/etcd_client.h"
 #include "ddprun/rendezvous/job_table.h"
+#include "ddprun/v1/state.pb.h"
 #include "etcd_snapshot_chunks.h"
 #include "job_snapshot_proto.h"
-#include "ddprun/v1/state.pb.h"
 
 namespace rdzv = ddprun::rendezvous;
 

@@ -38,7 +38,7 @@ std::string Round20(std::int64_t round) {
 }
 
 std::string Chunk8(std::int64_t i) {
-  char buf[16];
+  char buf[24];
   std::snprintf(buf, sizeof(buf), "%08lld", static_cast<long long>(i));
   return buf;
 }
@@ -168,7 +168,8 @@ absl::StatusOr<std::vector<RecoveredJob>> EtcdJournal::Recover() {
   struct Parts {
     std::optional<std::string> legacy;  // P/jobs/<hex>/snapshot
     std::optional<SnapshotHead> head;
-    std::map<std::int64_t, std::map<std::int64_t, std::string>> chunks;  // version -> index -> bytes
+    // version -> chunk index -> bytes
+    std::map<std::int64_t, std::map<std::int64_t, std::string>> chunks;
     std::map<std::int64_t, std::vector<std::pair<std::string, std::string>>> rounds;
   };
   auto digits = [](const std::string& s) {
@@ -194,7 +195,7 @@ absl::StatusOr<std::vector<RecoveredJob>> EtcdJournal::Recover() {
     } else if (what.rfind("store/", 0) == 0 && what.size() >= 6 + 21 && what[6 + 20] == '/') {
       if (!digits(what.substr(6, 20))) return Foreign(options_.prefix, kv.key, "not a store key");
       by_job[hex].rounds[std::stoll(what.substr(6, 20))].emplace_back(what.substr(6 + 21),
-                                                                     std::move(kv.value));
+                                                                      std::move(kv.value));
     } else {
       return Foreign(options_.prefix, kv.key, "unknown key");
     }
@@ -218,11 +219,11 @@ absl::StatusOr<std::vector<RecoveredJob>> EtcdJournal::Recover() {
       }
       absl::StatusOr<std::string> raw = JoinAndDecompress(*parts.head, chunks);
       if (!raw.ok()) {
-        return absl::DataLossError(absl::StrCat(
-            "etcd key '", from, "' names snapshot version ", parts.head->version,
-            " whose chunks are missing or damaged (", raw.status().message(),
-            "); this job cannot be recovered: remove its keys (etcdctl del --prefix ", jobs, hex,
-            "/) and start it again"));
+        return absl::DataLossError(
+            absl::StrCat("etcd key '", from, "' names snapshot version ", parts.head->version,
+                         " whose chunks are missing or damaged (", raw.status().message(),
+                         "); this job cannot be recovered: remove its keys (etcdctl del --prefix ",
+                         jobs, hex, "/) and start it again"));
       }
       bytes = *std::move(raw);
     } else if (parts.legacy) {

@@ -27,11 +27,11 @@ absl::StatusOr<SnapshotHead> ParseSnapshotHead(const std::string& text) {
   char tag[32] = {};
   unsigned long crc = 0;
   int used = 0;
-  const int n = std::sscanf(text.c_str(),
-                            "%31s version=%" SCNd64 " chunks=%" SCNd64 " compressed=%" SCNu64
-                            " raw=%" SCNu64 " crc32=%lu%n",
-                            tag, &h.version, &h.chunks, &h.compressed_bytes, &h.raw_bytes, &crc,
-                            &used);
+  const int n =
+      std::sscanf(text.c_str(),
+                  "%31s version=%" SCNd64 " chunks=%" SCNd64 " compressed=%" SCNu64 " raw=%" SCNu64
+                  " crc32=%lu%n",
+                  tag, &h.version, &h.chunks, &h.compressed_bytes, &h.raw_bytes, &crc, &used);
   if (n != 6 || std::string(tag) != kHeadTag || static_cast<std::size_t>(used) != text.size() ||
       h.version < 1 || h.chunks < 1 || h.compressed_bytes < 1 || crc > 0xffffffffUL) {
     return absl::InvalidArgumentError("not a ddprun snapshot head");

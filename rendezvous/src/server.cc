@@ -392,7 +392,8 @@ class StoreServiceImpl final : public pb::Store::CallbackService {
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* ctx, const pb::SetRequest* req,
                                 pb::SetResponse*) override {
     return Run(ctx, req->scope(), [&](const StoreScope& scope, KvEngine& e) {
-      DDPRUN_RETURN_IF_ERROR(impl_->table().CheckStoreValue(scope, req->key(), req->value().size()));
+      DDPRUN_RETURN_IF_ERROR(
+          impl_->table().CheckStoreValue(scope, req->key(), req->value().size()));
       DDPRUN_RETURN_IF_ERROR(e.Set(req->key(), req->value()));
       return impl_->table().PersistKey(scope, req->key(), e);
     });

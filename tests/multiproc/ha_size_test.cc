@@ -90,8 +90,7 @@ TEST_CASE(
     auto chunks = etcd.Client()->Range(dir, rdzv::EtcdClient::PrefixEnd(dir));
     REQUIRE(chunks.ok());
     CHECK(static_cast<long>(chunks->kvs.size()) == HeadChunks(head2));
-    for (const auto& kv : chunks->kvs)
-      CHECK(kv.key.rfind(dir + "00000000000000000003/", 0) == 0);
+    for (const auto& kv : chunks->kvs) CHECK(kv.key.rfind(dir + "00000000000000000003/", 0) == 0);
   }
   std::set<std::string> hosts;
   for (int i = 0; i < kAgents; ++i) hosts.insert(job.Spec(i).host);
@@ -125,8 +124,7 @@ TEST_CASE(
   if (!EtcdAvailable()) return SkipCase("multiproc", "no /usr/bin/etcd (etcd-server)");
   Harness h;
   EtcdCluster etcd(h, 3, "etcd", "", false, SmallRequests());
-  std::vector<Replica> replicas{
-      StartReplica(h, "r0", etcd, {"--etcd_max_request_bytes", kLimit})};
+  std::vector<Replica> replicas{StartReplica(h, "r0", etcd, {"--etcd_max_request_bytes", kLimit})};
   REQUIRE(WaitLeader(replicas, 10) == 0);
   SimulatedJob job("127.0.0.1", replicas[0].port, Job("kv", 2));
   REQUIRE(job.Connect().ok());

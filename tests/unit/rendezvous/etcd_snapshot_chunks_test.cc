@@ -26,8 +26,8 @@ std::string SnapshotLike(std::size_t bytes) {
 
 TEST_CASE("snapshot chunks: compress, split and join back at several chunk sizes", "[unit]") {
   const std::string raw = SnapshotLike(300000);
-  for (std::size_t chunk : {std::size_t{1}, std::size_t{1000}, std::size_t{65536},
-                            std::size_t{10} << 20}) {
+  for (std::size_t chunk :
+       {std::size_t{1}, std::size_t{1000}, std::size_t{65536}, std::size_t{10} << 20}) {
     SnapshotHead head;
     const std::vector<std::string> chunks = CompressAndSplit(raw, chunk, &head);
     head.version = 3;
@@ -75,12 +75,13 @@ TEST_CASE("snapshot chunks: a missing, damaged or foreign chunk is refused, neve
 TEST_CASE("snapshot chunks: a head's text is checked field by field", "[unit]") {
   SnapshotHead h{.version = 2, .chunks = 3, .compressed_bytes = 10, .raw_bytes = 40, .crc32 = 9};
   CHECK(ParseSnapshotHead(EncodeSnapshotHead(h)).ok());
-  for (const char* bad : {"", "ddprun-snapshot-head-1", "x version=1 chunks=1 compressed=1 raw=1 crc32=1",
-                          "ddprun-snapshot-head-1 version=0 chunks=1 compressed=1 raw=1 crc32=1",
-                          "ddprun-snapshot-head-1 version=1 chunks=0 compressed=1 raw=1 crc32=1",
-                          "ddprun-snapshot-head-1 version=1 chunks=1 compressed=1 raw=1 crc32=1 x",
-                          "ddprun-snapshot-head-1 version=1 chunks=1 compressed=1 raw=1 "
-                          "crc32=99999999999"}) {
+  for (const char* bad :
+       {"", "ddprun-snapshot-head-1", "x version=1 chunks=1 compressed=1 raw=1 crc32=1",
+        "ddprun-snapshot-head-1 version=0 chunks=1 compressed=1 raw=1 crc32=1",
+        "ddprun-snapshot-head-1 version=1 chunks=0 compressed=1 raw=1 crc32=1",
+        "ddprun-snapshot-head-1 version=1 chunks=1 compressed=1 raw=1 crc32=1 x",
+        "ddprun-snapshot-head-1 version=1 chunks=1 compressed=1 raw=1 "
+        "crc32=99999999999"}) {
     CAPTURE(bad);
     CHECK(KindOf(ParseSnapshotHead(bad).status()) == ErrorKind::kBadInput);
   }

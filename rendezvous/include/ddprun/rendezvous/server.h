@@ -67,7 +67,7 @@ struct ServerOptions {
   // etcd's --max-request-bytes: no request to etcd is larger (a job snapshot
   // is cut into chunks under it; a store value that cannot fit is refused).
   std::int64_t etcd_max_request_bytes = kEtcdDefaultMaxRequestBytes;
-  TlsOptions etcd_tls;                  // client TLS to etcd
+  TlsOptions etcd_tls;  // client TLS to etcd
   // How agents reach this replica, "H:P" (followers name the leader by it);
   // "" = host:port, with this machine's hostname for 0.0.0.0.
   std::string advertise;
