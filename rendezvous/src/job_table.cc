@@ -321,6 +321,7 @@ void JobTable::WaitAsync(KvEngine& engine, std::vector<std::string> keys, TimePo
 
 std::optional<TimePoint> JobTable::NewDeadlineLocked(Job& job) {
   std::optional<TimePoint> next = job.rdzv->TakeNewDeadline();
+  if (job.undurable) next = Earlier(next, clock_.Now());  // Tick() drops it
   if (job.closed_at && job.sinks.empty()) {
     next = Earlier(next, *job.closed_at + options_.closed_job_retention);
   }
@@ -329,6 +330,7 @@ std::optional<TimePoint> JobTable::NewDeadlineLocked(Job& job) {
 
 std::optional<TimePoint> JobTable::DeadlineOfLocked(const Job& job) const {
   std::optional<TimePoint> next = job.rdzv->NextDeadline();
+  if (job.undurable && job.sinks.empty()) next = Earlier(next, clock_.Now());
   if (job.store) next = Earlier(next, job.store->NextDeadline());
   // A closed job is forgotten only once no stream is left, so its retention
   // is a deadline only then (a deadline Tick() cannot clear would spin the timer).
@@ -355,6 +357,22 @@ void JobTable::Tick() {
     const TimePoint now = clock_.Now();
     for (auto it = jobs_.begin(); it != jobs_.end();) {
       Job& job = it->second;
+      if (job.undurable && job.sinks.empty()) {
+        // Dropped from memory only: etcd keeps the last version it holds.
+        DDPRUN_DEBUG_LOG(kRdzv) << Fence(it->first, job.rdzv->round())
+                                << "dropped: a change could not be persisted";
+        if (options_.observer) {
+          JobChange c;
+          c.kind = JobChange::Kind::kForgotten;
+          c.job_id = it->first;
+          options_.observer->OnJobChange(c);
+        }
+        if (job.store)
+          job.store->CancelAll(absl::UnavailableError(
+              Fence(it->first, job.store_round) + "the job could not be persisted; it is over"));
+        it = jobs_.erase(it);
+        continue;
+      }
       if (job.closed_at && job.sinks.empty() &&
           now >= *job.closed_at + options_.closed_job_retention) {
         DDPRUN_DEBUG_LOG(kRdzv) << Fence(it->first, job.rdzv->round()) << "forgotten";
@@ -525,6 +543,8 @@ void JobTable::CollectLocked(Job& job, std::vector<Delivery>& out, Batch* batch)
   const absl::Status refused(st.code(), Fence(job.rdzv->job_id(), job.rdzv->round()) +
                                             "not delivered: the job's change could not be "
                                             "persisted: " + std::string(st.message()));
+  // The job cannot go on from a state etcd does not hold: every other agent
+  // of it is told too, and Tick() drops it from memory.
   for (std::size_t i = heard_before; i < batch->size(); ++i) {
     auto& [sink, event] = (*batch)[i];
     event = refused;
@@ -535,6 +555,9 @@ void JobTable::CollectLocked(Job& job, std::vector<Delivery>& out, Batch* batch)
       }
     }
   }
+  for (auto& [node, sink] : job.sinks) batch->emplace_back(sink, refused);
+  job.sinks.clear();
+  job.undurable = true;
 }
 
 void JobTable::RotateStoreLocked(Job& job) {

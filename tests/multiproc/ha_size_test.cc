@@ -177,6 +177,17 @@ TEST_CASE(
   CHECK(msg.find("etcd's --max-request-bytes") != std::string::npos);
   CHECK(msg.find('\n') == std::string::npos);
   CHECK(etcd.Get("/ddprun/jobs/6d6973/head").empty());  // hex("mis"): nothing durable
+  // The replica drops the job from memory: a later run of the id starts afresh.
+  auto client = rdzv::RendezvousClient::Create("127.0.0.1", replicas[0].port);
+  const auto t0 = Clock::now();
+  absl::StatusOr<std::vector<rdzv::JobStatus>> status;
+  while (SecondsSince(t0) < 5) {
+    status = client->Status("mis", std::chrono::seconds(2));
+    REQUIRE(status.ok());
+    if (status->empty()) break;
+    SleepMs(50);
+  }
+  CHECK(status->empty());
   job.Close();
   h.StopDaemon(*replicas[0].proc);
 }

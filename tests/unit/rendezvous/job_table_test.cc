@@ -193,6 +193,18 @@ TEST_CASE("JobTable: a change the journal refuses is not delivered; its members 
   // Their streams ended: nothing more reaches them.
   f.table->StreamLost("j", a->bound_node, a.get());
   CHECK(a->events.size() == 1);
+  // The job is dropped from memory at the next Tick (due now), not forgotten in the journal;
+  // a later run of the same id starts afresh and is persisted once the journal takes it.
+  REQUIRE(f.table->NextDeadline().has_value());
+  CHECK(*f.table->NextDeadline() <= f.clock.Now());
+  f.table->Tick();
+  CHECK(f.table->NumJobs() == 0);
+  CHECK(f.journal.forgotten.empty());
+  f.journal.refuse = absl::OkStatus();
+  auto c = f.Join(Spec("j", "10.0.0.1"));
+  auto d = f.Join(Spec("j", "10.0.0.2"));
+  CHECK(AssignmentOf(*c).round == 0);
+  CHECK(f.journal.jobs.at("j").snapshot.state == "running");
 }
 
 TEST_CASE("JobTable: CheckStoreValue asks the journal; without one every value fits", "[unit]") {

@@ -148,6 +148,10 @@ class JobTable {
     std::map<std::string, std::shared_ptr<EventSink>> sinks;
     std::optional<TimePoint> closed_at;
     std::uint64_t persisted_version = 0;
+    // A change of the job could not be persisted: its agents were told so
+    // and their streams ended; Tick() drops the job from memory (etcd keeps
+    // its last durable version), so that a later run starts afresh.
+    bool undurable = false;
   };
   using Batch = std::vector<std::pair<std::shared_ptr<EventSink>, RoundEvent>>;
   // A job's state and round before a change, to tell what the change did.
