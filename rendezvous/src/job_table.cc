@@ -540,9 +540,10 @@ void JobTable::CollectLocked(Job& job, std::vector<Delivery>& out, Batch* batch)
   // A decision that is not durable is never delivered (a replica leading
   // after a fail-over could decide differently): each member that would have
   // heard it gets the journal's error instead, and its stream ends.
-  const absl::Status refused(st.code(), Fence(job.rdzv->job_id(), job.rdzv->round()) +
-                                            "not delivered: the job's change could not be "
-                                            "persisted: " + std::string(st.message()));
+  const std::string why =
+      Fence(job.rdzv->job_id(), job.rdzv->round()) +
+      "not delivered: the job's change could not be persisted: " + std::string(st.message());
+  const absl::Status refused(st.code(), why);
   // The job cannot go on from a state etcd does not hold: every other agent
   // of it is told too, and Tick() drops it from memory.
   for (std::size_t i = heard_before; i < batch->size(); ++i) {
