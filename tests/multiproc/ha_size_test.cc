@@ -193,8 +193,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "ha size: a job kept in the layout before chunks (one snapshot value) is recovered, and "
-    "rewritten in chunks on its next change",
+    "ha size: a job kept in the layout before chunks (one snapshot value) beside a torn write is "
+    "recovered, and rewritten in chunks on its next change",
     "[multiproc][ha]") {
   if (!EtcdAvailable()) return SkipCase("multiproc", "no /usr/bin/etcd (etcd-server)");
   Harness h;
@@ -226,6 +226,8 @@ TEST_CASE(
   REQUIRE(c->DeleteRange(base + "head").ok());
   REQUIRE(c->DeleteRange(base + "snapshot/", rdzv::EtcdClient::PrefixEnd(base + "snapshot/")).ok());
   REQUIRE(c->Put(base + "snapshot", *raw).ok());
+  // And an unfinished write (a leader killed between chunks): a version no head names.
+  REQUIRE(c->Put(base + "snapshot/00000000000000000007/00000000", "torn").ok());
   // A new replica recovers it; its members do not re-attach, so after
   // --reattach_timeout the round is over; new agents form the next one, and
   // that change is written in chunks.
@@ -262,6 +264,11 @@ TEST_CASE(
   auto legacy = c->Range(base + "snapshot");
   REQUIRE(legacy.ok());
   CHECK(legacy->kvs.empty());
+  // The new head's chunk is all that is left under snapshot/: the torn version went with it.
+  auto left = c->Range(base + "snapshot/", rdzv::EtcdClient::PrefixEnd(base + "snapshot/"));
+  REQUIRE(left.ok());
+  REQUIRE(left->kvs.size() == 1);
+  CHECK(left->kvs[0].key == base + "snapshot/00000000000000000001/00000000");
   again.Close();
   h.StopDaemon(*second[0].proc);
 }
