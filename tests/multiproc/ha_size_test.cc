@@ -12,6 +12,8 @@
 
 #include "ddprun/rendezvous/client.h"
 #include "ddprun/rendezvous/errors.h"
+#include "ddprun/rendezvous/job_table.h"
+#include "etcd_journal.h"
 #include "etcd_snapshot_chunks.h"
 #include "support/etcd_cluster.h"
 #include "support/ha_replicas.h"
@@ -43,6 +45,48 @@ SimulatedJobOptions Job(const std::string& id, int nodes) {
   o.channels = 8;
   o.timeout = std::chrono::seconds(30);
   return o;
+}
+
+// A job table's snapshots, kept in memory (the job of N members is formed by
+// the real JobTable, in process, without streams).
+class LastSnapshot final : public rdzv::JobJournal {
+ public:
+  absl::StatusOr<std::vector<rdzv::RecoveredJob>> Recover() override {
+    return std::vector<rdzv::RecoveredJob>{};
+  }
+  absl::Status WriteSnapshot(const rdzv::JobSnapshot& snap, std::int64_t,
+                             const rdzv::KvEngine&) override {
+    last = snap;
+    return absl::OkStatus();
+  }
+  absl::Status AppendKey(const std::string&, std::int64_t, const std::string&,
+                         const rdzv::KvEngine&) override {
+    return absl::OkStatus();
+  }
+  void Forget(const std::string&) override {}
+  rdzv::JobSnapshot last;
+};
+
+class NullSink final : public rdzv::EventSink {
+ public:
+  void Bind(const std::string&, const std::string&) override {}
+  void Deliver(rdzv::RoundEvent) override {}
+};
+
+// The snapshot of a formed round of n members (8 workers each).
+rdzv::JobSnapshot FormedJob(const std::string& id, int n) {
+  LastSnapshot journal;
+  rdzv::JobTableOptions o;
+  o.journal = &journal;
+  rdzv::JobTable table(std::move(o));
+  SimulatedJob shape("127.0.0.1", 0, Job(id, n));
+  for (int i = 0; i < n; ++i) {
+    rdzv::JoinSpec spec = shape.Spec(i);
+    spec.command = "python3 train.py --config configs/llama.yaml";
+    REQUIRE(table.Join(spec, std::make_shared<NullSink>()).ok());
+  }
+  REQUIRE(journal.last.members.size() == static_cast<std::size_t>(n));
+  return journal.last;
 }
 
 // The number in "chunks=N" of a snapshot head (0 when there is none).
@@ -271,4 +315,58 @@ TEST_CASE(
   CHECK(left->kvs[0].key == base + "snapshot/00000000000000000001/00000000");
   again.Close();
   h.StopDaemon(*second[0].proc);
+}
+
+TEST_CASE(
+    "ha size: a job of 16384 members is one etcd transaction at etcd's default limit, several at "
+    "a small one, and reads back whole",
+    "[multiproc][ha]") {
+  if (!EtcdAvailable()) return SkipCase("multiproc", "no /usr/bin/etcd (etcd-server)");
+  constexpr int kMembers = 16384;
+  const rdzv::JobSnapshot snap = FormedJob("huge", kMembers);
+  for (const char* limit : {"1572864", "262144"}) {
+    INFO("etcd --max-request-bytes " << limit);
+    Harness h;
+    EtcdPlace place;
+    place.max_request_bytes = limit;
+    EtcdCluster etcd(h, 1, "etcd", "", false, place);
+    auto client = etcd.Client();
+    rdzv::EtcdJournalOptions o;
+    o.client = client.get();
+    o.prefix = "/ddprun";
+    o.may_lead = [] { return true; };
+    o.on_deposed = [](absl::Status st) { FAIL("deposed: " << st.message()); };
+    o.max_request_bytes = std::stoul(limit);
+    rdzv::EtcdJournal journal(o);  // leader revision 0: P/leader absent, as the compare expects
+    const absl::Status written = journal.WriteSnapshot(snap, snap.round, rdzv::KvEngine());
+    INFO(written.ToString());
+    REQUIRE(written.ok());
+    const long chunks = HeadChunks(etcd.Get("/ddprun/jobs/68756765/head"));  // hex("huge")
+    CHECK(journal.writes() == chunks);  // one transaction per chunk, the head in the last
+    if (std::string(limit) == "1572864") CHECK(chunks == 1);
+    if (std::string(limit) == "262144") CHECK(chunks >= 2);
+    rdzv::EtcdJournal reader(o);
+    auto recovered = reader.Recover();
+    INFO(recovered.status().ToString());
+    REQUIRE(recovered.ok());
+    REQUIRE(recovered->size() == 1);
+    const rdzv::JobSnapshot& back = recovered->front().snapshot;
+    CHECK(back.job_id == "huge");
+    CHECK(back.state == snap.state);
+    CHECK(back.store_token == snap.store_token);
+    REQUIRE(back.members.size() == static_cast<std::size_t>(kMembers));
+    REQUIRE(back.assigned.size() == snap.assigned.size());
+    bool same = true;
+    for (std::size_t i = 0; i < snap.members.size(); ++i) {
+      same = same && back.members[i].node_id == snap.members[i].node_id &&
+             back.members[i].spec.host == snap.members[i].spec.host &&
+             back.members[i].spec.pid == snap.members[i].spec.pid &&
+             back.members[i].spec.command == snap.members[i].spec.command;
+    }
+    for (std::size_t i = 0; i < snap.assigned.size(); ++i) {
+      same = same && back.assigned[i].host == snap.assigned[i].host &&
+             back.assigned[i].base_rank == snap.assigned[i].base_rank;
+    }
+    CHECK(same);
+  }
 }
