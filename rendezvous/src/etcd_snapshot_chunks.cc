@@ -78,6 +78,10 @@ absl::StatusOr<std::string> JoinAndDecompress(const SnapshotHead& head,
   const auto crc = static_cast<std::uint32_t>(
       crc32(0L, reinterpret_cast<const Bytef*>(z.data()), static_cast<uInt>(z.size())));
   if (crc != head.crc32) return absl::InvalidArgumentError("the chunks' CRC-32 does not match");
+  // zlib expands at most ~1032:1; a larger raw size is a damaged head, not an allocation to try.
+  if (head.raw_bytes > head.compressed_bytes * 1100 + 64) {
+    return absl::InvalidArgumentError("the head's raw size is impossible for its compressed size");
+  }
   std::string raw(head.raw_bytes, '\0');
   uLongf size = raw.size();
   if (uncompress(reinterpret_cast<Bytef*>(raw.data()), &size,

@@ -65,6 +65,10 @@ TEST_CASE("snapshot chunks: a missing, damaged or foreign chunk is refused, neve
   std::vector<std::string> shorter = chunks;
   shorter.back().pop_back();
   CHECK(refused(shorter));
+  // A head claiming an impossible raw size is refused before any allocation.
+  SnapshotHead huge = head;
+  huge.raw_bytes = std::uint64_t{1} << 50;
+  CHECK(KindOf(JoinAndDecompress(huge, chunks).status()) == ErrorKind::kBadInput);
   // Another version's chunks (another snapshot) under this head.
   SnapshotHead other;
   std::vector<std::string> foreign = CompressAndSplit(SnapshotLike(50001), 4096, &other);
