@@ -97,6 +97,10 @@ class ServerProcess {
         opts.etcd_endpoints = *list;
         opts.etcd_prefix = "/ddprun-bench-" + std::to_string(getpid());
         opts.etcd_lease_ttl_s = 5;
+        // DDPRUN_BENCH_ETCD_MAX_REQUEST_BYTES: etcd's --max-request-bytes when not its default.
+        if (const char* m = std::getenv("DDPRUN_BENCH_ETCD_MAX_REQUEST_BYTES"); m && *m) {
+          opts.etcd_max_request_bytes = std::atoll(m);
+        }
       }
       auto server = RendezvousServer::Start(opts);
       if (!server.ok()) Die(std::string(server.status().message()));

@@ -127,6 +127,10 @@ absl::Status EtcdPrefix(T t, T, DaemonSettings& o) {
 absl::Status EtcdLeaseTtl(T t, T, DaemonSettings& o) {
   return StoreInt(t, 1, 3600, "whole seconds, e.g. 2", o.server.etcd_lease_ttl_s);
 }
+absl::Status EtcdMaxRequestBytes(T t, T, DaemonSettings& o) {
+  return StoreInt(t, 16384, 1L << 31, "bytes, etcd's --max-request-bytes, e.g. 1572864",
+                  o.server.etcd_max_request_bytes);
+}
 absl::Status Advertise(T t, T, DaemonSettings& o) {
   return StoreText(t, "HOST:PORT as agents reach this replica", o.server.advertise);
 }
@@ -183,6 +187,9 @@ const std::vector<DaemonKnob>& DaemonKnobs() {
       {"etcd_lease_ttl", "2", "2", "SECONDS",
        "A killed leader replica is replaced within this many seconds (1..3600;\n"
        "etcd raises values below its own minimum)", EtcdLeaseTtl},
+      {"etcd_max_request_bytes", "1572864", "1572864", "BYTES",
+       "etcd's --max-request-bytes (16384..2^31): no request to etcd is larger; a\n"
+       "large job's snapshot is cut into chunks under it (docs/ha.md)", EtcdMaxRequestBytes},
       {"advertise_addr", nullptr, "host:port (hostname for 0.0.0.0)", "HOST:PORT",
        "How agents reach this replica; standbys name the leader by it", Advertise},
       {"etcd_ca", nullptr, "none (plaintext to etcd)", "FILE",

@@ -300,6 +300,12 @@ absl::StatusOr<std::shared_ptr<KvEngine>> JobTable::StoreFor(const StoreScope& s
   return job.store;
 }
 
+absl::Status JobTable::CheckStoreValue(const StoreScope& scope, const std::string& key,
+                                       std::size_t value_bytes) const {
+  if (!options_.journal) return absl::OkStatus();
+  return options_.journal->CheckStoreValue(scope.job_id, scope.round, key, value_bytes);
+}
+
 absl::Status JobTable::PersistKey(const StoreScope& scope, const std::string& key,
                                   const KvEngine& engine) {
   if (!options_.journal) return absl::OkStatus();
@@ -315,6 +321,7 @@ void JobTable::WaitAsync(KvEngine& engine, std::vector<std::string> keys, TimePo
 
 std::optional<TimePoint> JobTable::NewDeadlineLocked(Job& job) {
   std::optional<TimePoint> next = job.rdzv->TakeNewDeadline();
+  if (job.undurable) next = Earlier(next, clock_.Now());  // Tick() drops it
   if (job.closed_at && job.sinks.empty()) {
     next = Earlier(next, *job.closed_at + options_.closed_job_retention);
   }
@@ -323,6 +330,7 @@ std::optional<TimePoint> JobTable::NewDeadlineLocked(Job& job) {
 
 std::optional<TimePoint> JobTable::DeadlineOfLocked(const Job& job) const {
   std::optional<TimePoint> next = job.rdzv->NextDeadline();
+  if (job.undurable && job.sinks.empty()) next = Earlier(next, clock_.Now());
   if (job.store) next = Earlier(next, job.store->NextDeadline());
   // A closed job is forgotten only once no stream is left, so its retention
   // is a deadline only then (a deadline Tick() cannot clear would spin the timer).
@@ -349,6 +357,22 @@ void JobTable::Tick() {
     const TimePoint now = clock_.Now();
     for (auto it = jobs_.begin(); it != jobs_.end();) {
       Job& job = it->second;
+      if (job.undurable && job.sinks.empty()) {
+        // Dropped from memory only: etcd keeps the last version it holds.
+        DDPRUN_DEBUG_LOG(kRdzv) << Fence(it->first, job.rdzv->round())
+                                << "dropped: a change could not be persisted";
+        if (options_.observer) {
+          JobChange c;
+          c.kind = JobChange::Kind::kForgotten;
+          c.job_id = it->first;
+          options_.observer->OnJobChange(c);
+        }
+        if (job.store)
+          job.store->CancelAll(absl::UnavailableError(
+              Fence(it->first, job.store_round) + "the job could not be persisted; it is over"));
+        it = jobs_.erase(it);
+        continue;
+      }
       if (job.closed_at && job.sinks.empty() &&
           now >= *job.closed_at + options_.closed_job_retention) {
         DDPRUN_DEBUG_LOG(kRdzv) << Fence(it->first, job.rdzv->round()) << "forgotten";
@@ -510,7 +534,31 @@ void JobTable::CollectLocked(Job& job, std::vector<Delivery>& out, Batch* batch)
   // the agents of a gathering round join again anyway. The round's forming,
   // which every member hears of, writes it.
   const bool heard = batch->size() > heard_before;
-  if (heard || job.rdzv->state() != JobRendezvous::State::kGathering) PersistLocked(job);
+  if (!heard && job.rdzv->state() == JobRendezvous::State::kGathering) return;
+  const absl::Status st = PersistLocked(job);
+  if (st.ok() || !heard) return;
+  // A decision that is not durable is never delivered (a replica leading
+  // after a fail-over could decide differently): each member that would have
+  // heard it gets the journal's error instead, and its stream ends.
+  const std::string why =
+      Fence(job.rdzv->job_id(), job.rdzv->round()) +
+      "not delivered: the job's change could not be persisted: " + std::string(st.message());
+  const absl::Status refused(st.code(), why);
+  // The job cannot go on from a state etcd does not hold: every other agent
+  // of it is told too, and Tick() drops it from memory.
+  for (std::size_t i = heard_before; i < batch->size(); ++i) {
+    auto& [sink, event] = (*batch)[i];
+    event = refused;
+    for (auto s = job.sinks.begin(); s != job.sinks.end(); ++s) {
+      if (s->second == sink) {
+        job.sinks.erase(s);
+        break;
+      }
+    }
+  }
+  for (auto& [node, sink] : job.sinks) batch->emplace_back(sink, refused);
+  job.sinks.clear();
+  job.undurable = true;
 }
 
 void JobTable::RotateStoreLocked(Job& job) {
@@ -525,17 +573,18 @@ void JobTable::RotateStoreLocked(Job& job) {
   job.store_round = job.rdzv->round();
 }
 
-void JobTable::PersistLocked(Job& job) {
-  if (!options_.journal || job.persisted_version == job.rdzv->version()) return;
+absl::Status JobTable::PersistLocked(Job& job) {
+  if (!options_.journal || job.persisted_version == job.rdzv->version()) return absl::OkStatus();
   absl::Status st =
       options_.journal->WriteSnapshot(job.rdzv->Snapshot(), job.store_round, *job.store);
   if (!st.ok()) {
-    std::fprintf(stderr, "ddprund: %scannot persist the job: %s\n",
+    std::fprintf(stderr, "ddprund: %scannot persist the job (retried on its next change): %s\n",
                  Fence(job.rdzv->job_id(), job.rdzv->round()).c_str(),
                  std::string(st.message()).c_str());
-    return;  // retried on the next change
+    return st;
   }
   job.persisted_version = job.rdzv->version();
+  return absl::OkStatus();
 }
 
 void JobTable::Finish(Batch& batch, std::optional<TimePoint> deadline) {

@@ -392,6 +392,8 @@ class StoreServiceImpl final : public pb::Store::CallbackService {
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* ctx, const pb::SetRequest* req,
                                 pb::SetResponse*) override {
     return Run(ctx, req->scope(), [&](const StoreScope& scope, KvEngine& e) {
+      DDPRUN_RETURN_IF_ERROR(
+          impl_->table().CheckStoreValue(scope, req->key(), req->value().size()));
       DDPRUN_RETURN_IF_ERROR(e.Set(req->key(), req->value()));
       return impl_->table().PersistKey(scope, req->key(), e);
     });
@@ -410,6 +412,8 @@ class StoreServiceImpl final : public pb::Store::CallbackService {
                                        const pb::CompareSetRequest* req,
                                        pb::CompareSetResponse* resp) override {
     return Run(ctx, req->scope(), [&](const StoreScope& scope, KvEngine& e) -> absl::Status {
+      DDPRUN_RETURN_IF_ERROR(
+          impl_->table().CheckStoreValue(scope, req->key(), req->desired().size()));
       std::optional<std::string> expected;
       if (!req->expect_absent()) expected = req->expected();
       DDPRUN_ASSIGN_OR_RETURN(CompareSetResult r,
@@ -703,6 +707,7 @@ absl::Status RendezvousServer::Impl::StartEtcd() {
   jo.prefix = etcd_prefix_;
   jo.may_lead = [this] { return election_ && election_->MayLead(); };
   jo.on_deposed = [this](absl::Status why) { OnDeposed(why); };
+  jo.max_request_bytes = static_cast<std::size_t>(opts_.etcd_max_request_bytes);
   etcd_journal_ = std::make_unique<EtcdJournal>(std::move(jo));
   return absl::OkStatus();
 }

@@ -32,6 +32,9 @@ struct EtcdPlace {
   // of 1 s allowed); etcd's own defaults are 100 and 1000 (leases >= 2 s).
   std::string heartbeat_ms = "50";
   std::string election_timeout_ms = "500";
+  // etcd's --max-request-bytes ("" = etcd's default, 1.5 MiB): a small one
+  // makes a small job reach etcd's request limit.
+  std::string max_request_bytes;
 };
 
 class EtcdCluster {
@@ -206,6 +209,10 @@ class EtcdCluster {
                                                          "--log-level",
                                                          "warn"})
       argv.push_back(a);
+    if (!place_.max_request_bytes.empty()) {
+      argv.push_back("--max-request-bytes");
+      argv.push_back(place_.max_request_bytes);
+    }
     if (!tls_dir_.empty()) {
       for (const std::string& a : {std::string("--cert-file"), tls_dir_ + "/server.pem",
                                    std::string("--key-file"), tls_dir_ + "/server.key"})

@@ -45,6 +45,7 @@ class MemoryJournal final : public JobJournal {
   }
   absl::Status WriteSnapshot(const JobSnapshot& snap, std::int64_t store_round,
                              const KvEngine& store) override {
+    if (!refuse.ok()) return refuse;
     ++snapshots;
     RecoveredJob& job = jobs[snap.job_id];
     job.snapshot = snap;
@@ -64,8 +65,16 @@ class MemoryJournal final : public JobJournal {
     forgotten.push_back(job_id);
   }
 
+  absl::Status CheckStoreValue(const std::string&, std::int64_t, const std::string&,
+                               std::size_t value_bytes) const override {
+    return value_bytes <= max_value ? absl::OkStatus()
+                                    : absl::InvalidArgumentError("over the journal's limit");
+  }
+
   std::map<std::string, RecoveredJob> jobs;
   int snapshots = 0;
+  absl::Status refuse;  // WriteSnapshot's answer when not OK
+  std::size_t max_value = 1 << 20;
   std::vector<std::string> forgotten;
 };
 
@@ -162,6 +171,53 @@ TEST_CASE("JobTable: joins of a gathering round write no snapshot; its forming w
   CHECK(snapshots_at_delivery == 1);  // still durable before anyone heard
   CHECK(f.journal.jobs.at("j").snapshot.state == "running");
   CHECK(f.journal.jobs.at("j").snapshot.members.size() == static_cast<std::size_t>(kNodes));
+}
+
+TEST_CASE("JobTable: a change the journal refuses is not delivered; its members get the error",
+          "[unit]") {
+  // An undurable decision could be decided differently by a replica leading
+  // after a fail-over: nobody may act on it.
+  Fixture f;
+  auto a = f.Join(Spec("j", "10.0.0.1"));
+  f.journal.refuse = absl::InvalidArgumentError("etcd refused a request (too large)");
+  auto b = f.Join(Spec("j", "10.0.0.2"));
+  for (const auto& sink : {a, b}) {
+    REQUIRE(sink->events.size() == 1);
+    const auto* st = std::get_if<absl::Status>(&sink->events.back());
+    REQUIRE(st != nullptr);
+    CHECK(KindOf(*st) == ErrorKind::kBadInput);
+    CHECK_THAT(std::string(st->message()),
+               Catch::Contains("[job j round 0] not delivered") && Catch::Contains("too large"));
+  }
+  CHECK(f.journal.snapshots == 0);
+  // Their streams ended: nothing more reaches them.
+  f.table->StreamLost("j", a->bound_node, a.get());
+  CHECK(a->events.size() == 1);
+  // The job is dropped from memory at the next Tick (due now), not forgotten in the journal;
+  // a later run of the same id starts afresh and is persisted once the journal takes it.
+  REQUIRE(f.table->NextDeadline().has_value());
+  CHECK(*f.table->NextDeadline() <= f.clock.Now());
+  f.table->Tick();
+  CHECK(f.table->NumJobs() == 0);
+  CHECK(f.journal.forgotten.empty());
+  f.journal.refuse = absl::OkStatus();
+  auto c = f.Join(Spec("j", "10.0.0.1"));
+  auto d = f.Join(Spec("j", "10.0.0.2"));
+  CHECK(AssignmentOf(*c).round == 0);
+  CHECK(f.journal.jobs.at("j").snapshot.state == "running");
+}
+
+TEST_CASE("JobTable: CheckStoreValue asks the journal; without one every value fits", "[unit]") {
+  Fixture f;
+  f.journal.max_value = 10;
+  const StoreScope scope{"j", "t", 0};
+  CHECK(f.table->CheckStoreValue(scope, "k", 10).ok());
+  CHECK(KindOf(f.table->CheckStoreValue(scope, "k", 11)) == ErrorKind::kBadInput);
+  FakeClock clock;
+  JobTableOptions none;
+  none.clock = &clock;
+  JobTable plain(std::move(none));
+  CHECK(plain.CheckStoreValue(scope, "k", 1u << 30).ok());
 }
 
 TEST_CASE("JobTable: refused joins, a refused first join leaves no job", "[unit]") {

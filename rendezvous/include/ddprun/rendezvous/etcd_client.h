@@ -33,6 +33,9 @@
 
 namespace ddprun::rendezvous {
 
+// etcd's own default --max-request-bytes: it refuses any larger request.
+inline constexpr std::int64_t kEtcdDefaultMaxRequestBytes = 1536 * 1024;
+
 struct EtcdOptions {
   std::vector<HostPort> endpoints;
   // Per member and call.

@@ -38,6 +38,14 @@ class JobJournal {
                                  const std::string& key, const KvEngine& store) = 0;
   // Drops the job (it was forgotten).
   virtual void Forget(const std::string& job_id) = 0;
+  // Whether AppendKey could persist a value of value_bytes at key: checked
+  // before the store takes the value, so that a value the journal must refuse
+  // is never seen by a reader. InvalidArgument naming the limit and the fix.
+  virtual absl::Status CheckStoreValue(const std::string& job_id, std::int64_t round,
+                                       const std::string& key, std::size_t value_bytes) const {
+    (void)job_id, (void)round, (void)key, (void)value_bytes;
+    return absl::OkStatus();
+  }
 };
 
 }  // namespace ddprun::rendezvous

@@ -116,6 +116,11 @@ class JobTable {
   // token or an unknown job (the same answer), FailedPrecondition for a
   // stale round.
   absl::StatusOr<std::shared_ptr<KvEngine>> StoreFor(const StoreScope& scope);
+  // Whether a store write of value_bytes at key could be made durable:
+  // checked before the store takes the value (OK in memory; the etcd
+  // journal's limit otherwise, InvalidArgument naming it and the fix).
+  absl::Status CheckStoreValue(const StoreScope& scope, const std::string& key,
+                               std::size_t value_bytes) const;
   // Makes a store write durable before it is acknowledged (no-op in memory).
   absl::Status PersistKey(const StoreScope& scope, const std::string& key, const KvEngine& engine);
   // engine.WaitAsync(keys, deadline, cb), and the timer learns the deadline.
@@ -143,6 +148,10 @@ class JobTable {
     std::map<std::string, std::shared_ptr<EventSink>> sinks;
     std::optional<TimePoint> closed_at;
     std::uint64_t persisted_version = 0;
+    // A change of the job could not be persisted: its agents were told so
+    // and their streams ended; Tick() drops the job from memory (etcd keeps
+    // its last durable version), so that a later run starts afresh.
+    bool undurable = false;
   };
   using Batch = std::vector<std::pair<std::shared_ptr<EventSink>, RoundEvent>>;
   // A job's state and round before a change, to tell what the change did.
@@ -160,14 +169,15 @@ class JobTable {
   void SettleLocked(Job& job, Before before, std::vector<Delivery>& out, const std::string& tag,
                     const std::string& text, Batch* batch);
   // Turns deliveries into (sink, event) pairs (terminal events unregister
-  // the sink), notes closing, rotates the store, persists, and logs.
+  // the sink), notes closing, rotates the store, persists, and logs. A
+  // change whose persist fails is not delivered: its members get the error.
   void CollectLocked(Job& job, std::vector<Delivery>& out, Batch* batch);
   // Tells the observer what a change did (before CollectLocked moves the
   // events); tag/text as for SettleLocked.
   void ObserveLocked(const JobRendezvous& r, Before before, const std::vector<Delivery>& out,
                      const std::string& tag, const std::string& text);
   void RotateStoreLocked(Job& job);
-  void PersistLocked(Job& job);
+  absl::Status PersistLocked(Job& job);
   // The job's own earliest deadline (nullopt: none that Tick() can clear).
   // O(members): for the timer's wake-ups only.
   std::optional<TimePoint> DeadlineOfLocked(const Job& job) const;

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "ddprun/rendezvous/clock.h"
+#include "ddprun/rendezvous/etcd_client.h"
 #include "ddprun/rendezvous/host_port.h"
 #include "ddprun/rendezvous/job_rendezvous.h"
 #include "ddprun/rendezvous/job_table.h"
@@ -63,7 +64,10 @@ struct ServerOptions {
   std::vector<HostPort> etcd_endpoints;
   std::string etcd_prefix = "/ddprun";  // keys of this ddprund cluster
   std::int64_t etcd_lease_ttl_s = 2;    // a killed leader is replaced within it
-  TlsOptions etcd_tls;                  // client TLS to etcd
+  // etcd's --max-request-bytes: no request to etcd is larger (a job snapshot
+  // is cut into chunks under it; a store value that cannot fit is refused).
+  std::int64_t etcd_max_request_bytes = kEtcdDefaultMaxRequestBytes;
+  TlsOptions etcd_tls;  // client TLS to etcd
   // How agents reach this replica, "H:P" (followers name the leader by it);
   // "" = host:port, with this machine's hostname for 0.0.0.0.
   std::string advertise;

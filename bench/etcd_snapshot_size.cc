@@ -1,0 +1,115 @@
+// How large a job's snapshot is in etcd (docs/ha.md, docs/benchmarks.md
+// "Job snapshots in etcd"): a job table with N members (agents as ddprun's
+// agent joins them: a host address, a pid, 8 workers, the training command)
+// forms one round; the snapshot it persists is serialized as the etcd journal
+// does, then compressed and cut as the journal does. Prints, per N, the
+// serialized and compressed bytes per member, the chunks (etcd requests) at
+// etcd's default --max-request-bytes, and the compression time; then the N
+// at which one uncompressed value would pass etcd's limit. No etcd, no
+// sockets: sizes only.
+//
+//   etcd_snapshot_size [N ...]        default 1024 4096 8192 16384
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddprun/rendezvous/etcd_client.h"
+#include "ddprun/rendezvous/job_table.h"
+#include "ddprun/v1/state.pb.h"
+#include "etcd_snapshot_chunks.h"
+#include "job_snapshot_proto.h"
+
+namespace rdzv = ddprun::rendezvous;
+
+namespace {
+
+// Keeps the last snapshot written.
+class LastSnapshot final : public rdzv::JobJournal {
+ public:
+  absl::StatusOr<std::vector<rdzv::RecoveredJob>> Recover() override {
+    return std::vector<rdzv::RecoveredJob>{};
+  }
+  absl::Status WriteSnapshot(const rdzv::JobSnapshot& snap, std::int64_t,
+                             const rdzv::KvEngine&) override {
+    last = snap;
+    return absl::OkStatus();
+  }
+  absl::Status AppendKey(const std::string&, std::int64_t, const std::string&,
+                         const rdzv::KvEngine&) override {
+    return absl::OkStatus();
+  }
+  void Forget(const std::string&) override {}
+  rdzv::JobSnapshot last;
+};
+
+class NullSink final : public rdzv::EventSink {
+ public:
+  void Bind(const std::string&, const std::string&) override {}
+  void Deliver(rdzv::RoundEvent) override {}
+};
+
+std::string SerializedSnapshot(int n) {
+  LastSnapshot journal;
+  rdzv::JobTableOptions o;
+  o.journal = &journal;
+  rdzv::JobTable table(std::move(o));
+  std::vector<std::shared_ptr<NullSink>> sinks;
+  for (int i = 0; i < n; ++i) {
+    rdzv::JoinSpec s;
+    s.job_id = "llama-pretrain-2026-11";
+    s.host = "10." + std::to_string(i / 65536) + "." + std::to_string((i / 256) % 256) + "." +
+             std::to_string(i % 256);
+    s.pid = 100000 + (i * 7919) % 900000;
+    s.nproc = 8;
+    s.min_nodes = n;
+    s.max_nodes = n;
+    s.max_restarts = 3;
+    s.master_port = 29500;
+    s.join_timeout_s = 600;
+    s.command = "python3 train.py --config configs/llama.yaml";
+    sinks.push_back(std::make_shared<NullSink>());
+    if (!table.Join(s, sinks.back()).ok()) {
+      std::fprintf(stderr, "etcd_snapshot_size: join %d refused\n", i);
+      std::exit(1);
+    }
+  }
+  rdzv::pb::JobSnapshot p;
+  rdzv::SnapshotToProto(journal.last, &p);
+  if (journal.last.members.size() != static_cast<std::size_t>(n)) {
+    std::fprintf(stderr, "etcd_snapshot_size: the round did not form\n");
+    std::exit(1);
+  }
+  return p.SerializeAsString();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int> sizes;
+  for (int i = 1; i < argc; ++i) sizes.push_back(std::atoi(argv[i]));
+  if (sizes.empty()) sizes = {1024, 4096, 8192, 16384};
+  const double limit = static_cast<double>(rdzv::kEtcdDefaultMaxRequestBytes);
+  // The journal's room per chunk at the default limit, rounded down (keys and framing).
+  const std::size_t chunk = rdzv::kEtcdDefaultMaxRequestBytes - 2048;
+  std::printf("%8s %12s %10s %12s %10s %7s %9s\n", "members", "raw bytes", "raw/member",
+              "zlib bytes", "zlib/memb", "chunks", "zlib ms");
+  double per_member = 0;
+  for (int n : sizes) {
+    const std::string raw = SerializedSnapshot(n);
+    const auto t0 = std::chrono::steady_clock::now();
+    rdzv::SnapshotHead head;
+    const std::vector<std::string> chunks = rdzv::CompressAndSplit(raw, chunk, &head);
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    per_member = static_cast<double>(raw.size()) / n;
+    std::printf("%8d %12zu %10.1f %12llu %10.1f %7zu %9.2f\n", n, raw.size(), per_member,
+                static_cast<unsigned long long>(head.compressed_bytes),
+                static_cast<double>(head.compressed_bytes) / n, chunks.size(), ms);
+  }
+  std::printf("one uncompressed value passes etcd's default %.0f bytes at about %.0f members\n",
+              limit, limit / per_member);
+  return 0;
+}
