@@ -21,42 +21,14 @@
 #include "ddprun/v1/state.pb.h"
 #include "etcd_snapshot_chunks.h"
 #include "job_snapshot_proto.h"
+#include "support/formed_snapshot.h"
 
 namespace rdzv = ddprun::rendezvous;
 
 namespace {
 
-// Keeps the last snapshot written.
-class LastSnapshot final : public rdzv::JobJournal {
- public:
-  absl::StatusOr<std::vector<rdzv::RecoveredJob>> Recover() override {
-    return std::vector<rdzv::RecoveredJob>{};
-  }
-  absl::Status WriteSnapshot(const rdzv::JobSnapshot& snap, std::int64_t,
-                             const rdzv::KvEngine&) override {
-    last = snap;
-    return absl::OkStatus();
-  }
-  absl::Status AppendKey(const std::string&, std::int64_t, const std::string&,
-                         const rdzv::KvEngine&) override {
-    return absl::OkStatus();
-  }
-  void Forget(const std::string&) override {}
-  rdzv::JobSnapshot last;
-};
-
-class NullSink final : public rdzv::EventSink {
- public:
-  void Bind(const std::string&, const std::string&) override {}
-  void Deliver(rdzv::RoundEvent) override {}
-};
-
 std::string SerializedSnapshot(int n) {
-  LastSnapshot journal;
-  rdzv::JobTableOptions o;
-  o.journal = &journal;
-  rdzv::JobTable table(std::move(o));
-  std::vector<std::shared_ptr<NullSink>> sinks;
+  std::vector<rdzv::JoinSpec> specs;
   for (int i = 0; i < n; ++i) {
     rdzv::JoinSpec s;
     s.job_id = "llama-pretrain-2026-11";
@@ -70,18 +42,15 @@ std::string SerializedSnapshot(int n) {
     s.master_port = 29500;
     s.join_timeout_s = 600;
     s.command = "python3 train.py --config configs/llama.yaml";
-    sinks.push_back(std::make_shared<NullSink>());
-    if (!table.Join(s, sinks.back()).ok()) {
-      std::fprintf(stderr, "etcd_snapshot_size: join %d refused\n", i);
-      std::exit(1);
-    }
+    specs.push_back(std::move(s));
   }
-  rdzv::pb::JobSnapshot p;
-  rdzv::SnapshotToProto(journal.last, &p);
-  if (journal.last.members.size() != static_cast<std::size_t>(n)) {
-    std::fprintf(stderr, "etcd_snapshot_size: the round did not form\n");
+  absl::StatusOr<rdzv::JobSnapshot> snap = ddprun::testing::FormedSnapshot(specs);
+  if (!snap.ok()) {
+    std::fprintf(stderr, "etcd_snapshot_size: %s\n", std::string(snap.status().message()).c_str());
     std::exit(1);
   }
+  rdzv::pb::JobSnapshot p;
+  rdzv::SnapshotToProto(*snap, &p);
   return p.SerializeAsString();
 }
 

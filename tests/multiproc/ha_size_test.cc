@@ -16,6 +16,7 @@
 #include "etcd_journal.h"
 #include "etcd_snapshot_chunks.h"
 #include "support/etcd_cluster.h"
+#include "support/formed_snapshot.h"
 #include "support/ha_replicas.h"
 #include "support/process_helpers.h"
 #include "support/simulated_job.h"
@@ -47,46 +48,17 @@ SimulatedJobOptions Job(const std::string& id, int nodes) {
   return o;
 }
 
-// A job table's snapshots, kept in memory (the job of N members is formed by
-// the real JobTable, in process, without streams).
-class LastSnapshot final : public rdzv::JobJournal {
- public:
-  absl::StatusOr<std::vector<rdzv::RecoveredJob>> Recover() override {
-    return std::vector<rdzv::RecoveredJob>{};
-  }
-  absl::Status WriteSnapshot(const rdzv::JobSnapshot& snap, std::int64_t,
-                             const rdzv::KvEngine&) override {
-    last = snap;
-    return absl::OkStatus();
-  }
-  absl::Status AppendKey(const std::string&, std::int64_t, const std::string&,
-                         const rdzv::KvEngine&) override {
-    return absl::OkStatus();
-  }
-  void Forget(const std::string&) override {}
-  rdzv::JobSnapshot last;
-};
-
-class NullSink final : public rdzv::EventSink {
- public:
-  void Bind(const std::string&, const std::string&) override {}
-  void Deliver(rdzv::RoundEvent) override {}
-};
-
 // The snapshot of a formed round of n members (8 workers each).
 rdzv::JobSnapshot FormedJob(const std::string& id, int n) {
-  LastSnapshot journal;
-  rdzv::JobTableOptions o;
-  o.journal = &journal;
-  rdzv::JobTable table(std::move(o));
   SimulatedJob shape("127.0.0.1", 0, Job(id, n));
+  std::vector<rdzv::JoinSpec> specs;
   for (int i = 0; i < n; ++i) {
-    rdzv::JoinSpec spec = shape.Spec(i);
-    spec.command = "python3 train.py --config configs/llama.yaml";
-    REQUIRE(table.Join(spec, std::make_shared<NullSink>()).ok());
+    specs.push_back(shape.Spec(i));
+    specs.back().command = "python3 train.py --config configs/llama.yaml";
   }
-  REQUIRE(journal.last.members.size() == static_cast<std::size_t>(n));
-  return journal.last;
+  absl::StatusOr<rdzv::JobSnapshot> snap = ddprun::testing::FormedSnapshot(specs);
+  REQUIRE(snap.ok());
+  return *snap;
 }
 
 // The number in "chunks=N" of a snapshot head (0 when there is none).
