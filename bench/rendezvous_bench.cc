@@ -23,10 +23,6 @@
 //
 // Like ddprund, the bench keeps freed heap for reuse (server_heap.h);
 // DDPRUN_BENCH_GLIBC_HEAP=1 in the environment leaves glibc's defaults.
-// DDPRUN_BENCH_JOIN_QUEUES=K (K > 0) puts the simulated agents' Join streams
-// on K completion queues of the async API (SimulatedJobOptions::join_queues)
-// instead of the agent's callback-API stream, whose one process-wide queue
-// costs the load generator O(N) per completion at N streams in one process.
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -245,8 +241,6 @@ SimulatedJobOptions Job(int n, const std::string& id) {
   SimulatedJobOptions o;
   o.job_id = id;
   o.nodes = n;
-  if (const char* k = std::getenv("DDPRUN_BENCH_JOIN_QUEUES"); k && *k)
-    o.join_queues = std::atoi(k);
   return o;
 }
 

@@ -9,7 +9,6 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "completion_queues.h"
 #include "ddprun/rendezvous/debug_log.h"
 #include "ddprun/rendezvous/errors.h"
 #include "ddprun/rendezvous/host_port.h"
@@ -100,52 +99,10 @@ absl::Status WaitOrDiagnose(grpc::Channel& channel, const std::string& host, int
 
 namespace {
 
-// The last event of a Join stream that ended with `st`.
-RoundEvent EndOfStream(const grpc::Status& st, const std::string& target) {
-  if (st.ok()) return absl::CancelledError("the rendezvous ended the stream");
-  if (st.error_code() == grpc::StatusCode::UNAVAILABLE && !SentByServer(st)) {
-    // gRPC's own: the connection broke. (The server's Unavailable, when it
-    // shuts down, says so itself.)
-    return absl::UnavailableError("lost the connection to the rendezvous at " + target + " (" +
-                                  st.error_message() + ")");
-  }
-  return FromGrpc(st);
-}
-
-// Events of one stream, waited for with a timeout (both stream kinds below).
-class EventQueue {
- public:
-  RoundEvent Next(Duration timeout, const std::string& target) {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!cv_.wait_for(lock, timeout, [&] { return !events_.empty(); })) {
-      return absl::DeadlineExceededError("no word from the rendezvous at " + target + " in time");
-    }
-    RoundEvent e = std::move(events_.front());
-    events_.pop_front();
-    return e;
-  }
-  void Push(RoundEvent e, bool last) {
-    std::lock_guard<std::mutex> lock(mu_);
-    events_.push_back(std::move(e));
-    done_ = done_ || last;
-    cv_.notify_all();
-  }
-  // Waits (bounded: only a bug makes it wait long) until the last event came.
-  void WaitDone() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, std::chrono::seconds(10), [&] { return done_; });
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<RoundEvent> events_;
-  bool done_ = false;
-};
-
 // Reads the server stream with gRPC's callback API (no thread per stream);
 // events wait in a queue so Next() can have a timeout.
-class GrpcJoinStream final : public JoinStream, public grpc::ClientReadReactor<pb::RoundEvent> {
+class GrpcJoinStream final : public JoinStream,
+                             public grpc::ClientReadReactor<pb::RoundEvent> {
  public:
   GrpcJoinStream(pb::Rendezvous::Stub* stub, const JoinSpec& spec, std::string target)
       : request_(ToProto(spec)), target_(std::move(target)) {
@@ -156,78 +113,63 @@ class GrpcJoinStream final : public JoinStream, public grpc::ClientReadReactor<p
 
   ~GrpcJoinStream() override {
     ctx_.TryCancel();
-    events_.WaitDone();  // OnDone follows a cancel promptly
+    std::unique_lock<std::mutex> lock(mu_);
+    // OnDone follows a cancel promptly; the bound only guards against a bug.
+    cv_.wait_for(lock, std::chrono::seconds(10), [&] { return done_; });
   }
 
-  RoundEvent Next(Duration timeout) override { return events_.Next(timeout, target_); }
+  RoundEvent Next(Duration timeout) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, timeout, [&] { return !events_.empty(); })) {
+      return absl::DeadlineExceededError("no word from the rendezvous at " + target_ +
+                                         " in time");
+    }
+    RoundEvent e = std::move(events_.front());
+    events_.pop_front();
+    return e;
+  }
 
   void Cancel() override { ctx_.TryCancel(); }
 
   void OnReadDone(bool ok) override {
     if (!ok) return;  // the stream ended; OnDone has the status
-    events_.Push(FromProto(msg_), false);
+    Push(FromProto(msg_));
     StartRead(&msg_);
   }
 
-  void OnDone(const grpc::Status& st) override { events_.Push(EndOfStream(st, target_), true); }
-
- private:
-  grpc::ClientContext ctx_;
-  pb::JoinRequest request_;
-  pb::RoundEvent msg_;
-  std::string target_;
-  EventQueue events_;
-};
-
-// The same stream on gRPC's async API, its operations on one of a
-// JoinQueues' completion queues (protocol: StartCall, then Read until it
-// fails, then Finish for the status; one operation outstanding at a time).
-class QueuedJoinStream final : public JoinStream {
- public:
-  QueuedJoinStream(pb::Rendezvous::Stub* stub, const JoinSpec& spec, std::string target,
-                   grpc::CompletionQueue* cq)
-      : request_(ToProto(spec)), target_(std::move(target)) {
-    reader_ = stub->PrepareAsyncJoin(&ctx_, request_, cq);
-    reader_->StartCall(&started_);
-  }
-
-  ~QueuedJoinStream() override {
-    ctx_.TryCancel();
-    events_.WaitDone();  // the Finish tag is the last one that touches this
-  }
-
-  RoundEvent Next(Duration timeout) override { return events_.Next(timeout, target_); }
-
-  void Cancel() override { ctx_.TryCancel(); }
-
- private:
-  void OnStarted(bool ok) {
-    if (ok) {
-      reader_->Read(&msg_, &read_);
+  void OnDone(const grpc::Status& st) override {
+    RoundEvent last;
+    if (st.ok()) {
+      last = absl::CancelledError("the rendezvous ended the stream");
+    } else if (st.error_code() == grpc::StatusCode::UNAVAILABLE && !SentByServer(st)) {
+      // gRPC's own: the connection broke. (The server's Unavailable, when it
+      // shuts down, says so itself.)
+      last = absl::UnavailableError("lost the connection to the rendezvous at " + target_ + " (" +
+                                    st.error_message() + ")");
     } else {
-      reader_->Finish(&status_, &finished_);
+      last = FromGrpc(st);
     }
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(std::move(last));
+    done_ = true;
+    cv_.notify_all();
   }
-  void OnRead(bool ok) {
-    if (!ok) {
-      reader_->Finish(&status_, &finished_);
-      return;
-    }
-    events_.Push(FromProto(msg_), false);
-    reader_->Read(&msg_, &read_);
+
+ private:
+  void Push(RoundEvent e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(std::move(e));
+    cv_.notify_all();
   }
-  void OnFinished(bool) { events_.Push(EndOfStream(status_, target_), true); }
 
   grpc::ClientContext ctx_;
   pb::JoinRequest request_;
   pb::RoundEvent msg_;
-  grpc::Status status_;
   std::string target_;
-  std::unique_ptr<grpc::ClientAsyncReader<pb::RoundEvent>> reader_;
-  MemberTag<QueuedJoinStream, &QueuedJoinStream::OnStarted> started_{this};
-  MemberTag<QueuedJoinStream, &QueuedJoinStream::OnRead> read_{this};
-  MemberTag<QueuedJoinStream, &QueuedJoinStream::OnFinished> finished_{this};
-  EventQueue events_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<RoundEvent> events_;
+  bool done_ = false;
 };
 
 }  // namespace
@@ -283,32 +225,6 @@ bool RendezvousClient::ConnectFailed() const {
 
 std::unique_ptr<JoinStream> RendezvousClient::Join(const JoinSpec& spec) {
   return std::make_unique<GrpcJoinStream>(impl_->rdzv_.get(), spec, impl_->target_);
-}
-
-// ------------------------------------------------------------- JoinQueues
-
-struct JoinQueues::Impl {
-  std::vector<std::unique_ptr<grpc::CompletionQueue>> queues;
-  std::vector<std::thread> threads;
-  std::atomic<std::size_t> next{0};
-};
-
-JoinQueues::JoinQueues(int queues) : impl_(std::make_unique<Impl>()) {
-  for (int i = 0; i < std::max(1, queues); ++i) {
-    impl_->queues.push_back(std::make_unique<grpc::CompletionQueue>());
-    impl_->threads.emplace_back(DrainQueue, impl_->queues.back().get());
-  }
-}
-
-JoinQueues::~JoinQueues() {
-  for (auto& q : impl_->queues) q->Shutdown();
-  for (auto& t : impl_->threads) t.join();
-}
-
-std::unique_ptr<JoinStream> RendezvousClient::Join(const JoinSpec& spec, JoinQueues& queues) {
-  const std::size_t i = queues.impl_->next++ % queues.impl_->queues.size();
-  return std::make_unique<QueuedJoinStream>(impl_->rdzv_.get(), spec, impl_->target_,
-                                            queues.impl_->queues[i].get());
 }
 
 absl::Status RendezvousClient::Report(const std::string& job_id, const std::string& node_id,

@@ -98,25 +98,5 @@ TEST_CASE("a worker failure among 1000 agents re-forms the next round with every
   REQUIRE(status[0].nodes.size() == static_cast<std::size_t>(kAgents));
 }
 
-TEST_CASE(
-    "1000 agents on the async client's completion queues form a round, then re-form it after a "
-    "failure, with the same ranks as the agent's own client",
-    "[integration][scale]") {
-  auto server = StartServer();
-  SimulatedJobOptions o = Options();
-  o.join_queues = 4;
-  SimulatedJob job("127.0.0.1", server->port(), o);
-  REQUIRE(job.Connect().ok());
-  auto first = job.FormRound();
-  INFO(first.status().ToString());
-  REQUIRE(first.ok());
-  RequireRanks(job, *first);
-  auto next = job.FailAndReform(kAgents / 2);
-  INFO(next.status().ToString());
-  REQUIRE(next.ok());
-  RequireRanks(job, *next);
-  for (const auto& x : *next) REQUIRE(x.round == 1);
-}
-
 }  // namespace
 }  // namespace ddprun::rendezvous

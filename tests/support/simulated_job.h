@@ -32,12 +32,6 @@ struct SimulatedJobOptions {
   double hang_timeout_s = 0;
   std::string on_hang;
   rendezvous::Duration timeout = std::chrono::seconds(120);
-  // > 0: the agents' Join streams on gRPC's async API over this many
-  // completion queues (rendezvous::JoinQueues) instead of the agent's own
-  // callback-API stream: the load generator then does not pay a cost that
-  // only comes from 16k streams in one process (a real agent has one). 0:
-  // every agent uses RendezvousClient::Join as ddprun's agent does.
-  int join_queues = 0;
 };
 
 class SimulatedJob {
@@ -59,7 +53,7 @@ class SimulatedJob {
   // agent's Assignment, in agent order.
   absl::StatusOr<std::vector<rendezvous::Assignment>> FormRound() {
     streams_.resize(o_.nodes);
-    for (int i = 0; i < o_.nodes; ++i) streams_[i] = OpenJoin(i);
+    for (int i = 0; i < o_.nodes; ++i) streams_[i] = Client(i).Join(Spec(i));
     return ReadAssignments();
   }
 
@@ -85,7 +79,7 @@ class SimulatedJob {
       // The old stream ends by itself; dropped later, so its clean-up wait
       // is not on the measured path.
       retired_.push_back(std::move(streams_[i]));
-      streams_[i] = OpenJoin(i);
+      streams_[i] = Client(i).Join(Spec(i));
     }
     return ReadAssignments();
   }
@@ -140,12 +134,6 @@ class SimulatedJob {
  private:
   rendezvous::RendezvousClient& Client(int i) { return *clients_[i % clients_.size()]; }
 
-  std::unique_ptr<rendezvous::JoinStream> OpenJoin(int i) {
-    if (o_.join_queues <= 0) return Client(i).Join(Spec(i));
-    if (!queues_) queues_ = std::make_unique<rendezvous::JoinQueues>(o_.join_queues);
-    return Client(i).Join(Spec(i), *queues_);
-  }
-
   absl::StatusOr<std::vector<rendezvous::Assignment>> ReadAssignments() {
     std::vector<rendezvous::Assignment> out(o_.nodes);
     for (int i = 0; i < o_.nodes; ++i) {
@@ -163,7 +151,6 @@ class SimulatedJob {
   int port_;
   SimulatedJobOptions o_;
   std::vector<std::unique_ptr<rendezvous::RendezvousClient>> clients_;
-  std::unique_ptr<rendezvous::JoinQueues> queues_;  // outlives the streams below
   std::vector<std::unique_ptr<rendezvous::JoinStream>> streams_;
   std::vector<std::unique_ptr<rendezvous::JoinStream>> retired_;
   std::vector<rendezvous::Assignment> last_;

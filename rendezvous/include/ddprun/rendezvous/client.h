@@ -30,27 +30,6 @@ class JoinStream {
   virtual void Cancel() = 0;
 };
 
-// Completion queues for many Join streams in one process: each queue is
-// drained by a thread of its own, and RendezvousClient::Join(spec, queues)
-// spreads streams over them round-robin. For a load generator simulating
-// thousands of agents (tests/support/simulated_job.h): on the callback API
-// all of a process's streams share one queue, and Debian's libgrpc (built
-// without NDEBUG) searches that queue's list of outstanding operations at
-// every completion, O(open streams) each; a real agent has one stream. Must
-// outlive every stream opened on it.
-class JoinQueues {
- public:
-  explicit JoinQueues(int queues);
-  ~JoinQueues();
-  JoinQueues(const JoinQueues&) = delete;
-  JoinQueues& operator=(const JoinQueues&) = delete;
-
- private:
-  friend class RendezvousClient;
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
-};
-
 // How soon a client gives up on a server gone silent (a host lost, a network
 // cut): gRPC keepalive pings each second while a call is open, then waits this
 // long for the answer. kFailover (500 ms) is for agents that list ddprund
@@ -77,8 +56,6 @@ class RendezvousClient {
   // (a slow or silent peer). Does not start a connection.
   bool ConnectFailed() const;
   std::unique_ptr<JoinStream> Join(const JoinSpec& spec);
-  // The same stream on gRPC's async API, on one of `queues`' completion queues.
-  std::unique_ptr<JoinStream> Join(const JoinSpec& spec, JoinQueues& queues);
   absl::Status Report(const std::string& job_id, const std::string& node_id, std::int64_t round,
                       Outcome outcome, const std::vector<WorkerFailure>& failures,
                       Duration timeout);
@@ -118,8 +95,7 @@ class GrpcStore final : public Store {
   absl::Status Set(const std::string& key, const std::string& value) override;
   absl::StatusOr<std::string> Get(const std::string& key, Duration timeout) override;
   absl::StatusOr<std::int64_t> Add(const std::string& key, std::int64_t delta) override;
-  absl::StatusOr<bool> CompareSet(const std::string& key,
-                                  const std::optional<std::string>& expected,
+  absl::StatusOr<bool> CompareSet(const std::string& key, const std::optional<std::string>& expected,
                                   const std::string& desired, std::string* current) override;
   absl::Status Wait(const std::vector<std::string>& keys, Duration timeout) override;
   absl::StatusOr<bool> Delete(const std::string& key) override;
