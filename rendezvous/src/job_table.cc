@@ -359,34 +359,16 @@ void JobTable::Tick() {
       Job& job = it->second;
       if (job.undurable && job.sinks.empty()) {
         // Dropped from memory only: etcd keeps the last version it holds.
-        DDPRUN_DEBUG_LOG(kRdzv) << Fence(it->first, job.rdzv->round())
-                                << "dropped: a change could not be persisted";
-        if (options_.observer) {
-          JobChange c;
-          c.kind = JobChange::Kind::kForgotten;
-          c.job_id = it->first;
-          options_.observer->OnJobChange(c);
-        }
-        if (job.store)
-          job.store->CancelAll(absl::UnavailableError(
-              Fence(it->first, job.store_round) + "the job could not be persisted; it is over"));
-        it = jobs_.erase(it);
+        it = DropLocked(it, "dropped: a change could not be persisted", /*forget=*/false,
+                        absl::UnavailableError(Fence(it->first, job.store_round) +
+                                               "the job could not be persisted; it is over"));
         continue;
       }
       if (job.closed_at && job.sinks.empty() &&
           now >= *job.closed_at + options_.closed_job_retention) {
-        DDPRUN_DEBUG_LOG(kRdzv) << Fence(it->first, job.rdzv->round()) << "forgotten";
-        if (options_.observer) {
-          JobChange c;
-          c.kind = JobChange::Kind::kForgotten;
-          c.job_id = it->first;
-          options_.observer->OnJobChange(c);
-        }
-        if (options_.journal) options_.journal->Forget(it->first);
-        if (job.store)
-          job.store->CancelAll(
-              ClosedError(Fence(it->first, job.store_round) + "the job is over and forgotten"));
-        it = jobs_.erase(it);
+        it = DropLocked(
+            it, "forgotten", /*forget=*/true,
+            ClosedError(Fence(it->first, job.store_round) + "the job is over and forgotten"));
         continue;
       }
       auto next = job.rdzv->NextDeadline();
@@ -444,6 +426,20 @@ absl::Status JobTable::Abort(const std::string& job_id, std::int64_t round,
   }
   Finish(batch, deadline);
   return st;
+}
+
+JobTable::JobMap::iterator JobTable::DropLocked(JobMap::iterator it, const char* why, bool forget,
+                                                const absl::Status& waiters) {
+  DDPRUN_DEBUG_LOG(kRdzv) << Fence(it->first, it->second.rdzv->round()) << why;
+  if (options_.observer) {
+    JobChange c;
+    c.kind = JobChange::Kind::kForgotten;
+    c.job_id = it->first;
+    options_.observer->OnJobChange(c);
+  }
+  if (forget && options_.journal) options_.journal->Forget(it->first);
+  if (it->second.store) it->second.store->CancelAll(waiters);
+  return jobs_.erase(it);
 }
 
 absl::StatusOr<JobTable::Job*> JobTable::FindLocked(const std::string& job_id, std::int64_t round) {

@@ -160,6 +160,13 @@ class JobTable {
     std::int64_t round;
   };
 
+  using JobMap = std::map<std::string, Job, std::less<>>;
+
+  // Removes the job at `it` from memory: the observer hears it forgotten,
+  // its store's waiters fail with `waiters`, and with `forget` the journal
+  // forgets it too. Returns the next job.
+  JobMap::iterator DropLocked(JobMap::iterator it, const char* why, bool forget,
+                              const absl::Status& waiters);
   // The job `job_id` (nullptr never): NotFound fenced by `round` when there
   // is none, Unavailable once the table is closing.
   absl::StatusOr<Job*> FindLocked(const std::string& job_id, std::int64_t round);
@@ -191,7 +198,7 @@ class JobTable {
   const Clock& clock_;
   mutable std::mutex mu_;
   bool closing_ = false;
-  std::map<std::string, Job, std::less<>> jobs_;
+  JobMap jobs_;
 };
 
 }  // namespace ddprun::rendezvous
