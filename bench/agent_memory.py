@@ -7,9 +7,11 @@ the launcher process alone, not its workers. Peers in the same run: torchrun
     python3 bench/agent_memory.py [--nproc 8] [--reps 3] [--ddprun build/bin/ddprun]
 
 Rows: ddprun with workers that never reach the rendezvous (a PyTorch job:
-they reach only the TCPStore), ddprun after a client has reached the
+they reach only the TCPStore), ddprun with SDK workers (the Python SDK next
+to the ddprun measured, build/python/ddprun_sdk.py: init, an all-reduce and a
+barrier on every rank, then sleep), ddprun after a client has reached the
 rendezvous (rank 0 runs `ddprun status` against DDPRUN_STORE_ADDR, which
-loads the gRPC module, as an SDK worker's store does), and torchrun.
+loads the gRPC module), and torchrun.
 Each worker sleeps until the launcher has been measured, then exits.
 """
 import argparse
@@ -85,15 +87,31 @@ def main():
     n = args.nproc
     wait = 'while [ ! -e "$AGENT_MEMORY_STOP" ]; do sleep 0.05; done'
     ready = f"/tmp/agent_memory_ready_{os.getpid()}"
+    py = os.environ.get("PYTHON_EXEC", "/usr/bin/python3")
+    # An SDK worker: bootstraps through the job's store, all-reduces, then
+    # waits; rank 0 says when every rank has passed the barrier.
+    sdk_dir = os.path.join(os.path.dirname(ddprun), "..", "python")
+    sdk_worker = (
+        "import os, sys, time\n"
+        f"sys.path.insert(0, {os.path.abspath(sdk_dir)!r})\n"
+        "import numpy as np, ddprun_sdk as ddp\n"
+        "pg = ddp.init()\n"
+        "x = np.ones(1024, dtype=np.float32)\n"
+        "pg.allreduce(x)\n"
+        "assert x[0] == pg.size, x[0]\n"
+        "pg.barrier()\n"
+        f"if pg.rank == 0: open({ready!r}, 'w').close()\n"
+        "while not os.path.exists(os.environ['AGENT_MEMORY_STOP']): time.sleep(0.05)\n")
     cases = [
         ("ddprun, workers never reach the rendezvous",
          [ddprun, f"--nproc_per_node={n}", "--no_python", "sh", "-c", wait], None),
+        ("ddprun, SDK workers (init, all-reduce, barrier)",
+         [ddprun, f"--nproc_per_node={n}", "--no_python", py, "-c", sdk_worker], ready),
         ("ddprun, a client reached the rendezvous (gRPC loaded)",
          [ddprun, f"--nproc_per_node={n}", "--no_python", "sh", "-c",
           f'if [ "$RANK" = 0 ]; then {ddprun} status --rdzv_endpoint "$DDPRUN_STORE_ADDR" '
           f'>/dev/null && touch {ready}; fi; {wait}'], ready),
     ]
-    py = os.environ.get("PYTHON_EXEC", "/usr/bin/python3")
     if subprocess.run([py, "-c", "import torch.distributed.run"], stdout=subprocess.DEVNULL,
                       stderr=subprocess.DEVNULL).returncode == 0:
         cases.append(("torchrun --standalone (torch 1.13)",
