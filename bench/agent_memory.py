@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The launcher's own memory while N workers run: VmRSS, and Pss (its share of
-the pages it shares with other processes, from /proc/<pid>/smaps_rollup), of
-the launcher process alone, not its workers. Peers in the same run: torchrun
+the pages it shares with other processes, from /proc/<pid>/smaps_rollup) and
+threads, of the launcher process alone, not its workers. Peers in the same run: torchrun
 (torch.distributed.run through bench/torchrun_compat.py, --standalone).
 
     python3 bench/agent_memory.py [--nproc 8] [--reps 3] [--ddprun build/bin/ddprun]
@@ -25,7 +25,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def kib(pid, path, field):
+def number(pid, path, field):
     with open(f"/proc/{pid}/{path}") as f:
         for line in f:
             if line.startswith(field + ":"):
@@ -62,9 +62,10 @@ def measure(cmd, nproc, ready_file, timeout=60.0):
             kids = children(p.pid)
             if len(kids) >= nproc and (ready_file is None or os.path.exists(ready_file)):
                 time.sleep(0.2)  # let the launcher settle after the spawns
-                rss = kib(p.pid, "status", "VmRSS")
-                pss = kib(p.pid, "smaps_rollup", "Pss")
-                return rss, pss
+                rss = number(p.pid, "status", "VmRSS")
+                pss = number(p.pid, "smaps_rollup", "Pss")
+                threads = number(p.pid, "status", "Threads")
+                return rss, pss, threads
             time.sleep(0.02)
         sys.exit(f"{' '.join(cmd)}: {nproc} workers not running within {timeout} s")
     finally:
@@ -118,13 +119,14 @@ def main():
                       [py, os.path.join(HERE, "torchrun_compat.py"), "--standalone",
                        f"--nproc_per_node={n}", "--monitor_interval=0.1", "--no_python",
                        shutil.which("sh"), "-c", wait], None))
-    print(f"| launcher ({n} workers running) | VmRSS (MiB) | Pss (MiB) |")
-    print("|---|---|---|")
+    print(f"| launcher ({n} workers running) | VmRSS (MiB) | Pss (MiB) | threads |")
+    print("|---|---|---|---|")
     for name, cmd, ready_file in cases:
         runs = [measure(cmd, n, ready_file) for _ in range(args.reps)]
         rss = statistics.median(r[0] for r in runs) / 1024
         pss = statistics.median(r[1] for r in runs) / 1024
-        print(f"| {name} | {rss:.1f} | {pss:.1f} |", flush=True)
+        threads = statistics.median(r[2] for r in runs)
+        print(f"| {name} | {rss:.1f} | {pss:.1f} | {threads:g} |", flush=True)
 
 
 if __name__ == "__main__":
