@@ -170,8 +170,9 @@ class LocalRendezvousSession final : public RendezvousSession {
   // workers never loads gRPC here (docs/sdk.md, "Which store").
   absl::StatusOr<std::string> OpenSdkStore(const rdzv::Assignment& a) override {
     if (!store_server_) return std::string();
-    DDPRUN_RETURN_IF_ERROR(store_server_->engine().Set(
-        rdzv::SdkStoreJobKey(a.store_token, a.round), a.job_id.empty() ? options_.job_id : a.job_id));
+    DDPRUN_RETURN_IF_ERROR(
+        store_server_->engine().Set(rdzv::SdkStoreJobKey(a.store_token, a.round),
+                                    a.job_id.empty() ? options_.job_id : a.job_id));
     return rdzv::FormatHostPort("127.0.0.1", master_port_);
   }
 

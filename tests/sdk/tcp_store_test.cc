@@ -56,8 +56,8 @@ TEST_CASE("two nodes: SDK workers keep the gRPC Store (no DDPRUN_TCPSTORE_ADDR)"
   const std::string endpoint = "--rdzv_endpoint=127.0.0.1:" + std::to_string(FreePort());
   auto node = [&](const std::string& name, const std::string& addr) {
     return &h.StartDdprun(name,
-                          WorkerJob({"--nnodes=2", "--nproc_per_node=1", endpoint,
-                                     "--rdzv_id=kind", "--local_addr=" + addr},
+                          WorkerJob({"--nnodes=2", "--nproc_per_node=1", endpoint, "--rdzv_id=kind",
+                                     "--local_addr=" + addr},
                                     "[store-kind]"),
                           {{"DDP_TIMEOUT_SEC", "30"},
                            {"SDK_EXPECT_TCPSTORE", "0"},
@@ -90,10 +90,10 @@ TEST_CASE("a stranger on the job's TCPStore reads none of its keys and changes n
 
   // Reading: group 0 has bootstrapped (hello, shared-memory keys), and none
   // of its keys is where a client without the token can name it.
-  for (const std::string& key : std::vector<std::string>{
-           "ddp/pg0/hello/0", "ddp/pg0/shm/id/0", "ddp/pg0/shm/host0/segment", "job",
-        rdzv::SdkStoreJobKey("", 0), rdzv::SdkStoreJobKey("0", 0),
-        rdzv::SdkStoreJobKey("00000000000000000000000000000000", 0)}) {
+  for (const std::string& key :
+       std::vector<std::string>{"ddp/pg0/hello/0", "ddp/pg0/shm/id/0", "ddp/pg0/shm/host0/segment",
+                                "job", rdzv::SdkStoreJobKey("", 0), rdzv::SdkStoreJobKey("0", 0),
+                                rdzv::SdkStoreJobKey("00000000000000000000000000000000", 0)}) {
     INFO(key);
     auto got = s.Get(key, kShort);
     REQUIRE(absl::IsDeadlineExceeded(got.status()));
@@ -107,9 +107,9 @@ TEST_CASE("a stranger on the job's TCPStore reads none of its keys and changes n
   const std::string wrong_scope = rdzv::SdkStoreScope("not-the-token", 0) + "/";
   std::vector<std::string> decoys;
   for (const std::string& scope : {std::string(), wrong_scope}) {
-    for (const char* key : {"ddp/pg1/hello/0", "ddp/pg1/hello/1", "ddp/pg1/shm/id/0",
-                            "ddp/pg1/shm/id/1", "ddp/pg1/shm/host0/segment", "ddp/pg1/shm/ok/0",
-                            "ddp/pg1/shm/ok/1"}) {
+    for (const char* key :
+         {"ddp/pg1/hello/0", "ddp/pg1/hello/1", "ddp/pg1/shm/id/0", "ddp/pg1/shm/id/1",
+          "ddp/pg1/shm/host0/segment", "ddp/pg1/shm/ok/0", "ddp/pg1/shm/ok/1"}) {
       decoys.push_back(scope + key);
     }
   }
