@@ -195,11 +195,13 @@ absl::StatusOr<std::shared_ptr<rdzv::Store>> ConnectTcpStore(const WorkerInfo& i
                           StoreAddress(text, ddprun::kEnvTcpStoreAddr));
   const std::string fence = FenceOf(info);
   auto client = rdzv::C10dStoreClient::Connect(
-      addr.host, addr.port, std::min<rdzv::Duration>(timeout, kTcpStoreConnectTimeout));
+      addr.host, addr.port, std::min<rdzv::Duration>(timeout, kTcpStoreConnectTimeout),
+      "the launcher that started this worker has exited or ended the round; start the worker "
+      "under ddprun, which starts every round's workers itself");
   if (!client.ok()) {
-    return absl::UnavailableError(absl::StrCat(
-        fence, "cannot reach the job's store (", ddprun::kEnvTcpStoreAddr, "=", text,
-        ", the launcher's TCPStore of round ", info.round, "): ", client.status().message()));
+    return absl::UnavailableError(absl::StrCat(fence, "cannot reach the job's store (",
+                                               ddprun::kEnvTcpStoreAddr, "=", text, "): ",
+                                               client.status().message()));
   }
   auto store = std::make_shared<rdzv::PrefixStore>(
       rdzv::SdkStoreScope(token, info.round), std::shared_ptr<rdzv::Store>(*std::move(client)));
