@@ -292,6 +292,12 @@ class Agent::Impl {
     in.options = &options_;
     in.assignment = &a;
     in.store_endpoint = session_->endpoint();
+    absl::StatusOr<std::string> sdk_store = session_->OpenSdkStore(a);
+    if (!sdk_store.ok()) {
+      Log(absl::StrCat("cannot prepare the workers' store: ", sdk_store.status().message()));
+      return false;
+    }
+    in.tcp_store = *std::move(sdk_store);
     in.host = advertised_host_;
     // The launcher checked the policy against this node at start; the mask
     // may have changed since, so a plan that fails now fails the spawn.

@@ -53,8 +53,10 @@
 #include "ddprun/rendezvous/http_server.h"
 #include "ddprun/rendezvous/hub_ticker.h"
 #include "ddprun/rendezvous/job_table.h"
+#include "ddprun/rendezvous/kv_engine.h"
 #include "ddprun/rendezvous/metrics_hub.h"
 #include "ddprun/rendezvous/monitoring_routes.h"
+#include "ddprun/rendezvous/sdk_store_scope.h"
 #include "ddprun/rendezvous/status_macros.h"
 #include "round_store.h"
 
@@ -162,6 +164,16 @@ class LocalRendezvousSession final : public RendezvousSession {
     DDPRUN_ASSIGN_OR_RETURN(store_server_, StartRoundStore());
     master_port_ = store_server_->port();
     return absl::OkStatus();
+  }
+
+  // SDK workers bootstrap through the round's TCPStore, so that a job of SDK
+  // workers never loads gRPC here (docs/sdk.md, "Which store").
+  absl::StatusOr<std::string> OpenSdkStore(const rdzv::Assignment& a) override {
+    if (!store_server_) return std::string();
+    DDPRUN_RETURN_IF_ERROR(
+        store_server_->engine().Set(rdzv::SdkStoreJobKey(a.store_token, a.round),
+                                    a.job_id.empty() ? options_.job_id : a.job_id));
+    return rdzv::FormatHostPort("127.0.0.1", master_port_);
   }
 
   // The dashboard's I/O thread, the acceptor and the hub's ticker start once

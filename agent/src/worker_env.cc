@@ -84,6 +84,8 @@ Env BuildWorkerEnv(const Env& base, const WorkerEnvInputs& in, int local_rank) {
   set_or_erase(kEnvTlsCa, opt.tls.ca_file);
   set_or_erase(kEnvTlsCert, opt.tls.cert_file);
   set_or_erase(kEnvTlsKey, opt.tls.key_file);
+  // Which store the SDK bootstraps through: set by the session, never inherited.
+  set_or_erase(kEnvTcpStoreAddr, in.tcp_store);
   return env;
 }
 

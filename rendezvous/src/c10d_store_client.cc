@@ -84,6 +84,14 @@ absl::StatusOr<std::unique_ptr<C10dStoreClient>> C10dStoreClient::Connect(const 
 absl::StatusOr<std::unique_ptr<C10dStoreClient>> C10dStoreClient::Connect(const std::string& host,
                                                                           int port,
                                                                           Duration timeout) {
+  return Connect(host, port, timeout,
+                 "check that the store is running and that --master_addr/--master_port are right");
+}
+
+absl::StatusOr<std::unique_ptr<C10dStoreClient>> C10dStoreClient::Connect(const std::string& host,
+                                                                          int port,
+                                                                          Duration timeout,
+                                                                          const std::string& fix) {
   const std::string where = FormatHostPort(host, port);
   const TimePoint deadline = SteadyClock::now() + std::max(timeout, Duration::zero());
   std::string last_error = "no attempt was made";
@@ -117,8 +125,7 @@ absl::StatusOr<std::unique_ptr<C10dStoreClient>> C10dStoreClient::Connect(const 
   }
   return absl::UnavailableError(absl::StrCat(
       "cannot connect to the TCPStore at ", where, " within ", ToSeconds(timeout),
-      "s: ", last_error,
-      "; check that the store is running and that --master_addr/--master_port are right"));
+      "s: ", last_error, "; ", fix));
 }
 
 C10dStoreClient::C10dStoreClient(int fd, std::string where) : fd_(fd), where_(std::move(where)) {}

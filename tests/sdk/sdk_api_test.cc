@@ -62,6 +62,7 @@ TEST_CASE("Python module under ddprun: collectives, Reducer, torch tensors, bad 
       Harness h;
       EnvList env = PythonEnv(c.shm);
       env.push_back({"SDK_CHECK_DIR", h.dir()});
+      env.push_back({"SDK_EXPECT_TCPSTORE", "1"});  // one node: ddprun's TCPStore, no gRPC
       Proc& p = h.StartDdprun("ddprun", {"--nproc_per_node=" + std::to_string(c.ranks), CheckScript()},
                               env);
       const int rc = h.Wait(p, 120);

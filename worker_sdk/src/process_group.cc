@@ -16,10 +16,12 @@
 #include "absl/strings/str_cat.h"
 #include "backend.h"
 #include "ddp/process_group.h"
+#include "ddprun/rendezvous/c10d_store_client.h"
 #include "ddprun/rendezvous/client.h"
 #include "ddprun/rendezvous/debug_log.h"
 #include "ddprun/rendezvous/errors.h"
 #include "ddprun/rendezvous/host_port.h"
+#include "ddprun/rendezvous/sdk_store_scope.h"
 #include "ddprun/rendezvous/worker_env_names.h"
 #include "group_factory.h"
 #include "status.h"
@@ -68,6 +70,10 @@ constexpr const char* kEnvShm = "DDP_SHM";
 // How long ddp::Init waits for the store's connection before it looks for a
 // refused TLS handshake (a store that is up connects in milliseconds).
 constexpr auto kTlsCheckTimeout = std::chrono::seconds(2);
+// How long ddp::Init tries to connect to the round's TCPStore (at most the
+// group timeout): it listens before the workers start, so a refusal means
+// that the launcher has gone or moved to another round.
+constexpr auto kTcpStoreConnectTimeout = std::chrono::seconds(5);
 
 constexpr const char* kHowToRun =
     "Start the trainer under the launcher, for example:\n"
@@ -100,12 +106,13 @@ absl::StatusOr<std::int64_t> Integer(const char* name, bool required, std::int64
   return out;
 }
 
-// DDPRUN_STORE_ADDR as host and port (a port is required, 0 is not one).
-absl::StatusOr<rdzv::HostPort> StoreAddress(const std::string& text) {
+// DDPRUN_STORE_ADDR (or `name`) as host and port (a port is required, 0 is not one).
+absl::StatusOr<rdzv::HostPort> StoreAddress(const std::string& text,
+                                            const char* name = ddprun::kEnvStoreAddr) {
   auto hp = rdzv::ParseHostPort(text);
   if (!hp.ok()) {
-    return EnvError(absl::StrCat(ddprun::kEnvStoreAddr, "='", text, "' is not host:port (",
-                                 hp.status().message(), ")."));
+    return EnvError(
+        absl::StrCat(name, "='", text, "' is not host:port (", hp.status().message(), ")."));
   }
   return *hp;
 }
@@ -173,6 +180,42 @@ absl::Status Hello(rdzv::Store& store, const WorkerInfo& info, const std::string
   }
   return absl::Status(hello.code(), absl::StrCat(fence, "cannot use the store at ",
                                                  info.store_addr, ": ", hello.message()));
+}
+
+// The job's store when the launcher hosts the rendezvous of a single-node job
+// (DDPRUN_TCPSTORE_ADDR): the round's TCPStore, every key under the job's
+// scope (sdk_store_scope.h), which must hold the job key the agent wrote
+// before it spawned this worker. The TCPStore has no token check of its own:
+// a wrong token only finds an empty scope, so that is where it is refused.
+absl::StatusOr<std::shared_ptr<rdzv::Store>> ConnectTcpStore(const WorkerInfo& info,
+                                                             const std::string& text,
+                                                             const std::string& token,
+                                                             Duration timeout) {
+  DDPRUN_ASSIGN_OR_RETURN(const rdzv::HostPort addr,
+                          StoreAddress(text, ddprun::kEnvTcpStoreAddr));
+  const std::string fence = FenceOf(info);
+  auto client = rdzv::C10dStoreClient::Connect(
+      addr.host, addr.port, std::min<rdzv::Duration>(timeout, kTcpStoreConnectTimeout),
+      "the launcher that started this worker has exited or ended the round; start the worker "
+      "under ddprun, which starts every round's workers itself");
+  if (!client.ok()) {
+    return absl::UnavailableError(absl::StrCat(fence, "cannot reach the job's store (",
+                                               ddprun::kEnvTcpStoreAddr, "=", text, "): ",
+                                               client.status().message()));
+  }
+  auto store = std::make_shared<rdzv::PrefixStore>(
+      rdzv::SdkStoreScope(token, info.round), std::shared_ptr<rdzv::Store>(*std::move(client)));
+  // The key is there before the worker starts: no wait.
+  absl::StatusOr<std::string> job = store->Get(rdzv::kSdkStoreJobKey, Duration::zero());
+  if (job.ok() && *job == info.job_id) return store;
+  if (job.ok() || absl::IsDeadlineExceeded(job.status())) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        fence, "the store at ", text, " holds no job '", info.job_id, "' round ", info.round,
+        " for this ", ddprun::kEnvToken, " (a wrong token or job id, or a round that has "
+        "ended): run the worker under ddprun and leave its DDPRUN_* variables as they are"));
+  }
+  return absl::Status(job.status().code(), absl::StrCat(fence, "cannot use the store at ", text,
+                                                        ": ", job.status().message()));
 }
 
 }  // namespace
@@ -267,6 +310,18 @@ absl::StatusOr<std::shared_ptr<Backend>> InitBackend(const InitOptions& in) {
 
   DDPRUN_ASSIGN_OR_RETURN(const rdzv::HostPort addr, StoreAddress(info.store_addr));
   const char* token = std::getenv(ddprun::kEnvToken);
+  // Every group of this process gets its own key space within the round;
+  // every rank creates its groups in the same order.
+  static std::atomic<int> next_group{0};
+
+  // Which store: the launcher says (docs/sdk.md, "Which store").
+  if (const char* tcp = std::getenv(ddprun::kEnvTcpStoreAddr); tcp != nullptr && *tcp) {
+    DDPRUN_ASSIGN_OR_RETURN(std::shared_ptr<rdzv::Store> store,
+                            ConnectTcpStore(info, tcp, token ? token : "", options.timeout));
+    const std::string prefix = absl::StrCat("ddp/pg", next_group++, "/");
+    DDPRUN_RETURN_IF_ERROR(Hello(*store, info, prefix));
+    return ConnectBackend(info, options, std::move(store), prefix);
+  }
   // TLS as the agent talks it: the files it passed in DDPRUN_TLS_*.
   rdzv::TlsOptions tls_files;
   auto env_or_empty = [](const char* name) {
@@ -314,9 +369,6 @@ absl::StatusOr<std::shared_ptr<Backend>> InitBackend(const InitOptions& in) {
     return absl::Status(st.code(), absl::StrCat(fence, st.message()));
   }
 
-  // Every group of this process gets its own key space within the round;
-  // every rank creates its groups in the same order.
-  static std::atomic<int> next_group{0};
   const std::string prefix = absl::StrCat("ddp/pg", next_group++, "/");
   DDPRUN_RETURN_IF_ERROR(Hello(*store, info, prefix));
   if (replicas.size() > 1) {

@@ -563,6 +563,18 @@ def abort_checks(pg):
     pg.barrier()  # the first group is untouched
 
 
+def store_checks():
+    """Which store (docs/sdk.md): with DDPRUN_TCPSTORE_ADDR (a single-node job; SDK_EXPECT_TCPSTORE=1
+    says the test expects one) init() bootstrapped through ddprun's TCPStore, so ddprun, this
+    worker's parent, has not loaded its gRPC module."""
+    tcp = os.environ.get("DDPRUN_TCPSTORE_ADDR")
+    if os.environ.get("SDK_EXPECT_TCPSTORE") == "1":
+        check(tcp, "no DDPRUN_TCPSTORE_ADDR in a single-node job")
+    if tcp:
+        with open("/proc/%d/maps" % os.getppid()) as f:
+            check("libddprun_grpc" not in f.read(), "ddprun loaded its gRPC module for the SDK")
+
+
 # ---------------------------------------------------------------- main
 
 def main():
@@ -575,6 +587,7 @@ def main():
               "rank/size %d/%d vs RANK/WORLD_SIZE %s/%s" % (rank, world, os.environ["RANK"], os.environ["WORLD_SIZE"]))
         check(pg.local_rank == int(os.environ["LOCAL_RANK"]), "local_rank %d" % pg.local_rank)
         check(pg.round == int(os.environ.get("DDPRUN_ROUND", "0")), "round %d" % pg.round)
+        store_checks()
         shared = os.environ.get("SDK_CHECK_DIR")
         own = shared is None
         if own:

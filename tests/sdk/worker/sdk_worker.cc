@@ -5,17 +5,22 @@
 // time out (DDP_TIMEOUT_SEC is short there), so a failure never hangs.
 //
 // The group is created once per process (ddp::Init is per round).
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -603,5 +608,105 @@ TEST_CASE("store failover: groups bootstrap again and again while a replica dies
   }
   if (progress != nullptr) {
     std::ofstream(std::string(progress) + "/done." + std::to_string(rank)) << iterations << "\n";
+  }
+}
+
+// ---- Which store (docs/sdk.md, "Which store"); tests/sdk/tcp_store_test.cc ----
+
+namespace {
+
+// Waits up to 60 s for `path` to exist (a step of the test process).
+bool AwaitFile(const std::string& path) {
+  for (int i = 0; i < 6000; ++i) {
+    if (::access(path.c_str(), F_OK) == 0) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+// Written whole, then renamed: the test process never reads half a file.
+void WriteFileAtomically(const std::string& path, const std::string& text) {
+  std::ofstream(path + ".tmp") << text;
+  REQUIRE(std::rename((path + ".tmp").c_str(), path.c_str()) == 0);
+}
+
+void AllreduceRanks(ddp::ProcessGroup& pg) {
+  const int w = pg.size();
+  std::vector<std::int64_t> v(1000, pg.rank() + 1);
+  pg.Allreduce(std::span<std::int64_t>(v)).Wait();
+  REQUIRE(v.front() == w * (w + 1) / 2);
+  REQUIRE(v.back() == w * (w + 1) / 2);
+}
+
+}  // namespace
+
+TEST_CASE("the launcher says which store: its TCPStore on one node, without gRPC", "[store-kind]") {
+  const char* expect = std::getenv("SDK_EXPECT_TCPSTORE");
+  REQUIRE(expect != nullptr);
+  const char* tcp = std::getenv("DDPRUN_TCPSTORE_ADDR");
+  auto& pg = Group();
+  AllreduceRanks(*pg);
+  pg->Barrier().Wait();
+  if (std::string(expect) == "1") {
+    REQUIRE(tcp != nullptr);
+    REQUIRE(std::string(tcp).rfind("127.0.0.1:", 0) == 0);
+    // The launcher (this worker's parent) has not loaded its gRPC module.
+    std::ifstream in("/proc/" + std::to_string(::getppid()) + "/maps");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const std::string maps = ss.str();
+    REQUIRE(!maps.empty());
+    REQUIRE(maps.find("libddprun_grpc") == std::string::npos);
+  } else {
+    REQUIRE(tcp == nullptr);  // several nodes: the gRPC Store
+  }
+}
+
+TEST_CASE("a stranger on the job's TCPStore can neither read nor change the job's keys",
+          "[stranger]") {
+  // The steps, with the test process (the stranger) in SDK_STRANGER_DIR:
+  // group 0 bootstraps; rank 0 names the store in `addr`; the stranger reads
+  // what it can and plants decoys at the names the next group's keys have
+  // within the job's scope (`planted`); group 1 bootstraps and all-reduces;
+  // rank 0 says so (`bootstrapped`); the stranger finds its decoys untouched
+  // (`checked`).
+  const char* dir_env = std::getenv("SDK_STRANGER_DIR");
+  REQUIRE(dir_env != nullptr);
+  const std::string dir = dir_env;
+  auto& pg = Group();
+  AllreduceRanks(*pg);
+  if (pg->rank() == 0) WriteFileAtomically(dir + "/addr", std::getenv("DDPRUN_TCPSTORE_ADDR"));
+  REQUIRE(AwaitFile(dir + "/planted"));
+  auto pg1 = ddp::Init();
+  AllreduceRanks(*pg1);
+  pg1->Barrier().Wait();
+  if (pg1->rank() == 0) WriteFileAtomically(dir + "/bootstrapped", "1");
+  REQUIRE(AwaitFile(dir + "/checked"));
+}
+
+TEST_CASE("the job's TCPStore gone: a connection error naming DDPRUN_TCPSTORE_ADDR",
+          "[tcpstore-gone]") {
+  // A port nobody listens on (bound, then closed).
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  socklen_t len = sizeof(a);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  ::close(fd);
+  const std::string addr = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  ::setenv("DDPRUN_TCPSTORE_ADDR", addr.c_str(), 1);
+  try {
+    ddp::Init();
+    FAIL("Init reached a store that is not there");
+  } catch (const ddp::ConnectionError& e) {
+    const std::string what = e.what();
+    INFO(what);
+    REQUIRE(what.find("cannot reach the job's store (DDPRUN_TCPSTORE_ADDR=" + addr) !=
+            std::string::npos);
+    REQUIRE(what.find("[job ") == 0);
+    REQUIRE(what.find('\n') == std::string::npos);
   }
 }

@@ -260,8 +260,15 @@ class InProcessSession final : public RendezvousSession {
     ScheduleTick();
   }
 
+  absl::StatusOr<std::string> OpenSdkStore(const rendezvous::Assignment& a) override {
+    if (sdk_store) return sdk_store(a);
+    return std::string();
+  }
+
   absl::Status open_status;
   std::vector<rendezvous::Outcome> reports;
+  // OpenSdkStore's answer for a round (unset: "", the gRPC Store).
+  std::function<absl::StatusOr<std::string>(const rendezvous::Assignment&)> sdk_store;
 
  private:
   void Deliver(const std::vector<rendezvous::Delivery>& out) {

@@ -93,6 +93,39 @@ TEST_CASE("Agent: every worker exits 0 -> exit 0", "[unit][agent]") {
   }
 }
 
+TEST_CASE("Agent: the session's TCPStore for each round reaches the workers, or fails the spawn",
+          "[unit][agent]") {
+  SimWorld world;
+  world.script = [](int, int local, int restart) -> absl::StatusOr<Behaviour> {
+    if (restart == 0) return local == 1 ? ExitsAfter(100, 3) : Runs();
+    return ExitsAfter(50, 0);
+  };
+  auto r = RunAgent(world, Options(2, 1), [](InProcessSession& s) {
+    s.sdk_store = [](const rendezvous::Assignment& a) -> absl::StatusOr<std::string> {
+      return "127.0.0.1:" + std::to_string(1000 + a.round);
+    };
+  });
+  INFO(r.err);
+  CHECK(r.rc == kExitSuccess);
+  REQUIRE(world.rec.spawns.size() == 4);
+  CHECK(world.rec.spawns[0].env.at("DDPRUN_TCPSTORE_ADDR") ==
+        world.rec.spawns[1].env.at("DDPRUN_TCPSTORE_ADDR"));
+  // The restart's round has a store of its own.
+  CHECK(world.rec.spawns[2].env.at("DDPRUN_TCPSTORE_ADDR") !=
+        world.rec.spawns[0].env.at("DDPRUN_TCPSTORE_ADDR"));
+
+  SimWorld failing;
+  failing.script = [](int, int, int) -> absl::StatusOr<Behaviour> { return ExitsAfter(50, 0); };
+  auto f = RunAgent(failing, Options(2, 0), [](InProcessSession& s) {
+    s.sdk_store = [](const rendezvous::Assignment&) -> absl::StatusOr<std::string> {
+      return absl::ResourceExhaustedError("the store is full");
+    };
+  });
+  CHECK(f.rc != kExitSuccess);
+  CHECK(failing.rec.spawns.empty());
+  CHECK(f.err.find("cannot prepare the workers' store: the store is full") != std::string::npos);
+}
+
 TEST_CASE("Agent: a failure within the restart budget restarts every worker", "[unit][agent]") {
   SimWorld world;
   // First attempt: local rank 1 exits 3, local rank 0 runs until stopped.

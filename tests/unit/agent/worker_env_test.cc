@@ -80,6 +80,18 @@ TEST_CASE("BuildWorkerEnv: replicas are passed in DDPRUN_STORE_REPLICAS, never i
   CHECK(env.at(kEnvStoreAddr) == "10.0.0.1:29400");  // the one the agent joined through
 }
 
+TEST_CASE("BuildWorkerEnv: DDPRUN_TCPSTORE_ADDR only when the session names a TCPStore",
+          "[unit]") {
+  Fixture f;
+  // The gRPC Store (several nodes, TLS, ddprund): unset, also when inherited
+  // from an outer job.
+  CHECK(BuildWorkerEnv({{kEnvTcpStoreAddr, "127.0.0.1:1"}}, f.in, 0).count(kEnvTcpStoreAddr) == 0);
+  f.in.tcp_store = "127.0.0.1:40001";
+  Env env = BuildWorkerEnv({{kEnvTcpStoreAddr, "127.0.0.1:1"}}, f.in, 0);
+  CHECK(env.at(kEnvTcpStoreAddr) == "127.0.0.1:40001");
+  CHECK(env.at(kEnvStoreAddr) == "10.0.0.1:29400");  // still there: ddprun status, top
+}
+
 TEST_CASE("BuildWorkerEnv: RANK is base rank plus local rank for each local rank", "[unit]") {
   Fixture f;
   f.assignment.base_rank = 8;

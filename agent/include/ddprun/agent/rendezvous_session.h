@@ -86,6 +86,16 @@ class RendezvousSession {
       const rendezvous::MetricsReport& report, rendezvous::Duration timeout) {
     return absl::UnimplementedError("this rendezvous session has no monitoring");
   }
+  // Before the round's workers are spawned: the TCPStore their SDK
+  // bootstraps through (DDPRUN_TCPSTORE_ADDR), once the round's job key is
+  // written there (rendezvous/sdk_store_scope.h); "" (the default): the gRPC
+  // Store at endpoint(). Only the in-process session answers one: its job can
+  // only ever have this node, so the round's store is this process's and
+  // every worker reaches it on loopback; the gRPC session's jobs (several
+  // nodes, TLS, replicas, static) keep the gRPC Store.
+  virtual absl::StatusOr<std::string> OpenSdkStore(const rendezvous::Assignment&) {
+    return std::string();
+  }
   // The round's workers have been spawned. A session starts here what the
   // workers do not need before they run (the in-process rendezvous: its
   // acceptor and its hub's ticker), so that those threads are not started

@@ -21,6 +21,7 @@ struct WorkerEnvInputs {
   const AgentOptions* options = nullptr;
   const rendezvous::Assignment* assignment = nullptr;
   std::string store_endpoint;  // host:port of the gRPC Store for DDPRUN_STORE_ADDR
+  std::string tcp_store;       // DDPRUN_TCPSTORE_ADDR ("": unset, the SDK uses the gRPC Store)
   std::string error_file;      // TORCHELASTIC_ERROR_FILE ("" when no log dir)
   std::string host;            // this node's advertised address
 };

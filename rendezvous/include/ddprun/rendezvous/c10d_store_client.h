@@ -30,6 +30,11 @@ class C10dStoreClient final : public Store {
   // gets at least 5 s). Unavailable, naming host:port and the last error.
   static absl::StatusOr<std::unique_ptr<C10dStoreClient>> Connect(const std::string& host, int port,
                                                                   Duration timeout);
+  // The same, ending the error with `fix` (what the caller's user should do)
+  // instead of the default's advice about --master_addr/--master_port.
+  static absl::StatusOr<std::unique_ptr<C10dStoreClient>> Connect(const std::string& host, int port,
+                                                                  Duration timeout,
+                                                                  const std::string& fix);
   // The same with the timeout in seconds, as flags give it.
   static absl::StatusOr<std::unique_ptr<C10dStoreClient>> Connect(const std::string& host, int port,
                                                                   double timeout_s);

@@ -7,6 +7,11 @@
 namespace ddprun {
 
 inline constexpr const char* kEnvStoreAddr = "DDPRUN_STORE_ADDR";  // host:port of the gRPC Store
+// host:port of the round's TCPStore (the agent's C10dStoreServer), set only
+// when the SDK bootstraps there instead of the gRPC Store: a single-node job
+// whose rendezvous runs inside the launcher (docs/sdk.md, "Which store").
+// Unset (erased, never inherited): the gRPC Store at DDPRUN_STORE_ADDR.
+inline constexpr const char* kEnvTcpStoreAddr = "DDPRUN_TCPSTORE_ADDR";
 // Replicated control plane (docs/ha.md): every ddprund replica the agent
 // knows, "h1:p1,h2:p2,..." (its --rdzv_endpoint list); unset with one daemon.
 // The SDK's store starts at DDPRUN_STORE_ADDR and moves on through this list
