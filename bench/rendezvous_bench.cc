@@ -241,6 +241,9 @@ SimulatedJobOptions Job(int n, const std::string& id) {
   SimulatedJobOptions o;
   o.job_id = id;
   o.nodes = n;
+  // DDPRUN_BENCH_CHANNELS=C: the agents share C connections instead of 64
+  // (C = N: each agent on a connection of its own, as N hosts are).
+  if (const char* c = std::getenv("DDPRUN_BENCH_CHANNELS"); c && *c) o.channels = std::atoi(c);
   return o;
 }
 
