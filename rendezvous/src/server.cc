@@ -100,11 +100,14 @@ using RendezvousAsyncJoin =
 
 // Join streams are spread over this many completion queues, each drained by
 // a thread of its own: a completion scans the tags of its queue only. One
-// per core, at most 8: each further queue adds thread wake-ups (a completion
-// is handed to its queue's thread), and on this 2-core machine 4 queues
-// measured more CPU and context switches than 2 (docs/benchmarks.md).
+// per two cores, at least 1 and at most 8: each queue's thread also polls the
+// network, as do gRPC's own threads of the callback queue (one per core), and
+// a completion found by another thread is handed over with a wake-up. On
+// this 2-core machine 4 queues measured more CPU and context switches than 2,
+// and 1 less server CPU than 2 (rendezvous_bench --split 16384: 690-770 ms
+// against 760-1000; docs/benchmarks.md).
 static int JoinQueueCount() {
-  return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
+  return static_cast<int>(std::clamp(std::thread::hardware_concurrency() / 2, 1u, 8u));
 }
 // Join calls requested in advance on each queue (how many agents' streams
 // can be accepted at once before the next request is posted).
