@@ -51,13 +51,8 @@ struct Keepalive {
 constexpr Keepalive kFailoverKeepalive{1000, 500};
 // Every other channel: agents of one ddprund or of an agent-hosted rendezvous,
 // `ddprun status`, workers' store calls (GrpcStore, whose calls have deadlines
-// and move on to the next replica by themselves). They have nowhere else to
-// go, so a busy server is waited for as long as ddprund's default lease waits
-// for a silent agent (4 s): with 1 s, a round of 16384 agents, each on a
-// connection of its own, lost agents to the keepalive watchdog while the
-// daemon formed it on 2 cores (docs/benchmarks.md, "Rendezvous, fifth
-// session"). A silent ddprund is noticed 1-5 s after it went silent.
-constexpr Keepalive kPatientKeepalive{1000, 4000};
+// and move on to the next replica by themselves).
+constexpr Keepalive kPatientKeepalive{1000, 1000};
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const TlsConfig& tls,
                                            Keepalive keepalive) {

@@ -33,9 +33,8 @@ class JoinStream {
 // How soon a client gives up on a server gone silent (a host lost, a network
 // cut): gRPC keepalive pings each second while a call is open, then waits this
 // long for the answer. kFailover (500 ms) is for agents that list ddprund
-// replicas and have somewhere else to go (docs/ha.md); kPatient (4 s, the
-// daemon's default lease) for the rest, where a loaded server slow to answer
-// is better waited for.
+// replicas and have somewhere else to go (docs/ha.md); kPatient (1 s) for the
+// rest, where a loaded server slow to answer is better waited for.
 enum class SilenceTimeout { kPatient, kFailover };
 
 class RendezvousClient {
