@@ -23,6 +23,11 @@
 //
 // Like ddprund, the bench keeps freed heap for reuse (server_heap.h);
 // DDPRUN_BENCH_GLIBC_HEAP=1 in the environment leaves glibc's defaults.
+// DDPRUN_BENCH_CHANNELS=C: the simulated agents share C connections (default
+// 64; C = N gives each agent a connection of its own, as N hosts have: raise
+// the open-file limit, each side holds N sockets).
+// DDPRUN_BENCH_SERVER_TUNABLES=T: the server's process of --split and
+// --memory runs with GLIBC_TUNABLES=T (configs/ddprund.service's heap).
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -120,6 +125,11 @@ class ServerProcess {
       dup2(from_child[1], 1);
       close(to_child[1]);
       close(from_child[0]);
+      // DDPRUN_BENCH_SERVER_TUNABLES=T: the server process (alone) runs with
+      // GLIBC_TUNABLES=T, as configs/ddprund.service starts ddprund.
+      if (const char* t = std::getenv("DDPRUN_BENCH_SERVER_TUNABLES"); t && *t) {
+        setenv("GLIBC_TUNABLES", t, 1);
+      }
       execl("/proc/self/exe", "rendezvous_bench", "--serve", nullptr);
       _exit(127);
     }
@@ -241,6 +251,9 @@ SimulatedJobOptions Job(int n, const std::string& id) {
   SimulatedJobOptions o;
   o.job_id = id;
   o.nodes = n;
+  // DDPRUN_BENCH_CHANNELS=C: the agents share C connections instead of 64
+  // (C = N: each agent on a connection of its own, as N hosts are).
+  if (const char* c = std::getenv("DDPRUN_BENCH_CHANNELS"); c && *c) o.channels = std::atoi(c);
   return o;
 }
 

@@ -64,6 +64,14 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const TlsC
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, keepalive.timeout_ms);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // No bandwidth-delay-product probing: gRPC would send a PING whenever data
+  // arrives (and answer the peer's) to size its flow-control windows for bulk
+  // transfers. Our messages are small (an Assignment, a store value), so the
+  // windows stay at HTTP/2's 64 KiB, and a 16k-node round is not 16k more
+  // ping/ack pairs on the daemon (docs/benchmarks.md, "Rendezvous, fifth
+  // session"). A store value larger than 64 KiB takes a window update per
+  // 64 KiB instead.
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   // Reconnect quickly when a server comes up.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);

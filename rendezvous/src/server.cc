@@ -15,9 +15,9 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <iostream>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -100,11 +100,14 @@ using RendezvousAsyncJoin =
 
 // Join streams are spread over this many completion queues, each drained by
 // a thread of its own: a completion scans the tags of its queue only. One
-// per core, at most 8: each further queue adds thread wake-ups (a completion
-// is handed to its queue's thread), and on this 2-core machine 4 queues
-// measured more CPU and context switches than 2 (docs/benchmarks.md).
+// per two cores, at least 1 and at most 8: each queue's thread also polls the
+// network, as do gRPC's own threads of the callback queue (one per core), and
+// a completion found by another thread is handed over with a wake-up. On
+// this 2-core machine 4 queues measured more CPU and context switches than 2,
+// and 1 less server CPU than 2 (rendezvous_bench --split 16384: 690-770 ms
+// against 760-1000; docs/benchmarks.md).
 static int JoinQueueCount() {
-  return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
+  return static_cast<int>(std::clamp(std::thread::hardware_concurrency() / 2, 1u, 8u));
 }
 // Join calls requested in advance on each queue (how many agents' streams
 // can be accepted at once before the next request is posted).
@@ -290,7 +293,7 @@ class JoinCall final {
     if (finishing_) return;
     if (!queue_.empty()) {
       current_ = std::move(queue_.front());
-      queue_.pop_front();
+      queue_.erase(queue_.begin());
       writing_ = true;
       writer_.Write(current_, &write_tag_);
       return;
@@ -313,7 +316,10 @@ class JoinCall final {
   MemberTag<JoinCall, &JoinCall::OnDone> done_tag_{this};
   std::shared_ptr<Sink> sink_;
   std::string job_id_, node_id_;
-  std::deque<pb::RoundEvent> queue_;
+  // Events not yet written, oldest first: rarely more than one (an
+  // Assignment, then RestartRound or the end). A vector allocates nothing
+  // until the first; a deque took ~600 bytes per open stream up front.
+  std::vector<pb::RoundEvent> queue_;
   pb::RoundEvent current_;
   bool writing_ = false;  // a Write or the Finish is outstanding
   bool terminal_queued_ = false;
@@ -609,6 +615,10 @@ absl::Status RendezvousServer::Impl::Start() {
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 500);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  // No BDP probing (client.cc's MakeChannel says why): with it, a connection
+  // that receives data sends a PING and answers the peer's, 3 more syscalls
+  // per agent on the daemon when each agent has a connection of its own.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   builder.RegisterService(rdzv_service_.get());
