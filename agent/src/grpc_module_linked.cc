@@ -39,6 +39,9 @@ const GrpcModule kLinked = [] {
   GrpcModule m;
   m.make_session = &MakeGrpcRendezvousSession;
   m.serve_table = &ServeTable;
+  m.check_client_tls = [](const rendezvous::TlsOptions& options) {
+    return rendezvous::LoadClientTls(options).status();
+  };
   return m;  // run_status_command: the launcher's, added by the module's entry
 }();
 

@@ -8,7 +8,6 @@
 #include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <openssl/evp.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -33,6 +32,7 @@
 #include "absl/strings/strip.h"
 #include "ddprun/agent/host.h"
 #include "ddprun/launcher/cli.h"
+#include "ddprun/launcher/sha256.h"
 
 extern char** environ;
 
@@ -253,21 +253,10 @@ class RealProbe final : public SystemProbe {
       if (err == ENOENT) return absl::NotFoundError("no such file");
       return absl::PermissionDeniedError(Errno(err));
     }
-    EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-    EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
+    Sha256 sha;
     char buf[1 << 16];
-    while (in.read(buf, sizeof buf) || in.gcount() > 0) EVP_DigestUpdate(ctx, buf, in.gcount());
-    unsigned char md[EVP_MAX_MD_SIZE];
-    unsigned md_len = 0;
-    EVP_DigestFinal_ex(ctx, md, &md_len);
-    EVP_MD_CTX_free(ctx);
-    std::string hex;
-    static constexpr char kHex[] = "0123456789abcdef";
-    for (unsigned i = 0; i < md_len; ++i) {
-      hex += kHex[md[i] >> 4];
-      hex += kHex[md[i] & 15];
-    }
-    return hex;
+    while (in.read(buf, sizeof buf) || in.gcount() > 0) sha.Update(buf, in.gcount());
+    return sha.HexDigest();
   }
 
   PythonVersions Python(const std::string& python, Millis timeout) override;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "ddprun/agent/cpu_binding.h"
+#include "ddprun/agent/grpc_module.h"
 #include "ddprun/rendezvous/host_port.h"
 #include "ddprun/rendezvous/job_id.h"
 #include "ddprun/rendezvous/status_macros.h"
@@ -39,7 +40,13 @@ absl::Status ResolveTls(const FlagTable& flags, rendezvous::TlsOptions& tls) {
   take("tls_ca", tls.ca_file, tls.names.ca);
   take("tls_cert", tls.cert_file, tls.names.cert);
   take("tls_key", tls.key_file, tls.names.key);
-  if (absl::Status st = rendezvous::LoadClientTls(tls).status(); !st.ok()) {
+  if (tls.ca_file.empty() && tls.cert_file.empty() && tls.key_file.empty()) {
+    return absl::OkStatus();
+  }
+  // The checks use OpenSSL, which only the gRPC module links (grpc_module.h);
+  // a job with TLS files loads it for its channel anyway.
+  DDPRUN_ASSIGN_OR_RETURN(const agent::GrpcModule* module, agent::LoadGrpcModule());
+  if (absl::Status st = module->check_client_tls(tls); !st.ok()) {
     return UsageError(st.message());
   }
   return absl::OkStatus();

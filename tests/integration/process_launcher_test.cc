@@ -115,12 +115,14 @@ TEST_CASE("Boost launcher: empty signal mask, default dispositions, stdout to a 
           "[integration]") {
   BlockAgentSignals();
   ::signal(SIGUSR1, SIG_IGN);  // an ignored signal would survive exec without the reset
+  ::signal(SIGRTMIN + 5, SIG_IGN);  // and one above 32 (the upper half of the mask)
   auto launcher = MakeBoostProcessLauncher();
   const std::string out = TempPath("sigmask");
   ::unlink(out.c_str());
   auto c = MustSpawn(*launcher, {"grep", "-E", "^Sig(Blk|Ign)", "/proc/self/status"},
                      MinimalEnv(), out);
   ::signal(SIGUSR1, SIG_DFL);
+  ::signal(SIGRTMIN + 5, SIG_DFL);
   auto st = WaitExit(*c);
   REQUIRE(st);
   CHECK(st->ok());
@@ -135,6 +137,7 @@ TEST_CASE("Boost launcher: empty signal mask, default dispositions, stdout to a 
   const unsigned long long ignored = std::stoull(text.substr(pos + 8, 16), nullptr, 16);
   CHECK((ignored & 0x7fffffffULL) == 0);
   CHECK((ignored & (1ULL << (SIGUSR1 - 1))) == 0);
+  CHECK((ignored & (1ULL << (SIGRTMIN + 5 - 1))) == 0);
 }
 
 TEST_CASE("Boost launcher: missing or non-executable programs are errors, not exceptions",

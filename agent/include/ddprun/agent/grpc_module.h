@@ -21,10 +21,11 @@
 #include "ddprun/rendezvous/clock.h"
 #include "ddprun/rendezvous/job_table.h"
 #include "ddprun/rendezvous/metrics_hub.h"
+#include "ddprun/rendezvous/tls.h"
 
 namespace ddprun::agent {
 
-inline constexpr int kGrpcModuleVersion = 2;
+inline constexpr int kGrpcModuleVersion = 3;
 // The module's one exported symbol: `const GrpcModule* ddprun_grpc_module()`.
 inline constexpr const char* kGrpcModuleEntry = "ddprun_grpc_module";
 
@@ -56,6 +57,12 @@ struct GrpcModule {
   absl::StatusOr<std::unique_ptr<ServedTable>> (*serve_table)(rendezvous::JobTable& table,
                                                               rendezvous::MetricsHub& hub,
                                                               int port) = nullptr;
+  // rendezvous::LoadClientTls's checks of the PEM files (readable, PEM,
+  // key matching the certificate, currently valid): OpenSSL lives here, so
+  // that bin/ddprun neither loads libcrypto nor applies its relocations at
+  // every start; only a job given TLS files calls it (it needs the module
+  // for its gRPC channel anyway). Error: LoadClientTls's one line.
+  absl::Status (*check_client_tls)(const rendezvous::TlsOptions& options) = nullptr;
   // `ddprun status ...` (launcher/src/status_command.cc).
   CommandFn run_status_command = nullptr;
   // `ddprun top ...` (launcher/src/top_command.cc).
