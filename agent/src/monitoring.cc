@@ -32,18 +32,24 @@ bool IsHookDir(const std::string& dir) {
          ::access((dir + "/ddprun_metrics.py").c_str(), R_OK) == 0;
 }
 
-// A memfd holding `bytes`; -1 on failure. Its trailing zeros are a hole
-// (ftruncate), not written: the 34 KiB channel is ~600 bytes of header and
-// zeros, so a worker that never reports costs one page, not nine (tmpfs
-// reads a hole as zeros, the worker's mapping faults its pages in).
-int MakeFile(const std::string& name, const std::string& bytes) {
+// The length of `bytes` without its trailing zeros.
+std::size_t WithoutTrailingZeros(const std::string& bytes) {
+  return bytes.find_last_not_of('\0') + 1;  // npos + 1 == 0: all zeros
+}
+
+// A memfd holding `bytes`, of which only the first `end` may be non-zero
+// (WithoutTrailingZeros, computed once per round rather than scanning 34 KiB
+// per worker); -1 on failure. The trailing zeros are a hole (ftruncate), not
+// written: the 34 KiB channel is ~600 bytes of header and zeros, so a worker
+// that never reports costs one page, not nine (tmpfs reads a hole as zeros,
+// the worker's mapping faults its pages in).
+int MakeFile(const std::string& name, const std::string& bytes, std::size_t end) {
   const int fd = ::memfd_create(name.c_str(), MFD_CLOEXEC);
   if (fd < 0) return -1;
   if (!bytes.empty() && ::ftruncate(fd, static_cast<off_t>(bytes.size())) != 0) {
     ::close(fd);
     return -1;
   }
-  const std::size_t end = bytes.find_last_not_of('\0') + 1;  // npos + 1 == 0: all zeros
   std::size_t done = 0;
   while (done < end) {
     const ssize_t n = ::pwrite(fd, bytes.data() + done, end - done, static_cast<off_t>(done));
@@ -126,10 +132,12 @@ void Monitoring::BeginRound(const rdzv::Assignment& a) {
   round_ = a;
   std::vector<MonitoredWorker> workers;
   const std::string initial = rdzv::InitialChannelBytes();
+  const std::size_t initial_end = WithoutTrailingZeros(initial);
   for (int j = 0; j < a.local_world_size; ++j) {
     Files f;
-    f.channel_fd = MakeFile(absl::StrCat("ddprun-metrics-rank", a.base_rank + j), initial);
-    f.stack_fd = MakeFile(absl::StrCat("ddprun-stack-rank", a.base_rank + j), "");
+    f.channel_fd =
+        MakeFile(absl::StrCat("ddprun-metrics-rank", a.base_rank + j), initial, initial_end);
+    f.stack_fd = MakeFile(absl::StrCat("ddprun-stack-rank", a.base_rank + j), "", 0);
     files_.push_back(f);
     MonitoredWorker w;
     w.rank = a.base_rank + j;
