@@ -146,7 +146,7 @@ absl::StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& a
     for (const auto& [dest, value] : job->FlagValues()) flags.SetFile(dest, value);
     const PlacementInput in{flags.Get("nnodes"), flags.Get("node_rank"), flags.Get("rdzv_endpoint"),
                             flags.Get("local_addr"), flags.Get("rdzv_backend")};
-    DDPRUN_ASSIGN_OR_RETURN(Placement placed, ResolvePlacement(*job, in, env, host.names));
+    DDPRUN_ASSIGN_OR_RETURN(Placement placed, ResolvePlacement(*job, in, env, HostNames(host)));
     for (const auto& [dest, value] : placed.values) flags.SetResolved(dest, value);
     out.warnings.insert(out.warnings.end(), placed.warnings.begin(), placed.warnings.end());
     placement_summary = placed.summary;

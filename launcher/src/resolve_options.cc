@@ -69,18 +69,22 @@ absl::Status ResolveShape(const ResolveContext& ctx, ParsedCommand& out) {
     case NprocSpec::Kind::kCpu:
       o.nproc_per_node = cpus;
       break;
-    case NprocSpec::Kind::kAuto:
-      o.nproc_per_node = ctx.host.gpu_count > 0 ? ctx.host.gpu_count : cpus;
+    case NprocSpec::Kind::kAuto: {
+      const int gpus = GpuCount(ctx.host);
+      o.nproc_per_node = gpus > 0 ? gpus : cpus;
       break;
-    case NprocSpec::Kind::kGpu:
-      if (ctx.host.gpu_count <= 0) {
+    }
+    case NprocSpec::Kind::kGpu: {
+      const int gpus = GpuCount(ctx.host);
+      if (gpus <= 0) {
         return UsageError(absl::StrCat(
             flags.Get("nproc_per_node").Name("--nproc_per_node"),
             "=gpu but no GPU found (no /proc/driver/nvidia/gpus entries or /dev/nvidia<N> "
             "devices); pass a number of workers, 'cpu' or 'auto'"));
       }
-      o.nproc_per_node = ctx.host.gpu_count;
+      o.nproc_per_node = gpus;
       break;
+    }
   }
 
   const Knob& restarts = KnobNamed("max_restarts");
@@ -110,7 +114,9 @@ absl::Status ResolveShape(const ResolveContext& ctx, ParsedCommand& out) {
   o.cpu_bind = *agent::CpuBindFromName(cpu_bind);
   // Checked here, once, so that a policy this node cannot meet is a usage
   // error before anything starts (the agent plans again at every spawn).
-  if (auto plan = agent::PlanCpuBinding(o.cpu_bind, o.nproc_per_node, ctx.host.cpu_topology);
+  if (auto plan = agent::PlanCpuBinding(
+          o.cpu_bind, o.nproc_per_node,
+          o.cpu_bind == agent::CpuBind::kNone ? agent::CpuTopology{} : CpuTopologyOf(ctx.host));
       !plan.ok()) {
     return UsageError(absl::StrCat(flags.Get("cpu_bind").Name("--cpu_bind"), "=", cpu_bind,
                                    ": ", plan.status().message()));

@@ -186,6 +186,43 @@ TEST_CASE("--nproc_per_node forms", "[unit]") {
   }
 }
 
+TEST_CASE("the host's probes run only when the command line needs their fact", "[unit]") {
+  // ProbeHost() sets probes; a plain `--nproc_per_node=N` job must read none
+  // of them (each is a system walk at every start: netlink, /dev, sysfs).
+  int gpu_probes = 0, name_probes = 0, topology_probes = 0;
+  HostFacts host = Host(6, 0);
+  host.probe_gpu_count = [&] { ++gpu_probes; return 3; };
+  host.probe_names = [&] { ++name_probes; return std::vector<std::string>{"n0"}; };
+  host.probe_cpu_topology = [&] {
+    ++topology_probes;
+    agent::CpuTopology t;
+    t.cores = {{0}, {1}, {2}, {3}};
+    t.core_numa = {0, 0, 0, 0};
+    return t;
+  };
+  CHECK(Ok({"--nproc_per_node=4", S().Path("train.py")}, BaseEnv(), host).options.nproc_per_node ==
+        4);
+  CHECK(gpu_probes == 0);
+  CHECK(name_probes == 0);
+  CHECK(topology_probes == 0);
+  // The probe wins over the field (which ProbeHost leaves at its default).
+  CHECK(Ok({"--nproc_per_node=gpu", S().Path("train.py")}, BaseEnv(), host)
+            .options.nproc_per_node == 3);
+  CHECK(gpu_probes == 1);
+  CHECK(Ok({"--nproc_per_node=auto", S().Path("train.py")}, BaseEnv(), host)
+            .options.nproc_per_node == 3);
+  CHECK(gpu_probes == 2);
+  CHECK(Ok({"--nproc_per_node=4", "--cpu_bind=core", S().Path("train.py")}, BaseEnv(), host)
+            .options.nproc_per_node == 4);
+  CHECK(topology_probes == 1);
+  // Five workers on the probe's four cores: refused, so the probe's answer
+  // was used (the field's empty topology binds nothing and accepts).
+  CHECK_THAT(Err({"--nproc_per_node=5", "--cpu_bind=core", S().Path("train.py")}, BaseEnv(), host),
+             Contains("only 4 core(s)"));
+  CHECK(topology_probes == 2);
+  CHECK(name_probes == 0);
+}
+
 TEST_CASE("--nnodes forms", "[unit]") {
   auto fixed = Ok({"--nnodes=3", "--rdzv_endpoint=h", S().Path("train.py")});
   CHECK(fixed.options.min_nodes == 3);

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -64,6 +65,12 @@ struct ParsedCommand {
 };
 
 // Facts about this machine that --nproc_per_node=cpu|gpu|auto depend on.
+// Tests set the fields. ProbeHost() sets the probes instead, which read the
+// machine only when the command line needs the fact: the names are a netlink
+// dump, the GPUs a /dev scan, the topology two sysfs files per core, ~1 ms of
+// a launch's start in all (docs/launch.md, "Sixth pass"), and a plain
+// `--nproc_per_node=8` job needs none of them. Read through the functions
+// below, which prefer a probe when there is one.
 struct HostFacts {
   int cpu_count = 1;
   int gpu_count = 0;
@@ -72,9 +79,16 @@ struct HostFacts {
   std::vector<std::string> names;
   // The cores ddprun may use (its affinity mask), for --cpu_bind.
   agent::CpuTopology cpu_topology;
+  std::function<int()> probe_gpu_count;
+  std::function<std::vector<std::string>()> probe_names;
+  std::function<agent::CpuTopology()> probe_cpu_topology;
 };
+int GpuCount(const HostFacts& host);
+std::vector<std::string> HostNames(const HostFacts& host);
+agent::CpuTopology CpuTopologyOf(const HostFacts& host);
 
-// The real machine: hardware threads, CountNvidiaGpus() and ProbeHostNames().
+// The real machine: hardware threads now; CountNvidiaGpus(), ProbeHostNames()
+// and ReadCpuTopology() as probes.
 HostFacts ProbeHost();
 
 // Counts NVIDIA GPUs without loading CUDA: the entries of proc_gpus_dir
