@@ -324,8 +324,15 @@ TEST_CASE("worker logs: the temporary directory goes unless it holds logs", "[un
     std::string ef;
     REQUIRE(logs.Prepare(0, 0, &spec, &ef).ok());
     logs.AfterSpawn(0);
-    CHECK(ef == dir + "/j/attempt_0/0/error.json");  // TORCHELASTIC_ERROR_FILE always set
-    CHECK(fs::is_directory(dir + "/j/attempt_0/0"));
+    // TORCHELASTIC_ERROR_FILE always set; with only error files in a
+    // temporary directory, they lie flat in it (no per-rank tree).
+    CHECK(ef == dir + "/attempt_0_rank_0_error.json");
+    CHECK(fs::is_directory(dir));
+    CHECK_FALSE(fs::exists(dir + "/j"));
+    std::ofstream(ef) << "{}";  // what torch's error handler writes
+    logs.BeginRound(1);
+    REQUIRE(logs.Prepare(1, 1, &spec, &ef).ok());
+    CHECK(ef == dir + "/attempt_1_rank_1_error.json");
   }
   CHECK_FALSE(fs::exists(dir));  // only error files: removed
   {
@@ -364,7 +371,7 @@ TEST_CASE("worker logs: without TMPDIR, error files only go to tmpfs, logs to /t
     std::string ef;
     REQUIRE(logs.Prepare(0, 0, &spec, &ef).ok());
     logs.AfterSpawn(0);
-    CHECK(ef == dir + "/j/attempt_0/0/error.json");
+    CHECK(ef == dir + "/attempt_0_rank_0_error.json");
   }
   CHECK_FALSE(fs::exists(dir));
   {
