@@ -7,7 +7,10 @@ medians of --reps runs; prints a Markdown table with the ratios.
 
 Peers measured when present: torchrun (torch.distributed.run via
 bench/torchrun_compat.py and Debian's /usr/bin/python3) with its default
-monitor interval and with --monitor_interval=0.1, and mpirun.
+monitor interval and with --monitor_interval=0.1, and mpirun. With a C
+compiler, also the machine's floor: bench/spawn_floor.c, which only
+posix_spawns the N workers and waits for them (the "floor" column; ddprun's
+figure over it is what the launcher itself costs).
 """
 import argparse
 import os
@@ -15,6 +18,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -40,6 +44,17 @@ def torch_python():
     return py if ok else None
 
 
+def build_floor(tmp):
+    """bench/spawn_floor.c compiled into tmp; None without a C compiler."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        return None
+    out = os.path.join(tmp, "spawn_floor")
+    r = subprocess.run([cc, "-O2", "-o", out, os.path.join(HERE, "spawn_floor.c")],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return out if r.returncode == 0 else None
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=5)
@@ -53,6 +68,8 @@ def main():
     true_bin = shutil.which("true")
     py = torch_python()
     mpirun = shutil.which("mpirun")
+    tmp = tempfile.mkdtemp(prefix="launch_latency_")
+    floor = build_floor(tmp)
 
     rows = []
     for n in sizes:
@@ -62,6 +79,8 @@ def main():
         if args.baseline:
             row["baseline"] = median_of(
                 [args.baseline, f"--nproc_per_node={n}", "--no_python", true_bin], args.reps)
+        if floor:
+            row["floor"] = median_of([floor, str(n), true_bin], args.reps)
         if py:
             base = [py, os.path.join(HERE, "torchrun_compat.py"), "--standalone",
                     f"--nproc_per_node={n}", "--no_python"]
@@ -76,19 +95,25 @@ def main():
               file=sys.stderr, flush=True)
 
     print("| N | ddprun | torchrun (5 s monitor) | ratio | torchrun --monitor_interval=0.1 | ratio |"
-          " mpirun | ratio |")
-    print("|---|---|---|---|---|---|---|---|")
+          " mpirun | ratio | floor (spawn_floor.c) | ddprun over it |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    def floor_cell(r):
+        if "floor" not in r:
+            return "n/a | n/a"
+        return f"{r['floor']:.3f} s | +{(r['ddprun'] - r['floor']) * 1000:.1f} ms"
+
     for r in rows:
         def cell(key):
             if key not in r:
                 return "n/a | n/a"
             return f"{r[key]:.3f} s | {r[key] / r['ddprun']:.0f}x"
         print(f"| {r['n']} | {r['ddprun']:.3f} s | {cell('torchrun')} | {cell('torchrun_fast')} |"
-              f" {cell('mpirun')} |")
+              f" {cell('mpirun')} | {floor_cell(r)} |")
     if args.baseline:
         print(f"\nbaseline {args.baseline}, same run: " + ", ".join(
             f"N={r['n']} {r['baseline']:.3f} s ({r['baseline'] / r['ddprun']:.1f}x ddprun)"
             for r in rows))
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
