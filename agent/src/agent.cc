@@ -33,6 +33,7 @@
 #include "ddprun/rendezvous/errors.h"
 #include "ddprun/rendezvous/exit_codes.h"
 #include "ddprun/rendezvous/host_port.h"
+#include "ddprun/rendezvous/status_macros.h"
 
 namespace ddprun::agent {
 namespace {
@@ -242,7 +243,10 @@ class Agent::Impl {
     lo.host = options_.local_addr;
     if (lo.host.empty()) lo.host = ShortHostname();
     logs_ = std::make_unique<WorkerLogs>(std::move(lo));
-    return logs_->Init();
+    DDPRUN_RETURN_IF_ERROR(logs_->Init());
+    // Killed with SIGKILL, the agent cannot remove it; its guard does.
+    if (logs_->holds_only_error_files()) launcher_->RemoveOnDeath(logs_->log_dir());
+    return absl::OkStatus();
   }
 
   // ---------------------------------------------------------- monitoring

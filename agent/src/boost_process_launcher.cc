@@ -316,6 +316,10 @@ class BoostProcessLauncher final : public ProcessLauncher {
     return std::unique_ptr<ChildProcess>(std::make_unique<BoostChild>(pid, guard_.get()));
   }
 
+  void RemoveOnDeath(const std::string& dir) override {
+    if (guard_) guard_->RemoveOnDeath(dir);
+  }
+
  private:
   std::unique_ptr<OrphanGuard> guard_;
 };

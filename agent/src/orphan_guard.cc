@@ -1,5 +1,6 @@
 #include "orphan_guard.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -28,13 +29,16 @@ struct OrphanGuard::Shared {
   int fd;                   // the guard's end of the socket
   int high_water;           // slots [0, high_water) may hold a group
   pid_t slots[kMaxGroups];  // a process group, or 0
+  int remove_len;           // > 0: remove_dir holds a NUL-terminated path of this length
+  char remove_dir[kMaxPath];
 };
 
 namespace {
 
 constexpr std::size_t kPage = 4096;
 constexpr std::size_t kTableBytes = (sizeof(OrphanGuard::Shared) + kPage - 1) / kPage * kPage;
-constexpr std::size_t kStackBytes = 64 * 1024;  // the guard uses well under one page
+// The guard uses well under one page, two with RemoveDir's buffer.
+constexpr std::size_t kStackBytes = 64 * 1024;
 constexpr std::size_t kMapBytes = kTableBytes + kStackBytes;
 
 #if defined(__x86_64__) || defined(__aarch64__)
@@ -70,6 +74,32 @@ inline long RawSyscall(long n, long a = 0, long b = 0, long c = 0, long d = 0) {
 }
 #endif
 
+// Unlinks the entries of `dir` (plain files; a subdirectory fails to unlink
+// and stays) and removes it. Two passes: a worker killed mid-write may have
+// created a file after the first listing. Raw system calls only.
+__attribute__((no_stack_protector)) void RemoveDir(const char* dir) {
+  for (int pass = 0; pass < 2; ++pass) {
+    const long fd = RawSyscall(SYS_openat, AT_FDCWD, reinterpret_cast<long>(dir),
+                               O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return;
+    alignas(8) char buf[2048];
+    long n;
+    while ((n = RawSyscall(SYS_getdents64, fd, reinterpret_cast<long>(buf), sizeof(buf))) > 0) {
+      for (long at = 0; at < n;) {
+        // struct linux_dirent64: d_ino (8), d_off (8), d_reclen (2), d_type (1), d_name.
+        unsigned short reclen;
+        __builtin_memcpy(&reclen, buf + at + 16, sizeof(reclen));
+        const char* name = buf + at + 19;
+        const bool dot = name[0] == '.' && (name[1] == '\0' || (name[1] == '.' && name[2] == '\0'));
+        if (!dot) RawSyscall(SYS_unlinkat, fd, reinterpret_cast<long>(name), 0);
+        at += reclen;
+      }
+    }
+    RawSyscall(SYS_close, fd);
+    if (RawSyscall(SYS_unlinkat, AT_FDCWD, reinterpret_cast<long>(dir), AT_REMOVEDIR) == 0) return;
+  }
+}
+
 // The guard's whole life. Raw system calls only (see orphan_guard.h). No
 // stack protector: its canary is read through the thread pointer, which is
 // the starting thread's (its stack and TLS may be gone once it exits).
@@ -101,6 +131,9 @@ __attribute__((no_stack_protector)) int GuardMain(void* arg) {
     for (int i = 0; i < n; ++i) {
       const pid_t pgid = std::atomic_ref<pid_t>(shared->slots[i]).load(std::memory_order_acquire);
       if (pgid > 0) RawSyscall(SYS_kill, -pgid, SIGKILL);
+    }
+    if (std::atomic_ref<int>(shared->remove_len).load(std::memory_order_acquire) > 0) {
+      RemoveDir(shared->remove_dir);
     }
   }
   for (;;) RawSyscall(SYS_exit, 0);
@@ -188,6 +221,17 @@ void OrphanGuard::Register(pid_t pgid) {
     std::atomic_ref<int>(shared_->high_water).store(next_slot_, std::memory_order_release);
   }
   slot_of_[pgid] = slot;
+}
+
+void OrphanGuard::RemoveOnDeath(const std::string& dir) {
+  if (dir.size() >= static_cast<std::size_t>(kMaxPath)) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  // Cleared first, so that the guard never reads a path being rewritten.
+  std::atomic_ref<int>(shared_->remove_len).store(0, std::memory_order_release);
+  if (dir.empty()) return;
+  std::memcpy(shared_->remove_dir, dir.c_str(), dir.size() + 1);
+  std::atomic_ref<int>(shared_->remove_len).store(static_cast<int>(dir.size()),
+                                                  std::memory_order_release);
 }
 
 void OrphanGuard::Unregister(pid_t pgid) {

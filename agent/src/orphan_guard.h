@@ -22,12 +22,18 @@
 // state are the agent's main thread's), no allocation. It blocks every
 // signal (terminal signals reach the agent's whole process group; the guard
 // must survive them to do its job); SIGKILL still ends it.
+//
+// It also removes, when the agent dies, a directory the agent named
+// (RemoveOnDeath): the temporary directory of the workers' error files, which
+// a normal exit removes itself. Plain files only, no subdirectories (the flat
+// layout of worker_logs.cc), so that raw system calls can do it.
 #pragma once
 
 #include <sys/types.h>
 
 #include <memory>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -49,6 +55,12 @@ class OrphanGuard {
   // ones are not tracked (PDEATHSIG still covers the workers themselves).
   void Register(pid_t pgid);
   void Unregister(pid_t pgid);
+  // Thread-safe, no system call. If the agent dies without saying goodbye,
+  // the guard, after killing the groups, unlinks the plain files in `dir`
+  // and removes it (best effort: what it cannot remove stays). Set once; a
+  // path of kMaxPath bytes or more is not taken. An empty path clears it.
+  static constexpr int kMaxPath = 4096;
+  void RemoveOnDeath(const std::string& dir);
   pid_t pid() const { return pid_; }
 
   struct Shared;  // the mapping shared with the guard (orphan_guard.cc)

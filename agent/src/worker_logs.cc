@@ -104,7 +104,7 @@ std::string WorkerLogs::WorkerDir(int local_rank) const {
 absl::Status WorkerLogs::Prepare(int local_rank, int global_rank, SpawnSpec* spec,
                                  std::string* error_file) {
   const std::string dir = WorkerDir(local_rank);
-  if (temporary_ && !o_.spec.WritesFiles()) {
+  if (holds_only_error_files()) {
     // A temporary directory that only ever holds error files, removed at
     // exit, which nobody browses: the files lie flat in it, so a spawn makes
     // no directory and the exit removes one (the <job>/attempt_<round>/<rank>

@@ -2,6 +2,7 @@
 // period before SIGKILL, and PDEATHSIG when ddprun itself is SIGKILLed.
 #include <signal.h>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -98,6 +99,37 @@ TEST_CASE("kill -9 of ddprun also kills the workers' own children", "[multiproc]
   CHECK(h.Wait(p, 5) == 128 + SIGKILL);
   h.RequireAllGone(pids, 2);
   h.RequireAllGone(descendants, 2);
+}
+
+TEST_CASE("kill -9 of ddprun: its guard removes the temporary error-file directory",
+          "[multiproc]") {
+  Harness h;
+  const std::string pids = h.PidDir("pids");
+  const std::string tmp = h.MakeDir("tmp");
+  // Each worker writes its error file (as torch's @record would) and hangs.
+  const std::string script =
+      "echo '{}' > \"$TORCHELASTIC_ERROR_FILE\"; exec '" + FixtureWorker() + "'";
+  Proc& p = h.StartDdprun("ddprun", {"--nproc_per_node=2", "--no_python", "/bin/sh", "-c", script},
+                          {{"FIXTURE_PIDFILE_DIR", pids}, {"FIXTURE_HANG", "1"}, {"TMPDIR", tmp}});
+  h.WaitForPids(pids, 2, 10);
+  auto entries = [](const std::string& dir) {
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) {
+      names.push_back(e.path().filename().string());
+    }
+    return names;
+  };
+  const std::vector<std::string> made = entries(tmp);
+  REQUIRE(made.size() == 1);  // ddprun_XXXXXX
+  CHECK(made[0].rfind("ddprun_", 0) == 0);
+  CHECK(entries(tmp + "/" + made[0]).size() == 2);  // the two error files, flat
+  REQUIRE(::kill(p.pid, SIGKILL) == 0);
+  CHECK(h.Wait(p, 5) == 128 + SIGKILL);
+  h.RequireAllGone(pids, 2);
+  const auto t0 = Clock::now();
+  while (!entries(tmp).empty() && SecondsSince(t0) < 2) SleepMs(5);
+  INFO("left in TMPDIR: " << (entries(tmp).empty() ? "" : entries(tmp)[0]));
+  CHECK(entries(tmp).empty());
 }
 
 TEST_CASE("SIGTERM also kills a worker's own children (its process group)", "[multiproc]") {

@@ -60,6 +60,11 @@ class ProcessLauncher {
  public:
   virtual ~ProcessLauncher() = default;
   virtual absl::StatusOr<std::unique_ptr<ChildProcess>> Spawn(const SpawnSpec& spec) = 0;
+  // A directory of plain files (the workers' temporary error files) that the
+  // launcher removes itself at a normal exit; this one removes it if the
+  // agent dies without one (SIGKILL), as it kills the workers then. Default:
+  // nothing (the fakes).
+  virtual void RemoveOnDeath(const std::string& /*dir*/) {}
 };
 
 // The real launcher, over Boost.Process.

@@ -46,6 +46,9 @@ class WorkerLogs {
   absl::Status Init();
   const std::string& log_dir() const { return dir_; }
   bool is_temporary() const { return temporary_; }
+  // A temporary directory that holds only the error files, flat: removed at
+  // exit, and by the launcher's guard if the agent is killed.
+  bool holds_only_error_files() const { return temporary_ && !o_.spec.WritesFiles(); }
 
   // Starts the attempt directory of `round`; the previous round's streams
   // are drained and closed.
