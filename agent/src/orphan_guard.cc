@@ -230,8 +230,8 @@ void OrphanGuard::RemoveOnDeath(const std::string& dir) {
   std::atomic_ref<int>(shared_->remove_len).store(0, std::memory_order_release);
   if (dir.empty()) return;
   std::memcpy(shared_->remove_dir, dir.c_str(), dir.size() + 1);
-  std::atomic_ref<int>(shared_->remove_len).store(static_cast<int>(dir.size()),
-                                                  std::memory_order_release);
+  std::atomic_ref<int>(shared_->remove_len)
+      .store(static_cast<int>(dir.size()), std::memory_order_release);
 }
 
 void OrphanGuard::Unregister(pid_t pgid) {
