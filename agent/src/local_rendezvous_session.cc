@@ -23,7 +23,8 @@
 //
 // Threads: the agent's main thread calls every method but ReportMetrics (the
 // reporter thread). The acceptor, ticker and HTTP threads start in Open();
-// the table's DeadlineTimer starts on the table's first deadline. Events
+// the table's DeadlineTimer starts on the table's first deadline still pending
+// after the change that made it (a one-node round never needs it). Events
 // reach the agent's queue from whichever thread changed the table (the main
 // thread, the timer, the ticker applying --on_hang, a gRPC thread serving a
 // remote Report).
@@ -135,7 +136,17 @@ class LocalRendezvousSession final : public RendezvousSession {
     rdzv::JobTableOptions to;
     to.clock = &clock_;
     to.observer = hub_.get();
-    to.on_deadline = [this](TimePoint t) { Timer().Notify(t); };
+    // The one job is kept, closed, for as long as ddprun runs: no retention
+    // deadline (which started the table's timer thread at every exit).
+    to.closed_job_retention = rdzv::Duration::max();
+    to.on_deadline = [this](TimePoint t) {
+      // A one-node round completes inside the Join that opened it: its join
+      // deadline is gone by the time this runs, and no thread is started to
+      // wait for nothing. The table calls this after every change that may
+      // bring a deadline, from the changing thread, so a later one starts it.
+      if (rdzv::DeadlineTimer* timer = StartedTimer(); timer != nullptr) return timer->Notify(t);
+      if (table_->NextDeadline()) Timer().Notify(t);
+    };
     table_ = std::make_unique<rdzv::JobTable>(std::move(to));
   }
   ~LocalRendezvousSession() override { Close(); }
@@ -287,7 +298,13 @@ class LocalRendezvousSession final : public RendezvousSession {
     return absl::OkStatus();
   }
 
-  // The table's timer, started on its first deadline.
+  // The table's timer once started; null before.
+  rdzv::DeadlineTimer* StartedTimer() {
+    std::lock_guard<std::mutex> lock(timer_mu_);
+    return timer_.get();
+  }
+
+  // The table's timer, started on its first pending deadline.
   rdzv::DeadlineTimer& Timer() {
     std::lock_guard<std::mutex> lock(timer_mu_);
     if (!timer_) {

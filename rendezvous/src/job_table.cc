@@ -322,10 +322,15 @@ void JobTable::WaitAsync(KvEngine& engine, std::vector<std::string> keys, TimePo
 std::optional<TimePoint> JobTable::NewDeadlineLocked(Job& job) {
   std::optional<TimePoint> next = job.rdzv->TakeNewDeadline();
   if (job.undurable) next = Earlier(next, clock_.Now());  // Tick() drops it
-  if (job.closed_at && job.sinks.empty()) {
-    next = Earlier(next, *job.closed_at + options_.closed_job_retention);
-  }
+  next = Earlier(next, RetentionEndLocked(job));
   return next;
+}
+
+std::optional<TimePoint> JobTable::RetentionEndLocked(const Job& job) const {
+  if (!job.closed_at || !job.sinks.empty() || options_.closed_job_retention == Duration::max()) {
+    return std::nullopt;
+  }
+  return *job.closed_at + options_.closed_job_retention;
 }
 
 std::optional<TimePoint> JobTable::DeadlineOfLocked(const Job& job) const {
@@ -334,9 +339,7 @@ std::optional<TimePoint> JobTable::DeadlineOfLocked(const Job& job) const {
   if (job.store) next = Earlier(next, job.store->NextDeadline());
   // A closed job is forgotten only once no stream is left, so its retention
   // is a deadline only then (a deadline Tick() cannot clear would spin the timer).
-  if (job.closed_at && job.sinks.empty()) {
-    next = Earlier(next, *job.closed_at + options_.closed_job_retention);
-  }
+  next = Earlier(next, RetentionEndLocked(job));
   return next;
 }
 
@@ -364,8 +367,7 @@ void JobTable::Tick() {
                                                "the job could not be persisted; it is over"));
         continue;
       }
-      if (job.closed_at && job.sinks.empty() &&
-          now >= *job.closed_at + options_.closed_job_retention) {
+      if (const auto end = RetentionEndLocked(job); end && now >= *end) {
         it = DropLocked(
             it, "forgotten", /*forget=*/true,
             ClosedError(Fence(it->first, job.store_round) + "the job is over and forgotten"));

@@ -380,6 +380,27 @@ TEST_CASE("JobTable: a closed job is kept for the retention, then forgotten", "[
   CHECK(absl::IsNotFound(f.table->Report("j", x.node_id, x.round, Outcome::kSucceeded, {})));
 }
 
+TEST_CASE("JobTable: a retention of Duration::max() keeps a closed job without a deadline",
+          "[unit]") {
+  // ddprun's in-process table of a one-node job: nothing for a timer to do
+  // once the job is over, so no timer thread is started at exit.
+  JobTableOptions o;
+  o.closed_job_retention = Duration::max();
+  Fixture f(o);
+  auto a = f.Join(Spec("j", "10.0.0.1", 1, 1));  // a one-node round: formed at once
+  const Assignment x = AssignmentOf(*a);
+  REQUIRE(f.table->Report("j", x.node_id, x.round, Outcome::kSucceeded, {}).ok());
+  REQUIRE(a->Last<JobClosed>() != nullptr);
+  const std::size_t notified = f.notified.size();
+  CHECK(f.table->NextDeadline() == std::nullopt);
+  f.clock.Advance(std::chrono::hours(24 * 365));
+  f.table->Tick();
+  CHECK(f.table->NumJobs() == 1);
+  CHECK(f.table->Status("j").at(0).state == "succeeded");
+  CHECK(f.notified.size() == notified);
+  CHECK(KindOf(f.Refused(Spec("j", "10.0.0.2", 1, 1))) == ErrorKind::kClosed);
+}
+
 TEST_CASE("JobTable: a lost stream restarts the others; a stale stream is ignored", "[unit]") {
   Fixture f;
   auto a = f.Join(Spec("j", "10.0.0.1"));

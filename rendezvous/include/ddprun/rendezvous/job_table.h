@@ -62,6 +62,8 @@ struct JobTableOptions {
   // How long a restored member has to re-attach before it counts as lost.
   Duration reattach_timeout = kDefaultReattachTimeout;
   std::size_t max_jobs = kDefaultMaxJobs;
+  // Duration::max(): closed jobs are kept as long as the table (ddprun's
+  // in-process table of a one-node job, which lives as long as the job).
   Duration closed_job_retention = kDefaultClosedJobRetention;
   // Where jobs are kept across a restart; null keeps them in memory only.
   // Not owned; must outlive the table.
@@ -188,6 +190,9 @@ class JobTable {
   // The job's own earliest deadline (nullopt: none that Tick() can clear).
   // O(members): for the timer's wake-ups only.
   std::optional<TimePoint> DeadlineOfLocked(const Job& job) const;
+  // When a closed job with no stream left is forgotten; nullopt while it is
+  // open or streamed, and always with a retention of Duration::max().
+  std::optional<TimePoint> RetentionEndLocked(const Job& job) const;
   // What the last change of the job added (O(1)): its new round deadlines
   // and, once a closed job has no stream left, its retention.
   std::optional<TimePoint> NewDeadlineLocked(Job& job);
