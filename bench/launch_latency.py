@@ -68,8 +68,8 @@ def main():
     true_bin = shutil.which("true")
     py = torch_python()
     mpirun = shutil.which("mpirun")
-    tmp = tempfile.mkdtemp(prefix="launch_latency_")
-    floor = build_floor(tmp)
+    tmp = tempfile.TemporaryDirectory(prefix="launch_latency_")  # removed at exit, however
+    floor = build_floor(tmp.name)
 
     rows = []
     for n in sizes:
@@ -113,7 +113,6 @@ def main():
         print(f"\nbaseline {args.baseline}, same run: " + ", ".join(
             f"N={r['n']} {r['baseline']:.3f} s ({r['baseline'] / r['ddprun']:.1f}x ddprun)"
             for r in rows))
-    shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

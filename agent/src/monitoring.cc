@@ -7,6 +7,8 @@
 
 #include <chrono>
 #include <cstdio>
+#include <string>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "ddprun/agent/stack_capture.h"
@@ -32,27 +34,22 @@ bool IsHookDir(const std::string& dir) {
          ::access((dir + "/ddprun_metrics.py").c_str(), R_OK) == 0;
 }
 
-// The length of `bytes` without its trailing zeros.
-std::size_t WithoutTrailingZeros(const std::string& bytes) {
-  return bytes.find_last_not_of('\0') + 1;  // npos + 1 == 0: all zeros
-}
-
-// A memfd holding `bytes`, of which only the first `end` may be non-zero
-// (WithoutTrailingZeros, computed once per round rather than scanning 34 KiB
-// per worker); -1 on failure. The trailing zeros are a hole (ftruncate), not
-// written: the 34 KiB channel is ~600 bytes of header and zeros, so a worker
-// that never reports costs one page, not nine (tmpfs reads a hole as zeros,
-// the worker's mapping faults its pages in).
-int MakeFile(const std::string& name, const std::string& bytes, std::size_t end) {
+// A memfd of `size` bytes holding `content` at its start and zeros after it;
+// -1 on failure. The zeros are a hole (ftruncate), not written: the 34 KiB
+// channel is ~600 bytes of header and zeros, so a worker that never reports
+// costs one page, not nine (tmpfs reads a hole as zeros, the worker's mapping
+// faults its pages in).
+int MakeFile(const std::string& name, std::string_view content, std::size_t size) {
   const int fd = ::memfd_create(name.c_str(), MFD_CLOEXEC);
   if (fd < 0) return -1;
-  if (!bytes.empty() && ::ftruncate(fd, static_cast<off_t>(bytes.size())) != 0) {
+  if (size > 0 && ::ftruncate(fd, static_cast<off_t>(size)) != 0) {
     ::close(fd);
     return -1;
   }
+  const std::size_t end = content.size();
   std::size_t done = 0;
   while (done < end) {
-    const ssize_t n = ::pwrite(fd, bytes.data() + done, end - done, static_cast<off_t>(done));
+    const ssize_t n = ::pwrite(fd, content.data() + done, end - done, static_cast<off_t>(done));
     if (n <= 0) {
       ::close(fd);
       return -1;
@@ -131,13 +128,15 @@ void Monitoring::BeginRound(const rdzv::Assignment& a) {
   CloseFiles();
   round_ = a;
   std::vector<MonitoredWorker> workers;
+  // The channel's first bytes, without its trailing zeros (found once per
+  // round, not by a 34 KiB scan per worker).
   const std::string initial = rdzv::InitialChannelBytes();
-  const std::size_t initial_end = WithoutTrailingZeros(initial);
+  const std::string_view header(initial.data(), initial.find_last_not_of('\0') + 1);
   for (int j = 0; j < a.local_world_size; ++j) {
     Files f;
     f.channel_fd =
-        MakeFile(absl::StrCat("ddprun-metrics-rank", a.base_rank + j), initial, initial_end);
-    f.stack_fd = MakeFile(absl::StrCat("ddprun-stack-rank", a.base_rank + j), "", 0);
+        MakeFile(absl::StrCat("ddprun-metrics-rank", a.base_rank + j), header, initial.size());
+    f.stack_fd = MakeFile(absl::StrCat("ddprun-stack-rank", a.base_rank + j), {}, 0);
     files_.push_back(f);
     MonitoredWorker w;
     w.rank = a.base_rank + j;

@@ -133,7 +133,7 @@ absl::Status WorkerLogs::Prepare(int local_rank, int global_rank, SpawnSpec* spe
 
   for (StdStream stream : {StdStream::kStdout, StdStream::kStderr}) {
     const StreamPlan plan = PlanStream(o_.spec, local_rank, stream);
-    const std::string path = (fs::path(dir) / FileName(stream)).string();
+    const std::string path = plan.file ? (fs::path(dir) / FileName(stream)).string() : "";
     std::string& spec_path = stream == StdStream::kStdout ? spec->stdout_path : spec->stderr_path;
     int& spec_fd = stream == StdStream::kStdout ? spec->stdout_fd : spec->stderr_fd;
     if (plan.file) wrote_logs_ = true;
