@@ -24,18 +24,24 @@ int main(int argc, char** argv) {
     fprintf(stderr, "spawn_floor: N must be 1-4096, not '%s'\n", argv[1]);
     return 2;
   }
-  int failed = 0;
-  for (int i = 0; i < n; ++i) {
+  int started = 0, failed = 0;
+  for (; started < n; ++started) {
     pid_t pid;
     const int rc = posix_spawn(&pid, argv[2], NULL, NULL, argv + 2, environ);
     if (rc != 0) {
-      fprintf(stderr, "spawn_floor: cannot start '%s': %s\n", argv[2], strerror(rc));
-      return 1;
+      fprintf(stderr, "spawn_floor: cannot start '%s': %s; give a runnable program\n", argv[2],
+              strerror(rc));
+      failed = 1;
+      break;
     }
   }
-  for (int i = 0; i < n; ++i) {
+  for (int i = 0; i < started; ++i) {  // every started worker is waited for
     int status = 0;
-    if (wait(&status) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) failed = 1;
+    if (wait(&status) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
   }
-  return failed;
+  if (failed > 0 && started == n) {
+    fprintf(stderr, "spawn_floor: %d of %d workers did not exit 0; the floor needs a program "
+            "that succeeds (true)\n", failed, n);
+  }
+  return failed > 0;
 }
