@@ -17,22 +17,30 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${1:-build}
 out=.device/gpu
-for f in ddprun ddprund gpu_tests gpu_worker nccl_bench; do
+for f in ddprun ddprund ddprun-bench-worker gpu_tests gpu_worker nccl_bench; do
   [[ -x "$B/bin/$f" ]] || { echo "gpu-bundle: $B/bin/$f is missing: build with DDPRUN_WITH_CUDA=ON first" >&2; exit 1; }
 done
 rm -rf "$out" && mkdir -p "$out/bin" "$out/lib"
-for f in ddprun ddprund gpu_tests gpu_worker nccl_bench; do
+for f in ddprun ddprund ddprun-bench-worker gpu_tests gpu_worker nccl_bench; do
   strip -o "$out/bin/$f" "$B/bin/$f"
 done
 # ddprun loads its gRPC half from ../lib beside its bin/ (agent/include/ddprun/agent/grpc_module.h).
 strip -o "$out/lib/libddprun_grpc.so" "$B/lib/libddprun_grpc.so"
 # Every shared library they load, except glibc's, the driver's and NCCL.
 skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libcuda\.so|libnccl\.so)'
-ldd "$B"/bin/{ddprun,ddprund,gpu_tests,gpu_worker,nccl_bench} "$B"/lib/libddprun_grpc.so | awk '/=> \//{print $1, $3}' | sort -u |
+ldd "$B"/bin/{ddprun,ddprund,ddprun-bench-worker,gpu_tests,gpu_worker,nccl_bench} "$B"/lib/libddprun_grpc.so | awk '/=> \//{print $1, $3}' | sort -u |
   while read -r name path; do
     [[ $name =~ $skip ]] && continue
     strip -o "$out/lib/$name" "$path" 2>/dev/null || cp -L "$path" "$out/lib/$name"
   done
+# Two sets apart, so that the target's Python (torch and torchrun, run by the
+# torch and latency steps under the same LD_LIBRARY_PATH) keeps its own: the
+# C++ runtime (lib/cxx, used only where the target has none: a newer one
+# serves our binaries too) and what only the SDK's workers load (lib/cuda:
+# CUDA's runtime, which torch also brings in its own version).
+mkdir -p "$out/lib/cxx" "$out/lib/cuda"
+mv "$out"/lib/libstdc++.so.6 "$out"/lib/libgcc_s.so.1 "$out/lib/cxx/"
+mv "$out"/lib/libcudart.so.* "$out"/lib/libddprun_worker_sdk.so.* "$out"/lib/libgloo.so.* "$out/lib/cuda/"
 cat > "$out/run.sh" <<'RUN'
 #!/usr/bin/env bash
 # Runs the GPU steps from this bundle (see scripts/gpu-bundle.sh), from the
@@ -42,11 +50,16 @@ here=$(cd "$(dirname "$0")" && pwd)
 nccl=$(python3 -c 'import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], "lib"))' 2>/dev/null ||
        true)
 [[ -n "$nccl" && -e "$nccl/libnccl.so.2" ]] || nccl=/usr/local/cuda/lib
-export LD_LIBRARY_PATH="$here/lib:$nccl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+libs=$here/lib
+ldconfig -p 2>/dev/null | grep -q 'libstdc++\.so\.6 ' || libs=$libs:$here/lib/cxx
+export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+sdk_libs="$here/lib/cuda:$nccl:$LD_LIBRARY_PATH"   # tests and nccl steps only
 export DDPRUN_TEST_BIN_DIR="$here/bin" PYTHONUNBUFFERED=1
 steps=("$@"); [[ ${#steps[@]} -gt 0 ]] || steps=(tests nccl torch latency)
 echo "== $(date -u +%FT%TZ) $(uname -n), $(nproc) CPUs"; nvidia-smi -L || true
 echo "== NCCL from $nccl"; python3 -c 'import torch; print("torch", torch.__version__)' || true
+missing=$(LD_LIBRARY_PATH=$sdk_libs ldd "$here"/bin/* "$here"/lib/libddprun_grpc.so 2>&1 | grep 'not found' | sort -u)
+[[ -z "$missing" ]] || echo "== libraries missing here: $missing"
 rc=0
 step() {  # step NAME COMMAND...: runs it, tees to $OUT/NAME.log, remembers a failure
   local name=$1; shift
@@ -56,12 +69,12 @@ step() {  # step NAME COMMAND...: runs it, tees to $OUT/NAME.log, remembers a fa
 }
 for s in "${steps[@]}"; do
   case $s in
-    tests) step tests "$here/bin/gpu_tests" --durations yes ;;
-    nccl) step nccl "$here/bin/ddprun" --nproc_per_node=1 --no_python "$here/bin/nccl_bench" all ;;
+    tests) step tests env LD_LIBRARY_PATH="$sdk_libs" "$here/bin/gpu_tests" --durations yes ;;
+    nccl) step nccl env LD_LIBRARY_PATH="$sdk_libs" "$here/bin/ddprun" --nproc_per_node=1 --no_python "$here/bin/nccl_bench" all ;;
     torch) step torch python3 tests/gpu/torch_under_ddprun.py --ddprun "$here/bin/ddprun" ;;
     latency)
       step launch env PYTHON_EXEC="$(command -v python3)" python3 bench/launch_latency.py \
-        --ddprun "$here/bin/ddprun" --reps 5 --peer-reps 3
+        --ddprun "$here/bin/ddprun" --reps 5 --peer-reps 2 --sizes 1,8
       step restart env PYTHON_EXEC="$(command -v python3)" python3 bench/restart_latency.py \
         --build "$here" --reps 3 ;;
     *) echo "run.sh: unknown step '$s' (tests, nccl, torch, latency)" >&2; rc=2 ;;
