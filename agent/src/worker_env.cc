@@ -54,8 +54,10 @@ Env BuildWorkerEnv(const Env& base, const WorkerEnvInputs& in, int local_rank) {
     env.erase("TORCHELASTIC_ERROR_FILE");  // never the agent's own error file
   }
   if (a.local_world_size > 1) set_default("OMP_NUM_THREADS", "1");
-  set_default("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");  // torch >= 2.2
-  set_default("NCCL_ASYNC_ERROR_HANDLING", "1");        // torch 1.13
+  // As torchrun 2.2+. Not the old name (NCCL_ASYNC_ERROR_HANDLING, torch <=
+  // 2.1): torch 2.x warns on every rank when it is set (seen with 2.11 on a
+  // GPU); an inherited value of either passes through.
+  set_default("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
 
   // ddprun's own, for the worker SDK.
   set(kEnvStoreAddr, in.store_endpoint);

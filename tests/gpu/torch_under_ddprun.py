@@ -69,6 +69,11 @@ def ddp_case(ddprun, backend, world, init):
     rc, out, err = run(ddprun, [f"--nproc_per_node={world}", TRAIN, "--backend", backend,
                                 "--init", init, "--steps", "10", "--out", d])
     ok, why = check_ranks(d, world) if rc == 0 else (False, f"ddprun exited {rc}")
+    # The environment ddprun sets must not draw torch's deprecation warnings
+    # (torch 2.x warns on NCCL_ASYNC_ERROR_HANDLING, the name torch <= 2.1 read).
+    deprecated = [l for l in err.splitlines() if "is deprecated; use" in l]
+    if ok and deprecated:
+        ok, why = False, f"torch warned: {deprecated[0].strip()}"
     report(name, ok, why, out, err)
 
 
