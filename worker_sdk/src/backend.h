@@ -97,6 +97,22 @@ class Backend {
   virtual absl::StatusOr<void*> Alloc(std::size_t bytes) = 0;
   virtual void Free(void* p) = 0;
   virtual absl::Status Copy(void* dst, const void* src, std::size_t bytes) = 0;
+  // Several Copy calls at once (the Reducer's packing and unpacking of a
+  // bucket); the copies must not overlap one another. `device_pointers`:
+  // every pointer is device memory, which lets NCCL copy them all in one
+  // kernel launch; otherwise (and on the CPU backends) one Copy each.
+  struct CopyOp {
+    void* dst;
+    const void* src;
+    std::size_t bytes;
+  };
+  virtual absl::Status CopyMany(const std::vector<CopyOp>& ops, bool device_pointers) {
+    for (const CopyOp& op : ops) {
+      absl::Status s = Copy(op.dst, op.src, op.bytes);
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
   virtual bool device_memory() const { return false; }
   // Waits for the copies issued by Copy (NCCL: synchronises the caller's stream).
   virtual absl::Status SyncCopies() { return absl::OkStatus(); }

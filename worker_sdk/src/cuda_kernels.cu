@@ -77,6 +77,36 @@ __global__ void DecompressKernel(const unsigned short* __restrict__ src, float* 
   for (std::size_t k = done + first; k < n; k += stride) dst[k] = FromWire<kBf16>(src[k]);
 }
 
+// A batch of copies as a kernel parameter (64 x 24 bytes, within the 4 KiB
+// every architecture takes). Block row y copies span y; the row's blocks
+// stride through it with the widest access its alignment allows.
+struct SpanBatch {
+  CopySpan span[kMaxCopySpans];
+};
+
+template <class T>
+__device__ __forceinline__ void CopyWords(void* dst, const void* src, std::size_t n,
+                                          std::size_t first, std::size_t stride) {
+  T* d = static_cast<T*>(dst);
+  const T* s = static_cast<const T*>(src);
+  for (std::size_t k = first; k < n; k += stride) d[k] = s[k];
+}
+
+__global__ void CopyBatchKernel(SpanBatch batch) {
+  const CopySpan c = batch.span[blockIdx.y];
+  const std::size_t stride = std::size_t(blockDim.x) * gridDim.x;
+  const std::size_t first = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::uintptr_t bits =
+      reinterpret_cast<std::uintptr_t>(c.dst) | reinterpret_cast<std::uintptr_t>(c.src) | c.bytes;
+  if (bits % 16 == 0) {
+    CopyWords<uint4>(c.dst, c.src, c.bytes / 16, first, stride);
+  } else if (bits % 4 == 0) {
+    CopyWords<std::uint32_t>(c.dst, c.src, c.bytes / 4, first, stride);
+  } else {
+    CopyWords<unsigned char>(c.dst, c.src, c.bytes, first, stride);
+  }
+}
+
 bool Aligned(const void* p, std::size_t a) { return reinterpret_cast<std::uintptr_t>(p) % a == 0; }
 
 unsigned Blocks(std::size_t work) {
@@ -99,6 +129,28 @@ int LaunchCompressF32(const float* src, void* dst, std::size_t n, bool bf16, flo
     CompressKernel<false><<<blocks, kThreads, 0, s>>>(src, out, n, scale, vec4);
   }
   return static_cast<int>(cudaGetLastError());
+}
+
+int LaunchCopyBatch(const CopySpan* spans, std::size_t n, void* stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  for (std::size_t at = 0; at < n; at += kMaxCopySpans) {
+    SpanBatch batch{};
+    const std::size_t k = std::min(kMaxCopySpans, n - at);
+    std::size_t widest = 0;
+    for (std::size_t i = 0; i < k; ++i) {
+      batch.span[i] = spans[at + i];
+      widest = std::max(widest, spans[at + i].bytes);
+    }
+    if (widest == 0) continue;
+    // Enough blocks per row for the largest span at 16 bytes a thread, at
+    // most 512 (two waves of an H100's 132 SMs at 4 blocks each): rows of
+    // small spans end at once.
+    const unsigned x = std::min(512u, Blocks((widest + 15) / 16));
+    CopyBatchKernel<<<dim3(x, static_cast<unsigned>(k)), kThreads, 0, s>>>(batch);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return static_cast<int>(e);
+  }
+  return static_cast<int>(cudaSuccess);
 }
 
 int LaunchDecompressF32(const void* src, float* dst, std::size_t n, bool bf16, void* stream) {

@@ -159,12 +159,7 @@ class ReducerImpl {
         if (!s.ok()) return Break(s);
       }
       if (!options_.gradient_as_bucket_view && !unpacked_) {
-        const std::size_t esize = DTypeSize(bucket.dtype);
-        for (std::size_t i : bucket.members) {
-          DDPRUN_RETURN_IF_ERROR(b_.Copy(grads_[i].data,
-                                      static_cast<char*>(bucket.flat) + slots_[i].offset * esize,
-                                      grads_[i].count * esize));
-        }
+        DDPRUN_RETURN_IF_ERROR(b_.CopyMany(bucket.unpack, bucket.on_device));
       }
     }
     EndStep();
@@ -192,6 +187,10 @@ class ReducerImpl {
     void* flat = nullptr;  // the gradients, packed (or viewed)
     void* wire = nullptr;  // what is all-reduced: flat, or its compressed copy
     detail::WorkPtr work;
+    // Copy mode with a flat buffer: the gradients into it before the
+    // collective, and back after; on_device when every member is on a GPU.
+    std::vector<detail::Backend::CopyOp> pack, unpack;
+    bool on_device = false;
     // This step: its last gradient became ready; LaunchReadyBuckets took it
     // up; its collective was issued (BucketStats).
     Clock::time_point ready_at, start_at, launched_at;
@@ -249,13 +248,18 @@ class ReducerImpl {
             options_.compression == Compression::kFloat16 ? DType::kFloat16 : DType::kBFloat16;
         DDPRUN_ASSIGN_OR_RETURN(bucket.wire, b_.Alloc(bucket.count * 2));
       }
+      const std::size_t esize = DTypeSize(bucket.dtype);
+      bucket.on_device = true;
+      for (std::size_t i : members) {
+        char* in_flat = static_cast<char*>(bucket.flat) + slots_[i].offset * esize;
+        const std::size_t bytes = grads_[i].count * esize;
+        bucket.pack.push_back({in_flat, grads_[i].data, bytes});
+        bucket.unpack.push_back({grads_[i].data, in_flat, bytes});
+        bucket.on_device = bucket.on_device && grads_[i].device.type == DeviceType::kCuda;
+      }
       if (options_.gradient_as_bucket_view) {
         // The view starts with what the trainer's buffer held.
-        const std::size_t esize = DTypeSize(bucket.dtype);
-        for (std::size_t i : members) {
-          DDPRUN_RETURN_IF_ERROR(b_.Copy(static_cast<char*>(bucket.flat) + slots_[i].offset * esize,
-                                      grads_[i].data, grads_[i].count * esize));
-        }
+        DDPRUN_RETURN_IF_ERROR(b_.CopyMany(bucket.pack, bucket.on_device));
       }
       buckets_.push_back(std::move(bucket));
     }
@@ -321,12 +325,8 @@ class ReducerImpl {
       for (std::size_t i : bucket.members) pieces.push_back({grads_[i].data, grads_[i].count});
       return b_.AllreducePieces(std::move(pieces), bucket.dtype, reduce);
     }
-    const std::size_t esize = DTypeSize(bucket.dtype);
     if (!options_.gradient_as_bucket_view) {
-      for (std::size_t i : bucket.members) {
-        DDPRUN_RETURN_IF_ERROR(b_.Copy(static_cast<char*>(bucket.flat) + slots_[i].offset * esize,
-                                    grads_[i].data, grads_[i].count * esize));
-      }
+      DDPRUN_RETURN_IF_ERROR(b_.CopyMany(bucket.pack, bucket.on_device));
     }
     if (bucket.wire == bucket.flat) {
       return b_.Allreduce(bucket.wire, bucket.count, bucket.wire_dtype, reduce);
