@@ -7,7 +7,8 @@
 # Steps (default: all of them, in this order): tests (the gpu_tests tier),
 # nccl (bench/nccl_bench.cc), torch (tests/gpu/torch_under_ddprun.py: the
 # target's PyTorch 2.x under ddprun), latency (bench/launch_latency.py and
-# bench/restart_latency.py with the target's torchrun as the peer). With $OUT
+# bench/restart_latency.py with the target's torchrun as the peer), features
+# (ddprun bench and check on the GPU, the GPU gauges of /metrics). With $OUT
 # set, each step's output is also written to $OUT/<step>.log.
 # Executables and libraries are stripped copies. Not packed: glibc (the target
 # must have glibc >= this machine's), the CUDA driver, and NCCL (218 MB here):
@@ -55,7 +56,7 @@ ldconfig -p 2>/dev/null | grep -q 'libstdc++\.so\.6 ' || libs=$libs:$here/lib/cx
 export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 sdk_libs="$here/lib/cuda:$nccl:$LD_LIBRARY_PATH"   # tests and nccl steps only
 export DDPRUN_TEST_BIN_DIR="$here/bin" PYTHONUNBUFFERED=1
-steps=("$@"); [[ ${#steps[@]} -gt 0 ]] || steps=(tests nccl torch latency)
+steps=("$@"); [[ ${#steps[@]} -gt 0 ]] || steps=(tests nccl torch latency features)
 echo "== $(date -u +%FT%TZ) $(uname -n), $(nproc) CPUs"; nvidia-smi -L || true
 echo "== NCCL from $nccl"; python3 -c 'import torch; print("torch", torch.__version__)' || true
 missing=$(LD_LIBRARY_PATH=$sdk_libs ldd "$here"/bin/* "$here"/lib/libddprun_grpc.so 2>&1 | grep 'not found' | sort -u)
@@ -77,10 +78,44 @@ for s in "${steps[@]}"; do
         --ddprun "$here/bin/ddprun" --reps 5 --peer-reps 2 --sizes 1,8
       step restart env PYTHON_EXEC="$(command -v python3)" python3 bench/restart_latency.py \
         --build "$here" --reps 3 ;;
-    *) echo "run.sh: unknown step '$s' (tests, nccl, torch, latency)" >&2; rc=2 ;;
+    features)  # ddprun bench / check on the GPU, and the GPU columns of a live NCCL job's /metrics
+      step bench env LD_LIBRARY_PATH="$sdk_libs" "$here/bin/ddprun" bench --nproc_per_node=1 \
+        --dashboard_port=off --op all --sizes 4K:256M --step_factor 4
+      step scaling env LD_LIBRARY_PATH="$sdk_libs" "$here/bin/ddprun" bench --nproc_per_node=1 \
+        --dashboard_port=off --scaling --compute_ms 20
+      step check "$here/bin/ddprun" check --nproc_per_node=gpu examples/ddp_train.py --backend nccl
+      step metrics "$here/features_metrics.sh" "$here/bin/ddprun" ;;
+    *) echo "run.sh: unknown step '$s' (tests, nccl, torch, latency, features)" >&2; rc=2 ;;
   esac
 done
 exit $rc
 RUN
 chmod +x "$out/run.sh"
+# features' last part: a 9 s NCCL job with the dashboard on a fixed port; its
+# GPU gauges and the job document are read while it runs.
+cat > "$out/features_metrics.sh" <<'METRICS'
+#!/usr/bin/env bash
+set -u
+ddprun=$1 port=29888 loop=$(mktemp --suffix=.py)
+cat > "$loop" <<'PY'
+import time, torch, torch.distributed as dist
+dist.init_process_group("nccl")
+x, g = torch.randn(8192, 8192, device="cuda"), torch.ones(1 << 24, device="cuda")
+end = time.time() + 9
+while time.time() < end:
+    y = x @ x; dist.all_reduce(g); torch.cuda.synchronize()
+dist.destroy_process_group()
+PY
+timeout 30 "$ddprun" --nproc_per_node=1 --dashboard_port=$port "$loop" & job=$!
+sleep 6
+python3 - "$port" <<'PY'
+import json, sys, urllib.request
+base = f"http://127.0.0.1:{sys.argv[1]}"
+m = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
+print("\n".join(l for l in m.splitlines() if "gpu" in l and not l.startswith("#")))
+print(json.dumps(json.loads(urllib.request.urlopen(base + "/api/v1/jobs", timeout=5).read())))
+PY
+r=$?; wait $job; j=$?; rm -f "$loop"; echo "scrape exit $r, job exit $j"; [[ $r -eq 0 && $j -eq 0 ]]
+METRICS
+chmod +x "$out/features_metrics.sh"
 du -sh "$out"
