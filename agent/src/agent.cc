@@ -305,10 +305,7 @@ class Agent::Impl {
     in.host = advertised_host_;
     // The launcher checked the policy against this node at start; the mask
     // may have changed since, so a plan that fails now fails the spawn.
-    // (With `none`, the default, nothing to read: sysfs costs 7 system calls.)
-    const auto plan = PlanCpuBinding(
-        options_.cpu_bind, a.local_world_size,
-        options_.cpu_bind == CpuBind::kNone ? CpuTopology{} : ReadCpuTopology());
+    const auto plan = PlanCpuBinding(options_.cpu_bind, a.local_world_size, ReadCpuTopology);
     if (!plan.ok()) {
       Log(absl::StrCat("--cpu_bind: ", plan.status().message()));
       return false;

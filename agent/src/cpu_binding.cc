@@ -75,6 +75,12 @@ CpuTopology ReadCpuTopology() {
   return t;
 }
 
+absl::StatusOr<std::vector<std::vector<int>>> PlanCpuBinding(
+    CpuBind policy, int nproc, absl::FunctionRef<CpuTopology()> read_topology) {
+  if (policy == CpuBind::kNone) return std::vector<std::vector<int>>{};
+  return PlanCpuBinding(policy, nproc, read_topology());
+}
+
 absl::StatusOr<std::vector<std::vector<int>>> PlanCpuBinding(CpuBind policy, int nproc,
                                                              const CpuTopology& topology) {
   const int cores = static_cast<int>(topology.cores.size());

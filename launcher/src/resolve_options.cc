@@ -114,9 +114,8 @@ absl::Status ResolveShape(const ResolveContext& ctx, ParsedCommand& out) {
   o.cpu_bind = *agent::CpuBindFromName(cpu_bind);
   // Checked here, once, so that a policy this node cannot meet is a usage
   // error before anything starts (the agent plans again at every spawn).
-  if (auto plan = agent::PlanCpuBinding(
-          o.cpu_bind, o.nproc_per_node,
-          o.cpu_bind == agent::CpuBind::kNone ? agent::CpuTopology{} : CpuTopologyOf(ctx.host));
+  if (auto plan = agent::PlanCpuBinding(o.cpu_bind, o.nproc_per_node,
+                                        [&] { return CpuTopologyOf(ctx.host); });
       !plan.ok()) {
     return UsageError(absl::StrCat(flags.Get("cpu_bind").Name("--cpu_bind"), "=", cpu_bind,
                                    ": ", plan.status().message()));

@@ -35,6 +35,20 @@ TEST_CASE("cpu_bind names: the four policies, nothing else", "[unit]") {
   CHECK_FALSE(CpuBindFromName("").has_value());
 }
 
+TEST_CASE("the topology is read only for a policy that binds", "[unit]") {
+  int reads = 0;
+  auto read = [&] {
+    ++reads;
+    return Topo(4);
+  };
+  CHECK(PlanCpuBinding(CpuBind::kNone, 8, read)->empty());
+  CHECK(reads == 0);
+  CHECK(*PlanCpuBinding(CpuBind::kCore, 2, read) == Plan{{0, 1}, {2, 3}});
+  CHECK(reads == 1);
+  CHECK_FALSE(PlanCpuBinding(CpuBind::kCore, 5, read).ok());  // 5 workers, 4 cores
+  CHECK(reads == 2);
+}
+
 TEST_CASE("cpu_bind=core: one core each, or equal blocks of cores", "[unit]") {
   CHECK(*PlanCpuBinding(CpuBind::kCore, 2, Topo(2)) == Plan{{0}, {1}});
   CHECK(*PlanCpuBinding(CpuBind::kCore, 2, Topo(8)) == Plan{{0, 1, 2, 3}, {4, 5, 6, 7}});

@@ -57,7 +57,12 @@ const Scratch& S() {
 
 Env BaseEnv() { return {{"PATH", S().BinDir()}}; }
 
-HostFacts Host(int cpus = 8, int gpus = 0) { return HostFacts{cpus, gpus, {}}; }
+HostFacts Host(int cpus = 8, int gpus = 0) {
+  HostFacts host;
+  host.cpu_count = cpus;
+  host.gpu_count = gpus;
+  return host;
+}
 
 absl::StatusOr<ParsedCommand> Parse(std::vector<std::string> args, Env env = BaseEnv(),
                                     HostFacts host = Host()) {

@@ -131,7 +131,9 @@ absl::StatusOr<ParsedCommand> Parse(const Job& job, V flags, Env env = {},
   V args{"ddprun", "--config", job.path()};
   args.insert(args.end(), flags.begin(), flags.end());
   env.emplace("PATH", "/usr/bin:/bin");
-  HostFacts host{8, 0, names};
+  HostFacts host;
+  host.cpu_count = 8;
+  host.names = names;
   return ParseCommandLine(args, env, host);
 }
 

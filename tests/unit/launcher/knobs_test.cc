@@ -154,7 +154,8 @@ TEST_CASE("a bad value reads the same from a flag, a PET_ variable and a job fil
       {"signals_to_handle", "restart:\n  signals_to_handle: ", "SIGKILL"},
   };
   const Env env = {{"PATH", "/usr/bin:/bin"}};
-  const HostFacts host{4, 0, {}};
+  HostFacts host;
+  host.cpu_count = 4;
   for (const Case& c : cases) {
     INFO(c.flag << " = " << c.value);
     std::string value = c.value;
@@ -199,7 +200,8 @@ TEST_CASE("a bad value reads the same from a flag, a PET_ variable and a job fil
 
 TEST_CASE("one job-id rule for --rdzv_id, PET_RDZV_ID and job.id", "[unit]") {
   const Env env = {{"PATH", "/usr/bin:/bin"}};
-  const HostFacts host{4, 0, {}};
+  HostFacts host;
+  host.cpu_count = 4;
   auto flag = ParseCommandLine({"ddprun", "--rdzv_id=a b", "/bin/true"}, env, host);
   REQUIRE_FALSE(flag.ok());
   CHECK(std::string(flag.status().message()) ==

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -56,6 +57,11 @@ CpuTopology ReadCpuTopology();
 // cannot be met: core with more workers than cores.
 absl::StatusOr<std::vector<std::vector<int>>> PlanCpuBinding(CpuBind policy, int nproc,
                                                              const CpuTopology& topology);
+// The same, reading the topology only when the policy needs one: never for
+// `none` (the default), where reading sysfs would cost 7 system calls or the
+// host's probe for nothing.
+absl::StatusOr<std::vector<std::vector<int>>> PlanCpuBinding(
+    CpuBind policy, int nproc, absl::FunctionRef<CpuTopology()> read_topology);
 
 // "0-3,8" for {0, 1, 2, 3, 8}.
 std::string FormatCpuList(const std::vector<int>& cpus);
