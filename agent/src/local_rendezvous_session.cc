@@ -139,14 +139,10 @@ class LocalRendezvousSession final : public RendezvousSession {
     // The one job is kept, closed, for as long as ddprun runs: no retention
     // deadline (which started the table's timer thread at every exit).
     to.closed_job_retention = rdzv::Duration::max();
-    to.on_deadline = [this](TimePoint t) {
-      // A one-node round completes inside the Join that opened it: its join
-      // deadline is gone by the time this runs, and no thread is started to
-      // wait for nothing. The table calls this after every change that may
-      // bring a deadline, from the changing thread, so a later one starts it.
-      if (rdzv::DeadlineTimer* timer = StartedTimer(); timer != nullptr) return timer->Notify(t);
-      if (table_->NextDeadline()) Timer().Notify(t);
-    };
+    // The table reports only deadlines still pending after a change (a
+    // one-node round completes inside the Join that opened it, its join
+    // timeout with it), so the timer's thread starts for a real wait only.
+    to.on_deadline = [this](TimePoint t) { Timer().Notify(t); };
     table_ = std::make_unique<rdzv::JobTable>(std::move(to));
   }
   ~LocalRendezvousSession() override { Close(); }
@@ -296,12 +292,6 @@ class LocalRendezvousSession final : public RendezvousSession {
                      "/ (Prometheus: /metrics; in a terminal: ddprun top --rdzv_endpoint ",
                      rdzv::FormatHostPort(shown, port_), " --job ", options_.job_id, ")"));
     return absl::OkStatus();
-  }
-
-  // The table's timer once started; null before.
-  rdzv::DeadlineTimer* StartedTimer() {
-    std::lock_guard<std::mutex> lock(timer_mu_);
-    return timer_.get();
   }
 
   // The table's timer, started on its first pending deadline.

@@ -463,7 +463,11 @@ void JobRendezvous::NoteDeadline(TimePoint t) {
 }
 
 std::optional<TimePoint> JobRendezvous::TakeNewDeadline() {
-  return std::exchange(new_deadline_, std::nullopt);
+  // Every noted deadline belongs to a gathering round (a join timeout, the
+  // last call): one that the same change completed (a one-node round, the
+  // last joiner) or closed is gone already.
+  std::optional<TimePoint> t = std::exchange(new_deadline_, std::nullopt);
+  return state_ == State::kGathering ? t : std::nullopt;
 }
 
 std::optional<TimePoint> JobRendezvous::NextDeadline() const {

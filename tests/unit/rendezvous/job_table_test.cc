@@ -281,6 +281,23 @@ TEST_CASE("JobTable: a join timeout expires on Tick at its deadline, not before"
   CHECK(f.table->NextDeadline() == std::nullopt);
 }
 
+TEST_CASE("JobTable: a join that completes its round notifies no deadline", "[unit]") {
+  // The joiner's join timeout is gone by the time the call returns: a timer
+  // told of it would wake (or, in ddprun's one-node table, start) for nothing.
+  Fixture f;
+  auto solo = f.Join(Spec("one", "10.0.0.1", 1, 1));
+  CHECK(AssignmentOf(*solo).world_size == 2);  // 1 node x 2 workers
+  CHECK(f.notified.empty());
+  const TimePoint t0 = f.clock.Now();
+  f.Join(Spec("two", "10.0.0.1"));
+  REQUIRE(f.notified.size() == 1);  // the first joiner's timeout is pending
+  CHECK(f.notified.back() == t0 + 10s);
+  auto last = f.Join(Spec("two", "10.0.0.2"));
+  CHECK(AssignmentOf(*last).world_size == 4);
+  CHECK(f.notified.size() == 1);
+  CHECK(f.table->NextDeadline() == std::nullopt);
+}
+
 TEST_CASE("JobTable: the last call completes a round of MIN nodes", "[unit]") {
   Fixture f;
   const TimePoint t0 = f.clock.Now();

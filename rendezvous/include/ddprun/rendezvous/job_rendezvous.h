@@ -110,7 +110,9 @@ class JobRendezvous {
   // The earliest deadline that calls added since the last TakeNewDeadline()
   // (a joiner's join timeout, an armed last call, a promoted spare), nullopt
   // if none: O(1), so that a caller's timer learns of it after every call.
-  // Deadlines that calls removed are not reported (NextDeadline() drops them).
+  // Deadlines that calls removed are not reported (NextDeadline() drops them);
+  // none once the round is no longer gathering (the call that completed it
+  // removed them all).
   std::optional<TimePoint> TakeNewDeadline();
   // The server's own verdict on the running round (a hang with
   // --on_hang=abort, metrics_hub.h): records failures and closes the job
