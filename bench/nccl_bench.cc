@@ -30,7 +30,10 @@
 //
 // Without a CUDA device (or in a build without CUDA) it prints one line,
 // "SKIPPED: no CUDA device", and exits 0. Rank 0 prints one line per figure:
-//   nccl allreduce bytes=.. ranks=.. mode=.. sdk_ms=.. raw_ms=.. overhead_pct=..
+//   nccl allreduce bytes=.. ranks=.. mode=.. sdk_ms=.. raw_ms=.. overhead_pct=.. overhead_us=..
+// overhead_us is the SDK's extra time per call. At world size 1 it is the
+// figure to read: NCCL's in-place all-reduce then enqueues no device work
+// (raw_ms is the host call alone), so overhead_pct divides by almost nothing.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -180,8 +183,9 @@ void BenchAllreduce(ddp::ProcessGroup& pg, RawNccl& raw, bool print) {
       const double s = Median(sdk), w = Median(rw);
       if (print) {
         std::printf(
-            "nccl allreduce bytes=%zu ranks=%d mode=%s sdk_ms=%.4f raw_ms=%.4f overhead_pct=%.1f\n",
-            bytes, pg.size(), mode, s * 1e3, w * 1e3, (s - w) / w * 100.0);
+            "nccl allreduce bytes=%zu ranks=%d mode=%s sdk_ms=%.4f raw_ms=%.4f overhead_pct=%.1f "
+            "overhead_us=%.2f\n",
+            bytes, pg.size(), mode, s * 1e3, w * 1e3, (s - w) / w * 100.0, (s - w) * 1e6);
         std::fflush(stdout);
       }
     }
