@@ -102,6 +102,8 @@ __global__ void CopyBatchKernel(SpanBatch batch) {
     CopyWords<uint4>(c.dst, c.src, c.bytes / 16, first, stride);
   } else if (bits % 4 == 0) {
     CopyWords<std::uint32_t>(c.dst, c.src, c.bytes / 4, first, stride);
+  } else if (bits % 2 == 0) {  // f16/bf16 gradients of odd length
+    CopyWords<std::uint16_t>(c.dst, c.src, c.bytes / 2, first, stride);
   } else {
     CopyWords<unsigned char>(c.dst, c.src, c.bytes, first, stride);
   }
