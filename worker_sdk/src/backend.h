@@ -173,7 +173,24 @@ class Backend {
 absl::Status CheckBuffer(const Backend& b, const char* op, const void* p, std::size_t count,
                          DType dtype, const char* name = "data");
 absl::Status CheckReduceOp(const Backend& b, const char* op, ReduceOp r);
-std::string DescribeOp(const char* op, std::size_t count, DType dtype, const char* extra = "");
+
+// One collective as monitoring and error messages name it: its op, payload
+// per rank and reduction. The strings are literals (op names, ReduceOpName),
+// so a copy may outlive the call. Text() is "op(count x dtype[, extra])", or
+// the op alone for a collective without payload (barrier).
+struct OpDesc {
+  const char* op;
+  std::size_t count = 0;
+  DType dtype = DType::kFloat32;
+  const char* extra = "";
+  bool payload = true;
+
+  static OpDesc Bare(const char* op) { return OpDesc{op, 0, DType::kFloat32, "", false}; }
+  std::string Text() const;
+  std::int64_t bytes() const {
+    return payload ? static_cast<std::int64_t>(count * DTypeSize(dtype)) : 0;
+  }
+};
 
 }  // namespace ddp::detail
 

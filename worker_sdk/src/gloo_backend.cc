@@ -130,7 +130,7 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
                                     ReduceOp op) override {
     DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "allreduce", data, count, dtype));
     DDPRUN_RETURN_IF_ERROR(CheckReduceOp(*this, "allreduce", op));
-    const std::string desc = DescribeOp("allreduce", count, dtype, ReduceOpName(op));
+    const OpDesc desc{"allreduce", count, dtype, ReduceOpName(op)};
     if (count == 0) return Enqueue(desc, nullptr);
     const int n = size();
     if (n == 1) {
@@ -187,7 +187,7 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
       if (p.count) shm_pieces.push_back(ShmPiece{p.data, p.count * DTypeSize(dtype)});
     }
     DDPRUN_RETURN_IF_ERROR(CheckReduceOp(*this, "allreduce", op));
-    const std::string desc = DescribeOp("allreduce", count, dtype, ReduceOpName(op));
+    const OpDesc desc{"allreduce", count, dtype, ReduceOpName(op)};
     if (count == 0) return Enqueue(desc, nullptr);
     return Enqueue(desc, [=, t = timeout()] {
       ThrowIfFailed(shm->Allreduce(shm_pieces, dtype, op, DeadlineIn(t)));
@@ -200,7 +200,7 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
       return absl::InvalidArgumentError(absl::StrCat(
           Fence(), "broadcast: root ", root, " is not a rank of this group (size ", size(), ")"));
     }
-    const std::string desc = DescribeOp("broadcast", count, dtype, "");
+    const OpDesc desc{"broadcast", count, dtype};
     if (count == 0 || size() == 1) return Enqueue(desc, nullptr);
     const Duration t = timeout();
     if (ShmGroup* shm = OneHostShm()) {
@@ -223,7 +223,7 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
                                     DType dtype) override {
     DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "allgather", in, count, dtype, "input"));
     DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "allgather", out, count, dtype, "output"));
-    const std::string desc = DescribeOp("allgather", count, dtype, "");
+    const OpDesc desc{"allgather", count, dtype};
     if (count == 0) return Enqueue(desc, nullptr);
     const std::size_t bytes = count * DTypeSize(dtype);
     if (size() == 1) {
@@ -256,7 +256,7 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
     DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "reduce_scatter", in, count, dtype, "input"));
     DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "reduce_scatter", out, count, dtype, "output"));
     DDPRUN_RETURN_IF_ERROR(CheckReduceOp(*this, "reduce_scatter", op));
-    const std::string desc = DescribeOp("reduce_scatter", count, dtype, ReduceOpName(op));
+    const OpDesc desc{"reduce_scatter", count, dtype, ReduceOpName(op)};
     if (count == 0) return Enqueue(desc, nullptr);
     const std::size_t esize = DTypeSize(dtype);
     const int n = size();
@@ -286,13 +286,13 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
 
   absl::StatusOr<WorkPtr> Barrier() override {
     if (aborted()) return AbortedStatus("barrier");
-    if (size() == 1) return Enqueue("barrier", nullptr);
+    if (size() == 1) return Enqueue(OpDesc::Bare("barrier"), nullptr);
     const Duration t = timeout();
     if (ShmGroup* shm = OneHostShm()) {
-      return CallerRuns("barrier", shm, nullptr,
+      return CallerRuns(OpDesc::Bare("barrier"), shm, nullptr,
                         [=](ShmGroup::Posted* p) { return shm->PostBarrier(p); });
     }
-    return Enqueue("barrier", [=, ctx = core_->context, tag = NextTag()] {
+    return Enqueue(OpDesc::Bare("barrier"), [=, ctx = core_->context, tag = NextTag()] {
       gloo::BarrierOptions opts(ctx);
       opts.setTag(tag);
       opts.setTimeout(t);
@@ -349,12 +349,11 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
   // completes it while the caller goes on, so a caller never blocks on a late
   // peer. With work queued it is queued like any other collective.
   template <class Post>
-  absl::StatusOr<WorkPtr> CallerRuns(const std::string& desc, ShmGroup* shm, void* data,
-                                     Post post) {
-    if (aborted()) return AbortedStatus(desc);
+  absl::StatusOr<WorkPtr> CallerRuns(const OpDesc& op, ShmGroup* shm, void* data, Post post) {
+    if (aborted()) return AbortedStatus(op.Text());
     const auto deadline = DeadlineIn(timeout());
     if (!queue_.TryClaim()) {
-      return Enqueue(desc, [=] {
+      return Enqueue(op, [=] {
         ShmGroup::Posted p;
         ThrowIfFailed(post(&p));
         ThrowIfFailed(shm->Complete(p, data, deadline));
@@ -362,7 +361,8 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
     }
     // ddprun's monitoring (metrics.h): from the post to the completion,
     // wherever that happens.
-    std::shared_ptr<detail::CollectiveRecord> rec = detail::BeginCollective(desc, size());
+    std::shared_ptr<detail::CollectiveRecord> rec = detail::BeginCollective(op, size());
+    const std::string desc = op.Text();
     ShmGroup::Posted p;
     absl::Status s = post(&p);
     if (s.ok() && !shm->Arrived(p, kCallerSpin, kCallerYield)) {
@@ -382,9 +382,10 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
     return std::make_shared<DoneWork>(std::move(s));
   }
 
-  absl::StatusOr<WorkPtr> Enqueue(const std::string& desc, std::function<void()> run) {
+  absl::StatusOr<WorkPtr> Enqueue(const OpDesc& op, std::function<void()> run) {
+    const std::string desc = op.Text();
     if (aborted()) return AbortedStatus(desc);
-    run = RecordCollective(desc, std::move(run), size());  // ddprun's monitoring (metrics.h)
+    run = RecordCollective(op, std::move(run), size());  // ddprun's monitoring (metrics.h)
     auto work = std::make_shared<QueuedWork>(weak_from_this(), desc, timeout());
     // Nothing to communicate (run null) still keeps issue order.
     queue_.Push(desc, std::move(run), work);

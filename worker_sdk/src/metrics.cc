@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 
+#include "backend.h"
 #include "ddp/types.h"
 #include "ddprun/rendezvous/worker_env_names.h"
 #include "metrics.h"
@@ -73,40 +74,17 @@ class CollectiveRecord {
   std::chrono::steady_clock::time_point t0_;
 };
 
-// DescribeOp's format: process_group.cc.
-std::pair<std::string, std::int64_t> ParseCollectiveDesc(const std::string& desc) {
-  const std::size_t paren = desc.find('(');
-  std::string op = desc.substr(0, paren);
-  std::int64_t bytes = 0;
-  if (paren != std::string::npos) {
-    const std::size_t x = desc.find(" x ", paren);
-    const std::size_t end = desc.find_first_of(",)", x == std::string::npos ? paren : x);
-    if (x != std::string::npos && end != std::string::npos) {
-      const std::int64_t count = std::strtoll(desc.c_str() + paren + 1, nullptr, 10);
-      const std::string dtype = desc.substr(x + 3, end - x - 3);
-      for (int d = 0; IsValidDType(d); ++d) {
-        if (dtype == DTypeName(static_cast<DType>(d))) {
-          bytes = count * static_cast<std::int64_t>(DTypeSize(static_cast<DType>(d)));
-        }
-      }
-    }
-  }
-  return {std::move(op), bytes};
-}
-
-std::shared_ptr<CollectiveRecord> BeginCollective(const std::string& desc, int ranks) {
+std::shared_ptr<CollectiveRecord> BeginCollective(const OpDesc& op, int ranks) {
   rdzv::ChannelWriter* channel = MetricsChannel();
   if (channel == nullptr) return nullptr;
-  auto [op, bytes] = ParseCollectiveDesc(desc);
-  return std::make_shared<CollectiveRecord>(channel, std::move(op), bytes, ranks);
+  return std::make_shared<CollectiveRecord>(channel, op.op, op.bytes(), ranks);
 }
 
-std::function<void()> RecordCollective(const std::string& desc, std::function<void()> run,
-                                       int ranks) {
+std::function<void()> RecordCollective(const OpDesc& op, std::function<void()> run, int ranks) {
   if (MetricsChannel() == nullptr) return run;
-  return [desc, ranks, run = std::move(run)] {
+  return [op, ranks, run = std::move(run)] {
     // The end is recorded when `rec` goes, when `run` throws too.
-    const std::shared_ptr<CollectiveRecord> rec = BeginCollective(desc, ranks);
+    const std::shared_ptr<CollectiveRecord> rec = BeginCollective(op, ranks);
     if (run) run();
   };
 }

@@ -13,6 +13,8 @@
 
 namespace ddp::detail {
 
+struct OpDesc;  // backend.h
+
 // The channel named by DDPRUN_METRICS_FILE, opened once per process; null
 // when there is none.
 ddprun::rendezvous::ChannelWriter* MetricsChannel();
@@ -21,22 +23,17 @@ ddprun::rendezvous::ChannelWriter* MetricsChannel();
 // this rank's input bytes, its duration and the group size.
 double BusBandwidthGbps(const char* op, std::int64_t input_bytes, double seconds, int ranks);
 
-// DescribeOp's "op(count x dtype[, extra])" -> the op and its payload bytes
-// per rank (0 when the format is not that).
-std::pair<std::string, std::int64_t> ParseCollectiveDesc(const std::string& desc);
-
-// `run` (a collective of the group's communication thread, described by
-// DescribeOp's "op(count x dtype, ...)") wrapped so that the channel records
-// its start, then its end, bytes, duration and bus bandwidth; `run` itself
-// when there is no channel. The end is recorded when `run` throws too.
-std::function<void()> RecordCollective(const std::string& desc, std::function<void()> run,
-                                       int ranks);
+// `run` (the collective `op` of the group's communication thread) wrapped
+// so that the channel records its start, then its end, bytes, duration and
+// bus bandwidth; `run` itself when there is no channel. The end is recorded
+// when `run` throws too.
+std::function<void()> RecordCollective(const OpDesc& op, std::function<void()> run, int ranks);
 
 // The same record for a collective that does not run as one function (the
 // caller-run shared-memory path, gloo_backend.cc): the start is recorded by
 // Begin, the end (bytes, duration, bus bandwidth) when the last copy of the
 // returned pointer goes. Null when there is no channel.
 class CollectiveRecord;
-std::shared_ptr<CollectiveRecord> BeginCollective(const std::string& desc, int ranks);
+std::shared_ptr<CollectiveRecord> BeginCollective(const OpDesc& op, int ranks);
 
 }  // namespace ddp::detail

@@ -206,7 +206,7 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
     DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "allreduce", data, count, dtype));
     DDPRUN_RETURN_IF_ERROR(CheckReduceOp(*this, "allreduce", op));
     if (count == 0) return Done();
-    return Launch(DescribeOp("allreduce", count, dtype, ReduceOpName(op)), [&] {
+    return Launch(OpDesc{"allreduce", count, dtype, ReduceOpName(op)}, [&] {
       return ncclAllReduce(data, data, count, NcclType(dtype), NcclOp(op), comm_, stream_);
     });
   }
@@ -218,7 +218,7 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
           absl::StrCat(Fence(), "broadcast: root ", root, " is not a rank (size ", size(), ")"));
     }
     if (count == 0) return Done();
-    return Launch(DescribeOp("broadcast", count, dtype, ""), [&] {
+    return Launch(OpDesc{"broadcast", count, dtype}, [&] {
       return ncclBroadcast(data, data, count, NcclType(dtype), root, comm_, stream_);
     });
   }
@@ -227,7 +227,7 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
     DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "allgather", in, count, dtype, "input"));
     DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "allgather", out, count, dtype, "output"));
     if (count == 0) return Done();
-    return Launch(DescribeOp("allgather", count, dtype, ""), [&] {
+    return Launch(OpDesc{"allgather", count, dtype}, [&] {
       return ncclAllGather(in, out, count, NcclType(dtype), comm_, stream_);
     });
   }
@@ -237,13 +237,13 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
     DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "reduce_scatter", out, count, dtype, "output"));
     DDPRUN_RETURN_IF_ERROR(CheckReduceOp(*this, "reduce_scatter", op));
     if (count == 0) return Done();
-    return Launch(DescribeOp("reduce_scatter", count, dtype, ReduceOpName(op)), [&] {
+    return Launch(OpDesc{"reduce_scatter", count, dtype, ReduceOpName(op)}, [&] {
       return ncclReduceScatter(in, out, count, NcclType(dtype), NcclOp(op), comm_, stream_);
     });
   }
   absl::StatusOr<WorkPtr> Barrier() override {
     if (aborted()) return AbortedStatus("barrier");
-    return Launch("barrier", [&] {
+    return Launch(OpDesc::Bare("barrier"), [&] {
       return ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_);
     });
   }
@@ -391,7 +391,8 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
   }
 
   template <class Fn>
-  absl::StatusOr<WorkPtr> Launch(const std::string& desc, Fn&& call) {
+  absl::StatusOr<WorkPtr> Launch(const OpDesc& op, Fn&& call) {
+    const std::string desc = op.Text();  // for errors and the Work
     std::lock_guard<std::mutex> lock(launch_mu_);
     if (aborted() || comm_ == nullptr) return AbortedStatus(desc);
     cudaSetDevice(device_);
@@ -402,9 +403,8 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
     InFlight rec;
     if (channel_ != nullptr) {
       ReapLocked();
-      auto [op, bytes] = ParseCollectiveDesc(desc);
-      rec.op = std::move(op);
-      rec.bytes = bytes;
+      rec.op = op.op;
+      rec.bytes = op.bytes();
       channel_->CollectiveStart(rec.op);
       if (in_flight_.size() < kMaxInFlight) {
         rec.start = TakeEvent();

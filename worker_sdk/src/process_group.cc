@@ -29,7 +29,8 @@
 namespace ddp {
 namespace detail {
 
-std::string DescribeOp(const char* op, std::size_t count, DType dtype, const char* extra) {
+std::string OpDesc::Text() const {
+  if (!payload) return op;
   std::string s = absl::StrCat(op, "(", count, " x ", DTypeName(dtype));
   if (extra && *extra) absl::StrAppend(&s, ", ", extra);
   return s + ")";
