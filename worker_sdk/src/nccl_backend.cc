@@ -227,9 +227,8 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
     DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "allgather", in, count, dtype, "input"));
     DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "allgather", out, count, dtype, "output"));
     if (count == 0) return Done();
-    return Launch(OpDesc{"allgather", count, dtype}, [&] {
-      return ncclAllGather(in, out, count, NcclType(dtype), comm_, stream_);
-    });
+    return Launch(OpDesc{"allgather", count, dtype},
+                  [&] { return ncclAllGather(in, out, count, NcclType(dtype), comm_, stream_); });
   }
   absl::StatusOr<WorkPtr> ReduceScatter(const void* in, void* out, std::size_t count,
                                         DType dtype, ReduceOp op) override {
