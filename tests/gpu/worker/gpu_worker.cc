@@ -477,6 +477,44 @@ TEST_CASE("nccl reducer: one bucket of 200 gradients at odd offsets packs and un
   REQUIRE(reducer.num_buckets() == 1);
 }
 
+TEST_CASE("nccl reducer: f16 gradients of odd length pack and unpack exactly (copy mode)",
+          "[gpu-reducer]") {
+  // Odd element counts leave spans only 2-byte aligned: the copy kernel's
+  // 2-byte path. Values are small integers, exact in binary16 when summed.
+  auto& pg = Group();
+  const int rank = pg->rank();
+  const std::vector<std::size_t> model = {3, 1001, 7, 65, 1, 4097};
+  std::vector<std::unique_ptr<DevBuf>> grads, plain;
+  std::vector<std::vector<std::uint16_t>> host(model.size());
+  const std::uint16_t kHalf[] = {0x0000, 0x3C00, 0x4000, 0x4200};  // 0, 1, 2, 3
+  for (std::size_t k = 0; k < model.size(); ++k) {
+    for (std::size_t i = 0; i < model[k]; ++i) host[k].push_back(kHalf[(i + k + rank) % 4]);
+    grads.push_back(std::make_unique<DevBuf>(model[k] * 2));
+    plain.push_back(std::make_unique<DevBuf>(model[k] * 2));
+  }
+  ddp::ReducerOptions opts;
+  opts.average = false;
+  ddp::Reducer reducer(pg, opts);
+  for (std::size_t k = 0; k < model.size(); ++k)
+    reducer.Register(grads[k]->p, model[k], DType::kFloat16, kCuda0);
+  for (int step = 0; step < 2; ++step) {
+    for (std::size_t k = 0; k < model.size(); ++k) {
+      grads[k]->Upload(host[k].data(), model[k] * 2);
+      plain[k]->Upload(host[k].data(), model[k] * 2);
+    }
+    for (std::size_t k = model.size(); k-- > 0;) reducer.MarkReady(k);
+    reducer.Finish();
+    for (std::size_t k = 0; k < model.size(); ++k) {
+      pg->Allreduce(plain[k]->p, model[k], DType::kFloat16).Wait();
+      std::vector<std::uint16_t> a(model[k]), b(model[k]);
+      grads[k]->Download(a.data(), model[k] * 2);
+      plain[k]->Download(b.data(), model[k] * 2);
+      INFO("step " << step << " gradient " << k << " of " << model[k] << " halves");
+      REQUIRE(a == b);
+    }
+  }
+}
+
 TEST_CASE("nccl reducer: averages (ncclAvg); out-of-order MarkReady", "[gpu-reducer]") {
   auto& pg = Group();
   const int world = pg->size();
