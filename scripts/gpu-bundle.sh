@@ -71,7 +71,10 @@ step() {  # step NAME COMMAND...: runs it, tees to $OUT/NAME.log, remembers a fa
 for s in "${steps[@]}"; do
   case $s in
     tests) step tests env LD_LIBRARY_PATH="$sdk_libs" "$here/bin/gpu_tests" --durations yes ;;
-    nccl) step nccl env LD_LIBRARY_PATH="$sdk_libs" "$here/bin/ddprun" --nproc_per_node=1 --no_python "$here/bin/nccl_bench" all ;;
+    nccl)  # then again with the worker's metrics channel off: the SDK's own cost per call
+      step nccl env LD_LIBRARY_PATH="$sdk_libs" "$here/bin/ddprun" --nproc_per_node=1 --no_python "$here/bin/nccl_bench" all
+      step nccl_unmonitored env LD_LIBRARY_PATH="$sdk_libs" "$here/bin/ddprun" --nproc_per_node=1 \
+        --no_python env -u DDPRUN_METRICS_FILE "$here/bin/nccl_bench" allreduce ;;
     torch) step torch python3 tests/gpu/torch_under_ddprun.py --ddprun "$here/bin/ddprun" ;;
     latency)
       step launch env PYTHON_EXEC="$(command -v python3)" python3 bench/launch_latency.py \
