@@ -9,7 +9,7 @@
 # target's PyTorch 2.x under ddprun), latency (bench/launch_latency.py and
 # bench/restart_latency.py with the target's torchrun as the peer), features
 # (ddprun bench and check on the GPU, the GPU gauges of /metrics). With $OUT
-# set, each step's output is also written to $OUT/<step>.log.
+# set, each step's output is also appended to $OUT/steps.log.
 # Executables and libraries are stripped copies. Not packed: glibc (the target
 # must have glibc >= this machine's), the CUDA driver, and NCCL (218 MB here):
 # run.sh takes NCCL from the target's PyTorch (its nvidia-nccl wheel) or from
@@ -62,10 +62,11 @@ echo "== NCCL from $nccl"; python3 -c 'import torch; print("torch", torch.__vers
 missing=$(LD_LIBRARY_PATH=$sdk_libs ldd "$here"/bin/* "$here"/lib/libddprun_grpc.so 2>&1 | grep 'not found' | sort -u)
 [[ -z "$missing" ]] || echo "== libraries missing here: $missing"
 rc=0
-step() {  # step NAME COMMAND...: runs it, tees to $OUT/NAME.log, remembers a failure
+step() {  # step NAME COMMAND...: runs it, appends to $OUT/steps.log, remembers a failure
   local name=$1; shift
   echo "== $name: $*"
-  if [[ -n "${OUT:-}" ]]; then "$@" 2>&1 | tee "$OUT/$name.log"; else "$@"; fi
+  # One file for every step: the device tool brings back at most 8 files.
+  if [[ -n "${OUT:-}" ]]; then "$@" 2>&1 | tee -a "$OUT/steps.log"; else "$@"; fi
   local r=${PIPESTATUS[0]}; echo "== $name exit $r"; [[ $r -eq 0 ]] || rc=1
 }
 for s in "${steps[@]}"; do
