@@ -57,8 +57,9 @@ export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 sdk_libs="$here/lib/cuda:$nccl:$LD_LIBRARY_PATH"   # tests and nccl steps only
 export DDPRUN_TEST_BIN_DIR="$here/bin" PYTHONUNBUFFERED=1
 steps=("$@"); [[ ${#steps[@]} -gt 0 ]] || steps=(tests nccl torch latency features)
-echo "== $(date -u +%FT%TZ) $(uname -n), $(nproc) CPUs"; nvidia-smi -L || true
-echo "== NCCL from $nccl"; python3 -c 'import torch; print("torch", torch.__version__)' || true
+echo "== $(date -u +%FT%TZ) $(uname -n), $(nproc) CPUs"; nvidia-smi -L 2>/dev/null || echo "== nvidia-smi found no GPU (the GPU steps will skip or fail)"
+echo "== NCCL from $nccl"; python3 -c 'import torch; print("torch", torch.__version__)' 2>/dev/null ||
+  echo "== python3 ($(command -v python3)) cannot import torch: the torch and latency steps need it"
 missing=$(LD_LIBRARY_PATH=$sdk_libs ldd "$here"/bin/* "$here"/lib/libddprun_grpc.so 2>&1 | grep 'not found' | sort -u)
 [[ -z "$missing" ]] || echo "== libraries missing here: $missing"
 rc=0
