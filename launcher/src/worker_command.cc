@@ -86,22 +86,20 @@ int CountNvidiaGpus(const std::string& dev_dir, const std::string& proc_gpus_dir
 HostFacts ProbeHost() {
   HostFacts facts;
   facts.cpu_count = std::max(1u, std::thread::hardware_concurrency());
-  facts.probe_gpu_count = [] { return CountNvidiaGpus(); };
-  facts.probe_names = ProbeHostNames;
-  facts.probe_cpu_topology = agent::ReadCpuTopology;
+  facts.gpu_count = [] { return CountNvidiaGpus(); };
+  facts.names = ProbeHostNames;
+  facts.cpu_topology = agent::ReadCpuTopology;
   return facts;
 }
 
-int GpuCount(const HostFacts& host) {
-  return host.probe_gpu_count ? host.probe_gpu_count() : host.gpu_count;
-}
+int GpuCount(const HostFacts& host) { return host.gpu_count ? host.gpu_count() : 0; }
 
 std::vector<std::string> HostNames(const HostFacts& host) {
-  return host.probe_names ? host.probe_names() : host.names;
+  return host.names ? host.names() : std::vector<std::string>{};
 }
 
 agent::CpuTopology CpuTopologyOf(const HostFacts& host) {
-  return host.probe_cpu_topology ? host.probe_cpu_topology() : host.cpu_topology;
+  return host.cpu_topology ? host.cpu_topology() : agent::CpuTopology{};
 }
 
 std::string VersionString() { return absl::StrCat("ddprun ", DDPRUN_VERSION); }

@@ -60,7 +60,7 @@ Env BaseEnv() { return {{"PATH", S().BinDir()}}; }
 HostFacts Host(int cpus = 8, int gpus = 0) {
   HostFacts host;
   host.cpu_count = cpus;
-  host.gpu_count = gpus;
+  host.gpu_count = [gpus] { return gpus; };
   return host;
 }
 
@@ -196,9 +196,9 @@ TEST_CASE("the host's probes run only when the command line needs their fact", "
   // of them (each is a system walk at every start: netlink, /dev, sysfs).
   int gpu_probes = 0, name_probes = 0, topology_probes = 0;
   HostFacts host = Host(6, 0);
-  host.probe_gpu_count = [&] { ++gpu_probes; return 3; };
-  host.probe_names = [&] { ++name_probes; return std::vector<std::string>{"n0"}; };
-  host.probe_cpu_topology = [&] {
+  host.gpu_count = [&] { ++gpu_probes; return 3; };
+  host.names = [&] { ++name_probes; return std::vector<std::string>{"n0"}; };
+  host.cpu_topology = [&] {
     ++topology_probes;
     agent::CpuTopology t;
     t.cores = {{0}, {1}, {2}, {3}};
@@ -210,7 +210,7 @@ TEST_CASE("the host's probes run only when the command line needs their fact", "
   CHECK(gpu_probes == 0);
   CHECK(name_probes == 0);
   CHECK(topology_probes == 0);
-  // The probe wins over the field (which ProbeHost leaves at its default).
+  // Each fact is the probe's answer when the command line needs it.
   CHECK(Ok({"--nproc_per_node=gpu", S().Path("train.py")}, BaseEnv(), host)
             .options.nproc_per_node == 3);
   CHECK(gpu_probes == 1);
@@ -221,7 +221,7 @@ TEST_CASE("the host's probes run only when the command line needs their fact", "
             .options.nproc_per_node == 4);
   CHECK(topology_probes == 1);
   // Five workers on the probe's four cores: refused, so the probe's answer
-  // was used (the field's empty topology binds nothing and accepts).
+  // was used (no topology binds nothing and accepts).
   CHECK_THAT(Err({"--nproc_per_node=5", "--cpu_bind=core", S().Path("train.py")}, BaseEnv(), host),
              Contains("only 4 core(s)"));
   CHECK(topology_probes == 2);

@@ -133,7 +133,7 @@ absl::StatusOr<ParsedCommand> Parse(const Job& job, V flags, Env env = {},
   env.emplace("PATH", "/usr/bin:/bin");
   HostFacts host;
   host.cpu_count = 8;
-  host.names = names;
+  host.names = [names] { return names; };
   return ParseCommandLine(args, env, host);
 }
 

@@ -64,25 +64,22 @@ struct ParsedCommand {
   std::vector<std::string> warnings;
 };
 
-// Facts about this machine that --nproc_per_node=cpu|gpu|auto depend on.
-// Tests set the fields. ProbeHost() sets the probes instead, which read the
-// machine only when the command line needs the fact: the names are a netlink
-// dump, the GPUs a /dev scan, the topology two sysfs files per core, ~1 ms of
-// a launch's start in all (docs/launch.md, "Sixth pass"), and a plain
-// `--nproc_per_node=8` job needs none of them. Read through the functions
-// below, which prefer a probe when there is one.
+// Facts about this machine that --nproc_per_node=cpu|gpu|auto, a job file's
+// placement and --cpu_bind depend on. All but the CPU count are probes, run
+// only when the command line needs the fact: the names are a netlink dump,
+// the GPUs a /dev scan, the topology two sysfs files per core, ~1 ms of a
+// launch's start in all (docs/launch.md, "Sixth pass"), and a plain
+// `--nproc_per_node=8` job needs none of them. Tests set lambdas.
 struct HostFacts {
   int cpu_count = 1;
-  int gpu_count = 0;
+  std::function<int()> gpu_count;
   // This machine's host names and interface addresses, matched against a job
   // file's nodes.hosts (placement.h).
-  std::vector<std::string> names;
+  std::function<std::vector<std::string>()> names;
   // The cores ddprun may use (its affinity mask), for --cpu_bind.
-  agent::CpuTopology cpu_topology;
-  std::function<int()> probe_gpu_count;
-  std::function<std::vector<std::string>()> probe_names;
-  std::function<agent::CpuTopology()> probe_cpu_topology;
+  std::function<agent::CpuTopology()> cpu_topology;
 };
+// A probe's answer; an unset probe reads as none (0 GPUs, no names, no cores).
 int GpuCount(const HostFacts& host);
 std::vector<std::string> HostNames(const HostFacts& host);
 agent::CpuTopology CpuTopologyOf(const HostFacts& host);
