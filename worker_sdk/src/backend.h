@@ -21,6 +21,7 @@
 #include "ddp/types.h"
 #include "ddprun/rendezvous/debug_log.h"
 #include "ddprun/rendezvous/status_macros.h"
+#include "copy_span.h"
 #include "elementwise.h"
 
 namespace ddp::detail {
@@ -101,11 +102,7 @@ class Backend {
   // bucket); the copies must not overlap one another. `device_pointers`:
   // every pointer is device memory, which lets NCCL copy them all in one
   // kernel launch; otherwise (and on the CPU backends) one Copy each.
-  struct CopyOp {
-    void* dst;
-    const void* src;
-    std::size_t bytes;
-  };
+  using CopyOp = CopySpan;
   virtual absl::Status CopyMany(const std::vector<CopyOp>& ops, bool device_pointers) {
     for (const CopyOp& op : ops) {
       absl::Status s = Copy(op.dst, op.src, op.bytes);

@@ -11,7 +11,11 @@
 
 #include <cstddef>
 
+#include "copy_span.h"
+
 namespace ddp::detail::cuda {
+
+using detail::CopySpan;
 
 // dst[i] = half(src[i] * scale), rounding to nearest even; to bfloat16 when
 // `bf16`, else to IEEE binary16 (|x| >= 65520 becomes inf).
@@ -21,15 +25,8 @@ int LaunchCompressF32(const float* src, void* dst, std::size_t n, bool bf16, flo
 // dst[i] = float(src[i]) for binary16 (or bfloat16 when `bf16`) src; exact.
 int LaunchDecompressF32(const void* src, float* dst, std::size_t n, bool bf16, void* stream);
 
-// One copy of a batch: `bytes` from `src` to `dst`, both device memory (or
-// memory the device can address).
-struct CopySpan {
-  void* dst;
-  const void* src;
-  std::size_t bytes;
-};
-
-// Every span's copy, in one kernel launch per kMaxCopySpans spans instead of
+// Every span's copy (both sides device memory, or memory the device can
+// address), in one kernel launch per kMaxCopySpans spans instead of
 // one cudaMemcpyAsync each (the Reducer packs and unpacks a bucket of up to
 // hundreds of gradients). Spans must not overlap one another.
 inline constexpr std::size_t kMaxCopySpans = 64;

@@ -264,10 +264,7 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
 
   absl::Status CopyMany(const std::vector<CopyOp>& ops, bool device_pointers) override {
     if (!device_pointers) return Backend::CopyMany(ops, false);
-    std::vector<cuda::CopySpan> spans;
-    spans.reserve(ops.size());
-    for (const CopyOp& op : ops) spans.push_back({op.dst, op.src, op.bytes});
-    const int e = cuda::LaunchCopyBatch(spans.data(), spans.size(), user_stream_);
+    const int e = cuda::LaunchCopyBatch(ops.data(), ops.size(), user_stream_);
     if (e != 0) return Cuda("copy kernel", static_cast<cudaError_t>(e));
     return absl::OkStatus();
   }
