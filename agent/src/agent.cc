@@ -113,7 +113,7 @@ class Agent::Impl {
     int rc = RunRounds();
     DDPRUN_DEBUG_LOG(kAgent) << rdzv::Fence(options_.job_id, round_) << "shutting down, exit "
                              << rc;
-    Shutdown();
+    Finish();
     return rc;
   }
 
@@ -143,10 +143,22 @@ class Agent::Impl {
     return events_.PopUntil(deadline);
   }
 
+  // Everything of the run that another process or the user sees, in order:
+  // the workers' last output on the console and in files (and the temporary
+  // error-file directory removed), the reporter stopped (it uses the
+  // session), this node's part in the rendezvous ended, the orphan guard
+  // dismissed. What Shutdown() adds is joining threads that hold only this
+  // process's memory (agent.h).
+  void Finish() {
+    if (logs_) logs_->Finish();
+    monitoring_.reset();
+    stream_id_ = 0;  // anything still queued from the Join is stale
+    session_->Leave();
+    launcher_->Close();
+  }
+
   void Shutdown() {
-    if (logs_) logs_->Finish();  // the workers' last output reaches the console and files
-    monitoring_.reset();         // its reporter uses the session
-    EndJoin();
+    Finish();
     watcher_.reset();
     session_->Close();
   }

@@ -320,6 +320,10 @@ class BoostProcessLauncher final : public ProcessLauncher {
     if (guard_) guard_->RemoveOnDeath(dir);
   }
 
+  void Close() override {
+    if (guard_) guard_->Dismiss();
+  }
+
  private:
   std::unique_ptr<OrphanGuard> guard_;
 };

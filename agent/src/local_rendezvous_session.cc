@@ -35,6 +35,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
@@ -237,6 +238,16 @@ class LocalRendezvousSession final : public RendezvousSession {
     return absl::NotFoundError(absl::StrCat("the rendezvous does not know job ", options_.job_id));
   }
 
+  // The job can only ever be this node: nobody but a client of `ddprun
+  // status`, `top` or a dashboard sees the session. Only a client that the
+  // acceptor took (it may be loading the gRPC module for it) gets the orderly
+  // Close(); the rest (the dashboard's, the store's and the ticker's threads)
+  // is left to Close() or to the process's end.
+  void Leave() override {
+    EndJoin();
+    if (client_seen_.load(std::memory_order_acquire)) Close();
+  }
+
   void Close() override {
     EndJoin();
     if (ticker_) ticker_->Stop();
@@ -364,6 +375,7 @@ class LocalRendezvousSession final : public RendezvousSession {
         }
         continue;
       }
+      client_seen_.store(true, std::memory_order_release);
       if (!served_ && !failed) {
         absl::StatusOr<std::unique_ptr<ServedTable>> served =
             absl::FailedPreconditionError("not loaded");
@@ -405,6 +417,7 @@ class LocalRendezvousSession final : public RendezvousSession {
   std::string connect_host_ = "127.0.0.1";
   std::thread acceptor_;
   std::unique_ptr<ServedTable> served_;  // the acceptor's; read after it ends
+  std::atomic<bool> client_seen_{false};  // the acceptor took a connection
 
   std::unique_ptr<rdzv::C10dStoreServer> store_server_;
   int master_port_ = 0;

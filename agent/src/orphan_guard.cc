@@ -180,7 +180,12 @@ absl::StatusOr<std::unique_ptr<OrphanGuard>> OrphanGuard::Start() {
   return std::unique_ptr<OrphanGuard>(new OrphanGuard(pid, fds[1], shared));
 }
 
-OrphanGuard::~OrphanGuard() {
+OrphanGuard::~OrphanGuard() { Dismiss(); }
+
+void OrphanGuard::Dismiss() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (dismissed_) return;
+  dismissed_ = true;
   const char quit = 'q';
   while (::send(fd_, &quit, 1, MSG_NOSIGNAL) < 0 && errno == EINTR) {
   }
@@ -204,6 +209,7 @@ OrphanGuard::~OrphanGuard() {
 
 void OrphanGuard::Register(pid_t pgid) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (dismissed_) return;
   int slot;
   bool fresh = false;
   if (!free_slots_.empty()) {
@@ -226,6 +232,7 @@ void OrphanGuard::Register(pid_t pgid) {
 void OrphanGuard::RemoveOnDeath(const std::string& dir) {
   if (dir.size() >= static_cast<std::size_t>(kMaxPath)) return;
   std::lock_guard<std::mutex> lock(mu_);
+  if (dismissed_) return;
   // Cleared first, so that the guard never reads a path being rewritten.
   std::atomic_ref<int>(shared_->remove_len).store(0, std::memory_order_release);
   if (dir.empty()) return;
@@ -236,6 +243,7 @@ void OrphanGuard::RemoveOnDeath(const std::string& dir) {
 
 void OrphanGuard::Unregister(pid_t pgid) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (dismissed_) return;
   auto it = slot_of_.find(pgid);
   if (it == slot_of_.end()) return;
   std::atomic_ref<pid_t>(shared_->slots[it->second]).store(0, std::memory_order_release);

@@ -47,9 +47,13 @@ class OrphanGuard {
   static constexpr int kMaxGroups = 65536;
 
   static absl::StatusOr<std::unique_ptr<OrphanGuard>> Start();
-  // Says goodbye: the guard exits without killing; it is reaped here
-  // (bounded wait).
+  // Dismiss().
   ~OrphanGuard();
+
+  // Says goodbye: the guard exits without killing or removing anything; it
+  // is reaped here (bounded wait). Afterwards the calls below do nothing.
+  // Idempotent.
+  void Dismiss();
 
   // Thread-safe, no system call. Beyond kMaxGroups groups at once the extra
   // ones are not tracked (PDEATHSIG still covers the workers themselves).
@@ -72,6 +76,7 @@ class OrphanGuard {
   const int fd_;
   Shared* const shared_;
   std::mutex mu_;
+  bool dismissed_ = false;       // the guard is gone and shared_ unmapped
   int next_slot_ = 0;            // slots [0, next_slot_) have been used
   std::vector<int> free_slots_;  // used slots now empty
   std::unordered_map<pid_t, int> slot_of_;

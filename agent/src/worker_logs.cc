@@ -37,13 +37,7 @@ const char* FileName(StdStream s) { return s == StdStream::kStdout ? "stdout.log
 
 WorkerLogs::WorkerLogs(Options options) : o_(std::move(options)) {}
 
-WorkerLogs::~WorkerLogs() {
-  Finish();
-  if (temporary_ && !wrote_logs_ && !dir_.empty()) {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-}
+WorkerLogs::~WorkerLogs() { Finish(); }
 
 absl::Status WorkerLogs::Init() {
   if (!o_.log_dir.empty()) {
@@ -196,6 +190,12 @@ std::string WorkerLogs::LogFile(int local_rank) const {
   return "";
 }
 
-void WorkerLogs::Finish() { pump_.CloseAll(kSyncTimeout); }
+void WorkerLogs::Finish() {
+  pump_.CloseAll(kSyncTimeout);
+  if (temporary_ && !wrote_logs_ && !dir_.empty()) {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);  // gone already on a second call: a no-op
+  }
+}
 
 }  // namespace ddprun::agent

@@ -102,6 +102,7 @@ inline Behaviour Runs() { return Behaviour{}; }
 struct Record {
   std::vector<SpawnSpec> spawns;
   std::vector<std::vector<int>> signals;  // per spawn index
+  int launcher_closes = 0;                // ProcessLauncher::Close calls
 };
 
 // script(spawn_index, local_rank, restart_count) -> behaviour, or an error.
@@ -158,6 +159,7 @@ class FakeLauncher final : public ProcessLauncher {
     return std::unique_ptr<ChildProcess>(
         std::make_unique<FakeChild>(index, *b, rec_, clock_, queue_));
   }
+  void Close() override { ++rec_.launcher_closes; }
 
  private:
   Script& script_;
@@ -173,6 +175,7 @@ class LauncherRef final : public ProcessLauncher {
   absl::StatusOr<std::unique_ptr<ChildProcess>> Spawn(const SpawnSpec& spec) override {
     return l_.Spawn(spec);
   }
+  void Close() override { l_.Close(); }
 
  private:
   ProcessLauncher& l_;
@@ -232,7 +235,12 @@ class InProcessSession final : public RendezvousSession {
     return st;
   }
   absl::StatusOr<rendezvous::JobStatus> JobStatus(Duration) override { return job_.Status(); }
+  void Leave() override {
+    ++leaves;
+    EndJoin();
+  }
   void Close() override { EndJoin(); }
+  int leaves = 0;  // Leave() calls
 
   // Another node of the job, joined by the test; returns its node id.
   std::string PhantomJoin(const AgentOptions& o, const std::string& host) {

@@ -14,6 +14,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -91,6 +92,36 @@ TEST_CASE("Agent: every worker exits 0 -> exit 0", "[unit][agent]") {
     CHECK(s.env.at("DDPRUN_STORE_ADDR").rfind("127.0.0.1:", 0) == 0);
     CHECK_FALSE(s.env.at("DDPRUN_TOKEN").empty());
   }
+}
+
+// ddprun's main() ends the process right after Run() without destroying the
+// agent (its destructor only joins threads): what others see must be done by
+// then.
+TEST_CASE("Agent: Run() returns with the rendezvous left, the launcher closed and the "
+          "temporary directory removed, before the agent is destroyed",
+          "[unit][agent]") {
+  SimWorld world;
+  world.script = [](int, int, int) -> absl::StatusOr<Behaviour> { return ExitsAfter(50, 0); };
+  BlockAgentSignals();
+  AgentOptions o = Options(2, 0);
+  auto session = std::make_unique<InProcessSession>(o.job_id, world.clock, world.queue);
+  InProcessSession* s = session.get();
+  AgentDeps deps;
+  deps.launcher = std::make_unique<LauncherRef>(world.launcher);
+  deps.session = std::move(session);
+  deps.clock = &world.clock;
+  deps.events = &world.queue;
+  CaptureStderr cap;
+  Agent agent(std::move(o), std::move(deps));
+  REQUIRE(agent.Run() == kExitSuccess);
+  CHECK(s->leaves == 1);
+  CHECK(world.rec.launcher_closes == 1);
+  REQUIRE(world.rec.spawns.size() == 2);
+  const std::string error_file = world.rec.spawns[0].env.at("TORCHELASTIC_ERROR_FILE");
+  const std::filesystem::path dir = std::filesystem::path(error_file).parent_path();
+  INFO(dir.string());
+  CHECK_FALSE(dir.empty());
+  CHECK_FALSE(std::filesystem::exists(dir));
 }
 
 TEST_CASE("Agent: the session's TCPStore for each round reaches the workers, or fails the spawn",

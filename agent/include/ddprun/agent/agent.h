@@ -49,7 +49,13 @@ class Agent {
   Agent(AgentOptions options, AgentDeps deps);
   ~Agent();
   // Runs the node until the job ends; returns the process exit code. Must be
-  // called on the main thread after BlockAgentSignals() (events.h).
+  // called on the main thread after BlockAgentSignals() (events.h). On
+  // return, everything another process or the user sees is done: the
+  // workers' output flushed and their files closed, the temporary directory
+  // removed, the rendezvous left (RendezvousSession::Leave), the orphan guard
+  // dismissed. The destructor then joins the agent's threads, which hold
+  // only this process's memory: a process that ends right after Run() may
+  // skip it (launcher/src/main.cc does).
   int Run();
 
  private:

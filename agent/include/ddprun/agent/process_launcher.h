@@ -65,6 +65,12 @@ class ProcessLauncher {
   // agent dies without one (SIGKILL), as it kills the workers then. Default:
   // nothing (the fakes).
   virtual void RemoveOnDeath(const std::string& /*dir*/) {}
+  // Called once no child of this launcher is alive and none will be
+  // spawned: ends the launcher's helpers now rather than at destruction
+  // (the real one's orphan guard is dismissed and reaped), so that a process
+  // that ends without destroying the launcher leaves nothing behind.
+  // Idempotent. Default: nothing.
+  virtual void Close() {}
 };
 
 // The real launcher, over Boost.Process.

@@ -103,7 +103,14 @@ class RendezvousSession {
   // sockets exist from Open(): a client that connects earlier waits in the
   // backlog for the few milliseconds of the spawns. Idempotent.
   virtual void WorkersStarted() {}
-  // Ends every stream and stops what the session serves.
+  // The agent is done: ends, in order, what other processes see of this
+  // session (its Join stream; a server that others are connected to). What
+  // is left to Close() holds only this process's memory (threads, and sockets
+  // that nobody waits on), so that a process ending right after Leave() may
+  // leave it to the kernel (launcher/src/main.cc). Default: Close().
+  virtual void Leave() { Close(); }
+  // Ends every stream and stops what the session serves. Idempotent, and
+  // also after Leave().
   virtual void Close() = 0;
 };
 

@@ -39,7 +39,7 @@ class WorkerLogs {
     int console_err = 2;
   };
   explicit WorkerLogs(Options options);
-  ~WorkerLogs();  // Finish(), then removes a temporary directory without logs
+  ~WorkerLogs();  // Finish()
 
   // Creates the log directory (or the temporary one). A one-line error when
   // it cannot.
@@ -65,7 +65,8 @@ class WorkerLogs {
   std::string StderrTail(int local_rank);
   // The worker's log file for the report: stderr.log, else stdout.log, else "".
   std::string LogFile(int local_rank) const;
-  // Drains and closes every stream (at exit).
+  // At exit: drains and closes every stream, then removes a temporary
+  // directory that holds no logs. Idempotent.
   void Finish();
 
  private:
