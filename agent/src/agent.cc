@@ -63,6 +63,14 @@ constexpr Duration kReattachAnswer = seconds(5);
 // spare takes the seat at once), the agent says what it waits for.
 constexpr Duration kReplacementNotice = seconds(1);
 constexpr Duration kStatusTimeout = seconds(2);
+// The threads that serve a running job from the side (the session's: the
+// dashboard's I/O, the in-process rendezvous' acceptor and its hub's ticker;
+// monitoring's reporter) start this long after the first round's workers
+// were spawned, not at once: a job whose workers are all gone by then (a
+// launch of 8 `true` ends ~10 ms after its last spawn) never starts them, and
+// a round's first spawns do not share the cores with them. A client that
+// connects earlier waits in the listening socket's backlog (docs/launch.md).
+constexpr Duration kServicesDelay = milliseconds(100);
 
 double SecondsOf(Duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -519,9 +527,17 @@ class Agent::Impl {
       if (!warning.empty()) Log(warning);
     }
     if (!SpawnWorkers()) return OnWorkerFailure();
+    if (!services_started_ && !services_due_) services_due_ = clock_.Now() + kServicesDelay;
+    return Monitor();
+  }
+
+  // kServicesDelay after the first spawns (idempotent).
+  void StartServicesIfDue() {
+    if (!services_due_ || clock_.Now() < *services_due_) return;
+    services_due_.reset();
+    services_started_ = true;
     session_->WorkersStarted();
     if (monitoring_) monitoring_->Start();
-    return Monitor();
   }
 
   void OnRestart(const rdzv::RestartRound& r) {
@@ -533,7 +549,10 @@ class Agent::Impl {
 
   std::optional<int> Monitor() {
     while (true) {
-      auto e = NextEvent(clock_.Now() + WorkerGroup::kPollInterval);
+      TimePoint wake = clock_.Now() + WorkerGroup::kPollInterval;
+      if (services_due_) wake = std::min(wake, *services_due_);
+      auto e = NextEvent(wake);
+      StartServicesIfDue();
       if (!e || std::holds_alternative<ChildrenChanged>(*e)) {
         workers_.Poll();
         UpdateMonitoredWorkers();
@@ -819,6 +838,9 @@ class Agent::Impl {
   WorkerGroup workers_;
   std::unique_ptr<WorkerLogs> logs_;  // set by Run()
   std::unique_ptr<Monitoring> monitoring_;  // set once the session is open
+  // When the side services start (kServicesDelay), until they have.
+  std::optional<TimePoint> services_due_;
+  bool services_started_ = false;
   std::vector<bool> exit_seen_;             // by local rank: exit sent to monitoring
 };
 

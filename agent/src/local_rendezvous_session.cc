@@ -185,8 +185,8 @@ class LocalRendezvousSession final : public RendezvousSession {
   }
 
   // The dashboard's I/O thread, the acceptor and the hub's ticker start once
-  // the first round's workers run (rendezvous_session.h), not on the way to
-  // the first spawn.
+  // the first round's workers have run for a moment (rendezvous_session.h),
+  // not on the way to the first spawn.
   void WorkersStarted() override {
     if (http_) http_->Serve();
     if (acceptor_.joinable() || listen_fd_ < 0 || wake_fd_ < 0) return;

@@ -240,7 +240,9 @@ class InProcessSession final : public RendezvousSession {
     EndJoin();
   }
   void Close() override { EndJoin(); }
-  int leaves = 0;  // Leave() calls
+  void WorkersStarted() override { workers_started.push_back(clock_.Now()); }
+  int leaves = 0;                          // Leave() calls
+  std::vector<TimePoint> workers_started;  // when WorkersStarted() was called
 
   // Another node of the job, joined by the test; returns its node id.
   std::string PhantomJoin(const AgentOptions& o, const std::string& host) {

@@ -124,6 +124,49 @@ TEST_CASE("Agent: Run() returns with the rendezvous left, the launcher closed an
   CHECK_FALSE(std::filesystem::exists(dir));
 }
 
+// When the session's WorkersStarted() ran (simulated time since the start),
+// for a job whose workers follow `script`; the agent is still alive when read.
+std::vector<Duration> ServicesStartedAt(SimWorld& world, AgentOptions o, int* rc) {
+  BlockAgentSignals();
+  auto session = std::make_unique<InProcessSession>(o.job_id, world.clock, world.queue);
+  InProcessSession* s = session.get();
+  AgentDeps deps;
+  deps.launcher = std::make_unique<LauncherRef>(world.launcher);
+  deps.session = std::move(session);
+  deps.clock = &world.clock;
+  deps.events = &world.queue;
+  CaptureStderr cap;
+  const TimePoint t0 = world.clock.Now();
+  Agent agent(std::move(o), std::move(deps));
+  *rc = agent.Run();
+  std::vector<Duration> out;
+  for (TimePoint t : s->workers_started) out.push_back(t - t0);
+  return out;
+}
+
+TEST_CASE("Agent: the session's side services start 100 ms into the first round, once, and "
+          "never for a job that is over by then",
+          "[unit][agent]") {
+  int rc = -1;
+  SECTION("workers done in 50 ms: never") {
+    SimWorld world;
+    world.script = [](int, int, int) -> absl::StatusOr<Behaviour> { return ExitsAfter(50, 0); };
+    CHECK(ServicesStartedAt(world, Options(2, 0), &rc).empty());
+    CHECK(rc == kExitSuccess);
+  }
+  SECTION("a restart after 500 ms, workers done 500 ms into the next round: once, at 100 ms") {
+    SimWorld world;
+    world.script = [](int index, int, int restart) -> absl::StatusOr<Behaviour> {
+      return ExitsAfter(500, restart == 0 && index == 0 ? 1 : 0);
+    };
+    const std::vector<Duration> at = ServicesStartedAt(world, Options(2, 1), &rc);
+    CHECK(rc == kExitSuccess);
+    CHECK(world.rec.spawns.size() == 4);
+    REQUIRE(at.size() == 1);
+    CHECK(at[0] == std::chrono::milliseconds(100));
+  }
+}
+
 TEST_CASE("Agent: the session's TCPStore for each round reaches the workers, or fails the spawn",
           "[unit][agent]") {
   SimWorld world;

@@ -96,12 +96,13 @@ class RendezvousSession {
   virtual absl::StatusOr<std::string> OpenSdkStore(const rendezvous::Assignment&) {
     return std::string();
   }
-  // The round's workers have been spawned. A session starts here what the
-  // workers do not need before they run (the in-process rendezvous: its
-  // acceptor and its hub's ticker), so that those threads are not started
-  // between ddprun's exec and the first spawn (docs/launch.md). Listening
-  // sockets exist from Open(): a client that connects earlier waits in the
-  // backlog for the few milliseconds of the spawns. Idempotent.
+  // The first round's workers have been running for a moment (agent.cc's
+  // kServicesDelay, 100 ms). A session starts here what the workers do not
+  // need (the in-process rendezvous: its acceptor, its hub's ticker, its
+  // dashboard's I/O thread), so that those threads are neither on the way to
+  // the first spawn nor in a job that is over by then (docs/launch.md).
+  // Listening sockets exist from Open(): a client that connects earlier
+  // waits in the backlog until then. Idempotent.
   virtual void WorkersStarted() {}
   // The agent is done: ends, in order, what other processes see of this
   // session (its Join stream; a server that others are connected to). What
