@@ -97,8 +97,11 @@ std::string WorkerLogs::WorkerDir(int local_rank) const {
 
 absl::Status WorkerLogs::Prepare(int local_rank, int global_rank, SpawnSpec* spec,
                                  std::string* error_file) {
-  const std::string dir = WorkerDir(local_rank);
-  if (holds_only_error_files()) {
+  // The per-rank directory of the tree layout; none in the flat one, which
+  // has no log file to put there (holds_only_error_files).
+  const bool flat = holds_only_error_files();
+  const std::string dir = flat ? std::string() : WorkerDir(local_rank);
+  if (flat) {
     // A temporary directory that only ever holds error files, removed at
     // exit, which nobody browses: the files lie flat in it, so a spawn makes
     // no directory and the exit removes one (the <job>/attempt_<round>/<rank>
