@@ -94,27 +94,36 @@ TEST_CASE("Agent: every worker exits 0 -> exit 0", "[unit][agent]") {
   }
 }
 
-// ddprun's main() ends the process right after Run() without destroying the
-// agent (its destructor only joins threads): what others see must be done by
-// then.
+// One agent in `world` that the test keeps after Run() returns, as ddprun's
+// main() does (it ends the process without destroying the agent), with its
+// session in reach.
+struct KeptAgent {
+  KeptAgent(SimWorld& world, AgentOptions o) {
+    BlockAgentSignals();
+    auto s = std::make_unique<InProcessSession>(o.job_id, world.clock, world.queue);
+    session = s.get();
+    AgentDeps deps;
+    deps.launcher = std::make_unique<LauncherRef>(world.launcher);
+    deps.session = std::move(s);
+    deps.clock = &world.clock;
+    deps.events = &world.queue;
+    agent = std::make_unique<Agent>(std::move(o), std::move(deps));
+  }
+  InProcessSession* session;
+  std::unique_ptr<Agent> agent;
+};
+
+// The agent's destructor only joins threads: what others see must be done
+// when Run() returns.
 TEST_CASE("Agent: Run() returns with the rendezvous left, the launcher closed and the "
           "temporary directory removed, before the agent is destroyed",
           "[unit][agent]") {
   SimWorld world;
   world.script = [](int, int, int) -> absl::StatusOr<Behaviour> { return ExitsAfter(50, 0); };
-  BlockAgentSignals();
-  AgentOptions o = Options(2, 0);
-  auto session = std::make_unique<InProcessSession>(o.job_id, world.clock, world.queue);
-  InProcessSession* s = session.get();
-  AgentDeps deps;
-  deps.launcher = std::make_unique<LauncherRef>(world.launcher);
-  deps.session = std::move(session);
-  deps.clock = &world.clock;
-  deps.events = &world.queue;
   CaptureStderr cap;
-  Agent agent(std::move(o), std::move(deps));
-  REQUIRE(agent.Run() == kExitSuccess);
-  CHECK(s->leaves == 1);
+  KeptAgent kept(world, Options(2, 0));
+  REQUIRE(kept.agent->Run() == kExitSuccess);
+  CHECK(kept.session->leaves == 1);
   CHECK(world.rec.launcher_closes == 1);
   REQUIRE(world.rec.spawns.size() == 2);
   const std::string error_file = world.rec.spawns[0].env.at("TORCHELASTIC_ERROR_FILE");
@@ -124,46 +133,27 @@ TEST_CASE("Agent: Run() returns with the rendezvous left, the launcher closed an
   CHECK_FALSE(std::filesystem::exists(dir));
 }
 
-// When the session's WorkersStarted() ran (simulated time since the start),
-// for a job whose workers follow `script`; the agent is still alive when read.
-std::vector<Duration> ServicesStartedAt(SimWorld& world, AgentOptions o, int* rc) {
-  BlockAgentSignals();
-  auto session = std::make_unique<InProcessSession>(o.job_id, world.clock, world.queue);
-  InProcessSession* s = session.get();
-  AgentDeps deps;
-  deps.launcher = std::make_unique<LauncherRef>(world.launcher);
-  deps.session = std::move(session);
-  deps.clock = &world.clock;
-  deps.events = &world.queue;
-  CaptureStderr cap;
-  const TimePoint t0 = world.clock.Now();
-  Agent agent(std::move(o), std::move(deps));
-  *rc = agent.Run();
-  std::vector<Duration> out;
-  for (TimePoint t : s->workers_started) out.push_back(t - t0);
-  return out;
-}
-
 TEST_CASE("Agent: the session's side services start 100 ms into the first round, once, and "
           "never for a job that is over by then",
           "[unit][agent]") {
-  int rc = -1;
+  SimWorld world;
+  const TimePoint t0 = world.clock.Now();
+  CaptureStderr cap;
   SECTION("workers done in 50 ms: never") {
-    SimWorld world;
     world.script = [](int, int, int) -> absl::StatusOr<Behaviour> { return ExitsAfter(50, 0); };
-    CHECK(ServicesStartedAt(world, Options(2, 0), &rc).empty());
-    CHECK(rc == kExitSuccess);
+    KeptAgent kept(world, Options(2, 0));
+    CHECK(kept.agent->Run() == kExitSuccess);
+    CHECK(kept.session->workers_started.empty());
   }
   SECTION("a restart after 500 ms, workers done 500 ms into the next round: once, at 100 ms") {
-    SimWorld world;
     world.script = [](int index, int, int restart) -> absl::StatusOr<Behaviour> {
       return ExitsAfter(500, restart == 0 && index == 0 ? 1 : 0);
     };
-    const std::vector<Duration> at = ServicesStartedAt(world, Options(2, 1), &rc);
-    CHECK(rc == kExitSuccess);
+    KeptAgent kept(world, Options(2, 1));
+    CHECK(kept.agent->Run() == kExitSuccess);
     CHECK(world.rec.spawns.size() == 4);
-    REQUIRE(at.size() == 1);
-    CHECK(at[0] == std::chrono::milliseconds(100));
+    REQUIRE(kept.session->workers_started.size() == 1);
+    CHECK(kept.session->workers_started[0] - t0 == std::chrono::milliseconds(100));
   }
 }
 
