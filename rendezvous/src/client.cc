@@ -54,8 +54,19 @@ constexpr Keepalive kFailoverKeepalive{1000, 500};
 // and move on to the next replica by themselves).
 constexpr Keepalive kPatientKeepalive{1000, 1000};
 
+// Whether a channel keeps gRPC's retry filter. It retries nothing of ours on
+// its own (no retry policy), but transparently re-sends a call that a
+// connection refused before the server saw it, and it costs every call a
+// filter and a buffered copy of what it sends: 12 % of the CPU of the
+// simulated agents of a 16384-node round (docs/benchmarks.md, "Rendezvous,
+// eighth session"). The store's channels keep it (Add and CompareSet are not
+// repeated by GrpcStore itself); the rendezvous client's drops it: its Join
+// stream is re-joined by the agent when it breaks, and its Report is best
+// effort.
+enum class Retries { kTransparent, kOff };
+
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const TlsConfig& tls,
-                                           Keepalive keepalive) {
+                                           Keepalive keepalive, Retries retries) {
   SilenceGrpcLogging();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
@@ -72,6 +83,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const TlsC
   // session"). A store value larger than 64 KiB takes a window update per
   // 64 KiB instead.
   args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  if (retries == Retries::kOff) args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
   // Reconnect quickly when a server comes up.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
@@ -193,9 +205,9 @@ class RendezvousClient::Impl {
         target_(FormatHostPort(host, port)),
         channel_(MakeChannel(
             target_, tls,
-            silence == SilenceTimeout::kFailover ? kFailoverKeepalive : kPatientKeepalive)),
-        rdzv_(pb::Rendezvous::NewStub(channel_)),
-        store_(pb::Store::NewStub(channel_)) {}
+            silence == SilenceTimeout::kFailover ? kFailoverKeepalive : kPatientKeepalive,
+            Retries::kOff)),
+        rdzv_(pb::Rendezvous::NewStub(channel_)) {}
 
   std::string host_;
   int port_;
@@ -203,7 +215,6 @@ class RendezvousClient::Impl {
   std::string target_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pb::Rendezvous::Stub> rdzv_;
-  std::unique_ptr<pb::Store::Stub> store_;
 };
 
 RendezvousClient::RendezvousClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -318,7 +329,7 @@ class GrpcStore::Impl {
       e.host = hp.host;
       e.port = hp.port;
       e.target = FormatHostPort(hp.host, hp.port);
-      e.channel = MakeChannel(e.target, tls, kPatientKeepalive);
+      e.channel = MakeChannel(e.target, tls, kPatientKeepalive, Retries::kTransparent);
       e.stub = pb::Store::NewStub(e.channel);
       eps_.push_back(std::move(e));
     }
