@@ -238,11 +238,12 @@ class LocalRendezvousSession final : public RendezvousSession {
     return absl::NotFoundError(absl::StrCat("the rendezvous does not know job ", options_.job_id));
   }
 
-  // The job can only ever be this node: nobody but a client of `ddprun
-  // status`, `top` or a dashboard sees the session. Only a client that the
-  // acceptor took (it may be loading the gRPC module for it) gets the orderly
-  // Close(); the rest (the dashboard's, the store's and the ticker's threads)
-  // is left to Close() or to the process's end.
+  // The job can only ever be this node: besides the workers (gone by now),
+  // only a `ddprun status` or `top` client, or a browser on the dashboard,
+  // reaches the session. A gRPC client that the acceptor took (it may be
+  // loading the gRPC module for it) gets the orderly Close(); the rest (the
+  // dashboard's connections, the store's, the ticker's thread) is left to
+  // Close() or to the process's end.
   void Leave() override {
     EndJoin();
     if (client_seen_.load(std::memory_order_acquire)) Close();

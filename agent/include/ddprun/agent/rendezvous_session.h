@@ -104,11 +104,13 @@ class RendezvousSession {
   // Listening sockets exist from Open(): a client that connects earlier
   // waits in the backlog until then. Idempotent.
   virtual void WorkersStarted() {}
-  // The agent is done: ends, in order, what other processes see of this
-  // session (its Join stream; a server that others are connected to). What
-  // is left to Close() holds only this process's memory (threads, and sockets
-  // that nobody waits on), so that a process ending right after Leave() may
-  // leave it to the kernel (launcher/src/main.cc). Default: Close().
+  // The agent is done: ends, in order, what other processes rely on in this
+  // session (its Join stream; a rendezvous server that other agents or
+  // gRPC clients use). What is left to Close() is this process's threads and
+  // sockets whose peers lose nothing when they close with the process (the
+  // workers' store after the workers; a dashboard connection), so that a
+  // process ending right after Leave() may leave it to the kernel
+  // (launcher/src/main.cc). Default: Close().
   virtual void Leave() { Close(); }
   // Ends every stream and stops what the session serves. Idempotent, and
   // also after Leave().
