@@ -11,6 +11,10 @@ monitor interval and with --monitor_interval=0.1, and mpirun. With a C
 compiler, also the machine's floor: bench/spawn_floor.c, which only
 posix_spawns the N workers and waits for them (the "floor" column; ddprun's
 figure over it is what the launcher itself costs).
+
+ddprun, --baseline and the floor are run in turn, launch after launch (not
+one block after the other), so that the host's drift falls on all three alike:
+the "ddprun over it" column and the baseline's ratio compare like with like.
 """
 import argparse
 import os
@@ -35,6 +39,15 @@ def timed(cmd, env=None):
 
 def median_of(cmd, reps, env=None):
     return statistics.median(timed(cmd, env) for _ in range(reps))
+
+
+def interleaved_medians(cmds, reps):
+    """{name: command} run in turn, `reps` rounds; {name: median seconds}."""
+    times = {name: [] for name in cmds}
+    for _ in range(reps):
+        for name, cmd in cmds.items():
+            times[name].append(timed(cmd))
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def torch_python():
@@ -74,13 +87,12 @@ def main():
     rows = []
     for n in sizes:
         row = {"n": n}
-        row["ddprun"] = median_of([args.ddprun, f"--nproc_per_node={n}", "--no_python", true_bin],
-                                  args.reps)
+        cmds = {"ddprun": [args.ddprun, f"--nproc_per_node={n}", "--no_python", true_bin]}
         if args.baseline:
-            row["baseline"] = median_of(
-                [args.baseline, f"--nproc_per_node={n}", "--no_python", true_bin], args.reps)
+            cmds["baseline"] = [args.baseline, f"--nproc_per_node={n}", "--no_python", true_bin]
         if floor:
-            row["floor"] = median_of([floor, str(n), true_bin], args.reps)
+            cmds["floor"] = [floor, str(n), true_bin]
+        row.update(interleaved_medians(cmds, args.reps))
         if py:
             base = [py, os.path.join(HERE, "torchrun_compat.py"), "--standalone",
                     f"--nproc_per_node={n}", "--no_python"]
@@ -111,7 +123,8 @@ def main():
               f" {cell('mpirun')} | {floor_cell(r)} |")
     if args.baseline:
         print(f"\nbaseline {args.baseline}, same run: " + ", ".join(
-            f"N={r['n']} {r['baseline']:.3f} s ({r['baseline'] / r['ddprun']:.1f}x ddprun)"
+            f"N={r['n']} {r['baseline']:.4f} s against {r['ddprun']:.4f} s "
+            f"({r['baseline'] / r['ddprun']:.2f}x ddprun)"
             for r in rows))
 
 
