@@ -102,9 +102,8 @@ class Backend {
   // bucket); the copies must not overlap one another. `device_pointers`:
   // every pointer is device memory, which lets NCCL copy them all in one
   // kernel launch; otherwise (and on the CPU backends) one Copy each.
-  using CopyOp = CopySpan;
-  virtual absl::Status CopyMany(const std::vector<CopyOp>& ops, bool device_pointers) {
-    for (const CopyOp& op : ops) {
+  virtual absl::Status CopyMany(const std::vector<CopySpan>& ops, bool device_pointers) {
+    for (const CopySpan& op : ops) {
       absl::Status s = Copy(op.dst, op.src, op.bytes);
       if (!s.ok()) return s;
     }

@@ -15,8 +15,6 @@
 
 namespace ddp::detail::cuda {
 
-using detail::CopySpan;
-
 // dst[i] = half(src[i] * scale), rounding to nearest even; to bfloat16 when
 // `bf16`, else to IEEE binary16 (|x| >= 65520 becomes inf).
 int LaunchCompressF32(const float* src, void* dst, std::size_t n, bool bf16, float scale,

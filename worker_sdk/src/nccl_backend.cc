@@ -262,7 +262,7 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
     return absl::OkStatus();
   }
 
-  absl::Status CopyMany(const std::vector<CopyOp>& ops, bool device_pointers) override {
+  absl::Status CopyMany(const std::vector<CopySpan>& ops, bool device_pointers) override {
     if (!device_pointers) return Backend::CopyMany(ops, false);
     const int e = cuda::LaunchCopyBatch(ops.data(), ops.size(), user_stream_);
     if (e != 0) return Cuda("copy kernel", static_cast<cudaError_t>(e));

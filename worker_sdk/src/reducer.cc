@@ -189,7 +189,7 @@ class ReducerImpl {
     detail::WorkPtr work;
     // Copy mode with a flat buffer: the gradients into it before the
     // collective, and back after; on_device when every member is on a GPU.
-    std::vector<detail::Backend::CopyOp> pack, unpack;
+    std::vector<detail::CopySpan> pack, unpack;
     bool on_device = false;
     // This step: its last gradient became ready; LaunchReadyBuckets took it
     // up; its collective was issued (BucketStats).
