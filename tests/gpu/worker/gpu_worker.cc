@@ -393,12 +393,37 @@ struct DevGrads {
 const std::vector<std::size_t> kModel = {1000, 7, 250000, 3, 70000, 1, 300001, 64};
 constexpr ddp::Device kCuda0 = {ddp::DeviceType::kCuda, 0};
 
+// `steps` steps of `reducer` (f32 sums; its gradients lie at `where`, filled
+// through `bucketed`) against a per-tensor all-reduce of the same values in
+// `plain`: every gradient bit for bit equal after every step. Gradients are
+// marked ready in backward order.
+void ExpectBucketedEqualsPlain(ddp::ProcessGroup& pg, ddp::Reducer& reducer, DevGrads& bucketed,
+                               const std::vector<float*>& where, DevGrads& plain, int steps,
+                               bool dyadic) {
+  const std::vector<std::size_t>& model = plain.sizes;
+  for (int step = 0; step < steps; ++step) {
+    bucketed.Fill(pg.rank(), step, dyadic, where);
+    plain.Fill(pg.rank(), step, dyadic, plain.Ptrs());
+    for (std::size_t k = model.size(); k-- > 0;) reducer.MarkReady(k);
+    reducer.Finish();
+    std::vector<ddp::Work> w;
+    for (std::size_t k = 0; k < model.size(); ++k)
+      w.push_back(pg.Allreduce(plain.bufs[k]->p, model[k], DType::kFloat32));
+    for (auto& x : w) x.Wait();
+    for (std::size_t k = 0; k < model.size(); ++k) {
+      INFO("step " << step << " gradient " << k << " of " << model[k] << " values");
+      const auto a = bucketed.Read(where[k], k);
+      const auto b = plain.Read(plain.bufs[k]->get<float>(), k);
+      REQUIRE(std::memcmp(a.data(), b.data(), model[k] * 4) == 0);
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("nccl reducer: bucketed equals per-tensor allreduce bit for bit (f32 sum)",
           "[gpu-reducer]") {
   auto& pg = Group();
-  const int rank = pg->rank();
   // Two ranks add in either order with the same result; with more, the
   // order may depend on an element's offset, so use exactly summable values.
   const bool dyadic = pg->size() > 2;
@@ -416,22 +441,7 @@ TEST_CASE("nccl reducer: bucketed equals per-tensor allreduce bit for bit (f32 s
     std::vector<float*> where;
     for (std::size_t k = 0; k < kModel.size(); ++k)
       where.push_back(static_cast<float*>(reducer.GradientBuffer(k)));
-    for (int step = 0; step < 3; ++step) {
-      bucketed.Fill(rank, step, dyadic, where);
-      plain.Fill(rank, step, dyadic, plain.Ptrs());
-      for (std::size_t k = kModel.size(); k-- > 0;) reducer.MarkReady(k);  // backward order
-      reducer.Finish();
-      std::vector<ddp::Work> w;
-      for (std::size_t k = 0; k < kModel.size(); ++k)
-        w.push_back(pg->Allreduce(plain.bufs[k]->p, kModel[k], DType::kFloat32));
-      for (auto& x : w) x.Wait();
-      for (std::size_t k = 0; k < kModel.size(); ++k) {
-        INFO("step " << step << " gradient " << k);
-        const auto a = bucketed.Read(where[k], k);
-        const auto b = plain.Read(plain.bufs[k]->get<float>(), k);
-        REQUIRE(std::memcmp(a.data(), b.data(), kModel[k] * 4) == 0);
-      }
-    }
+    ExpectBucketedEqualsPlain(*pg, reducer, bucketed, where, plain, 3, dyadic);
     REQUIRE(reducer.num_buckets() > 2);
     REQUIRE(reducer.num_steps() == 3);
     const auto stats = reducer.last_step_stats();
@@ -446,7 +456,6 @@ TEST_CASE("nccl reducer: one bucket of 200 gradients at odd offsets packs and un
   // (LaunchCopyBatch): 200 members cross three batch boundaries, and odd
   // sizes put most of them at offsets only 4-byte aligned.
   auto& pg = Group();
-  const int rank = pg->rank();
   std::vector<std::size_t> model;
   for (std::size_t k = 0; k < 200; ++k) model.push_back((k * 37) % 101 + 1 + (k == 7 ? 40000 : 0));
   DevGrads bucketed(model), plain(model);
@@ -457,23 +466,7 @@ TEST_CASE("nccl reducer: one bucket of 200 gradients at odd offsets packs and un
   ddp::Reducer reducer(pg, opts);
   for (std::size_t k = 0; k < model.size(); ++k)
     reducer.Register(bucketed.bufs[k]->p, model[k], DType::kFloat32, kCuda0);
-  const bool dyadic = pg->size() > 2;
-  for (int step = 0; step < 2; ++step) {
-    bucketed.Fill(rank, step, dyadic, bucketed.Ptrs());
-    plain.Fill(rank, step, dyadic, plain.Ptrs());
-    for (std::size_t k = model.size(); k-- > 0;) reducer.MarkReady(k);
-    reducer.Finish();
-    std::vector<ddp::Work> w;
-    for (std::size_t k = 0; k < model.size(); ++k)
-      w.push_back(pg->Allreduce(plain.bufs[k]->p, model[k], DType::kFloat32));
-    for (auto& x : w) x.Wait();
-    for (std::size_t k = 0; k < model.size(); ++k) {
-      INFO("step " << step << " gradient " << k << " of " << model[k] << " values");
-      const auto a = bucketed.Read(bucketed.bufs[k]->get<float>(), k);
-      const auto b = plain.Read(plain.bufs[k]->get<float>(), k);
-      REQUIRE(std::memcmp(a.data(), b.data(), model[k] * 4) == 0);
-    }
-  }
+  ExpectBucketedEqualsPlain(*pg, reducer, bucketed, bucketed.Ptrs(), plain, 2, pg->size() > 2);
   REQUIRE(reducer.num_buckets() == 1);
 }
 
