@@ -77,7 +77,16 @@ def main():
     ap.add_argument("--baseline", default=None,
                     help="another ddprun binary (for example main's) measured in the same run")
     args = ap.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
+    if args.reps < 1 or args.peer_reps < 1:
+        sys.exit("launch_latency: --reps and --peer-reps must be at least 1")
+    for flag, path in (("--ddprun", args.ddprun), ("--baseline", args.baseline)):
+        if path is not None and not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            sys.exit(f"launch_latency: {flag} {path} is not an executable file; "
+                     "build it (make) or give the path of a ddprun binary")
+    try:
+        sizes = [int(s) for s in args.sizes.split(",")]
+    except ValueError:
+        sys.exit(f"launch_latency: --sizes {args.sizes!r}: give worker counts, for example 1,8")
     true_bin = shutil.which("true")
     py = torch_python()
     mpirun = shutil.which("mpirun")
