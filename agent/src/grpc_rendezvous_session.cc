@@ -46,6 +46,9 @@ constexpr const char* kRdzvEndpointKey = "ddprun/rdzv_endpoint";
 // With replicas: how long one that did not connect is tried after the others
 // (about a fail-over with a 1-2 s lease; WaitForConnected).
 constexpr auto kDownFor = seconds(2);
+// A connect that has waited this long says so once (the wait itself lasts up
+// to the join timeout, 600 s by default): no silent wait.
+constexpr auto kConnectNotice = seconds(5);
 
 bool IsLoopbackHost(const std::string& host) {
   return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
@@ -315,12 +318,14 @@ class GrpcRendezvousSession final : public RendezvousSession {
     connect_host_ = host;
     connect_port_ = port;
     client_ = rdzv::RendezvousClient::Create(host, port, tls_);
+    const TimePoint notice_at = clock_.Now() + kConnectNotice;
     absl::Status st;
     do {
       if (CheckInterrupted()) return Interrupted();
       auto slice = std::min<Duration>(seconds(1), deadline - clock_.Now());
       st = client_->WaitForConnected(std::max<Duration>(slice, milliseconds(1)));
       if (rdzv::IsTlsHandshakeError(st)) return st;  // waiting cannot fix it
+      if (!st.ok()) NoteStillConnecting(rdzv::FormatHostPort(host, port), notice_at, deadline);
     } while (!st.ok() && clock_.Now() < deadline);
     if (!st.ok()) {
       return absl::UnavailableError(
@@ -332,20 +337,34 @@ class GrpcRendezvousSession final : public RendezvousSession {
     return absl::OkStatus();
   }
 
+  // Once, kConnectNotice into a connect that has not succeeded yet: what it
+  // waits for and until when.
+  void NoteStillConnecting(const std::string& where, TimePoint notice_at, TimePoint deadline) {
+    const TimePoint now = clock_.Now();
+    if (connect_noticed_ || now < notice_at || now >= deadline) return;
+    connect_noticed_ = true;
+    Log(absl::StrCat("nothing answers as the rendezvous at ", where, " yet; waiting until ",
+                     rdzv::WallClockAfter(deadline - now), " (--rdzv_conf join_timeout=",
+                     options_.join_timeout_s,
+                     "); start ddprund (or the host node) there, or fix --rdzv_endpoint"));
+  }
+
   // Several ddprund replicas: the first that accepts a connection, in turn,
   // until the deadline. Never hosts: the replicas serve.
   absl::Status ConnectReplicas(TimePoint deadline) {
     replica_ = options_.rdzv_replicas.size() - 1;  // WaitForConnected starts at the next: 0
+    std::vector<std::string> names;
+    for (const auto& hp : options_.rdzv_replicas) names.push_back(rdzv::FormatHostPort(hp));
+    const TimePoint notice_at = clock_.Now() + kConnectNotice;
     absl::Status st;
     do {
       if (CheckInterrupted()) return Interrupted();
       st = WaitForConnected(std::max<Duration>(
           std::min<Duration>(seconds(1), deadline - clock_.Now()), milliseconds(1)));
       if (rdzv::IsTlsHandshakeError(st)) return st;  // waiting cannot fix it
+      if (!st.ok()) NoteStillConnecting(absl::StrJoin(names, ", "), notice_at, deadline);
     } while (!st.ok() && clock_.Now() < deadline);
     if (!st.ok()) {
-      std::vector<std::string> names;
-      for (const auto& hp : options_.rdzv_replicas) names.push_back(rdzv::FormatHostPort(hp));
       return absl::UnavailableError(absl::StrCat(
           "cannot reach any ddprund replica (", absl::StrJoin(names, ", "), ") within ",
           options_.join_timeout_s, " s; start ddprund there, or fix --rdzv_endpoint"));
@@ -418,6 +437,7 @@ class GrpcRendezvousSession final : public RendezvousSession {
   rdzv::TlsConfig tls_;  // this node's, checked in Open()
   std::string connect_host_;
   int connect_port_ = 0;
+  bool connect_noticed_ = false;  // NoteStillConnecting said it once
   std::size_t replica_ = 0;            // with replicas: the index of connect_host_:connect_port_
   std::vector<TimePoint> down_until_;  // with replicas: tried after the others until then
   int master_port_ = 0;

@@ -91,6 +91,25 @@ TEST_CASE("an endpoint that does not speak gRPC: exit 3 within join_timeout", "[
   CHECK(took >= 1.5);
 }
 
+TEST_CASE("a connect that waits longer than 5 s says once what it waits for, then exits 3",
+          "[multiproc]") {
+  SilentListener silent;
+  const std::string ep = "127.0.0.1:" + std::to_string(silent.port);
+  Harness h;
+  Proc& p = h.StartDdprun("ddprun", {"--nnodes=2", "--rdzv_endpoint=" + ep, "--rdzv_id=waits",
+                                     "--rdzv_conf=join_timeout=7", FixtureWorker()});
+  const int rc = h.Wait(p, 15);
+  const std::vector<std::string> lines = Lines(p.Err());
+  INFO("stderr:\n" << p.Err());
+  CHECK(rc == 3);
+  REQUIRE(lines.size() == 2);
+  CHECK(lines[0].find("nothing answers as the rendezvous at " + ep + " yet; waiting until ") !=
+        std::string::npos);
+  CHECK(lines[0].find("fix --rdzv_endpoint") != std::string::npos);
+  CHECK(lines[1].find("cannot reach the rendezvous at " + ep) != std::string::npos);
+  CHECK(p.Seconds() >= 6.5);
+}
+
 TEST_CASE("a lone agent of a 2-node job times out naming the node count", "[multiproc]") {
   Harness h;
   Proc* daemon = nullptr;
