@@ -776,13 +776,16 @@ TEST_CASE("nccl: collectives are recorded in the metrics channel (op, bytes, seq
   const auto before = ReadOwnChannel();
   const auto* ar0 = FindOp(before, "allreduce");
   const std::int64_t count0 = ar0 ? ar0->count : 0, bytes0 = ar0 ? ar0->bytes_total : 0;
+  const double seconds0 = ar0 ? ar0->seconds_total : 0;
   constexpr int kCalls = 8;
   constexpr std::size_t kCount = 1 << 20;  // 4 MiB of f32: a duration well above zero
   DevBuf buf(kCount * 4);
   CUDA_REQUIRE(cudaMemset(buf.p, 0, kCount * 4));
   std::vector<ddp::Work> works;
+  const auto t0 = std::chrono::steady_clock::now();
   for (int k = 0; k < kCalls; ++k) works.push_back(pg->Allreduce(buf.p, kCount, DType::kFloat32));
   works.back().Wait();  // the ends are recorded once seen done, without a sync of their own
+  const double wall0 = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const auto after = ReadOwnChannel();
   REQUIRE((after.flags & ddprun::rendezvous::kChannelFlagCollectives) != 0);
   CHECK(after.collective_seq >= before.collective_seq + kCalls);
@@ -792,6 +795,32 @@ TEST_CASE("nccl: collectives are recorded in the metrics channel (op, bytes, seq
   CHECK(ar->count - count0 == kCalls);
   CHECK(ar->bytes_total - bytes0 == std::int64_t(kCalls * kCount * 4));
   CHECK(ar->seconds_total > 0);
+  CHECK(ar->seconds_total - seconds0 <= wall0);
   CHECK(after.comm_seconds_total > before.comm_seconds_total);
   if (pg->size() > 1) CHECK(ar->busbw_gbps > 0);
+
+  // A duration is the collective's own device time, from its start: not the
+  // caller's work queued before it (here a 1 GiB memset on the caller's
+  // stream before each call), not the time since the collective before.
+  const double seconds1 = ar->seconds_total;
+  DevBuf big(std::size_t{1} << 30);
+  CUDA_REQUIRE(cudaDeviceSynchronize());
+  works.clear();
+  const auto t1 = std::chrono::steady_clock::now();
+  for (int k = 0; k < kCalls; ++k) {
+    CUDA_REQUIRE(cudaMemsetAsync(big.p, k, big.bytes, nullptr));
+    works.push_back(pg->Allreduce(buf.p, kCount, DType::kFloat32));
+  }
+  works.back().Wait();
+  const double wall1 = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  const auto last = ReadOwnChannel();
+  const auto* ar1 = FindOp(last, "allreduce");
+  REQUIRE(ar1 != nullptr);
+  CHECK(ar1->count - ar->count == kCalls);
+  const double seconds = ar1->seconds_total - seconds1;
+  INFO("collectives " << seconds << " s of " << wall1 << " s wall");
+  CHECK(seconds > 0);
+  CHECK(seconds <= wall1);
+  // At world size 1 the collectives do no device work and the memsets fill the wall time.
+  if (pg->size() == 1) CHECK(seconds < 0.25 * wall1);
 }
