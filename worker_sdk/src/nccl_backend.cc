@@ -16,13 +16,17 @@
 // Monitoring (docs/monitoring-sources.md): under ddprun every collective is
 // recorded in the metrics channel like the CPU backends' (op, bytes,
 // sequence number, duration, bus bandwidth). Its start is recorded when it
-// is enqueued; its duration is device time between two timing events
-// recorded on the collective stream around the NCCL call (so it includes
-// waiting for the peers, as the CPU paths' does). The end is recorded once
-// the end event has completed, found by cudaEventQuery without blocking: at
-// the next launch, and in Work::Wait / IsCompleted once they see the work
-// done. Nothing waits for the events; the hot path gains two
-// cudaEventRecord calls and a query per collective.
+// is enqueued, its end once an event recorded after it on the collective
+// stream has completed, found by cudaEventQuery without blocking: at the
+// next launch, and in Work::Wait / IsCompleted once they see the work done.
+// Durations are sampled. A timed collective has timing events around the
+// NCCL call (device time, so it includes waiting for the peers, as the CPU
+// paths' does); but a timing event holds the stream back: on an H100 an
+// event recorded after one completes 5-6 us later, and the host's record
+// costs 1.4 us instead of 0.3 (docs/gpu.md). So a collective is timed only
+// if its op and size class (bytes to a power of two) has no duration yet or
+// kTimingPeriod has passed since the last timed launch; the others carry
+// the last duration of their op and size class, and a plain end event.
 //
 // Compression (the Reducer's f16/bf16 buckets): CompressF32/DecompressF32
 // launch the kernels of cuda_kernels.cu on the caller's stream, like Copy, so
@@ -36,10 +40,14 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <bit>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cuda_kernels.h"
@@ -135,10 +143,11 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
       }
     }
     for (const InFlight& f : in_flight_) {
-      cudaEventDestroy(f.start);
-      cudaEventDestroy(f.end);
+      if (f.start != nullptr) cudaEventDestroy(f.start);
+      if (f.end != nullptr) cudaEventDestroy(f.end);
     }
     for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
+    for (cudaEvent_t e : spare_plain_events_) cudaEventDestroy(e);
     if (scratch_ != nullptr) cudaFree(scratch_);
     if (ready_ != nullptr) cudaEventDestroy(ready_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -347,23 +356,40 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
   struct InFlight {
     std::string op;
     std::int64_t bytes = 0;
-    cudaEvent_t start = nullptr, end = nullptr;  // timing events on stream_
+    cudaEvent_t start = nullptr;  // a timing event before it on stream_; null: not timed
+    cudaEvent_t end = nullptr;    // after it on stream_: a timing event when `start` is set
   };
   static constexpr std::size_t kMaxInFlight = 4096;  // beyond: recorded without a duration
+  // At most one timed collective per period, besides each op and size
+  // class's first: at most 1 % of stream time in timing events.
+  static constexpr auto kTimingPeriod = std::chrono::milliseconds(1);
 
-  // A timing event from the spares, or a new one; null on a CUDA error.
-  cudaEvent_t TakeEvent() {
-    if (!spare_events_.empty()) {
-      cudaEvent_t e = spare_events_.back();
-      spare_events_.pop_back();
+  // An op and size class: durations stand for each other within one.
+  using SizeClass = std::pair<std::string, int>;
+  static SizeClass ClassOf(const InFlight& f) {
+    return {f.op, std::bit_width(static_cast<std::uint64_t>(f.bytes))};
+  }
+
+  // An event from its spares, or a new one; null on a CUDA error.
+  cudaEvent_t TakeEvent(bool timing) {
+    std::vector<cudaEvent_t>& spares = timing ? spare_events_ : spare_plain_events_;
+    if (!spares.empty()) {
+      cudaEvent_t e = spares.back();
+      spares.pop_back();
       return e;
     }
     cudaEvent_t e = nullptr;
-    if (cudaEventCreate(&e) != cudaSuccess) {
+    if (cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming) !=
+        cudaSuccess) {
       cudaGetLastError();
       return nullptr;
     }
     return e;
+  }
+  void GiveBack(const InFlight& f) {
+    if (f.start != nullptr) spare_events_.push_back(f.start);
+    if (f.end != nullptr)
+      (f.start != nullptr ? spare_events_ : spare_plain_events_).push_back(f.end);
   }
 
   void ReapLocked() {
@@ -371,17 +397,24 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
       InFlight& f = in_flight_.front();
       const cudaError_t q = cudaEventQuery(f.end);
       if (q == cudaErrorNotReady) return;
-      float ms = 0;
-      if (q != cudaSuccess || cudaEventElapsedTime(&ms, f.start, f.end) != cudaSuccess) {
-        cudaGetLastError();  // an aborted communicator: no duration
-        ms = 0;
+      double s = 0;  // an aborted communicator: no duration
+      if (q != cudaSuccess) {
+        cudaGetLastError();
+      } else if (f.start != nullptr) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, f.start, f.end) == cudaSuccess) {
+          s = ms / 1000.0;
+          last_seconds_[ClassOf(f)] = s;
+        } else {
+          cudaGetLastError();
+        }
+      } else if (auto it = last_seconds_.find(ClassOf(f)); it != last_seconds_.end()) {
+        s = it->second;
       }
-      const double s = ms / 1000.0;
       channel_->CollectiveEnd(f.op, f.bytes, s,
                               BusBandwidthGbps(f.op.c_str(), f.bytes, s, size()),
                               in_flight_.size() > 1);
-      spare_events_.push_back(f.start);
-      spare_events_.push_back(f.end);
+      GiveBack(f);
       in_flight_.pop_front();
     }
   }
@@ -403,14 +436,19 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
       rec.bytes = op.bytes();
       channel_->CollectiveStart(rec.op);
       if (in_flight_.size() < kMaxInFlight) {
-        rec.start = TakeEvent();
-        rec.end = rec.start ? TakeEvent() : nullptr;
-        if (rec.start && cudaEventRecord(rec.start, stream_) != cudaSuccess) {
-          cudaGetLastError();
-          spare_events_.push_back(rec.start);
-          if (rec.end) spare_events_.push_back(rec.end);
-          rec.start = rec.end = nullptr;
+        const auto now = SteadyClock::now();
+        if (now - last_timed_ >= kTimingPeriod || !last_seconds_.contains(ClassOf(rec))) {
+          rec.start = TakeEvent(true);
+          rec.end = rec.start ? TakeEvent(true) : nullptr;
+          if (rec.end == nullptr || cudaEventRecord(rec.start, stream_) != cudaSuccess) {
+            cudaGetLastError();
+            GiveBack(rec);
+            rec.start = rec.end = nullptr;
+          } else {
+            last_timed_ = now;
+          }
         }
+        if (rec.end == nullptr) rec.end = TakeEvent(false);
       }
     }
     ncclResult_t r = call();
@@ -419,8 +457,7 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
       const std::string why = r == ncclInProgress ? "did not enqueue within the timeout"
                                                   : NcclErr(r);
       if (channel_ != nullptr) {  // never enqueued: ended, no duration
-        if (rec.start) spare_events_.push_back(rec.start);
-        if (rec.end) spare_events_.push_back(rec.end);
+        GiveBack(rec);
         channel_->CollectiveEnd(rec.op, rec.bytes, 0, 0, !in_flight_.empty());
       }
       launch_mu_.unlock();
@@ -434,8 +471,7 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
       } else {
         // No events (a CUDA error or too many in flight): ended now, no duration.
         cudaGetLastError();
-        if (rec.start) spare_events_.push_back(rec.start);
-        if (rec.end) spare_events_.push_back(rec.end);
+        GiveBack(rec);
         channel_->CollectiveEnd(rec.op, rec.bytes, 0, 0, !in_flight_.empty());
       }
     }
@@ -455,7 +491,10 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
   std::mutex launch_mu_;
   ddprun::rendezvous::ChannelWriter* const channel_ = MetricsChannel();  // null: not monitored
   std::deque<InFlight> in_flight_;         // under launch_mu_, issue order
-  std::vector<cudaEvent_t> spare_events_;  // under launch_mu_
+  std::vector<cudaEvent_t> spare_events_;  // under launch_mu_: timing
+  std::vector<cudaEvent_t> spare_plain_events_;  // under launch_mu_: without timing
+  std::map<SizeClass, double> last_seconds_;     // under launch_mu_: last timed duration
+  SteadyClock::time_point last_timed_{};         // under launch_mu_: last timed launch
 };
 
 absl::Status NcclWork::Wait(Duration timeout) {
