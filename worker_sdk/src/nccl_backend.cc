@@ -19,14 +19,10 @@
 // is enqueued, its end once an event recorded after it on the collective
 // stream has completed, found by cudaEventQuery without blocking: at the
 // next launch, and in Work::Wait / IsCompleted once they see the work done.
-// Durations are sampled. A timed collective has timing events around the
-// NCCL call (device time, so it includes waiting for the peers, as the CPU
-// paths' does); but a timing event holds the stream back: on an H100 an
-// event recorded after one completes 5-6 us later, and the host's record
-// costs 1.4 us instead of 0.3 (docs/gpu.md). So a collective is timed only
-// if its op and size class (bytes to a power of two) has no duration yet or
-// kTimingPeriod has passed since the last timed launch; the others carry
-// the last duration of their op and size class, and a plain end event.
+// Durations are sampled (duration_sampler.h says why and how): a timed
+// collective has timing events around the NCCL call (device time, so it
+// includes waiting for the peers, as the CPU paths' does); the others a plain
+// end event, and the last measured duration of their op and size class.
 //
 // Compression (the Reducer's f16/bf16 buckets): CompressF32/DecompressF32
 // launch the kernels of cuda_kernels.cu on the caller's stream, like Copy, so
@@ -40,17 +36,14 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include <bit>
 #include <chrono>
-#include <cstdint>
 #include <cstring>
 #include <deque>
-#include <map>
 #include <thread>
-#include <utility>
 #include <vector>
 
 #include "cuda_kernels.h"
+#include "duration_sampler.h"
 #endif
 
 namespace ddp::detail {
@@ -360,15 +353,6 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
     cudaEvent_t end = nullptr;    // after it on stream_: a timing event when `start` is set
   };
   static constexpr std::size_t kMaxInFlight = 4096;  // beyond: recorded without a duration
-  // At most one timed collective per period, besides each op and size
-  // class's first: at most 1 % of stream time in timing events.
-  static constexpr auto kTimingPeriod = std::chrono::milliseconds(1);
-
-  // An op and size class: durations stand for each other within one.
-  using SizeClass = std::pair<std::string, int>;
-  static SizeClass ClassOf(const InFlight& f) {
-    return {f.op, std::bit_width(static_cast<std::uint64_t>(f.bytes))};
-  }
 
   // An event from its spares, or a new one; null on a CUDA error.
   cudaEvent_t TakeEvent(bool timing) {
@@ -404,12 +388,12 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
         float ms = 0;
         if (cudaEventElapsedTime(&ms, f.start, f.end) == cudaSuccess) {
           s = ms / 1000.0;
-          last_seconds_[ClassOf(f)] = s;
+          sampler_.Measured(f.op, f.bytes, s);
         } else {
           cudaGetLastError();
         }
-      } else if (auto it = last_seconds_.find(ClassOf(f)); it != last_seconds_.end()) {
-        s = it->second;
+      } else {
+        s = sampler_.Estimate(f.op, f.bytes);
       }
       channel_->CollectiveEnd(f.op, f.bytes, s,
                               BusBandwidthGbps(f.op.c_str(), f.bytes, s, size()),
@@ -437,7 +421,7 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
       channel_->CollectiveStart(rec.op);
       if (in_flight_.size() < kMaxInFlight) {
         const auto now = SteadyClock::now();
-        if (now - last_timed_ >= kTimingPeriod || !last_seconds_.contains(ClassOf(rec))) {
+        if (sampler_.ShouldTime(rec.op, rec.bytes, now)) {
           rec.start = TakeEvent(true);
           rec.end = rec.start ? TakeEvent(true) : nullptr;
           if (rec.end == nullptr || cudaEventRecord(rec.start, stream_) != cudaSuccess) {
@@ -445,7 +429,7 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
             GiveBack(rec);
             rec.start = rec.end = nullptr;
           } else {
-            last_timed_ = now;
+            sampler_.Timed(now);
           }
         }
         if (rec.end == nullptr) rec.end = TakeEvent(false);
@@ -493,8 +477,7 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
   std::deque<InFlight> in_flight_;         // under launch_mu_, issue order
   std::vector<cudaEvent_t> spare_events_;  // under launch_mu_: timing
   std::vector<cudaEvent_t> spare_plain_events_;  // under launch_mu_: without timing
-  std::map<SizeClass, double> last_seconds_;     // under launch_mu_: last timed duration
-  SteadyClock::time_point last_timed_{};         // under launch_mu_: last timed launch
+  DurationSampler sampler_;                      // under launch_mu_
 };
 
 absl::Status NcclWork::Wait(Duration timeout) {
