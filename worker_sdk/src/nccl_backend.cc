@@ -462,7 +462,10 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
     cudaEvent_t done = nullptr;
     e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaEventRecord(done, stream_);
-    if (e != cudaSuccess) return Cuda("cudaEventRecord", e);
+    if (e != cudaSuccess) {
+      if (done != nullptr) cudaEventDestroy(done);
+      return Cuda("cudaEventRecord", e);
+    }
     return WorkPtr(std::make_shared<NcclWork>(weak_from_this(), desc, done, timeout()));
   }
 
