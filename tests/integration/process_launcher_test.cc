@@ -175,6 +175,39 @@ TEST_CASE("Boost launcher: missing or non-executable programs are errors, not ex
   CHECK_FALSE(launcher->Spawn(spec).ok());
 }
 
+TEST_CASE("Boost launcher: a program found on PATH is looked up once; a later change fails at exec",
+          "[integration]") {
+  auto launcher = MakeBoostProcessLauncher();
+  const std::string dir = TempPath("bin");
+  REQUIRE(::mkdir(dir.c_str(), 0755) == 0);
+  const std::string prog = dir + "/ddprun-test-prog";
+  { std::ofstream(prog) << "#!/bin/sh\nexit 7\n"; }
+  REQUIRE(::chmod(prog.c_str(), 0755) == 0);
+  std::map<std::string, std::string> env = {{"PATH", dir + ":/usr/bin:/bin"}};
+  for (int i = 0; i < 2; ++i) {  // the second spawn uses the first's lookup
+    auto c = MustSpawn(*launcher, {"ddprun-test-prog"}, env);
+    auto st = WaitExit(*c);
+    REQUIRE(st);
+    CHECK(st->exit_code == 7);
+  }
+  // Removed after the lookup: exec's own error, one line, no exception.
+  ::unlink(prog.c_str());
+  SpawnSpec spec;
+  spec.argv = {"ddprun-test-prog"};
+  spec.env = env;
+  auto r = launcher->Spawn(spec);
+  REQUIRE_FALSE(r.ok());
+  const std::string why(r.status().message());
+  CHECK(why.find("cannot start worker '" + prog + "'") != std::string::npos);  // the path looked up
+  CHECK(why.find("not found in PATH") == std::string::npos);  // not looked up again
+  // Another PATH is another lookup: now it is not found.
+  spec.env = {{"PATH", "/usr/bin:/bin"}};
+  r = launcher->Spawn(spec);
+  REQUIRE_FALSE(r.ok());
+  CHECK(std::string(r.status().message()).find("not found in PATH") != std::string::npos);
+  ::rmdir(dir.c_str());
+}
+
 // True once pid is gone or a zombie (its parent, init, may not have reaped it).
 bool Dead(pid_t pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
