@@ -38,13 +38,11 @@ class DurationSampler {
 
   // Whether a collective of `op` over `bytes`, launched at `now`, should get
   // timing events. Call Timed(now) once they are recorded.
+  // (The very first is timed: no class has a duration yet.)
   bool ShouldTime(std::string_view op, std::int64_t bytes, Clock::time_point now) const {
-    return !timed_once_ || now - last_timed_ >= period_ || !measured_.contains(ClassOf(op, bytes));
+    return now - last_timed_ >= period_ || !measured_.contains(ClassOf(op, bytes));
   }
-  void Timed(Clock::time_point now) {
-    timed_once_ = true;
-    last_timed_ = now;
-  }
+  void Timed(Clock::time_point now) { last_timed_ = now; }
 
   // A timed collective's device time, once its events say.
   void Measured(std::string_view op, std::int64_t bytes, double seconds) {
@@ -67,7 +65,6 @@ class DurationSampler {
   }
 
   const Clock::duration period_;
-  bool timed_once_ = false;
   Clock::time_point last_timed_{};
   std::map<SizeClass, double> measured_;
 };

@@ -376,6 +376,25 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
       (f.start != nullptr ? spare_events_ : spare_plain_events_).push_back(f.end);
   }
 
+  // A monitored collective's events, before its NCCL call: the timing pair,
+  // its start recorded, when the sampler asks for a duration and CUDA obliges;
+  // else a plain end event (null on a CUDA error: then no events at all).
+  void TakeEventsLocked(InFlight* rec) {
+    const auto now = SteadyClock::now();
+    if (sampler_.ShouldTime(rec->op, rec->bytes, now)) {
+      rec->start = TakeEvent(true);
+      rec->end = rec->start ? TakeEvent(true) : nullptr;
+      if (rec->end != nullptr && cudaEventRecord(rec->start, stream_) == cudaSuccess) {
+        sampler_.Timed(now);
+        return;
+      }
+      cudaGetLastError();
+      GiveBack(*rec);
+      rec->start = rec->end = nullptr;
+    }
+    rec->end = TakeEvent(false);
+  }
+
   void ReapLocked() {
     while (!in_flight_.empty()) {
       InFlight& f = in_flight_.front();
@@ -419,21 +438,7 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
       rec.op = op.op;
       rec.bytes = op.bytes();
       channel_->CollectiveStart(rec.op);
-      if (in_flight_.size() < kMaxInFlight) {
-        const auto now = SteadyClock::now();
-        if (sampler_.ShouldTime(rec.op, rec.bytes, now)) {
-          rec.start = TakeEvent(true);
-          rec.end = rec.start ? TakeEvent(true) : nullptr;
-          if (rec.end == nullptr || cudaEventRecord(rec.start, stream_) != cudaSuccess) {
-            cudaGetLastError();
-            GiveBack(rec);
-            rec.start = rec.end = nullptr;
-          } else {
-            sampler_.Timed(now);
-          }
-        }
-        if (rec.end == nullptr) rec.end = TakeEvent(false);
-      }
+      if (in_flight_.size() < kMaxInFlight) TakeEventsLocked(&rec);
     }
     ncclResult_t r = call();
     if (r == ncclInProgress) r = PollAsync(timeout());

@@ -26,6 +26,7 @@
 #include "ddp/ddp.h"
 #include "ddprun/rendezvous/metrics_channel.h"
 #include "half.h"
+#include "support/process_helpers.h"
 #include "support/sdk_values.h"
 
 namespace {
@@ -307,8 +308,7 @@ TEST_CASE("nccl: collectives wait for the caller's stream; Work::Synchronize ord
     ddp::Work w = pg->Allgather(in.p, out.p, n, DType::kFloat32);
     REQUIRE_FALSE(w.IsCompleted());  // still behind the sleep on s1
     w.Synchronize(s2);               // no host wait
-    const double issued_s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double issued_s = ddprun::test::SecondsSince(t0);
     CHECK(issued_s < 0.25);
     CUDA_REQUIRE(cudaMemcpyAsync(hout, out.p, n * 4 * world, cudaMemcpyDeviceToHost, s2));
     CUDA_REQUIRE(cudaStreamSynchronize(s2));
@@ -785,7 +785,7 @@ TEST_CASE("nccl: collectives are recorded in the metrics channel (op, bytes, seq
   const auto t0 = std::chrono::steady_clock::now();
   for (int k = 0; k < kCalls; ++k) works.push_back(pg->Allreduce(buf.p, kCount, DType::kFloat32));
   works.back().Wait();  // the ends are recorded once seen done, without a sync of their own
-  const double wall0 = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double wall0 = ddprun::test::SecondsSince(t0);
   const auto after = ReadOwnChannel();
   REQUIRE((after.flags & ddprun::rendezvous::kChannelFlagCollectives) != 0);
   CHECK(after.collective_seq >= before.collective_seq + kCalls);
@@ -812,7 +812,7 @@ TEST_CASE("nccl: collectives are recorded in the metrics channel (op, bytes, seq
     works.push_back(pg->Allreduce(buf.p, kCount, DType::kFloat32));
   }
   works.back().Wait();
-  const double wall1 = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  const double wall1 = ddprun::test::SecondsSince(t1);
   const auto last = ReadOwnChannel();
   const auto* ar1 = FindOp(last, "allreduce");
   REQUIRE(ar1 != nullptr);
