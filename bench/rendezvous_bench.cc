@@ -6,9 +6,11 @@
 //                                   agent holds its Assignment, N = min_n (8)
 //                                   ..max_n, doubling (and the state machine
 //                                   alone, no transport)
-//   rendezvous_bench --split N      the same round with the server in a
+//   rendezvous_bench --split N [P]  the same round with the server in a
 //                                   process of its own (as ddprund runs):
-//                                   the wall time and each process's CPU
+//                                   the wall time and each side's CPU; the
+//                                   agents in P processes (default 1: in
+//                                   this one), as nodes are on hosts
 //   rendezvous_bench --table N      the job table and metrics hub alone
 //   rendezvous_bench --restart N    in a job of N nodes that has formed, one
 //                                   agent reports a failed worker: the time
@@ -28,6 +30,7 @@
 // the open-file limit, each side holds N sockets).
 // DDPRUN_BENCH_SERVER_TUNABLES=T: the server's process of --split and
 // --memory runs with GLIBC_TUNABLES=T (configs/ddprund.service's heap).
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -41,6 +44,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -117,7 +121,7 @@ class ServerProcess {
       return;
     }
     int to_child[2], from_child[2];
-    if (pipe(to_child) != 0 || pipe(from_child) != 0) Die("pipe failed");
+    if (pipe2(to_child, O_CLOEXEC) != 0 || pipe2(from_child, O_CLOEXEC) != 0) Die("pipe failed");
     pid_ = fork();
     if (pid_ < 0) Die("fork failed");
     if (pid_ == 0) {
@@ -155,22 +159,11 @@ class ServerProcess {
   int port() const { return port_; }
   // The server process's CPU time (user + system), in ms.
   double CpuMs() const {
-    if (inproc_) Die("CpuMs needs a separate server process");
-    std::ifstream f("/proc/" + std::to_string(pid_) + "/stat");
-    std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    // Fields after the command's closing parenthesis: state is field 3,
-    // utime and stime are fields 14 and 15.
-    const std::size_t close = stat.rfind(')');
-    if (close == std::string::npos) Die("cannot read the server's /proc/<pid>/stat");
-    std::istringstream rest(stat.substr(close + 2));
-    std::string field;
-    double utime = 0, stime = 0;
-    for (int i = 3; i <= 15 && rest >> field; ++i) {
-      if (i == 14) utime = std::atof(field.c_str());
-      if (i == 15) stime = std::atof(field.c_str());
-    }
-    return (utime + stime) * 1000.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
+    const std::vector<double> f = Stat(15);
+    return (f[14] + f[15]) * 1000.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
   }
+  // The server process's minor page faults so far.
+  double MinorFaults() const { return Stat(10)[10]; }
   // The server's resident memory (VmRSS), in KiB.
   long RssKiB() const {
     if (inproc_) Die("RssKiB needs a separate server process");
@@ -183,6 +176,22 @@ class ServerProcess {
   }
 
  private:
+  // Fields 1..last of the server's /proc/<pid>/stat as numbers (index = field
+  // number; the pid and the command, fields 1 and 2, are left 0).
+  std::vector<double> Stat(int last) const {
+    if (inproc_) Die("the server's /proc figures need a separate server process");
+    std::ifstream f("/proc/" + std::to_string(pid_) + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    // The fields after the command's closing parenthesis start at field 3.
+    const std::size_t close = stat.rfind(')');
+    if (close == std::string::npos) Die("cannot read the server's /proc/<pid>/stat");
+    std::istringstream rest(stat.substr(close + 2));
+    std::vector<double> out(last + 1, 0);
+    std::string field;
+    for (int i = 3; i <= last && rest >> field; ++i) out[i] = std::atof(field.c_str());
+    return out;
+  }
+
   std::unique_ptr<RendezvousServer> inproc_;
   pid_t pid_ = -1;
   int stdin_ = -1;
@@ -314,24 +323,178 @@ void Rendezvous(int max_n, int min_n) {
   }
 }
 
+// Waits (at most 5 s) until the server process is idle: its CPU time grows by
+// under 10 ms in 100 ms. The previous round's streams end (16k cancellations)
+// before the next round is timed, not during it.
+void WaitServerIdle(const ServerProcess& server) {
+  const auto end = Clock_::now() + std::chrono::seconds(5);
+  double last = server.CpuMs();
+  while (Clock_::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const double now = server.CpuMs();
+    if (now - last < 10) return;
+    last = now;
+  }
+}
+
+// One process of a load generator spread over processes (`--split N P`):
+// plays agents [first, first + count) of each round's job of N agents, on
+// `channels` connections. Commands on stdin, one byte each: 'c' connects the
+// next round's job (ending the previous one's streams) and answers "ready";
+// 'g' forms the round and answers "<CPU ms> <round>" once every agent of
+// the slice holds its Assignment, then a line of the slice's group ranks.
+// End of input: exits.
+int PlayAgents(int port, int n, int first, int count, int channels) {
+  std::unique_ptr<SimulatedJob> job;
+  int round = 0;
+  char c;
+  while (read(0, &c, 1) == 1) {
+    if (c == 'c') {
+      job.reset();
+      SimulatedJobOptions o = Job(n, "split-" + std::to_string(round++));
+      o.first_agent = first;
+      o.agents = count;
+      o.channels = channels;
+      job = std::make_unique<SimulatedJob>("127.0.0.1", port, o);
+      if (auto st = job->Connect(); !st.ok()) Die(st.ToString());
+      std::printf("ready\n");
+    } else if (c == 'g' && job) {
+      const double c0 = CpuMs();
+      auto a = job->FormRound();
+      const double cpu = CpuMs() - c0;
+      if (!a.ok()) Die(a.status().ToString());
+      for (const auto& x : *a) {
+        if (auto st = SimulatedJob::CheckAssignment(x, n, 8, (*a)[0].round); !st.ok()) {
+          Die(st.ToString());
+        }
+      }
+      std::printf("%.1f %lld\n", cpu, static_cast<long long>((*a)[0].round));
+      for (const auto& x : *a) std::printf("%d ", x.group_rank);
+      std::printf("\n");
+    } else {
+      Die("unexpected command on stdin");
+    }
+    std::fflush(stdout);
+  }
+  _exit(0);  // as Serve: no orderly shutdown of the streams
+}
+
+// A process of the load generator (PlayAgents), started by this program.
+class AgentProcess {
+ public:
+  AgentProcess(int port, int n, int first, int count, int channels) {
+    int to_child[2], from_child[2];
+    if (pipe2(to_child, O_CLOEXEC) != 0 || pipe2(from_child, O_CLOEXEC) != 0) Die("pipe failed");
+    pid_ = fork();
+    if (pid_ < 0) Die("fork failed");
+    if (pid_ == 0) {
+      dup2(to_child[0], 0);
+      dup2(from_child[1], 1);
+      close(to_child[1]);
+      close(from_child[0]);
+      const std::string args[] = {std::to_string(port), std::to_string(n), std::to_string(first),
+                                  std::to_string(count), std::to_string(channels)};
+      execl("/proc/self/exe", "rendezvous_bench", "--agents", args[0].c_str(), args[1].c_str(),
+            args[2].c_str(), args[3].c_str(), args[4].c_str(), nullptr);
+      _exit(127);
+    }
+    close(to_child[0]);
+    close(from_child[1]);
+    to_ = to_child[1];
+    from_ = fdopen(from_child[0], "r");
+  }
+  ~AgentProcess() {
+    close(to_);
+    std::fclose(from_);
+    waitpid(pid_, nullptr, 0);
+  }
+  void Send(char c) {
+    if (write(to_, &c, 1) != 1) Die("an agent process went away");
+  }
+  std::string Line() {
+    std::string line;
+    int c;
+    while ((c = std::fgetc(from_)) != EOF && c != '\n') line.push_back(static_cast<char>(c));
+    if (c == EOF) Die("an agent process ended early (its error is above)");
+    return line;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int to_ = -1;
+  FILE* from_ = nullptr;
+};
+
 // The round with the server in a process of its own, as ddprund runs: the
-// wall time and each process's CPU (which share is the load generator's).
-void Split(int n) {
+// wall time and each side's CPU (which share is the load generator's). With
+// procs > 1 the agents are spread over that many processes of their own (as
+// nodes over hosts; the 64 connections split among them), started together:
+// the time from the go to the last process holding its slice's Assignments.
+void Split(int n, int procs) {
   ServerProcess server(/*separate=*/true);
+  const char* q = std::getenv("DDPRUN_BENCH_QUIET");
+  const bool quiet = q && std::string(q) == "1";
   std::printf(
-      "| agents | gRPC, server in its own process (ms) | CPU of the agents' process (ms) | CPU "
-      "of the server's process (ms) |\n");
-  std::printf("|---|---|---|---|\n");
+      "| agents | agent processes | gRPC, server in its own process (ms) | CPU of the agents' "
+      "processes (ms) | CPU of the server's process (ms) | server's page faults |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  if (procs <= 1) {
+    for (int r = 0; r < 3; ++r) {
+      SimulatedJob job("127.0.0.1", server.port(), Job(n, "split-" + std::to_string(r)));
+      if (auto st = job.Connect(); !st.ok()) Die(st.ToString());
+      if (quiet) WaitServerIdle(server);
+      const double c0 = CpuMs(), s0 = server.CpuMs(), f0 = server.MinorFaults();
+      auto t0 = Clock_::now();
+      auto a = job.FormRound();
+      const double wall = MsSince(t0);
+      const double c1 = CpuMs(), s1 = server.CpuMs(), f1 = server.MinorFaults();
+      Check(a, n);
+      std::printf("| %d | 1 | %.1f | %.1f | %.1f | %.0f |\n", n, wall, c1 - c0, s1 - s0, f1 - f0);
+      std::fflush(stdout);
+    }
+    return;
+  }
+  const int channels = std::max(1, Job(n, "").channels / procs);
+  std::vector<std::unique_ptr<AgentProcess>> agents;
+  for (int p = 0; p < procs; ++p) {
+    const int first = static_cast<int>(static_cast<long>(n) * p / procs);
+    const int end = static_cast<int>(static_cast<long>(n) * (p + 1) / procs);
+    agents.push_back(
+        std::make_unique<AgentProcess>(server.port(), n, first, end - first, channels));
+  }
   for (int r = 0; r < 3; ++r) {
-    SimulatedJob job("127.0.0.1", server.port(), Job(n, "split-" + std::to_string(r)));
-    if (auto st = job.Connect(); !st.ok()) Die(st.ToString());
-    const double c0 = CpuMs(), s0 = server.CpuMs();
+    for (auto& a : agents) a->Send('c');
+    for (auto& a : agents) {
+      if (a->Line() != "ready") Die("an agent process did not connect");
+    }
+    if (quiet) WaitServerIdle(server);
+    const double s0 = server.CpuMs(), f0 = server.MinorFaults();
     auto t0 = Clock_::now();
-    auto a = job.FormRound();
+    for (auto& a : agents) a->Send('g');
+    double cpu = 0;
+    std::vector<long long> rounds;
+    for (auto& a : agents) {
+      const std::string done = a->Line();
+      double c = 0;
+      long long round = 0;
+      if (std::sscanf(done.c_str(), "%lf %lld", &c, &round) != 2) Die("bad report: " + done);
+      cpu += c;
+      rounds.push_back(round);
+    }
     const double wall = MsSince(t0);
-    const double c1 = CpuMs(), s1 = server.CpuMs();
-    Check(a, n);
-    std::printf("| %d | %.1f | %.1f | %.1f |\n", n, wall, c1 - c0, s1 - s0);
+    const double s1 = server.CpuMs(), f1 = server.MinorFaults();
+    // Every group rank 0..n-1 once, all in one round.
+    std::vector<int> seen(n, 0);
+    for (auto& a : agents) {
+      std::istringstream ranks(a->Line());
+      int g;
+      while (ranks >> g) {
+        if (g < 0 || g >= n || seen[g]++) Die("group rank " + std::to_string(g) + " given twice");
+      }
+    }
+    if (std::count(seen.begin(), seen.end(), 1) != n) Die("some agent got no group rank");
+    if (std::count(rounds.begin(), rounds.end(), rounds[0]) != procs) Die("rounds differ");
+    std::printf("| %d | %d | %.1f | %.1f | %.1f | %.0f |\n", n, procs, wall, cpu, s1 - s0, f1 - f0);
     std::fflush(stdout);
   }
 }
@@ -410,8 +573,12 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (mode == "--split") {
-    Split(argc > 2 ? std::atoi(argv[2]) : 16384);
+    Split(argc > 2 ? std::atoi(argv[2]) : 16384, argc > 3 ? std::atoi(argv[3]) : 1);
     return 0;
+  }
+  if (mode == "--agents" && argc == 7) {
+    return PlayAgents(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]),
+                      std::atoi(argv[5]), std::atoi(argv[6]));
   }
   if (mode == "--restart") {
     Restart(argc > 2 ? std::atoi(argv[2]) : 4096);

@@ -10,6 +10,7 @@
 // RestartRound, as the agent's state machine does. Not thread-safe.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <set>
 #include <string>
@@ -26,7 +27,12 @@ struct SimulatedJobOptions {
   std::string job_id = "sim";
   int nodes = 1;
   int nproc = 8;
-  int channels = 64;  // connections the agents share (at most `nodes`)
+  int channels = 64;  // connections the agents share (at most the agents played)
+  // The agents this instance plays: [first_agent, first_agent + agents) of
+  // the job's `nodes` (agents < 0: through the last). A load generator spread
+  // over processes, as nodes are over hosts, gives each process a slice.
+  int first_agent = 0;
+  int agents = -1;
   int max_restarts = 3;
   // Hang detection of the job (JoinSpec::hang_timeout_s, on_hang).
   double hang_timeout_s = 0;
@@ -39,9 +45,12 @@ class SimulatedJob {
   SimulatedJob(std::string host, int port, SimulatedJobOptions options)
       : host_(std::move(host)), port_(port), o_(std::move(options)) {}
 
+  // How many agents this instance plays.
+  int count() const { return o_.agents < 0 ? o_.nodes - o_.first_agent : o_.agents; }
+
   // Opens the channels and waits until each is connected.
   absl::Status Connect() {
-    const int n = std::max(1, std::min(o_.nodes, o_.channels));
+    const int n = std::max(1, std::min(count(), o_.channels));
     for (int c = 0; c < n; ++c) {
       clients_.push_back(rendezvous::RendezvousClient::Create(host_, port_));
       if (auto st = clients_.back()->WaitForConnected(o_.timeout); !st.ok()) return st;
@@ -50,15 +59,15 @@ class SimulatedJob {
   }
 
   // Every agent joins (all streams open before any is read); returns each
-  // agent's Assignment, in agent order.
+  // agent's Assignment, in agent order (index 0 is agent first_agent).
   absl::StatusOr<std::vector<rendezvous::Assignment>> FormRound() {
-    streams_.resize(o_.nodes);
-    for (int i = 0; i < o_.nodes; ++i) streams_[i] = Client(i).Join(Spec(i));
+    streams_.resize(count());
+    for (int i = 0; i < count(); ++i) streams_[i] = Client(i).Join(Spec(o_.first_agent + i));
     return ReadAssignments();
   }
 
-  // Agent `failing` reports a failed worker in the current round; each agent
-  // re-joins when it reads its RestartRound. Returns the next round's
+  // Agent `failing` (of a job played whole: first_agent 0, every agent) reports a failed worker in
+  // the current round; each agent re-joins when it reads its RestartRound. Returns the next round's
   // Assignments, in agent order.
   absl::StatusOr<std::vector<rendezvous::Assignment>> FailAndReform(int failing) {
     rendezvous::WorkerFailure f;
@@ -71,7 +80,7 @@ class SimulatedJob {
         !st.ok()) {
       return st;
     }
-    for (int i = 0; i < o_.nodes; ++i) {
+    for (int i = 0; i < count(); ++i) {
       rendezvous::RoundEvent e = streams_[i]->Next(o_.timeout);
       if (!std::holds_alternative<rendezvous::RestartRound>(e)) {
         return absl::InternalError("agent " + std::to_string(i) + " got no RestartRound");
@@ -91,14 +100,24 @@ class SimulatedJob {
     if (static_cast<int>(a.size()) != nodes) return absl::InternalError("wrong agent count");
     std::set<int> seen;
     for (const auto& x : a) {
-      if (x.group_rank < 0 || x.group_rank >= nodes || !seen.insert(x.group_rank).second)
-        return absl::InternalError("group rank " + std::to_string(x.group_rank) +
-                                   " out of range or given twice");
-      if (x.base_rank != x.group_rank * nproc || x.world_size != nodes * nproc ||
-          x.group_world_size != nodes || x.round != a[0].round)
-        return absl::InternalError("inconsistent assignment for group rank " +
-                                   std::to_string(x.group_rank));
+      if (auto st = CheckAssignment(x, nodes, nproc, a[0].round); !st.ok()) return st;
+      if (!seen.insert(x.group_rank).second)
+        return absl::InternalError("group rank " + std::to_string(x.group_rank) + " given twice");
     }
+    return absl::OkStatus();
+  }
+
+  // One agent's Assignment in a job of `nodes` agents: a group rank in range,
+  // base_rank = group_rank * nproc, the job's world sizes, round `round`.
+  // (That no group rank is given twice needs every agent's: CheckRanks.)
+  static absl::Status CheckAssignment(const rendezvous::Assignment& x, int nodes, int nproc,
+                                      std::int64_t round) {
+    if (x.group_rank < 0 || x.group_rank >= nodes)
+      return absl::InternalError("group rank " + std::to_string(x.group_rank) + " out of range");
+    if (x.base_rank != x.group_rank * nproc || x.world_size != nodes * nproc ||
+        x.group_world_size != nodes || x.round != round)
+      return absl::InternalError("inconsistent assignment for group rank " +
+                                 std::to_string(x.group_rank));
     return absl::OkStatus();
   }
 
@@ -135,8 +154,8 @@ class SimulatedJob {
   rendezvous::RendezvousClient& Client(int i) { return *clients_[i % clients_.size()]; }
 
   absl::StatusOr<std::vector<rendezvous::Assignment>> ReadAssignments() {
-    std::vector<rendezvous::Assignment> out(o_.nodes);
-    for (int i = 0; i < o_.nodes; ++i) {
+    std::vector<rendezvous::Assignment> out(count());
+    for (int i = 0; i < count(); ++i) {
       rendezvous::RoundEvent e = streams_[i]->Next(o_.timeout);
       if (auto* st = std::get_if<absl::Status>(&e)) return *st;
       if (!std::holds_alternative<rendezvous::Assignment>(e))
