@@ -29,7 +29,9 @@
 // 64; C = N gives each agent a connection of its own, as N hosts have: raise
 // the open-file limit, each side holds N sockets).
 // DDPRUN_BENCH_SERVER_TUNABLES=T: the server's process of --split and
-// --memory runs with GLIBC_TUNABLES=T (configs/ddprund.service's heap).
+// --memory runs with GLIBC_TUNABLES=T; by default it uses ddprund's heap
+// (server_heap.h: huge pages, one arena), and T = glibc.malloc.hugetlb=0
+// leaves glibc's defaults.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -392,6 +394,12 @@ class AgentProcess {
       dup2(from_child[1], 1);
       close(to_child[1]);
       close(from_child[0]);
+      // The load generator's processes use the daemon's heap too (or
+      // GLIBC_TUNABLES=DDPRUN_BENCH_AGENT_TUNABLES): 16k agents' first-round
+      // page faults in 4 processes are the generator's cost, not what an
+      // agent alone on its host pays.
+      const char* t = std::getenv("DDPRUN_BENCH_AGENT_TUNABLES");
+      setenv("GLIBC_TUNABLES", t && *t ? t : kServerHeapTunables, 1);
       const std::string args[] = {std::to_string(port), std::to_string(n), std::to_string(first),
                                   std::to_string(count), std::to_string(channels)};
       execl("/proc/self/exe", "rendezvous_bench", "--agents", args[0].c_str(), args[1].c_str(),
@@ -565,7 +573,10 @@ int main(int argc, char** argv) {
     KeepFreedHeapForReuse();
   }
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (mode == "--serve") return Serve();
+  if (mode == "--serve") {
+    ExecWithServerHeap(argv);  // as ddprund
+    return Serve();
+  }
   if (mode == "--table") {  // the in-memory side alone (for profiling)
     const int n = argc > 2 ? std::atoi(argv[2]) : 16384;
     for (int r = 0; r < 5; ++r)

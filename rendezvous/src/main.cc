@@ -140,6 +140,10 @@ int main(int argc, char** argv) {
   options.dashboard_listen_fix = "pick another --dashboard_port, or --dashboard_port=off";
   options.log_hangs = true;
 
+  // Settings are valid: serve from a heap of huge pages (server_heap.h). This
+  // may re-execute ddprund once (same pid, same arguments); nothing has been
+  // printed or started yet.
+  ddprun::rendezvous::ExecWithServerHeap(argv);
   // gRPC's own error lines (a multi-line dump for a port in use) would drown
   // our one-line messages; GRPC_VERBOSITY=ERROR or DEBUG brings them back.
   setenv("GRPC_VERBOSITY", "NONE", /*overwrite=*/0);

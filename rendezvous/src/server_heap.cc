@@ -1,6 +1,11 @@
 #include "ddprun/rendezvous/server_heap.h"
 
 #include <malloc.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
 
 namespace ddprun::rendezvous {
 
@@ -10,6 +15,43 @@ void KeepFreedHeapForReuse() {
   mallopt(M_MMAP_THRESHOLD, static_cast<int>(kMmapFromBytes));
   // Grow the heap in steps of 16 MiB (reserved, not touched: no RSS).
   mallopt(M_TOP_PAD, 16 << 20);
+}
+
+namespace {
+
+// Set in the re-executed process's environment: "-" where GLIBC_TUNABLES was
+// unset before, "=" followed by its value otherwise.
+constexpr char kReexecMark[] = "DDPRUN_SERVER_HEAP_REEXEC";
+
+// Restores GLIBC_TUNABLES as `mark` records it and removes the mark.
+void RestoreTunables(const std::string& mark) {
+  if (mark.rfind('=', 0) == 0) {
+    setenv("GLIBC_TUNABLES", mark.c_str() + 1, 1);
+  } else {
+    unsetenv("GLIBC_TUNABLES");
+  }
+  unsetenv(kReexecMark);
+}
+
+}  // namespace
+
+void ExecWithServerHeap(char** argv) {
+  if (const char* mark = std::getenv(kReexecMark)) {
+    RestoreTunables(mark);
+    return;
+  }
+  const char* user = std::getenv("GLIBC_TUNABLES");
+  if (user &&
+      (std::strstr(user, "glibc.malloc.hugetlb") || std::strstr(user, "glibc.malloc.arena_max"))) {
+    return;
+  }
+  const std::string mark = user ? std::string("=") + user : std::string("-");
+  const std::string tunables =
+      user && *user ? std::string(user) + ":" + kServerHeapTunables : kServerHeapTunables;
+  setenv(kReexecMark, mark.c_str(), 1);
+  setenv("GLIBC_TUNABLES", tunables.c_str(), 1);
+  execv("/proc/self/exe", argv);
+  RestoreTunables(mark);  // no /proc: glibc's defaults
 }
 
 }  // namespace ddprun::rendezvous

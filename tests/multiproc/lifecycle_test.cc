@@ -3,7 +3,10 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <fstream>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -71,7 +74,49 @@ void DaemonRestartMidJob(int sig) {
   CHECK(h.Wait(again, 10) == 0);
 }
 
+// Thread arenas of glibc's malloc in process `pid`: its anonymous mappings
+// of 32 MiB or more that are reserved, not accessible (each arena reserves
+// 64 MiB and makes it accessible as it grows).
+int ThreadArenas(pid_t pid) {
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  std::string line;
+  int n = 0;
+  while (std::getline(maps, line)) {
+    std::istringstream f(line);
+    std::string range, perms, offset, dev, inode, path;
+    f >> range >> perms >> offset >> dev >> inode >> path;
+    const std::size_t dash = range.find('-');
+    const std::uint64_t begin = std::stoull(range.substr(0, dash), nullptr, 16);
+    const std::uint64_t end = std::stoull(range.substr(dash + 1), nullptr, 16);
+    if (perms == "---p" && path.empty() && end - begin >= (32u << 20)) ++n;
+  }
+  return n;
+}
+
 }  // namespace
+
+TEST_CASE("ddprund serves from one heap with huge-page advice; the user's GLIBC_TUNABLES wins",
+          "[multiproc]") {
+  Harness h;
+  SECTION("by default: re-executed once with glibc's tunables, no thread arenas") {
+    Proc* d = nullptr;
+    h.StartDaemon("ddprund", &d);
+    // The re-executed process's environment as it started (the pid is the same).
+    const std::string env = ReadFile("/proc/" + std::to_string(d->pid) + "/environ");
+    CHECK(env.find("glibc.malloc.hugetlb=1") != std::string::npos);
+    // gRPC's threads have allocated by the time it listens: all from one arena.
+    CHECK(ThreadArenas(d->pid) == 0);
+    h.StopDaemon(*d);
+  }
+  SECTION("GLIBC_TUNABLES naming glibc.malloc.hugetlb: not re-executed, glibc's arenas") {
+    Proc* d = nullptr;
+    h.StartDaemon("ddprund", &d, {}, {{"GLIBC_TUNABLES", "glibc.malloc.hugetlb=0"}});
+    const std::string env = ReadFile("/proc/" + std::to_string(d->pid) + "/environ");
+    CHECK(env.find("DDPRUN_SERVER_HEAP_REEXEC") == std::string::npos);
+    CHECK(ThreadArenas(d->pid) >= 1);
+    h.StopDaemon(*d);
+  }
+}
 
 TEST_CASE("ddprund SIGKILLed and restarted mid-job with --state_dir: the round goes on",
           "[multiproc]") {

@@ -441,13 +441,13 @@ class Harness {
 
   // Starts ddprund on 127.0.0.1 with --port 0 and --dashboard_port 0 (tests
   // run in parallel: never the fixed default ports) and extra flags, and
-  // returns its port, parsed from its ready line.
+  // returns its port, parsed from its ready line. env overlays the test's.
   int StartDaemon(const std::string& name, Proc** out = nullptr,
-                  const std::vector<std::string>& extra = {}) {
+                  const std::vector<std::string>& extra = {}, const EnvList& env = {}) {
     std::vector<std::string> argv{Ddprund(), "--host",           "127.0.0.1", "--port",
                                   "0",       "--dashboard_port", "0"};
     argv.insert(argv.end(), extra.begin(), extra.end());
-    Proc& d = Start(name, argv);
+    Proc& d = Start(name, argv, env);
     if (out) *out = &d;
     const auto t0 = Clock::now();
     while (SecondsSince(t0) < 10) {

@@ -17,4 +17,23 @@ inline constexpr long kHeapKeepBytes = 256L << 20;
 inline constexpr long kMmapFromBytes = 32L << 20;
 void KeepFreedHeapForReuse();
 
+// glibc tunables for a serving process: every thread allocates from the one
+// brk heap (arena_max=1), and glibc asks for transparent huge pages on each
+// extension of it (hugetlb=1). A 16k-node job's first round on a fresh
+// daemon touches ~280 MB of new heap: 70k page faults with 4 KiB pages, about
+// 1 s of the daemon's CPU on this machine's VM, against a few hundred with
+// huge pages (docs/benchmarks.md "Rendezvous, tenth session"). Threads' own
+// arenas grow with mprotect in page steps, where huge pages rarely apply.
+inline constexpr char kServerHeapTunables[] = "glibc.malloc.hugetlb=1:glibc.malloc.arena_max=1";
+
+// glibc reads GLIBC_TUNABLES only when a program starts, so: re-executes this
+// program (/proc/self/exe, the same argv and environment) with
+// kServerHeapTunables appended to GLIBC_TUNABLES, once. Returns without doing
+// so where GLIBC_TUNABLES already names glibc.malloc.hugetlb or
+// glibc.malloc.arena_max (the user's choice stands: hugetlb=0 turns this
+// off), in the re-executed process (which gets GLIBC_TUNABLES back as the
+// user had it, so nothing it starts inherits ours), and where the exec fails
+// (glibc's defaults then). Call before any thread starts; the pid stays.
+void ExecWithServerHeap(char** argv);
+
 }  // namespace ddprun::rendezvous
