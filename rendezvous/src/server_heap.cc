@@ -2,6 +2,7 @@
 
 #include <malloc.h>
 #include <stdlib.h>
+#include <sys/auxv.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -40,6 +41,10 @@ void ExecWithServerHeap(char** argv) {
     RestoreTunables(mark);
     return;
   }
+  // No interpreter: the program was started through the dynamic loader
+  // (`ld-linux-x86-64.so.2 ddprund ...`, where /proc/self/exe is the loader,
+  // which would take ddprund's flags for its own) or is linked statically.
+  if (getauxval(AT_BASE) == 0) return;
   const char* user = std::getenv("GLIBC_TUNABLES");
   if (user &&
       (std::strstr(user, "glibc.malloc.hugetlb") || std::strstr(user, "glibc.malloc.arena_max"))) {

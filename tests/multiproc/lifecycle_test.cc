@@ -1,6 +1,8 @@
 // The rest of an agent's life: the daemon going away mid-job, signals while
 // joining, elastic ranges and join tokens.
+#include <link.h>
 #include <signal.h>
+#include <sys/auxv.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -93,7 +95,42 @@ int ThreadArenas(pid_t pid) {
   return n;
 }
 
+// The path of this process's dynamic loader (the object loaded at AT_BASE).
+std::string DynamicLoader() {
+  struct Found {
+    ElfW(Addr) base;
+    std::string path;
+  } found{static_cast<ElfW(Addr)>(getauxval(AT_BASE)), ""};
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, std::size_t, void* data) {
+        auto* f = static_cast<Found*>(data);
+        if (info->dlpi_addr == f->base && info->dlpi_name) f->path = info->dlpi_name;
+        return 0;
+      },
+      &found);
+  return found.path;
+}
+
 }  // namespace
+
+TEST_CASE("ddprund started through the dynamic loader serves, without re-executing",
+          "[multiproc]") {
+  const std::string loader = DynamicLoader();
+  REQUIRE_FALSE(loader.empty());
+  Harness h;
+  Proc& d = h.Start("ddprund", {loader, Ddprund(), "--host", "127.0.0.1", "--port", "0",
+                                "--dashboard_port", "0"});
+  const auto t0 = Clock::now();
+  while (d.Out().find("ddprund listening on ") == std::string::npos && SecondsSince(t0) < 10 &&
+         IsAlive(d.pid)) {
+    SleepMs(5);
+  }
+  INFO("ddprund's stderr: " << d.Err());
+  REQUIRE(d.Out().find("ddprund listening on ") != std::string::npos);
+  const std::string env = ReadFile("/proc/" + std::to_string(d.pid) + "/environ");
+  CHECK(env.find("DDPRUN_SERVER_HEAP_REEXEC") == std::string::npos);
+  h.StopDaemon(d);
+}
 
 TEST_CASE("ddprund serves from one heap with huge-page advice; the user's GLIBC_TUNABLES wins",
           "[multiproc]") {

@@ -32,8 +32,9 @@ inline constexpr char kServerHeapTunables[] = "glibc.malloc.hugetlb=1:glibc.mall
 // so where GLIBC_TUNABLES already names glibc.malloc.hugetlb or
 // glibc.malloc.arena_max (the user's choice stands: hugetlb=0 turns this
 // off), in the re-executed process (which gets GLIBC_TUNABLES back as the
-// user had it, so nothing it starts inherits ours), and where the exec fails
-// (glibc's defaults then). Call before any thread starts; the pid stays.
+// user had it, so nothing it starts inherits ours), where the program has no
+// interpreter (started as `ld.so PROGRAM`, or static), and where the exec
+// fails (glibc's defaults then). Call before any thread starts; the pid stays.
 void ExecWithServerHeap(char** argv);
 
 }  // namespace ddprun::rendezvous
