@@ -20,10 +20,6 @@ void KeepFreedHeapForReuse() {
 
 namespace {
 
-// Set in the re-executed process's environment: "-" where GLIBC_TUNABLES was
-// unset before, "=" followed by its value otherwise.
-constexpr char kReexecMark[] = "DDPRUN_SERVER_HEAP_REEXEC";
-
 // Restores GLIBC_TUNABLES as `mark` records it and removes the mark.
 void RestoreTunables(const std::string& mark) {
   if (mark.rfind('=', 0) == 0) {
@@ -31,13 +27,13 @@ void RestoreTunables(const std::string& mark) {
   } else {
     unsetenv("GLIBC_TUNABLES");
   }
-  unsetenv(kReexecMark);
+  unsetenv(kServerHeapReexecMark);
 }
 
 }  // namespace
 
 void ExecWithServerHeap(char** argv) {
-  if (const char* mark = std::getenv(kReexecMark)) {
+  if (const char* mark = std::getenv(kServerHeapReexecMark)) {
     RestoreTunables(mark);
     return;
   }
@@ -53,7 +49,7 @@ void ExecWithServerHeap(char** argv) {
   const std::string mark = user ? std::string("=") + user : std::string("-");
   const std::string tunables =
       user && *user ? std::string(user) + ":" + kServerHeapTunables : kServerHeapTunables;
-  setenv(kReexecMark, mark.c_str(), 1);
+  setenv(kServerHeapReexecMark, mark.c_str(), 1);
   setenv("GLIBC_TUNABLES", tunables.c_str(), 1);
   execv("/proc/self/exe", argv);
   RestoreTunables(mark);  // no /proc: glibc's defaults

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "ddprun/rendezvous/server_heap.h"
 #include "support/process_helpers.h"
 
 using namespace ddprun::test;
@@ -128,7 +129,7 @@ TEST_CASE("ddprund started through the dynamic loader serves, without re-executi
   INFO("ddprund's stderr: " << d.Err());
   REQUIRE(d.Out().find("ddprund listening on ") != std::string::npos);
   const std::string env = ReadFile("/proc/" + std::to_string(d.pid) + "/environ");
-  CHECK(env.find("DDPRUN_SERVER_HEAP_REEXEC") == std::string::npos);
+  CHECK(env.find(ddprun::rendezvous::kServerHeapReexecMark) == std::string::npos);
   h.StopDaemon(d);
 }
 
@@ -149,7 +150,7 @@ TEST_CASE("ddprund serves from one heap with huge-page advice; the user's GLIBC_
     Proc* d = nullptr;
     h.StartDaemon("ddprund", &d, {}, {{"GLIBC_TUNABLES", "glibc.malloc.hugetlb=0"}});
     const std::string env = ReadFile("/proc/" + std::to_string(d->pid) + "/environ");
-    CHECK(env.find("DDPRUN_SERVER_HEAP_REEXEC") == std::string::npos);
+    CHECK(env.find(ddprun::rendezvous::kServerHeapReexecMark) == std::string::npos);
     CHECK(ThreadArenas(d->pid) >= 1);
     h.StopDaemon(*d);
   }

@@ -37,4 +37,8 @@ inline constexpr char kServerHeapTunables[] = "glibc.malloc.hugetlb=1:glibc.mall
 // fails (glibc's defaults then). Call before any thread starts; the pid stays.
 void ExecWithServerHeap(char** argv);
 
+// Set in the re-executed process's environment at its start (and removed from
+// it once read): "-" where GLIBC_TUNABLES was unset, "=" and its value else.
+inline constexpr char kServerHeapReexecMark[] = "DDPRUN_SERVER_HEAP_REEXEC";
+
 }  // namespace ddprun::rendezvous
