@@ -90,6 +90,30 @@ int Serve() {
   _exit(0);  // the measurement is over; no orderly shutdown of 16k streams
 }
 
+// Starts this program again with `args` (argv[1]...), GLIBC_TUNABLES set to
+// `tunables` unless null or empty: its stdin from *to, its stdout to *from.
+pid_t StartSelf(const std::vector<std::string>& args, const char* tunables, int* to, int* from) {
+  int to_child[2], from_child[2];
+  if (pipe2(to_child, O_CLOEXEC) != 0 || pipe2(from_child, O_CLOEXEC) != 0) Die("pipe failed");
+  const pid_t pid = fork();
+  if (pid < 0) Die("fork failed");
+  if (pid == 0) {
+    dup2(to_child[0], 0);
+    dup2(from_child[1], 1);
+    if (tunables && *tunables) setenv("GLIBC_TUNABLES", tunables, 1);
+    std::vector<char*> argv{const_cast<char*>("rendezvous_bench")};
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv("/proc/self/exe", argv.data());
+    _exit(127);
+  }
+  close(to_child[0]);
+  close(from_child[1]);
+  *to = to_child[1];
+  *from = from_child[0];
+  return pid;
+}
+
 // The server under test: in this process (the timings: one process on loopback
 // measured faster on this 2-core machine than two), or in a process of its
 // own, this program with --serve (the memory figures).
@@ -122,34 +146,18 @@ class ServerProcess {
       port_ = inproc_->port();
       return;
     }
-    int to_child[2], from_child[2];
-    if (pipe2(to_child, O_CLOEXEC) != 0 || pipe2(from_child, O_CLOEXEC) != 0) Die("pipe failed");
-    pid_ = fork();
-    if (pid_ < 0) Die("fork failed");
-    if (pid_ == 0) {
-      dup2(to_child[0], 0);
-      dup2(from_child[1], 1);
-      close(to_child[1]);
-      close(from_child[0]);
-      // DDPRUN_BENCH_SERVER_TUNABLES=T: the server process (alone) runs with
-      // GLIBC_TUNABLES=T, as configs/ddprund.service starts ddprund.
-      if (const char* t = std::getenv("DDPRUN_BENCH_SERVER_TUNABLES"); t && *t) {
-        setenv("GLIBC_TUNABLES", t, 1);
-      }
-      execl("/proc/self/exe", "rendezvous_bench", "--serve", nullptr);
-      _exit(127);
-    }
-    close(to_child[0]);
-    close(from_child[1]);
-    stdin_ = to_child[1];
+    // DDPRUN_BENCH_SERVER_TUNABLES=T: the server process (alone) runs with
+    // GLIBC_TUNABLES=T instead of ddprund's heap (ExecWithServerHeap).
+    int from = -1;
+    pid_ = StartSelf({"--serve"}, std::getenv("DDPRUN_BENCH_SERVER_TUNABLES"), &stdin_, &from);
     char buf[32] = {};
     std::size_t got = 0;
     while (got < sizeof(buf) - 1) {
-      ssize_t r = read(from_child[0], buf + got, 1);
+      ssize_t r = read(from, buf + got, 1);
       if (r <= 0 || buf[got] == '\n') break;
       ++got;
     }
-    close(from_child[0]);
+    close(from);
     port_ = std::atoi(buf);
     if (port_ <= 0) Die("the server process did not start");
   }
@@ -385,31 +393,16 @@ int PlayAgents(int port, int n, int first, int count, int channels) {
 class AgentProcess {
  public:
   AgentProcess(int port, int n, int first, int count, int channels) {
-    int to_child[2], from_child[2];
-    if (pipe2(to_child, O_CLOEXEC) != 0 || pipe2(from_child, O_CLOEXEC) != 0) Die("pipe failed");
-    pid_ = fork();
-    if (pid_ < 0) Die("fork failed");
-    if (pid_ == 0) {
-      dup2(to_child[0], 0);
-      dup2(from_child[1], 1);
-      close(to_child[1]);
-      close(from_child[0]);
-      // The load generator's processes use the daemon's heap too (or
-      // GLIBC_TUNABLES=DDPRUN_BENCH_AGENT_TUNABLES): 16k agents' first-round
-      // page faults in 4 processes are the generator's cost, not what an
-      // agent alone on its host pays.
-      const char* t = std::getenv("DDPRUN_BENCH_AGENT_TUNABLES");
-      setenv("GLIBC_TUNABLES", t && *t ? t : kServerHeapTunables, 1);
-      const std::string args[] = {std::to_string(port), std::to_string(n), std::to_string(first),
-                                  std::to_string(count), std::to_string(channels)};
-      execl("/proc/self/exe", "rendezvous_bench", "--agents", args[0].c_str(), args[1].c_str(),
-            args[2].c_str(), args[3].c_str(), args[4].c_str(), nullptr);
-      _exit(127);
-    }
-    close(to_child[0]);
-    close(from_child[1]);
-    to_ = to_child[1];
-    from_ = fdopen(from_child[0], "r");
+    // The load generator's processes use the daemon's heap too (or
+    // GLIBC_TUNABLES=DDPRUN_BENCH_AGENT_TUNABLES): 16k agents' first-round
+    // page faults in 4 processes are the generator's cost, not what an agent
+    // alone on its host pays.
+    const char* t = std::getenv("DDPRUN_BENCH_AGENT_TUNABLES");
+    int from = -1;
+    pid_ = StartSelf({"--agents", std::to_string(port), std::to_string(n), std::to_string(first),
+                      std::to_string(count), std::to_string(channels)},
+                     t && *t ? t : kServerHeapTunables, &to_, &from);
+    from_ = fdopen(from, "r");
   }
   ~AgentProcess() {
     close(to_);
