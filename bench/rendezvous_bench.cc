@@ -12,10 +12,13 @@
 //                                   agents in P processes (default 1: in
 //                                   this one), as nodes are on hosts
 //   rendezvous_bench --table N      the job table and metrics hub alone
-//   rendezvous_bench --restart N    in a job of N nodes that has formed, one
+//   rendezvous_bench --restart N [P]
+//                                   in a job of N nodes that has formed, one
 //                                   agent reports a failed worker: the time
 //                                   until every agent has read RestartRound,
 //                                   re-joined, and holds the next Assignment
+//                                   (P > 1: the server in a process of its
+//                                   own, the agents in P processes)
 //   rendezvous_bench --memory N     the server's resident memory for one job
 //                                   of N nodes, and for 1000 jobs of one node
 //
@@ -347,13 +350,17 @@ void WaitServerIdle(const ServerProcess& server) {
   }
 }
 
-// One process of a load generator spread over processes (`--split N P`):
-// plays agents [first, first + count) of each round's job of N agents, on
-// `channels` connections. Commands on stdin, one byte each: 'c' connects the
-// next round's job (ending the previous one's streams) and answers "ready";
-// 'g' forms the round and answers "<CPU ms> <round>" once every agent of
-// the slice holds its Assignment, then a line of the slice's group ranks.
-// End of input: exits.
+// One process of a load generator spread over processes (`--split N P`,
+// `--restart N P`): plays agents [first, first + count) of each job of N
+// agents, on `channels` connections. Commands on stdin, one byte each:
+//   'c' connects the next job (ending the previous one's streams), answers
+//       "ready";
+//   'g' forms the round;
+//   'f' has the slice's first agent report a failed worker, then does 'r';
+//   'r' re-joins every agent of the slice on its RestartRound.
+// 'g', 'f' and 'r' answer "<CPU ms> <round>" once every agent of the slice
+// holds its Assignment, then a line of the slice's group ranks. End of input:
+// exits.
 int PlayAgents(int port, int n, int first, int count, int channels) {
   std::unique_ptr<SimulatedJob> job;
   int round = 0;
@@ -368,9 +375,12 @@ int PlayAgents(int port, int n, int first, int count, int channels) {
       job = std::make_unique<SimulatedJob>("127.0.0.1", port, o);
       if (auto st = job->Connect(); !st.ok()) Die(st.ToString());
       std::printf("ready\n");
-    } else if (c == 'g' && job) {
+    } else if ((c == 'g' || c == 'f' || c == 'r') && job) {
       const double c0 = CpuMs();
-      auto a = job->FormRound();
+      if (c == 'f') {
+        if (auto st = job->ReportFailure(0); !st.ok()) Die(st.ToString());
+      }
+      auto a = c == 'g' ? job->FormRound() : job->RejoinOnRestart();
       const double cpu = CpuMs() - c0;
       if (!a.ok()) Die(a.status().ToString());
       for (const auto& x : *a) {
@@ -426,6 +436,68 @@ class AgentProcess {
   FILE* from_ = nullptr;
 };
 
+// The load generator: one job of n agents over `procs` processes
+// (PlayAgents), the 64 connections split among them.
+class AgentFleet {
+ public:
+  AgentFleet(int port, int n, int procs) : n_(n) {
+    const int channels = std::max(1, Job(n, "").channels / procs);
+    for (int p = 0; p < procs; ++p) {
+      const int first = static_cast<int>(static_cast<long>(n) * p / procs);
+      const int end = static_cast<int>(static_cast<long>(n) * (p + 1) / procs);
+      procs_.push_back(std::make_unique<AgentProcess>(port, n, first, end - first, channels));
+    }
+  }
+  int size() const { return static_cast<int>(procs_.size()); }
+
+  // A new job, every process connected.
+  void Connect() {
+    for (auto& a : procs_) a->Send('c');
+    for (auto& a : procs_) {
+      if (a->Line() != "ready") Die("an agent process did not connect");
+    }
+  }
+
+  struct Result {
+    double wall_ms = 0;   // from the first command sent to the last report read
+    double cpu_ms = 0;    // the agents' processes, summed
+    long long round = 0;  // the round every agent holds
+  };
+  // Sends cmds[p] to process p ('g', 'f' or 'r'), waits for every report,
+  // and checks that each group rank 0..n-1 came once, all in one round.
+  Result Run(const std::vector<char>& cmds) {
+    Result r;
+    const auto t0 = Clock_::now();
+    for (int p = 0; p < size(); ++p) procs_[p]->Send(cmds[p]);
+    std::vector<long long> rounds;
+    for (auto& a : procs_) {
+      const std::string done = a->Line();
+      double c = 0;
+      long long round = 0;
+      if (std::sscanf(done.c_str(), "%lf %lld", &c, &round) != 2) Die("bad report: " + done);
+      r.cpu_ms += c;
+      rounds.push_back(round);
+    }
+    r.wall_ms = MsSince(t0);
+    std::vector<int> seen(n_, 0);
+    for (auto& a : procs_) {
+      std::istringstream ranks(a->Line());
+      int g;
+      while (ranks >> g) {
+        if (g < 0 || g >= n_ || seen[g]++) Die("group rank " + std::to_string(g) + " given twice");
+      }
+    }
+    if (std::count(seen.begin(), seen.end(), 1) != n_) Die("some agent got no group rank");
+    if (std::count(rounds.begin(), rounds.end(), rounds[0]) != size()) Die("rounds differ");
+    r.round = rounds[0];
+    return r;
+  }
+
+ private:
+  const int n_;
+  std::vector<std::unique_ptr<AgentProcess>> procs_;
+};
+
 // The round with the server in a process of its own, as ddprund runs: the
 // wall time and each side's CPU (which share is the load generator's). With
 // procs > 1 the agents are spread over that many processes of their own (as
@@ -455,70 +527,56 @@ void Split(int n, int procs) {
     }
     return;
   }
-  const int channels = std::max(1, Job(n, "").channels / procs);
-  std::vector<std::unique_ptr<AgentProcess>> agents;
-  for (int p = 0; p < procs; ++p) {
-    const int first = static_cast<int>(static_cast<long>(n) * p / procs);
-    const int end = static_cast<int>(static_cast<long>(n) * (p + 1) / procs);
-    agents.push_back(
-        std::make_unique<AgentProcess>(server.port(), n, first, end - first, channels));
-  }
+  AgentFleet fleet(server.port(), n, procs);
   for (int r = 0; r < 3; ++r) {
-    for (auto& a : agents) a->Send('c');
-    for (auto& a : agents) {
-      if (a->Line() != "ready") Die("an agent process did not connect");
-    }
+    fleet.Connect();
     if (quiet) WaitServerIdle(server);
     const double s0 = server.CpuMs(), f0 = server.MinorFaults();
-    auto t0 = Clock_::now();
-    for (auto& a : agents) a->Send('g');
-    double cpu = 0;
-    std::vector<long long> rounds;
-    for (auto& a : agents) {
-      const std::string done = a->Line();
-      double c = 0;
-      long long round = 0;
-      if (std::sscanf(done.c_str(), "%lf %lld", &c, &round) != 2) Die("bad report: " + done);
-      cpu += c;
-      rounds.push_back(round);
-    }
-    const double wall = MsSince(t0);
+    const AgentFleet::Result res = fleet.Run(std::vector<char>(procs, 'g'));
     const double s1 = server.CpuMs(), f1 = server.MinorFaults();
-    // Every group rank 0..n-1 once, all in one round.
-    std::vector<int> seen(n, 0);
-    for (auto& a : agents) {
-      std::istringstream ranks(a->Line());
-      int g;
-      while (ranks >> g) {
-        if (g < 0 || g >= n || seen[g]++) Die("group rank " + std::to_string(g) + " given twice");
-      }
-    }
-    if (std::count(seen.begin(), seen.end(), 1) != n) Die("some agent got no group rank");
-    if (std::count(rounds.begin(), rounds.end(), rounds[0]) != procs) Die("rounds differ");
-    std::printf("| %d | %d | %.1f | %.1f | %.1f | %.0f |\n", n, procs, wall, cpu, s1 - s0, f1 - f0);
+    std::printf("| %d | %d | %.1f | %.1f | %.1f | %.0f |\n", n, procs, res.wall_ms, res.cpu_ms,
+                s1 - s0, f1 - f0);
     std::fflush(stdout);
   }
 }
 
-void Restart(int n) {
+// With procs > 1, the server in a process of its own (ddprund's heap) and the
+// agents over `procs` processes: process procs/2's first agent (agent n/2)
+// reports the failure, and the time runs from that command until every
+// process holds its slice's next Assignment.
+void Restart(int n, int procs) {
   std::printf(
-      "| nodes | first round (ms) | failure -> every node re-joined, next round held (ms) |\n");
-  std::printf("|---|---|---|\n");
+      "| nodes | agent processes | first round (ms) | failure -> every node re-joined, next round "
+      "held (ms) |\n");
+  std::printf("|---|---|---|---|\n");
   for (int r = 0; r < 3; ++r) {
-    ServerProcess server(
-        /*separate=*/false);  // a fresh server: each run is the job's first restart
-    SimulatedJob job("127.0.0.1", server.port(), Job(n, "restart-" + std::to_string(r)));
-    if (auto st = job.Connect(); !st.ok()) Die(st.ToString());
-    auto t0 = Clock_::now();
-    auto first = job.FormRound();
-    const double form = MsSince(t0);
-    Check(first, n);
-    t0 = Clock_::now();
-    auto next = job.FailAndReform(n / 2);
-    const double restart = MsSince(t0);
-    Check(next, n);
-    if ((*next)[0].round != (*first)[0].round + 1) Die("the restart did not open the next round");
-    std::printf("| %d | %.1f | %.1f |\n", n, form, restart);
+    // A fresh server: each run is the job's first restart.
+    ServerProcess server(/*separate=*/procs > 1);
+    double form = 0, restart = 0;
+    if (procs > 1) {
+      AgentFleet fleet(server.port(), n, procs);
+      fleet.Connect();
+      const AgentFleet::Result first = fleet.Run(std::vector<char>(procs, 'g'));
+      std::vector<char> cmds(procs, 'r');
+      cmds[procs / 2] = 'f';
+      const AgentFleet::Result next = fleet.Run(cmds);
+      if (next.round != first.round + 1) Die("the restart did not open the next round");
+      form = first.wall_ms;
+      restart = next.wall_ms;
+    } else {
+      SimulatedJob job("127.0.0.1", server.port(), Job(n, "restart-" + std::to_string(r)));
+      if (auto st = job.Connect(); !st.ok()) Die(st.ToString());
+      auto t0 = Clock_::now();
+      auto first = job.FormRound();
+      form = MsSince(t0);
+      Check(first, n);
+      t0 = Clock_::now();
+      auto next = job.FailAndReform(n / 2);
+      restart = MsSince(t0);
+      Check(next, n);
+      if ((*next)[0].round != (*first)[0].round + 1) Die("the restart did not open the next round");
+    }
+    std::printf("| %d | %d | %.1f | %.1f |\n", n, procs, form, restart);
     std::fflush(stdout);
   }
 }
@@ -585,7 +643,7 @@ int main(int argc, char** argv) {
                       std::atoi(argv[5]), std::atoi(argv[6]));
   }
   if (mode == "--restart") {
-    Restart(argc > 2 ? std::atoi(argv[2]) : 4096);
+    Restart(argc > 2 ? std::atoi(argv[2]) : 4096, argc > 3 ? std::atoi(argv[3]) : 1);
   } else if (mode == "--memory") {
     Memory(argc > 2 ? std::atoi(argv[2]) : 16384);
   } else {

@@ -66,29 +66,40 @@ class SimulatedJob {
     return ReadAssignments();
   }
 
-  // Agent `failing` (of a job played whole: first_agent 0, every agent) reports a failed worker in
-  // the current round; each agent re-joins when it reads its RestartRound. Returns the next round's
-  // Assignments, in agent order.
+  // Agent `failing` (an index into this instance's agents) reports a failed
+  // worker in the current round; each agent re-joins when it reads its
+  // RestartRound. Returns the next round's Assignments, in agent order.
   absl::StatusOr<std::vector<rendezvous::Assignment>> FailAndReform(int failing) {
+    if (auto st = ReportFailure(failing); !st.ok()) return st;
+    return RejoinOnRestart();
+  }
+
+  // Agent `failing` (an index into this instance's agents) reports a failed
+  // worker in the current round.
+  absl::Status ReportFailure(int failing) {
     rendezvous::WorkerFailure f;
-    f.host = Spec(failing).host;
+    f.host = Spec(o_.first_agent + failing).host;
     f.global_rank = last_[failing].base_rank;
     f.local_rank = 0;
     f.exit_code = 1;
-    if (auto st = Client(failing).Report(o_.job_id, last_[failing].node_id, last_[failing].round,
-                                         rendezvous::Outcome::kFailed, {f}, o_.timeout);
-        !st.ok()) {
-      return st;
-    }
+    return Client(failing).Report(o_.job_id, last_[failing].node_id, last_[failing].round,
+                                  rendezvous::Outcome::kFailed, {f}, o_.timeout);
+  }
+
+  // Each agent re-joins as soon as it reads its RestartRound (someone's
+  // ReportFailure, here or in another instance playing the same job), as the
+  // agent's state machine does. Returns the next round's Assignments.
+  absl::StatusOr<std::vector<rendezvous::Assignment>> RejoinOnRestart() {
     for (int i = 0; i < count(); ++i) {
       rendezvous::RoundEvent e = streams_[i]->Next(o_.timeout);
       if (!std::holds_alternative<rendezvous::RestartRound>(e)) {
-        return absl::InternalError("agent " + std::to_string(i) + " got no RestartRound");
+        return absl::InternalError("agent " + std::to_string(o_.first_agent + i) +
+                                   " got no RestartRound");
       }
       // The old stream ends by itself; dropped later, so its clean-up wait
       // is not on the measured path.
       retired_.push_back(std::move(streams_[i]));
-      streams_[i] = Client(i).Join(Spec(i));
+      streams_[i] = Client(i).Join(Spec(o_.first_agent + i));
     }
     return ReadAssignments();
   }
