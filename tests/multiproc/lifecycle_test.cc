@@ -1,5 +1,6 @@
 // The rest of an agent's life: the daemon going away mid-job, signals while
-// joining, elastic ranges and join tokens.
+// joining, elastic ranges and join tokens; and how ddprund sets up its heap
+// (it re-executes itself with glibc tunables, server_heap.h).
 #include <link.h>
 #include <signal.h>
 #include <sys/auxv.h>
