@@ -384,7 +384,8 @@ int PlayAgents(int port, int n, int first, int count, int channels) {
       const double cpu = CpuMs() - c0;
       if (!a.ok()) Die(a.status().ToString());
       for (const auto& x : *a) {
-        if (auto st = SimulatedJob::CheckAssignment(x, n, 8, (*a)[0].round); !st.ok()) {
+        if (auto st = SimulatedJob::CheckAssignment(x, n, job->options().nproc, (*a)[0].round);
+            !st.ok()) {
           Die(st.ToString());
         }
       }

@@ -18,18 +18,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${1:-build}
 out=.device/gpu
-for f in ddprun ddprund ddprun-bench-worker gpu_tests gpu_worker nccl_bench cuda_event_cost; do
+bins=(ddprun ddprund ddprun-bench-worker gpu_tests gpu_worker nccl_bench cuda_event_cost)
+for f in "${bins[@]}"; do
   [[ -x "$B/bin/$f" ]] || { echo "gpu-bundle: $B/bin/$f is missing: build with DDPRUN_WITH_CUDA=ON first" >&2; exit 1; }
 done
 rm -rf "$out" && mkdir -p "$out/bin" "$out/lib"
-for f in ddprun ddprund ddprun-bench-worker gpu_tests gpu_worker nccl_bench cuda_event_cost; do
+for f in "${bins[@]}"; do
   strip -o "$out/bin/$f" "$B/bin/$f"
 done
 # ddprun loads its gRPC half from ../lib beside its bin/ (agent/include/ddprun/agent/grpc_module.h).
 strip -o "$out/lib/libddprun_grpc.so" "$B/lib/libddprun_grpc.so"
 # Every shared library they load, except glibc's, the driver's and NCCL.
 skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libcuda\.so|libnccl\.so)'
-ldd "$B"/bin/{ddprun,ddprund,ddprun-bench-worker,gpu_tests,gpu_worker,nccl_bench,cuda_event_cost} "$B"/lib/libddprun_grpc.so | awk '/=> \//{print $1, $3}' | sort -u |
+ldd "${bins[@]/#/$B/bin/}" "$B"/lib/libddprun_grpc.so | awk '/=> \//{print $1, $3}' | sort -u |
   while read -r name path; do
     [[ $name =~ $skip ]] && continue
     strip -o "$out/lib/$name" "$path" 2>/dev/null || cp -L "$path" "$out/lib/$name"

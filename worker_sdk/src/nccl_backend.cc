@@ -139,7 +139,7 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
       if (f.start != nullptr) cudaEventDestroy(f.start);
       if (f.end != nullptr) cudaEventDestroy(f.end);
     }
-    for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
+    for (cudaEvent_t e : spare_timing_events_) cudaEventDestroy(e);
     for (cudaEvent_t e : spare_plain_events_) cudaEventDestroy(e);
     if (scratch_ != nullptr) cudaFree(scratch_);
     if (ready_ != nullptr) cudaEventDestroy(ready_);
@@ -356,7 +356,7 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
 
   // An event from its spares, or a new one; null on a CUDA error.
   cudaEvent_t TakeEvent(bool timing) {
-    std::vector<cudaEvent_t>& spares = timing ? spare_events_ : spare_plain_events_;
+    std::vector<cudaEvent_t>& spares = timing ? spare_timing_events_ : spare_plain_events_;
     if (!spares.empty()) {
       cudaEvent_t e = spares.back();
       spares.pop_back();
@@ -371,9 +371,9 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
     return e;
   }
   void GiveBack(const InFlight& f) {
-    if (f.start != nullptr) spare_events_.push_back(f.start);
+    if (f.start != nullptr) spare_timing_events_.push_back(f.start);
     if (f.end != nullptr)
-      (f.start != nullptr ? spare_events_ : spare_plain_events_).push_back(f.end);
+      (f.start != nullptr ? spare_timing_events_ : spare_plain_events_).push_back(f.end);
   }
 
   // A monitored collective's events, before its NCCL call: the timing pair,
@@ -483,7 +483,7 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
   std::mutex launch_mu_;
   ddprun::rendezvous::ChannelWriter* const channel_ = MetricsChannel();  // null: not monitored
   std::deque<InFlight> in_flight_;         // under launch_mu_, issue order
-  std::vector<cudaEvent_t> spare_events_;  // under launch_mu_: timing
+  std::vector<cudaEvent_t> spare_timing_events_;  // under launch_mu_: timing
   std::vector<cudaEvent_t> spare_plain_events_;  // under launch_mu_: without timing
   DurationSampler sampler_;                      // under launch_mu_
 };
