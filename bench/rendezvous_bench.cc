@@ -53,6 +53,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "ddprun/rendezvous/host_port.h"
@@ -635,8 +636,23 @@ int main(int argc, char** argv) {
       std::printf("%d agents: job table + metrics hub %.2f ms\n", n, TableMs(n));
     return 0;
   }
+  // N agents (or nodes) and P agent processes of --split and --restart:
+  // N >= 1, 1 <= P <= N, or one usage line and exit 2.
+  auto sizes = [&](int default_n) {
+    const int n = argc > 2 ? std::atoi(argv[2]) : default_n;
+    const int p = argc > 3 ? std::atoi(argv[3]) : 1;
+    if (n < 1 || p < 1 || p > n) {
+      std::fprintf(stderr,
+                   "usage: rendezvous_bench %s N [P]: N >= 1 agents over 1 <= P <= N "
+                   "processes\n",
+                   mode.c_str());
+      std::exit(2);
+    }
+    return std::pair{n, p};
+  };
   if (mode == "--split") {
-    Split(argc > 2 ? std::atoi(argv[2]) : 16384, argc > 3 ? std::atoi(argv[3]) : 1);
+    const auto [n, p] = sizes(16384);
+    Split(n, p);
     return 0;
   }
   if (mode == "--agents" && argc == 7) {
@@ -644,7 +660,8 @@ int main(int argc, char** argv) {
                       std::atoi(argv[5]), std::atoi(argv[6]));
   }
   if (mode == "--restart") {
-    Restart(argc > 2 ? std::atoi(argv[2]) : 4096, argc > 3 ? std::atoi(argv[3]) : 1);
+    const auto [n, p] = sizes(4096);
+    Restart(n, p);
   } else if (mode == "--memory") {
     Memory(argc > 2 ? std::atoi(argv[2]) : 16384);
   } else {
