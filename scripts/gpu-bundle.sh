@@ -8,7 +8,9 @@
 # nccl (bench/nccl_bench.cc), torch (tests/gpu/torch_under_ddprun.py: the
 # target's PyTorch 2.x under ddprun), latency (bench/launch_latency.py and
 # bench/restart_latency.py with the target's torchrun as the peer), features
-# (ddprun bench and check on the GPU, the GPU gauges of /metrics). With $OUT
+# (ddprun bench and check on the GPU, the GPU gauges of /metrics); and, named
+# only: compare (tests/gpu/torchrun_side_by_side.py), store
+# (tests/gpu/store_dialect.py), recovery (tests/gpu/recovery_baselines.py). With $OUT
 # set, each step's output is also appended to $OUT/steps.log.
 # Executables and libraries are stripped copies. Not packed: glibc (the target
 # must have glibc >= this machine's), the CUDA driver, and NCCL (218 MB here):
@@ -92,7 +94,14 @@ for s in "${steps[@]}"; do
         --dashboard_port=off --scaling --compute_ms 20
       step check "$here/bin/ddprun" check --nproc_per_node=gpu examples/ddp_train.py --backend nccl
       step metrics "$here/features_metrics.sh" "$here/bin/ddprun" ;;
-    *) echo "run.sh: unknown step '$s' (tests, nccl, torch, latency, features)" >&2; rc=2 ;;
+    compare)  # torch 2.x's own torchrun and ddprun on the same command lines, one probe worker each
+      step compare python3 tests/gpu/torchrun_side_by_side.py --ddprun "$here/bin/ddprun" --out "${OUT:-.}" ;;
+    store)  # this torch's TCPStore dialect: torch's server against ddprun's agent store; NCCL on it
+      step store python3 tests/gpu/store_dialect.py --ddprun "$here/bin/ddprun" --out "${OUT:-.}" ;;
+    recovery)  # the peers' figures for checkpoints of CUDA tensors and an NCCL group re-formed in place
+      step recovery "$here/bin/ddprun" --nproc_per_node=1 --dashboard_port=off tests/gpu/recovery_baselines.py \
+        "${OUT:-.}/recovery.json" ;;
+    *) echo "run.sh: unknown step '$s' (tests, nccl, torch, latency, features, compare, store, recovery)" >&2; rc=2 ;;
   esac
 done
 exit $rc
