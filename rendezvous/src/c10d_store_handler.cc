@@ -114,10 +114,22 @@ absl::Status RequestHandler::Handle(const Request& req, Session* session, const 
       return absl::UnimplementedError(
           "WATCH_KEY (TCPStore.watch_key of torch 1.x) is not supported by ddprun's store");
     case Op::kQueuePush:
-    case Op::kQueuePop:
+      return engine_->QueuePush(Str(req.keys[0]), Str(req.values[0]));
+    case Op::kQueuePop: {
+      QueuePopResult r = engine_->QueuePop(Str(req.keys[0]));
+      AppendI64(out, r.length);
+      if (r.value) AppendString(out, *r.value);
+      return absl::OkStatus();
+    }
     case Op::kQueueLen:
-      return absl::UnimplementedError(
-          absl::StrCat(OpName(req.op), " (TCPStore queues) is not supported by ddprun's store"));
+      AppendI64(out, engine_->QueueLength(Str(req.keys[0])));
+      return absl::OkStatus();
+    case Op::kListKeys: {
+      std::vector<std::string> keys = engine_->ListKeys();
+      AppendI64(out, static_cast<std::int64_t>(keys.size()));
+      for (const std::string& key : keys) AppendString(out, key);
+      return absl::OkStatus();
+    }
     case Op::kUnknown:
       break;
   }

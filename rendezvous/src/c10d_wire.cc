@@ -17,11 +17,12 @@ constexpr Op kLegacyOps[] = {Op::kSet,       Op::kCompareSet, Op::kGet,        O
 constexpr Op kModernOps[] = {
     Op::kValidate,   Op::kSet,        Op::kCompareSet, Op::kGet,      Op::kAdd,      Op::kCheck,
     Op::kWait,       Op::kGetNumKeys, Op::kDeleteKey,  Op::kAppend,   Op::kMultiGet, Op::kMultiSet,
-    Op::kCancelWait, Op::kPing,       Op::kQueuePush,  Op::kQueuePop, Op::kQueueLen};
+    Op::kCancelWait, Op::kPing,       Op::kQueuePush,  Op::kQueuePop, Op::kQueueLen,
+    Op::kListKeys};
 
 // The fields of each op, in wire order after the query type.
 enum class Shape {
-  kNone,          // GETNUMKEYS, CANCEL_WAIT
+  kNone,          // GETNUMKEYS, CANCEL_WAIT, LIST_KEYS
   kU32,           // VALIDATE, PING
   kKey,           // GET, DELETE_KEY, WATCH_KEY, QUEUE_POP, QUEUE_LEN
   kKeyValue,      // SET, APPEND, QUEUE_PUSH
@@ -58,6 +59,7 @@ Shape ShapeOf(Op op) {
       return Shape::kKeyValuePairs;
     case Op::kGetNumKeys:
     case Op::kCancelWait:
+    case Op::kListKeys:
     case Op::kUnknown:
       break;
   }
@@ -256,6 +258,8 @@ const char* OpName(Op op) {
       return "QUEUE_POP";
     case Op::kQueueLen:
       return "QUEUE_LEN";
+    case Op::kListKeys:
+      return "LIST_KEYS";
     case Op::kUnknown:
       break;
   }
@@ -294,7 +298,7 @@ DecodeResult DecodeRequest(Dialect dialect, std::string_view data, Request* req)
     r.status = DecodeStatus::kError;
     r.error = absl::StrCat("unknown query type ", static_cast<int>(type),
                            dialect == Dialect::kModern
-                               ? " (queries newer than torch 2.8's QUEUE_LEN are not supported)"
+                               ? " (queries newer than torch 2.11's LIST_KEYS are not supported)"
                                : " (torch 1.13 dialect)");
     return r;
   }

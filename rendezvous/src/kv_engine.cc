@@ -1,7 +1,9 @@
 // KvEngine: a mutex-protected map plus a table of asynchronous waiters.
 //
 // Invariants (under mu_):
-//   bytes_ == sum over data_ of key.size() + value.size().
+//   bytes_ == sum over data_ of key.size() + value.size(), plus, for every
+//   queued item, its queue's name.size() + item.size().
+//   No queue in queues_ is empty.
 //   Every waiter in waiters_ has one by_key_ entry per key it waits on, and
 //   at least one of its keys is absent (otherwise it would have fired).
 // Callbacks are moved out of waiters_ under the lock and invoked after it is
@@ -182,6 +184,53 @@ std::size_t KvEngine::NumKeys() const {
   return data_.size();
 }
 
+std::vector<std::string> KvEngine::ListKeys() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> keys;
+  keys.reserve(data_.size());
+  for (const auto& [key, value] : data_) keys.push_back(key);
+  return keys;
+}
+
+absl::Status KvEngine::QueuePush(const std::string& name, std::string value) {
+  DDPRUN_RETURN_IF_ERROR(CheckKey(name));
+  DDPRUN_RETURN_IF_ERROR(CheckValue(value));
+  std::vector<WaitCallback> ready;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const std::size_t item_bytes = name.size() + value.size();
+    if (bytes_ + item_bytes > kMaxEngineBytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the store holds ", bytes_, " bytes and pushing onto queue '", Preview(name),
+          "' would exceed the limit of ", kMaxEngineBytes, " bytes; pop or delete what is done"));
+    }
+    bytes_ += item_bytes;
+    queues_[name].push_back(std::move(value));
+    CollectReadyLocked(name, &ready, 1);
+  }
+  RunAll(ready, absl::OkStatus());
+  return absl::OkStatus();
+}
+
+QueuePopResult KvEngine::QueuePop(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  QueuePopResult result;
+  auto it = queues_.find(name);
+  if (it == queues_.end()) return result;
+  result.length = static_cast<std::int64_t>(it->second.size());
+  bytes_ -= name.size() + it->second.front().size();
+  result.value = std::move(it->second.front());
+  it->second.pop_front();
+  if (it->second.empty()) queues_.erase(it);
+  return result;
+}
+
+std::int64_t KvEngine::QueueLength(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = queues_.find(name);
+  return it == queues_.end() ? 0 : static_cast<std::int64_t>(it->second.size());
+}
+
 std::vector<std::pair<std::string, std::string>> KvEngine::Dump() const {
   std::lock_guard<std::mutex> lock(mu_);
   return {data_.begin(), data_.end()};
@@ -264,7 +313,7 @@ void KvEngine::ExpireWaiters(TimePoint now) {
       UnindexLocked(id, it->second.keys);
       std::string keys;
       for (const std::string& key : it->second.keys) {
-        if (data_.count(key)) continue;
+        if (PresentLocked(key)) continue;
         if (!keys.empty()) keys += ", ";
         if (keys.size() > 200) {
           keys += "...";
@@ -299,16 +348,23 @@ std::size_t KvEngine::NumWaiters() const {
   return waiters_.size();
 }
 
-bool KvEngine::HasAllLocked(const std::vector<std::string>& keys) const {
-  return std::all_of(keys.begin(), keys.end(),
-                     [this](const std::string& k) { return data_.count(k) > 0; });
+bool KvEngine::PresentLocked(const std::string& name) const {
+  return data_.count(name) > 0 || queues_.count(name) > 0;
 }
 
-void KvEngine::CollectReadyLocked(const std::string& key, std::vector<WaitCallback>* out) {
+bool KvEngine::HasAllLocked(const std::vector<std::string>& keys) const {
+  return std::all_of(keys.begin(), keys.end(),
+                     [this](const std::string& k) { return PresentLocked(k); });
+}
+
+void KvEngine::CollectReadyLocked(const std::string& key, std::vector<WaitCallback>* out,
+                                  std::size_t limit) {
   auto index = by_key_.find(key);
   if (index == by_key_.end()) return;
   std::vector<WaiterId> ready;
+  // Ids grow with time and the set is ordered: the oldest waiters come first.
   for (WaiterId id : index->second) {
+    if (ready.size() >= limit) break;
     auto w = waiters_.find(id);
     if (w != waiters_.end() && HasAllLocked(w->second.keys)) ready.push_back(id);
   }

@@ -67,6 +67,7 @@ int main(int argc, char** argv) {
       {"queue_push", R(Op::kQueuePush, {"/q"}, {"item"})},
       {"queue_pop", R(Op::kQueuePop, {"/q"})},
       {"queue_len", R(Op::kQueueLen, {"/q"})},
+      {"list_keys", R(Op::kListKeys)},
   };
   for (const auto& [name, req] : each) {
     if (c10d::QueryType(Dialect::kModern, req.op)) {

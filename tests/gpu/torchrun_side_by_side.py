@@ -107,6 +107,7 @@ CASES = [
 
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+CASE_TIMEOUT_S = 45
 
 
 def tree(path):
@@ -158,20 +159,20 @@ def run_case(launcher, ddprun, case, port):
         p.send_signal(opts["signal"])
         sig_info = {"sent_after_s": round(ts - t0, 3)}
     try:
-        out, err = p.communicate(timeout=90)
+        out, err = p.communicate(timeout=CASE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
         out, err = p.communicate()
-        err += "\n[side_by_side: killed after 90 s]"
+        err += f"\n[side_by_side: killed after {CASE_TIMEOUT_S} s]"
     wall = time.time() - t0
     node2 = None
     if second is not None:
         try:
-            o2, e2 = second.communicate(timeout=max(1, 90 - wall))
+            o2, e2 = second.communicate(timeout=max(1, CASE_TIMEOUT_S - wall))
         except subprocess.TimeoutExpired:
             os.killpg(second.pid, signal.SIGKILL)
             o2, e2 = second.communicate()
-            e2 += "\n[side_by_side: killed after 90 s]"
+            e2 += f"\n[side_by_side: killed after {CASE_TIMEOUT_S} s]"
         node2 = {"rc": second.returncode, "wall_s": round(time.time() - t0, 3), "stdout": o2[-4000:],
                  "stderr": e2[-4000:]}
     if sig_info:
@@ -207,7 +208,7 @@ def main():
     ap.add_argument("--ddprun", required=True)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--only", default="")
-    ap.add_argument("--jobs", type=int, default=6)
+    ap.add_argument("--jobs", type=int, default=12)
     ap.add_argument("--torchrun", default="", help="a script to run instead of -m torch.distributed.run "
                     "(here: bench/torchrun_compat.py, for Debian's torch 1.13 on Python 3.11)")
     a = ap.parse_args()
@@ -225,15 +226,18 @@ def main():
         for i, c in enumerate(cases):
             for j, launcher in enumerate(("torchrun", "ddprun")):
                 jobs.append(((c[0], launcher), ex.submit(run_case, launcher, a.ddprun, c, 29600 + 2 * i + j)))
-        for (name, launcher), f in jobs:
+        path = os.path.join(a.out, "side_by_side.json")
+        for f in concurrent.futures.as_completed([f for _, f in jobs]):
+            (name, launcher), _ = next(j for j in jobs if j[1] is f)
             try:
                 _, _, rec = f.result()
             except Exception as e:  # the harness's own failure: recorded, the other cases go on
                 rec = {"rc": None, "wall_s": 0, "stdout": "", "stderr": f"side_by_side: {e!r}", "probes": {}}
             results.setdefault(name, {})[launcher] = rec
+            # Written after every case: a run cut off by its time limit keeps what it has.
+            json.dump(results, open(path, "w"), indent=1)
     results["_meta"] = {"torch": torch.__version__, "python": sys.executable,
                         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    path = os.path.join(a.out, "side_by_side.json")
     json.dump(results, open(path, "w"), indent=1)
     for c in cases:
         for launcher in ("torchrun", "ddprun"):

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -120,7 +121,8 @@ using ::ddprun::test::Msg;
 namespace modern {
 constexpr std::uint8_t kValidate = 0, kSet = 1, kCompareSet = 2, kGet = 3, kAdd = 4, kCheck = 5,
                        kWait = 6, kGetNumKeys = 7, kDeleteKey = 8, kAppend = 9, kMultiGet = 10,
-                       kMultiSet = 11, kCancelWait = 12, kPing = 13, kQueuePush = 14;
+                       kMultiSet = 11, kCancelWait = 12, kPing = 13, kQueuePush = 14,
+                       kQueuePop = 15, kQueueLen = 16, kListKeys = 17;
 }  // namespace modern
 namespace legacy {
 constexpr std::uint8_t kSet = 0, kCompareSet = 1, kGet = 2, kAdd = 3, kCheck = 4, kWait = 5,
@@ -392,8 +394,28 @@ TEST_CASE("C10dStoreServer speaks the torch 2.x dialect", "[integration]") {
   CHECK(c.Silent(milliseconds(100)));
   CHECK(server->engine().NumWaiters() == 0);
 
+  // Queues (torch 2.8+): a blocking pop is WAIT then QUEUE_POP; a push from
+  // another connection wakes it.
+  c.Send(Msg(modern::kWait).U64(1).Str("/q"));
+  CHECK(c.Silent(milliseconds(50)));
+  other.Send(Msg(modern::kQueuePush).Str("/q").Str("v"));
+  CHECK(c.RecvU8() == 0);  // STOP_WAITING
+  c.Send(Msg(modern::kQueueLen).Str("/q"));
+  CHECK(c.RecvI64() == 1);
+  c.Send(Msg(modern::kQueuePop).Str("/q"));
+  CHECK(c.RecvI64() == 1);
+  CHECK(c.RecvString() == "v");
+  c.Send(Msg(modern::kQueuePop).Str("/q"));
+  CHECK(c.RecvI64() == 0);  // empty: nothing follows
+  c.Send(Msg(modern::kListKeys));
+  const std::int64_t listed = c.RecvI64();
+  REQUIRE(listed == 7);  // the keys, not the queue /q
+  std::set<std::string> keys;
+  for (std::int64_t i = 0; i < listed; ++i) keys.insert(c.RecvString());
+  CHECK(keys == std::set<std::string>{"/a", "/n", "/cas", "/log", "/m2", "/later", "/cancelled"});
+
   // Unsupported queries close the connection with a log line, nothing else.
-  c.Send(Msg(modern::kQueuePush).Str("/q").Str("v"));
+  c.Send(Msg(18));
   CHECK(c.ClosedByServer(seconds(5)));
 }
 

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstring>
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -169,6 +170,64 @@ TEST_CASE("c10d handler: WAIT parks until the keys exist; CANCEL_WAIT cancels", 
   CHECK(engine.NumWaiters() == 0);
 }
 
+// torch 2.11's queue_push/queue_pop/queue_len and list_keys, as its libuv
+// server answers them (replies checked against torch 2.11 on a GPU machine:
+// tests/gpu/store_dialect.py).
+TEST_CASE("c10d handler: queues are FIFO, apart from keys; LIST_KEYS lists keys", "[unit]") {
+  KvEngine engine;
+  Client c(&engine);
+  REQUIRE(c.Send(Req(Op::kQueueLen, {"/q"})).ok());
+  CHECK(c.I64() == 0);
+  REQUIRE(c.Send(Req(Op::kQueuePop, {"/q"})).ok());
+  CHECK(c.I64() == 0);  // empty: the length and nothing else
+  CHECK(c.session.out.empty());
+  REQUIRE(c.Send(Req(Op::kQueuePush, {"/q"}, {"one"})).ok());
+  REQUIRE(c.Send(Req(Op::kQueuePush, {"/q"}, {std::string("t\0o", 3)})).ok());
+  CHECK(c.session.out.empty());  // QUEUE_PUSH has no reply
+  REQUIRE(c.Send(Req(Op::kQueueLen, {"/q"})).ok());
+  CHECK(c.I64() == 2);
+  // A queue is not a key: GETNUMKEYS and GET do not see it, CHECK does.
+  REQUIRE(c.Send(Req(Op::kGetNumKeys)).ok());
+  CHECK(c.I64() == 0);
+  REQUIRE(c.Send(Req(Op::kCheck, {"/q"})).ok());
+  CHECK(c.U8() == kCheckReady);
+  REQUIRE(c.Send(Req(Op::kQueuePop, {"/q"})).ok());
+  CHECK(c.I64() == 2);
+  CHECK(c.String() == "one");
+  REQUIRE(c.Send(Req(Op::kQueuePop, {"/q"})).ok());
+  CHECK(c.I64() == 1);
+  CHECK(c.String() == std::string("t\0o", 3));
+  REQUIRE(c.Send(Req(Op::kQueuePop, {"/q"})).ok());
+  CHECK(c.I64() == 0);
+  CHECK(c.session.out.empty());
+  REQUIRE(c.Send(Req(Op::kCheck, {"/q"})).ok());
+  CHECK(c.U8() == kCheckNotReady);
+
+  // A blocking pop is WAIT, then QUEUE_POP: a push wakes one waiter, not all.
+  Client other(&engine);
+  REQUIRE(c.Send(Req(Op::kWait, {"/w"})).ok());
+  REQUIRE(other.Send(Req(Op::kWait, {"/w"})).ok());
+  CHECK(engine.NumWaiters() == 2);
+  REQUIRE(engine.QueuePush("/w", "item").ok());
+  REQUIRE(c.Deliver().ok());
+  REQUIRE(other.Deliver().ok());
+  CHECK(c.U8() == kStopWaiting);  // the older waiter
+  CHECK(other.session.out.empty());
+  CHECK(engine.NumWaiters() == 1);
+  REQUIRE(engine.QueuePush("/w", "item2").ok());
+  REQUIRE(other.Deliver().ok());
+  CHECK(other.U8() == kStopWaiting);
+
+  REQUIRE(c.Send(Req(Op::kSet, {"/k1"}, {"v"})).ok());
+  REQUIRE(c.Send(Req(Op::kSet, {"/k2"}, {"v"})).ok());
+  REQUIRE(c.Send(Req(Op::kListKeys)).ok());
+  REQUIRE(c.I64() == 2);
+  std::vector<std::string> keys = {c.String(), c.String()};
+  std::sort(keys.begin(), keys.end());
+  CHECK(keys == std::vector<std::string>{"/k1", "/k2"});  // not the queue "/w"
+  CHECK(c.session.out.empty());
+}
+
 TEST_CASE("c10d handler: refused requests say why", "[unit]") {
   KvEngine engine;
   Client c(&engine);
@@ -184,9 +243,9 @@ TEST_CASE("c10d handler: refused requests say why", "[unit]") {
   CHECK(absl::IsUnimplemented(st));
   CHECK(st.message() ==
         "WATCH_KEY (TCPStore.watch_key of torch 1.x) is not supported by ddprun's store");
-  st = c.Send(Req(Op::kQueuePush, {"/q"}, {"v"}));
-  CHECK(absl::IsUnimplemented(st));
-  CHECK(st.message() == "QUEUE_PUSH (TCPStore queues) is not supported by ddprun's store");
+  st = c.Send(Req(Op::kQueuePush, {"/q"}, {std::string(kMaxValueBytes + 1, 'x')}));
+  CHECK(absl::IsInvalidArgument(st));
+  CHECK(st.message().find("exceeds the limit") != std::string_view::npos);
 
   // An ADD on a value that is no number is the engine's error.
   REQUIRE(engine.Set("/text", "abc").ok());

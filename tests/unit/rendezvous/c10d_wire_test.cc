@@ -54,6 +54,7 @@ std::vector<Case> AllQueries() {
       {m, Msg(14).Str("q").Str("item"), Op::kQueuePush, {"q"}, {"item"}},
       {m, Msg(15).Str("q"), Op::kQueuePop, {"q"}, {}},
       {m, Msg(16).Str("q"), Op::kQueueLen, {"q"}, {}},
+      {m, Msg(17), Op::kListKeys, {}, {}},
       {l,
        Msg(0).Str("/k").Str(std::string("\0\xff", 2)),
        Op::kSet,
@@ -203,12 +204,12 @@ TEST_CASE("c10d wire: garbage is an error naming the query type", "[unit]") {
   DecodeResult r = DecodeRequest(Dialect::kLegacy, "GET / HTTP/1.1\r\n", &req);
   REQUIRE(r.status == DecodeStatus::kError);
   CHECK(r.error == "unknown query type 71 (torch 1.13 dialect)");
-  r = DecodeRequest(Dialect::kModern, std::string(1, '\x11'), &req);
+  r = DecodeRequest(Dialect::kModern, std::string(1, '\x12'), &req);
   REQUIRE(r.status == DecodeStatus::kError);
   CHECK(r.error ==
-        "unknown query type 17 (queries newer than torch 2.8's QUEUE_LEN are not supported)");
+        "unknown query type 18 (queries newer than torch 2.11's LIST_KEYS are not supported)");
   for (int type = 0; type < 256; ++type) {
-    const bool legacy_known = type <= 12, modern_known = type <= 16;
+    const bool legacy_known = type <= 12, modern_known = type <= 17;
     CHECK((OpOf(Dialect::kLegacy, type) != Op::kUnknown) == legacy_known);
     CHECK((OpOf(Dialect::kModern, type) != Op::kUnknown) == modern_known);
     CHECK(OpOf(Dialect::kUnknown, type) == Op::kUnknown);

@@ -280,6 +280,27 @@ TEST_CASE("KvEngine enforces key, value and engine size limits", "[unit]") {
     CHECK(engine.Delete("key1"));
     CHECK(engine.Set("yet-another", value).ok());
   }
+  SECTION("queued items count against the engine's size") {
+    const std::string value(kMaxValueBytes, 'v');
+    absl::Status st;
+    int pushed = 0;
+    for (int i = 0; i < 1000; ++i) {
+      st = engine.QueuePush("q", value);
+      if (!st.ok()) break;
+      ++pushed;
+    }
+    REQUIRE(absl::IsResourceExhausted(st));
+    CHECK(st.message().find("pushing onto queue 'q'") != std::string::npos);
+    CHECK(pushed == 255);
+    CHECK(engine.QueueLength("q") == 255);
+    CHECK(absl::IsResourceExhausted(engine.Set("k", value)));
+    QueuePopResult popped = engine.QueuePop("q");  // a pop frees room
+    CHECK(popped.length == 255);
+    CHECK(popped.value == value);
+    CHECK(engine.Set("k", value).ok());
+    CHECK(engine.NumKeys() == 1);
+    CHECK(engine.ListKeys() == std::vector<std::string>{"k"});
+  }
   SECTION("waits on too many keys") {
     Recorder rec;
     std::vector<std::string> keys(kMaxWaitKeys + 1, "k");

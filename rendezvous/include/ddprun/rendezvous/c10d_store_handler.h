@@ -8,8 +8,12 @@
 // missing key (or an empty value), and a missing key with a non-empty
 // `expected` is left alone and `expected` returned; GET of a missing key is
 // empty (clients WAIT first); APPEND is a compare-and-set loop; WAIT is parked
-// on the engine and answered when every key exists; CANCEL_WAIT cancels every
-// parked WAIT of the session and answers kWaitCanceled.
+// on the engine and answered when every key exists (or a queue of that name
+// holds an item); CANCEL_WAIT cancels every parked WAIT of the session and
+// answers kWaitCanceled. Queues (QUEUE_PUSH/POP/LEN, torch 2.8+) are FIFO and
+// apart from the keys: a push wakes one waiter, a pop answers the length
+// before it and then the item (nothing more when the queue was empty: torch's
+// client raises QueueEmptyError). LIST_KEYS lists the keys, not the queues.
 #pragma once
 
 #include <cstdint>

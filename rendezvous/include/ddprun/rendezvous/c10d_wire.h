@@ -19,7 +19,8 @@
 //     usually followed by PING (u32 nonce, echoed back). Query types
 //     VALIDATE=0 SET=1 COMPARE_SET=2 GET=3 ADD=4 CHECK=5 WAIT=6 GETNUMKEYS=7
 //     DELETE_KEY=8 APPEND=9 MULTI_GET=10 MULTI_SET=11 CANCEL_WAIT=12 PING=13
-//     QUEUE_PUSH=14 QUEUE_POP=15 QUEUE_LEN=16.
+//     QUEUE_PUSH=14 QUEUE_POP=15 QUEUE_LEN=16 LIST_KEYS=17 (as torch 2.11
+//     sends them: captured on a GPU machine, tests/gpu/store_dialect.py).
 //   A first byte 0 followed by the magic is VALIDATE; anything else is legacy
 //   (a legacy SET follows the 0 with a u64 key length, whose low four bytes
 //   can never equal the magic for a key within kMaxKeyBytes).
@@ -29,7 +30,10 @@
 // Replies: SET/APPEND/MULTI_SET/VALIDATE none; GET/COMPARE_SET a string;
 // ADD/GETNUMKEYS/DELETE_KEY an i64; CHECK u8 kCheckReady/kCheckNotReady; WAIT
 // u8 kStopWaiting once every key exists; CANCEL_WAIT u8 kWaitCanceled;
-// MULTI_GET one string per key; PING the nonce (u32).
+// MULTI_GET one string per key; PING the nonce (u32); QUEUE_LEN an i64;
+// QUEUE_POP an i64 (the queue's length before the pop), then the popped value
+// as a string when that length was not 0; LIST_KEYS an i64 count, then one
+// string per key.
 //
 // Limits (kv_engine.h): a key is at most kMaxKeyBytes, a value kMaxValueBytes,
 // a key count kMaxWaitKeys, a whole request kMaxRequestBytes. A request over
@@ -80,6 +84,7 @@ enum class Op {
   kQueuePush,
   kQueuePop,
   kQueueLen,
+  kListKeys,
   kUnknown,
 };
 const char* OpName(Op op);  // "SET", "MULTI_GET", ...
@@ -93,7 +98,8 @@ std::optional<std::uint8_t> QueryType(Dialect dialect, Op op);
 // One request. The views point into the decoded buffer (or, to encode, into
 // the caller's strings) and live as long as it.
 //   keys:   SET, COMPARE_SET, GET, ADD, DELETE_KEY, APPEND, WATCH_KEY and the
-//           queue queries one; CHECK, WAIT, MULTI_GET, MULTI_SET any number.
+//           queue queries one; CHECK, WAIT, MULTI_GET, MULTI_SET any number;
+//           GETNUMKEYS, CANCEL_WAIT, LIST_KEYS none.
 //   values: SET, APPEND, QUEUE_PUSH one; COMPARE_SET two (expected, desired);
 //           MULTI_SET one per key.
 struct Request {
