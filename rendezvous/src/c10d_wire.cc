@@ -17,8 +17,7 @@ constexpr Op kLegacyOps[] = {Op::kSet,       Op::kCompareSet, Op::kGet,        O
 constexpr Op kModernOps[] = {
     Op::kValidate,   Op::kSet,        Op::kCompareSet, Op::kGet,      Op::kAdd,      Op::kCheck,
     Op::kWait,       Op::kGetNumKeys, Op::kDeleteKey,  Op::kAppend,   Op::kMultiGet, Op::kMultiSet,
-    Op::kCancelWait, Op::kPing,       Op::kQueuePush,  Op::kQueuePop, Op::kQueueLen,
-    Op::kListKeys};
+    Op::kCancelWait, Op::kPing,       Op::kQueuePush,  Op::kQueuePop, Op::kQueueLen, Op::kListKeys};
 
 // The fields of each op, in wire order after the query type.
 enum class Shape {

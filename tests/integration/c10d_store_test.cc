@@ -24,8 +24,8 @@
 #include "ddprun/rendezvous/c10d_store_server.h"
 #include "ddprun/rendezvous/c10d_wire.h"
 #include "ddprun/rendezvous/kv_engine.h"
-#include "support/skip.h"
 #include "support/c10d_msg.h"
+#include "support/skip.h"
 
 namespace ddprun::rendezvous {
 namespace {

@@ -3,10 +3,12 @@
 // session. No sockets, no threads.
 #include "ddprun/rendezvous/c10d_store_handler.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstring>
-#include <algorithm>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
@@ -226,6 +228,44 @@ TEST_CASE("c10d handler: queues are FIFO, apart from keys; LIST_KEYS lists keys"
   std::sort(keys.begin(), keys.end());
   CHECK(keys == std::vector<std::string>{"/k1", "/k2"});  // not the queue "/w"
   CHECK(c.session.out.empty());
+}
+
+// One whole session of torch 2.11's TCPStore client (every query of its Python
+// API, tests/gpu/store_dialect.py, recorded on a GPU machine against torch's
+// own libuv server): served here, it must get torch's server's replies byte
+// for byte.
+TEST_CASE("c10d handler: torch 2.11's session gets torch's server's replies byte for byte",
+          "[unit]") {
+  auto read = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    REQUIRE(in);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  const std::string src = DDPRUN_SOURCE_DIR;
+  const std::string up = read(src + "/tests/fuzz/corpus/c10d_wire/capture_torch2.11_conn0");
+  const std::string down = read(src + "/tests/unit/rendezvous/data/torch2.11_libuv_server_replies");
+  KvEngine engine;
+  Client c(&engine);
+  RequestDecoder decoder;
+  std::size_t offset = 0;
+  std::vector<Op> ops;
+  while (offset < up.size()) {
+    Request req;
+    DecodeResult r = decoder.Decode(std::string_view(up).substr(offset), &req);
+    REQUIRE(r.status == DecodeStatus::kComplete);
+    offset += r.consumed;
+    ops.push_back(req.op);
+    REQUIRE(c.Send(req).ok());
+    REQUIRE(c.Deliver().ok());
+  }
+  CHECK(decoder.dialect() == Dialect::kModern);
+  for (Op op : {Op::kValidate, Op::kPing, Op::kQueuePush, Op::kQueuePop, Op::kQueueLen,
+                Op::kListKeys, Op::kCancelWait, Op::kMultiGet}) {
+    INFO(OpName(op));
+    CHECK(std::count(ops.begin(), ops.end(), op) > 0);
+  }
+  CHECK(c.session.out.size() == down.size());
+  CHECK(c.session.out == down);
 }
 
 TEST_CASE("c10d handler: refused requests say why", "[unit]") {

@@ -227,8 +227,8 @@ TEST_CASE("c10d wire: what torch 1.13's TCPStore client really sent decodes to t
           "[unit]") {
   // Captured by tests/fuzz/capture_torch_store.py (also fuzz seeds).
   const std::string dir = std::string(DDPRUN_SOURCE_DIR) + "/tests/fuzz/corpus/c10d_wire/";
-  for (const char* name : {"capture_torch1.13_conn0", "capture_torch1.13_conn2",
-                           "capture_torch1.13_conn4"}) {
+  for (const char* name :
+       {"capture_torch1.13_conn0", "capture_torch1.13_conn2", "capture_torch1.13_conn4"}) {
     INFO(name);
     std::ifstream in(dir + name, std::ios::binary);
     REQUIRE(in);

@@ -31,8 +31,8 @@ namespace ddprun::rendezvous {
 
 // Limits that protect a server from a client that sends too much.
 inline constexpr std::size_t kMaxKeyBytes = 4096;
-inline constexpr std::size_t kMaxValueBytes = 1 << 20;          // 1 MiB per value
-inline constexpr std::size_t kMaxEngineBytes = 256u << 20;      // 256 MiB per engine
+inline constexpr std::size_t kMaxValueBytes = 1 << 20;      // 1 MiB per value
+inline constexpr std::size_t kMaxEngineBytes = 256u << 20;  // 256 MiB per engine
 inline constexpr std::size_t kMaxWaitKeys = 65536;
 
 struct QueuePopResult {
