@@ -32,7 +32,21 @@ Env BuildWorkerEnv(const Env& base, const WorkerEnvInputs& in, int local_rank) {
   const int rank = a.base_rank + local_rank;
 
   // torchrun's contract.
-  set("LOCAL_RANK", std::to_string(local_rank));
+  set("LOCAL_RANK", opt.virtual_local_rank ? std::string("0") : std::to_string(local_rank));
+  if (opt.virtual_local_rank) {
+    // As torchrun 2.10+: the worker's own entry of the agent's list (the
+    // launcher checked it has one per local rank), else its local rank.
+    std::string device = std::to_string(local_rank);
+    if (auto it = base.find("CUDA_VISIBLE_DEVICES"); it != base.end()) {
+      std::string_view list = it->second;
+      for (int i = 0; i < local_rank && !list.empty(); ++i) {
+        const std::size_t comma = list.find(',');
+        list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
+      }
+      device = std::string(list.substr(0, list.find(',')));
+    }
+    set("CUDA_VISIBLE_DEVICES", device);
+  }
   set("RANK", std::to_string(rank));
   set("GROUP_RANK", std::to_string(a.group_rank));
   set("ROLE_RANK", std::to_string(rank));  // one role per job
@@ -50,9 +64,12 @@ Env BuildWorkerEnv(const Env& base, const WorkerEnvInputs& in, int local_rank) {
   set("TORCHELASTIC_USE_AGENT_STORE", "True");
   if (!in.error_file.empty()) {
     set("TORCHELASTIC_ERROR_FILE", in.error_file);
+  } else if (opt.log_dir == kNoLogDir) {
+    set("TORCHELASTIC_ERROR_FILE", "");  // as torchrun with --log-dir /dev/null
   } else {
     env.erase("TORCHELASTIC_ERROR_FILE");  // never the agent's own error file
   }
+  set("TORCHELASTIC_SIGNALS_TO_HANDLE", opt.signals_to_handle);
   if (a.local_world_size > 1) set_default("OMP_NUM_THREADS", "1");
   // As torchrun 2.2+. Not the old name (NCCL_ASYNC_ERROR_HANDLING, torch <=
   // 2.1): torch 2.x warns on every rank when it is set (seen with 2.11 on a
@@ -91,8 +108,7 @@ Env BuildWorkerEnv(const Env& base, const WorkerEnvInputs& in, int local_rank) {
   return env;
 }
 
-std::vector<std::string> SubstituteLocalRank(const std::vector<std::string>& argv,
-                                             int local_rank) {
+std::vector<std::string> SubstituteLocalRank(const std::vector<std::string>& argv, int local_rank) {
   static constexpr std::string_view kPattern = "${local_rank}";
   const std::string value = std::to_string(local_rank);
   std::vector<std::string> out;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "ddprun/agent/agent_options.h"
 #include "ddprun/rendezvous/status_macros.h"
 
 namespace ddprun::agent {
@@ -40,6 +41,10 @@ WorkerLogs::WorkerLogs(Options options) : o_(std::move(options)) {}
 WorkerLogs::~WorkerLogs() { Finish(); }
 
 absl::Status WorkerLogs::Init() {
+  if (o_.log_dir == kNoLogDir) {
+    no_files_ = true;  // torchrun's --log-dir /dev/null: nothing is written
+    return absl::OkStatus();
+  }
   if (!o_.log_dir.empty()) {
     std::error_code ec;
     fs::create_directories(o_.log_dir, ec);
@@ -100,8 +105,10 @@ absl::Status WorkerLogs::Prepare(int local_rank, int global_rank, SpawnSpec* spe
   // The per-rank directory of the tree layout; none in the flat one, which
   // has no log file to put there (holds_only_error_files).
   const bool flat = holds_only_error_files();
-  const std::string dir = flat ? std::string() : WorkerDir(local_rank);
-  if (flat) {
+  const std::string dir = flat || no_files_ ? std::string() : WorkerDir(local_rank);
+  if (no_files_) {
+    error_file->clear();
+  } else if (flat) {
     // A temporary directory that only ever holds error files, removed at
     // exit, which nobody browses: the files lie flat in it, so a spawn makes
     // no directory and the exit removes one (the <job>/attempt_<round>/<rank>
@@ -130,10 +137,12 @@ absl::Status WorkerLogs::Prepare(int local_rank, int global_rank, SpawnSpec* spe
 
   for (StdStream stream : {StdStream::kStdout, StdStream::kStderr}) {
     const StreamPlan plan = PlanStream(o_.spec, local_rank, stream);
-    const std::string path = plan.file ? (fs::path(dir) / FileName(stream)).string() : "";
+    const std::string path = !plan.file  ? ""
+                             : no_files_ ? kNoLogDir
+                                         : (fs::path(dir) / FileName(stream)).string();
     std::string& spec_path = stream == StdStream::kStdout ? spec->stdout_path : spec->stderr_path;
     int& spec_fd = stream == StdStream::kStdout ? spec->stdout_fd : spec->stderr_fd;
-    if (plan.file) wrote_logs_ = true;
+    if (plan.file && !no_files_) wrote_logs_ = true;
     if (!plan.NeedsPipe()) {
       // The child gets the file, /dev/null or the console itself: no copy.
       if (plan.file) {
@@ -184,7 +193,7 @@ std::string WorkerLogs::StderrTail(int local_rank) {
 }
 
 std::string WorkerLogs::LogFile(int local_rank) const {
-  if (round_ < 0) return "";
+  if (round_ < 0 || no_files_) return "";
   for (StdStream s : {StdStream::kStderr, StdStream::kStdout}) {
     if (PlanStream(o_.spec, local_rank, s).file) {
       return (fs::path(WorkerDir(local_rank)) / FileName(s)).string();

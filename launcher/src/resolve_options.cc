@@ -94,8 +94,28 @@ absl::Status ResolveShape(const ResolveContext& ctx, ParsedCommand& out) {
   o.max_restarts = static_cast<int>(max_restarts);
   DDPRUN_ASSIGN_OR_RETURN(o.role, ParseKnob(flags, KnobNamed("role"), ParseText));
 
-  // --grace_period: flag > PET_GRACE_PERIOD > TORCH_ELASTIC_SHUTDOWN_TIMEOUT > file > default.
+  // --grace_period and torchrun 2.12's --shutdown-timeout name one value:
+  // flag (either; both must agree) > PET_GRACE_PERIOD > PET_SHUTDOWN_TIMEOUT
+  // > TORCH_ELASTIC_SHUTDOWN_TIMEOUT > file > default.
   KnobValue grace = flags.Get("grace_period");
+  const KnobValue shutdown = flags.Get("shutdown_timeout");
+  if (shutdown.origin == Origin::kFlag && grace.origin == Origin::kFlag) {
+    auto a = ParseSeconds(grace.value, /*allow_zero=*/true);
+    auto b = ParseSeconds(shutdown.value, /*allow_zero=*/true);
+    if (a.ok() && b.ok() && a->count() != b->count()) {
+      return UsageError(absl::StrCat("--grace_period=", grace.value,
+                                     " and --shutdown_timeout=", shutdown.value,
+                                     " name the same setting with different values; give one"));
+    }
+  }
+  const Knob* grace_knob = &KnobNamed("grace_period");
+  auto weight = [](const KnobValue& v) {
+    return v.origin == Origin::kFlag ? 2 : v.origin == Origin::kEnv ? 1 : 0;
+  };
+  if (shutdown.is_set() && weight(shutdown) > weight(grace)) {
+    grace = shutdown;
+    grace_knob = &KnobNamed("shutdown_timeout");
+  }
   if (grace.origin != Origin::kFlag && grace.origin != Origin::kEnv) {
     if (auto it = ctx.env.find("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
         it != ctx.env.end() && !it->second.empty()) {
@@ -103,7 +123,9 @@ absl::Status ResolveShape(const ResolveContext& ctx, ParsedCommand& out) {
     }
   }
   auto seconds = ParseSeconds(grace.value, /*allow_zero=*/true);
-  if (!seconds.ok()) return BadValue(grace, KnobNamed("grace_period"), seconds.status());
+  if (!seconds.ok()) {
+    return BadValue(grace, *grace_knob, seconds.status());
+  }
   o.grace_period_s = seconds->count();
 
   DDPRUN_ASSIGN_OR_RETURN(o.dashboard_port,
@@ -117,14 +139,35 @@ absl::Status ResolveShape(const ResolveContext& ctx, ParsedCommand& out) {
   if (auto plan = agent::PlanCpuBinding(o.cpu_bind, o.nproc_per_node,
                                         [&] { return CpuTopologyOf(ctx.host); });
       !plan.ok()) {
-    return UsageError(absl::StrCat(flags.Get("cpu_bind").Name("--cpu_bind"), "=", cpu_bind,
-                                   ": ", plan.status().message()));
+    return UsageError(absl::StrCat(flags.Get("cpu_bind").Name("--cpu_bind"), "=", cpu_bind, ": ",
+                                   plan.status().message()));
   }
 
   DDPRUN_ASSIGN_OR_RETURN(SignalSet signals,
                           ParseKnob(flags, KnobNamed("signals_to_handle"), ParseSignals));
   o.forward_sigusr1 = signals.usr1;
   o.forward_sigusr2 = signals.usr2;
+  o.signals_to_handle =
+      absl::StrCat("SIGTERM,SIGINT,SIGHUP,SIGQUIT", signals.usr1 ? ",SIGUSR1" : "",
+                   signals.usr2 ? ",SIGUSR2" : "");
+
+  // --virtual_local_rank: each worker's own GPU must exist in the list it
+  // would get one of (torchrun raises at spawn; here, before anything starts).
+  DDPRUN_ASSIGN_OR_RETURN(o.virtual_local_rank, flags.GetBool("virtual_local_rank"));
+  if (o.virtual_local_rank) {
+    if (auto it = ctx.env.find("CUDA_VISIBLE_DEVICES"); it != ctx.env.end()) {
+      const std::vector<std::string> devices = absl::StrSplit(it->second, ',');
+      if (static_cast<int>(devices.size()) < o.nproc_per_node) {
+        return UsageError(absl::StrCat(flags.Get("virtual_local_rank").Name("--virtual_local_rank"),
+                                       " gives each worker its "
+                                       "own entry of CUDA_VISIBLE_DEVICES='",
+                                       it->second, "', which has ", devices.size(), " for ",
+                                       o.nproc_per_node,
+                                       " workers; list one device per worker or lower "
+                                       "--nproc_per_node"));
+      }
+    }
+  }
 
   // Monitoring.
   DDPRUN_ASSIGN_OR_RETURN(auto hang_timeout,
@@ -143,6 +186,12 @@ absl::Status ResolveShape(const ResolveContext& ctx, ParsedCommand& out) {
                           }));
   DDPRUN_ASSIGN_OR_RETURN(out.launcher.start_method,
                           ParseKnob(flags, KnobNamed("start_method"), ParseStartMethod));
+  if (const KnobValue specs = flags.Get("logs_specs"); specs.is_set()) {
+    return UsageError(absl::StrCat(
+        specs.Name("--logs_specs"), "=", specs.value,
+        ": torchrun's log layout plugins (Python entry points) are not supported; ddprun writes "
+        "torchrun's default layout under --log_dir, so drop --logs_specs"));
+  }
   return absl::OkStatus();
 }
 
@@ -182,7 +231,7 @@ absl::Status ApplyRdzvConf(const KnobValue& s, bool is_static, AgentOptions& opt
   static const std::set<std::string> kTorchrunOnly = {
       "close_timeout", "heartbeat_timeout", "keep_alive_interval", "keep_alive_max_attempt",
       "read_timeout",  "is_host",           "store_type",          "rank",
-      "timeout"};
+      "timeout",       "use_libuv",         "local_addr"};
   if (s.value.empty()) return absl::OkStatus();
   bool join_timeout_set = false;
   std::optional<double> static_timeout;
@@ -217,8 +266,12 @@ absl::Status ApplyRdzvConf(const KnobValue& s, bool is_static, AgentOptions& opt
       warnings.push_back(absl::StrCat("ddprun: --rdzv_conf key '", key,
                                       "' is a torchrun setting that ddprun does not use; ignored"));
     } else {
-      return UsageError(absl::StrCat(s.Name("--rdzv_conf"), " has unknown key '", key,
-                                     "'; ddprun knows join_timeout, last_call_timeout and token"));
+      // torchrun passes any key through to its backend (Kubeflow sets its
+      // own), so an unknown key is a warning, never a failure.
+      warnings.push_back(absl::StrCat("ddprun: ", s.Name("--rdzv_conf"), " key '", key,
+                                      "' is unknown to ddprun and torchrun's c10d backend; "
+                                      "ignored (ddprun's keys: join_timeout, last_call_timeout, "
+                                      "token)"));
     }
   }
   if (static_timeout && !join_timeout_set) options.join_timeout_s = *static_timeout;
@@ -350,11 +403,10 @@ absl::Status ResolveRendezvous(const ResolveContext& ctx, ParsedCommand& out) {
         "ignored");
   }
   if (endpoint.is_set() && absl::StrContains(endpoint.value, ',')) {
-    DDPRUN_ASSIGN_OR_RETURN(
-        o.rdzv_replicas,
-        ParseKnob(flags, KnobNamed("rdzv_endpoint"), [](const std::string& s) {
-          return ParseEndpointList(s, kDefaultRdzvPort);
-        }));
+    DDPRUN_ASSIGN_OR_RETURN(o.rdzv_replicas,
+                            ParseKnob(flags, KnobNamed("rdzv_endpoint"), [](const std::string& s) {
+                              return ParseEndpointList(s, kDefaultRdzvPort);
+                            }));
     o.mode = RendezvousMode::kRemote;
     o.rdzv_host = o.rdzv_replicas[0].host;
     o.rdzv_port = o.rdzv_replicas[0].port;
@@ -364,8 +416,28 @@ absl::Status ResolveRendezvous(const ResolveContext& ctx, ParsedCommand& out) {
   if (endpoint.is_set()) {
     DDPRUN_ASSIGN_OR_RETURN(rendezvous::HostPort hp,
                             ParseKnob(flags, KnobNamed("rdzv_endpoint"), [](const std::string& s) {
-                              return ParseEndpoint(s, kDefaultRdzvPort);
+                              return ParseEndpoint(s, kDefaultRdzvPort, /*allow_zero_port=*/true);
                             }));
+    if (hp.port == 0) {
+      // torchrun's "HOST:0": this node hosts the rendezvous on a port the OS
+      // picks, which no other node could find: a single-node job.
+      if (o.max_nodes > 1) {
+        return UsageError(absl::StrCat(
+            endpoint.Name("--rdzv_endpoint"), "=", endpoint.value,
+            ": port 0 lets the OS pick the port, which the other nodes cannot know; it is for a "
+            "single-node job (--nnodes=1). Give the nodes a port, e.g. ",
+            rendezvous::FormatHostPort({hp.host, kDefaultRdzvPort})));
+      }
+      o.mode = RendezvousMode::kEmbedded;
+      o.rdzv_host = "127.0.0.1";
+      o.rdzv_port = 0;
+      if (rdzv_id.is_set()) {
+        DDPRUN_ASSIGN_OR_RETURN(o.job_id, ParseKnob(flags, KnobNamed("rdzv_id"), ParseJobIdValue));
+      } else {
+        o.job_id = rendezvous::RandomJobId();
+      }
+      return absl::OkStatus();
+    }
     o.mode = RendezvousMode::kRemote;
     o.rdzv_host = hp.host;
     o.rdzv_port = hp.port;

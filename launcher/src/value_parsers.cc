@@ -11,9 +11,9 @@
 #include <optional>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "ddprun/agent/cpu_binding.h"
 #include "ddprun/rendezvous/job_id.h"
@@ -148,30 +148,39 @@ absl::StatusOr<std::vector<int>> ParseRankList(absl::string_view text) {
   return ranks;
 }
 
-absl::StatusOr<rendezvous::HostPort> ParseEndpoint(absl::string_view text, int default_port) {
+absl::StatusOr<rendezvous::HostPort> ParseEndpoint(absl::string_view text, int default_port,
+                                                   bool allow_zero_port) {
   auto bad = [&](absl::string_view why) {
     return Bad(absl::StrCat("must be HOST[:PORT] (e.g. node0:29400), ", why, "; got '", text, "'"));
   };
   if (!text.empty() && text.front() != '[' && std::count(text.begin(), text.end(), ':') > 1) {
     return bad("write an IPv6 address as [ADDR]:PORT");
   }
-  auto hp = rendezvous::ParseHostPort(std::string_view(text.data(), text.size()),
-                                      {.default_port = default_port});
+  auto hp =
+      rendezvous::ParseHostPort(std::string_view(text.data(), text.size()),
+                                {.default_port = default_port, .allow_zero_port = allow_zero_port});
+  if (!hp.ok() && allow_zero_port) {
+    // The message of the usual rule (1..65535): port 0 is the exception.
+    return ParseEndpoint(text, default_port, /*allow_zero_port=*/false);
+  }
   if (!hp.ok()) return bad(hp.status().message());
   return hp;
 }
 
 absl::StatusOr<std::vector<rendezvous::HostPort>> ParseEndpointList(absl::string_view text,
-                                                                     int default_port) {
+                                                                    int default_port) {
   std::vector<rendezvous::HostPort> out;
   for (absl::string_view entry : absl::StrSplit(text, ',')) {
     if (entry.empty()) {
-      return Bad(absl::StrCat("must be HOST[:PORT] entries separated by commas, one per ddprund "
-                              "replica; an entry is empty in '", text, "'"));
+      return Bad(
+          absl::StrCat("must be HOST[:PORT] entries separated by commas, one per ddprund "
+                       "replica; an entry is empty in '",
+                       text, "'"));
     }
     DDPRUN_ASSIGN_OR_RETURN(rendezvous::HostPort hp, ParseEndpoint(entry, default_port));
     if (std::find(out.begin(), out.end(), hp) != out.end()) {
-      return Bad(absl::StrCat("lists ", rendezvous::FormatHostPort(hp), " twice; name each ddprund "
+      return Bad(absl::StrCat("lists ", rendezvous::FormatHostPort(hp),
+                              " twice; name each ddprund "
                               "replica once"));
     }
     out.push_back(std::move(hp));
@@ -314,7 +323,9 @@ absl::StatusOr<std::string> NormalizeKnobValue(const Knob& knob, absl::string_vi
         substituted = absl::StrCat("first-node", check.substr(10));
         check = substituted;
       }
-      DDPRUN_RETURN_IF_ERROR(ParseEndpoint(check, rendezvous::kDefaultRdzvPort));
+      // Port 0 (torchrun's localhost:0) is checked against --nnodes later.
+      DDPRUN_RETURN_IF_ERROR(
+          ParseEndpoint(check, rendezvous::kDefaultRdzvPort, /*allow_zero_port=*/true));
       return std::string(text);
     }
     case ValueType::kPort: {

@@ -1,10 +1,10 @@
 // The worker environment: torchrun's variables, ddprun's, and the rules for
 // inherited values.
-#include <catch2/catch.hpp>
+#include "ddprun/agent/worker_env.h"
 
+#include <catch2/catch.hpp>
 #include <cstdlib>
 
-#include "ddprun/agent/worker_env.h"
 #include "ddprun/rendezvous/worker_env_names.h"
 
 namespace ddprun::agent {
@@ -80,8 +80,7 @@ TEST_CASE("BuildWorkerEnv: replicas are passed in DDPRUN_STORE_REPLICAS, never i
   CHECK(env.at(kEnvStoreAddr) == "10.0.0.1:29400");  // the one the agent joined through
 }
 
-TEST_CASE("BuildWorkerEnv: DDPRUN_TCPSTORE_ADDR only when the session names a TCPStore",
-          "[unit]") {
+TEST_CASE("BuildWorkerEnv: DDPRUN_TCPSTORE_ADDR only when the session names a TCPStore", "[unit]") {
   Fixture f;
   // The gRPC Store (several nodes, TLS, ddprund): unset, also when inherited
   // from an outer job.
@@ -104,11 +103,10 @@ TEST_CASE("BuildWorkerEnv: RANK is base rank plus local rank for each local rank
   }
 }
 
-TEST_CASE("BuildWorkerEnv inherits the agent's environment and overrides its variables",
-          "[unit]") {
+TEST_CASE("BuildWorkerEnv inherits the agent's environment and overrides its variables", "[unit]") {
   Fixture f;
-  Env base = {{"PATH", "/usr/bin"}, {"CUDA_VISIBLE_DEVICES", "0,1"}, {"RANK", "99"},
-              {"MASTER_PORT", "1"}};
+  Env base = {
+      {"PATH", "/usr/bin"}, {"CUDA_VISIBLE_DEVICES", "0,1"}, {"RANK", "99"}, {"MASTER_PORT", "1"}};
   Env env = BuildWorkerEnv(base, f.in, 0);
   CHECK(env.at("PATH") == "/usr/bin");
   CHECK(env.at("CUDA_VISIBLE_DEVICES") == "0,1");
@@ -145,6 +143,46 @@ TEST_CASE("BuildWorkerEnv without a log dir drops an inherited error file", "[un
   CHECK(env.count("TORCHELASTIC_ERROR_FILE") == 0);
 }
 
+// As torch 2.11's torchrun does (its workers' environments were recorded on a
+// GPU machine: tests/gpu/torchrun_side_by_side.py, docs/gpu.md).
+TEST_CASE("BuildWorkerEnv: --log_dir /dev/null gives an empty TORCHELASTIC_ERROR_FILE", "[unit]") {
+  Fixture f;
+  f.in.error_file.clear();
+  f.options.log_dir = kNoLogDir;
+  Env env = BuildWorkerEnv({{"TORCHELASTIC_ERROR_FILE", "/agent/own.json"}}, f.in, 0);
+  CHECK(env.at("TORCHELASTIC_ERROR_FILE").empty());
+}
+
+TEST_CASE("BuildWorkerEnv: TORCHELASTIC_SIGNALS_TO_HANDLE", "[unit]") {
+  Fixture f;
+  CHECK(BuildWorkerEnv({}, f.in, 0).at("TORCHELASTIC_SIGNALS_TO_HANDLE") ==
+        "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
+  f.options.signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1";
+  CHECK(BuildWorkerEnv({{"TORCHELASTIC_SIGNALS_TO_HANDLE", "x"}}, f.in, 0)
+            .at("TORCHELASTIC_SIGNALS_TO_HANDLE") == "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1");
+}
+
+TEST_CASE("BuildWorkerEnv: --virtual_local_rank", "[unit]") {
+  Fixture f;
+  f.options.virtual_local_rank = true;
+  // No list: each worker's device is its local rank; LOCAL_RANK is 0, RANK unchanged.
+  Env e1 = BuildWorkerEnv({}, f.in, 1);
+  CHECK(e1.at("LOCAL_RANK") == "0");
+  CHECK(e1.at("RANK") == "3");
+  CHECK(e1.at("CUDA_VISIBLE_DEVICES") == "1");
+  // The agent's list: the worker's own entry.
+  const Env base = {{"CUDA_VISIBLE_DEVICES", "5,7"}};
+  CHECK(BuildWorkerEnv(base, f.in, 0).at("CUDA_VISIBLE_DEVICES") == "5");
+  CHECK(BuildWorkerEnv(base, f.in, 1).at("CUDA_VISIBLE_DEVICES") == "7");
+  CHECK(BuildWorkerEnv({{"CUDA_VISIBLE_DEVICES", "GPU-a,GPU-b,GPU-c"}}, f.in, 2)
+            .at("CUDA_VISIBLE_DEVICES") == "GPU-c");
+  // Off: the list passes through and LOCAL_RANK is the local rank.
+  f.options.virtual_local_rank = false;
+  Env off = BuildWorkerEnv(base, f.in, 1);
+  CHECK(off.at("LOCAL_RANK") == "1");
+  CHECK(off.at("CUDA_VISIBLE_DEVICES") == "5,7");
+}
+
 TEST_CASE("BuildWorkerEnv applies extra_env (a job file's nccl/environment) below its own",
           "[unit]") {
   Fixture f;
@@ -154,18 +192,19 @@ TEST_CASE("BuildWorkerEnv applies extra_env (a job file's nccl/environment) belo
                          {"RANK", "99"}};
   Env env = BuildWorkerEnv({{"NCCL_DEBUG", "INFO"}, {"HOME", "/root"}}, f.in, 0);
   CHECK(env.at("NCCL_SOCKET_IFNAME") == "eth0");
-  CHECK(env.at("NCCL_DEBUG") == "WARN");     // over the inherited value
-  CHECK(env.at("OMP_NUM_THREADS") == "8");   // not forced to 1 when given
-  CHECK(env.at("RANK") == "2");              // ddprun's own variables win
+  CHECK(env.at("NCCL_DEBUG") == "WARN");    // over the inherited value
+  CHECK(env.at("OMP_NUM_THREADS") == "8");  // not forced to 1 when given
+  CHECK(env.at("RANK") == "2");             // ddprun's own variables win
   CHECK(env.at("HOME") == "/root");
 }
 
 TEST_CASE("SubstituteLocalRank replaces every ${local_rank}", "[unit]") {
-  std::vector<std::string> argv = {"train", "--gpu=${local_rank}", "x${local_rank}y${local_rank}",
-                                   "${local_rank}", "$local_rank", "plain"};
+  std::vector<std::string> argv = {
+      "train",         "--gpu=${local_rank}", "x${local_rank}y${local_rank}",
+      "${local_rank}", "$local_rank",         "plain"};
   std::vector<std::string> out = SubstituteLocalRank(argv, 12);
-  CHECK(out == std::vector<std::string>{"train", "--gpu=12", "x12y12", "12", "$local_rank",
-                                        "plain"});
+  CHECK(out ==
+        std::vector<std::string>{"train", "--gpu=12", "x12y12", "12", "$local_rank", "plain"});
 }
 
 TEST_CASE("CurrentEnvironment reflects the process environment", "[unit]") {

@@ -196,8 +196,14 @@ TEST_CASE("the host's probes run only when the command line needs their fact", "
   // of them (each is a system walk at every start: netlink, /dev, sysfs).
   int gpu_probes = 0, name_probes = 0, topology_probes = 0;
   HostFacts host = Host(6, 0);
-  host.gpu_count = [&] { ++gpu_probes; return 3; };
-  host.names = [&] { ++name_probes; return std::vector<std::string>{"n0"}; };
+  host.gpu_count = [&] {
+    ++gpu_probes;
+    return 3;
+  };
+  host.names = [&] {
+    ++name_probes;
+    return std::vector<std::string>{"n0"};
+  };
   host.cpu_topology = [&] {
     ++topology_probes;
     agent::CpuTopology t;
@@ -211,11 +217,13 @@ TEST_CASE("the host's probes run only when the command line needs their fact", "
   CHECK(name_probes == 0);
   CHECK(topology_probes == 0);
   // Each fact is the probe's answer when the command line needs it.
-  CHECK(Ok({"--nproc_per_node=gpu", S().Path("train.py")}, BaseEnv(), host)
-            .options.nproc_per_node == 3);
+  CHECK(
+      Ok({"--nproc_per_node=gpu", S().Path("train.py")}, BaseEnv(), host).options.nproc_per_node ==
+      3);
   CHECK(gpu_probes == 1);
-  CHECK(Ok({"--nproc_per_node=auto", S().Path("train.py")}, BaseEnv(), host)
-            .options.nproc_per_node == 3);
+  CHECK(
+      Ok({"--nproc_per_node=auto", S().Path("train.py")}, BaseEnv(), host).options.nproc_per_node ==
+      3);
   CHECK(gpu_probes == 2);
   CHECK(Ok({"--nproc_per_node=4", "--cpu_bind=core", S().Path("train.py")}, BaseEnv(), host)
             .options.nproc_per_node == 4);
@@ -349,11 +357,36 @@ TEST_CASE("mode: remote when an endpoint is given", "[unit]") {
 }
 
 TEST_CASE("bad endpoints", "[unit]") {
-  for (const char* bad : {":29400", "h:", "h:0", "h:70000", "h:x", "::1:5", "[::1", "[::1]x"}) {
+  for (const char* bad : {":29400", "h:", "h:70000", "h:x", "::1:5", "[::1", "[::1]x"}) {
     CAPTURE(bad);
     CHECK_THAT(Err({std::string("--rdzv_endpoint=") + bad, S().Path("train.py")}),
                Contains("--rdzv_endpoint must be HOST[:PORT]"));
   }
+  CHECK_THAT(Err({"--rdzv_endpoint=h:70000", S().Path("train.py")}),
+             Contains("the port must be 1..65535"));
+}
+
+// torchrun 2.x's "HOST:0" (its docs' several-jobs-on-one-host line, the stock
+// LLM launch scripts): this node hosts on a port the OS picks, one node only.
+TEST_CASE("torchrun 2.x: --rdzv_endpoint=localhost:0 is a single-node embedded rendezvous",
+          "[unit]") {
+  auto p = Ok(
+      {"--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "--nnodes=1", S().Path("train.py")});
+  CHECK(p.options.mode == RendezvousMode::kEmbedded);
+  CHECK(p.options.rdzv_host == "127.0.0.1");
+  CHECK(p.options.rdzv_port == 0);
+  CHECK(p.options.job_id != "none");  // a random id, as --standalone
+  CHECK(
+      Ok({"--rdzv_endpoint=127.0.0.1:0", "--rdzv_id=mine", S().Path("train.py")}).options.job_id ==
+      "mine");
+  CHECK_THAT(Err({"--rdzv_endpoint=localhost:0", "--nnodes=2", S().Path("train.py")}),
+             Contains("--rdzv_endpoint=localhost:0: port 0 lets the OS pick the port") &&
+                 Contains("e.g. localhost:29400"));
+  CHECK_THAT(Err({"--rdzv_endpoint=localhost:0", "--nnodes=1:2", S().Path("train.py")}),
+             Contains("single-node job"));
+  // Replicas never take port 0.
+  CHECK_THAT(Err({"--rdzv_endpoint=a:0,b:1", S().Path("train.py")}),
+             Contains("the port must be 1..65535"));
 }
 
 TEST_CASE("mode: several nodes need an endpoint", "[unit]") {
@@ -454,8 +487,8 @@ TEST_CASE("--master_addr/--master_port without a backend: torchrun's static defa
   // rank 0, each waiting for the others on its own store).
   CHECK_THAT(Err({"--master_addr=m", "--nnodes=2", S().Path("train.py")}),
              Contains("static rendezvous with --nnodes=2 needs this node's --node_rank"));
-  CHECK(Ok({"--master_addr=m", "--nnodes=2", "--node_rank=1", S().Path("train.py")})
-            .options.mode == RendezvousMode::kStatic);
+  CHECK(Ok({"--master_addr=m", "--nnodes=2", "--node_rank=1", S().Path("train.py")}).options.mode ==
+        RendezvousMode::kStatic);
   // An explicit backend or endpoint keeps c10d; the master flags are then ignored, with a warning.
   auto c10d = Ok({"--rdzv_backend=c10d", "--master_addr=x", S().Path("train.py")});
   CHECK(c10d.options.mode == RendezvousMode::kEmbedded);
@@ -476,9 +509,9 @@ TEST_CASE("--master_addr/--master_port without a backend: torchrun's static defa
 
 TEST_CASE("no node may wait for a store that will never exist", "[unit]") {
   // Several nodes with neither an endpoint nor the master's address.
-  CHECK_THAT(Err({"--nnodes=2", S().Path("train.py")}),
-             Contains("--nnodes=2 needs a rendezvous shared by the nodes") &&
-                 Contains("--master_addr"));
+  CHECK_THAT(
+      Err({"--nnodes=2", S().Path("train.py")}),
+      Contains("--nnodes=2 needs a rendezvous shared by the nodes") && Contains("--master_addr"));
   CHECK_THAT(Err({"--rdzv_backend=static", "--nnodes=2", "--node_rank=1", S().Path("train.py")}),
              Contains("static rendezvous with --nnodes=2 needs --master_addr=HOST"));
   CHECK_THAT(Err({"--rdzv_backend=static", "--nnodes=3", S().Path("train.py")}),
@@ -525,9 +558,13 @@ TEST_CASE("--rdzv_conf", "[unit]") {
   CHECK(Ok({"--rdzv_backend=static", "--rdzv_conf=timeout=42,join_timeout=7", S().Path("train.py")})
             .options.join_timeout_s == 7);
 
-  CHECK_THAT(Err({"--rdzv_conf=colour=blue", S().Path("train.py")}),
-             Contains("--rdzv_conf has unknown key 'colour'") &&
-                 Contains("join_timeout, last_call_timeout and token"));
+  // torchrun passes any key to its backend (Kubeflow adds its own): a
+  // warning, never a failure; use_libuv is a known torchrun key.
+  auto unknown = Ok({"--rdzv_conf=colour=blue,use_libuv=0", S().Path("train.py")});
+  REQUIRE(unknown.warnings.size() == 2);
+  CHECK_THAT(unknown.warnings[0], Contains("--rdzv_conf key 'colour' is unknown") &&
+                                      Contains("join_timeout, last_call_timeout, token"));
+  CHECK_THAT(unknown.warnings[1], Contains("'use_libuv' is a torchrun setting"));
   CHECK_THAT(Err({"--rdzv_conf=join_timeout", S().Path("train.py")}), Contains("has no '='"));
   CHECK_THAT(Err({"--rdzv_conf=join_timeout=0", S().Path("train.py")}),
              Contains("--rdzv_conf join_timeout must be a positive number of seconds"));
@@ -730,14 +767,14 @@ TEST_CASE("CountNvidiaGpus", "[unit]") {
 
 TEST_CASE("--rdzv_endpoint lists ddprund replicas: every one, in order; bad lists are one line",
           "[unit]") {
-  auto p = Ok({"--nnodes=2", "--rdzv_endpoint=d1:29401,d2,[::1]:7", "--rdzv_id=ha",
-               S().Path("train.py")});
+  auto p = Ok(
+      {"--nnodes=2", "--rdzv_endpoint=d1:29401,d2,[::1]:7", "--rdzv_id=ha", S().Path("train.py")});
   const auto& o = p.options;
   CHECK(o.mode == RendezvousMode::kRemote);
   CHECK(o.rdzv_host == "d1");
   CHECK(o.rdzv_port == 29401);
-  CHECK(o.rdzv_replicas == std::vector<ddprun::rendezvous::HostPort>{
-                               {"d1", 29401}, {"d2", 29400}, {"::1", 7}});
+  CHECK(o.rdzv_replicas ==
+        std::vector<ddprun::rendezvous::HostPort>{{"d1", 29401}, {"d2", 29400}, {"::1", 7}});
   CHECK(Ok({"--nnodes=2", "--rdzv_endpoint=d1:1", "--rdzv_id=x", S().Path("train.py")})
             .options.rdzv_replicas.empty());
   const std::string twice =
@@ -768,6 +805,67 @@ TEST_CASE("--signals_to_handle: SIGUSR1/2 forwarded only when listed", "[unit]")
   env["PET_SIGNALS_TO_HANDLE"] = "SIGUSR2";
   CHECK(Ok({S().Path("train.py")}, env).options.forward_sigusr2);
   CHECK_THAT(Err({"--signals_to_handle=SIGKILL", S().Path("train.py")}), Contains("SIGKILL"));
+}
+
+}  // namespace
+}  // namespace ddprun::launcher
+
+// torchrun 2.x flags (docs/cli.md's compatibility table; the same command
+// lines ran under torch 2.11's own torchrun on a GPU machine, docs/gpu.md).
+namespace ddprun::launcher {
+namespace {
+
+TEST_CASE("torchrun 2.12: --shutdown-timeout and PET_SHUTDOWN_TIMEOUT are --grace_period",
+          "[unit]") {
+  CHECK(Ok({"--shutdown-timeout=5", S().Path("train.py")}).options.grace_period_s == 5);
+  CHECK(Ok({"--shutdown_timeout", "0", S().Path("train.py")}).options.grace_period_s == 0);
+  Env env = BaseEnv();
+  env["PET_SHUTDOWN_TIMEOUT"] = "6";
+  env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = "7";
+  CHECK(Ok({S().Path("train.py")}, env).options.grace_period_s == 6);
+  CHECK(Ok({"--grace_period=4", S().Path("train.py")}, env).options.grace_period_s == 4);
+  env["PET_GRACE_PERIOD"] = "8";  // the older name's variable wins a tie of variables
+  CHECK(Ok({S().Path("train.py")}, env).options.grace_period_s == 8);
+  CHECK(Ok({"--shutdown-timeout=9", S().Path("train.py")}, env).options.grace_period_s == 9);
+  CHECK(Ok({"--grace_period=3", "--shutdown-timeout=3", S().Path("train.py")})
+            .options.grace_period_s == 3);
+  CHECK_THAT(Err({"--grace_period=3", "--shutdown-timeout=4", S().Path("train.py")}),
+             Contains("--grace_period=3 and --shutdown_timeout=4 name the same setting"));
+  CHECK_THAT(Err({"--shutdown-timeout=soon", S().Path("train.py")}),
+             Contains("--shutdown_timeout must be a non-negative number of seconds"));
+}
+
+TEST_CASE("torchrun 2.10: --virtual-local-rank", "[unit]") {
+  CHECK_FALSE(Ok({S().Path("train.py")}).options.virtual_local_rank);
+  CHECK(Ok({"--virtual-local-rank", "--nproc_per_node=2", S().Path("train.py")})
+            .options.virtual_local_rank);
+  Env env = BaseEnv();
+  env["PET_VIRTUAL_LOCAL_RANK"] = "1";
+  CHECK(Ok({S().Path("train.py")}, env).options.virtual_local_rank);
+  Env two = BaseEnv();
+  two["CUDA_VISIBLE_DEVICES"] = "5,7";
+  CHECK(Ok({"--virtual_local_rank", "--nproc_per_node=2", S().Path("train.py")}, two)
+            .options.virtual_local_rank);
+  CHECK_THAT(Err({"--virtual_local_rank", "--nproc_per_node=3", S().Path("train.py")}, two),
+             Contains("CUDA_VISIBLE_DEVICES='5,7', which has 2 for 3 workers"));
+}
+
+TEST_CASE("torchrun 2.8: --event-log-handler accepted; --logs-specs refused with the reason",
+          "[unit]") {
+  auto p = Ok({"--event-log-handler=null", S().Path("train.py")});
+  CHECK(p.warnings.empty());
+  CHECK(Ok({"--event_log_handler", "console", S().Path("train.py")}).warnings.empty());
+  CHECK_THAT(Err({"--logs-specs=my_specs", S().Path("train.py")}),
+             Contains("--logs_specs=my_specs: torchrun's log layout plugins") &&
+                 Contains("drop --logs_specs"));
+}
+
+TEST_CASE("torchrun 2.9: TORCHELASTIC_SIGNALS_TO_HANDLE, and --log-dir /dev/null", "[unit]") {
+  CHECK(Ok({S().Path("train.py")}).options.signals_to_handle == "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
+  CHECK(
+      Ok({"--signals_to_handle=SIGUSR1,SIGUSR2", S().Path("train.py")}).options.signals_to_handle ==
+      "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2");
+  CHECK(Ok({"--log-dir", "/dev/null", S().Path("train.py")}).options.log_dir == "/dev/null");
 }
 
 }  // namespace

@@ -17,6 +17,8 @@ namespace ddprun::agent {
 
 inline constexpr double kDefaultGracePeriodS = 30.0;  // SIGTERM -> SIGKILL
 inline constexpr const char* kDefaultRole = "default";
+// --log_dir that means "no log files", as torchrun compares it with os.devnull.
+inline constexpr const char* kNoLogDir = "/dev/null";
 // Hang detection: seconds without progress of any rank before the server
 // reports a hang (docs/monitoring.md). Long enough for an evaluation pass or
 // a checkpoint without optimizer steps; far below PyTorch's 10-30 min.
@@ -80,7 +82,17 @@ struct AgentOptions {
   // SIGHUP and SIGQUIT are always forwarded and stop the node.
   bool forward_sigusr1 = false;
   bool forward_sigusr2 = false;
-  std::string log_dir;               // --log_dir; empty: a temporary directory (worker_logs.h)
+  // --log_dir; empty: a temporary directory (worker_logs.h); kNoLogDir
+  // ("/dev/null", as torchrun): no log files, TORCHELASTIC_ERROR_FILE="".
+  std::string log_dir;
+  // --virtual_local_rank (torchrun 2.10+): every worker sees LOCAL_RANK=0 and
+  // CUDA_VISIBLE_DEVICES = its own entry of the agent's list (or its local
+  // rank when the agent has none); the launcher checked the list is long
+  // enough.
+  bool virtual_local_rank = false;
+  // TORCHELASTIC_SIGNALS_TO_HANDLE for the workers, as torchrun 2.9+ exports
+  // it: the signals that stop the job, then the forwarded SIGUSR1/2.
+  std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
   LogSpec logs;                      // -r/-t/--local_ranks_filter/--prefix_output (log_spec.h)
   // Extra variables for every worker (a job file's nccl: and environment:
   // settings). They override the inherited environment; ddprun's own

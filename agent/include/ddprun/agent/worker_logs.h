@@ -5,6 +5,10 @@
 //
 //   <log_dir>/<run_id>/attempt_<round>/<local_rank>/{stdout.log,stderr.log,error.json}
 //
+// --log_dir /dev/null (torchrun's os.devnull): no directory and no files; a
+// stream redirected to a file goes to /dev/null, workers get an empty
+// TORCHELASTIC_ERROR_FILE.
+//
 // Without --log_dir, a fresh mkdtemp directory holds the error files, and
 // the logs when -r/-t ask for files; it is removed at exit when it holds no
 // log file (the error messages are in the report). It is $TMPDIR/ddprun_XXXXXX;
@@ -75,6 +79,7 @@ class WorkerLogs {
   Options o_;
   std::string dir_;
   bool temporary_ = false;
+  bool no_files_ = false;  // --log_dir /dev/null
   bool wrote_logs_ = false;
   std::int64_t round_ = -1;
   LogPump pump_;

@@ -159,6 +159,14 @@ inline constexpr Knob kKnobs[] = {
      .default_value = "30", .default_text = "30", .metavar = "SECONDS", .group = kGroupJob,
      .help = "Time between SIGTERM and SIGKILL when stopping workers (also read from "
              "TORCH_ELASTIC_SHUTDOWN_TIMEOUT)"},
+    {.name = "shutdown_timeout", .type = ValueType::kSeconds, .default_text = "--grace_period",
+     .metavar = "SECONDS", .group = kGroupJob,
+     .help = "torchrun 2.12's name for --grace_period (the two must agree when both are given)"},
+    {.name = "virtual_local_rank", .type = ValueType::kBool, .default_text = "off",
+     .group = kGroupJob,
+     .help = "Every worker sees LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES set to its own GPU: entry "
+             "<local rank> of this node's CUDA_VISIBLE_DEVICES, or <local rank> when unset "
+             "(torchrun 2.10+)"},
     {.name = "signals_to_handle", .yaml_key = "restart.signals_to_handle",
      .type = ValueType::kSignals, .default_value = "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
      .default_text = "SIGTERM,SIGINT,SIGHUP,SIGQUIT", .metavar = "SIG,...", .group = kGroupJob,
@@ -175,7 +183,8 @@ inline constexpr Knob kKnobs[] = {
     // Output.
     {.name = "log_dir", .yaml_key = "logs.log_dir", .type = ValueType::kText,
      .default_text = "a fresh $TMPDIR/ddprun_XXXXXX", .metavar = "DIR", .group = kGroupOutput,
-     .help = "Base of <run_id>/attempt_<round>/<local_rank>/{stdout,stderr}.log and error.json"},
+     .help = "Base of <run_id>/attempt_<round>/<local_rank>/{stdout,stderr}.log and error.json; "
+             "/dev/null: no log files at all (as torchrun)"},
     {.name = "redirects", .short_flag = "r", .yaml_key = "logs.redirects",
      .type = ValueType::kStreams, .default_value = "0", .default_text = "0",
      .metavar = "0-3|RANK:V,...", .group = kGroupOutput,
@@ -243,6 +252,14 @@ inline constexpr Knob kKnobs[] = {
     {.name = "start_method", .type = ValueType::kStartMethod, .default_value = "spawn",
      .default_text = "spawn", .metavar = "spawn|fork|forkserver", .group = kGroupCompat,
      .help = "Ignored: workers are always separate processes"},
+    {.name = "event_log_handler", .type = ValueType::kText, .default_value = "null",
+     .default_text = "null", .metavar = "NAME", .group = kGroupCompat,
+     .help = "Ignored: torchrun's destination for its internal events; ddprun reports its "
+             "events on the console, the dashboard and /metrics"},
+    {.name = "logs_specs", .type = ValueType::kText, .default_text = "none", .metavar = "NAME",
+     .group = kGroupCompat,
+     .help = "torchrun's log layout plugin (a Python entry point): only the default is "
+             "supported, so it must be left unset"},
     {.name = "config", .type = ValueType::kText, .default_text = "none", .metavar = "FILE",
      .group = kGroupConfig,
      .help = "A YAML job file (docs/config.md), the same on every node; flags and PET_* "

@@ -60,8 +60,10 @@ absl::StatusOr<std::vector<int>> ParseRankList(absl::string_view text);
 
 // kEndpoint: HOST[:PORT] (host_port.h), with default_port < 0 meaning the port
 // is required. An address with several ':' must be bracketed ([v6]:PORT),
-// so that "::1:5" is not silently read as a host without a port.
-absl::StatusOr<rendezvous::HostPort> ParseEndpoint(absl::string_view text, int default_port);
+// so that "::1:5" is not silently read as a host without a port. Port 0 only
+// with allow_zero_port (torchrun's single-node "localhost:0").
+absl::StatusOr<rendezvous::HostPort> ParseEndpoint(absl::string_view text, int default_port,
+                                                   bool allow_zero_port = false);
 // kEndpoint with commas: the ddprund replicas of a replicated control plane
 // (docs/ha.md), "d1:29400,d2:29400,d3:29400"; each entry as ParseEndpoint, no
 // empty entry, none twice.

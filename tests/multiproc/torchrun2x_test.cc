@@ -1,0 +1,146 @@
+// torchrun 2.x command lines, run unchanged with real ddprun processes: one
+// test per row of docs/cli.md's compatibility table that this tier covers,
+// named "torchrun 2.x row: <the flag or variable>". What each expects is what
+// torch 2.11's own torchrun did with the same line on a GPU machine
+// (tests/gpu/torchrun_side_by_side.py; docs/gpu.md lists every difference).
+#include <signal.h>
+
+#include <string>
+#include <vector>
+
+#include "support/process_helpers.h"
+
+using namespace ddprun::test;
+
+namespace {
+
+// A worker that prints what torchrun's contract gives it, one line per rank:
+// ENV rank=R local_rank=L cvd=[...] error_file=[...|unset] signals=[...]
+const char* kEnvWorker = R"(#!/bin/sh
+echo "ENV rank=$RANK local_rank=$LOCAL_RANK cvd=[${CUDA_VISIBLE_DEVICES-unset}] error_file=[${TORCHELASTIC_ERROR_FILE-unset}] signals=[$TORCHELASTIC_SIGNALS_TO_HANDLE]"
+if [ -n "$PIDDIR" ]; then
+  trap '' TERM
+  echo $$ > "$PIDDIR/$RANK.pid"
+  while :; do sleep 1; done
+fi
+exit 0
+)";
+
+std::string WriteWorker(Harness& h) {
+  const std::string path = h.dir() + "/env_worker.sh";
+  {
+    std::ofstream f(path);
+    f << kEnvWorker;
+  }
+  REQUIRE(::chmod(path.c_str(), 0755) == 0);
+  return path;
+}
+
+bool Has(const std::string& text, const std::string& what) {
+  return text.find(what) != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("torchrun 2.x row: --rdzv-endpoint=localhost:0 (stock LLM launch line)", "[multiproc]") {
+  Harness h;
+  const std::string w = WriteWorker(h);
+  Proc& p = h.StartDdprun("ddprun", {"--nnodes=1", "--nproc_per_node=2", "--rdzv_backend", "c10d",
+                                     "--rdzv_endpoint=localhost:0", "--local-ranks-filter", "0",
+                                     "--role", "rank", "--tee", "3", w});
+  REQUIRE(h.Wait(p, 20) == 0);
+  INFO("stdout:\n" << p.Out() << "stderr:\n" << p.Err());
+  CHECK(Has(p.Out(), "ENV rank=0 local_rank=0"));
+  CHECK_FALSE(Has(p.Out(), "ENV rank=1"));  // --local-ranks-filter 0
+  // Two such jobs at once on one host never collide: the OS picks each port.
+  Proc& a = h.StartDdprun("a", {"--rdzv_endpoint=localhost:0", "--nproc_per_node=2", w});
+  Proc& b = h.StartDdprun("b", {"--rdzv_endpoint=localhost:0", "--nproc_per_node=2", w});
+  CHECK(h.Wait(a, 20) == 0);
+  CHECK(h.Wait(b, 20) == 0);
+}
+
+TEST_CASE("torchrun 2.x row: --log-dir /dev/null", "[multiproc]") {
+  Harness h;
+  const std::string w = WriteWorker(h);
+  Proc& p = h.StartDdprun(
+      "ddprun", {"--standalone", "--nproc_per_node=2", "--log-dir", "/dev/null", "--tee", "3", w});
+  REQUIRE(h.Wait(p, 20) == 0);
+  INFO("stdout:\n" << p.Out() << "stderr:\n" << p.Err());
+  // torch 2.11: TORCHELASTIC_ERROR_FILE is set and empty; no files anywhere.
+  CHECK(Has(p.Out(), "ENV rank=0 local_rank=0 cvd=[unset] error_file=[] "));
+  CHECK(Has(p.Out(), "ENV rank=1 local_rank=1 cvd=[unset] error_file=[] "));
+  CHECK_FALSE(Has(p.Err(), "worker logs in"));
+}
+
+TEST_CASE("torchrun 2.x row: --virtual-local-rank", "[multiproc]") {
+  Harness h;
+  const std::string w = WriteWorker(h);
+  Proc& p =
+      h.StartDdprun("ddprun", {"--standalone", "--nproc_per_node=2", "--virtual-local-rank", w});
+  REQUIRE(h.Wait(p, 20) == 0);
+  INFO("stdout:\n" << p.Out() << "stderr:\n" << p.Err());
+  CHECK(Has(p.Out(), "ENV rank=0 local_rank=0 cvd=[0]"));
+  CHECK(Has(p.Out(), "ENV rank=1 local_rank=0 cvd=[1]"));
+  Proc& q =
+      h.StartDdprun("ddprun2", {"--standalone", "--nproc_per_node=2", "--virtual_local_rank", w},
+                    {{"CUDA_VISIBLE_DEVICES", "5,7"}});
+  REQUIRE(h.Wait(q, 20) == 0);
+  CHECK(Has(q.Out(), "ENV rank=0 local_rank=0 cvd=[5]"));
+  CHECK(Has(q.Out(), "ENV rank=1 local_rank=0 cvd=[7]"));
+  // A list too short for the workers: one line, exit 2, nothing started.
+  Proc& r =
+      h.StartDdprun("ddprun3", {"--standalone", "--nproc_per_node=3", "--virtual_local_rank", w},
+                    {{"CUDA_VISIBLE_DEVICES", "5,7"}});
+  CHECK(h.Wait(r, 20) == 2);
+  CHECK(Has(r.Err(), "which has 2 for 3 workers"));
+  CHECK_FALSE(Has(r.Out(), "ENV"));
+}
+
+TEST_CASE("torchrun 2.x row: --shutdown-timeout", "[multiproc]") {
+  Harness h;
+  const std::string w = WriteWorker(h);
+  const std::string pids = h.PidDir("pids");
+  Proc& p =
+      h.StartDdprun("ddprun", {"--standalone", "--nproc_per_node=2", "--shutdown-timeout=1", w},
+                    {{"PIDDIR", pids}});
+  h.WaitForPids(pids, 2, 10);
+  SleepMs(200);  // the trap is set before the pid file is written
+  REQUIRE(::kill(p.pid, SIGTERM) == 0);
+  const auto t0 = Clock::now();
+  const int rc = h.Wait(p, 15);
+  const double took = SecondsSince(t0);
+  INFO("stderr:\n" << p.Err() << "took " << took << " s");
+  CHECK(rc == 143);
+  CHECK(took >= 0.9);  // the workers ignore SIGTERM: SIGKILL after 1 s, not the default 30
+  CHECK(took < 5.0);
+  h.RequireAllGone(pids, 1);
+}
+
+TEST_CASE("torchrun 2.x row: --rdzv-conf use_libuv=0 and unknown keys", "[multiproc]") {
+  Harness h;
+  const std::string w = WriteWorker(h);
+  Proc& p = h.StartDdprun("ddprun", {"--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0",
+                                     "--nnodes=1", "--rdzv_conf", "use_libuv=0,kubeflow_key=1", w});
+  REQUIRE(h.Wait(p, 20) == 0);
+  INFO("stderr:\n" << p.Err());
+  CHECK(Has(p.Out(), "ENV rank=0"));
+  CHECK(Has(p.Err(), "'use_libuv' is a torchrun setting that ddprun does not use; ignored"));
+  CHECK(Has(p.Err(), "key 'kubeflow_key' is unknown to ddprun"));
+}
+
+TEST_CASE("torchrun 2.x row: --event-log-handler and TORCHELASTIC_SIGNALS_TO_HANDLE",
+          "[multiproc]") {
+  Harness h;
+  const std::string w = WriteWorker(h);
+  Proc& p = h.StartDdprun("ddprun", {"--standalone", "--event-log-handler=null", w});
+  REQUIRE(h.Wait(p, 20) == 0);
+  INFO("stderr:\n" << p.Err());
+  CHECK(Has(p.Out(), "signals=[SIGTERM,SIGINT,SIGHUP,SIGQUIT]"));
+  Proc& q = h.StartDdprun("ddprun2", {"--standalone", "--signals-to-handle",
+                                      "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", w});
+  REQUIRE(h.Wait(q, 20) == 0);
+  CHECK(Has(q.Out(), "signals=[SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1]"));
+  Proc& r = h.StartDdprun("ddprun3", {"--standalone", "--logs-specs=custom", w});
+  CHECK(h.Wait(r, 20) == 2);
+  CHECK(Has(r.Err(), "--logs_specs=custom: torchrun's log layout plugins"));
+}
