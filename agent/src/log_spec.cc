@@ -80,11 +80,53 @@ StreamPlan PlanStream(const LogSpec& spec, int local_rank, StdStream stream) {
 
 std::string LinePrefix(const std::string& tmpl, const std::string& host, const std::string& role,
                        int rank, int local_rank) {
-  if (tmpl.empty()) return absl::StrCat("[", host, ":", rank, ":", local_rank, "]:");
-  return absl::StrReplaceAll(tmpl, {{"${host}", host},
-                                    {"${role_name}", role},
-                                    {"${rank}", std::to_string(rank)},
-                                    {"${local_rank}", std::to_string(local_rank)}});
+  const std::string& t = tmpl.empty() ? std::string(kDefaultPrefixTemplate) : tmpl;
+  auto value = [&](absl::string_view name) -> std::optional<std::string> {
+    if (name == "role_name") return role;
+    if (name == "rank") return std::to_string(rank);
+    if (name == "local_rank") return std::to_string(local_rank);
+    if (name == "hostname" || name == "host") return host;
+    return std::nullopt;
+  };
+  auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  std::string out;
+  for (std::size_t i = 0; i < t.size();) {
+    if (t[i] != '$' || i + 1 >= t.size()) {
+      out.push_back(t[i++]);
+      continue;
+    }
+    if (t[i + 1] == '$') {  // $$ is one '$'
+      out.push_back('$');
+      i += 2;
+      continue;
+    }
+    std::size_t begin = i + 1, end = begin;
+    const bool braced = t[begin] == '{';
+    if (braced) {
+      end = t.find('}', begin);
+      if (end == std::string::npos) {
+        out.append(t, i, std::string::npos);
+        break;
+      }
+      ++begin;
+    } else {
+      // Python identifiers: a letter or '_' first.
+      if (!std::isalpha(static_cast<unsigned char>(t[begin])) && t[begin] != '_') {
+        out.push_back(t[i++]);
+        continue;
+      }
+      while (end < t.size() && ident(t[end])) ++end;
+    }
+    const std::optional<std::string> v = value(absl::string_view(t).substr(begin, end - begin));
+    const std::size_t next = braced ? end + 1 : end;
+    if (v) {
+      out += *v;
+    } else {
+      out.append(t, i, next - i);  // unknown: kept as written
+    }
+    i = next;
+  }
+  return out;
 }
 
 }  // namespace ddprun::agent

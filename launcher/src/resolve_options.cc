@@ -215,6 +215,8 @@ absl::Status ResolveOutput(const ResolveContext& ctx, ParsedCommand& out) {
   o.logs.tee = out.launcher.tee;
   o.logs.local_ranks_filter = out.launcher.local_ranks_filter;
   DDPRUN_ASSIGN_OR_RETURN(o.logs.prefix_output, flags.GetBool("prefix_output"));
+  // Else the agent reads TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else torchrun's default.
+  o.logs.prefix_template = flags.Get("log_line_prefix_template").value;
   const Knob& tail = KnobNamed("stderr_tail_lines");
   DDPRUN_ASSIGN_OR_RETURN(long tail_lines, ParseKnob(flags, tail, [&](const std::string& s) {
                             return ParseCount(s, tail.min, tail.max, tail.what);

@@ -1,6 +1,7 @@
 // Worker output with real ddprun processes: --log_dir layout (one attempt
-// directory per round), -r/--redirects, -t/--tee with [host:rank:local_rank]:
-// prefixes, --local_ranks_filter, --prefix_output, and the failure report's
+// directory per round), -r/--redirects, -t/--tee with torchrun's [default0]:
+// prefixes (ddprun's host-aware one through --log_line_prefix_template),
+// --local_ranks_filter, --prefix_output, and the failure report's
 // stderr tail, error-file message and log file, on one node and through the
 // daemon on two.
 #include <unistd.h>
@@ -87,7 +88,6 @@ TEST_CASE("-t 3: files and a prefixed console; --local_ranks_filter shows only s
           "[multiproc]") {
   Harness h;
   const std::string script = WriteScript(h);
-  const std::string host = ShortHostname();
   SECTION("tee") {
     const std::string logs = h.dir() + "/logs";
     Proc& p = h.StartDdprun("ddprun", {"--nproc_per_node=3", "--rdzv_id=teejob", "--tee=3",
@@ -97,13 +97,13 @@ TEST_CASE("-t 3: files and a prefixed console; --local_ranks_filter shows only s
     INFO("stdout:\n" << out << "\nstderr:\n" << err);
     for (int r = 0; r < 3; ++r) {
       const std::string rs = std::to_string(r);
-      const std::string prefix = "[" + host + ":" + rs + ":" + rs + "]:";
+      const std::string prefix = "[default" + rs + "]:";  // torchrun's
       CHECK(Has(out, prefix + "out of rank " + rs + " local " + rs + " restart 0\n"));
       CHECK(Has(err, prefix + "err of rank " + rs + " local " + rs + "\n"));
       CHECK(Has(ReadFile(logs + "/teejob/attempt_0/" + rs + "/stdout.log"), "out of rank " + rs));
     }
     // Every worker line on the console carries a prefix.
-    for (const std::string& line : Lines(out)) CHECK(line.rfind("[" + host + ":", 0) == 0);
+    for (const std::string& line : Lines(out)) CHECK(line.rfind("[default", 0) == 0);
   }
   SECTION("filter") {
     const std::string logs = h.dir() + "/logs";
@@ -112,7 +112,7 @@ TEST_CASE("-t 3: files and a prefixed console; --local_ranks_filter shows only s
     REQUIRE(h.Wait(p, 20) == 0);
     const std::string out = p.Out(), err = p.Err();
     INFO("stdout:\n" << out << "\nstderr:\n" << err);
-    CHECK(Has(out, "[" + host + ":1:1]:out of rank 1"));
+    CHECK(Has(out, "[default1]:out of rank 1"));
     CHECK_FALSE(Has(out, "out of rank 0"));
     CHECK_FALSE(Has(out, "out of rank 2"));
     CHECK_FALSE(Has(err, "err of rank 0"));
@@ -144,9 +144,21 @@ TEST_CASE("--prefix_output prefixes console lines without any file", "[multiproc
   REQUIRE(h.Wait(p, 20) == 0);
   const std::string out = p.Out(), err = p.Err();
   INFO("stdout:\n" << out << "\nstderr:\n" << err);
-  CHECK(Has(out, "[" + host + ":0:0]:out of rank 0 local 0 restart 0\n"));
-  CHECK(Has(out, "[" + host + ":1:1]:out of rank 1 local 1 restart 0\n"));
-  CHECK(Has(err, "[" + host + ":1:1]:err of rank 1 local 1\n"));
+  CHECK(Has(out, "[default0]:out of rank 0 local 0 restart 0\n"));
+  CHECK(Has(out, "[default1]:out of rank 1 local 1 restart 0\n"));
+  CHECK(Has(err, "[default1]:err of rank 1 local 1\n"));
+  // ddprun's host-aware prefix, one template away; the flag beats the variable.
+  Proc& q =
+      h.StartDdprun("ddprun2",
+                    {"--nproc_per_node=2", "--prefix_output",
+                     "--log-line-prefix-template=[${hostname}:${rank}:${local_rank}]:", script},
+                    {{"TMPDIR", tmp}, {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "env:"}});
+  REQUIRE(h.Wait(q, 20) == 0);
+  CHECK(Has(q.Out(), "[" + host + ":1:1]:out of rank 1 local 1 restart 0\n"));
+  Proc& e = h.StartDdprun("ddprun3", {"--nproc_per_node=1", "--prefix_output", script},
+                          {{"TMPDIR", tmp}, {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "$rank>"}});
+  REQUIRE(h.Wait(e, 20) == 0);
+  CHECK(Has(e.Out(), "0>out of rank 0"));
   // The temporary directory of the error files is gone: it held no logs.
   CHECK(ListDir(tmp).empty());
 }

@@ -149,10 +149,19 @@ TEST_CASE("stream plan: torchrun's -r/-t/filter, the tail and --prefix_output", 
   CHECK((out.console && out.prefix && out.NeedsPipe()));
 }
 
-TEST_CASE("line prefix: [host:rank:local_rank]: or torchrun's template", "[unit]") {
-  CHECK(LinePrefix("", "node1", "default", 5, 1) == "[node1:5:1]:");
+// As torch 2.11's torchrun printed them on a GPU machine (docs/gpu.md):
+// "[default0]:", "[rank0]:" with --role rank, and its template's macros.
+TEST_CASE("line prefix: torchrun's default and template macros", "[unit]") {
+  CHECK(LinePrefix("", "node1", "default", 5, 1) == "[default1]:");
+  CHECK(LinePrefix("", "node1", "rank", 5, 0) == "[rank0]:");
   CHECK(LinePrefix("[${role_name}${local_rank}]:", "node1", "trainer", 5, 1) == "[trainer1]:");
   CHECK(LinePrefix("${host}/${rank}> ", "n", "r", 12, 0) == "n/12> ");
+  CHECK(LinePrefix("[${hostname}:${rank}:${local_rank}]:", "node1", "d", 5, 1) == "[node1:5:1]:");
+  // Unbraced, as string.Template; unknown macros (2.11 has no ${pid}) kept.
+  CHECK(LinePrefix("$role_name-$rank-$local_rank-${pid}:", "h", "default", 0, 0) ==
+        "default-0-0-${pid}:");
+  CHECK(LinePrefix("$ranks $$rank ${rank", "h", "d", 3, 0) == "$ranks $rank ${rank");
+  CHECK(LinePrefix("cost $5 $", "h", "d", 3, 0) == "cost $5 $");
 }
 
 TEST_CASE("log pump: prefixed whole lines, raw files, the tail", "[unit]") {
@@ -257,6 +266,7 @@ TEST_CASE("worker logs: torchrun's layout, one attempt directory per round", "[u
   o.log_dir = d.path + "/logs";
   o.job_id = "job7";
   o.host = "node1";
+  o.role = "default";
   o.console_out = out.wr;
   o.console_err = err.wr;
   {
@@ -283,7 +293,7 @@ TEST_CASE("worker logs: torchrun's layout, one attempt directory per round", "[u
     Write(spec1.stderr_fd, "e1\n");
     logs.AfterSpawn(1);
     logs.Sync();
-    CHECK(err.Read() == "[node1:4:0]:e0\ne1\n");
+    CHECK(err.Read() == "[default0]:e0\ne1\n");
     CHECK(logs.StderrTail(1) == "e1");
     CHECK(logs.LogFile(0) == a + "0/stderr.log");
     CHECK(logs.LogFile(1) == a + "1/stdout.log");

@@ -40,8 +40,8 @@ struct LogSpec {
   // Lines of each worker's stderr kept in memory for the failure report;
   // 0 lets stderr inherit the console (no pipe, no tail).
   int stderr_tail_lines = kDefaultStderrTailLines;
-  // TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE (${host}, ${role_name}, ${rank},
-  // ${local_rank}); empty: "[host:rank:local_rank]:".
+  // --log_line_prefix_template, else TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE;
+  // empty: torchrun's default, kDefaultPrefixTemplate.
   std::string prefix_template;
 
   // Whether some worker's stream goes to a file (then a log dir is needed).
@@ -64,8 +64,14 @@ struct StreamPlan {
 
 StreamPlan PlanStream(const LogSpec& spec, int local_rank, StdStream stream);
 
-// The console prefix of one worker: the template with its macros replaced,
-// or "[host:rank:local_rank]:".
+// torchrun's console prefix: "[default0]:" ("[rank0]:" with --role rank).
+inline constexpr const char* kDefaultPrefixTemplate = "[${role_name}${local_rank}]:";
+
+// The console prefix of one worker: the template (empty: the default) with
+// its macros replaced as Python's string.Template.safe_substitute does for
+// torchrun: ${role_name}, ${rank}, ${local_rank}, ${hostname} (and ddprun's
+// ${host}, the same value), braced or not ($rank); $$ is a '$'; an unknown
+// macro stays as written (torch 2.11 leaves ${pid} so too).
 std::string LinePrefix(const std::string& tmpl, const std::string& host, const std::string& role,
                        int rank, int local_rank);
 

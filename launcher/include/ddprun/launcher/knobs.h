@@ -192,15 +192,21 @@ inline constexpr Knob kKnobs[] = {
              "of the console"},
     {.name = "tee", .short_flag = "t", .yaml_key = "logs.tee", .type = ValueType::kStreams,
      .default_value = "0", .default_text = "0", .metavar = "0-3|RANK:V,...", .group = kGroupOutput,
-     .help = "Like --redirects, and also to the console, each line prefixed "
-             "[host:rank:local_rank]:"},
+     .help = "Like --redirects, and also to the console, each line prefixed as "
+             "--log_line_prefix_template says"},
     {.name = "local_ranks_filter", .yaml_key = "logs.local_ranks_filter",
      .type = ValueType::kRankList, .default_value = "", .default_text = "all",
      .metavar = "RANK,...", .group = kGroupOutput,
      .help = "Show only these local ranks' output on the console (files keep everything)"},
     {.name = "prefix_output", .yaml_key = "logs.prefix_output", .type = ValueType::kBool,
      .default_text = "off", .group = kGroupOutput,
-     .help = "Prefix every console line of the workers with [host:rank:local_rank]:"},
+     .help = "Prefix every console line of the workers, as -t does"},
+    {.name = "log_line_prefix_template", .type = ValueType::kText,
+     .default_text = "[${role_name}${local_rank}]:", .metavar = "TEMPLATE", .group = kGroupOutput,
+     .help = "Console prefix of -t and --prefix_output, with ${role_name}, ${rank}, "
+             "${local_rank} and ${hostname} (torchrun's macros; also "
+             "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE); [${hostname}:${rank}:${local_rank}]: "
+             "tells nodes apart"},
     // The one owner of this default; the agent gets it through AgentOptions::logs.
     {.name = "stderr_tail_lines", .yaml_key = "logs.stderr_tail_lines", .type = ValueType::kCount,
      .default_value = "20", .default_text = "20", .metavar = "N", .group = kGroupOutput,
