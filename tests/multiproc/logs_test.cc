@@ -273,13 +273,15 @@ TEST_CASE("two nodes through ddprund: every node's report has the failed worker'
                        {"--nnodes=2", "--nproc_per_node=2", "--node_rank=" + std::to_string(i),
                         "--local_addr=127.0.0." + std::to_string(i + 1),
                         "--rdzv_endpoint=127.0.0.1:" + std::to_string(port), "--rdzv_id=twonode",
-                        "--tee=3", "--log_dir=" + logs, script},
+                        "--tee=3", "--log_dir=" + logs,
+                        "--log_line_prefix_template=[${hostname}:${rank}:${local_rank}]:", script},
                        {{"FAIL_RANK", "3"}}));
   }
   for (Proc* n : nodes) {
     REQUIRE(h.Wait(*n, 30) == 1);
   }
-  // Node 1 runs global ranks 2-3 and prefixes with its --local_addr. (Node
+  // Node 1 runs global ranks 2-3 and, with the host-aware template, prefixes
+  // with its --local_addr. (Node
   // 0's workers may be stopped by the job's end before they print.)
   CHECK(Has(nodes[1]->Out(), "[127.0.0.2:3:1]:out of rank 3 local 1"));
   for (Proc* n : nodes) {
