@@ -14,8 +14,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <deque>
+#include <fstream>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <thread>
@@ -27,13 +30,13 @@
 #include "ddprun/agent/worker_env.h"
 #include "ddprun/agent/worker_group.h"
 #include "ddprun/agent/worker_logs.h"
-#include "monitoring.h"
 #include "ddprun/rendezvous/c10d_store_server.h"
 #include "ddprun/rendezvous/debug_log.h"
 #include "ddprun/rendezvous/errors.h"
 #include "ddprun/rendezvous/exit_codes.h"
 #include "ddprun/rendezvous/host_port.h"
 #include "ddprun/rendezvous/status_macros.h"
+#include "monitoring.h"
 
 namespace ddprun::agent {
 namespace {
@@ -99,8 +102,7 @@ class Agent::Impl {
       : options_(std::move(options)),
         clock_(deps.clock != nullptr ? *deps.clock : rdzv::SystemClock::Get()),
         launcher_(deps.launcher ? std::move(deps.launcher) : MakeBoostProcessLauncher()),
-        session_(deps.session ? std::move(deps.session)
-                              : MakeRendezvousSession(options_, clock_)),
+        session_(deps.session ? std::move(deps.session) : MakeRendezvousSession(options_, clock_)),
         own_events_(deps.events == nullptr ? MakeEventQueue(clock_) : nullptr),
         events_(deps.events != nullptr ? *deps.events : *own_events_),
         join_timeout_(rdzv::Seconds(options_.join_timeout_s)),
@@ -298,10 +300,11 @@ class Agent::Impl {
       if (!ws[j].exit || exit_seen_[j]) continue;
       exit_seen_[j] = true;
       const bool failed = !ws[j].exit->ok() && !ws[j].stopped_by_agent;
-      monitoring_->WorkerState(ws[j].local_rank,
-                               ws[j].stopped_by_agent ? "stopped" : failed ? "failed" : "exited");
-      monitoring_->Event(absl::StrCat("worker rank ", ws[j].global_rank, " ",
-                                      ws[j].exit->Describe()));
+      monitoring_->WorkerState(ws[j].local_rank, ws[j].stopped_by_agent ? "stopped"
+                                                 : failed               ? "failed"
+                                                                        : "exited");
+      monitoring_->Event(
+          absl::StrCat("worker rank ", ws[j].global_rank, " ", ws[j].exit->Describe()));
     }
   }
 
@@ -392,6 +395,30 @@ class Agent::Impl {
     const std::string block = FormatJobFailure(options_.job_id, reason, failures);
     std::fputs(block.c_str(), stderr);
     std::fflush(stderr);
+    WriteLauncherErrorFile(failures);
+  }
+
+  // torchrun's reply to a scheduler: the root cause in the launcher's own
+  // TORCHELASTIC_ERROR_FILE, when it has one (failure_report.h).
+  void WriteLauncherErrorFile(const std::vector<rdzv::WorkerFailure>& failures) {
+    auto it = base_env_.find("TORCHELASTIC_ERROR_FILE");
+    if (it == base_env_.end() || it->second.empty() || failures.empty()) return;
+    const rdzv::WorkerFailure& root = failures.front();
+    std::string root_file;
+    if (root.host == advertised_host_) {
+      for (const Worker& w : workers_.workers()) {
+        if (w.local_rank != root.local_rank || w.error_file.empty()) continue;
+        std::ifstream in(w.error_file, std::ios::binary);
+        root_file.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      }
+    }
+    std::ofstream out(it->second, std::ios::binary | std::ios::trunc);
+    out << LauncherErrorFileJson(root, root_file);
+    out.close();
+    if (!out) {
+      Log(absl::StrCat("could not write the job's error to TORCHELASTIC_ERROR_FILE=", it->second,
+                       ": ", std::strerror(errno)));
+    }
   }
 
   // ------------------------------------------------------------ the loop
@@ -431,7 +458,8 @@ class Agent::Impl {
                      " have joined; the job fails "
                      "with exit code ",
                      kExitRendezvousError, " unless ", options_.max_nodes, " nodes join by ",
-                     rdzv::WallClockAfter(until - clock_.Now()), " (in ", left, " s, --rdzv_conf join_timeout)"));
+                     rdzv::WallClockAfter(until - clock_.Now()), " (in ", left,
+                     " s, --rdzv_conf join_timeout)"));
   }
 
   // One round: join, run the workers, react. nullopt: join the next round.
@@ -666,7 +694,8 @@ class Agent::Impl {
       }
       next_try = clock_.Now() + backoff;
       // Replicas (docs/ha.md): one of them leads within the lease TTL; look often.
-      backoff = std::min(backoff * 2, session_->has_replicas() ? milliseconds(100) : milliseconds(500));
+      backoff =
+          std::min(backoff * 2, session_->has_replicas() ? milliseconds(100) : milliseconds(500));
     }
     return ReattachResult::kFailed;
   }
@@ -682,8 +711,7 @@ class Agent::Impl {
     absl::Status st;
     while (true) {
       st = session_->Report(*assignment_, outcome, failures, kReportTimeout);
-      if (st.ok() || rdzv::KindOf(st) != rdzv::ErrorKind::kConnection ||
-          clock_.Now() >= deadline) {
+      if (st.ok() || rdzv::KindOf(st) != rdzv::ErrorKind::kConnection || clock_.Now() >= deadline) {
         break;
       }
       moved = true;
@@ -836,12 +864,12 @@ class Agent::Impl {
   // not a worker failure.
   bool membership_changed_ = false;
   WorkerGroup workers_;
-  std::unique_ptr<WorkerLogs> logs_;  // set by Run()
+  std::unique_ptr<WorkerLogs> logs_;        // set by Run()
   std::unique_ptr<Monitoring> monitoring_;  // set once the session is open
   // When the side services start (kServicesDelay), until they have.
   std::optional<TimePoint> services_due_;
   bool services_started_ = false;
-  std::vector<bool> exit_seen_;             // by local rank: exit sent to monitoring
+  std::vector<bool> exit_seen_;  // by local rank: exit sent to monitoring
 };
 
 Agent::Agent(AgentOptions options, std::unique_ptr<ProcessLauncher> launcher)

@@ -124,4 +124,23 @@ std::string FormatJobFailure(const std::string& job_id, const std::string& reaso
   return block;
 }
 
+std::string LauncherErrorFileJson(const rendezvous::WorkerFailure& root,
+                                  absl::string_view root_error_file) {
+  const int code = root.signal != 0 ? -root.signal : root.exit_code;
+  nlohmann::json doc = nlohmann::json::parse(root_error_file.begin(), root_error_file.end(),
+                                             /*cb=*/nullptr, /*allow_exceptions=*/false);
+  if (doc.is_object() && doc.contains("message") && doc["message"].is_object()) {
+    doc["message"]["errorCode"] = code;
+    return doc.dump();
+  }
+  nlohmann::json out;
+  out["message"]["message"] =
+      root.error_message.empty() ? DescribeFailure(root) : root.error_message;
+  out["message"]["extraInfo"]["py_callstack"] = root.stderr_tail;
+  out["message"]["extraInfo"]["timestamp"] =
+      std::to_string(static_cast<std::int64_t>(root.timestamp));
+  out["message"]["errorCode"] = code;
+  return out.dump();
+}
+
 }  // namespace ddprun::agent

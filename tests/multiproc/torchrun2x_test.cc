@@ -144,3 +144,44 @@ TEST_CASE("torchrun 2.x row: --event-log-handler and TORCHELASTIC_SIGNALS_TO_HAN
   CHECK(h.Wait(r, 20) == 2);
   CHECK(Has(r.Err(), "--logs_specs=custom: torchrun's log layout plugins"));
 }
+
+TEST_CASE("torchrun 2.x row: the launcher's TORCHELASTIC_ERROR_FILE", "[multiproc]") {
+  Harness h;
+  const std::string path = h.dir() + "/fail.sh";
+  {
+    // Rank 1 leaves a torchelastic @record file and exits 1; rank 0 succeeds.
+    std::ofstream f(path);
+    f << "#!/bin/sh\n"
+         "if [ \"$RANK\" = 1 ]; then\n"
+         "  printf '{\"message\": {\"message\": \"ValueError: boom\", \"extraInfo\": "
+         "{\"py_callstack\": \"tb\", \"timestamp\": \"1\"}}}' > \"$TORCHELASTIC_ERROR_FILE\"\n"
+         "  exit 1\n"
+         "fi\n"
+         "exit 0\n";
+  }
+  REQUIRE(::chmod(path.c_str(), 0755) == 0);
+  const std::string reply = h.dir() + "/launcher_error.json";
+  Proc& p = h.StartDdprun("ddprun", {"--standalone", "--nproc_per_node=2", path},
+                          {{"TORCHELASTIC_ERROR_FILE", reply}});
+  CHECK(h.Wait(p, 20) == 1);
+  INFO("stderr:\n" << p.Err());
+  const std::string json = ReadFile(reply);
+  CHECK(Has(json, "\"message\":\"ValueError: boom\""));
+  CHECK(Has(json, "\"errorCode\":1"));
+  CHECK(Has(json, "\"py_callstack\":\"tb\""));
+  // A worker that wrote nothing: the report's description, its exit code.
+  const std::string plain = h.dir() + "/exit85.sh";
+  {
+    std::ofstream f(plain);
+    f << "#!/bin/sh\necho dying >&2\nexit 85\n";
+  }
+  REQUIRE(::chmod(plain.c_str(), 0755) == 0);
+  const std::string reply2 = h.dir() + "/launcher_error2.json";
+  Proc& q = h.StartDdprun("ddprun2", {"--standalone", plain},
+                          {{"TORCHELASTIC_ERROR_FILE", reply2}});
+  CHECK(h.Wait(q, 20) == 1);
+  const std::string json2 = ReadFile(reply2);
+  CHECK(Has(json2, "exited with exit code 85"));
+  CHECK(Has(json2, "\"errorCode\":85"));
+  CHECK(Has(json2, "\"py_callstack\":\"dying\""));
+}

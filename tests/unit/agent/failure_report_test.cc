@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "agent_fakes.h"
 
@@ -53,6 +54,40 @@ TEST_CASE("error file: torchelastic's @record JSON", "[unit]") {
   CHECK(ReadErrorMessage(f) == "oops, not json");
   CHECK(ReadErrorMessage(d.path + "/missing.json").empty());
   CHECK(ReadErrorMessage("").empty());
+}
+
+// As torch 2.11's torchrun wrote its own TORCHELASTIC_ERROR_FILE on a GPU
+// machine (tests/gpu/torchrun_side_by_side.py): the root cause's @record
+// JSON with message.errorCode added.
+TEST_CASE("the launcher's TORCHELASTIC_ERROR_FILE: torchrun's root-cause JSON", "[unit]") {
+  rendezvous::WorkerFailure f;
+  f.host = "n1";
+  f.global_rank = 1;
+  f.local_rank = 1;
+  f.exit_code = 1;
+  f.timestamp = 1700000000.5;
+  f.error_message = "ValueError: boom";
+  f.stderr_tail = "Traceback ...\nValueError: boom";
+  const std::string record =
+      R"({"message": {"message": "ValueError: boom", "extraInfo": {"py_callstack": "tb", "timestamp": "1"}}})";
+  nlohmann::json j = nlohmann::json::parse(LauncherErrorFileJson(f, record));
+  CHECK(j["message"]["message"] == "ValueError: boom");
+  CHECK(j["message"]["extraInfo"]["py_callstack"] == "tb");
+  CHECK(j["message"]["errorCode"] == 1);
+  // No error file (another node's worker, or none written): built from the report.
+  f.signal = 9;
+  f.exit_code = 0;
+  j = nlohmann::json::parse(LauncherErrorFileJson(f, ""));
+  CHECK(j["message"]["message"] == "ValueError: boom");
+  CHECK(j["message"]["extraInfo"]["py_callstack"] == "Traceback ...\nValueError: boom");
+  CHECK(j["message"]["extraInfo"]["timestamp"] == "1700000000");
+  CHECK(j["message"]["errorCode"] == -9);
+  f.error_message.clear();
+  j = nlohmann::json::parse(LauncherErrorFileJson(f, "not json"));
+  CHECK(j["message"]["message"] ==
+        "worker rank 1 (local rank 1) on n1 exited with signal SIGKILL (9)");
+  // ParseErrorFileMessage reads it back as any error file.
+  CHECK(ParseErrorFileMessage(LauncherErrorFileJson(f, "")) == j["message"]["message"]);
 }
 
 TEST_CASE("failure details: error message, log file, stderr tail", "[unit]") {

@@ -44,4 +44,15 @@ std::string FormatFailureDetails(const rendezvous::WorkerFailure& failure);
 std::string FormatJobFailure(const std::string& job_id, const std::string& reason,
                              const std::vector<rendezvous::WorkerFailure>& failures);
 
+// What torchrun leaves in its own TORCHELASTIC_ERROR_FILE (the file a
+// scheduler such as TorchX reads) after a failed job: the root cause's error
+// file, `root_error_file` (its text; "" when that worker wrote none or ran on
+// another node), with message.errorCode set to its exit code (-signal for a
+// signal), as torch's ErrorHandler.dump_error_file writes it. Without one:
+//   {"message": {"message": "<the error message, or the failure's description>",
+//                "extraInfo": {"py_callstack": "<stderr tail>", "timestamp": "<s>"},
+//                "errorCode": N}}
+std::string LauncherErrorFileJson(const rendezvous::WorkerFailure& root,
+                                  absl::string_view root_error_file);
+
 }  // namespace ddprun::agent
