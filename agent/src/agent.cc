@@ -549,6 +549,16 @@ class Agent::Impl {
                      a.group_rank, " of ", a.group_world_size, ", master ",
                      rdzv::FormatHostPort(a.master_addr, a.master_port), ", restart ",
                      a.restart_count));
+    if (options_.mode != RendezvousMode::kStatic && options_.node_rank >= 0 &&
+        options_.node_rank != a.group_rank && !warned_node_rank_) {
+      // c10d: --node_rank is a preference (torchrun ignores it there).
+      warned_node_rank_ = true;
+      Log(absl::StrCat("--node_rank=", options_.node_rank,
+                       " was not this node's to take (another "
+                       "node asked first, or ranks are assigned in order); it is node ",
+                       a.group_rank,
+                       ". With c10d --node_rank is a preference; torchrun ignores it"));
+    }
     if (a.group_rank == 0) {  // this agent's store serves every worker of the job
       const std::string warning =
           rdzv::StoreCapacityWarning(a.world_size, rdzv::RaiseOpenFileLimit());
@@ -851,6 +861,7 @@ class Agent::Impl {
   const Duration grace_period_;
 
   std::optional<SignalWatcher> watcher_;  // with own_events_ only
+  bool warned_node_rank_ = false;
   Env base_env_;
   std::deque<Event> deferred_;
   int pending_signal_ = 0;  // a terminating signal seen during Open()

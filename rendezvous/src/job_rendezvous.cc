@@ -56,32 +56,29 @@ absl::Status JobRendezvous::CheckCompatible(const JoinSpec& spec) const {
         "); run the same ddprun version on every node");
   }
   if (spec.nproc < 1 || spec.min_nodes < 1 || spec.min_nodes > spec.max_nodes) {
-    return absl::InvalidArgumentError(Prefix() + "invalid job shape: nproc " +
-                                      std::to_string(spec.nproc) + ", nnodes " +
-                                      std::to_string(spec.min_nodes) + ":" +
-                                      std::to_string(spec.max_nodes));
+    return absl::InvalidArgumentError(
+        Prefix() + "invalid job shape: nproc " + std::to_string(spec.nproc) + ", nnodes " +
+        std::to_string(spec.min_nodes) + ":" + std::to_string(spec.max_nodes));
   }
   if (spec.requested_rank >= spec.max_nodes) {
-    return absl::InvalidArgumentError(Prefix() + "node rank " +
-                                      std::to_string(spec.requested_rank) +
-                                      " is out of range for --nnodes " +
-                                      std::to_string(spec.max_nodes) +
-                                      "; use a node rank below the node count");
+    return absl::InvalidArgumentError(
+        Prefix() + "node rank " + std::to_string(spec.requested_rank) +
+        " is out of range for --nnodes " + std::to_string(spec.max_nodes) +
+        "; use a node rank below the node count");
   }
   if (!shaped_) return absl::OkStatus();
   if (spec.join_token != shape_.join_token) {
-    return absl::PermissionDeniedError(Prefix() + "wrong join token for this job; pass the "
-                                                  "job's token (--rdzv_conf token=...)");
+    return absl::PermissionDeniedError(Prefix() +
+                                       "wrong join token for this job; pass the "
+                                       "job's token (--rdzv_conf token=...)");
   }
-  auto mismatch = [&](const std::string& what, const std::string& theirs,
-                      const std::string& ours) {
+  auto mismatch = [&](const std::string& what, const std::string& theirs, const std::string& ours) {
     return absl::FailedPreconditionError(Prefix() + "this node's " + what + " (" + theirs +
                                          ") differs from the job's (" + ours +
                                          "); start every node of a job with the same " + what);
   };
   if (spec.nproc != shape_.nproc)
-    return mismatch("--nproc_per_node", std::to_string(spec.nproc),
-                    std::to_string(shape_.nproc));
+    return mismatch("--nproc_per_node", std::to_string(spec.nproc), std::to_string(shape_.nproc));
   if (spec.min_nodes != shape_.min_nodes || spec.max_nodes != shape_.max_nodes)
     return mismatch("--nnodes",
                     std::to_string(spec.min_nodes) + ":" + std::to_string(spec.max_nodes),
@@ -93,12 +90,10 @@ absl::Status JobRendezvous::CheckCompatible(const JoinSpec& spec) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> JobRendezvous::Join(const JoinSpec& spec,
-                                                std::vector<Delivery>* out) {
+absl::StatusOr<std::string> JobRendezvous::Join(const JoinSpec& spec, std::vector<Delivery>* out) {
   if (state_ == State::kClosed) {
-    return ClosedError(
-        Prefix() + "the job is closed (" + close_reason_ +
-        "); start a new job with a different --rdzv_id");
+    return ClosedError(Prefix() + "the job is closed (" + close_reason_ +
+                       "); start a new job with a different --rdzv_id");
   }
   DDPRUN_RETURN_IF_ERROR(CheckCompatible(spec));
   if (spec.resume_round >= 0) return Resume(spec, out);
@@ -121,16 +116,23 @@ absl::StatusOr<std::string> JobRendezvous::Join(const JoinSpec& spec,
     return absl::AlreadyExistsError(Prefix() + "agent " + node_id +
                                     " is already a member of this job");
   }
-  if (spec.requested_rank >= 0) {
-    if (const Member* other = RankHolder(spec.requested_rank)) {
-      return absl::AlreadyExistsError(
-          Prefix() + "node rank " + std::to_string(spec.requested_rank) +
-          " is already claimed by the agent at " + NodeIdOf(other->spec) +
-          "; give each node a distinct --node_rank");
+  // --node_rank is a preference under c10d (torchrun ignores it): a rank
+  // another member holds falls back to arrival order; the agent says so when
+  // its assignment differs from what it asked for.
+  JoinSpec seat = spec;
+  if (seat.requested_rank >= 0) {
+    if (RankHolder(seat.requested_rank) != nullptr) {
+      seat.requested_rank = -1;
+    } else {
+      // A join refused below leaves a stale entry, which RankHolder drops.
+      rank_holders_[seat.requested_rank] = node_id;
     }
-    // A join refused below leaves a stale entry, which RankHolder drops.
-    rank_holders_[spec.requested_rank] = node_id;
   }
+  return Admit(node_id, seat, out);
+}
+
+std::string JobRendezvous::Admit(const std::string& node_id, const JoinSpec& spec,
+                                 std::vector<Delivery>* out) {
   if (!shaped_) {
     shaped_ = true;
     shape_ = spec;
@@ -208,8 +210,7 @@ void JobRendezvous::Complete(std::vector<Delivery>* out) {
   int base = 0;
   for (std::size_t i = 0; i < order.size(); ++i) {
     const Member& m = members_.at(order[i].id);
-    assigned_.push_back(
-        NodeInfo{static_cast<int>(i), m.spec.host, m.spec.pid, m.spec.nproc, base});
+    assigned_.push_back(NodeInfo{static_cast<int>(i), m.spec.host, m.spec.pid, m.spec.nproc, base});
     base += m.spec.nproc;
   }
   state_ = State::kRunning;
@@ -260,8 +261,9 @@ absl::StatusOr<std::string> JobRendezvous::Resume(const JoinSpec& spec,
         ", which this server never reached; was ddprund restarted without its --state_dir?");
   }
   // The job moved on while the agent was away: it must join the next round.
-  out->push_back({node_id, RestartRound{round_, "the job moved on while this agent was "
-                                                "disconnected from the rendezvous",
+  out->push_back({node_id, RestartRound{round_,
+                                        "the job moved on while this agent was "
+                                        "disconnected from the rendezvous",
                                         false}});
   return node_id;
 }
@@ -306,11 +308,10 @@ void JobRendezvous::Close(bool success, const std::string& reason, std::vector<D
 }
 
 absl::Status JobRendezvous::Abort(std::int64_t round, const std::string& reason,
-                                  std::vector<WorkerFailure> failures,
-                                  std::vector<Delivery>* out) {
+                                  std::vector<WorkerFailure> failures, std::vector<Delivery>* out) {
   if (state_ != State::kRunning || round != round_) {
-    return absl::FailedPreconditionError(Prefix() + "cannot abort round " +
-                                         std::to_string(round) + ": it is not running");
+    return absl::FailedPreconditionError(Prefix() + "cannot abort round " + std::to_string(round) +
+                                         ": it is not running");
   }
   for (auto& f : failures) {
     f.round = round_;
@@ -320,14 +321,14 @@ absl::Status JobRendezvous::Abort(std::int64_t round, const std::string& reason,
   return absl::OkStatus();
 }
 
-absl::Status JobRendezvous::Report(const std::string& node_id, std::int64_t round,
-                                   Outcome outcome, std::vector<WorkerFailure> failures,
-                                   std::vector<Delivery>* out, const std::string& cause) {
+absl::Status JobRendezvous::Report(const std::string& node_id, std::int64_t round, Outcome outcome,
+                                   std::vector<WorkerFailure> failures, std::vector<Delivery>* out,
+                                   const std::string& cause) {
   if (state_ == State::kClosed) return absl::OkStatus();  // late reports change nothing
   if (round != round_) {
-    return absl::FailedPreconditionError(
-        Prefix() + "report from agent " + node_id + " is for round " + std::to_string(round) +
-        ", which is over; the agent is stale and must re-join");
+    return absl::FailedPreconditionError(Prefix() + "report from agent " + node_id +
+                                         " is for round " + std::to_string(round) +
+                                         ", which is over; the agent is stale and must re-join");
   }
   auto it = members_.find(node_id);
   if (it == members_.end() || state_ != State::kRunning) {
@@ -357,13 +358,11 @@ absl::Status JobRendezvous::Report(const std::string& node_id, std::int64_t roun
       if (restart_count_ > shape_.max_restarts) {
         Close(false,
               (cause.empty() ? std::string("a worker failed") : cause) +
-                  " and the restart budget (" + std::to_string(shape_.max_restarts) +
-                  ") is spent",
+                  " and the restart budget (" + std::to_string(shape_.max_restarts) + ") is spent",
               out);
         return absl::OkStatus();
       }
-      std::string reason = (cause.empty() ? "worker failure on " + node_id : cause) +
-                           " (restart " +
+      std::string reason = (cause.empty() ? "worker failure on " + node_id : cause) + " (restart " +
                            std::to_string(restart_count_) + " of " +
                            std::to_string(shape_.max_restarts) + ")";
       OpenNextRound(reason, /*counts_as_failure=*/true, out, /*failed_node=*/node_id);
@@ -381,8 +380,8 @@ void JobRendezvous::HandleDeparture(const std::string& node_id, const std::strin
                                     std::vector<Delivery>* out) {
   // Every remaining member either finished or must re-rendezvous without the
   // departed node.
-  bool any_running = std::any_of(members_.begin(), members_.end(),
-                                 [](const auto& kv) { return !kv.second.done; });
+  bool any_running =
+      std::any_of(members_.begin(), members_.end(), [](const auto& kv) { return !kv.second.done; });
   if (!any_running) {
     if (members_.empty() && spares_.empty()) {
       Close(false, reason, out);
@@ -540,7 +539,9 @@ JobSnapshot JobRendezvous::Snapshot() const {
   s.store_token = store_token_;
   s.shaped = shaped_;
   s.shape = shape_;
-  s.state = state_ == State::kRunning ? "running" : state_ == State::kClosed ? "closed" : "gathering";
+  s.state = state_ == State::kRunning  ? "running"
+            : state_ == State::kClosed ? "closed"
+                                       : "gathering";
   s.round = round_;
   s.restart_count = restart_count_;
   if (state_ == State::kRunning) {

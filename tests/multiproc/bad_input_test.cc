@@ -66,8 +66,7 @@ TEST_CASE("bad command lines: one line on stderr, exit 2, fast", "[multiproc]") 
     ExpectOneLineError({"--cpu_bind=socket", fw}, 2, "must be auto, none, core or numa");
   }
   SECTION("--cpu_bind=core with more workers than cores") {
-    ExpectOneLineError({"--cpu_bind=core", "--nproc_per_node=4096", fw}, 2,
-                       "use --cpu_bind=none");
+    ExpectOneLineError({"--cpu_bind=core", "--nproc_per_node=4096", fw}, 2, "use --cpu_bind=none");
   }
   SECTION("missing script") { ExpectOneLineError({"/nonexistent/dir/train.py"}, 2, "not found"); }
   SECTION("--no_python on a file that is not executable") {
@@ -140,7 +139,10 @@ TEST_CASE("ddprund on a port in use: one line, exit 1", "[multiproc]") {
   h.StopDaemon(*first);
 }
 
-TEST_CASE("two agents claiming the same --node_rank: the second is refused", "[multiproc]") {
+// torchrun ignores --node_rank under c10d, so launch scripts that pass one
+// constant on every node run there; here it is a preference: the second node
+// asking for a taken rank gets the next one and says so in one line.
+TEST_CASE("two agents asking for the same --node_rank: both run, the second warns", "[multiproc]") {
   Harness h;
   Proc* daemon = nullptr;
   const int port = h.StartDaemon("ddprund", &daemon);
@@ -159,17 +161,13 @@ TEST_CASE("two agents claiming the same --node_rank: the second is refused", "[m
                     {"--nnodes=2", "--node_rank=0", endpoint, "--rdzv_id=dup",
                      "--local_addr=127.0.0.2", "--rdzv_conf=join_timeout=20", FixtureWorker()},
                     env);
-  const int rc = h.Wait(b, 10);
-  INFO("b stderr:\n" << b.Err());
-  CHECK(rc != 0);
-  CHECK(rc == 3);
-  CHECK(b.Err().find("already claimed") != std::string::npos);
-  CHECK(b.Seconds() < 3.0);
-  // The first agent is still waiting for a second node; stop it.
-  REQUIRE_FALSE(a.exit.has_value());
-  REQUIRE(::kill(a.pid, SIGTERM) == 0);
-  CHECK(h.Wait(a, 10) == 143);
-  CHECK(ReadPids(pids).empty());
+  const int rc = h.Wait(b, 20);
+  INFO("a stderr:\n" << a.Err() << "b stderr:\n" << b.Err());
+  CHECK(rc == 0);
+  CHECK(h.Wait(a, 20) == 0);
+  CHECK(b.Err().find("--node_rank=0 was not this node's to take") != std::string::npos);
+  CHECK(b.Err().find("it is node 1") != std::string::npos);
+  CHECK(a.Err().find("was not this node's") == std::string::npos);
 
   // The daemon still serves jobs, including one with the same node ranks.
   const std::string out = h.MakeDir("out");

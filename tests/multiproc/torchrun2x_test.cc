@@ -177,11 +177,34 @@ TEST_CASE("torchrun 2.x row: the launcher's TORCHELASTIC_ERROR_FILE", "[multipro
   }
   REQUIRE(::chmod(plain.c_str(), 0755) == 0);
   const std::string reply2 = h.dir() + "/launcher_error2.json";
-  Proc& q = h.StartDdprun("ddprun2", {"--standalone", plain},
-                          {{"TORCHELASTIC_ERROR_FILE", reply2}});
+  Proc& q =
+      h.StartDdprun("ddprun2", {"--standalone", plain}, {{"TORCHELASTIC_ERROR_FILE", reply2}});
   CHECK(h.Wait(q, 20) == 1);
   const std::string json2 = ReadFile(reply2);
   CHECK(Has(json2, "exited with exit code 85"));
   CHECK(Has(json2, "\"errorCode\":85"));
   CHECK(Has(json2, "\"py_callstack\":\"dying\""));
+}
+
+TEST_CASE("torchrun 2.x row: the same --node_rank on every node of a c10d job", "[multiproc]") {
+  Harness h;
+  const std::string w = WriteWorker(h);
+  const std::string endpoint = "--rdzv_endpoint=127.0.0.1:" + std::to_string(FreePort());
+  std::vector<Proc*> nodes;
+  for (int i = 0; i < 2; ++i) {
+    nodes.push_back(
+        &h.StartDdprun("node" + std::to_string(i),
+                       {"--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d", endpoint,
+                        "--rdzv_id=same0", "--node_rank=0", "--rdzv_conf=join_timeout=20", w}));
+    if (i == 0) SleepMs(300);  // the first hosts the rendezvous
+  }
+  std::string out;
+  for (Proc* n : nodes) {
+    INFO(n->name << " stderr:\n" << n->Err());
+    CHECK(h.Wait(*n, 30) == 0);
+    out += n->Out();
+  }
+  CHECK(Has(out, "ENV rank=0 "));
+  CHECK(Has(out, "ENV rank=1 "));
+  CHECK(Has(nodes[1]->Err() + nodes[0]->Err(), "--node_rank=0 was not this node's to take"));
 }

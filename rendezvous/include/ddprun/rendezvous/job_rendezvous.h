@@ -165,6 +165,10 @@ class JobRendezvous {
   void Close(bool success, const std::string& reason, std::vector<Delivery>* out);
   void AddToGathering(const std::string& node_id, const JoinSpec& spec,
                       std::vector<Delivery>* out);
+  // Join's second half, once the node's seat request is settled: the node
+  // becomes a member (or a spare) of the gathering or running job.
+  std::string Admit(const std::string& node_id, const JoinSpec& spec,
+                    std::vector<Delivery>* out);
   std::string Prefix() const;
   void NoteDeadline(TimePoint t);
   // The member or spare that requested `rank` (--node_rank), if any: O(log N)
