@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "ddprun/launcher/cli.h"
 #include "ddprun/launcher/knobs.h"
 #include "ddprun/rendezvous/host_port.h"
 
@@ -114,6 +115,10 @@ std::string RenderMergedConfig(const MergedJobView& v) {
     Line(out, label, value, From(from));
   }
   Line(out, "command", absl::StrJoin(o.command, " "), From(v.command_from));
+  if (const PythonChoice py = ChoosePython(env, SelfExe());
+      !o.command.empty() && o.command[0] == py.path) {
+    Line(out, "python", py.path, py.why);
+  }
   if (!v.placement.empty()) Line(out, "placement", v.placement, "");
 
   // What every worker gets on top of the node's environment.

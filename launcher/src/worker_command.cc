@@ -45,18 +45,16 @@ std::optional<std::string> FindOnPath(const std::string& name, const Env& env) {
   return std::nullopt;
 }
 
-std::string PythonExec(const Env& env) {
-  auto it = env.find("PYTHON_EXEC");
-  return it != env.end() && !it->second.empty() ? it->second : kDefaultPythonExec;
-}
+std::string PythonExec(const Env& env) { return ChoosePython(env, SelfExe()).path; }
 
 absl::Status CheckPython(const std::string& python, const Env& env) {
   const bool found = python.find('/') != std::string::npos ? IsExecutableFile(python)
                                                            : FindOnPath(python, env).has_value();
   if (found) return absl::OkStatus();
   return UsageError(absl::StrCat("Python interpreter '", python,
-                                 "' not found; install it or set PYTHON_EXEC to one (PyTorch from "
-                                 "Debian: PYTHON_EXEC=/usr/bin/python3)"));
+                                 "' not found; activate your virtual environment, or set "
+                                 "PYTHON_EXEC to the interpreter that has PyTorch (Debian's: "
+                                 "PYTHON_EXEC=/usr/bin/python3)"));
 }
 
 std::vector<std::string> Concat(std::vector<std::string> head,
@@ -66,6 +64,39 @@ std::vector<std::string> Concat(std::vector<std::string> head,
 }
 
 }  // namespace
+
+std::string SelfExe() {
+  std::error_code ec;
+  const std::filesystem::path p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string() : p.string();
+}
+
+PythonChoice ChoosePython(const Env& env, const std::string& self_exe) {
+  auto get = [&](const char* name) -> std::string {
+    auto it = env.find(name);
+    return it == env.end() ? std::string() : it->second;
+  };
+  if (std::string v = get("PYTHON_EXEC"); !v.empty()) return {v, "PYTHON_EXEC"};
+  for (const char* var : {"VIRTUAL_ENV", "CONDA_PREFIX"}) {
+    const std::string root = get(var);
+    if (root.empty()) continue;
+    for (const char* name : {"python", "python3"}) {
+      const std::string candidate = absl::StrCat(root, "/bin/", name);
+      if (IsExecutableFile(candidate)) {
+        return {candidate, absl::StrCat("the environment in ", var, "=", root)};
+      }
+    }
+  }
+  if (!self_exe.empty()) {
+    const std::filesystem::path bin = std::filesystem::path(self_exe).parent_path();
+    const std::string candidate = (bin / "python3").string();
+    if (PathExists((bin.parent_path() / "pyvenv.cfg").string()) && IsExecutableFile(candidate)) {
+      return {candidate, absl::StrCat("the virtual environment ddprun is installed in (",
+                                      bin.parent_path().string(), ")")};
+    }
+  }
+  return {kDefaultPythonExec, "python3 on PATH (no PYTHON_EXEC, VIRTUAL_ENV or CONDA_PREFIX)"};
+}
 
 int CountNvidiaGpus(const std::string& dev_dir, const std::string& proc_gpus_dir) {
   namespace fs = std::filesystem;

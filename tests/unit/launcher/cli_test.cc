@@ -656,6 +656,57 @@ TEST_CASE("worker command: PYTHON_EXEC", "[unit]") {
   CHECK_THAT(Err({S().Path("train.py")}, no_python), Contains("'python3' not found"));
 }
 
+// torchrun runs workers with its own interpreter (sys.executable), so a
+// torchrun inside a venv uses the venv's Python even when it is not activated.
+TEST_CASE("worker command: the interpreter a torchrun in the same environment would use",
+          "[unit]") {
+  char tmpl[] = "/tmp/ddprun_python_choice_XXXXXX";
+  const fs::path root = ::mkdtemp(tmpl);
+  auto exe = [&](const fs::path& p) {
+    fs::create_directories(p.parent_path());
+    std::ofstream(p) << "#!/bin/sh\n";
+    ::chmod(p.c_str(), 0755);
+  };
+  exe(root / "venv/bin/python");
+  exe(root / "venv/bin/python3");
+  exe(root / "venv/bin/ddprun");
+  std::ofstream(root / "venv/pyvenv.cfg") << "home = /usr/bin\n";
+  exe(root / "conda/bin/python");
+  exe(root / "usr/bin/python3");
+  exe(root / "usr/bin/ddprun");  // a system install: not a venv, PATH decides
+  const std::string venv = (root / "venv").string(), conda = (root / "conda").string();
+
+  Env env = BaseEnv();
+  PythonChoice c = ChoosePython(env, "");
+  CHECK(c.path == "python3");
+  CHECK_THAT(c.why, Contains("python3 on PATH"));
+  env["CONDA_PREFIX"] = conda;
+  CHECK(ChoosePython(env, "").path == conda + "/bin/python");
+  env["VIRTUAL_ENV"] = venv;  // a venv beats conda's base
+  c = ChoosePython(env, "");
+  CHECK(c.path == venv + "/bin/python");
+  CHECK_THAT(c.why, Contains("VIRTUAL_ENV=" + venv));
+  env["PYTHON_EXEC"] = "/opt/py/bin/python3";
+  CHECK(ChoosePython(env, "").path == "/opt/py/bin/python3");
+  CHECK(ChoosePython(env, "").why == "PYTHON_EXEC");
+  // ddprun installed into a venv that is not activated: that venv's Python.
+  Env plain = BaseEnv();
+  c = ChoosePython(plain, venv + "/bin/ddprun");
+  CHECK(c.path == venv + "/bin/python3");
+  CHECK_THAT(c.why, Contains("the virtual environment ddprun is installed in"));
+  CHECK(ChoosePython(plain, (root / "usr/bin/ddprun").string()).path == "python3");
+  // A VIRTUAL_ENV without an interpreter (deleted venv) is passed over.
+  plain["VIRTUAL_ENV"] = (root / "gone").string();
+  CHECK(ChoosePython(plain, "").path == "python3");
+  // Through the command line: the worker command uses it.
+  Env active = BaseEnv();
+  active["VIRTUAL_ENV"] = venv;
+  CHECK(Ok({S().Path("train.py")}, active).options.command ==
+        std::vector<std::string>{venv + "/bin/python", "-u", S().Path("train.py")});
+  std::error_code ec;
+  fs::remove_all(root, ec);
+}
+
 TEST_CASE("worker command: -m runs a module", "[unit]") {
   auto p = Ok({"-m", "pkg.train", "--lr", "0.1"});
   CHECK(p.options.command ==

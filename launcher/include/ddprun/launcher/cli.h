@@ -29,7 +29,22 @@ namespace ddprun::launcher {
 
 using agent::Env;
 
-inline constexpr const char* kDefaultPythonExec = "python3";  // PYTHON_EXEC overrides it
+inline constexpr const char* kDefaultPythonExec = "python3";  // on PATH, the last resort
+
+// The interpreter of Python workers, as a torchrun in the same environment
+// would run them (torchrun uses its own interpreter, sys.executable): the
+// first of PYTHON_EXEC; $VIRTUAL_ENV/bin/python (a venv, activated or merely
+// named); $CONDA_PREFIX/bin/python; python3 beside the ddprun executable when
+// that directory is a venv's bin/ (`pip install` of ddprun into a venv); else
+// python3 on PATH. `why` says which rule chose it, for --print-config.
+struct PythonChoice {
+  std::string path;
+  std::string why;
+};
+// `self_exe`: the running ddprun's path ("" to skip that rule).
+PythonChoice ChoosePython(const Env& env, const std::string& self_exe);
+// The running executable (/proc/self/exe), "" when unknown.
+std::string SelfExe();
 
 // Which standard streams of a worker go to files, torchrun's -r/-t value
 // (agent/log_spec.h).
@@ -115,7 +130,7 @@ struct ScriptSpec {
 //  - otherwise: SCRIPT ARGS if SCRIPT is an executable file not ending in .py
 //               (a path with '/', a file in the working directory, or a name
 //               found on PATH), else $PYTHON_EXEC -u SCRIPT ARGS.
-// PYTHON_EXEC defaults to python3. Warnings go to `warnings` when non-null.
+// $PYTHON_EXEC is ChoosePython's choice. Warnings go to `warnings` when non-null.
 absl::StatusOr<std::vector<std::string>> BuildWorkerCommand(const ScriptSpec& spec, const Env& env,
                                                             std::vector<std::string>* warnings);
 
