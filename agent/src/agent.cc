@@ -312,7 +312,7 @@ class Agent::Impl {
   bool SpawnWorkers() {
     workers_.Clear();
     const rdzv::Assignment& a = *assignment_;
-    logs_->BeginRound(a.round);
+    logs_->BeginRound(a.restart_count);
     exit_seen_.assign(a.local_world_size, false);
     if (monitoring_) monitoring_->BeginRound(a);
     WorkerEnvInputs in;

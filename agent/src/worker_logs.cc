@@ -2,12 +2,14 @@
 
 #include <fcntl.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <random>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
@@ -54,7 +56,7 @@ absl::Status WorkerLogs::Init() {
           "; give a writable directory"));
     }
     dir_ = o_.log_dir;
-    return absl::OkStatus();
+    return MakeRunDir();
   }
   std::string tmpl;
   bool made = false;
@@ -81,22 +83,40 @@ absl::Status WorkerLogs::Init() {
   }
   dir_ = tmpl;
   temporary_ = true;
-  if (o_.spec.WritesFiles()) {
-    std::string line = absl::StrCat("ddprun: worker logs in ", dir_, "/", o_.job_id, "\n");
-    std::fputs(line.c_str(), stderr);
-    std::fflush(stderr);
-  }
+  if (!o_.spec.WritesFiles()) return absl::OkStatus();  // the flat layout: no run directory
+  DDPRUN_RETURN_IF_ERROR(MakeRunDir());
+  std::string line = absl::StrCat("ddprun: worker logs in ", run_dir_, "\n");
+  std::fputs(line.c_str(), stderr);
+  std::fflush(stderr);
   return absl::OkStatus();
 }
 
-void WorkerLogs::BeginRound(std::int64_t round) {
+absl::Status WorkerLogs::MakeRunDir() {
+  // torchrun: tempfile.mkdtemp(prefix=f"{run_id}_", dir=log_dir), 8 characters.
+  static constexpr char kChars[] = "abcdefghijklmnopqrstuvwxyz0123456789_";
+  std::random_device rd;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    std::string name = o_.job_id + "_";
+    for (int i = 0; i < 8; ++i) name.push_back(kChars[rd() % (sizeof(kChars) - 1)]);
+    const std::string path = (fs::path(dir_) / name).string();
+    if (::mkdir(path.c_str(), 0755) == 0) {
+      run_dir_ = path;
+      return absl::OkStatus();
+    }
+    if (errno != EEXIST) break;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("cannot create a run directory in '", dir_,
+                                                 "': ", std::strerror(errno),
+                                                 "; give a writable --log_dir"));
+}
+
+void WorkerLogs::BeginRound(std::int64_t attempt) {
   pump_.CloseAll(kSyncTimeout);
-  round_ = round;
+  attempt_ = attempt;
 }
 
 std::string WorkerLogs::WorkerDir(int local_rank) const {
-  return (fs::path(dir_) / o_.job_id / absl::StrCat("attempt_", round_) /
-          std::to_string(local_rank))
+  return (fs::path(run_dir_) / absl::StrCat("attempt_", attempt_) / std::to_string(local_rank))
       .string();
 }
 
@@ -115,7 +135,7 @@ absl::Status WorkerLogs::Prepare(int local_rank, int global_rank, SpawnSpec* spe
     // tree was 11 mkdirs and ~90 system calls to remove for 8 workers, a
     // third of a launch's teardown; docs/launch.md, "Sixth pass").
     *error_file =
-        (fs::path(dir_) / absl::StrCat("attempt_", round_, "_rank_", local_rank, "_error.json"))
+        (fs::path(dir_) / absl::StrCat("attempt_", attempt_, "_rank_", local_rank, "_error.json"))
             .string();
   } else {
     std::error_code ec;
@@ -193,7 +213,7 @@ std::string WorkerLogs::StderrTail(int local_rank) {
 }
 
 std::string WorkerLogs::LogFile(int local_rank) const {
-  if (round_ < 0 || no_files_) return "";
+  if (attempt_ < 0 || no_files_) return "";
   for (StdStream s : {StdStream::kStderr, StdStream::kStdout}) {
     if (PlanStream(o_.spec, local_rank, s).file) {
       return (fs::path(WorkerDir(local_rank)) / FileName(s)).string();

@@ -60,9 +60,19 @@ std::string Report(const std::string& err) {
   return err.substr(err.rfind('\n', at) == std::string::npos ? 0 : err.rfind('\n', at) + 1);
 }
 
+// <logs>/<id>_<8 random characters>: torchrun's run directory (mkdtemp in
+// --log_dir). Exactly one per launcher; "" (and a failed check) otherwise.
+std::string RunDir(const std::string& logs, const std::string& id) {
+  std::vector<std::string> runs;
+  for (const std::string& n : ListDir(logs))
+    if (n.rfind(id + "_", 0) == 0 && n.size() == id.size() + 9) runs.push_back(n);
+  CHECK(runs.size() == 1);
+  return runs.size() == 1 ? logs + "/" + runs[0] : std::string();
+}
+
 }  // namespace
 
-TEST_CASE("-r 3 --log_dir: worker output only in <log_dir>/<id>/attempt_<round>/<rank>/",
+TEST_CASE("-r 3 --log_dir: worker output only in <log_dir>/<id>_<suffix>/attempt_<N>/<rank>/",
           "[multiproc]") {
   Harness h;
   const std::string script = WriteScript(h);
@@ -73,7 +83,8 @@ TEST_CASE("-r 3 --log_dir: worker output only in <log_dir>/<id>/attempt_<round>/
   INFO("stderr:\n" << p.Err());
   CHECK_FALSE(Has(p.Out(), "out of rank"));  // redirected: nothing on the console
   CHECK_FALSE(Has(p.Err(), "err of rank"));
-  const std::string a = logs + "/logjob/attempt_0/";
+  const std::string run = RunDir(logs, "logjob");
+  const std::string a = run + "/attempt_0/";
   for (int r = 0; r < 2; ++r) {
     const std::string d = a + std::to_string(r) + "/";
     CHECK(ReadFile(d + "stdout.log") ==
@@ -81,7 +92,7 @@ TEST_CASE("-r 3 --log_dir: worker output only in <log_dir>/<id>/attempt_<round>/
     CHECK(ReadFile(d + "stderr.log") ==
           "err of rank " + std::to_string(r) + " local " + std::to_string(r) + "\n");
   }
-  CHECK(ListDir(logs + "/logjob") == std::vector<std::string>{"attempt_0"});
+  CHECK(ListDir(run) == std::vector<std::string>{"attempt_0"});
 }
 
 TEST_CASE("-t 3: files and a prefixed console; --local_ranks_filter shows only some ranks",
@@ -100,7 +111,8 @@ TEST_CASE("-t 3: files and a prefixed console; --local_ranks_filter shows only s
       const std::string prefix = "[default" + rs + "]:";  // torchrun's
       CHECK(Has(out, prefix + "out of rank " + rs + " local " + rs + " restart 0\n"));
       CHECK(Has(err, prefix + "err of rank " + rs + " local " + rs + "\n"));
-      CHECK(Has(ReadFile(logs + "/teejob/attempt_0/" + rs + "/stdout.log"), "out of rank " + rs));
+      CHECK(Has(ReadFile(RunDir(logs, "teejob") + "/attempt_0/" + rs + "/stdout.log"),
+                "out of rank " + rs));
     }
     // Every worker line on the console carries a prefix.
     for (const std::string& line : Lines(out)) CHECK(line.rfind("[default", 0) == 0);
@@ -118,8 +130,9 @@ TEST_CASE("-t 3: files and a prefixed console; --local_ranks_filter shows only s
     CHECK_FALSE(Has(err, "err of rank 0"));
     // Files are unaffected by the filter.
     for (int r = 0; r < 3; ++r)
-      CHECK(Has(ReadFile(logs + "/filtjob/attempt_0/" + std::to_string(r) + "/stdout.log"),
-                "out of rank " + std::to_string(r)));
+      CHECK(
+          Has(ReadFile(RunDir(logs, "filtjob") + "/attempt_0/" + std::to_string(r) + "/stdout.log"),
+              "out of rank " + std::to_string(r)));
   }
   SECTION("filter without redirects: hidden ranks' output goes nowhere") {
     Proc& p = h.StartDdprun("ddprun", {"--nproc_per_node=3", "--local_ranks_filter=0,2", script});
@@ -193,7 +206,7 @@ TEST_CASE("failure report: stderr tail, error-file message and the log file", "[
   REQUIRE_FALSE(report.empty());
   CHECK(Has(report, "worker rank 1 (local rank 1) on 127.0.0.1 exited with exit code 3"));
   CHECK(Has(report, "ddprun:   error: RuntimeError: boom on rank 1\n"));
-  const std::string log_file = logs + "/failjob/attempt_0/1/stderr.log";
+  const std::string log_file = RunDir(logs, "failjob") + "/attempt_0/1/stderr.log";
   CHECK(Has(report, "ddprun:   log: " + log_file + "\n"));
   CHECK(Has(report, "ddprun:   stderr (last 20 lines):\n"));
   CHECK(Has(report, "ddprun:   | err line 11\n"));
@@ -203,7 +216,8 @@ TEST_CASE("failure report: stderr tail, error-file message and the log file", "[
   CHECK_FALSE(Has(err.substr(0, err.size() - report.size()), "err line"));
   CHECK(Has(ReadFile(log_file), "err line 1\n"));
   CHECK(Has(ReadFile(log_file), "err line 30\n"));
-  CHECK(Has(ReadFile(logs + "/failjob/attempt_0/1/error.json"), "RuntimeError: boom on rank 1"));
+  CHECK(Has(ReadFile(RunDir(logs, "failjob") + "/attempt_0/1/error.json"),
+            "RuntimeError: boom on rank 1"));
 }
 
 TEST_CASE("failure report without any log flag still has the tail and the error message",
@@ -236,7 +250,8 @@ TEST_CASE("--stderr_tail_lines=0: stderr unpiped, no tail in the report", "[mult
   CHECK(Has(err, "err line 30\n"));
 }
 
-TEST_CASE("one attempt directory per round across a restart", "[multiproc]") {
+TEST_CASE("one attempt directory per restart count, attempt_<TORCHELASTIC_RESTART_COUNT>",
+          "[multiproc]") {
   Harness h;
   const std::string script = WriteScript(h);
   const std::string logs = h.dir() + "/logs";
@@ -246,18 +261,17 @@ TEST_CASE("one attempt directory per round across a restart", "[multiproc]") {
                           {{"FAIL_RANK", "1"}, {"FAIL_RESTART", "0"}});
   REQUIRE(h.Wait(p, 30) == 0);
   INFO("stderr:\n" << p.Err());
-  std::vector<std::string> attempts = ListDir(logs + "/rjob");
+  const std::string run = RunDir(logs, "rjob");
+  std::vector<std::string> attempts = ListDir(run);
   std::sort(attempts.begin(), attempts.end());
-  REQUIRE(attempts.size() == 2);
-  CHECK(attempts[0] == "attempt_0");
-  // Round numbers, not restart counts: the second round may be any later one.
-  CHECK(attempts[1].rfind("attempt_", 0) == 0);
+  // As torchrun: attempt_<TORCHELASTIC_RESTART_COUNT>.
+  CHECK(attempts == std::vector<std::string>{"attempt_0", "attempt_1"});
   for (int r = 0; r < 2; ++r) {
     const std::string rs = std::to_string(r);
-    CHECK(Has(ReadFile(logs + "/rjob/" + attempts[0] + "/" + rs + "/stdout.log"), "restart 0"));
-    CHECK(Has(ReadFile(logs + "/rjob/" + attempts[1] + "/" + rs + "/stdout.log"), "restart 1"));
+    CHECK(Has(ReadFile(run + "/attempt_0/" + rs + "/stdout.log"), "restart 0"));
+    CHECK(Has(ReadFile(run + "/attempt_1/" + rs + "/stdout.log"), "restart 1"));
   }
-  CHECK(Has(ReadFile(logs + "/rjob/attempt_0/1/error.json"), "boom on rank 1"));
+  CHECK(Has(ReadFile(run + "/attempt_0/1/error.json"), "boom on rank 1"));
 }
 
 TEST_CASE("two nodes through ddprund: every node's report has the failed worker's tail",
@@ -290,6 +304,6 @@ TEST_CASE("two nodes through ddprund: every node's report has the failed worker'
     CHECK(Has(report, "worker rank 3 (local rank 1) on 127.0.0.2 exited with exit code 3"));
     CHECK(Has(report, "ddprun:   error: RuntimeError: boom on rank 3\n"));
     CHECK(Has(report, "ddprun:   | err line 30\n"));
-    CHECK(Has(report, "ddprun:   log: " + h.dir() + "/logs1/twonode/attempt_"));
+    CHECK(Has(report, "ddprun:   log: " + RunDir(h.dir() + "/logs1", "twonode") + "/attempt_"));
   }
 }

@@ -278,7 +278,11 @@ TEST_CASE("worker logs: torchrun's layout, one attempt directory per round", "[u
     std::string ef0, ef1;
     REQUIRE(logs.Prepare(0, 4, &spec0, &ef0).ok());
     REQUIRE(logs.Prepare(1, 5, &spec1, &ef1).ok());
-    const std::string a = d.path + "/logs/job7/attempt_3/";
+    // torchrun's <run_id>_<8 random characters> (tempfile.mkdtemp in --log_dir).
+    const std::string run = logs.run_dir();
+    CHECK(run.rfind(d.path + "/logs/job7_", 0) == 0);
+    CHECK(run.size() == (d.path + "/logs/job7_").size() + 8);
+    const std::string a = run + "/attempt_3/";
     CHECK(ef0 == a + "0/error.json");
     CHECK(ef1 == a + "1/error.json");
     // stdout: redirected only, so the child writes the file itself.
@@ -299,13 +303,13 @@ TEST_CASE("worker logs: torchrun's layout, one attempt directory per round", "[u
     CHECK(logs.LogFile(1) == a + "1/stdout.log");
     CHECK(Slurp(a + "0/stderr.log") == "e0\n");
 
-    // The next round gets its own directory.
+    // The next restart count gets its own directory.
     logs.BeginRound(4);
     SpawnSpec spec2;
     std::string ef2;
     REQUIRE(logs.Prepare(0, 0, &spec2, &ef2).ok());
     logs.AfterSpawn(0);
-    CHECK(ef2 == d.path + "/logs/job7/attempt_4/0/error.json");
+    CHECK(ef2 == run + "/attempt_4/0/error.json");
     CHECK(fs::exists(a + "0/stderr.log"));  // the old round's logs stay
   }
 
@@ -320,7 +324,7 @@ TEST_CASE("worker logs: torchrun's layout, one attempt directory per round", "[u
 TEST_CASE("worker logs: the temporary directory goes unless it holds logs", "[unit]") {
   TempDir d;
   ::setenv("TMPDIR", d.path.c_str(), 1);
-  std::string dir;
+  std::string dir, run;
   {
     WorkerLogs::Options o;
     o.job_id = "j";
@@ -352,14 +356,16 @@ TEST_CASE("worker logs: the temporary directory goes unless it holds logs", "[un
     WorkerLogs logs(o);
     REQUIRE(logs.Init().ok());
     dir = logs.log_dir();
+    run = logs.run_dir();
+    CHECK(run.rfind(dir + "/j_", 0) == 0);
     logs.BeginRound(0);
     SpawnSpec spec;
     std::string ef;
     REQUIRE(logs.Prepare(0, 0, &spec, &ef).ok());
-    CHECK(spec.stdout_path == dir + "/j/attempt_0/0/stdout.log");
+    CHECK(spec.stdout_path == run + "/attempt_0/0/stdout.log");
     logs.AfterSpawn(0);
   }
-  CHECK(fs::exists(dir + "/j/attempt_0/0/stderr.log"));  // logs: kept
+  CHECK(fs::exists(run + "/attempt_0/0/stderr.log"));  // logs: kept
   ::unsetenv("TMPDIR");
 }
 

@@ -1,9 +1,15 @@
 // The agent's side of worker output, one round at a time: the log directory
-// (torchrun's layout, one attempt directory per rendezvous round), the error
+// (torchrun's layout, one attempt directory per restart count), the error
 // file of each worker, where each of its streams goes (see log_spec.h), the
 // pipes and the pump, and the details the failure report needs.
 //
-//   <log_dir>/<run_id>/attempt_<round>/<local_rank>/{stdout.log,stderr.log,error.json}
+//   <log_dir>/<run_id>_<suffix>/attempt_<restart count>/<local_rank>/
+//       {stdout.log,stderr.log,error.json}
+//
+// As torchrun 2.x: <suffix> is 8 random characters chosen when the agent
+// starts (nodes sharing a file system and a --log_dir never mix), and a
+// round that re-forms without a failure (a node joined or left) reuses its
+// attempt directory, whose old files are removed first.
 //
 // --log_dir /dev/null (torchrun's os.devnull): no directory and no files; a
 // stream redirected to a file goes to /dev/null, workers get an empty
@@ -54,9 +60,11 @@ class WorkerLogs {
   // exit, and by the launcher's guard if the agent is killed.
   bool holds_only_error_files() const { return temporary_ && !o_.spec.WritesFiles(); }
 
-  // Starts the attempt directory of `round`; the previous round's streams
-  // are drained and closed.
-  void BeginRound(std::int64_t round);
+  // Starts the round whose TORCHELASTIC_RESTART_COUNT is `attempt`; the
+  // previous round's streams are drained and closed.
+  void BeginRound(std::int64_t attempt);
+  // <log_dir>/<run_id>_<suffix> of the tree layout; "" for the flat one.
+  const std::string& run_dir() const { return run_dir_; }
   // Prepares one worker of the round: its directory (stale files removed),
   // its error file path, and its stdout/stderr in `spec` (a path, or a pipe
   // to the pump). Call AfterSpawn(local_rank) once Spawn returned.
@@ -75,13 +83,15 @@ class WorkerLogs {
 
  private:
   std::string WorkerDir(int local_rank) const;
+  absl::Status MakeRunDir();
 
   Options o_;
   std::string dir_;
+  std::string run_dir_;
   bool temporary_ = false;
   bool no_files_ = false;  // --log_dir /dev/null
   bool wrote_logs_ = false;
-  std::int64_t round_ = -1;
+  std::int64_t attempt_ = -1;
   LogPump pump_;
   std::vector<int> open_fds_;  // write ends handed to the child being spawned
 };
