@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace ddprun::agent {
@@ -207,7 +208,7 @@ void LogPump::Process(Stream& s, const char* data, std::size_t n) {
     } else {
       // Whole lines only, each with the prefix; '\r' ends a line too, so a
       // progress bar keeps redrawing in place ("\r\n" is one ending).
-      std::string out;
+      std::string out, filtered;
       std::size_t start = 0;
       for (std::size_t i = 0; i < n; ++i) {
         const char c = data[i];
@@ -215,11 +216,22 @@ void LogPump::Process(Stream& s, const char* data, std::size_t n) {
         if (c == '\n' && s.after_cr && i == start && s.pending.empty()) {
           out += '\n';
         } else {
+          const std::size_t line_at = out.size();
           out += k.prefix;
           out += s.pending;
           out.append(data + start, i - start);
           out += c;
           s.pending.clear();
+          if (k.filtered_fd >= 0) {
+            const absl::string_view line = absl::string_view(out).substr(line_at);
+            const absl::string_view text = line.substr(k.prefix.size());
+            for (const std::string& f : k.filters) {
+              if (absl::StrContains(text, f)) {
+                filtered.append(line.data(), line.size());
+                break;
+              }
+            }
+          }
         }
         s.after_cr = c == '\r';
         start = i + 1;
@@ -233,6 +245,9 @@ void LogPump::Process(Stream& s, const char* data, std::size_t n) {
         s.pending.clear();
       }
       if (!out.empty()) ok = WriteAll(k.console_fd, out.data(), out.size());
+      if (!filtered.empty() && !WriteAll(k.filtered_fd, filtered.data(), filtered.size())) {
+        k.filtered_fd = -1;
+      }
     }
     if (!ok) k.console_fd = -1;  // the console is gone: stop copying to it
   }

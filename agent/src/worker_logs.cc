@@ -112,7 +112,33 @@ absl::Status WorkerLogs::MakeRunDir() {
 
 void WorkerLogs::BeginRound(std::int64_t attempt) {
   pump_.CloseAll(kSyncTimeout);
+  CloseFilteredFiles();
   attempt_ = attempt;
+}
+
+absl::StatusOr<int> WorkerLogs::FilteredFile(StdStream stream) {
+  int& fd = stream == StdStream::kStdout ? filtered_fds_[0] : filtered_fds_[1];
+  if (fd >= 0) return fd;
+  const fs::path dir = fs::path(run_dir_) / absl::StrCat("attempt_", attempt_);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  const std::string path =
+      (dir / (stream == StdStream::kStdout ? "filtered_stdout.log" : "filtered_stderr.log"))
+          .string();
+  fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot open '", path, "': ", std::strerror(errno), "; check --log_dir"));
+  }
+  wrote_logs_ = true;
+  return fd;
+}
+
+void WorkerLogs::CloseFilteredFiles() {
+  for (int& fd : filtered_fds_) {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
 }
 
 std::string WorkerLogs::WorkerDir(int local_rank) const {
@@ -185,6 +211,12 @@ absl::Status WorkerLogs::Prepare(int local_rank, int global_rank, SpawnSpec* spe
     if (plan.prefix) {
       sink.prefix = LinePrefix(o_.spec.prefix_template, o_.host, o_.role, global_rank, local_rank);
     }
+    const std::vector<std::string>& filters =
+        stream == StdStream::kStdout ? o_.spec.stdout_filters : o_.spec.stderr_filters;
+    if (plan.file && plan.console && !filters.empty() && !no_files_) {
+      DDPRUN_ASSIGN_OR_RETURN(sink.filtered_fd, FilteredFile(stream));
+      sink.filters = filters;
+    }
     sink.tail_lines = plan.tail_lines;
     DDPRUN_ASSIGN_OR_RETURN(spec_fd, pump_.Add(StreamId(local_rank, stream), std::move(sink)));
     open_fds_.push_back(spec_fd);
@@ -224,6 +256,7 @@ std::string WorkerLogs::LogFile(int local_rank) const {
 
 void WorkerLogs::Finish() {
   pump_.CloseAll(kSyncTimeout);
+  CloseFilteredFiles();
   if (temporary_ && !wrote_logs_ && !dir_.empty()) {
     std::error_code ec;
     fs::remove_all(dir_, ec);  // gone already on a second call: a no-op

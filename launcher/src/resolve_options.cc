@@ -195,6 +195,26 @@ absl::Status ResolveShape(const ResolveContext& ctx, ParsedCommand& out) {
   return absl::OkStatus();
 }
 
+// torchrun's --duplicate-std{out,err}-filters value: substrings separated by
+// ',', where ',,' stands for a comma inside one; empty items are dropped.
+std::vector<std::string> SplitFilters(const std::string& text) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != ',') {
+      cur += text[i];
+    } else if (i + 1 < text.size() && text[i + 1] == ',') {
+      cur += ',';
+      ++i;
+    } else {
+      if (!cur.empty()) out.push_back(cur);
+      cur.clear();
+    }
+  }
+  if (!cur.empty()) out.push_back(cur);
+  return out;
+}
+
 absl::Status ResolveOutput(const ResolveContext& ctx, ParsedCommand& out) {
   const FlagTable& flags = ctx.flags;
   AgentOptions& o = out.options;
@@ -215,6 +235,18 @@ absl::Status ResolveOutput(const ResolveContext& ctx, ParsedCommand& out) {
   o.logs.tee = out.launcher.tee;
   o.logs.local_ranks_filter = out.launcher.local_ranks_filter;
   DDPRUN_ASSIGN_OR_RETURN(o.logs.prefix_output, flags.GetBool("prefix_output"));
+  for (auto [name, list] : {std::pair{"duplicate_stdout_filters", &o.logs.stdout_filters},
+                            std::pair{"duplicate_stderr_filters", &o.logs.stderr_filters}}) {
+    const KnobValue v = flags.Get(name);
+    if (!v.is_set()) continue;
+    *list = SplitFilters(v.value);
+    if (list->empty()) {
+      return UsageError(absl::StrCat(v.Name(absl::StrCat("--", name)),
+                                     " names no text; give "
+                                     "substrings separated by commas, e.g. --",
+                                     name, "=loss,error"));
+    }
+  }
   // Else the agent reads TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else torchrun's default.
   o.logs.prefix_template = flags.Get("log_line_prefix_template").value;
   const Knob& tail = KnobNamed("stderr_tail_lines");

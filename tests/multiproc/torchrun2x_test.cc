@@ -208,3 +208,34 @@ TEST_CASE("torchrun 2.x row: the same --node_rank on every node of a c10d job", 
   CHECK(Has(out, "ENV rank=1 "));
   CHECK(Has(nodes[1]->Err() + nodes[0]->Err(), "--node_rank=0 was not this node's to take"));
 }
+
+TEST_CASE("torchrun 2.x row: --duplicate-stdout-filters and --duplicate-stderr-filters",
+          "[multiproc]") {
+  Harness h;
+  const std::string path = h.dir() + "/lines.sh";
+  {
+    std::ofstream f(path);
+    f << "#!/bin/sh\necho \"loss=1 rank $RANK\"\necho \"noise $RANK\"\n"
+         "echo \"a,b $RANK\"\necho \"warn $RANK\" >&2\n";
+  }
+  REQUIRE(::chmod(path.c_str(), 0755) == 0);
+  const std::string logs = h.dir() + "/logs";
+  Proc& p =
+      h.StartDdprun("ddprun", {"--standalone", "--nproc_per_node=2", "--rdzv_id=filt", "--tee", "3",
+                               "--event-log-handler=null", "--duplicate-stdout-filters=loss,a,,b",
+                               "--duplicate-stderr-filters=warn", "--log-dir", logs, path});
+  REQUIRE(h.Wait(p, 20) == 0);
+  INFO("stderr:\n" << p.Err());
+  std::vector<std::string> runs = ListDir(logs);
+  REQUIRE(runs.size() == 1);
+  const std::string attempt = logs + "/" + runs[0] + "/attempt_0/";
+  const std::string out = ReadFile(attempt + "filtered_stdout.log");
+  INFO("filtered_stdout.log:\n" << out);
+  // Prefixed as on the console, as torch 2.11's torchrun writes them.
+  CHECK(Has(out, "[default0]:loss=1 rank 0\n"));
+  CHECK(Has(out, "[default1]:loss=1 rank 1\n"));
+  CHECK(Has(out, "[default1]:a,b 1\n"));  // ",," is a comma inside a filter
+  CHECK_FALSE(Has(out, "noise"));
+  CHECK(Has(ReadFile(attempt + "filtered_stderr.log"), "[default0]:warn 0\n"));
+  CHECK(Lines(out).size() == 4);
+}

@@ -34,6 +34,11 @@ class LogPump {
     std::string prefix;          // console lines start with it; empty: raw passthrough
     int tail_lines = 0;          // lines kept in memory
     std::size_t max_line = 512;  // a tail line is cut to this many bytes
+    // torchrun's --duplicate-std{out,err}-filters: each prefixed console line
+    // that contains one of these is also written to filtered_fd (not owned;
+    // the attempt's filtered_{stdout,stderr}.log, shared by its workers).
+    std::vector<std::string> filters;
+    int filtered_fd = -1;
   };
 
   LogPump();

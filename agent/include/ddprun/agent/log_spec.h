@@ -43,6 +43,11 @@ struct LogSpec {
   // --log_line_prefix_template, else TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE;
   // empty: torchrun's default, kDefaultPrefixTemplate.
   std::string prefix_template;
+  // --duplicate_stdout_filters / --duplicate_stderr_filters (torchrun 2.9+):
+  // tee'd lines that contain any of these also go to the attempt's
+  // filtered_stdout.log / filtered_stderr.log.
+  std::vector<std::string> stdout_filters;
+  std::vector<std::string> stderr_filters;
 
   // Whether some worker's stream goes to a file (then a log dir is needed).
   bool WritesFiles() const { return redirects.Any() || tee.Any(); }

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "ddprun/agent/log_pump.h"
 #include "ddprun/agent/log_spec.h"
 #include "ddprun/agent/process_launcher.h"
@@ -84,10 +85,14 @@ class WorkerLogs {
  private:
   std::string WorkerDir(int local_rank) const;
   absl::Status MakeRunDir();
+  // The attempt's filtered_stdout.log / filtered_stderr.log, opened on first use.
+  absl::StatusOr<int> FilteredFile(StdStream stream);
+  void CloseFilteredFiles();
 
   Options o_;
   std::string dir_;
   std::string run_dir_;
+  int filtered_fds_[2] = {-1, -1};  // stdout, stderr of the current attempt
   bool temporary_ = false;
   bool no_files_ = false;  // --log_dir /dev/null
   bool wrote_logs_ = false;

@@ -201,6 +201,13 @@ inline constexpr Knob kKnobs[] = {
     {.name = "prefix_output", .yaml_key = "logs.prefix_output", .type = ValueType::kBool,
      .default_text = "off", .group = kGroupOutput,
      .help = "Prefix every console line of the workers, as -t does"},
+    {.name = "duplicate_stdout_filters", .type = ValueType::kText, .default_text = "none",
+     .metavar = "TEXT,...", .group = kGroupOutput,
+     .help = "Tee'd stdout lines containing any of these (',,' is a comma) also go to "
+             "<attempt dir>/filtered_stdout.log (torchrun 2.9+)"},
+    {.name = "duplicate_stderr_filters", .type = ValueType::kText, .default_text = "none",
+     .metavar = "TEXT,...", .group = kGroupOutput,
+     .help = "The same for stderr: <attempt dir>/filtered_stderr.log"},
     {.name = "log_line_prefix_template", .type = ValueType::kText,
      .default_text = "[${role_name}${local_rank}]:", .metavar = "TEMPLATE", .group = kGroupOutput,
      .help = "Console prefix of -t and --prefix_output, with ${role_name}, ${rank}, "
