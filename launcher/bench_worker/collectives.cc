@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "bench_worker.h"
-#include "ddprun/rendezvous/worker_env_names.h"
+#include "ddprun/rendezvous/common/worker_env_names.h"
 #include "half.h"  // worker_sdk/src: float16/bfloat16 conversions
 
 namespace ddprun::bench_worker {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "bench_worker.h"
-#include "ddprun/rendezvous/worker_env_names.h"
+#include "ddprun/rendezvous/common/worker_env_names.h"
 #include "nlohmann/json.hpp"
 
 namespace {

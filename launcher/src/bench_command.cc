@@ -11,7 +11,7 @@
 #include "bench_job.h"
 #include "bench_scaling_nodes.h"
 #include "ddprun/launcher/bench_options.h"
-#include "ddprun/rendezvous/exit_codes.h"
+#include "ddprun/rendezvous/common/exit_codes.h"
 
 namespace ddprun::launcher {
 namespace {

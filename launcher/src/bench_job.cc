@@ -13,8 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "ddprun/agent/agent.h"
 #include "ddprun/agent/process_launcher.h"
-#include "ddprun/rendezvous/exit_codes.h"
-#include "ddprun/rendezvous/worker_env_names.h"
+#include "ddprun/rendezvous/common/exit_codes.h"
+#include "ddprun/rendezvous/common/worker_env_names.h"
 
 namespace ddprun::launcher::bench {
 

@@ -24,11 +24,11 @@
 #include "absl/strings/str_replace.h"
 #include "bench_job.h"
 #include "ddprun/launcher/bench_command.h"
-#include "ddprun/rendezvous/c10d_store_client.h"
-#include "ddprun/rendezvous/exit_codes.h"
-#include "ddprun/rendezvous/host_port.h"
-#include "ddprun/rendezvous/job_id.h"
-#include "ddprun/rendezvous/worker_env_names.h"
+#include "ddprun/rendezvous/common/exit_codes.h"
+#include "ddprun/rendezvous/common/host_port.h"
+#include "ddprun/rendezvous/common/job_id.h"
+#include "ddprun/rendezvous/common/worker_env_names.h"
+#include "ddprun/rendezvous/store/c10d_store_client.h"
 
 namespace ddprun::launcher {
 namespace bench {

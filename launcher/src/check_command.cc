@@ -19,11 +19,11 @@
 #include "ddprun/launcher/preflight_exchange.h"
 #include "ddprun/launcher/preflight_probe.h"
 #include "ddprun/launcher/value_parsers.h"
-#include "ddprun/rendezvous/c10d_store_client.h"
-#include "ddprun/rendezvous/exit_codes.h"
-#include "ddprun/rendezvous/host_port.h"
-#include "ddprun/rendezvous/job_id.h"
-#include "ddprun/rendezvous/worker_env_names.h"
+#include "ddprun/rendezvous/common/exit_codes.h"
+#include "ddprun/rendezvous/common/host_port.h"
+#include "ddprun/rendezvous/common/job_id.h"
+#include "ddprun/rendezvous/common/worker_env_names.h"
+#include "ddprun/rendezvous/store/c10d_store_client.h"
 #include "nlohmann/json.hpp"
 
 namespace ddprun::launcher {

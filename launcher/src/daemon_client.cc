@@ -7,8 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "ddprun/launcher/knobs.h"
 #include "ddprun/launcher/value_parsers.h"
-#include "ddprun/rendezvous/errors.h"
-#include "ddprun/rendezvous/exit_codes.h"
+#include "ddprun/rendezvous/common/errors.h"
+#include "ddprun/rendezvous/common/exit_codes.h"
 
 namespace ddprun::launcher {
 

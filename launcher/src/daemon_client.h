@@ -14,9 +14,9 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
 #include "ddprun/rendezvous/client.h"
-#include "ddprun/rendezvous/clock.h"
-#include "ddprun/rendezvous/host_port.h"
-#include "ddprun/rendezvous/tls.h"
+#include "ddprun/rendezvous/common/clock.h"
+#include "ddprun/rendezvous/common/host_port.h"
+#include "ddprun/rendezvous/common/tls.h"
 
 namespace ddprun::launcher {
 

@@ -18,7 +18,7 @@
 #include "ddprun/launcher/bench_command.h"
 #include "ddprun/launcher/check_command.h"
 #include "ddprun/launcher/cli.h"
-#include "ddprun/rendezvous/exit_codes.h"
+#include "ddprun/rendezvous/common/exit_codes.h"
 
 namespace {
 

@@ -11,8 +11,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "ddprun/rendezvous/host_port.h"
-#include "ddprun/rendezvous/status_macros.h"
+#include "ddprun/rendezvous/common/host_port.h"
+#include "ddprun/rendezvous/common/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace ddprun::launcher::preflight {

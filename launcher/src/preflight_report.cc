@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "ddprun/launcher/preflight.h"
-#include "ddprun/rendezvous/exit_codes.h"
+#include "ddprun/rendezvous/common/exit_codes.h"
 #include "nlohmann/json.hpp"
 
 namespace ddprun::launcher::preflight {

@@ -13,10 +13,10 @@
 #include "ddprun/launcher/knobs.h"
 #include "ddprun/launcher/value_parsers.h"
 #include "ddprun/rendezvous/client.h"
-#include "ddprun/rendezvous/clock.h"
-#include "ddprun/rendezvous/exit_codes.h"
-#include "ddprun/rendezvous/host_port.h"
-#include "ddprun/rendezvous/tls.h"
+#include "ddprun/rendezvous/common/clock.h"
+#include "ddprun/rendezvous/common/exit_codes.h"
+#include "ddprun/rendezvous/common/host_port.h"
+#include "ddprun/rendezvous/common/tls.h"
 #include "nlohmann/json.hpp"
 
 namespace ddprun::launcher {

@@ -14,9 +14,9 @@
 #include "daemon_client.h"
 #include "ddprun/launcher/value_parsers.h"
 #include "ddprun/rendezvous/client.h"
-#include "ddprun/rendezvous/errors.h"
-#include "ddprun/rendezvous/exit_codes.h"
-#include "ddprun/rendezvous/host_port.h"
+#include "ddprun/rendezvous/common/errors.h"
+#include "ddprun/rendezvous/common/exit_codes.h"
+#include "ddprun/rendezvous/common/host_port.h"
 #include "nlohmann/json.hpp"
 
 namespace ddprun::launcher {

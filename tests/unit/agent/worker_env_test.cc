@@ -5,7 +5,7 @@
 #include <cstdlib>
 
 #include "ddprun/agent/worker_env.h"
-#include "ddprun/rendezvous/worker_env_names.h"
+#include "ddprun/rendezvous/common/worker_env_names.h"
 
 namespace ddprun::agent {
 namespace {

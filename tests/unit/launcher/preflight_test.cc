@@ -13,8 +13,8 @@
 
 #include "ddprun/launcher/preflight_exchange.h"
 #include "ddprun/launcher/preflight_probe.h"
-#include "ddprun/rendezvous/exit_codes.h"
-#include "ddprun/rendezvous/store.h"
+#include "ddprun/rendezvous/common/exit_codes.h"
+#include "ddprun/rendezvous/store/store.h"
 
 namespace ddprun::launcher::preflight {
 namespace {

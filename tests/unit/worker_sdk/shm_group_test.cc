@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "ddprun/rendezvous/store.h"
+#include "ddprun/rendezvous/store/store.h"
 #include "elementwise.h"
 #include "half.h"
 #include "shared_buffers.h"

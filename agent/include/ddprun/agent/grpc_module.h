@@ -18,10 +18,10 @@
 #include "absl/status/statusor.h"
 #include "ddprun/agent/agent_options.h"
 #include "ddprun/agent/rendezvous_session.h"
-#include "ddprun/rendezvous/clock.h"
+#include "ddprun/rendezvous/common/clock.h"
+#include "ddprun/rendezvous/common/tls.h"
 #include "ddprun/rendezvous/job_table.h"
-#include "ddprun/rendezvous/metrics_hub.h"
-#include "ddprun/rendezvous/tls.h"
+#include "ddprun/rendezvous/monitoring/metrics_hub.h"
 
 namespace ddprun::agent {
 

@@ -30,7 +30,7 @@
 #include "absl/status/statusor.h"
 #include "ddprun/launcher/preflight.h"
 #include "ddprun/launcher/preflight_probe.h"
-#include "ddprun/rendezvous/store.h"
+#include "ddprun/rendezvous/store/store.h"
 
 namespace ddprun::launcher::preflight {
 

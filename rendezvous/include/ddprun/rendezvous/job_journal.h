@@ -11,7 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "ddprun/rendezvous/job_rendezvous.h"
-#include "ddprun/rendezvous/kv_engine.h"
+#include "ddprun/rendezvous/store/kv_engine.h"
 
 namespace ddprun::rendezvous {
 
