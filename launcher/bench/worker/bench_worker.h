@@ -1,5 +1,5 @@
 // The bench worker (ddprun-bench-worker): what each rank of `ddprun bench`
-// runs. The launcher (launcher/src/bench_command.cc) starts it through the
+// runs. The launcher (launcher/bench/src/bench_command.cc) starts it through the
 // normal agent path, so it gets exactly the backend a trainer would get from
 // ddp::Init (NCCL on GPUs, shared memory or Gloo on CPUs).
 //

@@ -1,6 +1,6 @@
 // One world size of `ddprun bench --scaling`: a synthetic data-parallel step.
 //
-// The model is ResNet-50's gradient set (bench/resnet50_sizes.h: 161 float32
+// The model is ResNet-50's gradient set (launcher/bench/worker/resnet50_sizes.h: 161 float32
 // tensors, 25.6 M values) registered with the SDK's Reducer (its defaults:
 // 25 MiB buckets, 1 MiB first bucket, copy mode). A step is
 //   forward:  compute_ms / 3 of waiting;

@@ -1,4 +1,4 @@
-// The self-contained SHA-256 of `ddprun check` (launcher/src/sha256.cc)
+// The self-contained SHA-256 of `ddprun check` (launcher/check/src/sha256.cc)
 // against FIPS 180-4's examples, the million-'a' vector, every padding edge
 // (55/56/63/64/65/119/120 bytes; digests from Python's hashlib) and the same
 // bytes fed in uneven pieces.

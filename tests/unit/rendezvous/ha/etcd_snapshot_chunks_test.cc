@@ -1,6 +1,6 @@
 // A job snapshot compressed and cut into chunks for etcd, and put back
 // together: round trips at every chunk size, and each way a torn or foreign
-// write is told apart (rendezvous/src/etcd_snapshot_chunks.h).
+// write is told apart (rendezvous/ha/include/ddprun/rendezvous/ha/etcd_snapshot_chunks.h).
 #include "ddprun/rendezvous/ha/etcd_snapshot_chunks.h"
 
 #include <catch2/catch.hpp>

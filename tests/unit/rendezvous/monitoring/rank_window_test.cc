@@ -1,4 +1,4 @@
-// The metrics hub's per-rank windows (rendezvous/src/rank_window.h): the step
+// The metrics hub's per-rank windows (rendezvous/monitoring/src/rank_window.h): the step
 // window is a ring that allocates on its first value, the rate window keeps
 // the reports of its time window plus one.
 #include "rank_window.h"

@@ -13,7 +13,7 @@
 // --scaling runs one job per world size (1, 2, 4, ... and --nproc_per_node,
 // then 2, 4, ... and --nnodes times --nproc_per_node), one after the other;
 // across nodes through a first job of every node that keeps them in step
-// (launcher/src/bench_scaling_nodes.h).
+// (launcher/bench/src/bench_scaling_nodes.h).
 //
 // Exit codes: those of the job (exit_codes.h), kExitUsage for bad flags or a
 // request the backend cannot run, kExitBenchWrong when #wrong is not zero.

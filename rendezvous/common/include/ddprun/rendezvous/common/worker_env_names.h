@@ -28,13 +28,13 @@ inline constexpr const char* kEnvTlsCert = "DDPRUN_TLS_CERT";
 inline constexpr const char* kEnvTlsKey = "DDPRUN_TLS_KEY";
 // Subsystems of the debug channel (debug_log.h): DDPRUN_DEBUG=rdzv,agent,store,sdk or all.
 inline constexpr const char* kEnvDebug = "DDPRUN_DEBUG";
-// `ddprun bench` (launcher/bench_worker/bench_worker.h): where rank 0 writes
+// `ddprun bench` (launcher/bench/worker/bench_worker.h): where rank 0 writes
 // its summary for the launcher, and the test hook that corrupts one rank's results.
 inline constexpr const char* kEnvBenchResult = "DDPRUN_BENCH_RESULT";
 inline constexpr const char* kEnvBenchCorruptRank = "DDPRUN_BENCH_CORRUPT_RANK";
 // `ddprun bench --scaling` across nodes: the run (the user's launcher flags,
 // the bench worker and its flags, as JSON) for each node's scaling worker
-// (launcher/src/bench_scaling_nodes.h).
+// (launcher/bench/src/bench_scaling_nodes.h).
 inline constexpr const char* kEnvBenchScalingSpec = "DDPRUN_BENCH_SCALING_SPEC";
 // Monitoring (docs/monitoring-sources.md). The worker's metrics channel
 // (metrics_channel.h), as a path the worker opens; unset: not monitored.
