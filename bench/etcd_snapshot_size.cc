@@ -16,11 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "ddprun/rendezvous/etcd_client.h"
+#include "ddprun/rendezvous/ha/etcd_client.h"
+#include "ddprun/rendezvous/ha/etcd_snapshot_chunks.h"
+#include "ddprun/rendezvous/ha/job_snapshot_proto.h"
 #include "ddprun/rendezvous/job_table.h"
 #include "ddprun/v1/state.pb.h"
-#include "etcd_snapshot_chunks.h"
-#include "job_snapshot_proto.h"
 #include "support/formed_snapshot.h"
 
 namespace rdzv = ddprun::rendezvous;

@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "ddprun/agent/metrics_collector.h"
-#include "ddprun/rendezvous/clock.h"
-#include "ddprun/rendezvous/metrics_channel.h"
+#include "ddprun/rendezvous/common/clock.h"
+#include "ddprun/rendezvous/monitoring/metrics_channel.h"
 
 namespace rdzv = ::ddprun::rendezvous;
 using Clock = std::chrono::steady_clock;

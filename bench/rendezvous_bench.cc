@@ -56,12 +56,12 @@
 #include <utility>
 #include <vector>
 
-#include "ddprun/rendezvous/host_port.h"
+#include "ddprun/rendezvous/common/host_port.h"
+#include "ddprun/rendezvous/daemon/server.h"
+#include "ddprun/rendezvous/daemon/server_heap.h"
 #include "ddprun/rendezvous/job_rendezvous.h"
 #include "ddprun/rendezvous/job_table.h"
-#include "ddprun/rendezvous/metrics_hub.h"
-#include "ddprun/rendezvous/server.h"
-#include "ddprun/rendezvous/server_heap.h"
+#include "ddprun/rendezvous/monitoring/metrics_hub.h"
 #include "support/simulated_job.h"
 
 using namespace ddprun::rendezvous;

@@ -21,7 +21,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "ddprun/rendezvous/c10d_store_server.h"
+#include "ddprun/rendezvous/store/c10d_store_server.h"
 #include "store_load.h"
 
 namespace {

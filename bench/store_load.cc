@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "ddprun/rendezvous/c10d_wire.h"
+#include "ddprun/rendezvous/store/c10d_wire.h"
 
 namespace ddprun::bench {
 namespace {

@@ -30,12 +30,12 @@
 #include "ddprun/agent/worker_env.h"
 #include "ddprun/agent/worker_group.h"
 #include "ddprun/agent/worker_logs.h"
-#include "ddprun/rendezvous/c10d_store_server.h"
-#include "ddprun/rendezvous/debug_log.h"
-#include "ddprun/rendezvous/errors.h"
-#include "ddprun/rendezvous/exit_codes.h"
-#include "ddprun/rendezvous/host_port.h"
-#include "ddprun/rendezvous/status_macros.h"
+#include "ddprun/rendezvous/common/debug_log.h"
+#include "ddprun/rendezvous/common/errors.h"
+#include "ddprun/rendezvous/common/exit_codes.h"
+#include "ddprun/rendezvous/common/host_port.h"
+#include "ddprun/rendezvous/common/status_macros.h"
+#include "ddprun/rendezvous/store/c10d_store_server.h"
 #include "monitoring.h"
 
 namespace ddprun::agent {

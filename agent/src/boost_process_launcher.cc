@@ -37,7 +37,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "ddprun/agent/process_launcher.h"
-#include "ddprun/rendezvous/status_macros.h"
+#include "ddprun/rendezvous/common/status_macros.h"
 #include "orphan_guard.h"
 
 namespace ddprun::agent {

@@ -5,7 +5,7 @@
 #include <memory>
 
 #include "ddprun/agent/grpc_module.h"
-#include "ddprun/rendezvous/server.h"
+#include "ddprun/rendezvous/daemon/server.h"
 
 namespace ddprun::agent {
 namespace {

@@ -12,10 +12,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "ddprun/agent/stack_capture.h"
-#include "ddprun/rendezvous/debug_log.h"
-#include "ddprun/rendezvous/errors.h"
-#include "ddprun/rendezvous/metrics_channel.h"
-#include "ddprun/rendezvous/worker_env_names.h"
+#include "ddprun/rendezvous/common/debug_log.h"
+#include "ddprun/rendezvous/common/errors.h"
+#include "ddprun/rendezvous/common/worker_env_names.h"
+#include "ddprun/rendezvous/monitoring/metrics_channel.h"
 
 #ifndef DDPRUN_INSTALL_PYTHON_DIR
 #define DDPRUN_INSTALL_PYTHON_DIR ""

@@ -26,9 +26,9 @@
 
 #include "ddprun/agent/metrics_collector.h"
 #include "ddprun/agent/rendezvous_session.h"
-#include "ddprun/rendezvous/clock.h"
-#include "ddprun/rendezvous/metrics_types.h"
-#include "ddprun/rendezvous/types.h"
+#include "ddprun/rendezvous/common/clock.h"
+#include "ddprun/rendezvous/common/types.h"
+#include "ddprun/rendezvous/monitoring/metrics_types.h"
 
 namespace ddprun::agent {
 

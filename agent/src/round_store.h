@@ -7,7 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "ddprun/rendezvous/c10d_store_server.h"
+#include "ddprun/rendezvous/store/c10d_store_server.h"
 
 namespace ddprun::agent {
 

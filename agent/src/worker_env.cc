@@ -2,8 +2,8 @@
 
 #include <string_view>
 
-#include "ddprun/rendezvous/host_port.h"
-#include "ddprun/rendezvous/worker_env_names.h"
+#include "ddprun/rendezvous/common/host_port.h"
+#include "ddprun/rendezvous/common/worker_env_names.h"
 
 extern char** environ;
 

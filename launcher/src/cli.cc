@@ -14,7 +14,7 @@
 #include "ddprun/launcher/placement.h"
 #include "ddprun/launcher/print_config.h"
 #include "ddprun/launcher/value_parsers.h"
-#include "ddprun/rendezvous/status_macros.h"
+#include "ddprun/rendezvous/common/status_macros.h"
 #include "flag_table.h"
 #include "resolve_options.h"
 

@@ -4,8 +4,8 @@
 // part comes from agent/src/grpc_module_linked.cc; `ddprun status` and
 // `ddprun top` are added here.
 #include "ddprun/agent/grpc_module.h"
-#include "ddprun/launcher/status_command.h"
-#include "ddprun/launcher/top_command.h"
+#include "ddprun/launcher/client/status_command.h"
+#include "ddprun/launcher/client/top_command.h"
 
 extern "C" const ddprun::agent::GrpcModule* ddprun_grpc_module_linked();
 

@@ -27,7 +27,7 @@
 #include "absl/strings/strip.h"
 #include "ddprun/launcher/knobs.h"
 #include "ddprun/launcher/value_parsers.h"
-#include "ddprun/rendezvous/status_macros.h"
+#include "ddprun/rendezvous/common/status_macros.h"
 #include "yaml-cpp/eventhandler.h"
 #include "yaml-cpp/yaml.h"
 

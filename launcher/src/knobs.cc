@@ -5,7 +5,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "ddprun/rendezvous/status_macros.h"
+#include "ddprun/rendezvous/common/status_macros.h"
 
 namespace ddprun::launcher {
 

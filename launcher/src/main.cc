@@ -15,10 +15,10 @@
 #include "ddprun/agent/grpc_module.h"
 #include "ddprun/agent/process_launcher.h"
 #include "ddprun/agent/worker_env.h"
-#include "ddprun/launcher/bench_command.h"
-#include "ddprun/launcher/check_command.h"
+#include "ddprun/launcher/bench/bench_command.h"
+#include "ddprun/launcher/check/check_command.h"
 #include "ddprun/launcher/cli.h"
-#include "ddprun/rendezvous/exit_codes.h"
+#include "ddprun/rendezvous/common/exit_codes.h"
 
 namespace {
 

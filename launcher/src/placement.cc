@@ -4,8 +4,8 @@
 #include "ddprun/launcher/value_parsers.h"
 
 #include "ddprun/agent/host.h"
-#include "ddprun/rendezvous/host_port.h"
-#include "ddprun/rendezvous/status_macros.h"
+#include "ddprun/rendezvous/common/host_port.h"
+#include "ddprun/rendezvous/common/status_macros.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

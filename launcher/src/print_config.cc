@@ -9,7 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "ddprun/launcher/cli.h"
 #include "ddprun/launcher/knobs.h"
-#include "ddprun/rendezvous/host_port.h"
+#include "ddprun/rendezvous/common/host_port.h"
 
 namespace ddprun::launcher {
 namespace {

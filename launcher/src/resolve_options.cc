@@ -14,10 +14,10 @@
 #include "absl/strings/str_split.h"
 #include "ddprun/agent/cpu_binding.h"
 #include "ddprun/agent/grpc_module.h"
-#include "ddprun/rendezvous/host_port.h"
-#include "ddprun/rendezvous/job_id.h"
-#include "ddprun/rendezvous/status_macros.h"
-#include "ddprun/rendezvous/tls.h"
+#include "ddprun/rendezvous/common/host_port.h"
+#include "ddprun/rendezvous/common/job_id.h"
+#include "ddprun/rendezvous/common/status_macros.h"
+#include "ddprun/rendezvous/common/tls.h"
 
 namespace ddprun::launcher {
 namespace {

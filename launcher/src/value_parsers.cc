@@ -16,8 +16,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "ddprun/agent/cpu_binding.h"
-#include "ddprun/rendezvous/job_id.h"
-#include "ddprun/rendezvous/status_macros.h"
+#include "ddprun/rendezvous/common/job_id.h"
+#include "ddprun/rendezvous/common/status_macros.h"
 
 namespace ddprun::launcher {
 namespace {

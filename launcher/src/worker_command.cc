@@ -15,7 +15,7 @@
 #include "ddprun/launcher/cli.h"
 #include "ddprun/launcher/placement.h"
 #include "ddprun/launcher/value_parsers.h"
-#include "ddprun/rendezvous/status_macros.h"
+#include "ddprun/rendezvous/common/status_macros.h"
 
 #ifndef DDPRUN_VERSION
 #define DDPRUN_VERSION "unknown"

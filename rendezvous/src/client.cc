@@ -9,15 +9,14 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "ddprun/rendezvous/debug_log.h"
-#include "ddprun/rendezvous/errors.h"
-#include "ddprun/rendezvous/host_port.h"
-#include "ddprun/rendezvous/server.h"
-#include "ddprun/rendezvous/status_macros.h"
+#include "ddprun/rendezvous/common/debug_log.h"
+#include "ddprun/rendezvous/common/errors.h"
+#include "ddprun/rendezvous/common/host_port.h"
+#include "ddprun/rendezvous/common/status_macros.h"
+#include "ddprun/rendezvous/proto_convert.h"
+#include "ddprun/rendezvous/tls_credentials.h"
+#include "ddprun/rendezvous/tls_probe.h"
 #include "ddprun/v1/ddprun.grpc.pb.h"
-#include "proto_convert.h"
-#include "tls_credentials.h"
-#include "tls_probe.h"
 
 namespace ddprun::rendezvous {
 namespace {

@@ -6,7 +6,7 @@
 #include <tuple>
 #include <utility>
 
-#include "ddprun/rendezvous/errors.h"
+#include "ddprun/rendezvous/common/errors.h"
 
 namespace ddprun::rendezvous {
 namespace {

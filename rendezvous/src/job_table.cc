@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "ddprun/rendezvous/debug_log.h"
-#include "ddprun/rendezvous/errors.h"
-#include "ddprun/rendezvous/host_port.h"
-#include "ddprun/rendezvous/job_id.h"
+#include "ddprun/rendezvous/common/debug_log.h"
+#include "ddprun/rendezvous/common/errors.h"
+#include "ddprun/rendezvous/common/host_port.h"
+#include "ddprun/rendezvous/common/job_id.h"
 
 namespace ddprun::rendezvous {
 namespace {

@@ -1,7 +1,7 @@
-#include "metrics_service.h"
+#include "ddprun/rendezvous/metrics_service.h"
 
-#include "ddprun/rendezvous/metrics_json.h"
-#include "proto_convert.h"
+#include "ddprun/rendezvous/monitoring/metrics_json.h"
+#include "ddprun/rendezvous/proto_convert.h"
 
 namespace ddprun::rendezvous {
 grpc::ServerUnaryReactor* HandleReportMetrics(MetricsHub& hub, grpc::CallbackServerContext* ctx,

@@ -1,11 +1,37 @@
-#include "proto_convert.h"
+#include "ddprun/rendezvous/proto_convert.h"
+
+#include <grpc/support/log.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <mutex>
 
 #include "absl/strings/cord.h"
-#include "ddprun/rendezvous/metrics_hub.h"
+#include "absl/synchronization/mutex.h"
+#include "ddprun/rendezvous/monitoring/metrics_hub.h"
+#include "ddprun/rendezvous/tls_refusal_log.h"
 
 namespace ddprun::rendezvous {
+namespace {
+
+// gRPC's own log lines (for example a bind failure) would duplicate our
+// one-line errors; DDPRUN_GRPC_LOG=1 lets them through for debugging. A TLS
+// server's refused handshakes become our own rate-limited lines.
+void DropGrpcLog(gpr_log_func_args* args) {
+  NoteGrpcLogLine(args->file, args->severity, args->message);
+}
+
+}  // namespace
+
+void SilenceGrpcLogging() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* v = std::getenv("DDPRUN_GRPC_LOG");
+    if (!v || std::string(v) != "1") gpr_set_log_function(DropGrpcLog);
+    // What an NDEBUG build of absl does anyway (proto_convert.h).
+    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  });
+}
 
 grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;

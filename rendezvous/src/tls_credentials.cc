@@ -1,4 +1,4 @@
-#include "tls_credentials.h"
+#include "ddprun/rendezvous/tls_credentials.h"
 
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/security/server_credentials.h>

@@ -1,4 +1,4 @@
-#include "tls_probe.h"
+#include "ddprun/rendezvous/tls_probe.h"
 
 #include <arpa/inet.h>
 #include <openssl/bio.h>
@@ -14,8 +14,8 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
-#include "ddprun/rendezvous/host_port.h"
-#include "socket_util.h"
+#include "ddprun/rendezvous/common/host_port.h"
+#include "ddprun/rendezvous/common/socket_util.h"
 
 namespace ddprun::rendezvous {
 namespace {

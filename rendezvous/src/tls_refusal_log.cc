@@ -1,4 +1,4 @@
-#include "tls_refusal_log.h"
+#include "ddprun/rendezvous/tls_refusal_log.h"
 
 #include <grpc/support/log.h>
 #include <openssl/err.h>

@@ -19,10 +19,10 @@
 #include <utility>
 #include <vector>
 
-#include "ddprun/rendezvous/c10d_store_handler.h"
-#include "ddprun/rendezvous/c10d_wire.h"
-#include "ddprun/rendezvous/kv_engine.h"
-#include "ddprun/rendezvous/status_macros.h"
+#include "ddprun/rendezvous/common/status_macros.h"
+#include "ddprun/rendezvous/store/c10d_store_handler.h"
+#include "ddprun/rendezvous/store/c10d_wire.h"
+#include "ddprun/rendezvous/store/kv_engine.h"
 
 using ddprun::rendezvous::KvEngine;
 using ddprun::rendezvous::c10d::DecodeResult;

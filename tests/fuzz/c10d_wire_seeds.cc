@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "ddprun/rendezvous/c10d_wire.h"
+#include "ddprun/rendezvous/store/c10d_wire.h"
 
 namespace c10d = ddprun::rendezvous::c10d;
 using c10d::Dialect;

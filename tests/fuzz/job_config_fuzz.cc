@@ -8,7 +8,7 @@
 #include <string>
 
 #include "ddprun/launcher/job_config.h"
-#include "ddprun/rendezvous/status_macros.h"
+#include "ddprun/rendezvous/common/status_macros.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size > ddprun::launcher::kMaxConfigBytes) return 0;  // LoadJobConfig refuses these first

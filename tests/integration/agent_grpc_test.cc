@@ -12,7 +12,7 @@
 #include <sstream>
 
 #include "ddprun/agent/agent.h"
-#include "ddprun/rendezvous/exit_codes.h"
+#include "ddprun/rendezvous/common/exit_codes.h"
 #include "support/capture_stderr.h"
 
 namespace ddprun::agent {

@@ -11,8 +11,8 @@
 #include <memory>
 #include <string>
 
-#include "ddprun/rendezvous/c10d_store_server.h"
-#include "ddprun/rendezvous/kv_engine.h"
+#include "ddprun/rendezvous/store/c10d_store_server.h"
+#include "ddprun/rendezvous/store/kv_engine.h"
 #include "store_load.h"
 
 namespace ddprun::rendezvous {

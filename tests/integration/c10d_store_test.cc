@@ -20,10 +20,10 @@
 #include <string>
 #include <thread>
 
-#include "ddprun/rendezvous/c10d_store_client.h"
-#include "ddprun/rendezvous/c10d_store_server.h"
-#include "ddprun/rendezvous/c10d_wire.h"
-#include "ddprun/rendezvous/kv_engine.h"
+#include "ddprun/rendezvous/store/c10d_store_client.h"
+#include "ddprun/rendezvous/store/c10d_store_server.h"
+#include "ddprun/rendezvous/store/c10d_wire.h"
+#include "ddprun/rendezvous/store/kv_engine.h"
 #include "support/c10d_msg.h"
 #include "support/skip.h"
 

@@ -19,8 +19,8 @@
 
 #include "ddprun/agent/agent.h"
 #include "ddprun/agent/stack_capture.h"
-#include "ddprun/rendezvous/clock.h"
-#include "ddprun/rendezvous/exit_codes.h"
+#include "ddprun/rendezvous/common/clock.h"
+#include "ddprun/rendezvous/common/exit_codes.h"
 #include "support/capture_stderr.h"
 #include "support/skip.h"
 

@@ -6,7 +6,7 @@
 #include <numeric>
 #include <tuple>
 
-#include "ddprun/rendezvous/server.h"
+#include "ddprun/rendezvous/daemon/server.h"
 #include "support/simulated_job.h"
 
 namespace ddprun::rendezvous {

@@ -11,8 +11,8 @@
 #include <thread>
 
 #include "ddprun/rendezvous/client.h"
-#include "ddprun/rendezvous/errors.h"
-#include "ddprun/rendezvous/server.h"
+#include "ddprun/rendezvous/common/errors.h"
+#include "ddprun/rendezvous/daemon/server.h"
 
 namespace ddprun::rendezvous {
 namespace {

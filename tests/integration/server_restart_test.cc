@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "ddprun/rendezvous/client.h"
-#include "ddprun/rendezvous/server.h"
+#include "ddprun/rendezvous/daemon/server.h"
 
 namespace ddprun::rendezvous {
 namespace {

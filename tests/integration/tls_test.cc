@@ -4,7 +4,7 @@
 // refuses, by kind and with the fix named, a wrong CA, a missing or foreign
 // client certificate and a plaintext client; a TLS client against a
 // plaintext server; the server's rate-limited line per refused peer.
-#include "ddprun/rendezvous/tls.h"
+#include "ddprun/rendezvous/common/tls.h"
 
 #include <grpc/support/log.h>
 #include <sys/stat.h>
@@ -14,13 +14,13 @@
 #include <chrono>
 
 #include "ddprun/rendezvous/client.h"
-#include "ddprun/rendezvous/errors.h"
-#include "ddprun/rendezvous/server.h"
+#include "ddprun/rendezvous/common/errors.h"
+#include "ddprun/rendezvous/daemon/server.h"
+#include "ddprun/rendezvous/tls_refusal_log.h"  // the server's refusal lines
 #include "support/capture_stderr.h"
 #include "support/process_helpers.h"
 #include "support/skip.h"
 #include "support/tls_certs.h"
-#include "tls_refusal_log.h"  // rendezvous/src: the server's refusal lines
 
 namespace ddprun::rendezvous {
 namespace {

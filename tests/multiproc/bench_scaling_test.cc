@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "ddprun/rendezvous/exit_codes.h"
+#include "ddprun/rendezvous/common/exit_codes.h"
 #include "support/process_helpers.h"
 #include "support/skip.h"
 

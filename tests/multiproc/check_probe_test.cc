@@ -9,7 +9,7 @@
 #include <fstream>
 #include <string>
 
-#include "ddprun/launcher/preflight_probe.h"
+#include "ddprun/launcher/check/preflight_probe.h"
 #include "support/process_helpers.h"
 
 using namespace ddprun::test;

@@ -4,7 +4,7 @@
 // fix: a non-existent interface, a small open-file limit (prlimit), a
 // different script on one of two nodes, a node whose advertised address
 // cannot be reached. The rest (GPUs, /dev/shm, versions, clock skew) are
-// broken through the probe seam in tests/unit/launcher/preflight_test.cc.
+// broken through the probe seam in tests/unit/launcher/check/preflight_test.cc.
 #include <unistd.h>
 
 #include <fstream>

@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "ddprun/rendezvous/client.h"
-#include "ddprun/rendezvous/errors.h"
+#include "ddprun/rendezvous/common/errors.h"
+#include "ddprun/rendezvous/ha/etcd_journal.h"
+#include "ddprun/rendezvous/ha/etcd_snapshot_chunks.h"
 #include "ddprun/rendezvous/job_table.h"
-#include "etcd_journal.h"
-#include "etcd_snapshot_chunks.h"
 #include "support/etcd_cluster.h"
 #include "support/formed_snapshot.h"
 #include "support/ha_replicas.h"

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "ddprun/rendezvous/client.h"
-#include "ddprun/rendezvous/errors.h"
+#include "ddprun/rendezvous/common/errors.h"
 #include "support/etcd_cluster.h"
 #include "support/ha_replicas.h"
 #include "support/process_helpers.h"

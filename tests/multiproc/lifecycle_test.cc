@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "ddprun/rendezvous/server_heap.h"
+#include "ddprun/rendezvous/daemon/server_heap.h"
 #include "support/process_helpers.h"
 
 using namespace ddprun::test;

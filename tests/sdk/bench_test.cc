@@ -11,7 +11,7 @@
 #include <sstream>
 #include <string>
 
-#include "ddprun/rendezvous/exit_codes.h"
+#include "ddprun/rendezvous/common/exit_codes.h"
 #include "support/process_helpers.h"
 
 using namespace ddprun::test;

@@ -12,9 +12,9 @@
 #include <fstream>
 #include <string>
 
-#include "ddprun/rendezvous/c10d_store_client.h"
-#include "ddprun/rendezvous/host_port.h"
-#include "ddprun/rendezvous/sdk_store_scope.h"
+#include "ddprun/rendezvous/common/host_port.h"
+#include "ddprun/rendezvous/store/c10d_store_client.h"
+#include "ddprun/rendezvous/store/sdk_store_scope.h"
 #include "support/process_helpers.h"
 
 using namespace ddprun::test;

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "ddprun/rendezvous/etcd_client.h"
+#include "ddprun/rendezvous/ha/etcd_client.h"
 #include "support/process_helpers.h"
 
 namespace ddprun::test {

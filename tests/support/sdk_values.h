@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "ddp/ddp.h"
-#include "half.h"
+#include "ddp/half.h"
 
 namespace ddprun::test {
 

@@ -19,7 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "ddprun/rendezvous/client.h"
-#include "ddprun/rendezvous/types.h"
+#include "ddprun/rendezvous/common/types.h"
 
 namespace ddprun::testing {
 

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "ddp/ddp.h"
-#include "ddprun/rendezvous/store.h"
+#include "ddprun/rendezvous/store/store.h"
 #include "group_factory.h"
 #include "status.h"
 

@@ -17,11 +17,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "copy_span.h"
 #include "ddp/process_group.h"
 #include "ddp/types.h"
-#include "ddprun/rendezvous/debug_log.h"
-#include "ddprun/rendezvous/status_macros.h"
-#include "copy_span.h"
+#include "ddprun/rendezvous/common/debug_log.h"
+#include "ddprun/rendezvous/common/status_macros.h"
 #include "elementwise.h"
 
 namespace ddp::detail {

@@ -1,6 +1,6 @@
 #include "elementwise.h"
 
-#include "half.h"
+#include "ddp/half.h"
 
 namespace ddp::detail {
 namespace {

@@ -1,11 +1,11 @@
 #include "gloo_ops.h"
 
 #include "cpu_topology.h"
+#include "ddp/half.h"
 #include "elementwise.h"
 #include "gloo/allreduce.h"
 #include "gloo/allreduce_ring.h"
 #include "gloo/allreduce_ring_chunked.h"
-#include "half.h"
 
 namespace ddp::detail {
 namespace {

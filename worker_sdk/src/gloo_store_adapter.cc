@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "ddprun/rendezvous/store.h"
+#include "ddprun/rendezvous/store/store.h"
 #include "gloo/common/error.h"
 
 namespace ddp::detail {

@@ -11,7 +11,7 @@
 
 #include "backend.h"
 #include "ddp/types.h"
-#include "ddprun/rendezvous/worker_env_names.h"
+#include "ddprun/rendezvous/common/worker_env_names.h"
 #include "metrics.h"
 
 namespace ddp {

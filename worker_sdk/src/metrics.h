@@ -9,7 +9,7 @@
 #include <string>
 #include <utility>
 
-#include "ddprun/rendezvous/metrics_channel.h"
+#include "ddprun/rendezvous/monitoring/metrics_channel.h"
 
 namespace ddp::detail {
 

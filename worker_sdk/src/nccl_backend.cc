@@ -29,7 +29,7 @@
 // they are ordered after the trainer's work and before the next collective.
 #include "absl/strings/str_cat.h"
 #include "backend.h"
-#include "ddprun/rendezvous/store.h"
+#include "ddprun/rendezvous/store/store.h"
 #include "metrics.h"
 
 #if DDPRUN_WITH_CUDA

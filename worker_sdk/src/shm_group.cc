@@ -22,8 +22,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "ddprun/rendezvous/status_macros.h"
-#include "ddprun/rendezvous/store.h"
+#include "ddprun/rendezvous/common/status_macros.h"
+#include "ddprun/rendezvous/store/store.h"
 #include "elementwise.h"
 #include "shared_buffers.h"
 

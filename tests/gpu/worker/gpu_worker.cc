@@ -24,8 +24,8 @@
 #include <vector>
 
 #include "ddp/ddp.h"
-#include "ddprun/rendezvous/metrics_channel.h"
-#include "half.h"
+#include "ddp/half.h"
+#include "ddprun/rendezvous/monitoring/metrics_channel.h"
 #include "support/process_helpers.h"
 #include "support/sdk_values.h"
 

@@ -17,8 +17,8 @@
 #include <thread>
 
 #include "ddprun/rendezvous/client.h"
-#include "ddprun/rendezvous/errors.h"
-#include "ddprun/rendezvous/server.h"
+#include "ddprun/rendezvous/common/errors.h"
+#include "ddprun/rendezvous/daemon/server.h"
 #include "nlohmann/json.hpp"
 #include "support/http_get.h"
 #include "support/process_helpers.h"

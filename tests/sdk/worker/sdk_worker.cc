@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "ddp/ddp.h"
-#include "half.h"
+#include "ddp/half.h"
 #include "support/sdk_values.h"
 
 namespace {

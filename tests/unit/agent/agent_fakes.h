@@ -28,7 +28,7 @@
 #include "ddprun/agent/events.h"
 #include "ddprun/agent/process_launcher.h"
 #include "ddprun/agent/rendezvous_session.h"
-#include "ddprun/rendezvous/clock.h"
+#include "ddprun/rendezvous/common/clock.h"
 #include "ddprun/rendezvous/job_rendezvous.h"
 
 namespace ddprun::agent::testing {

@@ -19,8 +19,8 @@
 #include <sstream>
 
 #include "agent_fakes.h"
+#include "ddprun/rendezvous/common/exit_codes.h"
 #include "support/capture_stderr.h"
-#include "ddprun/rendezvous/exit_codes.h"
 
 namespace ddprun::agent {
 namespace {

@@ -5,7 +5,7 @@
 #include <catch2/catch.hpp>
 #include <cstdlib>
 
-#include "ddprun/rendezvous/worker_env_names.h"
+#include "ddprun/rendezvous/common/worker_env_names.h"
 
 namespace ddprun::agent {
 namespace {

@@ -10,9 +10,9 @@
 
 #include "absl/strings/str_split.h"
 #include "ddprun/launcher/cli.h"
+#include "ddprun/launcher/client/status_command.h"
 #include "ddprun/launcher/job_config.h"
 #include "ddprun/launcher/placement.h"
-#include "ddprun/launcher/status_command.h"
 
 namespace ddprun::launcher {
 namespace {

@@ -6,7 +6,7 @@
 #include <catch2/catch.hpp>
 #include <map>
 
-#include "ddprun/rendezvous/errors.h"
+#include "ddprun/rendezvous/common/errors.h"
 
 namespace ddprun::rendezvous {
 namespace {

@@ -7,7 +7,7 @@
 
 #include "ddp/c_api.h"
 #include "ddp/ddp.h"
-#include "half.h"
+#include "ddp/half.h"
 
 using ddp::ComputeBucketAssignment;
 using ddp::DType;

@@ -14,9 +14,9 @@
 #include <thread>
 #include <vector>
 
-#include "ddprun/rendezvous/store.h"
+#include "ddp/half.h"
+#include "ddprun/rendezvous/store/store.h"
 #include "elementwise.h"
-#include "half.h"
 #include "shared_buffers.h"
 
 using ddp::DType;

@@ -6,7 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include "cpu_topology.h"
-#include "ddprun/rendezvous/store.h"
+#include "ddprun/rendezvous/store/store.h"
 #include "gloo_store_adapter.h"
 #include "support/group_checks.h"
 

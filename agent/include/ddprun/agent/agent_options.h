@@ -9,9 +9,9 @@
 
 #include "ddprun/agent/cpu_binding.h"
 #include "ddprun/agent/log_spec.h"
-#include "ddprun/rendezvous/host_port.h"
-#include "ddprun/rendezvous/tls.h"
-#include "ddprun/rendezvous/types.h"
+#include "ddprun/rendezvous/common/host_port.h"
+#include "ddprun/rendezvous/common/tls.h"
+#include "ddprun/rendezvous/common/types.h"
 
 namespace ddprun::agent {
 

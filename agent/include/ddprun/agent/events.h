@@ -18,8 +18,8 @@
 #include <thread>
 #include <variant>
 
-#include "ddprun/rendezvous/clock.h"
-#include "ddprun/rendezvous/types.h"
+#include "ddprun/rendezvous/common/clock.h"
+#include "ddprun/rendezvous/common/types.h"
 
 namespace ddprun::agent {
 

@@ -11,7 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "ddprun/agent/worker_group.h"
 #include "ddprun/agent/worker_logs.h"
-#include "ddprun/rendezvous/types.h"
+#include "ddprun/rendezvous/common/types.h"
 
 namespace ddprun::agent {
 

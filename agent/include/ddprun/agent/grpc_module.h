@@ -18,10 +18,10 @@
 #include "absl/status/statusor.h"
 #include "ddprun/agent/agent_options.h"
 #include "ddprun/agent/rendezvous_session.h"
-#include "ddprun/rendezvous/clock.h"
+#include "ddprun/rendezvous/common/clock.h"
+#include "ddprun/rendezvous/common/tls.h"
 #include "ddprun/rendezvous/job_table.h"
-#include "ddprun/rendezvous/metrics_hub.h"
-#include "ddprun/rendezvous/tls.h"
+#include "ddprun/rendezvous/monitoring/metrics_hub.h"
 
 namespace ddprun::agent {
 
@@ -63,9 +63,9 @@ struct GrpcModule {
   // every start; only a job given TLS files calls it (it needs the module
   // for its gRPC channel anyway). Error: LoadClientTls's one line.
   absl::Status (*check_client_tls)(const rendezvous::TlsOptions& options) = nullptr;
-  // `ddprun status ...` (launcher/src/status_command.cc).
+  // `ddprun status ...` (launcher/client/src/status_command.cc).
   CommandFn run_status_command = nullptr;
-  // `ddprun top ...` (launcher/src/top_command.cc).
+  // `ddprun top ...` (launcher/client/src/top_command.cc).
   CommandFn run_top_command = nullptr;
 };
 

@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "ddprun/rendezvous/clock.h"
-#include "ddprun/rendezvous/metrics_channel.h"
-#include "ddprun/rendezvous/metrics_types.h"
+#include "ddprun/rendezvous/common/clock.h"
+#include "ddprun/rendezvous/monitoring/metrics_channel.h"
+#include "ddprun/rendezvous/monitoring/metrics_types.h"
 
 namespace ddprun::agent {
 

@@ -29,9 +29,9 @@
 #include "absl/status/statusor.h"
 #include "ddprun/agent/agent_options.h"
 #include "ddprun/agent/events.h"
-#include "ddprun/rendezvous/clock.h"
-#include "ddprun/rendezvous/metrics_types.h"
-#include "ddprun/rendezvous/types.h"
+#include "ddprun/rendezvous/common/clock.h"
+#include "ddprun/rendezvous/common/types.h"
+#include "ddprun/rendezvous/monitoring/metrics_types.h"
 
 namespace ddprun::agent {
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "ddprun/agent/agent_options.h"
-#include "ddprun/rendezvous/types.h"
+#include "ddprun/rendezvous/common/types.h"
 
 namespace ddprun::agent {
 

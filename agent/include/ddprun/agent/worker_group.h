@@ -16,7 +16,7 @@
 
 #include "absl/status/status.h"
 #include "ddprun/agent/process_launcher.h"
-#include "ddprun/rendezvous/clock.h"
+#include "ddprun/rendezvous/common/clock.h"
 
 namespace ddprun::agent {
 

@@ -34,7 +34,7 @@
 #include "ddprun/agent/log_pump.h"
 #include "ddprun/agent/log_spec.h"
 #include "ddprun/agent/process_launcher.h"
-#include "ddprun/rendezvous/types.h"
+#include "ddprun/rendezvous/common/types.h"
 
 namespace ddprun::agent {
 

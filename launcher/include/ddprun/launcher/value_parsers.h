@@ -20,7 +20,7 @@
 #include "absl/strings/string_view.h"
 #include "ddprun/agent/log_spec.h"
 #include "ddprun/launcher/knobs.h"
-#include "ddprun/rendezvous/host_port.h"
+#include "ddprun/rendezvous/common/host_port.h"
 
 namespace ddprun::launcher {
 

@@ -7,12 +7,12 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "ddprun/rendezvous/clock.h"
-#include "ddprun/rendezvous/host_port.h"
-#include "ddprun/rendezvous/metrics_types.h"
-#include "ddprun/rendezvous/store.h"
-#include "ddprun/rendezvous/tls.h"
-#include "ddprun/rendezvous/types.h"
+#include "ddprun/rendezvous/common/clock.h"
+#include "ddprun/rendezvous/common/host_port.h"
+#include "ddprun/rendezvous/common/tls.h"
+#include "ddprun/rendezvous/common/types.h"
+#include "ddprun/rendezvous/monitoring/metrics_types.h"
+#include "ddprun/rendezvous/store/store.h"
 
 namespace ddprun::rendezvous {
 

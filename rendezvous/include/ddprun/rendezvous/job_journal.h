@@ -1,6 +1,6 @@
-// Where the job table keeps its jobs across a restart of the server. StateLog
-// (--state_dir, rendezvous/src/state_log.h) is the implementation; tests use
-// an in-memory one. No proto types: the format is the implementation's.
+// Where the job table keeps its jobs across a restart of the server: StateLog
+// (--state_dir, ddprun/rendezvous/ha/state_log.h) and EtcdJournal (ha/etcd_journal.h);
+// tests use an in-memory one. No proto types: the format is the implementation's.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "ddprun/rendezvous/job_rendezvous.h"
-#include "ddprun/rendezvous/kv_engine.h"
+#include "ddprun/rendezvous/store/kv_engine.h"
 
 namespace ddprun::rendezvous {
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "ddprun/rendezvous/types.h"
+#include "ddprun/rendezvous/common/types.h"
 
 namespace ddprun::rendezvous {
 

@@ -40,8 +40,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "ddprun/rendezvous/clock.h"
-#include "ddprun/rendezvous/types.h"
+#include "ddprun/rendezvous/common/clock.h"
+#include "ddprun/rendezvous/common/types.h"
 
 namespace ddprun::rendezvous {
 

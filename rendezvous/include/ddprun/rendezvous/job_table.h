@@ -22,12 +22,12 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "ddprun/rendezvous/clock.h"
+#include "ddprun/rendezvous/common/clock.h"
+#include "ddprun/rendezvous/common/types.h"
 #include "ddprun/rendezvous/job_journal.h"
 #include "ddprun/rendezvous/job_observer.h"
 #include "ddprun/rendezvous/job_rendezvous.h"
-#include "ddprun/rendezvous/kv_engine.h"
-#include "ddprun/rendezvous/types.h"
+#include "ddprun/rendezvous/store/kv_engine.h"
 
 namespace ddprun::rendezvous {
 

@@ -1,0 +1,738 @@
+#include "ddprun/rendezvous/monitoring/metrics_hub.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "ddprun/rendezvous/common/errors.h"
+#include "ddprun/rendezvous/common/job_id.h"
+#include "ddprun/rendezvous/monitoring/hang_report.h"
+#include "rank_window.h"
+
+namespace ddprun::rendezvous {
+namespace {
+
+constexpr double kMaxCount = 1e15;   // steps, samples: more is a bad value
+constexpr double kMaxSeconds = 1e9;  // cumulative seconds
+constexpr double kMaxStepSeconds = 1e6;
+constexpr std::uint64_t kMaxBytes = std::uint64_t{1} << 50;
+constexpr std::size_t kMaxNameBytes = 64;  // collective op names
+
+double Secs(Duration d) { return std::chrono::duration<double>(d).count(); }
+
+// v when finite and within [lo, hi]; otherwise `bad` and one anomaly more.
+double Clean(double v, double lo, double hi, double bad, std::int64_t* anomalies) {
+  if (std::isfinite(v) && v >= lo && v <= hi) return v;
+  ++*anomalies;
+  if (std::isfinite(v) && v > hi) return hi;
+  return bad;
+}
+
+std::string Cut(std::string s, std::size_t max, std::int64_t* anomalies) {
+  if (s.size() > max) {
+    s.resize(max);
+    ++*anomalies;
+  }
+  return s;
+}
+
+// Names that become Prometheus label values and JSON keys: printable ASCII.
+bool PrintableName(const std::string& s) {
+  for (char c : s) {
+    if (c < 0x20 || c > 0x7e) return false;
+  }
+  return true;
+}
+
+bool KnownState(const std::string& s) {
+  return s == "running" || s == "exited" || s == "failed" || s == "stopped";
+}
+
+}  // namespace
+
+const char* OnHangName(OnHang on_hang) {
+  switch (on_hang) {
+    case OnHang::kReport:
+      return "report";
+    case OnHang::kRestart:
+      return "restart";
+    case OnHang::kAbort:
+      return "abort";
+  }
+  return "report";
+}
+
+std::optional<OnHang> ParseOnHang(const std::string& text) {
+  if (text.empty() || text == "report") return OnHang::kReport;
+  if (text == "restart") return OnHang::kRestart;
+  if (text == "abort") return OnHang::kAbort;
+  return std::nullopt;
+}
+
+// ------------------------------------------------------------------ state
+
+namespace {
+
+struct RankState {
+  explicit RankState(Duration rate_window)
+      : steps(kStepWindow), compute(kStragglerWindow), rates(rate_window) {}
+  RankView v;
+  StepWindow steps;    // step durations
+  StepWindow compute;  // step durations minus the step's time in collectives
+  RateWindow rates;
+  // Cached when a step arrives, so that a view of 8192 ranks costs O(ranks).
+  double compute_median = -1;
+  bool seen = false;
+  TimePoint received{};
+};
+
+struct NodeState {
+  std::string host;
+  std::int64_t pid = 0;
+  int base_rank = 0;
+  int nproc = 0;
+  bool reported = false;
+  TimePoint last_report{};
+  std::vector<int> capture;  // ranks whose stacks the next reply asks for
+  bool hang_report_due = false;
+};
+
+enum class Hang { kArmed, kCapturing, kPublished, kReported };
+
+// A rank of the round. Its state is made on its first report, not when the
+// round starts: a round of 16k nodes has 131k ranks, and making every state
+// then (under the job table's lock, before any Assignment goes out) measured
+// most of the job table's time for the round.
+struct RankSlot {
+  int rank = -1;
+  int local_rank = -1;
+  const std::string* node_id = nullptr;  // a key of Job::nodes (rebuilt together)
+  const NodeState* node = nullptr;       // that key's value
+  std::unique_ptr<RankState> state;      // null until the rank's first report
+};
+
+// The slot's view: its state's, or a rank not heard from yet.
+RankView ViewOf(const RankSlot& slot) {
+  if (slot.state) return slot.state->v;
+  RankView v;
+  v.rank = slot.rank;
+  v.local_rank = slot.local_rank;
+  v.node_id = *slot.node_id;
+  v.host = slot.node->host;
+  return v;
+}
+
+// Rank `rank`'s slot in a rank-ordered vector; null if it has none.
+RankSlot* FindRank(std::vector<RankSlot>& ranks, int rank) {
+  auto it = std::lower_bound(ranks.begin(), ranks.end(), rank,
+                             [](const RankSlot& r, int x) { return r.rank < x; });
+  return it != ranks.end() && it->rank == rank ? &*it : nullptr;
+}
+
+}  // namespace
+
+struct MetricsHub::Job {
+  std::string id;
+  std::int64_t round = 0;
+  std::string state = "gathering";
+  int world_size = 0;
+  int restart_count = 0;
+  double hang_timeout_s = 0;
+  OnHang on_hang = OnHang::kReport;
+  std::map<std::string, NodeState> nodes;
+  // The round's ranks in rank order (FindRank looks one up).
+  std::vector<RankSlot> ranks;
+  std::deque<SeriesPoint> series;
+  std::optional<TimePoint> next_point;
+  std::deque<TimelineEvent> events;
+  // Hang detection.
+  Hang hang = Hang::kArmed;
+  TimePoint last_progress{};
+  TimePoint hang_deadline{};  // end of the stack wait, then of the delivery wait
+  HangReportInput pending;    // while capturing
+  std::vector<int> stacks_wanted;
+  std::string hang_report;
+  std::int64_t hangs = 0;
+  std::string act_node;
+  WorkerFailure act_failure;
+  // The end.
+  std::string close_reason;
+  std::vector<WorkerFailure> failures;
+};
+
+MetricsHub::MetricsHub(MetricsHubOptions options)
+    : options_(std::move(options)), clock_(*options_.clock), start_(clock_.Now()) {
+  unix_at_start_ =
+      options_.unix_at_start >= 0
+          ? options_.unix_at_start
+          : std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+                .count();
+}
+
+MetricsHub::~MetricsHub() = default;
+
+double MetricsHub::UnixNow() const { return unix_at_start_ + Secs(clock_.Now() - start_); }
+
+namespace {
+
+void AddEvent(MetricsHub::Job& job, double unix_s, std::string kind, std::string text);
+
+}  // namespace
+
+// --------------------------------------------------------------- observer
+
+void MetricsHub::OnJobChange(const JobChange& c) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const double unix_now = UnixNow();
+  if (c.kind == JobChange::Kind::kForgotten) {
+    jobs_.erase(c.job_id);
+    return;
+  }
+  auto it = jobs_.find(c.job_id);
+  if (it == jobs_.end()) {
+    auto job = std::make_unique<Job>();
+    job->id = c.job_id;
+    it = jobs_.emplace(c.job_id, std::move(job)).first;
+  }
+  Job& job = *it->second;
+  switch (c.kind) {
+    case JobChange::Kind::kEvent:
+      AddEvent(job, unix_now, c.tag.empty() ? "event" : c.tag, c.text);
+      break;
+    case JobChange::Kind::kRoundStarted: {
+      job.round = c.round;
+      job.state = "running";
+      job.world_size = c.world_size;
+      job.restart_count = c.restart_count;
+      job.hang_timeout_s = std::isfinite(c.hang_timeout_s) ? c.hang_timeout_s : 0;
+      job.on_hang = ParseOnHang(c.on_hang).value_or(OnHang::kReport);
+      job.nodes.clear();
+      job.ranks.clear();
+      std::size_t total = 0;
+      for (const NodeInfo& n : c.nodes) total += static_cast<std::size_t>(std::max(0, n.nproc));
+      job.ranks.reserve(total);
+      for (std::size_t i = 0; i < c.nodes.size() && i < c.node_ids.size(); ++i) {
+        const NodeInfo& n = c.nodes[i];
+        NodeState ns;
+        ns.host = n.host;
+        ns.pid = n.pid;
+        ns.base_rank = n.base_rank;
+        ns.nproc = n.nproc;
+        auto [nit, added] = job.nodes.insert_or_assign(c.node_ids[i], std::move(ns));
+        for (int l = 0; l < n.nproc; ++l) {
+          RankSlot& slot = job.ranks.emplace_back();
+          slot.rank = n.base_rank + l;
+          slot.local_rank = l;
+          slot.node_id = &nit->first;
+          slot.node = &nit->second;
+        }
+      }
+      // Nodes come in base-rank order; sort anyway, one slot per rank.
+      auto by_rank = [](const RankSlot& a, const RankSlot& b) { return a.rank < b.rank; };
+      if (!std::is_sorted(job.ranks.begin(), job.ranks.end(), by_rank)) {
+        std::stable_sort(job.ranks.begin(), job.ranks.end(), by_rank);
+      }
+      job.ranks.erase(
+          std::unique(job.ranks.begin(), job.ranks.end(),
+                      [](const RankSlot& a, const RankSlot& b) { return a.rank == b.rank; }),
+          job.ranks.end());
+      job.hang = Hang::kArmed;
+      job.last_progress = clock_.Now();
+      job.stacks_wanted.clear();
+      AddEvent(job, unix_now, "round",
+               absl::StrCat("round ", c.round, " running: ", c.nodes.size(),
+                            " node(s), world size ", c.world_size, ", restarts ", c.restart_count));
+      break;
+    }
+    case JobChange::Kind::kRestart:
+      job.state = "gathering";
+      job.hang = Hang::kArmed;
+      for (auto& [id, n] : job.nodes) n.capture.clear();
+      AddEvent(job, unix_now, "restart",
+               absl::StrCat("round ", c.round, " ends", c.counts_as_failure ? " (a failure)" : "",
+                            ": ", c.text));
+      break;
+    case JobChange::Kind::kClosed:
+      job.state = c.success ? "succeeded" : "failed";
+      job.close_reason = c.text;
+      job.failures = c.failures;
+      job.hang = Hang::kReported;  // nothing more to detect
+      AddEvent(job, unix_now, "closed",
+               absl::StrCat(c.success ? "succeeded: " : "failed: ", c.text));
+      break;
+    case JobChange::Kind::kForgotten:
+      break;
+  }
+}
+
+namespace {
+
+void AddEvent(MetricsHub::Job& job, double unix_s, std::string kind, std::string text) {
+  job.events.push_back({unix_s, job.round, std::move(kind), std::move(text)});
+  while (job.events.size() > kMaxTimelineEvents) job.events.pop_front();
+}
+
+// A sample's values into the rank's state, clamped; returns whether the
+// rank progressed (steps or collective number moved).
+bool Ingest(RankState& r, RankSample s, TimePoint now, double unix_s) {
+  RankView& v = r.v;
+  std::int64_t& bad = v.anomalies;
+  if (s.pid > 0) v.pid = s.pid;
+  v.state = KnownState(s.state) ? s.state : (++bad, "unknown");
+  v.has_progress_source = s.has_progress_source;
+  const std::int64_t prev_steps = v.steps;
+  const std::int64_t prev_seq = v.collective_seq;
+  const double prev_comm = v.comm_seconds_total;
+
+  const auto steps = static_cast<std::int64_t>(
+      Clean(static_cast<double>(s.steps), 0, kMaxCount, static_cast<double>(prev_steps), &bad));
+  if (steps < prev_steps) {
+    ++bad;  // steps going backwards: keep the count we had
+  } else {
+    v.steps = steps;
+  }
+  const double samples = Clean(s.samples_total, -1, kMaxCount, -1, &bad);
+  if (samples >= 0 && v.samples_total >= 0 && samples < v.samples_total) {
+    ++bad;
+  } else {
+    v.samples_total = samples < 0 ? -1 : samples;
+  }
+  const auto seq = static_cast<std::int64_t>(Clean(static_cast<double>(s.collective_seq), 0,
+                                                   kMaxCount, static_cast<double>(prev_seq), &bad));
+  if (seq < prev_seq) {
+    ++bad;
+  } else {
+    v.collective_seq = seq;
+  }
+  v.in_collective = s.in_collective;
+  v.collective_op = Cut(std::move(s.collective_op), kMaxNameBytes, &bad);
+  if (!PrintableName(v.collective_op)) v.collective_op = (++bad, "?");
+  const double comm = Clean(s.comm_seconds_total, 0, kMaxSeconds, prev_comm, &bad);
+  v.comm_seconds_total = std::max(comm, prev_comm);
+
+  // Durations of the steps completed since the last report: at most as many
+  // as the count moved, the newest ones.
+  const std::int64_t moved = v.steps - prev_steps;
+  std::size_t take = std::min<std::size_t>(
+      {s.step_seconds.size(), kMaxStepSecondsPerReport, static_cast<std::size_t>(moved)});
+  if (s.step_seconds.size() > take) bad += static_cast<std::int64_t>(s.step_seconds.size() - take);
+  const double comm_per_step =
+      take > 0 ? (v.comm_seconds_total - prev_comm) / static_cast<double>(take) : 0;
+  for (std::size_t i = s.step_seconds.size() - take; i < s.step_seconds.size(); ++i) {
+    const double d = s.step_seconds[i];
+    if (!std::isfinite(d) || d <= 0 || d > kMaxStepSeconds) {
+      ++bad;
+      continue;
+    }
+    r.steps.Add(d);
+    r.compute.Add(std::max(d - comm_per_step, d * 0.01));
+    v.step_seconds_sum += d;
+    ++v.step_count;
+  }
+
+  if (take > 0) {
+    v.step_p50_s = r.steps.Quantile(0.5);
+    v.step_p90_s = r.steps.Quantile(0.9);
+    r.compute_median = r.compute.size() >= kStragglerMinSteps ? r.compute.Quantile(0.5) : -1;
+  }
+
+  v.collectives.clear();
+  for (auto& c : s.collectives) {
+    if (v.collectives.size() == kMaxCollectiveOps) {
+      ++bad;
+      break;
+    }
+    CollectiveStat out;
+    out.op = Cut(std::move(c.op), kMaxNameBytes, &bad);
+    if (!PrintableName(out.op)) {
+      ++bad;
+      out.op = "?";
+    }
+    out.count =
+        static_cast<std::int64_t>(Clean(static_cast<double>(c.count), 0, kMaxCount, 0, &bad));
+    out.bytes_total =
+        static_cast<std::int64_t>(Clean(static_cast<double>(c.bytes_total), 0, kMaxCount, 0, &bad));
+    out.seconds_total = Clean(c.seconds_total, 0, kMaxSeconds, 0, &bad);
+    out.busbw_gbps = Clean(c.busbw_gbps, 0, 1e6, 0, &bad);
+    v.collectives.push_back(std::move(out));
+  }
+
+  v.scalars.clear();
+  v.scalars_dropped = static_cast<std::int64_t>(
+      Clean(static_cast<double>(s.scalars_dropped), 0, kMaxCount, 0, &bad));
+  for (auto& [name, value] : s.scalars) {
+    if (name.empty() || name.size() > kMaxScalarNameBytes || !PrintableName(name) ||
+        !std::isfinite(value) || v.scalars.size() == kMaxScalarsPerRank) {
+      ++v.scalars_dropped;
+      continue;
+    }
+    v.scalars.emplace(name, value);
+  }
+
+  v.cpu_percent = Clean(s.cpu_percent, 0, 100.0 * 4096, 0, &bad);
+  v.rss_bytes = std::min(s.rss_bytes, kMaxBytes);
+  v.gpu_util_percent = Clean(s.gpu_util_percent, -1, 100, -1, &bad);
+  if (v.gpu_util_percent < 0) v.gpu_util_percent = -1;
+  v.gpu_mem_bytes = v.gpu_util_percent >= 0 ? std::min(s.gpu_mem_bytes, kMaxBytes) : 0;
+
+  r.rates.Add(now, static_cast<double>(v.steps), v.samples_total);
+  r.seen = true;
+  r.received = now;
+  v.report_unix_s = unix_s;
+  return v.steps != prev_steps || v.collective_seq != prev_seq;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ reports
+
+absl::StatusOr<MetricsReply> MetricsHub::Report(MetricsReport report) {
+  if (absl::Status st = ValidateJobId(report.job_id); !st.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++counters_.reports_rejected;
+    return absl::InvalidArgumentError(std::string(st.message()));
+  }
+  std::vector<std::function<void()>> after;
+  MetricsReply reply;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const TimePoint now = clock_.Now();
+    auto refuse = [&](std::string why) {
+      ++counters_.reports_rejected;
+      return absl::FailedPreconditionError(Fence(report.job_id, report.round) + why);
+    };
+    auto it = jobs_.find(report.job_id);
+    if (it == jobs_.end()) {
+      return refuse("metrics for a job this server does not know; the agent must join it first");
+    }
+    Job& job = *it->second;
+    if (job.state != "running" || report.round != job.round) {
+      return refuse(absl::StrCat("metrics for a round that is not running (the job is ", job.state,
+                                 " in round ", job.round, "); the agent must re-join"));
+    }
+    auto nit = job.nodes.find(report.node_id);
+    if (nit == job.nodes.end()) {
+      return refuse("metrics from a node that is not a member of the running round");
+    }
+    NodeState& node = nit->second;
+    ++counters_.reports;
+    node.reported = true;
+    node.last_report = now;
+    const double unix_s =
+        std::isfinite(report.unix_s) && report.unix_s > 0 ? report.unix_s : UnixNow();
+    bool progressed = false;
+    std::set<int> done;
+    for (auto& s : report.ranks) {
+      if (s.rank < node.base_rank || s.rank >= node.base_rank + node.nproc) continue;
+      if (!done.insert(s.rank).second) continue;  // a rank twice in one report
+      RankSlot* slot = FindRank(job.ranks, s.rank);
+      if (slot == nullptr) continue;
+      if (!slot->state) {
+        slot->state = std::make_unique<RankState>(options_.rate_window);
+        RankView& v = slot->state->v;
+        v.rank = slot->rank;
+        v.local_rank = slot->local_rank;
+        v.node_id = *slot->node_id;
+        v.host = slot->node->host;
+      }
+      progressed |= Ingest(*slot->state, std::move(s), now, unix_s);
+    }
+    std::int64_t events = 0;
+    for (auto& e : report.events) {
+      if (++events > static_cast<std::int64_t>(kMaxEventsPerReport)) break;
+      std::int64_t ignored = 0;
+      AddEvent(job, UnixNow(), "agent",
+               node.host + ": " + Cut(std::move(e), kMaxEventBytes, &ignored));
+    }
+    if (progressed) {
+      job.last_progress = now;
+      // A slow rank that moves is not hung: a pending capture is dropped, a
+      // published report re-arms.
+      if (job.hang == Hang::kCapturing || job.hang == Hang::kReported) {
+        if (job.hang == Hang::kCapturing) {
+          AddEvent(job, UnixNow(), "hang", "progress resumed before the hang report; none sent");
+        }
+        job.hang = Hang::kArmed;
+        job.stacks_wanted.clear();
+        for (auto& [id, n] : job.nodes) n.capture.clear();
+      }
+    }
+    if (job.hang == Hang::kCapturing) {
+      for (auto& d : report.stacks) {
+        if (d.rank < node.base_rank || d.rank >= node.base_rank + node.nproc) continue;
+        if (!std::binary_search(job.stacks_wanted.begin(), job.stacks_wanted.end(), d.rank))
+          continue;
+        std::int64_t ignored = 0;
+        d.text = Cut(std::move(d.text), kMaxStackBytes, &ignored);
+        d.error = Cut(std::move(d.error), kMaxEventBytes, &ignored);
+        d.kind = Cut(std::move(d.kind), kMaxNameBytes, &ignored);
+        job.pending.stacks[d.rank] = std::move(d);
+      }
+      // Every stack in: publish now rather than at the end of the wait.
+      if (job.pending.stacks.size() >= job.stacks_wanted.size()) job.hang_deadline = now;
+    }
+    TickJobLocked(job, now, &after);
+    reply.capture_stacks = std::move(node.capture);
+    node.capture.clear();
+    if (node.hang_report_due) {
+      reply.hang_report = job.hang_report;
+      node.hang_report_due = false;
+    }
+  }
+  for (auto& f : after) f();
+  return reply;
+}
+
+// -------------------------------------------------------------------- tick
+
+void MetricsHub::Tick() {
+  std::vector<std::function<void()>> after;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const TimePoint now = clock_.Now();
+    for (auto& [id, job] : jobs_) TickJobLocked(*job, now, &after);
+  }
+  for (auto& f : after) f();
+}
+
+namespace {
+
+struct Aggregate {
+  double samples_per_s = -1;
+  double steps_per_s = 0;
+  double step_time_s = -1;
+};
+
+// Per-rank rates, quantiles and stragglers as of now; the job's totals.
+Aggregate Compute(std::vector<RankSlot>& ranks, TimePoint now) {
+  Aggregate a;
+  double fastest = -1;
+  int counted = 0;
+  for (auto& slot : ranks) {
+    ++counted;  // a rank not heard from yet counts as 0 steps/s
+    if (!slot.state) continue;
+    RankState& r = *slot.state;
+    RankView& v = r.v;
+    v.steps_per_s = r.rates.StepsPerSecond(now);
+    v.samples_per_s = r.rates.SamplesPerSecond(now);
+    v.age_s = r.seen ? Secs(now - r.received) : -1;
+    if (v.samples_per_s >= 0) a.samples_per_s = std::max(0.0, a.samples_per_s) + v.samples_per_s;
+    a.steps_per_s += v.steps_per_s;
+    if (v.step_p50_s > a.step_time_s) a.step_time_s = v.step_p50_s;
+    if (r.compute_median > 0 && (fastest < 0 || r.compute_median < fastest)) {
+      fastest = r.compute_median;
+    }
+  }
+  if (counted > 0) a.steps_per_s /= counted;  // the job's steps/s: the ranks' mean
+  for (auto& slot : ranks) {
+    if (!slot.state) continue;
+    RankState& r = *slot.state;
+    RankView& v = r.v;
+    v.straggler = false;
+    v.straggler_gap_s = 0;
+    v.slowdown = 0;
+    if (fastest > 0 && r.compute_median > 0) {
+      const double med = r.compute_median;
+      v.straggler_gap_s = med - fastest;
+      v.slowdown = med / fastest;
+      v.straggler = v.slowdown >= kStragglerRatio && v.state == "running";
+    }
+  }
+  return a;
+}
+
+}  // namespace
+
+void MetricsHub::TickJobLocked(Job& job, TimePoint now, std::vector<std::function<void()>>* after) {
+  if (job.state != "running") return;
+  // The time series: one point per resolution.
+  if (!job.next_point || now >= *job.next_point) {
+    const Aggregate a = Compute(job.ranks, now);
+    job.series.push_back({UnixNow(), a.samples_per_s, a.steps_per_s, a.step_time_s});
+    while (job.series.size() > options_.series_points) job.series.pop_front();
+    job.next_point = now + options_.series_resolution;
+  }
+  if (job.hang_timeout_s <= 0) return;
+
+  auto publish = [&] {
+    job.pending.stalled_s = Secs(now - job.last_progress);
+    RefineHangWithStacks(job.pending.verdict, job.pending.stacks);
+    job.hang_report = FormatHangReport(job.pending);
+    ++job.hangs;
+    AddEvent(job, UnixNow(), "hang",
+             absl::StrCat("hang: culprit rank(s) ", RankList(job.pending.verdict.culprits)));
+    for (auto& [id, n] : job.nodes) n.hang_report_due = true;
+    if (options_.log) {
+      after->push_back([log = options_.log, text = job.hang_report] { log(text); });
+    }
+    // The job's failure report names the first culprit.
+    const int c = job.pending.verdict.culprits.front();
+    const RankSlot* culprit = FindRank(job.ranks, c);  // one of the ranks
+    const RankView r = culprit ? ViewOf(*culprit) : RankView{};
+    WorkerFailure f;
+    f.host = r.host;
+    f.global_rank = c;
+    f.local_rank = r.local_rank;
+    f.pid = r.pid;
+    f.timestamp = UnixNow();
+    f.round = job.round;
+    f.error_message = job.hang_report;
+    job.act_node = r.node_id;
+    job.act_failure = std::move(f);
+    job.stacks_wanted.clear();
+    if (job.on_hang == OnHang::kReport) {
+      job.hang = Hang::kReported;
+    } else {
+      // Give every agent one report interval to fetch and print it first.
+      job.hang = Hang::kPublished;
+      job.hang_deadline = now + std::chrono::seconds(2);
+    }
+  };
+
+  switch (job.hang) {
+    case Hang::kArmed: {
+      if (now - job.last_progress < Seconds(job.hang_timeout_s)) return;
+      // Every worker alive by a fresh report, and something that counts progress.
+      if (job.ranks.empty()) return;
+      bool source = false;
+      for (const auto& slot : job.ranks) {
+        const RankState* r = slot.state.get();
+        if (!r || !r->seen || r->v.state != "running" || now - r->received > options_.report_fresh)
+          return;
+        source |= r->v.has_progress_source || r->v.collective_seq > 0;
+      }
+      if (!source) return;
+      std::vector<HangRank> hr;
+      hr.reserve(job.ranks.size());
+      for (const auto& slot : job.ranks) {
+        const RankState& r = *slot.state;  // every rank reported (above)
+        hr.push_back({r.v.rank, r.v.host, r.v.pid, r.v.steps, r.v.collective_seq, r.v.in_collective,
+                      r.v.collective_op});
+      }
+      job.pending = HangReportInput{};
+      job.pending.job_id = job.id;
+      job.pending.round = job.round;
+      job.pending.hang_timeout_s = job.hang_timeout_s;
+      job.pending.on_hang = OnHangName(job.on_hang);
+      job.pending.verdict = FindHangCulprits(hr);
+      job.pending.ranks = std::move(hr);
+      job.stacks_wanted.assign(job.pending.verdict.culprits.begin(),
+                               job.pending.verdict.culprits.begin() +
+                                   static_cast<std::ptrdiff_t>(std::min(
+                                       kMaxStackCaptures, job.pending.verdict.culprits.size())));
+      for (int c : job.stacks_wanted) {
+        if (const RankSlot* slot = FindRank(job.ranks, c)) {
+          job.nodes[*slot->node_id].capture.push_back(c);
+        }
+      }
+      job.hang = Hang::kCapturing;
+      job.hang_deadline = now + options_.stack_wait;
+      AddEvent(job, UnixNow(), "hang",
+               absl::StrCat("no progress for ", static_cast<long>(job.hang_timeout_s),
+                            " s; asking for the stacks of rank(s) ", RankList(job.stacks_wanted)));
+      return;
+    }
+    case Hang::kCapturing:
+      if (now >= job.hang_deadline) publish();
+      // A report may wait for its delivery; restart and abort apply at once
+      // when the delivery wait is zero.
+      if (job.hang != Hang::kPublished) return;
+      [[fallthrough]];
+    case Hang::kPublished: {
+      bool delivered = true;
+      for (const auto& [id, n] : job.nodes) delivered &= !n.hang_report_due;
+      if (!delivered && now < job.hang_deadline) return;
+      job.hang = Hang::kReported;
+      if (options_.act) {
+        after->push_back([act = options_.act, id = job.id, round = job.round, node = job.act_node,
+                          what = job.on_hang,
+                          f = job.act_failure] { act(id, round, node, what, f); });
+      }
+      return;
+    }
+    case Hang::kReported:
+      return;
+  }
+}
+
+// ------------------------------------------------------------------- views
+
+absl::StatusOr<JobView> MetricsHub::View(const std::string& job_id, bool with_history) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("[job ", job_id.size() <= kMaxJobIdBytes ? job_id : job_id.substr(0, 64),
+                     "] no such job on this server; `ddprun status` lists the jobs"));
+  }
+  Job& job = *it->second;
+  const TimePoint now = clock_.Now();
+  const Aggregate a = Compute(job.ranks, now);
+  JobView v;
+  v.job_id = job.id;
+  v.round = job.round;
+  v.state = job.state;
+  v.world_size = job.world_size;
+  v.nodes = static_cast<int>(job.nodes.size());
+  v.restart_count = job.restart_count;
+  v.hang_timeout_s = job.hang_timeout_s;
+  v.on_hang = OnHangName(job.on_hang);
+  bool source = false;
+  for (const auto& slot : job.ranks) {
+    if (slot.state) source |= slot.state->v.has_progress_source || slot.state->v.collective_seq > 0;
+  }
+  if (job.hang_timeout_s <= 0) {
+    v.hang_state = "off";
+  } else if (job.state != "running") {
+    v.hang_state = job.state == "gathering" ? "armed" : "off";
+  } else if (!source) {
+    v.hang_state = "no progress source";
+  } else {
+    v.hang_state = job.hang == Hang::kArmed       ? "armed"
+                   : job.hang == Hang::kCapturing ? "capturing"
+                                                  : "reported";
+  }
+  v.hang_report = job.hang_report;
+  v.hangs = job.hangs;
+  v.samples_per_s = a.samples_per_s;
+  v.steps_per_s = a.steps_per_s;
+  v.step_time_s = a.step_time_s;
+  v.now_unix_s = UnixNow();
+  v.ranks.reserve(job.ranks.size());
+  for (const auto& slot : job.ranks) {
+    v.ranks.push_back(ViewOf(slot));
+    if (job.state == "running" && slot.state && slot.state->seen) {
+      v.data_age_s = std::max(v.data_age_s, slot.state->v.age_s);
+    }
+  }
+  if (with_history) {
+    v.series.assign(job.series.begin(), job.series.end());
+    v.events.assign(job.events.begin(), job.events.end());
+  }
+  v.close_reason = job.close_reason;
+  v.failures = job.failures;
+  return v;
+}
+
+std::vector<JobView> MetricsHub::Views(bool with_history) const {
+  std::vector<std::string> ids;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [id, job] : jobs_) ids.push_back(id);
+  }
+  std::vector<JobView> out;
+  for (const auto& id : ids) {
+    auto v = View(id, with_history);
+    if (v.ok()) out.push_back(std::move(*v));
+  }
+  return out;
+}
+
+HubCounters MetricsHub::counters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return counters_;
+}
+
+}  // namespace ddprun::rendezvous
