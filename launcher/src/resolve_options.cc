@@ -52,6 +52,38 @@ absl::Status ResolveTls(const FlagTable& flags, rendezvous::TlsOptions& tls) {
   return absl::OkStatus();
 }
 
+// The GPUs a job on this node can use, as torch.cuda.device_count() sees
+// them: NVIDIA's (or else AMD's) devices, narrowed by the visibility lists
+// their runtimes honour (a Slurm --gres=gpu:4 step on an 8-GPU node sets
+// CUDA_VISIBLE_DEVICES to 4 of them).
+struct UsableGpus {
+  int count = 0;
+  int physical = 0;
+  std::string hidden_by;  // the variable that narrowed the count, for messages
+};
+UsableGpus CountUsableGpus(const ResolveContext& ctx) {
+  UsableGpus g;
+  auto narrow = [&](const char* var) {
+    auto it = ctx.env.find(var);
+    if (it == ctx.env.end()) return;
+    const int visible = VisibleDevices(g.count, it->second);
+    if (visible < g.count) g.hidden_by = absl::StrCat(var, "='", it->second, "'");
+    g.count = visible;
+  };
+  g.physical = g.count = GpuCount(ctx.host);
+  if (g.physical > 0) {
+    narrow("CUDA_VISIBLE_DEVICES");
+    return g;
+  }
+  g.physical = g.count = AmdGpuCount(ctx.host);
+  if (g.physical > 0) {
+    narrow("ROCR_VISIBLE_DEVICES");
+    narrow("HIP_VISIBLE_DEVICES");
+    narrow("CUDA_VISIBLE_DEVICES");  // HIP honours it too
+  }
+  return g;
+}
+
 absl::Status ResolveShape(const ResolveContext& ctx, ParsedCommand& out) {
   const FlagTable& flags = ctx.flags;
   AgentOptions& o = out.options;
@@ -69,20 +101,23 @@ absl::Status ResolveShape(const ResolveContext& ctx, ParsedCommand& out) {
     case NprocSpec::Kind::kCpu:
       o.nproc_per_node = cpus;
       break;
-    case NprocSpec::Kind::kAuto: {
-      const int gpus = GpuCount(ctx.host);
-      o.nproc_per_node = gpus > 0 ? gpus : cpus;
-      break;
-    }
+    case NprocSpec::Kind::kAuto:
     case NprocSpec::Kind::kGpu: {
-      const int gpus = GpuCount(ctx.host);
-      if (gpus <= 0) {
-        return UsageError(absl::StrCat(
-            flags.Get("nproc_per_node").Name("--nproc_per_node"),
-            "=gpu but no GPU found (no /proc/driver/nvidia/gpus entries or /dev/nvidia<N> "
-            "devices); pass a number of workers, 'cpu' or 'auto'"));
+      const UsableGpus gpus = CountUsableGpus(ctx);
+      if (nproc.kind == NprocSpec::Kind::kAuto) {
+        o.nproc_per_node = gpus.count > 0 ? gpus.count : cpus;
+        break;
       }
-      o.nproc_per_node = gpus;
+      if (gpus.count <= 0) {
+        return UsageError(absl::StrCat(
+            flags.Get("nproc_per_node").Name("--nproc_per_node"), "=gpu but ",
+            gpus.physical > 0 ? absl::StrCat(gpus.hidden_by, " hides all ", gpus.physical,
+                                             " GPU(s) of this node")
+                              : "no GPU found (no /proc/driver/nvidia/gpus entries, "
+                                "/dev/nvidia<N> devices or ROCm KFD GPU nodes)",
+            "; pass a number of workers, 'cpu' or 'auto'"));
+      }
+      o.nproc_per_node = gpus.count;
       break;
     }
   }

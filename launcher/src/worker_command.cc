@@ -6,10 +6,13 @@
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "ddprun/launcher/cli.h"
@@ -114,16 +117,50 @@ int CountNvidiaGpus(const std::string& dev_dir, const std::string& proc_gpus_dir
   return n;
 }
 
+int CountAmdGpus(const std::string& kfd_nodes_dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  int n = 0;
+  for (fs::directory_iterator it(kfd_nodes_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::ifstream in(it->path() / "properties");
+    std::string key;
+    long value = 0;
+    while (in >> key >> value) {
+      if (key == "simd_count") {
+        if (value > 0) ++n;
+        break;
+      }
+    }
+  }
+  return n;
+}
+
+int VisibleDevices(int physical, const std::string& list) {
+  int n = 0;
+  for (absl::string_view entry : absl::StrSplit(list, ',')) {
+    entry = absl::StripAsciiWhitespace(entry);
+    if (entry.empty() || entry.front() == '-') break;
+    if (std::isdigit(static_cast<unsigned char>(entry.front()))) {
+      int index = 0;
+      if (!absl::SimpleAtoi(entry, &index) || index >= physical) break;
+    }
+    ++n;
+  }
+  return std::min(n, physical);
+}
+
 HostFacts ProbeHost() {
   HostFacts facts;
   facts.cpu_count = std::max(1u, std::thread::hardware_concurrency());
   facts.gpu_count = [] { return CountNvidiaGpus(); };
+  facts.amd_gpu_count = [] { return CountAmdGpus(); };
   facts.names = ProbeHostNames;
   facts.cpu_topology = agent::ReadCpuTopology;
   return facts;
 }
 
 int GpuCount(const HostFacts& host) { return host.gpu_count ? host.gpu_count() : 0; }
+int AmdGpuCount(const HostFacts& host) { return host.amd_gpu_count ? host.amd_gpu_count() : 0; }
 
 std::vector<std::string> HostNames(const HostFacts& host) {
   return host.names ? host.names() : std::vector<std::string>{};

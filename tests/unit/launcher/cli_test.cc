@@ -191,6 +191,66 @@ TEST_CASE("--nproc_per_node forms", "[unit]") {
   }
 }
 
+// torch.cuda.device_count() honours CUDA_VISIBLE_DEVICES: a Slurm
+// --gres=gpu:4 step on an 8-GPU node runs 4 workers under torchrun, so here too
+// (torch 2.11's torchrun with CUDA_VISIBLE_DEVICES=0 on a 1-GPU machine ran 1).
+TEST_CASE("--nproc_per_node=gpu|auto count the GPUs the job can see", "[unit]") {
+  Env env = BaseEnv();
+  env["CUDA_VISIBLE_DEVICES"] = "4,5,6,7";
+  CHECK(Ok({"--nproc_per_node=gpu", S().Path("train.py")}, env, Host(64, 8))
+            .options.nproc_per_node == 4);
+  CHECK(Ok({"--nproc_per_node=auto", S().Path("train.py")}, env, Host(64, 8))
+            .options.nproc_per_node == 4);
+  env["CUDA_VISIBLE_DEVICES"] = "GPU-1f2e,GPU-3a4b";
+  CHECK(Ok({"--nproc_per_node=gpu", S().Path("train.py")}, env, Host(64, 8))
+            .options.nproc_per_node == 2);
+  env["CUDA_VISIBLE_DEVICES"] = "";
+  CHECK_THAT(Err({"--nproc_per_node=gpu", S().Path("train.py")}, env, Host(64, 8)),
+             Contains("=gpu but CUDA_VISIBLE_DEVICES='' hides all 8 GPU(s) of this node"));
+  CHECK(Ok({"--nproc_per_node=auto", S().Path("train.py")}, env, Host(64, 8))
+            .options.nproc_per_node == 64);  // auto: no usable GPU, the CPUs
+  // AMD GPUs (ROCm), narrowed by ROCR_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES.
+  HostFacts amd = Host(32, 0);
+  amd.amd_gpu_count = [] { return 8; };
+  CHECK(Ok({"--nproc_per_node=gpu", S().Path("train.py")}, BaseEnv(), amd)
+            .options.nproc_per_node == 8);
+  Env rocr = BaseEnv();
+  rocr["ROCR_VISIBLE_DEVICES"] = "0,1";
+  CHECK(Ok({"--nproc_per_node=auto", S().Path("train.py")}, rocr, amd).options.nproc_per_node ==
+        2);
+  rocr["HIP_VISIBLE_DEVICES"] = "1";
+  CHECK(Ok({"--nproc_per_node=gpu", S().Path("train.py")}, rocr, amd).options.nproc_per_node ==
+        1);
+}
+
+TEST_CASE("VisibleDevices reads a visibility list as the runtimes do", "[unit]") {
+  CHECK(VisibleDevices(8, "0,1,2") == 3);
+  CHECK(VisibleDevices(8, "") == 0);
+  CHECK(VisibleDevices(8, "-1") == 0);
+  CHECK(VisibleDevices(8, "0,9,1") == 1);  // stops at the first invalid index
+  CHECK(VisibleDevices(2, "0,1,2,3") == 2);
+  CHECK(VisibleDevices(8, " 3 , 4 ") == 2);
+  CHECK(VisibleDevices(2, "GPU-a,GPU-b,GPU-c") == 2);
+  CHECK(VisibleDevices(4, "MIG-x") == 1);
+}
+
+TEST_CASE("CountAmdGpus counts KFD nodes with SIMDs", "[unit]") {
+  char tmpl[] = "/tmp/ddprun_kfd_XXXXXX";
+  const fs::path root = ::mkdtemp(tmpl);
+  auto node = [&](int i, int simds) {
+    fs::create_directories(root / std::to_string(i));
+    std::ofstream(root / std::to_string(i) / "properties")
+        << "cpu_cores_count 0\nsimd_count " << simds << "\nmem_banks_count 1\n";
+  };
+  node(0, 0);  // the CPU node
+  node(1, 304);
+  node(2, 304);
+  CHECK(CountAmdGpus(root.string()) == 2);
+  CHECK(CountAmdGpus((root / "absent").string()) == 0);
+  std::error_code ec;
+  fs::remove_all(root, ec);
+}
+
 TEST_CASE("the host's probes run only when the command line needs their fact", "[unit]") {
   // ProbeHost() sets probes; a plain `--nproc_per_node=N` job must read none
   // of them (each is a system walk at every start: netlink, /dev, sysfs).

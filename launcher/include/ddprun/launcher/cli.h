@@ -87,7 +87,8 @@ struct ParsedCommand {
 // `--nproc_per_node=8` job needs none of them. Tests set lambdas.
 struct HostFacts {
   int cpu_count = 1;
-  std::function<int()> gpu_count;
+  std::function<int()> gpu_count;      // NVIDIA GPUs (CountNvidiaGpus)
+  std::function<int()> amd_gpu_count;  // AMD GPUs (CountAmdGpus)
   // This machine's host names and interface addresses, matched against a job
   // file's nodes.hosts (placement.h).
   std::function<std::vector<std::string>()> names;
@@ -96,6 +97,7 @@ struct HostFacts {
 };
 // A probe's answer; an unset probe reads as none (0 GPUs, no names, no cores).
 int GpuCount(const HostFacts& host);
+int AmdGpuCount(const HostFacts& host);
 std::vector<std::string> HostNames(const HostFacts& host);
 agent::CpuTopology CpuTopologyOf(const HostFacts& host);
 
@@ -109,6 +111,16 @@ HostFacts ProbeHost();
 // (CUDA_VISIBLE_DEVICES is not applied).
 int CountNvidiaGpus(const std::string& dev_dir = "/dev",
                     const std::string& proc_gpus_dir = "/proc/driver/nvidia/gpus");
+// Counts AMD GPUs as ROCm sees them: the nodes of the KFD topology whose
+// properties have a non-zero simd_count (CPU nodes have none).
+int CountAmdGpus(const std::string& kfd_nodes_dir = "/sys/class/kfd/kfd/topology/nodes");
+
+// How many of `physical` devices a visibility list (CUDA_VISIBLE_DEVICES,
+// ROCR_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES) leaves, as the runtimes read it:
+// entries up to the first invalid one (empty, negative, or an index not below
+// `physical`); UUID-style entries (GPU-..., MIG-...) count as one each; never
+// more than `physical`.
+int VisibleDevices(int physical, const std::string& list);
 
 // Parses ddprun's arguments (args[0] is the program name).
 absl::StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& args, const Env& env,
