@@ -328,11 +328,12 @@ class Agent::Impl {
     in.host = advertised_host_;
     // The launcher checked the policy against this node at start; the mask
     // may have changed since, so a plan that fails now fails the spawn.
-    const auto plan = PlanCpuBinding(options_.cpu_bind, a.local_world_size, ReadCpuTopology);
+    auto plan = PlanCpuBinding(options_.cpu_bind, a.local_world_size, ReadCpuTopology);
     if (!plan.ok()) {
       Log(absl::StrCat("--cpu_bind: ", plan.status().message()));
       return false;
     }
+    if (options_.numa_binding != NumaBinding::kNone) *plan = PlanNumaBinding(a.local_world_size);
     for (int j = 0; j < a.local_world_size; ++j) {
       SpawnSpec spec;
       std::string error_file;
@@ -396,6 +397,38 @@ class Agent::Impl {
     std::fputs(block.c_str(), stderr);
     std::fflush(stderr);
     WriteLauncherErrorFile(failures);
+  }
+
+  // --numa_binding: each worker on its GPU's NUMA node; without an NVIDIA
+  // GPU, one line and nothing is bound (as torchrun, which binds only GPUs).
+  std::vector<std::vector<int>> PlanNumaBinding(int nproc) {
+    auto cvd = base_env_.find("CUDA_VISIBLE_DEVICES");
+    const std::vector<int> nodes =
+        GpuNumaNodes(nproc, cvd == base_env_.end() ? std::string() : cvd->second);
+    const char* mode = NumaBindingName(options_.numa_binding);
+    if (nodes.empty()) {
+      if (!warned_numa_) {
+        Log(absl::StrCat("--numa_binding=", mode,
+                         ": no NVIDIA GPU on this node, so no worker is bound"));
+      }
+      warned_numa_ = true;
+      return {};
+    }
+    std::vector<std::vector<int>> plan =
+        PlanGpuNumaBinding(options_.numa_binding, nodes, ReadCpuTopology());
+    if (!warned_numa_) {
+      std::vector<std::string> parts;
+      for (std::size_t i = 0; i < plan.size(); ++i) {
+        parts.push_back(absl::StrCat(
+            i, ":",
+            nodes[i] < 0 ? "unbound"
+                         : "node " + std::to_string(nodes[i]) + " CPUs " +
+                               (plan[i].empty() ? std::string("none") : FormatCpuList(plan[i]))));
+      }
+      Log(absl::StrCat("--numa_binding=", mode, ": local rank ", absl::StrJoin(parts, "; ")));
+      warned_numa_ = true;
+    }
+    return plan;
   }
 
   // torchrun's reply to a scheduler: the root cause in the launcher's own
@@ -861,6 +894,7 @@ class Agent::Impl {
   const Duration grace_period_;
 
   std::optional<SignalWatcher> watcher_;  // with own_events_ only
+  bool warned_numa_ = false;
   bool warned_node_rank_ = false;
   Env base_env_;
   std::deque<Event> deferred_;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "ddprun/agent/cpu_binding.h"
+#include "ddprun/agent/gpu_numa.h"
 #include "ddprun/agent/grpc_module.h"
 #include "ddprun/rendezvous/common/host_port.h"
 #include "ddprun/rendezvous/common/job_id.h"
@@ -111,10 +112,10 @@ absl::Status ResolveShape(const ResolveContext& ctx, ParsedCommand& out) {
       if (gpus.count <= 0) {
         return UsageError(absl::StrCat(
             flags.Get("nproc_per_node").Name("--nproc_per_node"), "=gpu but ",
-            gpus.physical > 0 ? absl::StrCat(gpus.hidden_by, " hides all ", gpus.physical,
-                                             " GPU(s) of this node")
-                              : "no GPU found (no /proc/driver/nvidia/gpus entries, "
-                                "/dev/nvidia<N> devices or ROCm KFD GPU nodes)",
+            gpus.physical > 0
+                ? absl::StrCat(gpus.hidden_by, " hides all ", gpus.physical, " GPU(s) of this node")
+                : "no GPU found (no /proc/driver/nvidia/gpus entries, "
+                  "/dev/nvidia<N> devices or ROCm KFD GPU nodes)",
             "; pass a number of workers, 'cpu' or 'auto'"));
       }
       o.nproc_per_node = gpus.count;
@@ -176,6 +177,21 @@ absl::Status ResolveShape(const ResolveContext& ctx, ParsedCommand& out) {
       !plan.ok()) {
     return UsageError(absl::StrCat(flags.Get("cpu_bind").Name("--cpu_bind"), "=", cpu_bind, ": ",
                                    plan.status().message()));
+  }
+
+  if (const KnobValue numa = flags.Get("numa_binding"); numa.is_set()) {
+    const std::optional<agent::NumaBinding> mode = agent::NumaBindingFromName(numa.value);
+    if (!mode) {
+      return UsageError(absl::StrCat(numa.Name("--numa_binding"), " must be ",
+                                     agent::kNumaBindingChoices, ", got '", numa.value,
+                                     "' (e.g. --numa_binding=node)"));
+    }
+    if (o.cpu_bind != agent::CpuBind::kNone) {
+      return UsageError(absl::StrCat(numa.Name("--numa_binding"), " and ",
+                                     flags.Get("cpu_bind").Name("--cpu_bind"), "=", cpu_bind,
+                                     " both choose the workers' CPUs; give one"));
+    }
+    o.numa_binding = *mode;
   }
 
   DDPRUN_ASSIGN_OR_RETURN(SignalSet signals,

@@ -33,6 +33,7 @@ rec = {"argv": sys.argv, "executable": sys.executable, "cwd": os.getcwd(),
        "added_or_changed": {k: v for k, v in os.environ.items() if base.get(k) != v},
        "removed": sorted(k for k in base if k not in os.environ),
        "isatty": [os.isatty(i) for i in (0, 1, 2)], "pid": os.getpid(),
+       "cpus": sorted(os.sched_getaffinity(0)),
        "pgid_is_pid": os.getpgid(0) == os.getpid(), "sid_is_pid": os.getsid(0) == os.getpid()}
 print(f"probe stdout rank {rank} attempt {attempt}", flush=True)
 print(f"probe stderr rank {rank} attempt {attempt}", file=sys.stderr, flush=True)

@@ -239,3 +239,21 @@ TEST_CASE("torchrun 2.x row: --duplicate-stdout-filters and --duplicate-stderr-f
   CHECK(Has(ReadFile(attempt + "filtered_stderr.log"), "[default0]:warn 0\n"));
   CHECK(Lines(out).size() == 4);
 }
+
+TEST_CASE("torchrun 2.x row: --numa-binding on a node without a GPU", "[multiproc]") {
+  Harness h;
+  const std::string w = WriteWorker(h);
+  Proc& p =
+      h.StartDdprun("ddprun", {"--standalone", "--nproc_per_node=2", "--numa-binding=node", w});
+  REQUIRE(h.Wait(p, 20) == 0);
+  INFO("stderr:\n" << p.Err());
+  if (Has(p.Err(), "--numa_binding=node: local rank")) {
+    SUCCEED("this machine has an NVIDIA GPU: the binding line is printed");
+  } else {
+    CHECK(Has(p.Err(), "--numa_binding=node: no NVIDIA GPU on this node, so no worker is bound"));
+  }
+  CHECK(Has(p.Out(), "ENV rank=1"));
+  Proc& q = h.StartDdprun("ddprun2", {"--standalone", "--numa-binding=sockets", w});
+  CHECK(h.Wait(q, 20) == 2);
+  CHECK(Has(q.Err(), "--numa_binding must be node, socket, exclusive or core-complex"));
+}

@@ -3,7 +3,14 @@
 // tests/multiproc/cpu_bind_test.cc.
 #include "ddprun/agent/cpu_binding.h"
 
+#include <stdlib.h>
+
 #include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/ascii.h"
+#include "ddprun/agent/gpu_numa.h"
 
 namespace ddprun::agent {
 namespace {
@@ -112,4 +119,52 @@ TEST_CASE("this machine's topology: every usable CPU once", "[unit]") {
   CHECK(std::adjacent_find(all.begin(), all.end()) == all.end());
 }
 
+}  // namespace ddprun::agent
+
+// --numa_binding: the GPU's NUMA node from sysfs (fake directories here).
+namespace ddprun::agent {
+namespace {
+
+TEST_CASE("GpuNumaNodes: each local rank's GPU's NUMA node from sysfs", "[unit]") {
+  char tmpl[] = "/tmp/ddprun_gpunuma_XXXXXX";
+  const std::filesystem::path root = ::mkdtemp(tmpl);
+  const auto proc = root / "proc", pci = root / "pci";
+  const std::vector<std::pair<std::string, int>> gpus = {
+      {"0000:CA:00.0", 1}, {"0000:17:00.0", 0}, {"0000:3D:00.0", 0}, {"0000:E3:00.0", -1}};
+  for (const auto& [bus, node] : gpus) {
+    std::filesystem::create_directories(proc / bus);
+    std::filesystem::create_directories(pci / absl::AsciiStrToLower(bus));
+    std::ofstream(pci / absl::AsciiStrToLower(bus) / "numa_node") << node << "\n";
+  }
+  // GPU k is the k-th bus id in order: 17 (node 0), 3D (0), CA (1), E3 (unknown).
+  CHECK(GpuNumaNodes(4, "", proc.string(), pci.string()) == std::vector<int>{0, 0, 1, -1});
+  CHECK(GpuNumaNodes(2, "2,0", proc.string(), pci.string()) == std::vector<int>{1, 0});
+  CHECK(GpuNumaNodes(3, "GPU-abc,2", proc.string(), pci.string()) == std::vector<int>{-1, 1, -1});
+  CHECK(GpuNumaNodes(2, "", (root / "none").string(), pci.string()).empty());
+  std::error_code ec;
+  std::filesystem::remove_all(root, ec);
+}
+
+TEST_CASE("PlanGpuNumaBinding: node, exclusive, unknown", "[unit]") {
+  CpuTopology t;
+  t.cores = {{0, 8}, {1, 9}, {2, 10}, {3, 11}, {4, 12}, {5, 13}, {6, 14}, {7, 15}};
+  t.core_numa = {0, 0, 0, 0, 1, 1, 1, 1};
+  const std::vector<int> nodes = {0, 0, 1, -1};
+  auto node = PlanGpuNumaBinding(NumaBinding::kNode, nodes, t);
+  REQUIRE(node.size() == 4);
+  CHECK(node[0] == std::vector<int>{0, 1, 2, 3, 8, 9, 10, 11});
+  CHECK(node[1] == node[0]);
+  CHECK(node[2] == std::vector<int>{4, 5, 6, 7, 12, 13, 14, 15});
+  CHECK(node[3].empty());  // unknown node: not bound
+  auto excl = PlanGpuNumaBinding(NumaBinding::kExclusive, nodes, t);
+  CHECK(excl[0] == std::vector<int>{0, 1, 8, 9});
+  CHECK(excl[1] == std::vector<int>{2, 3, 10, 11});
+  CHECK(excl[2] == node[2]);  // alone on node 1
+  CHECK(PlanGpuNumaBinding(NumaBinding::kSocket, nodes, t) == node);
+  CHECK(PlanGpuNumaBinding(NumaBinding::kNone, nodes, t).empty());
+  CHECK(NumaBindingFromName("core-complex") == NumaBinding::kCoreComplex);
+  CHECK_FALSE(NumaBindingFromName("gpu").has_value());
+}
+
+}  // namespace
 }  // namespace ddprun::agent

@@ -197,13 +197,15 @@ TEST_CASE("--nproc_per_node forms", "[unit]") {
 TEST_CASE("--nproc_per_node=gpu|auto count the GPUs the job can see", "[unit]") {
   Env env = BaseEnv();
   env["CUDA_VISIBLE_DEVICES"] = "4,5,6,7";
-  CHECK(Ok({"--nproc_per_node=gpu", S().Path("train.py")}, env, Host(64, 8))
-            .options.nproc_per_node == 4);
+  CHECK(
+      Ok({"--nproc_per_node=gpu", S().Path("train.py")}, env, Host(64, 8)).options.nproc_per_node ==
+      4);
   CHECK(Ok({"--nproc_per_node=auto", S().Path("train.py")}, env, Host(64, 8))
             .options.nproc_per_node == 4);
   env["CUDA_VISIBLE_DEVICES"] = "GPU-1f2e,GPU-3a4b";
-  CHECK(Ok({"--nproc_per_node=gpu", S().Path("train.py")}, env, Host(64, 8))
-            .options.nproc_per_node == 2);
+  CHECK(
+      Ok({"--nproc_per_node=gpu", S().Path("train.py")}, env, Host(64, 8)).options.nproc_per_node ==
+      2);
   env["CUDA_VISIBLE_DEVICES"] = "";
   CHECK_THAT(Err({"--nproc_per_node=gpu", S().Path("train.py")}, env, Host(64, 8)),
              Contains("=gpu but CUDA_VISIBLE_DEVICES='' hides all 8 GPU(s) of this node"));
@@ -212,15 +214,13 @@ TEST_CASE("--nproc_per_node=gpu|auto count the GPUs the job can see", "[unit]") 
   // AMD GPUs (ROCm), narrowed by ROCR_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES.
   HostFacts amd = Host(32, 0);
   amd.amd_gpu_count = [] { return 8; };
-  CHECK(Ok({"--nproc_per_node=gpu", S().Path("train.py")}, BaseEnv(), amd)
-            .options.nproc_per_node == 8);
+  CHECK(Ok({"--nproc_per_node=gpu", S().Path("train.py")}, BaseEnv(), amd).options.nproc_per_node ==
+        8);
   Env rocr = BaseEnv();
   rocr["ROCR_VISIBLE_DEVICES"] = "0,1";
-  CHECK(Ok({"--nproc_per_node=auto", S().Path("train.py")}, rocr, amd).options.nproc_per_node ==
-        2);
+  CHECK(Ok({"--nproc_per_node=auto", S().Path("train.py")}, rocr, amd).options.nproc_per_node == 2);
   rocr["HIP_VISIBLE_DEVICES"] = "1";
-  CHECK(Ok({"--nproc_per_node=gpu", S().Path("train.py")}, rocr, amd).options.nproc_per_node ==
-        1);
+  CHECK(Ok({"--nproc_per_node=gpu", S().Path("train.py")}, rocr, amd).options.nproc_per_node == 1);
 }
 
 TEST_CASE("VisibleDevices reads a visibility list as the runtimes do", "[unit]") {
@@ -977,6 +977,24 @@ TEST_CASE("torchrun 2.9: TORCHELASTIC_SIGNALS_TO_HANDLE, and --log-dir /dev/null
       Ok({"--signals_to_handle=SIGUSR1,SIGUSR2", S().Path("train.py")}).options.signals_to_handle ==
       "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2");
   CHECK(Ok({"--log-dir", "/dev/null", S().Path("train.py")}).options.log_dir == "/dev/null");
+}
+
+}  // namespace
+}  // namespace ddprun::launcher
+
+namespace ddprun::launcher {
+namespace {
+
+TEST_CASE("torchrun 2.9: --numa-binding", "[unit]") {
+  CHECK(Ok({S().Path("train.py")}).options.numa_binding == agent::NumaBinding::kNone);
+  CHECK(Ok({"--numa-binding=node", S().Path("train.py")}).options.numa_binding ==
+        agent::NumaBinding::kNode);
+  CHECK(Ok({"--numa_binding", "exclusive", S().Path("train.py")}).options.numa_binding ==
+        agent::NumaBinding::kExclusive);
+  CHECK_THAT(Err({"--numa-binding=gpu", S().Path("train.py")}),
+             Contains("--numa_binding must be node, socket, exclusive or core-complex, got 'gpu'"));
+  CHECK_THAT(Err({"--numa-binding=node", "--cpu_bind=core", S().Path("train.py")}),
+             Contains("both choose the workers' CPUs; give one"));
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ddprun/agent/cpu_binding.h"
+#include "ddprun/agent/gpu_numa.h"
 #include "ddprun/agent/log_spec.h"
 #include "ddprun/rendezvous/common/host_port.h"
 #include "ddprun/rendezvous/common/tls.h"
@@ -76,6 +77,9 @@ struct AgentOptions {
   // --cpu_bind (cpu_binding.h): each worker's CPUs, planned from this node's
   // affinity mask and topology.
   CpuBind cpu_bind = CpuBind::kNone;
+  // --numa_binding (gpu_numa.h): each worker on its GPU's NUMA node; the
+  // launcher refuses it together with a --cpu_bind other than none.
+  NumaBinding numa_binding = NumaBinding::kNone;
   // --signals_to_handle: SIGUSR1/SIGUSR2 listed here are forwarded to every
   // worker's process group and the job keeps running (e.g. Slurm's
   // pre-emption warning). Unlisted, ddprun ignores them. SIGTERM, SIGINT,

@@ -180,6 +180,11 @@ inline constexpr Knob kKnobs[] = {
              "blocks, one per local rank (mpirun's --bind-to core; more workers than cores is an "
              "error); numa binds local rank i to NUMA node i*nodes/nproc; none binds nothing; "
              "auto: core when 2 <= nproc_per_node <= cores, else none"},
+    {.name = "numa_binding", .type = ValueType::kText, .default_text = "none",
+     .metavar = "node|socket|exclusive|core-complex", .group = kGroupJob,
+     .help = "Bind each worker to the CPUs of its GPU's NUMA node (torchrun 2.9+); exclusive "
+             "splits the node's cores among the workers on it; without an NVIDIA GPU, one line "
+             "and no binding"},
     // Output.
     {.name = "log_dir", .yaml_key = "logs.log_dir", .type = ValueType::kText,
      .default_text = "a fresh $TMPDIR/ddprun_XXXXXX", .metavar = "DIR", .group = kGroupOutput,
