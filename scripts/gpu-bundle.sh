@@ -95,7 +95,8 @@ for s in "${steps[@]}"; do
       step check "$here/bin/ddprun" check --nproc_per_node=gpu examples/ddp_train.py --backend nccl
       step metrics "$here/features_metrics.sh" "$here/bin/ddprun" ;;
     compare)  # torch 2.x's own torchrun and ddprun on the same command lines, one probe worker each
-      step compare python3 tests/gpu/torchrun_side_by_side.py --ddprun "$here/bin/ddprun" --out "${OUT:-.}" ;;
+      step compare python3 tests/gpu/torchrun_side_by_side.py --ddprun "$here/bin/ddprun" --out "${OUT:-.}" \
+        ${COMPARE_ARGS:-} ;;
     store)  # this torch's TCPStore dialect: torch's server against ddprun's agent store; NCCL on it
       step store python3 tests/gpu/store_dialect.py --ddprun "$here/bin/ddprun" --out "${OUT:-.}" ;;
     recovery)  # the peers' figures for checkpoints of CUDA tensors and an NCCL group re-formed in place

@@ -109,6 +109,7 @@ CASES = [
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 CASE_TIMEOUT_S = 45
+NO_PG = False  # --no-pg: the probes form no Gloo group (faster; the store is checked elsewhere)
 
 
 def tree(path):
@@ -130,7 +131,7 @@ def run_case(launcher, ddprun, case, port):
     os.makedirs(probe_dir)
     probe = os.path.join(probe_dir, "probe.py")
     open(probe, "w").write(PROBE)
-    env = dict(os.environ, PROBE_DIR=probe_dir, PROBE_PG="1", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PROBE_DIR=probe_dir, PROBE_PG="0" if NO_PG else "1", PYTHONUNBUFFERED="1")
     for k, v in extra_env.items():
         if v is None:
             env.pop(k, None)
@@ -212,7 +213,10 @@ def main():
     ap.add_argument("--jobs", type=int, default=12)
     ap.add_argument("--torchrun", default="", help="a script to run instead of -m torch.distributed.run "
                     "(here: bench/torchrun_compat.py, for Debian's torch 1.13 on Python 3.11)")
+    ap.add_argument("--no-pg", action="store_true", help="probes form no Gloo group")
     a = ap.parse_args()
+    global NO_PG
+    NO_PG = a.no_pg
     if a.torchrun:
         TORCHRUN[:] = [sys.executable, os.path.abspath(a.torchrun)]
     a.ddprun = os.path.abspath(a.ddprun)
