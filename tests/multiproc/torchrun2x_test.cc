@@ -257,3 +257,17 @@ TEST_CASE("torchrun 2.x row: --numa-binding on a node without a GPU", "[multipro
   CHECK(h.Wait(q, 20) == 2);
   CHECK(Has(q.Err(), "--numa_binding must be node, socket, exclusive or core-complex"));
 }
+
+TEST_CASE("torchrun 2.x row: ddprun started under the name torchrun; LOGLEVEL=DEBUG",
+          "[multiproc]") {
+  Harness h;
+  const std::string w = WriteWorker(h);
+  const std::string link = h.dir() + "/torchrun";
+  REQUIRE(::symlink(Ddprun().c_str(), link.c_str()) == 0);
+  Proc& p =
+      h.Start("torchrun", {link, "--nproc-per-node=2", "--tee", "3", w}, {{"LOGLEVEL", "DEBUG"}});
+  REQUIRE(h.Wait(p, 20) == 0);
+  INFO("stderr:\n" << p.Err());
+  CHECK(Has(p.Out(), "[default1]:ENV rank=1 local_rank=1"));
+  CHECK(Has(p.Err(), "[ddprun:agent "));  // LOGLEVEL=DEBUG: the agent's debug channel
+}

@@ -1,5 +1,6 @@
 #include "ddprun/rendezvous/common/debug_log.h"
 
+#include <strings.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -34,10 +35,16 @@ unsigned ParseSubsystems(const char* text) {
   return mask;
 }
 
+unsigned InitialMask(const char* ddprun_debug, const char* loglevel) {
+  if (ddprun_debug != nullptr) return ParseSubsystems(ddprun_debug);
+  if (loglevel != nullptr && ::strcasecmp(loglevel, "DEBUG") == 0) return kRdzv | kAgent | kStore;
+  return 0;
+}
+
 unsigned Enabled() {
   unsigned m = g_mask.load(std::memory_order_relaxed);
   if (m == kUnread) {
-    m = ParseSubsystems(std::getenv(kEnvDebug));
+    m = InitialMask(std::getenv(kEnvDebug), std::getenv("LOGLEVEL"));
     g_mask.store(m, std::memory_order_relaxed);
   }
   return m;
@@ -47,10 +54,14 @@ void SetEnabledForTest(unsigned mask) { g_mask.store(mask, std::memory_order_rel
 
 const char* SubsystemName(Subsystem s) {
   switch (s) {
-    case kRdzv: return "rdzv";
-    case kAgent: return "agent";
-    case kStore: return "store";
-    case kSdk: return "sdk";
+    case kRdzv:
+      return "rdzv";
+    case kAgent:
+      return "agent";
+    case kStore:
+      return "store";
+    case kSdk:
+      return "sdk";
   }
   return "?";
 }

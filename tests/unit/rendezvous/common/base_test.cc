@@ -96,7 +96,7 @@ absl::StatusOr<int> Quarter(int v) {
 }
 
 absl::Status Check(int v) {
-  DDPRUN_RETURN_IF_ERROR(Half(v));                         // a StatusOr
+  DDPRUN_RETURN_IF_ERROR(Half(v));  // a StatusOr
   DDPRUN_RETURN_IF_ERROR(v > 100 ? absl::OutOfRangeError("big") : absl::OkStatus());
   return absl::OkStatus();
 }
@@ -120,6 +120,13 @@ TEST_CASE("DDPRUN_DEBUG subsystems parse; a disabled line is not formatted", "[u
   CHECK(ParseSubsystems("") == 0u);
   CHECK(ParseSubsystems(nullptr) == 0u);
   CHECK(ParseSubsystems("bogus,agent") == kAgent);
+  // torchrun's LOGLEVEL: DEBUG opens the launcher's channels; DDPRUN_DEBUG wins.
+  CHECK(InitialMask(nullptr, "DEBUG") == (kRdzv | kAgent | kStore));
+  CHECK(InitialMask(nullptr, "debug") == (kRdzv | kAgent | kStore));
+  CHECK(InitialMask(nullptr, "INFO") == 0u);
+  CHECK(InitialMask(nullptr, nullptr) == 0u);
+  CHECK(InitialMask("sdk", "DEBUG") == kSdk);
+  CHECK(InitialMask("", "DEBUG") == 0u);
   SetEnabledForTest(0);
   int evaluated = 0;
   auto touch = [&] { return ++evaluated; };

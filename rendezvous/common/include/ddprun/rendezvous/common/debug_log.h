@@ -18,6 +18,11 @@ unsigned Enabled();
 void SetEnabledForTest(unsigned mask);
 // Parses "rdzv,agent" / "all" / "" ; unknown names are ignored.
 unsigned ParseSubsystems(const char* text);
+// The channels a process starts with: DDPRUN_DEBUG's when it is set, else
+// torchrun's LOGLEVEL=DEBUG (any case) turns on the launcher's own channels
+// (rdzv, agent, store; not the workers' sdk), as it turns on torchrun's
+// elastic agent log; any other LOGLEVEL, none.
+unsigned InitialMask(const char* ddprun_debug, const char* loglevel);
 const char* SubsystemName(Subsystem s);
 
 // One line, written with a single write(2) when destroyed.
