@@ -173,15 +173,24 @@ class Agent::Impl {
     session_->Close();
   }
 
-  // SIGUSR1/SIGUSR2: forwarded to every worker group when --signals_to_handle
-  // lists them (the job goes on), otherwise ignored.
+  // Whether `sig` stops the node: the four terminating signals, and SIGUSR1/2
+  // when --signals_to_handle lists them and --forward_signals does not.
+  bool Terminates(int sig) const {
+    if (IsTerminatingSignal(sig)) return true;
+    if (sig == SIGUSR1) return options_.stop_on_sigusr1 && !options_.forward_sigusr1;
+    if (sig == SIGUSR2) return options_.stop_on_sigusr2 && !options_.forward_sigusr2;
+    return false;
+  }
+
+  // SIGUSR1/SIGUSR2 that do not stop the node: forwarded to every worker
+  // group when --forward_signals lists them (the job goes on), else ignored.
   void ForwardNonTerminating(int sig) {
     const bool forward = (sig == SIGUSR1 && options_.forward_sigusr1) ||
                          (sig == SIGUSR2 && options_.forward_sigusr2);
     if (!forward) {
       Log(absl::StrCat("ignoring ", SignalName(sig),
-                       "; add it to --signals_to_handle to forward it "
-                       "to the workers"));
+                       "; add it to --forward_signals to forward it to the workers while the job "
+                       "runs, or to --signals_to_handle to stop the job on it"));
       return;
     }
     Log(absl::StrCat("forwarding ", SignalName(sig), " to the workers"));
@@ -193,7 +202,7 @@ class Agent::Impl {
   bool TakeSignal() {
     while (auto e = events_.PopUntil(clock_.Now())) {
       if (auto* s = std::get_if<SignalEvent>(&*e)) {
-        if (IsTerminatingSignal(s->signo)) {
+        if (Terminates(s->signo)) {
           pending_signal_ = s->signo;
           return true;
         }
@@ -364,7 +373,7 @@ class Agent::Impl {
     auto e = events_.PopUntil(deadline);
     if (!e) return true;
     if (auto* s = std::get_if<SignalEvent>(&*e)) {
-      if (IsTerminatingSignal(s->signo)) {
+      if (Terminates(s->signo)) {
         Log(absl::StrCat("received ", SignalName(s->signo),
                          " while stopping workers; killing them now"));
         deferred_.push_back(std::move(*e));  // the caller's loop still acts on it
@@ -527,7 +536,7 @@ class Agent::Impl {
         return kExitRendezvousError;
       }
       if (auto* s = std::get_if<SignalEvent>(&*e)) {
-        if (IsTerminatingSignal(s->signo)) {
+        if (Terminates(s->signo)) {
           Log(absl::StrCat("received ", SignalName(s->signo), " while joining; leaving"));
           return ExitForSignal(s->signo);
         }
@@ -632,7 +641,7 @@ class Agent::Impl {
         continue;
       }
       if (auto* s = std::get_if<SignalEvent>(&*e)) {
-        if (IsTerminatingSignal(s->signo)) return OnSignal(s->signo);
+        if (Terminates(s->signo)) return OnSignal(s->signo);
         ForwardNonTerminating(s->signo);  // SIGUSR1/2 when asked; workers keep running
         continue;
       }
@@ -796,7 +805,7 @@ class Agent::Impl {
         return kExitWorkerFailed;
       }
       if (auto* s = std::get_if<SignalEvent>(&*e)) {
-        if (!IsTerminatingSignal(s->signo)) continue;
+        if (!Terminates(s->signo)) continue;
         Log(absl::StrCat("received ", SignalName(s->signo), "; leaving"));
         ReportBestEffort(rdzv::Outcome::kLeaving, {});
         return ExitForSignal(s->signo);
@@ -848,7 +857,7 @@ class Agent::Impl {
         return kExitSuccess;
       }
       if (auto* s = std::get_if<SignalEvent>(&*e)) {
-        if (IsTerminatingSignal(s->signo)) return ExitForSignal(s->signo);
+        if (Terminates(s->signo)) return ExitForSignal(s->signo);
         continue;
       }
       rdzv::RoundEvent* ev = CurrentStreamEvent(*e);

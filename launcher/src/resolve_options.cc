@@ -8,6 +8,7 @@
 #include <optional>
 #include <set>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -196,11 +197,34 @@ absl::Status ResolveShape(const ResolveContext& ctx, ParsedCommand& out) {
 
   DDPRUN_ASSIGN_OR_RETURN(SignalSet signals,
                           ParseKnob(flags, KnobNamed("signals_to_handle"), ParseSignals));
-  o.forward_sigusr1 = signals.usr1;
-  o.forward_sigusr2 = signals.usr2;
+  o.stop_on_sigusr1 = signals.usr1;
+  o.stop_on_sigusr2 = signals.usr2;
   o.signals_to_handle =
       absl::StrCat("SIGTERM,SIGINT,SIGHUP,SIGQUIT", signals.usr1 ? ",SIGUSR1" : "",
                    signals.usr2 ? ",SIGUSR2" : "");
+  for (const std::string& sig : signals.unhandled) {
+    out.warnings.push_back(absl::StrCat(
+        "ddprun: ", flags.Get("signals_to_handle").Name("--signals_to_handle"), " lists ", sig,
+        ", which ddprun does not trap (it handles SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and "
+        "SIGUSR2); ignored"));
+  }
+  // --forward_signals: SIGUSR1/SIGUSR2 only; they go to the workers and the job runs on.
+  const KnobValue fw = flags.Get("forward_signals");
+  if (fw.is_set()) {
+    DDPRUN_ASSIGN_OR_RETURN(SignalSet forward,
+                            ParseKnob(flags, KnobNamed("forward_signals"), ParseSignals));
+    for (absl::string_view name : absl::StrSplit(fw.value, ',', absl::SkipWhitespace())) {
+      std::string n = absl::AsciiStrToUpper(absl::StripAsciiWhitespace(name));
+      if (n.rfind("SIG", 0) != 0) n = "SIG" + n;
+      if (n != "SIGUSR1" && n != "SIGUSR2") {
+        return UsageError(absl::StrCat(fw.Name("--forward_signals"), " lists ", n,
+                                       ": only SIGUSR1 and SIGUSR2 can be forwarded while the "
+                                       "job runs; the others stop it (--signals_to_handle)"));
+      }
+    }
+    o.forward_sigusr1 = forward.usr1;
+    o.forward_sigusr2 = forward.usr2;
+  }
 
   // --virtual_local_rank: each worker's own GPU must exist in the list it
   // would get one of (torchrun raises at spawn; here, before anything starts).

@@ -2,6 +2,9 @@
 // contract.
 #include "ddprun/launcher/value_parsers.h"
 
+#include <signal.h>
+#include <string.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
@@ -245,6 +248,17 @@ absl::StatusOr<std::string> ParseBackend(absl::string_view text) {
   return Bad(absl::StrCat("must be c10d (alias ddprun) or static, got '", text, "'"));
 }
 
+namespace {
+// Whether `name` ("SIGALRM") is one of this system's signals (glibc's names).
+bool IsSignalName(const std::string& name) {
+  for (int sig = 1; sig < NSIG; ++sig) {
+    const char* abbrev = ::sigabbrev_np(sig);
+    if (abbrev != nullptr && name == absl::StrCat("SIG", abbrev)) return true;
+  }
+  return false;
+}
+}  // namespace
+
 absl::StatusOr<SignalSet> ParseSignals(absl::string_view text) {
   SignalSet out;
   for (absl::string_view name : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
@@ -254,10 +268,14 @@ absl::StatusOr<SignalSet> ParseSignals(absl::string_view text) {
       out.usr1 = true;
     } else if (n == "SIGUSR2") {
       out.usr2 = true;
-    } else if (n != "SIGTERM" && n != "SIGINT" && n != "SIGHUP" && n != "SIGQUIT") {
+    } else if (n == "SIGTERM" || n == "SIGINT" || n == "SIGHUP" || n == "SIGQUIT") {
+      continue;
+    } else if (IsSignalName(n)) {
+      out.unhandled.push_back(n);  // a real signal ddprun does not trap: a warning
+    } else {
       return Bad(absl::StrCat("names '", name,
-                              "', which is not a signal ddprun forwards; use SIGTERM, SIGINT, "
-                              "SIGHUP, SIGQUIT, SIGUSR1 or SIGUSR2"));
+                              "', which is not a signal; use names such as "
+                              "SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 or SIGUSR2"));
     }
   }
   return out;

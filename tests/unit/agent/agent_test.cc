@@ -115,9 +115,10 @@ struct KeptAgent {
 
 // The agent's destructor only joins threads: what others see must be done
 // when Run() returns.
-TEST_CASE("Agent: Run() returns with the rendezvous left, the launcher closed and the "
-          "temporary directory removed, before the agent is destroyed",
-          "[unit][agent]") {
+TEST_CASE(
+    "Agent: Run() returns with the rendezvous left, the launcher closed and the "
+    "temporary directory removed, before the agent is destroyed",
+    "[unit][agent]") {
   SimWorld world;
   world.script = [](int, int, int) -> absl::StatusOr<Behaviour> { return ExitsAfter(50, 0); };
   CaptureStderr cap;
@@ -133,9 +134,10 @@ TEST_CASE("Agent: Run() returns with the rendezvous left, the launcher closed an
   CHECK_FALSE(std::filesystem::exists(dir));
 }
 
-TEST_CASE("Agent: the session's side services start 100 ms into the first round, once, and "
-          "never for a job that is over by then",
-          "[unit][agent]") {
+TEST_CASE(
+    "Agent: the session's side services start 100 ms into the first round, once, and "
+    "never for a job that is over by then",
+    "[unit][agent]") {
   SimWorld world;
   const TimePoint t0 = world.clock.Now();
   CaptureStderr cap;
@@ -290,7 +292,21 @@ TEST_CASE("Agent: SIGUSR1 is forwarded only when asked, and the job goes on", "[
   CHECK(r.rc == kExitSuccess);
   CHECK(world.rec.signals[0] == std::vector<int>{SIGUSR1});
   CHECK(r.err.find("forwarding SIGUSR1 to the workers") != std::string::npos);
-  CHECK(r.err.find("ignoring SIGUSR2; add it to --signals_to_handle") != std::string::npos);
+  CHECK(r.err.find("ignoring SIGUSR2; add it to --forward_signals") != std::string::npos);
+}
+
+TEST_CASE("Agent: SIGUSR1 listed in --signals_to_handle stops the node as torchrun does",
+          "[unit][agent]") {
+  SimWorld world;
+  world.script = [](int, int, int) -> absl::StatusOr<Behaviour> { return ExitsAfter(5000, 0); };
+  world.queue.After(milliseconds(100), [&] { world.queue.Push(SignalEvent{SIGUSR1}); });
+  AgentOptions o = Options(1, 0);
+  o.stop_on_sigusr1 = true;
+  auto r = RunAgent(world, o);
+  INFO(r.err);
+  CHECK(r.rc == 128 + SIGUSR1);
+  CHECK(world.rec.signals[0].front() == SIGUSR1);
+  CHECK(r.err.find("received SIGUSR1; forwarding it to the workers") != std::string::npos);
 }
 
 TEST_CASE("Agent: a worker that cannot be spawned fails the node", "[unit][agent]") {

@@ -902,20 +902,38 @@ TEST_CASE("--rdzv_endpoint lists ddprund replicas: every one, in order; bad list
 namespace ddprun::launcher {
 namespace {
 
-TEST_CASE("--signals_to_handle: SIGUSR1/2 forwarded only when listed", "[unit]") {
+// torchrun 2.9+: every listed signal stops the job. ddprun's forwarding
+// without a stop is --forward_signals.
+TEST_CASE("--signals_to_handle: listed SIGUSR1/2 stop the job; --forward_signals forwards",
+          "[unit]") {
   auto d = Ok({S().Path("train.py")});
   CHECK_FALSE(d.options.forward_sigusr1);
-  CHECK_FALSE(d.options.forward_sigusr2);
+  CHECK_FALSE(d.options.stop_on_sigusr1);
   auto u = Ok({"--signals_to_handle=SIGTERM,SIGUSR1", S().Path("train.py")});
-  CHECK(u.options.forward_sigusr1);
-  CHECK_FALSE(u.options.forward_sigusr2);
+  CHECK(u.options.stop_on_sigusr1);
+  CHECK_FALSE(u.options.stop_on_sigusr2);
+  CHECK_FALSE(u.options.forward_sigusr1);
   auto both = Ok({"--signals-to-handle", "USR1, USR2", S().Path("train.py")});
-  CHECK(both.options.forward_sigusr1);
-  CHECK(both.options.forward_sigusr2);
+  CHECK(both.options.stop_on_sigusr1);
+  CHECK(both.options.stop_on_sigusr2);
   Env env = BaseEnv();
   env["PET_SIGNALS_TO_HANDLE"] = "SIGUSR2";
-  CHECK(Ok({S().Path("train.py")}, env).options.forward_sigusr2);
-  CHECK_THAT(Err({"--signals_to_handle=SIGKILL", S().Path("train.py")}), Contains("SIGKILL"));
+  CHECK(Ok({S().Path("train.py")}, env).options.stop_on_sigusr2);
+  // A real signal ddprun does not trap: a warning, as torchrun's bad names.
+  auto alrm = Ok({"--signals_to_handle=SIGTERM,SIGALRM", S().Path("train.py")});
+  REQUIRE(alrm.warnings.size() == 1);
+  CHECK_THAT(alrm.warnings[0], Contains("lists SIGALRM, which ddprun does not trap"));
+  CHECK_THAT(Err({"--signals_to_handle=SIGNOPE", S().Path("train.py")}),
+             Contains("names 'SIGNOPE', which is not a signal"));
+  // ddprun's forwarding: the job goes on.
+  auto fw = Ok({"--forward_signals=SIGUSR1", S().Path("train.py")});
+  CHECK(fw.options.forward_sigusr1);
+  CHECK_FALSE(fw.options.forward_sigusr2);
+  Env fenv = BaseEnv();
+  fenv["PET_FORWARD_SIGNALS"] = "USR1,USR2";
+  CHECK(Ok({S().Path("train.py")}, fenv).options.forward_sigusr2);
+  CHECK_THAT(Err({"--forward_signals=SIGTERM", S().Path("train.py")}),
+             Contains("only SIGUSR1 and SIGUSR2 can be forwarded while the job runs"));
 }
 
 }  // namespace

@@ -180,7 +180,7 @@ const BadFile kBadFiles[] = {
      "job.yaml:1:7: nccl: must be a mapping, got a value; write settings such as socket_ifname: eth0 indented below it"},
     {"section is a scalar",
      "restart: 3\n",
-     "job.yaml:1:10: restart: must be a mapping of keys, got a value; write its keys (max_restarts, grace_period, signals_to_handle) indented below it"},
+     "job.yaml:1:10: restart: must be a mapping of keys, got a value; write its keys (max_restarts, grace_period, signals_to_handle, forward_signals) indented below it"},
     {"job id with a space",
      "job:\n  id: has space\n",
      "job.yaml:2:7: job.id: is not a valid job id: the job id 'has space' contains a space; use 1-256 letters, digits and '-', '_', '.', ':', '@', '+', not starting with '-' or '.'"},

@@ -151,7 +151,8 @@ TEST_CASE("a bad value reads the same from a flag, a PET_ variable and a job fil
       {"rdzv_backend", "rendezvous:\n  backend: ", "zk"},
       {"rdzv_id", "job:\n  id: ", "has space"},
       {"role", "role: ", "\"\""},
-      {"signals_to_handle", "restart:\n  signals_to_handle: ", "SIGKILL"},
+      {"signals_to_handle", "restart:\n  signals_to_handle: ", "SIGNOPE"},
+      {"forward_signals", "restart:\n  forward_signals: ", "SIGNOPE"},
   };
   const Env env = {{"PATH", "/usr/bin:/bin"}};
   HostFacts host;

@@ -80,12 +80,17 @@ struct AgentOptions {
   // --numa_binding (gpu_numa.h): each worker on its GPU's NUMA node; the
   // launcher refuses it together with a --cpu_bind other than none.
   NumaBinding numa_binding = NumaBinding::kNone;
-  // --signals_to_handle: SIGUSR1/SIGUSR2 listed here are forwarded to every
-  // worker's process group and the job keeps running (e.g. Slurm's
-  // pre-emption warning). Unlisted, ddprun ignores them. SIGTERM, SIGINT,
-  // SIGHUP and SIGQUIT are always forwarded and stop the node.
+  // SIGTERM, SIGINT, SIGHUP and SIGQUIT always stop the node (forwarded to
+  // the workers, SIGKILL after the grace period). SIGUSR1/SIGUSR2:
+  //   --forward_signals lists them: forwarded to every worker's process
+  //     group and the job keeps running (Slurm's pre-emption warning);
+  //   else --signals_to_handle lists them: they stop the node like SIGTERM,
+  //     as in torchrun 2.9+;
+  //   else ignored.
   bool forward_sigusr1 = false;
   bool forward_sigusr2 = false;
+  bool stop_on_sigusr1 = false;
+  bool stop_on_sigusr2 = false;
   // --log_dir; empty: a temporary directory (worker_logs.h); kNoLogDir
   // ("/dev/null", as torchrun): no log files, TORCHELASTIC_ERROR_FILE="".
   std::string log_dir;

@@ -170,9 +170,14 @@ inline constexpr Knob kKnobs[] = {
     {.name = "signals_to_handle", .yaml_key = "restart.signals_to_handle",
      .type = ValueType::kSignals, .default_value = "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
      .default_text = "SIGTERM,SIGINT,SIGHUP,SIGQUIT", .metavar = "SIG,...", .group = kGroupJob,
-     .help = "Signals forwarded to every worker: SIGTERM, SIGINT, SIGHUP and SIGQUIT always "
-             "(then the node stops); add SIGUSR1/SIGUSR2 to forward them while the job keeps "
-             "running (e.g. Slurm's pre-emption warning)"},
+     .help = "Signals that stop the job, as in torchrun: forwarded to every worker, SIGKILL "
+             "after the grace period. SIGTERM, SIGINT, SIGHUP and SIGQUIT always; add "
+             "SIGUSR1/SIGUSR2 to stop on them too (exported as TORCHELASTIC_SIGNALS_TO_HANDLE)"},
+    {.name = "forward_signals", .yaml_key = "restart.forward_signals", .type = ValueType::kSignals,
+     .default_value = "", .default_text = "none", .metavar = "SIGUSR1,SIGUSR2",
+     .group = kGroupJob,
+     .help = "Forward these to every worker while the job keeps running (e.g. Slurm's "
+             "pre-emption warning, --signal=USR1@60); SIGUSR1 and SIGUSR2 only"},
     {.name = "cpu_bind", .yaml_key = "cpu_bind", .type = ValueType::kCpuBind,
      .default_value = "none", .default_text = "none", .metavar = "auto|none|core|numa",
      .group = kGroupJob,

@@ -92,9 +92,14 @@ absl::StatusOr<std::string> ParseBackend(absl::string_view text);
 
 // kSignals: names of SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2,
 // with or without "SIG".
+// kSignals: names with or without "SIG". SIGTERM, SIGINT, SIGHUP and SIGQUIT
+// are always handled; SIGUSR1/SIGUSR2 are flagged; any other real signal is
+// listed in `unhandled` (torchrun traps it; ddprun warns and ignores it); a
+// name that is no signal is an error.
 struct SignalSet {
   bool usr1 = false;
   bool usr2 = false;
+  std::vector<std::string> unhandled;
 };
 absl::StatusOr<SignalSet> ParseSignals(absl::string_view text);
 
