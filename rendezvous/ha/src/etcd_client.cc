@@ -82,6 +82,7 @@ void ToPb(const EtcdOp& op, epb::RequestOp* out) {
 
 void ToPb(const EtcdCompare& c, epb::Compare* out) {
   out->set_key(c.key);
+  out->set_range_end(c.range_end);
   switch (c.result) {
     case EtcdCompare::Result::kEqual:
       out->set_result(epb::Compare::EQUAL);

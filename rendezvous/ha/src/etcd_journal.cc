@@ -75,24 +75,46 @@ absl::StatusOr<std::string> NormalizeEtcdPrefix(const std::string& prefix) {
 
 absl::Status ClaimEtcdPrefix(EtcdClient& client, const std::string& prefix) {
   const std::string format_key = prefix + "/format";
+  const std::string under = prefix + "/";
+  // ddprun never deletes the marker: once read, it stays (a restarted replica
+  // needs no more than this read).
   DDPRUN_ASSIGN_OR_RETURN(EtcdRange marker, client.Range(format_key));
-  if (!marker.kvs.empty()) {
-    if (marker.kvs[0].value != kEtcdFormat) {
-      return Foreign(prefix, format_key,
-                     absl::StrCat("format '", marker.kvs[0].value.substr(0, 64),
-                                  "', this ddprund writes '", kEtcdFormat, "'"));
+  // Replicas started together race here. One transaction decides: it creates
+  // the marker only while no key at all lives under the prefix (none with a
+  // create_revision), else reads it. So exactly one racer creates it, and every
+  // other one reads ddprun's marker, whatever the interleaving.
+  EtcdCompare nothing_under;  // create_revision == 0 for every key under the prefix
+  nothing_under.key = under;
+  nothing_under.range_end = EtcdClient::PrefixEnd(under);
+  nothing_under.target = EtcdCompare::Target::kCreateRevision;
+  nothing_under.result = EtcdCompare::Result::kEqual;
+  nothing_under.number = 0;
+  // A prefix emptied between the transaction and the read that names a key
+  // (etcdctl del) is claimed again; it cannot keep changing for long.
+  constexpr int kAttempts = 3;
+  for (int attempt = 0; marker.kvs.empty() && attempt < kAttempts; ++attempt) {
+    DDPRUN_ASSIGN_OR_RETURN(EtcdTxnResult claim,
+                            client.Txn({nothing_under}, {EtcdOp::Put(format_key, kEtcdFormat)},
+                                       {EtcdOp::Range(format_key)}));
+    if (claim.succeeded) return absl::OkStatus();
+    if (claim.ranges.size() == 1 && !claim.ranges[0].kvs.empty()) {
+      marker = std::move(claim.ranges[0]);
+      break;
     }
-    return absl::OkStatus();
+    // Keys under the prefix but no marker: another program's data.
+    DDPRUN_ASSIGN_OR_RETURN(EtcdRange any, client.Range(under, EtcdClient::PrefixEnd(under), 1));
+    if (!any.kvs.empty()) return Foreign(prefix, any.kvs[0].key, "no " + format_key + " marker");
   }
-  DDPRUN_ASSIGN_OR_RETURN(EtcdRange any,
-                          client.Range(prefix + "/", EtcdClient::PrefixEnd(prefix + "/"), 1));
-  if (!any.kvs.empty()) return Foreign(prefix, any.kvs[0].key, "no " + format_key + " marker");
-  // Two replicas starting together both write the same marker: harmless.
-  DDPRUN_ASSIGN_OR_RETURN(EtcdTxnResult put,
-                          client.Txn({EtcdCompare{format_key, EtcdCompare::Target::kVersion,
-                                                  EtcdCompare::Result::kEqual, 0, ""}},
-                                     {EtcdOp::Put(format_key, kEtcdFormat)}));
-  (void)put;
+  if (marker.kvs.empty()) {
+    return Foreign(prefix, format_key,
+                   "keys under it appeared and vanished " + std::to_string(kAttempts) +
+                       " times while this replica claimed it");
+  }
+  if (marker.kvs[0].value != kEtcdFormat) {
+    return Foreign(prefix, format_key,
+                   absl::StrCat("format '", marker.kvs[0].value.substr(0, 64),
+                                "', this ddprund writes '", kEtcdFormat, "'"));
+  }
   return absl::OkStatus();
 }
 

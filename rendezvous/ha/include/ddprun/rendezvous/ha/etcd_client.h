@@ -64,14 +64,17 @@ struct EtcdRange {
 };
 
 // One comparison of a transaction: target(key) <result> number (or value).
+// With range_end, it holds when it holds for every key in [key, range_end);
+// a range with no key compares as one absent key (every number 0, no value).
 struct EtcdCompare {
   enum class Target { kVersion, kCreateRevision, kModRevision, kValue, kLease };
   enum class Result { kEqual, kGreater, kLess, kNotEqual };
   std::string key;
   Target target = Target::kVersion;
   Result result = Result::kEqual;
-  std::int64_t number = 0;  // every target but kValue
-  std::string value;        // kValue
+  std::int64_t number = 0;     // every target but kValue
+  std::string value;           // kValue
+  std::string range_end = "";  // "" = the key alone; PrefixEnd(p) = every key under p
 };
 
 // One operation of a transaction.

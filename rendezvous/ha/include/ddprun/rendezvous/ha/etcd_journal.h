@@ -60,7 +60,10 @@ absl::StatusOr<std::string> NormalizeEtcdPrefix(const std::string& prefix);
 
 // Checks that the prefix is ddprun's (P/format) or empty (then claims it).
 // Unavailable when etcd cannot be reached; FailedPrecondition naming a key when
-// another program's data (or another format) lives there.
+// another program's data (or another format) lives there. Safe to call from any
+// number of replicas at once on a fresh prefix: the marker is created in one
+// transaction only while nothing lives under the prefix, so every caller
+// succeeds and it is written once.
 absl::Status ClaimEtcdPrefix(EtcdClient& client, const std::string& prefix);
 
 struct EtcdJournalOptions {
