@@ -58,7 +58,10 @@ TEST_CASE(
   NetPair net;  // declared first: removed after the Harness killed everything
   if (!net.ok()) return SkipCase("multiproc", "HA partition test: " + net.why());
   Harness h;
-  EtcdCluster etcd(h, 1, "etcdnet", "", false, EtcdPlace{.host = net.addr1(), .wrap = net.In(1)});
+  EtcdPlace place;
+  place.host = net.addr1();
+  place.wrap = net.In(1);
+  EtcdCluster etcd(h, 1, "etcdnet", "", false, place);
   // The leader is the replica cut off later: started first, alone.
   Replica cut = StartReplicaIn(h, net, 2, "r_cut", etcd);
   REQUIRE(WaitLeader({cut}, 10) == 0);
