@@ -964,6 +964,15 @@ TEST_CASE("torchrun 2.12: --shutdown-timeout and PET_SHUTDOWN_TIMEOUT are --grac
              Contains("--shutdown_timeout must be a non-negative number of seconds"));
 }
 
+TEST_CASE("--print-config: --shutdown-timeout shows as the grace period's origin", "[unit]") {
+  const std::string text =
+      Ok({"--print-config", "--shutdown-timeout=7", S().Path("train.py")}).text;
+  CHECK_THAT(text, Contains("restart.grace_period"));
+  CHECK_THAT(text, Contains("--shutdown-timeout") || Contains("--shutdown_timeout"));
+  const std::string venv_line = Ok({"--print-config", S().Path("train.py")}).text;
+  CHECK_THAT(venv_line, Contains("python ") && Contains("python3 on PATH"));
+}
+
 TEST_CASE("torchrun 2.10: --virtual-local-rank", "[unit]") {
   CHECK_FALSE(Ok({S().Path("train.py")}).options.virtual_local_rank);
   CHECK(Ok({"--virtual-local-rank", "--nproc_per_node=2", S().Path("train.py")})
