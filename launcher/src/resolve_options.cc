@@ -387,6 +387,20 @@ absl::Status ApplyRdzvConf(const KnobValue& s, bool is_static, AgentOptions& opt
   return absl::OkStatus();
 }
 
+// A single-node job's private rendezvous on 127.0.0.1, the port the OS picks;
+// the job id given, else a random one (concurrent jobs never collide).
+absl::Status UseEmbeddedRendezvous(const FlagTable& flags, AgentOptions& o) {
+  o.mode = RendezvousMode::kEmbedded;
+  o.rdzv_host = "127.0.0.1";
+  o.rdzv_port = 0;
+  if (flags.Get("rdzv_id").is_set()) {
+    DDPRUN_ASSIGN_OR_RETURN(o.job_id, ParseKnob(flags, KnobNamed("rdzv_id"), ParseJobIdValue));
+  } else {
+    o.job_id = rendezvous::RandomJobId();
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ResolveRendezvous(const ResolveContext& ctx, ParsedCommand& out) {
   const FlagTable& flags = ctx.flags;
   AgentOptions& o = out.options;
@@ -537,15 +551,7 @@ absl::Status ResolveRendezvous(const ResolveContext& ctx, ParsedCommand& out) {
             "single-node job (--nnodes=1). Give the nodes a port, e.g. ",
             rendezvous::FormatHostPort({hp.host, kDefaultRdzvPort})));
       }
-      o.mode = RendezvousMode::kEmbedded;
-      o.rdzv_host = "127.0.0.1";
-      o.rdzv_port = 0;
-      if (rdzv_id.is_set()) {
-        DDPRUN_ASSIGN_OR_RETURN(o.job_id, ParseKnob(flags, KnobNamed("rdzv_id"), ParseJobIdValue));
-      } else {
-        o.job_id = rendezvous::RandomJobId();
-      }
-      return absl::OkStatus();
+      return UseEmbeddedRendezvous(flags, o);
     }
     o.mode = RendezvousMode::kRemote;
     o.rdzv_host = hp.host;
@@ -562,15 +568,7 @@ absl::Status ResolveRendezvous(const ResolveContext& ctx, ParsedCommand& out) {
                      " to every node, or give every node --master_addr=HOST of node rank 0 and its "
                      "--node_rank (static)"));
   }
-  o.mode = RendezvousMode::kEmbedded;
-  o.rdzv_host = "127.0.0.1";
-  o.rdzv_port = 0;
-  if (rdzv_id.is_set()) {
-    DDPRUN_ASSIGN_OR_RETURN(o.job_id, ParseKnob(flags, KnobNamed("rdzv_id"), ParseJobIdValue));
-  } else {
-    o.job_id = rendezvous::RandomJobId();
-  }
-  return absl::OkStatus();
+  return UseEmbeddedRendezvous(flags, o);
 }
 
 }  // namespace
