@@ -19,6 +19,8 @@
 #include <deque>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -26,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ddprun/agent/failure_report.h"
+#include "ddprun/agent/file_timer.h"
 #include "ddprun/agent/host.h"
 #include "ddprun/agent/worker_env.h"
 #include "ddprun/agent/worker_group.h"
@@ -120,6 +123,10 @@ class Agent::Impl {
       return kExitUsage;
     }
     if (own_events_) watcher_.emplace(events_);
+    if (absl::Status st = StartFileTimer(); !st.ok()) {
+      Log(std::string(st.message()));
+      return kExitUsage;
+    }
     int rc = RunRounds();
     DDPRUN_DEBUG_LOG(kAgent) << rdzv::Fence(options_.job_id, round_) << "shutting down, exit "
                              << rc;
@@ -160,6 +167,7 @@ class Agent::Impl {
   // dismissed. What Shutdown() adds is joining threads that hold only this
   // process's memory (agent.h).
   void Finish() {
+    file_timer_.reset();  // removes the FIFO
     if (logs_) logs_->Finish();
     monitoring_.reset();
     stream_id_ = 0;  // anything still queued from the Join is stale
@@ -280,6 +288,51 @@ class Agent::Impl {
     return absl::OkStatus();
   }
 
+  // ---------------------------------------------------------- file timer
+
+  // torchrun's: with TORCHELASTIC_ENABLE_FILE_TIMER=1, the agent serves
+  // torchelastic's file timer (file_timer.h) at the launcher's
+  // TORCHELASTIC_TIMER_FILE, else at a fresh path, for the whole job.
+  absl::Status StartFileTimer() {
+    auto it = base_env_.find(kEnvEnableFileTimer);
+    if (it == base_env_.end() || it->second != "1") return absl::OkStatus();
+    FileTimerServer::Options o;
+    auto path = base_env_.find(kEnvTimerFile);
+    o.path = path != base_env_.end() && !path->second.empty() ? path->second : FreshTimerFilePath();
+    o.worker_rank = [this](pid_t pid) -> std::optional<int> {
+      std::lock_guard<std::mutex> lock(worker_pids_mu_);
+      auto w = worker_pids_.find(pid);
+      if (w == worker_pids_.end()) return std::nullopt;
+      return w->second;
+    };
+    o.log = [this](const std::string& m) {
+      std::int64_t round = 0;  // round_ belongs to the main thread
+      {
+        std::lock_guard<std::mutex> lock(worker_pids_mu_);
+        round = worker_pids_round_;
+      }
+      std::string line = absl::StrCat("ddprun: ", rdzv::Fence(options_.job_id, round), m, "\n");
+      std::fputs(line.c_str(), stderr);
+      std::fflush(stderr);
+    };
+    auto server = FileTimerServer::Start(std::move(o));
+    if (!server.ok()) return server.status();
+    file_timer_ = *std::move(server);
+    return absl::OkStatus();
+  }
+
+  // The pids the file timer may signal: the current round's live workers.
+  void UpdateTimerPids() {
+    if (!file_timer_) return;
+    std::map<pid_t, int> pids;
+    for (const auto& w : workers_.workers()) {
+      if (w.child && !w.exit) pids.emplace(w.child->pid(), w.global_rank);
+    }
+    std::lock_guard<std::mutex> lock(worker_pids_mu_);
+    worker_pids_ = std::move(pids);
+    worker_pids_round_ = round_;
+  }
+
   // ---------------------------------------------------------- monitoring
 
   void StartMonitoring() {
@@ -335,6 +388,7 @@ class Agent::Impl {
     }
     in.tcp_store = *std::move(sdk_store);
     in.host = advertised_host_;
+    if (file_timer_) in.timer_file = file_timer_->path();
     // The launcher checked the policy against this node at start; the mask
     // may have changed since, so a plan that fails now fails the spawn.
     auto plan = PlanCpuBinding(options_.cpu_bind, a.local_world_size, ReadCpuTopology);
@@ -362,6 +416,7 @@ class Agent::Impl {
         return false;
       }
     }
+    UpdateTimerPids();
     DDPRUN_DEBUG_LOG(kAgent) << rdzv::Fence(options_.job_id, round_) << "spawned "
                              << a.local_world_size << " worker(s)";
     return true;
@@ -391,6 +446,7 @@ class Agent::Impl {
     workers_.Stop(
         sig, grace_period_, [this](TimePoint d) { return WaitWhileStopping(d); },
         [this](const std::string& msg) { Log(msg); });
+    UpdateTimerPids();
   }
 
   std::vector<rdzv::WorkerFailure> Failures() {
@@ -636,6 +692,7 @@ class Agent::Impl {
       if (!e || std::holds_alternative<ChildrenChanged>(*e)) {
         workers_.Poll();
         UpdateMonitoredWorkers();
+        UpdateTimerPids();
         if (workers_.AnyFailed()) return OnWorkerFailure();
         if (!workers_.AnyAlive()) return OnSuccess();
         continue;
@@ -924,6 +981,11 @@ class Agent::Impl {
   std::optional<TimePoint> services_due_;
   bool services_started_ = false;
   std::vector<bool> exit_seen_;  // by local rank: exit sent to monitoring
+  // The file timer's view of the workers (its thread reads it).
+  std::mutex worker_pids_mu_;
+  std::map<pid_t, int> worker_pids_;  // pid -> global rank
+  std::int64_t worker_pids_round_ = 0;
+  std::unique_ptr<FileTimerServer> file_timer_;  // TORCHELASTIC_ENABLE_FILE_TIMER=1
 };
 
 Agent::Agent(AgentOptions options, std::unique_ptr<ProcessLauncher> launcher)

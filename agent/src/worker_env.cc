@@ -70,6 +70,7 @@ Env BuildWorkerEnv(const Env& base, const WorkerEnvInputs& in, int local_rank) {
     env.erase("TORCHELASTIC_ERROR_FILE");  // never the agent's own error file
   }
   set("TORCHELASTIC_SIGNALS_TO_HANDLE", opt.signals_to_handle);
+  if (!in.timer_file.empty()) set("TORCHELASTIC_TIMER_FILE", in.timer_file);
   if (a.local_world_size > 1) set_default("OMP_NUM_THREADS", "1");
   // As torchrun 2.2+. Not the old name (NCCL_ASYNC_ERROR_HANDLING, torch <=
   // 2.1): torch 2.x warns on every rank when it is set (seen with 2.11 on a

@@ -4,11 +4,15 @@
 // torch 2.11's own torchrun did with the same line on a GPU machine
 // (tests/gpu/torchrun_side_by_side.py; docs/gpu.md lists every difference).
 #include <signal.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "support/process_helpers.h"
+#include "support/skip.h"
 
 using namespace ddprun::test;
 
@@ -270,4 +274,73 @@ TEST_CASE("torchrun 2.x row: ddprun started under the name torchrun; LOGLEVEL=DE
   INFO("stderr:\n" << p.Err());
   CHECK(Has(p.Out(), "[default1]:ENV rank=1 local_rank=1"));
   CHECK(Has(p.Err(), "[ddprun:agent "));  // LOGLEVEL=DEBUG: the agent's debug channel
+}
+
+namespace {
+
+// Debian's torch (python3-torch 1.13) has torchelastic's FileTimerClient.
+const std::string kTorchPython = "/usr/bin/python3";
+
+bool TorchTimerAvailable() {
+  return std::system((kTorchPython + " -c 'import torch.distributed.elastic.timer' >/dev/null 2>&1")
+                         .c_str()) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("torchrun 2.x row: TORCHELASTIC_ENABLE_FILE_TIMER", "[multiproc]") {
+  if (!TorchTimerAvailable()) {
+    return SkipCase("multiproc", kTorchPython + " cannot import torch; install python3-torch");
+  }
+  Harness h;
+  const std::string script = h.dir() + "/timer_worker.py";
+  {
+    // Rank 1 overruns its 1 s timer; rank 0 finishes at once.
+    std::ofstream f(script);
+    f << "import os, time\n"
+         "import torch.distributed.elastic.timer as timer\n"
+         "path = os.environ['TORCHELASTIC_TIMER_FILE']\n"
+         "print('TIMER_FILE', path, flush=True)\n"
+         "timer.configure(timer.FileTimerClient(path))\n"
+         "if os.environ['RANK'] == '1':\n"
+         "    with timer.expires(after=1):\n"
+         "        time.sleep(30)\n";
+  }
+  const std::string fifo = h.dir() + "/timer.fifo";
+  const auto start = std::chrono::steady_clock::now();
+  Proc& p =
+      h.StartDdprun("ddprun", {"--standalone", "--nproc_per_node=2", "--max_restarts=0", script},
+                    {{"TORCHELASTIC_ENABLE_FILE_TIMER", "1"},
+                     {"TORCHELASTIC_TIMER_FILE", fifo},
+                     {"PYTHON_EXEC", kTorchPython}});
+  CHECK(h.Wait(p, 25) == 1);
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  INFO("stdout:\n" << p.Out() << "stderr:\n" << p.Err());
+  CHECK(took < 15);                           // the timer, not the 30 s sleep
+  CHECK(Has(p.Out(), "TIMER_FILE " + fifo));  // the launcher's path, as torchrun
+  CHECK(Has(p.Err(), "of worker rank 1 (pid "));
+  CHECK(Has(p.Err(), "expired; sent SIGKILL"));
+  CHECK(Has(p.Err(), "failed: worker rank 1"));  // the job's report
+  CHECK(Has(p.Err(), "SIGKILL"));
+  CHECK(::access(fifo.c_str(), F_OK) != 0);  // removed at exit
+
+  // Garbage on the FIFO neither stops the agent nor fails the job; without
+  // the launcher's path the agent picks a fresh one.
+  const std::string garbage = h.dir() + "/garbage.sh";
+  {
+    std::ofstream f(garbage);
+    f << "#!/bin/sh\n"
+         "[ -p \"$TORCHELASTIC_TIMER_FILE\" ] || exit 7\n"
+         "echo 'not json' > \"$TORCHELASTIC_TIMER_FILE\"\n"
+         "head -c 10000 /dev/zero | tr '\\0' x > \"$TORCHELASTIC_TIMER_FILE\"\n"
+         "sleep 0.5\n"
+         "exit 0\n";
+  }
+  REQUIRE(::chmod(garbage.c_str(), 0755) == 0);
+  Proc& q = h.StartDdprun("garbage", {"--standalone", "--nproc_per_node=2", garbage},
+                          {{"TORCHELASTIC_ENABLE_FILE_TIMER", "1"}});
+  CHECK(h.Wait(q, 20) == 0);
+  INFO("garbage stderr:\n" << q.Err());
+  CHECK(Has(q.Err(), "not a timer request"));
 }

@@ -217,3 +217,18 @@ TEST_CASE("CurrentEnvironment reflects the process environment", "[unit]") {
 
 }  // namespace
 }  // namespace ddprun::agent
+
+namespace ddprun::agent {
+namespace {
+
+TEST_CASE("BuildWorkerEnv: TORCHELASTIC_TIMER_FILE when the agent serves the file timer",
+          "[unit]") {
+  Fixture f;
+  Env base = {{"TORCHELASTIC_TIMER_FILE", "/outer"}};
+  CHECK(BuildWorkerEnv(base, f.in, 0).at("TORCHELASTIC_TIMER_FILE") == "/outer");
+  f.in.timer_file = "/tmp/watchdog_timer_x";
+  CHECK(BuildWorkerEnv(base, f.in, 0).at("TORCHELASTIC_TIMER_FILE") == "/tmp/watchdog_timer_x");
+}
+
+}  // namespace
+}  // namespace ddprun::agent

@@ -24,6 +24,9 @@ struct WorkerEnvInputs {
   std::string tcp_store;       // DDPRUN_TCPSTORE_ADDR ("": unset, the SDK uses the gRPC Store)
   std::string error_file;      // TORCHELASTIC_ERROR_FILE ("" when no log dir)
   std::string host;            // this node's advertised address
+  // TORCHELASTIC_TIMER_FILE: the FIFO of the agent's file timer
+  // (file_timer.h); "": no timer served, an inherited value passes through.
+  std::string timer_file;
 };
 
 // base (the agent's environment) overlaid with the worker's variables.
