@@ -156,8 +156,8 @@ class GrpcRendezvousSession final : public RendezvousSession {
     if (down_until_.size() != replicas.size()) down_until_.assign(replicas.size(), TimePoint{});
     // A dead replica refuses at once, but gRPC reports it only at the end of
     // the wait: keep each short, the caller tries again.
-    const Duration slice = std::clamp<Duration>(timeout / replicas.size(), milliseconds(50),
-                                                milliseconds(150));
+    const Duration slice =
+        std::clamp<Duration>(timeout / replicas.size(), milliseconds(50), milliseconds(150));
     // While a standby takes over, the agent goes round the list every 100 ms
     // until one leads. A replica whose connection failed outright (refused or
     // reset: a killed ddprund) is tried only after the others for kDownFor, so
@@ -240,7 +240,19 @@ class GrpcRendezvousSession final : public RendezvousSession {
         if (has_replicas()) return ConnectReplicas(deadline);
         const std::string& host = options_.rdzv_host;
         const int port = options_.rdzv_port;
-        if (IsLocalHost(host)) {
+        if (options_.is_host.value_or(false)) {
+          // Told to host (torchrun's is_host=true): the endpoint's name may be
+          // a virtual IP or a load balancer that leads here, so serve the port
+          // on every interface.
+          if (absl::Status st = HostRendezvous("0.0.0.0", port); !st.ok()) {
+            if (rdzv::KindOf(st) == rdzv::ErrorKind::kBadInput) return st;  // TLS files
+            return absl::UnavailableError(
+                absl::StrCat("--rdzv_conf is_host=true, but this node cannot serve port ", port,
+                             ": ", st.message(), "; free the port, or drop is_host on this node"));
+          }
+          Log(absl::StrCat("hosting the rendezvous at ", rdzv::FormatHostPort(host, port),
+                           " (--rdzv_conf is_host=true)"));
+        } else if (options_.is_host.value_or(true) && IsLocalHost(host)) {
           // Like torchrun's c10d is_host: the endpoint is ours, so serve it
           // unless somebody (ddprund, another local agent) already does.
           auto probe = rdzv::RendezvousClient::Create(host, port, tls_);
@@ -300,13 +312,13 @@ class GrpcRendezvousSession final : public RendezvousSession {
     so.dashboard_listen_fix = "pick another --dashboard_port, or --dashboard_port=off";
     DDPRUN_ASSIGN_OR_RETURN(server_, rdzv::RendezvousServer::Start(so));
     if (server_->dashboard_port() >= 0) {
-      const std::string shown = IsAnyAddress(bind_host)
-                                    ? (options_.local_addr.empty() ? Hostname() : options_.local_addr)
-                                    : bind_host;
-      Log(absl::StrCat("dashboard at http://", rdzv::FormatHostPort(shown, server_->dashboard_port()),
-                       "/ (Prometheus: /metrics; in a terminal: ddprun top --rdzv_endpoint ",
-                       rdzv::FormatHostPort(shown, server_->port()), " --job ", options_.job_id,
-                       ")"));
+      const std::string shown =
+          IsAnyAddress(bind_host) ? (options_.local_addr.empty() ? Hostname() : options_.local_addr)
+                                  : bind_host;
+      Log(absl::StrCat(
+          "dashboard at http://", rdzv::FormatHostPort(shown, server_->dashboard_port()),
+          "/ (Prometheus: /metrics; in a terminal: ddprun top --rdzv_endpoint ",
+          rdzv::FormatHostPort(shown, server_->port()), " --job ", options_.job_id, ")"));
     }
     DDPRUN_DEBUG_LOG(kAgent) << "hosting the rendezvous on "
                              << rdzv::FormatHostPort(bind_host, server_->port());
@@ -344,8 +356,8 @@ class GrpcRendezvousSession final : public RendezvousSession {
     if (connect_noticed_ || now < notice_at || now >= deadline) return;
     connect_noticed_ = true;
     Log(absl::StrCat("nothing answers as the rendezvous at ", where, " yet; waiting until ",
-                     rdzv::WallClockAfter(deadline - now), " (--rdzv_conf join_timeout=",
-                     options_.join_timeout_s,
+                     rdzv::WallClockAfter(deadline - now),
+                     " (--rdzv_conf join_timeout=", options_.join_timeout_s,
                      "); start ddprund (or the host node) there, or fix --rdzv_endpoint"));
   }
 
@@ -437,7 +449,7 @@ class GrpcRendezvousSession final : public RendezvousSession {
   rdzv::TlsConfig tls_;  // this node's, checked in Open()
   std::string connect_host_;
   int connect_port_ = 0;
-  bool connect_noticed_ = false;  // NoteStillConnecting said it once
+  bool connect_noticed_ = false;       // NoteStillConnecting said it once
   std::size_t replica_ = 0;            // with replicas: the index of connect_host_:connect_port_
   std::vector<TimePoint> down_until_;  // with replicas: tried after the others until then
   int master_port_ = 0;

@@ -337,10 +337,16 @@ absl::Status ResolveOutput(const ResolveContext& ctx, ParsedCommand& out) {
 // that torchrun command lines keep working.
 absl::Status ApplyRdzvConf(const KnobValue& s, bool is_static, AgentOptions& options,
                            std::vector<std::string>& warnings) {
-  static const std::set<std::string> kTorchrunOnly = {
-      "close_timeout", "heartbeat_timeout", "keep_alive_interval", "keep_alive_max_attempt",
-      "read_timeout",  "is_host",           "store_type",          "rank",
-      "timeout",       "use_libuv",         "local_addr"};
+  static const std::set<std::string> kTorchrunOnly = {"close_timeout",
+                                                      "heartbeat_timeout",
+                                                      "keep_alive_interval",
+                                                      "keep_alive_max_attempt",
+                                                      "read_timeout",
+                                                      "store_type",
+                                                      "rank",
+                                                      "timeout",
+                                                      "use_libuv",
+                                                      "local_addr"};
   if (s.value.empty()) return absl::OkStatus();
   bool join_timeout_set = false;
   std::optional<double> static_timeout;
@@ -367,6 +373,13 @@ absl::Status ApplyRdzvConf(const KnobValue& s, bool is_static, AgentOptions& opt
       DDPRUN_ASSIGN_OR_RETURN(options.last_call_timeout_s, seconds(*FindRdzvConfKnob(key)));
     } else if (key == "token") {
       options.join_token = value;
+    } else if (key == "is_host") {
+      auto b = ParseBool(value);
+      if (!b.ok()) {
+        return UsageError(absl::StrCat(s.Name("--rdzv_conf"), " is_host ", b.status().message(),
+                                       " (e.g. is_host=true on the node behind the endpoint)"));
+      }
+      options.is_host = *b;
     } else if (key == "timeout" && is_static) {
       // static's TCPStore timeout: how long nodes wait for each other; checked
       // like join_timeout.

@@ -344,3 +344,25 @@ TEST_CASE("torchrun 2.x row: TORCHELASTIC_ENABLE_FILE_TIMER", "[multiproc]") {
   INFO("garbage stderr:\n" << q.Err());
   CHECK(Has(q.Err(), "not a timer request"));
 }
+
+TEST_CASE("torchrun 2.x row: --rdzv-conf is_host", "[multiproc]") {
+  Harness h;
+  const std::string w = WriteWorker(h);
+  const std::string endpoint = "--rdzv_endpoint=127.0.0.1:" + std::to_string(FreePort());
+  // The node told not to host starts first: without is_host it would host
+  // the local endpoint itself; with is_host=false it waits for the other.
+  Proc& guest = h.StartDdprun(
+      "guest", {"--nnodes=2", "--rdzv_backend=c10d", endpoint, "--rdzv_id=hosting",
+                "--rdzv_conf=is_host=false,join_timeout=20", "--local_addr=127.0.0.1", w});
+  SleepMs(800);
+  Proc& host = h.StartDdprun(
+      "host", {"--nnodes=2", "--rdzv_backend=c10d", endpoint, "--rdzv_id=hosting",
+               "--rdzv_conf=is_host=true,join_timeout=20", "--local_addr=127.0.0.2", w});
+  CHECK(h.Wait(guest, 30) == 0);
+  CHECK(h.Wait(host, 30) == 0);
+  INFO("guest stderr:\n" << guest.Err() << "host stderr:\n" << host.Err());
+  CHECK(Has(host.Err(), "hosting the rendezvous at 127.0.0.1:"));
+  CHECK(Has(host.Err(), "(--rdzv_conf is_host=true)"));
+  CHECK_FALSE(Has(guest.Err(), "hosting the rendezvous"));
+  CHECK(Has(guest.Out() + host.Out(), "ENV rank=1 "));
+}

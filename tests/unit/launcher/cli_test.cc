@@ -609,8 +609,15 @@ TEST_CASE("--rdzv_conf", "[unit]") {
 
   auto torchrun_keys =
       Ok({"--rdzv_endpoint=h", "--rdzv_conf=read_timeout=60,is_host=1", S().Path("train.py")});
-  CHECK(torchrun_keys.warnings.size() == 2);
+  CHECK(torchrun_keys.warnings.size() == 1);
   CHECK_THAT(torchrun_keys.warnings[0], Contains("'read_timeout' is a torchrun setting"));
+  // torchrun's is_host is honoured: true hosts whatever the name resolves to, false never.
+  CHECK(torchrun_keys.options.is_host == std::optional<bool>(true));
+  CHECK(Ok({"--rdzv_endpoint=h", "--rdzv_conf=is_host=false", S().Path("train.py")})
+            .options.is_host == std::optional<bool>(false));
+  CHECK_FALSE(Ok({"--rdzv_endpoint=h", S().Path("train.py")}).options.is_host.has_value());
+  CHECK_THAT(Err({"--rdzv_endpoint=h", "--rdzv_conf=is_host=maybe", S().Path("train.py")}),
+             Contains("--rdzv_conf is_host must be true or false, got 'maybe'"));
 
   // static: timeout is how long nodes wait for each other.
   CHECK(Ok({"--rdzv_backend=static", "--rdzv_conf=timeout=42", S().Path("train.py")})

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,12 @@ struct AgentOptions {
   std::string master_addr = "127.0.0.1";  // static
   int master_port = rendezvous::kDefaultMasterPort;  // static
   std::string local_addr;         // address advertised to other nodes ("" = hostname)
+  // --rdzv_conf is_host (torchrun's c10d key), kRemote with one endpoint:
+  // true: this node serves the rendezvous at the endpoint's port whatever the
+  // endpoint's name resolves to (a virtual IP, a load balancer); false: it
+  // never does; unset: it does when the endpoint is this machine and nobody
+  // answers there yet.
+  std::optional<bool> is_host;
   // TLS to the rendezvous (--tls_ca/--tls_cert/--tls_key, docs/tls.md): the
   // launcher checked the files (LoadClientTls) and made the paths absolute;
   // names say where each was given. Workers get them as DDPRUN_TLS_*.
