@@ -5,6 +5,8 @@
 // tokenising checks CLI11 does not make.
 #include "ddprun/launcher/cli.h"
 
+#include <sys/stat.h>
+
 #include <optional>
 
 #include "CLI/CLI.hpp"
@@ -59,6 +61,22 @@ absl::Status CheckEmptyValues(const std::vector<std::string>& args, const FlagTa
   return absl::OkStatus();
 }
 
+// When the last argument is a file or directory that CLI11 took as the value
+// of the flag before it (`--nproc_per_node train.py`, the value forgotten):
+// that flag's name and the argument, for the "missing the training script"
+// message.
+std::optional<std::pair<std::string, std::string>> SwallowedScript(
+    const std::vector<std::string>& args, const FlagTable& flags) {
+  if (args.size() < 3) return std::nullopt;
+  const std::string& last = args.back();
+  const std::string& flag = args[args.size() - 2];
+  if (flag.size() < 2 || flag[0] != '-' || flag.find('=') != std::string::npos) return std::nullopt;
+  const std::optional<bool> takes_value = flags.TakesValue(flag);
+  struct stat st {};
+  if (!takes_value || !*takes_value || ::stat(last.c_str(), &st) != 0) return std::nullopt;
+  return std::make_pair(flag, last);
+}
+
 // CLI11's messages ("--nnodes: 1 required TEXT missing") in our one-line form.
 absl::Status FromCliError(const CLI::ParseError& e) {
   std::string what = e.what();
@@ -71,8 +89,9 @@ absl::Status FromCliError(const CLI::ParseError& e) {
 }
 
 // The worker command: what CLI11 did not consume, else the file's command.
-absl::StatusOr<ScriptSpec> WorkerScript(const CLI::App& app, const FlagTable& flags,
-                                        const JobConfig* job, KnobValue& command_from) {
+absl::StatusOr<ScriptSpec> WorkerScript(const CLI::App& app, const std::vector<std::string>& args,
+                                        const FlagTable& flags, const JobConfig* job,
+                                        KnobValue& command_from) {
   std::vector<std::string> rest = app.remaining();
   if (!rest.empty() && rest[0] == "--") {
     rest.erase(rest.begin());
@@ -85,6 +104,12 @@ absl::StatusOr<ScriptSpec> WorkerScript(const CLI::App& app, const FlagTable& fl
     command_from = {"", absl::StrCat(job->command_location, ": command"), Origin::kFile};
   }
   if (rest.empty()) {
+    if (auto swallowed = SwallowedScript(args, flags)) {
+      const auto& [flag, script] = *swallowed;
+      return UsageError(absl::StrCat("missing the training script: ", flag, " took '", script,
+                                     "' as its value; give ", flag, " a value (e.g. ", flag,
+                                     "=VALUE ", script, ")"));
+    }
     return UsageError(
         "missing the training script; usage: ddprun [OPTIONS] SCRIPT [SCRIPT_ARGS...], see "
         "ddprun --help");
@@ -154,7 +179,7 @@ absl::StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& a
   const JobConfig* job_ptr = job ? &*job : nullptr;
 
   KnobValue command_from;
-  DDPRUN_ASSIGN_OR_RETURN(ScriptSpec spec, WorkerScript(app, flags, job_ptr, command_from));
+  DDPRUN_ASSIGN_OR_RETURN(ScriptSpec spec, WorkerScript(app, args, flags, job_ptr, command_from));
   DDPRUN_RETURN_IF_ERROR(ResolveOptions({flags, env, host, job_ptr}, out));
   DDPRUN_ASSIGN_OR_RETURN(out.options.command, BuildWorkerCommand(spec, env, &out.warnings));
   if (job) ApplyFileEnvironment(*job, env, out.options, out.warnings);

@@ -208,6 +208,18 @@ absl::StatusOr<std::vector<std::string>> BuildWorkerCommand(const ScriptSpec& sp
     if (!has_slash && FindOnPath(script, env)) return Concat({script}, spec.args);
     return not_found();
   }
+  if (exists && std::filesystem::is_directory(script)) {
+    // Python runs a directory by its __main__.py (as torchrun's `python -u DIR`);
+    // any other directory is a mistake worth one line, not a failed job.
+    if (PathExists(script + "/__main__.py")) {
+      DDPRUN_RETURN_IF_ERROR(CheckPython(python, env));
+      return Concat({python, "-u", script}, spec.args);
+    }
+    return UsageError(absl::StrCat("'", script,
+                                   "' is a directory without a __main__.py; give the "
+                                   "training script in it (e.g. ",
+                                   (std::filesystem::path(script) / "train.py").string(), ")"));
+  }
   if (absl::EndsWith(script, ".py")) {
     if (!exists) return not_found();
     DDPRUN_RETURN_IF_ERROR(CheckPython(python, env));

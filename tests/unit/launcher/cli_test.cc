@@ -1033,3 +1033,25 @@ TEST_CASE("torchrun 2.9: --numa-binding", "[unit]") {
 
 }  // namespace
 }  // namespace ddprun::launcher
+
+// Issue 33, item 12: a forgotten flag value and a directory, each one line.
+namespace ddprun::launcher {
+namespace {
+
+TEST_CASE("a flag that took the script as its value; a directory as the script", "[unit]") {
+  CHECK_THAT(Err({"--nproc_per_node", S().Path("train.py")}),
+             Contains("missing the training script: --nproc_per_node took '" +
+                      S().Path("train.py") + "' as its value; give --nproc_per_node a value"));
+  CHECK_THAT(Err({"--nproc_per_node", "4"}), Contains("missing the training script; usage:"));
+  CHECK_THAT(Err({S().Path("bin")}), Contains("is a directory without a __main__.py"));
+  char tmpl[] = "/tmp/ddprun_pkgdir_XXXXXX";
+  const fs::path pkg = ::mkdtemp(tmpl);
+  std::ofstream(pkg / "__main__.py") << "print('hi')\n";
+  CHECK(Ok({pkg.string()}).options.command ==
+        std::vector<std::string>{"python3", "-u", pkg.string()});
+  std::error_code ec;
+  fs::remove_all(pkg, ec);
+}
+
+}  // namespace
+}  // namespace ddprun::launcher
