@@ -10,6 +10,7 @@
 #include "ddprun/launcher/cli.h"
 #include "ddprun/launcher/knobs.h"
 #include "ddprun/rendezvous/common/host_port.h"
+#include "resolve_options.h"
 
 namespace ddprun::launcher {
 namespace {
@@ -51,20 +52,7 @@ std::string RenderMergedConfig(const MergedJobView& v) {
           absl::StrContains(absl::StrCat(",", from.value), absl::StrCat(",", k.rdzv_conf, "="));
       if (!named) from = v.lookup(flag);
     }
-    if (flag == "grace_period") {
-      // torchrun 2.12's name for the same setting (resolve_options.cc: a flag
-      // beats a variable, and --grace_period wins a tie).
-      const KnobValue shutdown = v.lookup("shutdown_timeout");
-      auto weight = [](const KnobValue& k) {
-        return k.origin == Origin::kFlag ? 2 : k.origin == Origin::kEnv ? 1 : 0;
-      };
-      if (shutdown.is_set() && weight(shutdown) > weight(from)) from = shutdown;
-    }
-    if (flag == "grace_period" && from.origin != Origin::kFlag && from.origin != Origin::kEnv) {
-      if (auto it = env.find("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
-          it != env.end() && !it->second.empty())
-        from = KnobValue{it->second, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", Origin::kEnv};
-    }
+    if (flag == "grace_period") from = ChooseGracePeriod(v.lookup, env).value;
     if ((flag == "rdzv_backend" || flag == "rdzv_endpoint") && !from.is_set() &&
         o.mode == agent::RendezvousMode::kStatic) {
       // torchrun's default backend: static, selected by naming the master.

@@ -131,10 +131,9 @@ absl::Status ResolveShape(const ResolveContext& ctx, ParsedCommand& out) {
   o.max_restarts = static_cast<int>(max_restarts);
   DDPRUN_ASSIGN_OR_RETURN(o.role, ParseKnob(flags, KnobNamed("role"), ParseText));
 
-  // --grace_period and torchrun 2.12's --shutdown-timeout name one value:
-  // flag (either; both must agree) > PET_GRACE_PERIOD > PET_SHUTDOWN_TIMEOUT
-  // > TORCH_ELASTIC_SHUTDOWN_TIMEOUT > file > default.
-  KnobValue grace = flags.Get("grace_period");
+  // --grace_period and --shutdown_timeout (ChooseGracePeriod); given both as
+  // flags, they must agree.
+  const KnobValue grace = flags.Get("grace_period");
   const KnobValue shutdown = flags.Get("shutdown_timeout");
   if (shutdown.origin == Origin::kFlag && grace.origin == Origin::kFlag) {
     auto a = ParseSeconds(grace.value, /*allow_zero=*/true);
@@ -145,24 +144,10 @@ absl::Status ResolveShape(const ResolveContext& ctx, ParsedCommand& out) {
                                      " name the same setting with different values; give one"));
     }
   }
-  const Knob* grace_knob = &KnobNamed("grace_period");
-  auto weight = [](const KnobValue& v) {
-    return v.origin == Origin::kFlag ? 2 : v.origin == Origin::kEnv ? 1 : 0;
-  };
-  if (shutdown.is_set() && weight(shutdown) > weight(grace)) {
-    grace = shutdown;
-    grace_knob = &KnobNamed("shutdown_timeout");
-  }
-  if (grace.origin != Origin::kFlag && grace.origin != Origin::kEnv) {
-    if (auto it = ctx.env.find("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
-        it != ctx.env.end() && !it->second.empty()) {
-      grace = {it->second, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", Origin::kEnv};
-    }
-  }
-  auto seconds = ParseSeconds(grace.value, /*allow_zero=*/true);
-  if (!seconds.ok()) {
-    return BadValue(grace, *grace_knob, seconds.status());
-  }
+  const GracePeriodSource source =
+      ChooseGracePeriod([&](const std::string& dest) { return flags.Get(dest); }, ctx.env);
+  auto seconds = ParseSeconds(source.value.value, /*allow_zero=*/true);
+  if (!seconds.ok()) return BadValue(source.value, KnobNamed(source.knob), seconds.status());
   o.grace_period_s = seconds->count();
 
   DDPRUN_ASSIGN_OR_RETURN(o.dashboard_port,
@@ -213,14 +198,12 @@ absl::Status ResolveShape(const ResolveContext& ctx, ParsedCommand& out) {
   if (fw.is_set()) {
     DDPRUN_ASSIGN_OR_RETURN(SignalSet forward,
                             ParseKnob(flags, KnobNamed("forward_signals"), ParseSignals));
-    for (absl::string_view name : absl::StrSplit(fw.value, ',', absl::SkipWhitespace())) {
-      std::string n = absl::AsciiStrToUpper(absl::StripAsciiWhitespace(name));
-      if (n.rfind("SIG", 0) != 0) n = "SIG" + n;
-      if (n != "SIGUSR1" && n != "SIGUSR2") {
-        return UsageError(absl::StrCat(fw.Name("--forward_signals"), " lists ", n,
-                                       ": only SIGUSR1 and SIGUSR2 can be forwarded while the "
-                                       "job runs; the others stop it (--signals_to_handle)"));
-      }
+    std::vector<std::string> others = forward.terminating;
+    others.insert(others.end(), forward.unhandled.begin(), forward.unhandled.end());
+    if (!others.empty()) {
+      return UsageError(absl::StrCat(fw.Name("--forward_signals"), " lists ", others.front(),
+                                     ": only SIGUSR1 and SIGUSR2 can be forwarded while the "
+                                     "job runs; the others stop it (--signals_to_handle)"));
     }
     o.forward_sigusr1 = forward.usr1;
     o.forward_sigusr2 = forward.usr2;
@@ -585,6 +568,25 @@ absl::Status ResolveRendezvous(const ResolveContext& ctx, ParsedCommand& out) {
 }
 
 }  // namespace
+
+GracePeriodSource ChooseGracePeriod(const std::function<KnobValue(const std::string&)>& lookup,
+                                    const agent::Env& env) {
+  auto weight = [](const KnobValue& v) {
+    return v.origin == Origin::kFlag ? 2 : v.origin == Origin::kEnv ? 1 : 0;
+  };
+  GracePeriodSource s{lookup("grace_period"), "grace_period"};
+  if (const KnobValue shutdown = lookup("shutdown_timeout");
+      shutdown.is_set() && weight(shutdown) > weight(s.value)) {
+    s = {shutdown, "shutdown_timeout"};
+  }
+  if (weight(s.value) == 0) {
+    if (auto it = env.find("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+        it != env.end() && !it->second.empty()) {
+      s.value = {it->second, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", Origin::kEnv};
+    }
+  }
+  return s;
+}
 
 absl::Status ResolveOptions(const ResolveContext& ctx, ParsedCommand& out) {
   DDPRUN_RETURN_IF_ERROR(ResolveShape(ctx, out));

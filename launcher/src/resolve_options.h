@@ -4,6 +4,8 @@
 // is decided here and only here.
 #pragma once
 
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -19,6 +21,18 @@ struct ResolveContext {
   const HostFacts& host;
   const JobConfig* job = nullptr;  // nullptr without --config
 };
+
+// The value that sets the grace period, and the knob it belongs to: --grace_period
+// and torchrun 2.12's --shutdown_timeout name one setting. A flag beats a
+// variable (PET_*), --grace_period wins a tie, then
+// TORCH_ELASTIC_SHUTDOWN_TIMEOUT, then the file and the default. The one rule
+// for ResolveOptions and --print-config.
+struct GracePeriodSource {
+  KnobValue value;
+  const char* knob = "grace_period";
+};
+GracePeriodSource ChooseGracePeriod(const std::function<KnobValue(const std::string&)>& lookup,
+                                    const agent::Env& env);
 
 // Fills out.options (except the command) and out.launcher; notes go to
 // out.warnings. Every error is a one-line usage error.

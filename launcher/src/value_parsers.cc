@@ -269,7 +269,7 @@ absl::StatusOr<SignalSet> ParseSignals(absl::string_view text) {
     } else if (n == "SIGUSR2") {
       out.usr2 = true;
     } else if (n == "SIGTERM" || n == "SIGINT" || n == "SIGHUP" || n == "SIGQUIT") {
-      continue;
+      out.terminating.push_back(n);
     } else if (IsSignalName(n)) {
       out.unhandled.push_back(n);  // a real signal ddprun does not trap: a warning
     } else {

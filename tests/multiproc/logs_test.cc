@@ -32,15 +32,7 @@ fi
 exit 0
 )";
 
-std::string WriteScript(Harness& h) {
-  const std::string path = h.dir() + "/worker.sh";
-  {
-    std::ofstream f(path);
-    f << kWorkerScript;
-  }
-  REQUIRE(::chmod(path.c_str(), 0755) == 0);
-  return path;
-}
+std::string WriteScript(Harness& h) { return h.Script("worker.sh", kWorkerScript); }
 
 std::string ShortHostname() {
   char buf[256] = {};

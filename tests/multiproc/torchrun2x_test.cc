@@ -30,15 +30,7 @@ fi
 exit 0
 )";
 
-std::string WriteWorker(Harness& h) {
-  const std::string path = h.dir() + "/env_worker.sh";
-  {
-    std::ofstream f(path);
-    f << kEnvWorker;
-  }
-  REQUIRE(::chmod(path.c_str(), 0755) == 0);
-  return path;
-}
+std::string WriteWorker(Harness& h) { return h.Script("env_worker.sh", kEnvWorker); }
 
 bool Has(const std::string& text, const std::string& what) {
   return text.find(what) != std::string::npos;
@@ -151,19 +143,16 @@ TEST_CASE("torchrun 2.x row: --event-log-handler and TORCHELASTIC_SIGNALS_TO_HAN
 
 TEST_CASE("torchrun 2.x row: the launcher's TORCHELASTIC_ERROR_FILE", "[multiproc]") {
   Harness h;
-  const std::string path = h.dir() + "/fail.sh";
-  {
-    // Rank 1 leaves a torchelastic @record file and exits 1; rank 0 succeeds.
-    std::ofstream f(path);
-    f << "#!/bin/sh\n"
-         "if [ \"$RANK\" = 1 ]; then\n"
-         "  printf '{\"message\": {\"message\": \"ValueError: boom\", \"extraInfo\": "
-         "{\"py_callstack\": \"tb\", \"timestamp\": \"1\"}}}' > \"$TORCHELASTIC_ERROR_FILE\"\n"
-         "  exit 1\n"
-         "fi\n"
-         "exit 0\n";
-  }
-  REQUIRE(::chmod(path.c_str(), 0755) == 0);
+  // Rank 1 leaves a torchelastic @record file and exits 1; rank 0 succeeds.
+  const std::string path = h.Script(
+      "fail.sh",
+      "#!/bin/sh\n"
+      "if [ \"$RANK\" = 1 ]; then\n"
+      "  printf '{\"message\": {\"message\": \"ValueError: boom\", \"extraInfo\": "
+      "{\"py_callstack\": \"tb\", \"timestamp\": \"1\"}}}' > \"$TORCHELASTIC_ERROR_FILE\"\n"
+      "  exit 1\n"
+      "fi\n"
+      "exit 0\n");
   const std::string reply = h.dir() + "/launcher_error.json";
   Proc& p = h.StartDdprun("ddprun", {"--standalone", "--nproc_per_node=2", path},
                           {{"TORCHELASTIC_ERROR_FILE", reply}});
@@ -174,12 +163,7 @@ TEST_CASE("torchrun 2.x row: the launcher's TORCHELASTIC_ERROR_FILE", "[multipro
   CHECK(Has(json, "\"errorCode\":1"));
   CHECK(Has(json, "\"py_callstack\":\"tb\""));
   // A worker that wrote nothing: the report's description, its exit code.
-  const std::string plain = h.dir() + "/exit85.sh";
-  {
-    std::ofstream f(plain);
-    f << "#!/bin/sh\necho dying >&2\nexit 85\n";
-  }
-  REQUIRE(::chmod(plain.c_str(), 0755) == 0);
+  const std::string plain = h.Script("exit85.sh", "#!/bin/sh\necho dying >&2\nexit 85\n");
   const std::string reply2 = h.dir() + "/launcher_error2.json";
   Proc& q =
       h.StartDdprun("ddprun2", {"--standalone", plain}, {{"TORCHELASTIC_ERROR_FILE", reply2}});
@@ -216,13 +200,9 @@ TEST_CASE("torchrun 2.x row: the same --node_rank on every node of a c10d job", 
 TEST_CASE("torchrun 2.x row: --duplicate-stdout-filters and --duplicate-stderr-filters",
           "[multiproc]") {
   Harness h;
-  const std::string path = h.dir() + "/lines.sh";
-  {
-    std::ofstream f(path);
-    f << "#!/bin/sh\necho \"loss=1 rank $RANK\"\necho \"noise $RANK\"\n"
-         "echo \"a,b $RANK\"\necho \"warn $RANK\" >&2\n";
-  }
-  REQUIRE(::chmod(path.c_str(), 0755) == 0);
+  const std::string path = h.Script("lines.sh",
+                                    "#!/bin/sh\necho \"loss=1 rank $RANK\"\necho \"noise $RANK\"\n"
+                                    "echo \"a,b $RANK\"\necho \"warn $RANK\" >&2\n");
   const std::string logs = h.dir() + "/logs";
   Proc& p =
       h.StartDdprun("ddprun", {"--standalone", "--nproc_per_node=2", "--rdzv_id=filt", "--tee", "3",
@@ -327,17 +307,14 @@ TEST_CASE("torchrun 2.x row: TORCHELASTIC_ENABLE_FILE_TIMER", "[multiproc]") {
 
   // Garbage on the FIFO neither stops the agent nor fails the job; without
   // the launcher's path the agent picks a fresh one.
-  const std::string garbage = h.dir() + "/garbage.sh";
-  {
-    std::ofstream f(garbage);
-    f << "#!/bin/sh\n"
-         "[ -p \"$TORCHELASTIC_TIMER_FILE\" ] || exit 7\n"
-         "echo 'not json' > \"$TORCHELASTIC_TIMER_FILE\"\n"
-         "head -c 10000 /dev/zero | tr '\\0' x > \"$TORCHELASTIC_TIMER_FILE\"\n"
-         "sleep 0.5\n"
-         "exit 0\n";
-  }
-  REQUIRE(::chmod(garbage.c_str(), 0755) == 0);
+  const std::string garbage =
+      h.Script("garbage.sh",
+               "#!/bin/sh\n"
+               "[ -p \"$TORCHELASTIC_TIMER_FILE\" ] || exit 7\n"
+               "echo 'not json' > \"$TORCHELASTIC_TIMER_FILE\"\n"
+               "head -c 10000 /dev/zero | tr '\\0' x > \"$TORCHELASTIC_TIMER_FILE\"\n"
+               "sleep 0.5\n"
+               "exit 0\n");
   Proc& q = h.StartDdprun("garbage", {"--standalone", "--nproc_per_node=2", garbage},
                           {{"TORCHELASTIC_ENABLE_FILE_TIMER", "1"}});
   CHECK(h.Wait(q, 20) == 0);

@@ -333,6 +333,14 @@ class Harness {
 
   const std::string& dir() const { return dir_; }
 
+  // An executable file `name` in dir() holding `text` (a worker script).
+  std::string Script(const std::string& name, const std::string& text) {
+    const std::string path = dir_ + "/" + name;
+    std::ofstream(path) << text;
+    REQUIRE(::chmod(path.c_str(), 0755) == 0);
+    return path;
+  }
+
   std::string MakeDir(const std::string& name) {
     std::string d = dir_ + "/" + name;
     REQUIRE(::mkdir(d.c_str(), 0755) == 0);

@@ -68,7 +68,7 @@ absl::StatusOr<rendezvous::HostPort> ParseEndpoint(absl::string_view text, int d
 // (docs/ha.md), "d1:29400,d2:29400,d3:29400"; each entry as ParseEndpoint, no
 // empty entry, none twice.
 absl::StatusOr<std::vector<rendezvous::HostPort>> ParseEndpointList(absl::string_view text,
-                                                                     int default_port);
+                                                                    int default_port);
 
 // kPort: 1..65535.
 absl::StatusOr<int> ParsePort(absl::string_view text);
@@ -99,6 +99,7 @@ absl::StatusOr<std::string> ParseBackend(absl::string_view text);
 struct SignalSet {
   bool usr1 = false;
   bool usr2 = false;
+  std::vector<std::string> terminating;  // SIGTERM, SIGINT, SIGHUP, SIGQUIT as named
   std::vector<std::string> unhandled;
 };
 absl::StatusOr<SignalSet> ParseSignals(absl::string_view text);
