@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "ddprun/rendezvous/common/errors.h"
 #include "ddprun/rendezvous/common/job_id.h"
+#include "ddprun/rendezvous/monitoring/hang_detector.h"
 #include "ddprun/rendezvous/monitoring/hang_report.h"
 #include "rank_window.h"
 
@@ -99,7 +100,9 @@ struct NodeState {
   bool hang_report_due = false;
 };
 
-enum class Hang { kArmed, kCapturing, kPublished, kReported };
+// How long a published restart or abort waits for every agent to fetch the
+// hang report: one report interval.
+constexpr Duration kHangDeliveryWait = std::chrono::seconds(2);
 
 // A rank of the round. Its state is made on its first report, not when the
 // round starts: a round of 16k nodes has 131k ranks, and making every state
@@ -134,6 +137,7 @@ RankSlot* FindRank(std::vector<RankSlot>& ranks, int rank) {
 }  // namespace
 
 struct MetricsHub::Job {
+  explicit Job(Duration stack_wait) : hang(stack_wait, kHangDeliveryWait) {}
   std::string id;
   std::int64_t round = 0;
   std::string state = "gathering";
@@ -147,11 +151,9 @@ struct MetricsHub::Job {
   std::deque<SeriesPoint> series;
   std::optional<TimePoint> next_point;
   std::deque<TimelineEvent> events;
-  // Hang detection.
-  Hang hang = Hang::kArmed;
-  TimePoint last_progress{};
-  TimePoint hang_deadline{};  // end of the stack wait, then of the delivery wait
-  HangReportInput pending;    // while capturing
+  // Hang detection: the protocol, and the report it is about.
+  HangDetector hang;
+  HangReportInput pending;  // while capturing
   std::vector<int> stacks_wanted;
   std::string hang_report;
   std::int64_t hangs = 0;
@@ -192,7 +194,7 @@ void MetricsHub::OnJobChange(const JobChange& c) {
   }
   auto it = jobs_.find(c.job_id);
   if (it == jobs_.end()) {
-    auto job = std::make_unique<Job>();
+    auto job = std::make_unique<Job>(options_.stack_wait);
     job->id = c.job_id;
     it = jobs_.emplace(c.job_id, std::move(job)).first;
   }
@@ -238,8 +240,7 @@ void MetricsHub::OnJobChange(const JobChange& c) {
           std::unique(job.ranks.begin(), job.ranks.end(),
                       [](const RankSlot& a, const RankSlot& b) { return a.rank == b.rank; }),
           job.ranks.end());
-      job.hang = Hang::kArmed;
-      job.last_progress = clock_.Now();
+      job.hang.StartRound(clock_.Now(), job.hang_timeout_s, job.on_hang);
       job.stacks_wanted.clear();
       AddEvent(job, unix_now, "round",
                absl::StrCat("round ", c.round, " running: ", c.nodes.size(),
@@ -248,7 +249,7 @@ void MetricsHub::OnJobChange(const JobChange& c) {
     }
     case JobChange::Kind::kRestart:
       job.state = "gathering";
-      job.hang = Hang::kArmed;
+      job.hang.EndRound();
       for (auto& [id, n] : job.nodes) n.capture.clear();
       AddEvent(job, unix_now, "restart",
                absl::StrCat("round ", c.round, " ends", c.counts_as_failure ? " (a failure)" : "",
@@ -258,7 +259,7 @@ void MetricsHub::OnJobChange(const JobChange& c) {
       job.state = c.success ? "succeeded" : "failed";
       job.close_reason = c.text;
       job.failures = c.failures;
-      job.hang = Hang::kReported;  // nothing more to detect
+      job.hang.Close();
       AddEvent(job, unix_now, "closed",
                absl::StrCat(c.success ? "succeeded: " : "failed: ", c.text));
       break;
@@ -447,19 +448,18 @@ absl::StatusOr<MetricsReply> MetricsHub::Report(MetricsReport report) {
                node.host + ": " + Cut(std::move(e), kMaxEventBytes, &ignored));
     }
     if (progressed) {
-      job.last_progress = now;
       // A slow rank that moves is not hung: a pending capture is dropped, a
       // published report re-arms.
-      if (job.hang == Hang::kCapturing || job.hang == Hang::kReported) {
-        if (job.hang == Hang::kCapturing) {
-          AddEvent(job, UnixNow(), "hang", "progress resumed before the hang report; none sent");
-        }
-        job.hang = Hang::kArmed;
+      const HangDetector::Progress p = job.hang.ObserveProgress(now);
+      if (p == HangDetector::Progress::kCaptureDropped) {
+        AddEvent(job, UnixNow(), "hang", "progress resumed before the hang report; none sent");
+      }
+      if (p != HangDetector::Progress::kNone) {
         job.stacks_wanted.clear();
         for (auto& [id, n] : job.nodes) n.capture.clear();
       }
     }
-    if (job.hang == Hang::kCapturing) {
+    if (job.hang.phase() == HangDetector::Phase::kCapturing) {
       for (auto& d : report.stacks) {
         if (d.rank < node.base_rank || d.rank >= node.base_rank + node.nproc) continue;
         if (!std::binary_search(job.stacks_wanted.begin(), job.stacks_wanted.end(), d.rank))
@@ -471,7 +471,7 @@ absl::StatusOr<MetricsReply> MetricsHub::Report(MetricsReport report) {
         job.pending.stacks[d.rank] = std::move(d);
       }
       // Every stack in: publish now rather than at the end of the wait.
-      if (job.pending.stacks.size() >= job.stacks_wanted.size()) job.hang_deadline = now;
+      if (job.pending.stacks.size() >= job.stacks_wanted.size()) job.hang.StacksComplete(now);
     }
     TickJobLocked(job, now, &after);
     reply.capture_stacks = std::move(node.capture);
@@ -554,107 +554,100 @@ void MetricsHub::TickJobLocked(Job& job, TimePoint now, std::vector<std::functio
     while (job.series.size() > options_.series_points) job.series.pop_front();
     job.next_point = now + options_.series_resolution;
   }
-  if (job.hang_timeout_s <= 0) return;
 
-  auto publish = [&] {
-    job.pending.stalled_s = Secs(now - job.last_progress);
-    RefineHangWithStacks(job.pending.verdict, job.pending.stacks);
-    job.hang_report = FormatHangReport(job.pending);
-    ++job.hangs;
-    AddEvent(job, UnixNow(), "hang",
-             absl::StrCat("hang: culprit rank(s) ", RankList(job.pending.verdict.culprits)));
-    for (auto& [id, n] : job.nodes) n.hang_report_due = true;
-    if (options_.log) {
-      after->push_back([log = options_.log, text = job.hang_report] { log(text); });
+  // Every worker alive by a fresh report, and something that counts progress.
+  auto ranks_ready = [&] {
+    if (job.ranks.empty()) return false;
+    bool source = false;
+    for (const auto& slot : job.ranks) {
+      const RankState* r = slot.state.get();
+      if (!r || !r->seen || r->v.state != "running" || now - r->received > options_.report_fresh)
+        return false;
+      source |= r->v.has_progress_source || r->v.collective_seq > 0;
     }
-    // The job's failure report names the first culprit.
-    const int c = job.pending.verdict.culprits.front();
-    const RankSlot* culprit = FindRank(job.ranks, c);  // one of the ranks
-    const RankView r = culprit ? ViewOf(*culprit) : RankView{};
-    WorkerFailure f;
-    f.host = r.host;
-    f.global_rank = c;
-    f.local_rank = r.local_rank;
-    f.pid = r.pid;
-    f.timestamp = UnixNow();
-    f.round = job.round;
-    f.error_message = job.hang_report;
-    job.act_node = r.node_id;
-    job.act_failure = std::move(f);
-    job.stacks_wanted.clear();
-    if (job.on_hang == OnHang::kReport) {
-      job.hang = Hang::kReported;
-    } else {
-      // Give every agent one report interval to fetch and print it first.
-      job.hang = Hang::kPublished;
-      job.hang_deadline = now + std::chrono::seconds(2);
-    }
+    return source;
   };
-
-  switch (job.hang) {
-    case Hang::kArmed: {
-      if (now - job.last_progress < Seconds(job.hang_timeout_s)) return;
-      // Every worker alive by a fresh report, and something that counts progress.
-      if (job.ranks.empty()) return;
-      bool source = false;
-      for (const auto& slot : job.ranks) {
-        const RankState* r = slot.state.get();
-        if (!r || !r->seen || r->v.state != "running" || now - r->received > options_.report_fresh)
-          return;
-        source |= r->v.has_progress_source || r->v.collective_seq > 0;
-      }
-      if (!source) return;
-      std::vector<HangRank> hr;
-      hr.reserve(job.ranks.size());
-      for (const auto& slot : job.ranks) {
-        const RankState& r = *slot.state;  // every rank reported (above)
-        hr.push_back({r.v.rank, r.v.host, r.v.pid, r.v.steps, r.v.collective_seq, r.v.in_collective,
-                      r.v.collective_op});
-      }
-      job.pending = HangReportInput{};
-      job.pending.job_id = job.id;
-      job.pending.round = job.round;
-      job.pending.hang_timeout_s = job.hang_timeout_s;
-      job.pending.on_hang = OnHangName(job.on_hang);
-      job.pending.verdict = FindHangCulprits(hr);
-      job.pending.ranks = std::move(hr);
-      job.stacks_wanted.assign(job.pending.verdict.culprits.begin(),
-                               job.pending.verdict.culprits.begin() +
-                                   static_cast<std::ptrdiff_t>(std::min(
-                                       kMaxStackCaptures, job.pending.verdict.culprits.size())));
-      for (int c : job.stacks_wanted) {
-        if (const RankSlot* slot = FindRank(job.ranks, c)) {
-          job.nodes[*slot->node_id].capture.push_back(c);
-        }
-      }
-      job.hang = Hang::kCapturing;
-      job.hang_deadline = now + options_.stack_wait;
-      AddEvent(job, UnixNow(), "hang",
-               absl::StrCat("no progress for ", static_cast<long>(job.hang_timeout_s),
-                            " s; asking for the stacks of rank(s) ", RankList(job.stacks_wanted)));
+  auto delivered = [&] {
+    bool all = true;
+    for (const auto& [id, n] : job.nodes) all &= !n.hang_report_due;
+    return all;
+  };
+  HangDetector::Step step = job.hang.Tick(now, ranks_ready, delivered);
+  switch (step) {
+    case HangDetector::Step::kNone:
+    case HangDetector::Step::kAct:
+      break;
+    case HangDetector::Step::kCapture:
+      StartCaptureLocked(job, now);
       return;
-    }
-    case Hang::kCapturing:
-      if (now >= job.hang_deadline) publish();
+    case HangDetector::Step::kPublish:
+      PublishLocked(job, now, after);
       // A report may wait for its delivery; restart and abort apply at once
-      // when the delivery wait is zero.
-      if (job.hang != Hang::kPublished) return;
-      [[fallthrough]];
-    case Hang::kPublished: {
-      bool delivered = true;
-      for (const auto& [id, n] : job.nodes) delivered &= !n.hang_report_due;
-      if (!delivered && now < job.hang_deadline) return;
-      job.hang = Hang::kReported;
-      if (options_.act) {
-        after->push_back([act = options_.act, id = job.id, round = job.round, node = job.act_node,
-                          what = job.on_hang,
-                          f = job.act_failure] { act(id, round, node, what, f); });
-      }
-      return;
-    }
-    case Hang::kReported:
-      return;
+      // when every agent has it.
+      step = job.hang.Tick(now, ranks_ready, delivered);
+      break;
   }
+  if (step == HangDetector::Step::kAct && options_.act) {
+    after->push_back([act = options_.act, id = job.id, round = job.round, node = job.act_node,
+                      what = job.on_hang, f = job.act_failure] { act(id, round, node, what, f); });
+  }
+}
+
+void MetricsHub::StartCaptureLocked(Job& job, TimePoint now) {
+  std::vector<HangRank> hr;
+  hr.reserve(job.ranks.size());
+  for (const auto& slot : job.ranks) {
+    const RankState& r = *slot.state;  // every rank reported (ranks_ready)
+    hr.push_back({r.v.rank, r.v.host, r.v.pid, r.v.steps, r.v.collective_seq, r.v.in_collective,
+                  r.v.collective_op});
+  }
+  job.pending = HangReportInput{};
+  job.pending.job_id = job.id;
+  job.pending.round = job.round;
+  job.pending.hang_timeout_s = job.hang_timeout_s;
+  job.pending.on_hang = OnHangName(job.on_hang);
+  job.pending.verdict = FindHangCulprits(hr);
+  job.pending.ranks = std::move(hr);
+  job.stacks_wanted.assign(job.pending.verdict.culprits.begin(),
+                           job.pending.verdict.culprits.begin() +
+                               static_cast<std::ptrdiff_t>(std::min(
+                                   kMaxStackCaptures, job.pending.verdict.culprits.size())));
+  for (int c : job.stacks_wanted) {
+    if (const RankSlot* slot = FindRank(job.ranks, c)) {
+      job.nodes[*slot->node_id].capture.push_back(c);
+    }
+  }
+  AddEvent(job, UnixNow(), "hang",
+           absl::StrCat("no progress for ", static_cast<long>(job.hang_timeout_s),
+                        " s; asking for the stacks of rank(s) ", RankList(job.stacks_wanted)));
+}
+
+void MetricsHub::PublishLocked(Job& job, TimePoint now, std::vector<std::function<void()>>* after) {
+  job.pending.stalled_s = Secs(now - job.hang.last_progress());
+  RefineHangWithStacks(job.pending.verdict, job.pending.stacks);
+  job.hang_report = FormatHangReport(job.pending);
+  ++job.hangs;
+  AddEvent(job, UnixNow(), "hang",
+           absl::StrCat("hang: culprit rank(s) ", RankList(job.pending.verdict.culprits)));
+  for (auto& [id, n] : job.nodes) n.hang_report_due = true;
+  if (options_.log) {
+    after->push_back([log = options_.log, text = job.hang_report] { log(text); });
+  }
+  // The job's failure report names the first culprit.
+  const int c = job.pending.verdict.culprits.front();
+  const RankSlot* culprit = FindRank(job.ranks, c);  // one of the ranks
+  const RankView r = culprit ? ViewOf(*culprit) : RankView{};
+  WorkerFailure f;
+  f.host = r.host;
+  f.global_rank = c;
+  f.local_rank = r.local_rank;
+  f.pid = r.pid;
+  f.timestamp = UnixNow();
+  f.round = job.round;
+  f.error_message = job.hang_report;
+  job.act_node = r.node_id;
+  job.act_failure = std::move(f);
+  job.stacks_wanted.clear();
 }
 
 // ------------------------------------------------------------------- views
@@ -690,9 +683,9 @@ absl::StatusOr<JobView> MetricsHub::View(const std::string& job_id, bool with_hi
   } else if (!source) {
     v.hang_state = "no progress source";
   } else {
-    v.hang_state = job.hang == Hang::kArmed       ? "armed"
-                   : job.hang == Hang::kCapturing ? "capturing"
-                                                  : "reported";
+    v.hang_state = job.hang.phase() == HangDetector::Phase::kArmed       ? "armed"
+                   : job.hang.phase() == HangDetector::Phase::kCapturing ? "capturing"
+                                                                         : "reported";
   }
   v.hang_report = job.hang_report;
   v.hangs = job.hangs;

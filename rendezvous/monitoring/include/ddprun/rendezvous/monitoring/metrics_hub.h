@@ -5,7 +5,9 @@
 // one-second ticker calls Tick(), and the dashboard, /metrics and GetMetrics
 // read View(). The clock is injected, so unit tests run it in simulated time.
 //
-// Hang protocol, per job with hang_timeout_s > 0 and a running round:
+// Hang protocol, per job with hang_timeout_s > 0 and a running round (the
+// state machine is HangDetector, hang_detector.h; the hub feeds it and does
+// the work of each step):
 //   armed      every rank reported "running" by a fresh report, and no rank's
 //              progress (steps, collective_seq) changed for hang_timeout:
 //              the culprits are named (HangCulprits) and their agents are
@@ -197,6 +199,10 @@ class MetricsHub final : public JobObserver {
  private:
   double UnixNow() const;
   void TickJobLocked(Job& job, TimePoint now, std::vector<std::function<void()>>* after);
+  // The hang detector's steps (hang_detector.h): name the culprits and ask
+  // for their stacks; publish the report.
+  void StartCaptureLocked(Job& job, TimePoint now);
+  void PublishLocked(Job& job, TimePoint now, std::vector<std::function<void()>>* after);
 
   const MetricsHubOptions options_;
   const Clock& clock_;
