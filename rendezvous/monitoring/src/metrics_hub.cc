@@ -47,10 +47,6 @@ bool PrintableName(const std::string& s) {
   return true;
 }
 
-bool KnownState(const std::string& s) {
-  return s == "running" || s == "exited" || s == "failed" || s == "stopped";
-}
-
 }  // namespace
 
 const char* OnHangName(OnHang on_hang) {
@@ -76,8 +72,8 @@ std::optional<OnHang> ParseOnHang(const std::string& text) {
 
 namespace {
 
-struct RankState {
-  explicit RankState(Duration rate_window)
+struct RankData {
+  explicit RankData(Duration rate_window)
       : steps(kStepWindow), compute(kStragglerWindow), rates(rate_window) {}
   RankView v;
   StepWindow steps;    // step durations
@@ -113,7 +109,7 @@ struct RankSlot {
   int local_rank = -1;
   const std::string* node_id = nullptr;  // a key of Job::nodes (rebuilt together)
   const NodeState* node = nullptr;       // that key's value
-  std::unique_ptr<RankState> state;      // null until the rank's first report
+  std::unique_ptr<RankData> state;       // null until the rank's first report
 };
 
 // The slot's view: its state's, or a rank not heard from yet.
@@ -140,7 +136,7 @@ struct MetricsHub::Job {
   explicit Job(Duration stack_wait) : hang(stack_wait, kHangDeliveryWait) {}
   std::string id;
   std::int64_t round = 0;
-  std::string state = "gathering";
+  JobState state = JobState::kGathering;
   int world_size = 0;
   int restart_count = 0;
   double hang_timeout_s = 0;
@@ -205,7 +201,7 @@ void MetricsHub::OnJobChange(const JobChange& c) {
       break;
     case JobChange::Kind::kRoundStarted: {
       job.round = c.round;
-      job.state = "running";
+      job.state = JobState::kRunning;
       job.world_size = c.world_size;
       job.restart_count = c.restart_count;
       job.hang_timeout_s = std::isfinite(c.hang_timeout_s) ? c.hang_timeout_s : 0;
@@ -248,7 +244,7 @@ void MetricsHub::OnJobChange(const JobChange& c) {
       break;
     }
     case JobChange::Kind::kRestart:
-      job.state = "gathering";
+      job.state = JobState::kGathering;
       job.hang.EndRound();
       for (auto& [id, n] : job.nodes) n.capture.clear();
       AddEvent(job, unix_now, "restart",
@@ -256,7 +252,7 @@ void MetricsHub::OnJobChange(const JobChange& c) {
                             ": ", c.text));
       break;
     case JobChange::Kind::kClosed:
-      job.state = c.success ? "succeeded" : "failed";
+      job.state = c.success ? JobState::kSucceeded : JobState::kFailed;
       job.close_reason = c.text;
       job.failures = c.failures;
       job.hang.Close();
@@ -277,11 +273,12 @@ void AddEvent(MetricsHub::Job& job, double unix_s, std::string kind, std::string
 
 // A sample's values into the rank's state, clamped; returns whether the
 // rank progressed (steps or collective number moved).
-bool Ingest(RankState& r, RankSample s, TimePoint now, double unix_s) {
+bool Ingest(RankData& r, RankSample s, TimePoint now, double unix_s) {
   RankView& v = r.v;
   std::int64_t& bad = v.anomalies;
   if (s.pid > 0) v.pid = s.pid;
-  v.state = KnownState(s.state) ? s.state : (++bad, "unknown");
+  const std::optional<RankState> state = ParseRankState(s.state);
+  v.state = state ? *state : (++bad, RankState::kUnknown);
   v.has_progress_source = s.has_progress_source;
   const std::int64_t prev_steps = v.steps;
   const std::int64_t prev_seq = v.collective_seq;
@@ -409,9 +406,10 @@ absl::StatusOr<MetricsReply> MetricsHub::Report(MetricsReport report) {
       return refuse("metrics for a job this server does not know; the agent must join it first");
     }
     Job& job = *it->second;
-    if (job.state != "running" || report.round != job.round) {
-      return refuse(absl::StrCat("metrics for a round that is not running (the job is ", job.state,
-                                 " in round ", job.round, "); the agent must re-join"));
+    if (job.state != JobState::kRunning || report.round != job.round) {
+      return refuse(absl::StrCat("metrics for a round that is not running (the job is ",
+                                 Name(job.state), " in round ", job.round,
+                                 "); the agent must re-join"));
     }
     auto nit = job.nodes.find(report.node_id);
     if (nit == job.nodes.end()) {
@@ -431,7 +429,7 @@ absl::StatusOr<MetricsReply> MetricsHub::Report(MetricsReport report) {
       RankSlot* slot = FindRank(job.ranks, s.rank);
       if (slot == nullptr) continue;
       if (!slot->state) {
-        slot->state = std::make_unique<RankState>(options_.rate_window);
+        slot->state = std::make_unique<RankData>(options_.rate_window);
         RankView& v = slot->state->v;
         v.rank = slot->rank;
         v.local_rank = slot->local_rank;
@@ -513,7 +511,7 @@ Aggregate Compute(std::vector<RankSlot>& ranks, TimePoint now) {
   for (auto& slot : ranks) {
     ++counted;  // a rank not heard from yet counts as 0 steps/s
     if (!slot.state) continue;
-    RankState& r = *slot.state;
+    RankData& r = *slot.state;
     RankView& v = r.v;
     v.steps_per_s = r.rates.StepsPerSecond(now);
     v.samples_per_s = r.rates.SamplesPerSecond(now);
@@ -528,7 +526,7 @@ Aggregate Compute(std::vector<RankSlot>& ranks, TimePoint now) {
   if (counted > 0) a.steps_per_s /= counted;  // the job's steps/s: the ranks' mean
   for (auto& slot : ranks) {
     if (!slot.state) continue;
-    RankState& r = *slot.state;
+    RankData& r = *slot.state;
     RankView& v = r.v;
     v.straggler = false;
     v.straggler_gap_s = 0;
@@ -537,7 +535,7 @@ Aggregate Compute(std::vector<RankSlot>& ranks, TimePoint now) {
       const double med = r.compute_median;
       v.straggler_gap_s = med - fastest;
       v.slowdown = med / fastest;
-      v.straggler = v.slowdown >= kStragglerRatio && v.state == "running";
+      v.straggler = v.slowdown >= kStragglerRatio && v.state == RankState::kRunning;
     }
   }
   return a;
@@ -546,7 +544,7 @@ Aggregate Compute(std::vector<RankSlot>& ranks, TimePoint now) {
 }  // namespace
 
 void MetricsHub::TickJobLocked(Job& job, TimePoint now, std::vector<std::function<void()>>* after) {
-  if (job.state != "running") return;
+  if (job.state != JobState::kRunning) return;
   // The time series: one point per resolution.
   if (!job.next_point || now >= *job.next_point) {
     const Aggregate a = Compute(job.ranks, now);
@@ -560,8 +558,9 @@ void MetricsHub::TickJobLocked(Job& job, TimePoint now, std::vector<std::functio
     if (job.ranks.empty()) return false;
     bool source = false;
     for (const auto& slot : job.ranks) {
-      const RankState* r = slot.state.get();
-      if (!r || !r->seen || r->v.state != "running" || now - r->received > options_.report_fresh)
+      const RankData* r = slot.state.get();
+      if (!r || !r->seen || r->v.state != RankState::kRunning ||
+          now - r->received > options_.report_fresh)
         return false;
       source |= r->v.has_progress_source || r->v.collective_seq > 0;
     }
@@ -597,7 +596,7 @@ void MetricsHub::StartCaptureLocked(Job& job, TimePoint now) {
   std::vector<HangRank> hr;
   hr.reserve(job.ranks.size());
   for (const auto& slot : job.ranks) {
-    const RankState& r = *slot.state;  // every rank reported (ranks_ready)
+    const RankData& r = *slot.state;  // every rank reported (ranks_ready)
     hr.push_back({r.v.rank, r.v.host, r.v.pid, r.v.steps, r.v.collective_seq, r.v.in_collective,
                   r.v.collective_op});
   }
@@ -677,15 +676,15 @@ absl::StatusOr<JobView> MetricsHub::View(const std::string& job_id, bool with_hi
     if (slot.state) source |= slot.state->v.has_progress_source || slot.state->v.collective_seq > 0;
   }
   if (job.hang_timeout_s <= 0) {
-    v.hang_state = "off";
-  } else if (job.state != "running") {
-    v.hang_state = job.state == "gathering" ? "armed" : "off";
+    v.hang_state = HangState::kOff;
+  } else if (job.state != JobState::kRunning) {
+    v.hang_state = job.state == JobState::kGathering ? HangState::kArmed : HangState::kOff;
   } else if (!source) {
-    v.hang_state = "no progress source";
+    v.hang_state = HangState::kNoProgressSource;
   } else {
-    v.hang_state = job.hang.phase() == HangDetector::Phase::kArmed       ? "armed"
-                   : job.hang.phase() == HangDetector::Phase::kCapturing ? "capturing"
-                                                                         : "reported";
+    v.hang_state = job.hang.phase() == HangDetector::Phase::kArmed       ? HangState::kArmed
+                   : job.hang.phase() == HangDetector::Phase::kCapturing ? HangState::kCapturing
+                                                                         : HangState::kReported;
   }
   v.hang_report = job.hang_report;
   v.hangs = job.hangs;
@@ -696,7 +695,7 @@ absl::StatusOr<JobView> MetricsHub::View(const std::string& job_id, bool with_hi
   v.ranks.reserve(job.ranks.size());
   for (const auto& slot : job.ranks) {
     v.ranks.push_back(ViewOf(slot));
-    if (job.state == "running" && slot.state && slot.state->seen) {
+    if (job.state == JobState::kRunning && slot.state && slot.state->seen) {
       v.data_age_s = std::max(v.data_age_s, slot.state->v.age_s);
     }
   }

@@ -1,5 +1,6 @@
 #include "ddprun/rendezvous/monitoring/metrics_json.h"
 
+#include "ddprun/rendezvous/monitoring/monitoring_states.h"
 #include "nlohmann/json.hpp"
 
 namespace ddprun::rendezvous {
@@ -18,7 +19,7 @@ std::string Dump(const Json& j) {
 Json Summary(const JobView& v) {
   return {{"job_id", v.job_id},
           {"round", v.round},
-          {"state", v.state},
+          {"state", Name(v.state)},
           {"world_size", v.world_size},
           {"nodes", v.nodes},
           {"restart_count", v.restart_count},
@@ -28,7 +29,7 @@ Json Summary(const JobView& v) {
           {"data_age_s", Known(v.data_age_s)},
           {"hang_timeout_s", v.hang_timeout_s},
           {"on_hang", v.on_hang},
-          {"hang_state", v.hang_state},
+          {"hang_state", Name(v.hang_state)},
           {"hangs", v.hangs}};
 }
 
@@ -56,7 +57,7 @@ std::string JobViewJson(const JobView& v) {
          {"node_id", r.node_id},
          {"host", r.host},
          {"pid", r.pid},
-         {"state", r.state},
+         {"state", Name(r.state)},
          {"has_progress_source", r.has_progress_source},
          {"steps", r.steps},
          {"step_p50_s", Known(r.step_p50_s)},

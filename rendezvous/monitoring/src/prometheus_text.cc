@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <functional>
 
+#include "ddprun/rendezvous/monitoring/monitoring_states.h"
+
 namespace ddprun::rendezvous {
 namespace {
 
@@ -96,7 +98,7 @@ std::string PrometheusText(const std::vector<JobView>& views, const HubCounters&
   };
   per_job("ddprun_job_info", "gauge", "1 for every job; its state is a label.",
           [&](const JobView& j) {
-            w.Sample("ddprun_job_info", JobLabels(j) + "," + Label("state", j.state), 1);
+            w.Sample("ddprun_job_info", JobLabels(j) + "," + Label("state", Name(j.state)), 1);
           });
   per_job("ddprun_job_world_size", "gauge", "Workers (ranks) in the job's current round.",
           [&](const JobView& j) { w.Sample("ddprun_job_world_size", JobLabels(j), j.world_size); });
@@ -126,7 +128,9 @@ std::string PrometheusText(const std::vector<JobView>& views, const HubCounters&
   per_job("ddprun_job_hung", "gauge", "1 while a hang is being captured or reported.",
           [&](const JobView& j) {
             w.Sample("ddprun_job_hung", JobLabels(j),
-                     j.hang_state == "capturing" || j.hang_state == "reported" ? 1 : 0);
+                     j.hang_state == HangState::kCapturing || j.hang_state == HangState::kReported
+                         ? 1
+                         : 0);
           });
   per_job("ddprun_job_data_age_seconds", "gauge",
           "Age of the oldest rank's latest data on this server.", [&](const JobView& j) {
@@ -138,13 +142,13 @@ std::string PrometheusText(const std::vector<JobView>& views, const HubCounters&
   auto per_rank = [&](const char* name, const char* type, const char* help, const RankFn& fn) {
     w.Family(name, type, help);
     for (const auto& j : views) {
-      if (j.state != "running") continue;
+      if (j.state != JobState::kRunning) continue;
       for (const auto& r : j.ranks) fn(j, r, RankLabels(j, r));
     }
   };
   per_rank("ddprun_rank_running", "gauge", "1 while the worker runs, 0 otherwise.",
            [&](const JobView&, const RankView& r, const std::string& l) {
-             w.Sample("ddprun_rank_running", l, r.state == "running" ? 1 : 0);
+             w.Sample("ddprun_rank_running", l, r.state == RankState::kRunning ? 1 : 0);
            });
   per_rank("ddprun_rank_steps_total", "counter", "Training steps completed in this round.",
            [&](const JobView&, const RankView& r, const std::string& l) {

@@ -123,7 +123,7 @@ TEST_CASE("metrics hub refuses reports of unknown jobs, stale rounds and strange
   REQUIRE(f.hub->Report(r).ok());
   auto v = f.hub->View("job1");
   REQUIRE(v.ok());
-  CHECK(RankOf(*v, 3).state == "unknown");
+  CHECK(RankOf(*v, 3).state == RankState::kUnknown);
   CHECK(absl::IsNotFound(f.hub->View("nope").status()));
 }
 
@@ -139,7 +139,7 @@ TEST_CASE("metrics hub: ranks not heard from yet are in the view with their plac
   CHECK(quiet.local_rank == 1);
   CHECK(quiet.node_id == f.node_ids[0]);
   CHECK(quiet.host == "host0");
-  CHECK(quiet.state == "unknown");
+  CHECK(quiet.state == RankState::kUnknown);
   CHECK(quiet.age_s == -1);
   CHECK(quiet.steps_per_s == 0);
   CHECK(quiet.samples_per_s == -1);
@@ -160,7 +160,7 @@ TEST_CASE("metrics hub computes per-rank step times, rates and job totals", "[me
   }
   auto v = f.hub->View("job1");
   REQUIRE(v.ok());
-  CHECK(v->state == "running");
+  CHECK(v->state == JobState::kRunning);
   CHECK(v->world_size == 4);
   REQUIRE(v->ranks.size() == 4);
   const RankView& r = RankOf(*v, 1);
@@ -204,7 +204,7 @@ TEST_CASE("metrics hub clamps and drops bad values instead of failing", "[metric
   CHECK(x.steps == 50);  // kept
   CHECK(x.cpu_percent == 0);
   CHECK(x.gpu_util_percent == 100);
-  CHECK(x.state == "unknown");
+  CHECK(x.state == RankState::kUnknown);
   CHECK(x.collective_op.size() <= 64);
   CHECK(x.scalars.size() == kMaxScalarsPerRank);
   CHECK(x.scalars_dropped == 5002 - static_cast<std::int64_t>(kMaxScalarsPerRank));
@@ -238,7 +238,7 @@ TEST_CASE("a rank 50% slower is a straggler within 10 steps, and never a hang", 
     }
     CHECK(!RankOf(*v, 0).straggler);
     CHECK(!RankOf(*v, 2).straggler);
-    CHECK(v->hang_state == "armed");
+    CHECK(v->hang_state == HangState::kArmed);
   }
   REQUIRE(marked);
   CHECK(steps_to_mark <= 10);
@@ -311,16 +311,16 @@ TEST_CASE("a hang names the rank behind, takes its stack and reports once", "[me
   }
   REQUIRE(f.logged.size() == 1);
   auto v = f.hub->View("job1");
-  CHECK(v->hang_state == "reported");
+  CHECK(v->hang_state == HangState::kReported);
   CHECK(v->hangs == 1);
   CHECK(v->hang_report == printed[0]);
-  CHECK(v->state == "running");  // report only
+  CHECK(v->state == JobState::kRunning);  // report only
   // Progress re-arms it.
   f.clock.Advance(1s);
   MetricsReport r = StalledReport(f, 1);
   r.ranks[0].steps = 13;
   REQUIRE(f.hub->Report(r).ok());
-  CHECK(f.hub->View("job1")->hang_state == "armed");
+  CHECK(f.hub->View("job1")->hang_state == HangState::kArmed);
 }
 
 TEST_CASE("a hang without a stack in time is reported within the stack wait", "[metrics][hang]") {
@@ -352,7 +352,7 @@ TEST_CASE("a slow rank that moves before the stack wait ends is not reported", "
     f.hub->Tick();
     for (int n = 0; n < 2; ++n) REQUIRE(f.hub->Report(StalledReport(f, n)).ok());
   }
-  CHECK(f.hub->View("job1")->hang_state == "capturing");
+  CHECK(f.hub->View("job1")->hang_state == HangState::kCapturing);
   MetricsReport r = StalledReport(f, 1);
   r.ranks[0].steps = 13;
   REQUIRE(f.hub->Report(r).ok());
@@ -388,7 +388,7 @@ TEST_CASE("on_hang=restart restarts the round as a failure that names the hung r
   }
   CHECK(f.table->Status("job1").front().restart_count == 1);
   auto v = f.hub->View("job1");
-  CHECK(v->state == "gathering");
+  CHECK(v->state == JobState::kGathering);
   bool timeline = false;
   for (const auto& e : v->events) timeline |= e.text.find("rank 2 on host1 (pid 502) hung") == 0;
   CHECK(timeline);
@@ -407,7 +407,7 @@ TEST_CASE("on_hang=restart beyond --max_restarts closes the job, naming the hung
     REQUIRE(c->failures.size() == 1);
     CHECK_THAT(c->failures[0].error_message, Catch::Contains("culprit rank(s) 2"));
   }
-  CHECK(f.hub->View("job1")->state == "failed");
+  CHECK(f.hub->View("job1")->state == JobState::kFailed);
 }
 
 TEST_CASE("on_hang=abort closes the job with the hang report", "[metrics][hang]") {
@@ -423,7 +423,7 @@ TEST_CASE("on_hang=abort closes the job with the hang report", "[metrics][hang]"
     CHECK_THAT(c->failures[0].error_message, Catch::Contains("culprit rank(s) 2"));
   }
   auto v = f.hub->View("job1");
-  CHECK(v->state == "failed");
+  CHECK(v->state == JobState::kFailed);
   REQUIRE(v->failures.size() == 1);
 }
 
@@ -439,7 +439,7 @@ TEST_CASE("no hang is detected without a progress source or while a worker is no
     }
     f.hub->Tick();
   }
-  CHECK(f.hub->View("job1")->hang_state == "no progress source");
+  CHECK(f.hub->View("job1")->hang_state == HangState::kNoProgressSource);
   CHECK(f.hub->View("job1")->hangs == 0);
 }
 
@@ -534,7 +534,7 @@ TEST_CASE("a closed job keeps its failure report; a forgotten one is gone", "[me
   w.error_message = "boom";
   REQUIRE(f.table->Report("job1", f.node_ids[0], 0, Outcome::kFailed, {w}).ok());
   auto v = f.hub->View("job1");
-  CHECK(v->state == "gathering");
+  CHECK(v->state == JobState::kGathering);
   bool restart = false;
   for (const auto& e : v->events) restart |= e.kind == "restart";
   CHECK(restart);

@@ -38,6 +38,7 @@
 #include "ddprun/rendezvous/common/types.h"
 #include "ddprun/rendezvous/job_observer.h"
 #include "ddprun/rendezvous/monitoring/metrics_types.h"
+#include "ddprun/rendezvous/monitoring/monitoring_states.h"
 
 namespace ddprun::rendezvous {
 
@@ -97,7 +98,7 @@ struct RankView {
   std::string node_id;
   std::string host;
   std::int64_t pid = 0;
-  std::string state = "unknown";  // "unknown" until the first report
+  RankState state = RankState::kUnknown;  // until the first report
   bool has_progress_source = false;
   std::int64_t steps = 0;
   double step_seconds_sum = 0;              // over every step of the round
@@ -142,13 +143,13 @@ struct TimelineEvent {
 struct JobView {
   std::string job_id;
   std::int64_t round = 0;
-  std::string state;  // "gathering" | "running" | "succeeded" | "failed"
+  JobState state = JobState::kGathering;
   int world_size = 0;
   int nodes = 0;
   int restart_count = 0;
   double hang_timeout_s = 0;
   std::string on_hang = "report";
-  std::string hang_state;   // "off" | "no progress source" | "armed" | "capturing" | "reported"
+  HangState hang_state = HangState::kOff;
   std::string hang_report;  // the latest published report
   std::int64_t hangs = 0;
   double samples_per_s = -1;
