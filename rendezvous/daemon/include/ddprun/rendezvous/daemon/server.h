@@ -1,6 +1,8 @@
-// The rendezvous server: the Rendezvous and Store gRPC services over the
-// round state machine of every job. ddprund runs one; ddprun embeds one when
-// it hosts the rendezvous itself. The gRPC types stay behind the pimpl.
+// The rendezvous server: the Rendezvous and Store gRPC services
+// (rendezvous_services.h) over the round state machine of every job, which
+// the daemon's composition root (src/daemon.h) builds from these options.
+// ddprund runs one; ddprun embeds one when it hosts the rendezvous itself.
+// The gRPC types stay behind the pimpl.
 #pragma once
 
 #include <functional>
