@@ -114,9 +114,11 @@ class GrpcServices::Impl {
   std::vector<std::thread> join_threads_;
   std::mutex join_mu_;
   bool accepting_joins_ = false;
-  bool shut_down_ = false;
+  bool shut_down_ = false;  // Shutdown() ran
 };
 
+// One Join call on the async API: writes queued RoundEvents in order, one
+// write at a time; a terminal event (restart, closed, error) finishes the
 // stream. An open stream holds one operation on its queue (the notification
 // that the call is done: the agent went away, or the stream finished); a
 // write or the Finish adds one while it runs. The call deletes itself when
