@@ -57,6 +57,7 @@
 #include "gloo_ops.h"
 #include "gloo_store_adapter.h"
 #include "metrics.h"
+#include "sdk_env.h"
 #include "shared_buffers.h"
 #include "shm_group.h"
 
@@ -466,11 +467,10 @@ absl::StatusOr<std::shared_ptr<Backend>> CreateGlooBackend(const WorkerInfo& inf
   }
   if (WantSharedMemory(options.shared_memory, info.world_size, layout.num_hosts)) {
     std::string why;
+    absl::StatusOr<SdkEnv> env = ReadSdkEnv();  // DDP_SHM_CHUNK, for tuning only
+    if (!env.ok()) return absl::InvalidArgumentError(absl::StrCat(fence, env.status().message()));
     auto shm = ConnectShmGroup(layout, info, *store, key_prefix, options.timeout,
-                               std::getenv("DDP_SHM_CHUNK")
-                                   ? std::strtoull(std::getenv("DDP_SHM_CHUNK"), nullptr, 10)
-                                   : kDefaultShmChunkBytes,
-                               &why);  // TUNING ONLY
+                               env->shm_chunk_bytes, &why);
     if (!shm.ok()) {
       return absl::Status(shm.status().code(),
                           absl::StrCat(fence, "shared memory bootstrap through the store: ",

@@ -1,6 +1,8 @@
 // ddp::Init (environment parsing, then ConnectBackend of group_factory.h)
 // and the public ProcessGroup/Work wrappers that turn the backends'
 // absl::Status into ddp::Error.
+#include "ddp/process_group.h"
+
 #include <signal.h>
 
 #include <algorithm>
@@ -15,7 +17,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "backend.h"
-#include "ddp/process_group.h"
 #include "ddprun/rendezvous/client.h"
 #include "ddprun/rendezvous/common/debug_log.h"
 #include "ddprun/rendezvous/common/errors.h"
@@ -24,6 +25,7 @@
 #include "ddprun/rendezvous/store/c10d_store_client.h"
 #include "ddprun/rendezvous/store/sdk_store_scope.h"
 #include "group_factory.h"
+#include "sdk_env.h"
 #include "status.h"
 
 namespace ddp {
@@ -54,8 +56,7 @@ absl::Status CheckBuffer(const Backend& b, const char* op, const void* p, std::s
 absl::Status CheckReduceOp(const Backend& b, const char* op, ReduceOp r) {
   if (!IsValidReduceOp(static_cast<int>(r))) {
     return absl::InvalidArgumentError(absl::StrCat(b.Fence(), op, ": invalid reduce op ",
-                                                   static_cast<int>(r),
-                                                   " (sum, avg, max, min)"));
+                                                   static_cast<int>(r), " (sum, avg, max, min)"));
   }
   return absl::OkStatus();
 }
@@ -64,10 +65,6 @@ namespace {
 
 namespace rdzv = ddprun::rendezvous;
 
-// The SDK's own knobs (docs/sdk.md, Init): only the SDK reads them.
-constexpr const char* kEnvTimeoutSec = "DDP_TIMEOUT_SEC";
-constexpr const char* kEnvBackend = "DDP_BACKEND";
-constexpr const char* kEnvShm = "DDP_SHM";
 // How long ddp::Init waits for the store's connection before it looks for a
 // refused TLS handshake (a store that is up connects in milliseconds).
 constexpr auto kTlsCheckTimeout = std::chrono::seconds(2);
@@ -88,8 +85,9 @@ absl::StatusOr<std::string> Required(const char* name) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') {
     return EnvError(absl::StrCat(
-        name, " is not set: this process was not started by ddprun (it sets RANK, WORLD_SIZE and "
-              "the DDPRUN_* variables for every worker)."));
+        name,
+        " is not set: this process was not started by ddprun (it sets RANK, WORLD_SIZE and "
+        "the DDPRUN_* variables for every worker)."));
   }
   return std::string(v);
 }
@@ -130,35 +128,16 @@ void IgnoreSigpipeIfDefault() {
   }
 }
 
-// The DDP_* overrides of options the trainer left at their defaults.
+// The DDP_* overrides (sdk_env.h) of options the trainer left at their
+// defaults. A bad value is one line after the job's fence.
 absl::StatusOr<InitOptions> ApplyEnvironmentOptions(const InitOptions& in,
                                                     const std::string& fence) {
+  absl::StatusOr<ddp::detail::SdkEnv> env = ddp::detail::ReadSdkEnv();
+  if (!env.ok()) return absl::InvalidArgumentError(absl::StrCat(fence, env.status().message()));
   InitOptions options = in;
-  if (const char* t = std::getenv(kEnvTimeoutSec); t && *t && in.timeout == kDefaultTimeout) {
-    double sec = 0;
-    if (!absl::SimpleAtod(t, &sec) || sec <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(fence, kEnvTimeoutSec, "='", t, "' is not a positive number of seconds"));
-    }
-    options.timeout = Duration(static_cast<std::int64_t>(sec * 1000));
-  }
-  if (const char* b = std::getenv(kEnvBackend); b && *b && in.backend == ddp::Backend::kAuto) {
-    const std::string s = b;
-    if (s == "gloo") options.backend = ddp::Backend::kGloo;
-    else if (s == "nccl") options.backend = ddp::Backend::kNccl;
-    else if (s != "auto") {
-      return absl::InvalidArgumentError(
-          absl::StrCat(fence, kEnvBackend, "='", s, "' is not one of auto, gloo, nccl"));
-    }
-  }
-  if (const char* m = std::getenv(kEnvShm); m && *m) {
-    const std::string s = m;
-    if (s == "0") options.shared_memory = false;
-    else if (s != "1") {
-      return absl::InvalidArgumentError(
-          absl::StrCat(fence, kEnvShm, "='", s, "' is not 0 (TCP only) or 1 (shared memory)"));
-    }
-  }
+  if (env->timeout && in.timeout == kDefaultTimeout) options.timeout = *env->timeout;
+  if (env->backend && in.backend == ddp::Backend::kAuto) options.backend = *env->backend;
+  if (env->shared_memory == false) options.shared_memory = false;  // 1 keeps the trainer's
   return options;
 }
 
@@ -179,8 +158,8 @@ absl::Status Hello(rdzv::Store& store, const WorkerInfo& info, const std::string
         fence, "the store refused round ", info.round,
         " (a stale round: the job was restarted without this worker): ", hello.message()));
   }
-  return absl::Status(hello.code(), absl::StrCat(fence, "cannot use the store at ",
-                                                 info.store_addr, ": ", hello.message()));
+  return absl::Status(hello.code(), absl::StrCat(fence, "cannot use the store at ", info.store_addr,
+                                                 ": ", hello.message()));
 }
 
 // The job's store when the launcher hosts the rendezvous of a single-node job
@@ -192,8 +171,7 @@ absl::StatusOr<std::shared_ptr<rdzv::Store>> ConnectTcpStore(const WorkerInfo& i
                                                              const std::string& text,
                                                              const std::string& token,
                                                              Duration timeout) {
-  DDPRUN_ASSIGN_OR_RETURN(const rdzv::HostPort addr,
-                          StoreAddress(text, ddprun::kEnvTcpStoreAddr));
+  DDPRUN_ASSIGN_OR_RETURN(const rdzv::HostPort addr, StoreAddress(text, ddprun::kEnvTcpStoreAddr));
   const std::string fence = FenceOf(info);
   auto client = rdzv::C10dStoreClient::Connect(
       addr.host, addr.port, std::min<rdzv::Duration>(timeout, kTcpStoreConnectTimeout),
@@ -201,8 +179,8 @@ absl::StatusOr<std::shared_ptr<rdzv::Store>> ConnectTcpStore(const WorkerInfo& i
       "under ddprun, which starts every round's workers itself");
   if (!client.ok()) {
     return absl::UnavailableError(absl::StrCat(fence, "cannot reach the job's store (",
-                                               ddprun::kEnvTcpStoreAddr, "=", text, "): ",
-                                               client.status().message()));
+                                               ddprun::kEnvTcpStoreAddr, "=", text,
+                                               "): ", client.status().message()));
   }
   auto store = std::make_shared<rdzv::PrefixStore>(
       rdzv::SdkStoreScope(token, info.round), std::shared_ptr<rdzv::Store>(*std::move(client)));
@@ -212,7 +190,8 @@ absl::StatusOr<std::shared_ptr<rdzv::Store>> ConnectTcpStore(const WorkerInfo& i
   if (job.ok() || absl::IsDeadlineExceeded(job.status())) {
     return absl::PermissionDeniedError(absl::StrCat(
         fence, "the store at ", text, " holds no job '", info.job_id, "' round ", info.round,
-        " for this ", ddprun::kEnvToken, " (a wrong token or job id, or a round that has "
+        " for this ", ddprun::kEnvToken,
+        " (a wrong token or job id, or a round that has "
         "ended): run the worker under ddprun and leave its DDPRUN_* variables as they are"));
   }
   return absl::Status(job.status().code(), absl::StrCat(fence, "cannot use the store at ", text,
@@ -271,8 +250,8 @@ absl::StatusOr<std::shared_ptr<Backend>> ConnectBackend(const WorkerInfo& info,
   const std::string fence = FenceOf(info);
   ddp::Backend chosen = options.backend;
   if (chosen == ddp::Backend::kAuto) {
-    chosen = (NcclCompiledIn() && CudaDeviceCount() > 0) ? ddp::Backend::kNccl
-                                                         : ddp::Backend::kGloo;
+    chosen =
+        (NcclCompiledIn() && CudaDeviceCount() > 0) ? ddp::Backend::kNccl : ddp::Backend::kGloo;
   }
   DDPRUN_DEBUG_LOG(kSdk) << fence << "group " << key_prefix << ": bootstrapping "
                          << BackendName(chosen) << " over " << info.world_size
@@ -283,19 +262,19 @@ absl::StatusOr<std::shared_ptr<Backend>> ConnectBackend(const WorkerInfo& info,
   if (chosen == ddp::Backend::kNccl) {
     if (!NcclCompiledIn()) {
       return absl::UnimplementedError(
-          absl::StrCat(fence, "backend nccl requested, but this build has no CUDA/NCCL "
-                              "(configure with -DDDPRUN_WITH_CUDA=ON)"));
+          absl::StrCat(fence,
+                       "backend nccl requested, but this build has no CUDA/NCCL "
+                       "(configure with -DDDPRUN_WITH_CUDA=ON)"));
     }
     backend = CreateNcclBackend(info, options, std::move(store), key_prefix);
   } else {
     backend = CreateGlooBackend(info, options, std::move(store), key_prefix);
   }
-  DDPRUN_DEBUG_LOG(kSdk) << fence << "group " << key_prefix << ": "
-                         << (backend.ok() ? "connected" : "bootstrap failed") << " after "
-                         << std::chrono::duration_cast<Duration>(
-                                std::chrono::steady_clock::now() - t0)
-                                .count()
-                         << " ms" << (backend.ok() ? "" : ": ") << backend.status().message();
+  DDPRUN_DEBUG_LOG(kSdk)
+      << fence << "group " << key_prefix << ": "
+      << (backend.ok() ? "connected" : "bootstrap failed") << " after "
+      << std::chrono::duration_cast<Duration>(std::chrono::steady_clock::now() - t0).count()
+      << " ms" << (backend.ok() ? "" : ": ") << backend.status().message();
   return backend;
 }
 
@@ -306,8 +285,8 @@ absl::StatusOr<std::shared_ptr<Backend>> InitBackend(const InitOptions& in) {
   DDPRUN_ASSIGN_OR_RETURN(const InitOptions options, ApplyEnvironmentOptions(in, fence));
   DDPRUN_DEBUG_LOG(kSdk) << fence << "init: rank " << info.rank << " of " << info.world_size
                          << " (local " << info.local_rank << " of " << info.local_world_size
-                         << "), store " << info.store_addr << ", host " << info.host
-                         << ", backend " << BackendName(options.backend);
+                         << "), store " << info.store_addr << ", host " << info.host << ", backend "
+                         << BackendName(options.backend);
 
   DDPRUN_ASSIGN_OR_RETURN(const rdzv::HostPort addr, StoreAddress(info.store_addr));
   const char* token = std::getenv(ddprun::kEnvToken);

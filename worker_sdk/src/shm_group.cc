@@ -25,6 +25,7 @@
 #include "ddprun/rendezvous/common/status_macros.h"
 #include "ddprun/rendezvous/store/store.h"
 #include "elementwise.h"
+#include "sdk_env.h"
 #include "shared_buffers.h"
 
 namespace ddp::detail {
@@ -749,9 +750,10 @@ namespace rdzv = ddprun::rendezvous;
 
 // What must be equal for ranks to share memory: the kernel instance, the pid
 // namespace (peers' pids are checked and /proc/<pid>/fd opened) and the user.
-// DDP_SHM_HOST_ID replaces it (tests simulate several hosts on one machine).
-std::string HostIdentity() {
-  if (const char* id = std::getenv("DDP_SHM_HOST_ID"); id && *id) return id;
+// DDP_SHM_HOST_ID, `override` when not empty, replaces it (tests simulate
+// several hosts on one machine).
+std::string HostIdentity(const std::string& override) {
+  if (!override.empty()) return override;
   std::string boot;
   std::ifstream f("/proc/sys/kernel/random/boot_id");
   std::getline(f, boot);
@@ -808,7 +810,8 @@ HostLayout LayoutFromIdentities(const std::vector<std::string>& ids, int rank) {
 absl::StatusOr<HostLayout> ExchangeHostLayout(const WorkerInfo& info, rdzv::Store& store,
                                               const std::string& key_prefix, Duration timeout) {
   const std::string p = key_prefix + "shm/id/";
-  DDPRUN_RETURN_IF_ERROR(store.Set(absl::StrCat(p, info.rank), HostIdentity()));
+  DDPRUN_ASSIGN_OR_RETURN(const SdkEnv env, ReadSdkEnv());
+  DDPRUN_RETURN_IF_ERROR(store.Set(absl::StrCat(p, info.rank), HostIdentity(env.shm_host_id)));
   DDPRUN_ASSIGN_OR_RETURN(const std::vector<std::string> ids,
                           store.MultiGet(RankKeys(p, info.world_size), timeout));
   return LayoutFromIdentities(ids, info.rank);
@@ -910,8 +913,7 @@ absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(
   // 2. Every rank of the job reports; the path is used only if every rank
   // (on every host) mapped its segment, so that all ranks run one algorithm.
   const std::string ok = absl::StrCat(key_prefix, "shm/ok/");
-  DDPRUN_RETURN_IF_ERROR(
-      store.Set(absl::StrCat(ok, info.rank), error.empty() ? "" : "!" + error));
+  DDPRUN_RETURN_IF_ERROR(store.Set(absl::StrCat(ok, info.rank), error.empty() ? "" : "!" + error));
   DDPRUN_ASSIGN_OR_RETURN(auto oks, store.MultiGet(RankKeys(ok, info.world_size), timeout));
   for (int r = 0; r < info.world_size; ++r) {
     if (!oks[r].empty()) {

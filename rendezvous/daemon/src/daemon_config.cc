@@ -111,7 +111,7 @@ absl::Status ResolveDaemonSettings(const std::map<std::string, std::string>& fla
       text = file->values.at(k.name);
       source = absl::StrCat(k.name, " in ", file->path);
       prefix = absl::StrCat(file->where.at(k.name), ": ", k.name);
-    } else if (k.default_value != nullptr) {
+    } else if (!k.default_value.empty()) {
       text = k.default_value;
       source = absl::StrCat("--", k.name);
       prefix = absl::StrCat("--", k.name, " (default ", text, ")");

@@ -8,6 +8,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "ddprun/rendezvous/common/host_port.h"
+#include "ddprun/rendezvous/ha/etcd_client.h"
+#include "ddprun/rendezvous/job_rendezvous.h"
+#include "ddprun/rendezvous/job_table.h"
 
 namespace ddprun::rendezvous {
 namespace {
@@ -16,7 +19,7 @@ absl::Status Bad(const std::string& problem, const std::string& fix) {
   return absl::InvalidArgumentError(absl::StrCat(problem, "; ", fix));
 }
 
-absl::StatusOr<long> Integer(const std::string& text, long min, long max, const char* what) {
+absl::StatusOr<long> Integer(const std::string& text, long min, long max, const std::string& what) {
   errno = 0;
   char* end = nullptr;
   const long v = std::strtol(text.c_str(), &end, 10);
@@ -38,19 +41,20 @@ absl::StatusOr<double> SecondsIn(const std::string& text, double min, double max
   return v;
 }
 
-absl::Status NonEmpty(const std::string& text, const char* what) {
+absl::Status NonEmpty(const std::string& text, const std::string& what) {
   if (text.empty()) return Bad("is empty", absl::StrCat("write ", what));
   return absl::OkStatus();
 }
 
 // The stores shared by the setters below: check, then write one field.
-absl::Status StoreText(const std::string& t, const char* what, std::string& field) {
+absl::Status StoreText(const std::string& t, const std::string& what, std::string& field) {
   if (absl::Status s = NonEmpty(t, what); !s.ok()) return s;
   field = t;
   return absl::OkStatus();
 }
 template <typename Int>
-absl::Status StoreInt(const std::string& t, long min, long max, const char* what, Int& field) {
+absl::Status StoreInt(const std::string& t, long min, long max, const std::string& what,
+                      Int& field) {
   auto v = Integer(t, min, max, what);
   if (!v.ok()) return v.status();
   field = static_cast<Int>(*v);
@@ -74,8 +78,9 @@ absl::Status StoreFile(const std::string& t, const std::string& source, std::str
 
 // Each setter: (text, source, settings) -> Status.
 using T = const std::string&;
+using Setter = absl::Status (*)(T text, T source, DaemonSettings& out);
 absl::Status Host(T t, T, DaemonSettings& o) {
-  return StoreText(t, "an address such as 0.0.0.0", o.server.host);
+  return StoreText(t, absl::StrCat("an address such as ", kDefaultServerHost), o.server.host);
 }
 absl::Status Port(T t, T, DaemonSettings& o) {
   return StoreInt(t, 0, kMaxPort, "a port (0 lets the OS pick one)", o.server.port);
@@ -122,14 +127,18 @@ absl::Status EtcdEndpoints(T t, T, DaemonSettings& o) {
 }
 absl::Status EtcdPrefix(T t, T, DaemonSettings& o) {
   // Its form is checked when the replica starts (NormalizeEtcdPrefix).
-  return StoreText(t, "a key prefix such as /ddprun", o.server.etcd_prefix);
+  return StoreText(t, absl::StrCat("a key prefix such as ", kDefaultEtcdPrefix),
+                   o.server.etcd_prefix);
 }
 absl::Status EtcdLeaseTtl(T t, T, DaemonSettings& o) {
-  return StoreInt(t, 1, 3600, "whole seconds, e.g. 2", o.server.etcd_lease_ttl_s);
+  return StoreInt(t, 1, 3600, absl::StrCat("whole seconds, e.g. ", kDefaultEtcdLeaseTtlS),
+                  o.server.etcd_lease_ttl_s);
 }
 absl::Status EtcdMaxRequestBytes(T t, T, DaemonSettings& o) {
-  return StoreInt(t, 16384, 1L << 31, "bytes, etcd's --max-request-bytes, e.g. 1572864",
-                  o.server.etcd_max_request_bytes);
+  return StoreInt(
+      t, 16384, 1L << 31,
+      absl::StrCat("bytes, etcd's --max-request-bytes, e.g. ", kEtcdDefaultMaxRequestBytes),
+      o.server.etcd_max_request_bytes);
 }
 absl::Status Advertise(T t, T, DaemonSettings& o) {
   return StoreText(t, "HOST:PORT as agents reach this replica", o.server.advertise);
@@ -144,59 +153,76 @@ absl::Status EtcdKey(T t, T src, DaemonSettings& o) {
   return StoreFile(t, src, o.server.etcd_tls.key_file, o.server.etcd_tls.names.key);
 }
 
+// A knob whose default is `value` (written from a typed constant below), and
+// one without a default, whose absence `shown` describes.
+DaemonKnob Defaulted(const char* name, std::string value, const char* metavar, const char* help,
+                     Setter apply) {
+  return {name, value, value, metavar, help, apply};
+}
+DaemonKnob Undefaulted(const char* name, const char* shown, const char* metavar, const char* help,
+                       Setter apply) {
+  return {name, "", shown, metavar, help, apply};
+}
+
+// A duration as its knob's text takes it: seconds, "4" or "0.5".
+std::string SecondsText(Duration d) {
+  return absl::StrCat(std::chrono::duration<double>(d).count());
+}
+
 }  // namespace
 
 const std::vector<DaemonKnob>& DaemonKnobs() {
   // clang-format off
   static const std::vector<DaemonKnob> kKnobs{
-      {"host", "0.0.0.0", "0.0.0.0", "ADDR",
-       "Address to listen on (0.0.0.0: every IPv4 interface)", Host},
-      {"port", "29400", "29400", "PORT", "Port to listen on; 0 lets the OS pick one", Port},
-      {"state_dir", nullptr, "none (in memory)", "DIR",
+      Defaulted("host", std::string(kDefaultServerHost), "ADDR",
+       "Address to listen on (0.0.0.0: every IPv4 interface)", Host),
+      Defaulted("port", absl::StrCat(kDefaultRdzvPort), "PORT",
+       "Port to listen on; 0 lets the OS pick one", Port),
+      Undefaulted("state_dir", "none (in memory)", "DIR",
        "Persist jobs and their stores here (fsync), so that a restarted ddprund\n"
-       "resumes them; running jobs keep running across a restart", StateDir},
-      {"lease_timeout", "4", "4", "SECONDS",
+       "resumes them; running jobs keep running across a restart", StateDir),
+      Defaulted("lease_timeout", SecondsText(kDefaultLeaseTimeout), "SECONDS",
        "An agent whose connection stays silent this long (cut network) is lost\n"
-       "and its job re-forms without it (0.2..3600)", LeaseTimeout},
-      {"reattach_timeout", "10", "10", "SECONDS",
+       "and its job re-forms without it (0.2..3600)", LeaseTimeout),
+      Defaulted("reattach_timeout", SecondsText(kDefaultReattachTimeout), "SECONDS",
        "After a restart with --state_dir, how long a running job's agents have\n"
-       "to reconnect before they count as lost (0.1..3600)", ReattachTimeout},
-      {"quarantine_failures", "3", "3", "N",
+       "to reconnect before they count as lost (0.1..3600)", ReattachTimeout),
+      Defaulted("quarantine_failures", absl::StrCat(kDefaultQuarantineFailures), "N",
        "A host whose workers fail this many times in one job is refused for the\n"
-       "cooldown, so the job re-forms without it (0: never)", QuarantineFailures},
-      {"quarantine_cooldown", "300", "300", "SECONDS",
-       "How long a quarantined host is refused; `ddprun status` shows why", QuarantineCooldown},
-      {"tls_cert", nullptr, "none (plaintext)", "FILE",
+       "cooldown, so the job re-forms without it (0: never)", QuarantineFailures),
+      Defaulted("quarantine_cooldown", SecondsText(kDefaultQuarantineCooldown), "SECONDS",
+       "How long a quarantined host is refused; `ddprun status` shows why", QuarantineCooldown),
+      Undefaulted("tls_cert", "none (plaintext)", "FILE",
        "PEM certificate (chain) of this daemon: serve TLS instead of plaintext;\n"
-       "its subjectAltName must hold the name or address agents connect to", TlsCert},
-      {"tls_key", nullptr, "none", "FILE", "PEM private key of --tls_cert", TlsKey},
-      {"tls_client_ca", nullptr, "none (no client certificates)", "FILE",
+       "its subjectAltName must hold the name or address agents connect to", TlsCert),
+      Undefaulted("tls_key", "none", "FILE", "PEM private key of --tls_cert", TlsKey),
+      Undefaulted("tls_client_ca", "none (no client certificates)", "FILE",
        "Mutual TLS: require every agent, worker and `ddprun status` to present a\n"
-       "certificate signed by this PEM CA (docs/tls.md)", TlsClientCa},
-      {"dashboard_port", "29480", "29480", "PORT|off",
+       "certificate signed by this PEM CA (docs/tls.md)", TlsClientCa),
+      Defaulted("dashboard_port", absl::StrCat(kDefaultDashboardPort), "PORT|off",
        "Monitoring HTTP port: the dashboard, /api/v1/jobs and Prometheus /metrics\n"
        "for every job (docs/monitoring.md); 0 lets the OS pick one, off disables it",
-       DashboardPort},
-      {"etcd_endpoints", nullptr, "none (one daemon)", "H:P,H:P,...",
+       DashboardPort),
+      Undefaulted("etcd_endpoints", "none (one daemon)", "H:P,H:P,...",
        "Run as one replica of a replicated control plane over this etcd v3\n"
        "cluster (comma-separated members, a list in --config): replicas elect one\n"
-       "leader, which serves every job and keeps it in etcd (docs/ha.md)", EtcdEndpoints},
-      {"etcd_prefix", "/ddprun", "/ddprun", "PREFIX",
+       "leader, which serves every job and keeps it in etcd (docs/ha.md)", EtcdEndpoints),
+      Defaulted("etcd_prefix", std::string(kDefaultEtcdPrefix), "PREFIX",
        "etcd key prefix of this ddprund cluster; two clusters sharing one etcd\n"
-       "need two prefixes", EtcdPrefix},
-      {"etcd_lease_ttl", "2", "2", "SECONDS",
+       "need two prefixes", EtcdPrefix),
+      Defaulted("etcd_lease_ttl", absl::StrCat(kDefaultEtcdLeaseTtlS), "SECONDS",
        "A killed leader replica is replaced within this many seconds (1..3600;\n"
-       "etcd raises values below its own minimum)", EtcdLeaseTtl},
-      {"etcd_max_request_bytes", "1572864", "1572864", "BYTES",
+       "etcd raises values below its own minimum)", EtcdLeaseTtl),
+      Defaulted("etcd_max_request_bytes", absl::StrCat(kEtcdDefaultMaxRequestBytes), "BYTES",
        "etcd's --max-request-bytes (16384..2^31): no request to etcd is larger; a\n"
-       "large job's snapshot is cut into chunks under it (docs/ha.md)", EtcdMaxRequestBytes},
-      {"advertise_addr", nullptr, "host:port (hostname for 0.0.0.0)", "HOST:PORT",
-       "How agents reach this replica; standbys name the leader by it", Advertise},
-      {"etcd_ca", nullptr, "none (plaintext to etcd)", "FILE",
-       "CA certificate (PEM) that verifies etcd's members: TLS to etcd", EtcdCa},
-      {"etcd_cert", nullptr, "none", "FILE",
-       "Client certificate (PEM) for an etcd with --client-cert-auth", EtcdCert},
-      {"etcd_key", nullptr, "none", "FILE", "The key of --etcd_cert (PEM)", EtcdKey},
+       "large job's snapshot is cut into chunks under it (docs/ha.md)", EtcdMaxRequestBytes),
+      Undefaulted("advertise_addr", "host:port (hostname for 0.0.0.0)", "HOST:PORT",
+       "How agents reach this replica; standbys name the leader by it", Advertise),
+      Undefaulted("etcd_ca", "none (plaintext to etcd)", "FILE",
+       "CA certificate (PEM) that verifies etcd's members: TLS to etcd", EtcdCa),
+      Undefaulted("etcd_cert", "none", "FILE",
+       "Client certificate (PEM) for an etcd with --client-cert-auth", EtcdCert),
+      Undefaulted("etcd_key", "none", "FILE", "The key of --etcd_cert (PEM)", EtcdKey),
   };
   // clang-format on
   return kKnobs;

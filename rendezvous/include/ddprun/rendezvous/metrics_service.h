@@ -1,6 +1,6 @@
 // The gRPC glue of monitoring: the ReportMetrics and GetMetrics calls of the
 // Rendezvous service, converted at the edge and answered by the MetricsHub.
-// server.cc's service forwards to these.
+// The Rendezvous service (rendezvous_services.cc) forwards to these.
 #pragma once
 
 #include <grpcpp/grpcpp.h>

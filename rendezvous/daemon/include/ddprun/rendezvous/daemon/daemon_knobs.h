@@ -11,9 +11,9 @@
 //
 // Precedence, stated once: flag > DDPRUND_<NAME> > --config file > default.
 //
-// To add a setting: one entry in kDaemonKnobs (daemon_knobs.cc) with its
-// parser, a field in ServerOptions (server.h) if the server needs it, a row
-// in docs/cli.md's ddprund table.
+// To add a setting: one entry in DaemonKnobs() (daemon_knobs.cc) with its
+// parser and, if it has a default, the typed constant that ServerOptions'
+// field starts from (server.h); a row in docs/cli.md's ddprund table.
 #pragma once
 
 #include <functional>
@@ -35,11 +35,15 @@ struct DaemonSettings {
 };
 
 struct DaemonKnob {
-  const char* name;           // "etcd_endpoints": --etcd_endpoints, its YAML key
-  const char* default_value;  // what the parser gets when nothing sets it; nullptr:
-                              // ServerOptions' own default stands
-  const char* default_text;   // as --help and docs/cli.md show it
-  const char* metavar;        // "H:P,H:P,..."
+  const char* name;  // "etcd_endpoints": --etcd_endpoints, its YAML key
+  // What the parser gets when nothing sets it, written from the typed
+  // constant the server uses (kDefaultLeaseTimeout: "4"); empty: none, and
+  // ServerOptions' own value stands.
+  std::string default_value;
+  // As --help and docs/cli.md show it: default_value, or what having none
+  // means ("none (in memory)").
+  std::string default_text;
+  const char* metavar;  // "H:P,H:P,..."
   const char* help;
   // Checks `text` and stores it in `out`. Errors are InvalidArgument
   // "problem; fix"; the caller prefixes where the text came from. `source`

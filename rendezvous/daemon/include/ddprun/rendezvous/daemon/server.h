@@ -1,6 +1,8 @@
-// The rendezvous server: the Rendezvous and Store gRPC services over the
-// round state machine of every job. ddprund runs one; ddprun embeds one when
-// it hosts the rendezvous itself. The gRPC types stay behind the pimpl.
+// The rendezvous server: the Rendezvous and Store gRPC services
+// (rendezvous_services.h) over the round state machine of every job, which
+// the daemon's composition root (src/daemon.h) builds from these options.
+// ddprund runs one; ddprun embeds one when it hosts the rendezvous itself.
+// The gRPC types stay behind the pimpl.
 #pragma once
 
 #include <functional>
@@ -20,10 +22,14 @@ namespace ddprun::rendezvous {
 
 class MetricsHub;  // metrics_hub.h
 
+// ddprund's defaults (its --help and docs/cli.md are written from these).
+inline constexpr char kDefaultServerHost[] = "0.0.0.0";  // every IPv4 interface
 inline constexpr Duration kDefaultLeaseTimeout = std::chrono::seconds(4);
+inline constexpr char kDefaultEtcdPrefix[] = "/ddprun";
+inline constexpr std::int64_t kDefaultEtcdLeaseTtlS = 2;
 
 struct ServerOptions {
-  std::string host = "0.0.0.0";
+  std::string host{kDefaultServerHost};
   int port = kDefaultRdzvPort;  // 0: the OS picks one; see RendezvousServer::port().
   // What a failure to listen tells the user to do (the caller knows its flags).
   std::string listen_fix = "pick another port or stop the process that holds it";
@@ -61,8 +67,8 @@ struct ServerOptions {
   // and persists jobs and store keys there; the others answer Unavailable
   // naming the leader, and `Status` from etcd.
   std::vector<HostPort> etcd_endpoints;
-  std::string etcd_prefix = "/ddprun";  // keys of this ddprund cluster
-  std::int64_t etcd_lease_ttl_s = 2;    // a killed leader is replaced within it
+  std::string etcd_prefix{kDefaultEtcdPrefix};            // keys of this ddprund cluster
+  std::int64_t etcd_lease_ttl_s = kDefaultEtcdLeaseTtlS;  // a killed leader is replaced within it
   // etcd's --max-request-bytes: no request to etcd is larger (a job snapshot
   // is cut into chunks under it; a store value that cannot fit is refused).
   std::int64_t etcd_max_request_bytes = kEtcdDefaultMaxRequestBytes;

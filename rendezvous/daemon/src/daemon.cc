@@ -1,0 +1,209 @@
+// The daemon's composition root (daemon.h).
+#include "daemon.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "ddprun/rendezvous/common/errors.h"
+#include "ddprun/rendezvous/common/host_port.h"
+#include "ddprun/rendezvous/common/status_macros.h"
+#include "ddprun/rendezvous/monitoring/hang_action.h"
+#include "ddprun/rendezvous/monitoring/monitoring_routes.h"
+
+namespace ddprun::rendezvous {
+
+Daemon::Daemon(const ServerOptions& opts) : opts_(opts), clock_(*opts.clock) {}
+
+Daemon::~Daemon() {
+  Stop();
+  StepDown();
+}
+
+absl::Status Daemon::Build() {
+  if (opts_.table != nullptr) {
+    // Its owner recovered it, runs its deadlines, ticks its hub and serves
+    // the hub's HTTP port (agent/src/local_rendezvous_session.cc).
+    if (opts_.hub == nullptr || !opts_.etcd_endpoints.empty()) {
+      return absl::InvalidArgumentError(
+          "a server over a borrowed job table needs that table's metrics hub and no etcd");
+    }
+    table_ = opts_.table;
+    hub_ = opts_.hub;
+  } else {
+    if (!opts_.state_dir.empty()) {
+      DDPRUN_ASSIGN_OR_RETURN(state_, StateLog::Open(opts_.state_dir));
+    }
+    MetricsHubOptions hub_opts;
+    hub_opts.clock = &clock_;
+    if (opts_.log_hangs) {
+      hub_opts.log = [](const std::string& report) {
+        std::fprintf(stderr, "ddprund: %s", report.c_str());
+        std::fflush(stderr);
+      };
+    }
+    hub_opts.act = [this](const std::string& job, std::int64_t round, const std::string& node,
+                          OnHang action, const WorkerFailure& failure) {
+      absl::Status st = ApplyOnHang(*table_, job, round, node, action, failure);
+      if (!st.ok() && KindOf(st) != ErrorKind::kState) {
+        std::fprintf(stderr, "ddprund: %s\n", std::string(st.message()).c_str());
+      }
+    };
+    own_hub_ = std::make_unique<MetricsHub>(std::move(hub_opts));
+    hub_ = own_hub_.get();
+    JobTableOptions table_opts;
+    table_opts.clock = &clock_;
+    table_opts.observer = hub_;
+    table_opts.quarantine = opts_.quarantine;
+    table_opts.reattach_timeout = opts_.reattach_timeout;
+    table_opts.journal = state_.get();
+    if (!opts_.etcd_endpoints.empty()) {
+      if (state_) {
+        return absl::InvalidArgumentError(
+            "--state_dir and --etcd_endpoints exclude each other: replicas keep their state in "
+            "etcd; drop --state_dir");
+      }
+      DDPRUN_RETURN_IF_ERROR(StartEtcd());
+      table_opts.journal = etcd_journal_.get();
+      serving_ = false;  // until elected
+    }
+    table_opts.on_deadline = [this](TimePoint t) { timer_->Notify(t); };
+    own_table_ = std::make_unique<JobTable>(std::move(table_opts));
+    table_ = own_table_.get();
+    if (!etcd_) DDPRUN_RETURN_IF_ERROR(table_->Recover());  // a replica recovers when elected
+    // Before any call can reach the table (on_deadline uses it).
+    timer_ = std::make_unique<DeadlineTimer>(
+        clock_, [this] { return table_->NextDeadline(); }, [this] { table_->Tick(); });
+  }
+
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::Serve(int port) {
+  if (own_hub_ && opts_.dashboard_port >= 0) {
+    HttpServerOptions ho;
+    ho.host = opts_.dashboard_host.empty() ? opts_.host : opts_.dashboard_host;
+    ho.port = opts_.dashboard_port;
+    ho.listen_fix = opts_.dashboard_listen_fix;
+    MetricsHub* hub = hub_;
+    auto http = HttpServer::Start(
+        ho, [hub](const std::string& target) { return ServeMonitoring(*hub, target); });
+    if (!http.ok()) {
+      // Bad input (the flag names a port in use), not a rendezvous port
+      // another agent holds: callers tell the two apart by kind.
+      return absl::InvalidArgumentError("dashboard: " + std::string(http.status().message()));
+    }
+    http_ = std::move(*http);
+  }
+  if (own_hub_) ticker_ = std::make_unique<HubTicker>(hub_);
+  if (etcd_) {
+    advertise_ = opts_.advertise;
+    if (advertise_.empty()) {
+      char name[256] = {};
+      const bool any = opts_.host == "0.0.0.0" || opts_.host == "::" || opts_.host.empty();
+      if (any && ::gethostname(name, sizeof(name) - 1) != 0) std::strcpy(name, "localhost");
+      advertise_ = FormatHostPort(any ? std::string(name) : opts_.host, port);
+    }
+    EtcdElectionOptions eo;
+    eo.client = etcd_.get();
+    eo.prefix = etcd_prefix_;
+    eo.address = advertise_;
+    eo.lease_ttl_s = opts_.etcd_lease_ttl_s;
+    eo.on_elected = [this](std::int64_t revision) { OnElected(revision); };
+    eo.on_deposed = [this](absl::Status why) { OnDeposed(why); };
+    election_ = std::make_unique<EtcdElection>(std::move(eo));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::StartEtcd() {
+  DDPRUN_ASSIGN_OR_RETURN(etcd_prefix_, NormalizeEtcdPrefix(opts_.etcd_prefix));
+  EtcdOptions eo;
+  eo.endpoints = opts_.etcd_endpoints;
+  eo.tls = opts_.etcd_tls;
+  DDPRUN_ASSIGN_OR_RETURN(etcd_, EtcdClient::Create(std::move(eo)));
+  // Fails at start, in one line, when etcd is unreachable or the prefix holds
+  // another program's data.
+  if (absl::Status claimed = ClaimEtcdPrefix(*etcd_, etcd_prefix_); !claimed.ok()) {
+    // An etcd that is there but refuses our handshake is named as such (one
+    // probe per member), not as "unreachable".
+    if (KindOf(claimed) == ErrorKind::kConnection) {
+      DDPRUN_RETURN_IF_ERROR(etcd_->DiagnoseTls(std::chrono::seconds(1)));
+    }
+    return claimed;
+  }
+  EtcdJournalOptions jo;
+  jo.client = etcd_.get();
+  jo.prefix = etcd_prefix_;
+  jo.may_lead = [this] { return election_ && election_->MayLead(); };
+  jo.on_deposed = [this](absl::Status why) { OnDeposed(why); };
+  jo.max_request_bytes = static_cast<std::size_t>(opts_.etcd_max_request_bytes);
+  etcd_journal_ = std::make_unique<EtcdJournal>(std::move(jo));
+  return absl::OkStatus();
+}
+
+void Daemon::OnElected(std::int64_t revision) {
+  etcd_journal_->SetLeaderRevision(revision);
+  if (absl::Status st = table_->Recover(); !st.ok()) {
+    OnDeposed(st);
+    return;
+  }
+  if (auto next = table_->NextDeadline()) timer_->Notify(*next);
+  serving_ = true;
+  std::cerr << "ddprund: " << advertise_ << " leads the control plane (etcd prefix " << etcd_prefix_
+            << ", leader revision " << revision << ")" << std::endl;
+}
+
+void Daemon::OnDeposed(const absl::Status& why) {
+  serving_ = false;
+  if (opts_.on_deposed) {
+    opts_.on_deposed(why);
+    return;
+  }
+  std::cerr << "ddprund: " << why.message()
+            << "; exiting so that the agents move to the replica that leads (restart this one: "
+               "it rejoins as a standby)"
+            << std::endl;
+  std::_Exit(1);
+}
+
+absl::Status Daemon::Gate() const {
+  if (serving_.load()) return absl::OkStatus();
+  const std::string leader = election_ ? election_->leader() : "";
+  return absl::UnavailableError(absl::StrCat(
+      "ddprund at ", advertise_, " is a standby replica; ",
+      leader.empty() ? std::string("no replica leads yet (is etcd reachable?)")
+                     : "the leader is " + leader,
+      " (etcd prefix ", etcd_prefix_,
+      "); give agents every replica in --rdzv_endpoint and they move on by themselves"));
+}
+
+std::vector<JobStatus> Daemon::StandbyStatus(const std::string& job_id) const {
+  std::vector<JobStatus> out;
+  if (!etcd_journal_) return out;
+  absl::StatusOr<std::vector<RecoveredJob>> jobs = etcd_journal_->Recover();
+  if (!jobs.ok()) return out;
+  for (const RecoveredJob& j : *jobs) {
+    if (!job_id.empty() && j.snapshot.job_id != job_id) continue;
+    out.push_back(JobRendezvous::Restore(j.snapshot, clock_, opts_.reattach_timeout)->Status());
+  }
+  return out;
+}
+
+void Daemon::Stop() {
+  if (stopped_) return;
+  stopped_ = true;
+  if (ticker_) ticker_->Stop();
+  if (http_) http_->Stop();
+  if (timer_) timer_->Stop();
+  // Ends every open stream and cancels store waits, so the services' shutdown
+  // cannot hang. A borrowed table is its owner's to shut down (after this).
+  if (own_table_) own_table_->Shutdown();
+}
+
+void Daemon::StepDown() { election_.reset(); }
+
+}  // namespace ddprun::rendezvous
