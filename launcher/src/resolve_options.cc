@@ -1,6 +1,8 @@
-// Resolution of the merged knobs into AgentOptions. Each knob's value is
-// checked by its parser (value_parsers.h) through ParseKnob, so a message
-// names where the value came from (flag, PET_*, file position).
+// Resolution of the merged knobs into AgentOptions. A knob whose row names
+// its field is stored by ApplyKnobDests (knob_apply.h); this file resolves
+// what spans several knobs. Each value is checked by its parser
+// (value_parsers.h), so a message names where the value came from (flag,
+// PET_*, file position).
 #include "resolve_options.h"
 
 #include <algorithm>

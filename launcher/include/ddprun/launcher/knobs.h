@@ -13,8 +13,9 @@
 // --grace_period), handled where the value is resolved (resolve_options.cc).
 //
 // To add a knob: one entry here (in the order --print-config and the file's
-// "valid keys" messages show), its use in resolve_options.cc, a row in
-// docs/cli.md (and docs/config.md when it has a YAML key).
+// "valid keys" messages show) naming its field (.dest; a job-wide one is a
+// JobPolicy field, job_policy.h), or else its use in resolve_options.cc; a
+// row in docs/cli.md (and docs/config.md when it has a YAML key).
 #pragma once
 
 #include <string>
