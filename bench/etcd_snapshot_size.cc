@@ -38,9 +38,9 @@ std::string SerializedSnapshot(int n) {
     s.nproc = 8;
     s.min_nodes = n;
     s.max_nodes = n;
-    s.max_restarts = 3;
+    s.policy.max_restarts = 3;
     s.master_port = 29500;
-    s.join_timeout_s = 600;
+    s.policy.join_timeout_s = 600;
     s.command = "python3 train.py --config configs/llama.yaml";
     specs.push_back(std::move(s));
   }

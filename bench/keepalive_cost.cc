@@ -175,8 +175,8 @@ int main(int argc, char** argv) {
       req.set_nproc(1);
       req.set_min_nodes(n + 1);  // never fills: every stream stays open
       req.set_max_nodes(n + 1);
-      req.set_last_call_timeout_s(10);
-      req.set_join_timeout_s(600);
+      req.mutable_policy()->set_last_call_timeout_s(10);
+      req.mutable_policy()->set_join_timeout_s(600);
       req.set_master_port(1);
       req.set_command("keepalive_cost");
       req.set_resume_round(-1);

@@ -221,7 +221,7 @@ JoinSpec Spec(const std::string& job, int i, int n) {
   s.nproc = 8;
   s.min_nodes = n;
   s.max_nodes = n;
-  s.join_timeout_s = 120;
+  s.policy.join_timeout_s = 120;
   s.command = "train";
   return s;
 }

@@ -108,8 +108,8 @@ class Agent::Impl {
         session_(deps.session ? std::move(deps.session) : MakeRendezvousSession(options_, clock_)),
         own_events_(deps.events == nullptr ? MakeEventQueue(clock_) : nullptr),
         events_(deps.events != nullptr ? *deps.events : *own_events_),
-        join_timeout_(rdzv::Seconds(options_.join_timeout_s)),
-        last_call_timeout_(rdzv::Seconds(options_.last_call_timeout_s)),
+        join_timeout_(rdzv::Seconds(options_.policy.join_timeout_s)),
+        last_call_timeout_(rdzv::Seconds(options_.policy.last_call_timeout_s)),
         grace_period_(rdzv::Seconds(options_.grace_period_s)),
         workers_(*launcher_, clock_) {}
 
@@ -237,13 +237,9 @@ class Agent::Impl {
       spec.resume_node_id = assignment_->node_id;
     }
     spec.requested_rank = options_.node_rank;
-    spec.last_call_timeout_s = options_.last_call_timeout_s;
-    spec.join_timeout_s = options_.join_timeout_s;
-    spec.max_restarts = options_.max_restarts;
+    spec.policy = options_.policy;
     spec.master_port = session_->master_port();
     spec.command = absl::StrJoin(options_.command, " ");
-    spec.hang_timeout_s = options_.hang_timeout_s;
-    spec.on_hang = options_.on_hang;
     return spec;
   }
 
@@ -586,7 +582,7 @@ class Agent::Impl {
       }
       if (!e) {
         Log(absl::StrCat("no assignment from the rendezvous at ", session_->endpoint(), " within ",
-                         options_.join_timeout_s,
+                         options_.policy.join_timeout_s,
                          " s; start the other nodes, or raise "
                          "--rdzv_conf join_timeout"));
         return kExitRendezvousError;
@@ -656,6 +652,12 @@ class Agent::Impl {
                        "node asked first, or ranks are assigned in order); it is node ",
                        a.group_rank,
                        ". With c10d --node_rank is a preference; torchrun ignores it"));
+    }
+    if (a.policy && !warned_policy_) {
+      // The first joiner fixed the job's policy; once per run.
+      warned_policy_ = true;
+      const std::string warning = rdzv::PolicyWarning("this node", options_.policy, *a.policy);
+      if (!warning.empty()) Log(warning);
     }
     if (a.group_rank == 0) {  // this agent's store serves every worker of the job
       const std::string warning =
@@ -962,6 +964,7 @@ class Agent::Impl {
   std::optional<SignalWatcher> watcher_;  // with own_events_ only
   bool warned_numa_ = false;
   bool warned_node_rank_ = false;
+  bool warned_policy_ = false;
   Env base_env_;
   std::deque<Event> deferred_;
   int pending_signal_ = 0;  // a terminating signal seen during Open()

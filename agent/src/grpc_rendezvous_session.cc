@@ -342,7 +342,7 @@ class GrpcRendezvousSession final : public RendezvousSession {
     if (!st.ok()) {
       return absl::UnavailableError(
           absl::StrCat("cannot reach the rendezvous at ", rdzv::FormatHostPort(host, port),
-                       " within ", options_.join_timeout_s,
+                       " within ", options_.policy.join_timeout_s,
                        " s; start ddprund (or the host node) there, or fix "
                        "--rdzv_endpoint"));
     }
@@ -357,7 +357,7 @@ class GrpcRendezvousSession final : public RendezvousSession {
     connect_noticed_ = true;
     Log(absl::StrCat("nothing answers as the rendezvous at ", where, " yet; waiting until ",
                      rdzv::WallClockAfter(deadline - now),
-                     " (--rdzv_conf join_timeout=", options_.join_timeout_s,
+                     " (--rdzv_conf join_timeout=", options_.policy.join_timeout_s,
                      "); start ddprund (or the host node) there, or fix --rdzv_endpoint"));
   }
 
@@ -379,7 +379,7 @@ class GrpcRendezvousSession final : public RendezvousSession {
     if (!st.ok()) {
       return absl::UnavailableError(absl::StrCat(
           "cannot reach any ddprund replica (", absl::StrJoin(names, ", "), ") within ",
-          options_.join_timeout_s, " s; start ddprund there, or fix --rdzv_endpoint"));
+          options_.policy.join_timeout_s, " s; start ddprund there, or fix --rdzv_endpoint"));
     }
     return absl::OkStatus();
   }
@@ -432,7 +432,7 @@ class GrpcRendezvousSession final : public RendezvousSession {
     if (endpoint.empty()) {
       return absl::UnavailableError(absl::StrCat(
           "cannot reach the master node's store at ", rdzv::FormatHostPort(maddr, mport),
-          " within ", options_.join_timeout_s, " s (", last.message(),
+          " within ", options_.policy.join_timeout_s, " s (", last.message(),
           "); start node rank 0, or fix --master_addr/--master_port"));
     }
     DDPRUN_ASSIGN_OR_RETURN(rdzv::HostPort hp, rdzv::ParseHostPort(endpoint));

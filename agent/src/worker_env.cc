@@ -58,7 +58,7 @@ Env BuildWorkerEnv(const Env& base, const WorkerEnvInputs& in, int local_rank) {
   set("MASTER_ADDR", a.master_addr);
   set("MASTER_PORT", std::to_string(a.master_port));
   set("TORCHELASTIC_RESTART_COUNT", std::to_string(a.restart_count));
-  set("TORCHELASTIC_MAX_RESTARTS", std::to_string(opt.max_restarts));
+  set("TORCHELASTIC_MAX_RESTARTS", std::to_string(opt.policy.max_restarts));
   set("TORCHELASTIC_RUN_ID", opt.job_id);
   // The group-rank-0 agent already serves a TCPStore at MASTER_ADDR:MASTER_PORT.
   set("TORCHELASTIC_USE_AGENT_STORE", "True");

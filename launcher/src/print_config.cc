@@ -78,7 +78,7 @@ std::string RenderMergedConfig(const MergedJobView& v) {
     } else if (flag == "role") {
       value = o.role;
     } else if (flag == "max_restarts") {
-      value = std::to_string(o.max_restarts);
+      value = std::to_string(o.policy.max_restarts);
     } else if (flag == "grace_period") {
       value = Number(o.grace_period_s);
     } else if (flag == "rdzv_backend") {
@@ -97,9 +97,9 @@ std::string RenderMergedConfig(const MergedJobView& v) {
           break;
       }
     } else if (flag == "rdzv_conf.join_timeout") {
-      value = Number(o.join_timeout_s);
+      value = Number(o.policy.join_timeout_s);
     } else if (flag == "rdzv_conf.last_call_timeout") {
-      value = Number(o.last_call_timeout_s);
+      value = Number(o.policy.last_call_timeout_s);
     } else if (flag == "rdzv_conf.token") {
       value = o.join_token.empty() ? "none" : "(set, not shown)";
     } else if (flag == "local_addr") {

@@ -1,12 +1,15 @@
-// Resolution of the merged knobs into AgentOptions. Each knob's value is
-// checked by its parser (value_parsers.h) through ParseKnob, so a message
-// names where the value came from (flag, PET_*, file position).
+// Resolution of the merged knobs into AgentOptions. A knob whose row names
+// its field is stored by ApplyKnobDests (knob_apply.h); this file resolves
+// what spans several knobs. Each value is checked by its parser
+// (value_parsers.h), so a message names where the value came from (flag,
+// PET_*, file position).
 #include "resolve_options.h"
 
 #include <algorithm>
 #include <filesystem>
 #include <optional>
 #include <set>
+#include <variant>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -20,6 +23,7 @@
 #include "ddprun/rendezvous/common/job_id.h"
 #include "ddprun/rendezvous/common/status_macros.h"
 #include "ddprun/rendezvous/common/tls.h"
+#include "knob_apply.h"
 
 namespace ddprun::launcher {
 namespace {
@@ -124,13 +128,6 @@ absl::Status ResolveShape(const ResolveContext& ctx, ParsedCommand& out) {
     }
   }
 
-  const Knob& restarts = KnobNamed("max_restarts");
-  DDPRUN_ASSIGN_OR_RETURN(long max_restarts, ParseKnob(flags, restarts, [&](const std::string& s) {
-                            return ParseCount(s, restarts.min, restarts.max, restarts.what);
-                          }));
-  o.max_restarts = static_cast<int>(max_restarts);
-  DDPRUN_ASSIGN_OR_RETURN(o.role, ParseKnob(flags, KnobNamed("role"), ParseText));
-
   // --grace_period and --shutdown_timeout (ChooseGracePeriod); given both as
   // flags, they must agree.
   const KnobValue grace = flags.Get("grace_period");
@@ -149,9 +146,6 @@ absl::Status ResolveShape(const ResolveContext& ctx, ParsedCommand& out) {
   auto seconds = ParseSeconds(source.value.value, /*allow_zero=*/true);
   if (!seconds.ok()) return BadValue(source.value, KnobNamed(source.knob), seconds.status());
   o.grace_period_s = seconds->count();
-
-  DDPRUN_ASSIGN_OR_RETURN(o.dashboard_port,
-                          ParseKnob(flags, KnobNamed("dashboard_port"), ParsePortOrOff));
 
   DDPRUN_ASSIGN_OR_RETURN(std::string cpu_bind,
                           ParseKnob(flags, KnobNamed("cpu_bind"), ParseCpuBind));
@@ -211,7 +205,6 @@ absl::Status ResolveShape(const ResolveContext& ctx, ParsedCommand& out) {
 
   // --virtual_local_rank: each worker's own GPU must exist in the list it
   // would get one of (torchrun raises at spawn; here, before anything starts).
-  DDPRUN_ASSIGN_OR_RETURN(o.virtual_local_rank, flags.GetBool("virtual_local_rank"));
   if (o.virtual_local_rank) {
     if (auto it = ctx.env.find("CUDA_VISIBLE_DEVICES"); it != ctx.env.end()) {
       const std::vector<std::string> devices = absl::StrSplit(it->second, ',');
@@ -227,23 +220,9 @@ absl::Status ResolveShape(const ResolveContext& ctx, ParsedCommand& out) {
     }
   }
 
-  // Monitoring.
-  DDPRUN_ASSIGN_OR_RETURN(auto hang_timeout,
-                          ParseKnob(flags, KnobNamed("hang_timeout"), [](const std::string& s) {
-                            return ParseSeconds(s, /*allow_zero=*/true);
-                          }));
-  o.hang_timeout_s = hang_timeout.count();
-  DDPRUN_ASSIGN_OR_RETURN(o.on_hang, ParseKnob(flags, KnobNamed("on_hang"), ParseOnHang));
   DDPRUN_ASSIGN_OR_RETURN(bool no_hook, flags.GetBool("no_python_hook"));
   o.python_hook = !no_hook;
 
-  // Compatibility flags: validated, stored, unused.
-  DDPRUN_ASSIGN_OR_RETURN(out.launcher.monitor_interval,
-                          ParseKnob(flags, KnobNamed("monitor_interval"), [](const std::string& s) {
-                            return ParseSeconds(s, /*allow_zero=*/true);
-                          }));
-  DDPRUN_ASSIGN_OR_RETURN(out.launcher.start_method,
-                          ParseKnob(flags, KnobNamed("start_method"), ParseStartMethod));
   if (const KnobValue specs = flags.Get("logs_specs"); specs.is_set()) {
     return UsageError(absl::StrCat(
         specs.Name("--logs_specs"), "=", specs.value,
@@ -277,11 +256,8 @@ absl::Status ResolveOutput(const ResolveContext& ctx, ParsedCommand& out) {
   const FlagTable& flags = ctx.flags;
   AgentOptions& o = out.options;
   o.log_dir = flags.Get("log_dir").value;
-  DDPRUN_ASSIGN_OR_RETURN(out.launcher.redirects,
-                          ParseKnob(flags, KnobNamed("redirects"), ParseStreams));
-  DDPRUN_ASSIGN_OR_RETURN(out.launcher.tee, ParseKnob(flags, KnobNamed("tee"), ParseStreams));
+  // --local_ranks_filter against --nproc_per_node.
   const Knob& filter = KnobNamed("local_ranks_filter");
-  DDPRUN_ASSIGN_OR_RETURN(out.launcher.local_ranks_filter, ParseKnob(flags, filter, ParseRankList));
   for (int r : out.launcher.local_ranks_filter) {
     if (r >= o.nproc_per_node) {
       return UsageError(absl::StrCat(flags.Get(filter.name).Name(FlagLabel(filter)),
@@ -292,7 +268,6 @@ absl::Status ResolveOutput(const ResolveContext& ctx, ParsedCommand& out) {
   o.logs.redirects = out.launcher.redirects;
   o.logs.tee = out.launcher.tee;
   o.logs.local_ranks_filter = out.launcher.local_ranks_filter;
-  DDPRUN_ASSIGN_OR_RETURN(o.logs.prefix_output, flags.GetBool("prefix_output"));
   for (auto [name, list] : {std::pair{"duplicate_stdout_filters", &o.logs.stdout_filters},
                             std::pair{"duplicate_stderr_filters", &o.logs.stderr_filters}}) {
     const KnobValue v = flags.Get(name);
@@ -307,19 +282,15 @@ absl::Status ResolveOutput(const ResolveContext& ctx, ParsedCommand& out) {
   }
   // Else the agent reads TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else torchrun's default.
   o.logs.prefix_template = flags.Get("log_line_prefix_template").value;
-  const Knob& tail = KnobNamed("stderr_tail_lines");
-  DDPRUN_ASSIGN_OR_RETURN(long tail_lines, ParseKnob(flags, tail, [&](const std::string& s) {
-                            return ParseCount(s, tail.min, tail.max, tail.what);
-                          }));
-  o.logs.stderr_tail_lines = static_cast<int>(tail_lines);
   return absl::OkStatus();
 }
 
 // --rdzv_conf k=v,... (and the file's rendezvous keys, a layer below it).
 // Our keys set options; torchrun's other keys are accepted with a warning so
 // that torchrun command lines keep working.
-absl::Status ApplyRdzvConf(const KnobValue& s, bool is_static, AgentOptions& options,
-                           std::vector<std::string>& warnings) {
+absl::Status ApplyRdzvConf(const KnobValue& s, bool is_static, ParsedCommand& out) {
+  AgentOptions& options = out.options;
+  std::vector<std::string>& warnings = out.warnings;
   static const std::set<std::string> kTorchrunOnly = {"close_timeout",
                                                       "heartbeat_timeout",
                                                       "keep_alive_interval",
@@ -349,13 +320,13 @@ absl::Status ApplyRdzvConf(const KnobValue& s, bool is_static, AgentOptions& opt
       if (!v.ok()) return BadValue(sub, knob, v.status());
       return v->count();
     };
-    if (key == "join_timeout") {
-      DDPRUN_ASSIGN_OR_RETURN(options.join_timeout_s, seconds(*FindRdzvConfKnob(key)));
-      join_timeout_set = true;
-    } else if (key == "last_call_timeout") {
-      DDPRUN_ASSIGN_OR_RETURN(options.last_call_timeout_s, seconds(*FindRdzvConfKnob(key)));
+    if (const Knob* knob = FindRdzvConfKnob(key);
+        knob != nullptr && !std::holds_alternative<std::monostate>(knob->dest)) {
+      // join_timeout, last_call_timeout: the row says where it goes.
+      DDPRUN_RETURN_IF_ERROR(ApplyKnobValue(*knob, sub, out));
+      if (key == "join_timeout") join_timeout_set = true;
     } else if (key == "token") {
-      options.join_token = value;
+      options.join_token = value;  // as given, even empty (ParseToken would refuse it)
     } else if (key == "is_host") {
       auto b = ParseBool(value);
       if (!b.ok()) {
@@ -379,7 +350,7 @@ absl::Status ApplyRdzvConf(const KnobValue& s, bool is_static, AgentOptions& opt
                                       "token)"));
     }
   }
-  if (static_timeout && !join_timeout_set) options.join_timeout_s = *static_timeout;
+  if (static_timeout && !join_timeout_set) options.policy.join_timeout_s = *static_timeout;
   return absl::OkStatus();
 }
 
@@ -433,9 +404,9 @@ absl::Status ResolveRendezvous(const ResolveContext& ctx, ParsedCommand& out) {
     }
     const KnobValue file_setting{absl::StrJoin(file_conf, ","), ctx.job->path + ": rendezvous",
                                  Origin::kFile};
-    DDPRUN_RETURN_IF_ERROR(ApplyRdzvConf(file_setting, is_static, o, warnings));
+    DDPRUN_RETURN_IF_ERROR(ApplyRdzvConf(file_setting, is_static, out));
   }
-  DDPRUN_RETURN_IF_ERROR(ApplyRdzvConf(flags.Get("rdzv_conf"), is_static, o, warnings));
+  DDPRUN_RETURN_IF_ERROR(ApplyRdzvConf(flags.Get("rdzv_conf"), is_static, out));
 
   const std::string nnodes_text = FormatNodeRange({o.min_nodes, o.max_nodes});
   if (node_rank.is_set()) {
@@ -589,6 +560,9 @@ GracePeriodSource ChooseGracePeriod(const std::function<KnobValue(const std::str
 }
 
 absl::Status ResolveOptions(const ResolveContext& ctx, ParsedCommand& out) {
+  // The knobs whose rows name their field (knobs.h); what follows spans
+  // several knobs.
+  DDPRUN_RETURN_IF_ERROR(ApplyKnobDests(ctx.flags, out));
   DDPRUN_RETURN_IF_ERROR(ResolveShape(ctx, out));
   DDPRUN_RETURN_IF_ERROR(ResolveOutput(ctx, out));
   return ResolveRendezvous(ctx, out);

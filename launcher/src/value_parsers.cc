@@ -288,11 +288,12 @@ absl::StatusOr<std::string> ParseStartMethod(absl::string_view text) {
   return std::string(text);
 }
 
-absl::StatusOr<std::string> ParseOnHang(absl::string_view text) {
-  if (text != "report" && text != "restart" && text != "abort") {
-    return Bad(absl::StrCat("must be report, restart or abort, got '", text, "'"));
-  }
-  return std::string(text);
+absl::StatusOr<rendezvous::OnHang> ParseOnHang(absl::string_view text) {
+  // The one parser (job_policy.h); "" is its "report", but not a value here.
+  std::optional<rendezvous::OnHang> on_hang;
+  if (!text.empty()) on_hang = rendezvous::ParseOnHang(std::string_view(text.data(), text.size()));
+  if (!on_hang) return Bad(absl::StrCat("must be report, restart or abort, got '", text, "'"));
+  return *on_hang;
 }
 
 absl::StatusOr<std::string> ParseCpuBind(absl::string_view text) {
@@ -371,8 +372,10 @@ absl::StatusOr<std::string> NormalizeKnobValue(const Knob& knob, absl::string_vi
       return std::string(text);
     case ValueType::kStartMethod:
       return ParseStartMethod(text);
-    case ValueType::kOnHang:
-      return ParseOnHang(text);
+    case ValueType::kOnHang: {
+      DDPRUN_ASSIGN_OR_RETURN(rendezvous::OnHang on_hang, ParseOnHang(text));
+      return std::string(rendezvous::OnHangName(on_hang));
+    }
     case ValueType::kCpuBind:
       return ParseCpuBind(text);
     case ValueType::kRdzvConf:

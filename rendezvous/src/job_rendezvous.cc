@@ -83,9 +83,9 @@ absl::Status JobRendezvous::CheckCompatible(const JoinSpec& spec) const {
     return mismatch("--nnodes",
                     std::to_string(spec.min_nodes) + ":" + std::to_string(spec.max_nodes),
                     std::to_string(shape_.min_nodes) + ":" + std::to_string(shape_.max_nodes));
-  if (spec.max_restarts != shape_.max_restarts)
-    return mismatch("--max_restarts", std::to_string(spec.max_restarts),
-                    std::to_string(shape_.max_restarts));
+  if (spec.policy.max_restarts != shape_.policy.max_restarts)
+    return mismatch("--max_restarts", std::to_string(spec.policy.max_restarts),
+                    std::to_string(shape_.policy.max_restarts));
   if (spec.command != shape_.command) return mismatch("command", spec.command, shape_.command);
   return absl::OkStatus();
 }
@@ -162,7 +162,7 @@ void JobRendezvous::AddToGathering(const std::string& node_id, const JoinSpec& s
     return;
   }
   members_.emplace(node_id, Member{spec, clock_.Now(), false, std::nullopt});
-  NoteDeadline(clock_.Now() + Seconds(spec.join_timeout_s));
+  NoteDeadline(clock_.Now() + Seconds(spec.policy.join_timeout_s));
   MaybeComplete(out);
 }
 
@@ -185,7 +185,7 @@ void JobRendezvous::MaybeComplete(std::vector<Delivery>* out) {
     return;
   }
   if (!last_call_deadline_) {
-    last_call_deadline_ = clock_.Now() + Seconds(shape_.last_call_timeout_s);
+    last_call_deadline_ = clock_.Now() + Seconds(shape_.policy.last_call_timeout_s);
     NoteDeadline(*last_call_deadline_);
   }
 }
@@ -239,6 +239,7 @@ Assignment JobRendezvous::AssignmentFor(std::size_t i) const {
   a.restart_count = restart_count_;
   a.store_token = store_token_;
   a.node_id = assigned_ids_[i];
+  a.policy = shape_.policy;
   return a;
 }
 
@@ -288,7 +289,7 @@ void JobRendezvous::OpenNextRound(const std::string& reason, bool counts_as_fail
          static_cast<int>(members_.size() + expected_.size()) < shape_.max_nodes) {
     auto it = spares_.begin();
     members_.emplace(it->first, Member{it->second.spec, clock_.Now(), false, std::nullopt});
-    NoteDeadline(clock_.Now() + Seconds(it->second.spec.join_timeout_s));
+    NoteDeadline(clock_.Now() + Seconds(it->second.spec.policy.join_timeout_s));
     spares_.erase(it);
   }
 }
@@ -355,16 +356,17 @@ absl::Status JobRendezvous::Report(const std::string& node_id, std::int64_t roun
       if (quarantine_.failures > 0 && ++host_failures_[host] >= quarantine_.failures) {
         quarantined_until_[host] = clock_.Now() + quarantine_.cooldown;
       }
-      if (restart_count_ > shape_.max_restarts) {
+      if (restart_count_ > shape_.policy.max_restarts) {
         Close(false,
               (cause.empty() ? std::string("a worker failed") : cause) +
-                  " and the restart budget (" + std::to_string(shape_.max_restarts) + ") is spent",
+                  " and the restart budget (" + std::to_string(shape_.policy.max_restarts) +
+                  ") is spent",
               out);
         return absl::OkStatus();
       }
       std::string reason = (cause.empty() ? "worker failure on " + node_id : cause) + " (restart " +
                            std::to_string(restart_count_) + " of " +
-                           std::to_string(shape_.max_restarts) + ")";
+                           std::to_string(shape_.policy.max_restarts) + ")";
       OpenNextRound(reason, /*counts_as_failure=*/true, out, /*failed_node=*/node_id);
       return absl::OkStatus();
     }
@@ -436,14 +438,14 @@ void JobRendezvous::Tick(std::vector<Delivery>* out) {
     return;
   }
   for (auto it = members_.begin(); it != members_.end();) {
-    if (now - it->second.joined_at >= Seconds(it->second.spec.join_timeout_s)) {
+    if (now - it->second.joined_at >= Seconds(it->second.spec.policy.join_timeout_s)) {
       out->push_back(
-          {it->first,
-           absl::DeadlineExceededError(
-               Prefix() + "rendezvous timed out after " +
-               std::to_string(static_cast<int>(it->second.spec.join_timeout_s)) + " s with " +
-               std::to_string(members_.size()) + " of " + std::to_string(shape_.min_nodes) +
-               " required nodes; start the other nodes, or lower --nnodes")});
+          {it->first, absl::DeadlineExceededError(
+                          Prefix() + "rendezvous timed out after " +
+                          std::to_string(static_cast<int>(it->second.spec.policy.join_timeout_s)) +
+                          " s with " + std::to_string(members_.size()) + " of " +
+                          std::to_string(shape_.min_nodes) +
+                          " required nodes; start the other nodes, or lower --nnodes")});
       it = members_.erase(it);
     } else {
       ++it;
@@ -482,7 +484,7 @@ std::optional<TimePoint> JobRendezvous::NextDeadline() const {
   if (state_ != State::kGathering) return std::nullopt;
   std::optional<TimePoint> next = last_call_deadline_;
   for (const auto& [id, m] : members_) {
-    TimePoint t = m.joined_at + Seconds(m.spec.join_timeout_s);
+    TimePoint t = m.joined_at + Seconds(m.spec.policy.join_timeout_s);
     if (!next || t < *next) next = t;
   }
   return next;
@@ -520,7 +522,7 @@ JobStatus JobRendezvous::Status() const {
   if (state_ == State::kGathering && !members_.empty()) {
     TimePoint first = TimePoint::max();
     for (const auto& [id, m] : members_)
-      first = std::min(first, m.joined_at + Seconds(m.spec.join_timeout_s));
+      first = std::min(first, m.joined_at + Seconds(m.spec.policy.join_timeout_s));
     s.join_deadline_in_s = std::max(0.0, std::chrono::duration<double>(first - now).count());
   }
   for (const auto& [host, until] : quarantined_until_) {

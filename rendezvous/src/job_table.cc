@@ -57,9 +57,11 @@ absl::Status ValidateJoin(const JoinSpec& s) {
   if (s.min_nodes < 1 || s.max_nodes < s.min_nodes || s.max_nodes > kMaxNodes)
     return absl::InvalidArgumentError(fence() + "bad node counts " + std::to_string(s.min_nodes) +
                                       ":" + std::to_string(s.max_nodes) + "; need 0 < MIN <= MAX");
-  if (!TimeoutInRange(s.join_timeout_s, false) || !TimeoutInRange(s.last_call_timeout_s, true))
+  if (!TimeoutInRange(s.policy.join_timeout_s, false) ||
+      !TimeoutInRange(s.policy.last_call_timeout_s, true))
     return absl::InvalidArgumentError(fence() + "join or last-call timeout out of range");
-  if (s.max_restarts < 0 || s.requested_rank < -1 || s.master_port < 0 || s.master_port > kMaxPort)
+  if (s.policy.max_restarts < 0 || s.requested_rank < -1 || s.master_port < 0 ||
+      s.master_port > kMaxPort)
     return absl::InvalidArgumentError(fence() + "malformed join request");
   return absl::OkStatus();
 }
@@ -169,6 +171,16 @@ absl::StatusOr<std::string> JobTable::Join(const JoinSpec& spec, std::shared_ptr
       DDPRUN_DEBUG_LOG(kRdzv) << Fence(spec.job_id, job.rdzv->round()) << "join: node " << *id
                               << (spec.resume_round >= 0 ? " (resumed)" : "") << ", "
                               << StateName(job.rdzv->state());
+      if (spec.resume_round < 0) {
+        // The first joiner fixed the policy; the joining node is told too
+        // (its Assignment carries the job's policy).
+        const std::string warning =
+            PolicyWarning("node " + *id, spec.policy, job.rdzv->shape().policy);
+        if (!warning.empty()) {
+          std::fprintf(stderr, "%swarning: %s\n", Fence(spec.job_id, job.rdzv->round()).c_str(),
+                       warning.c_str());
+        }
+      }
       sink->Bind(spec.job_id, *id);
       // Registered before delivering, so an assignment completed by this very
       // join reaches its own stream.
@@ -506,8 +518,7 @@ void JobTable::ObserveLocked(const JobRendezvous& r, Before before,
     c.node_ids = r.assigned_ids();
     c.world_size = c.nodes.empty() ? 0 : c.nodes.back().base_rank + c.nodes.back().nproc;
     c.restart_count = r.Status().restart_count;
-    c.hang_timeout_s = r.shape().hang_timeout_s;
-    c.on_hang = r.shape().on_hang;
+    c.policy = r.shape().policy;
     obs->OnJobChange(c);
   }
 }

@@ -64,6 +64,44 @@ bool SentByServer(const grpc::Status& s) {
 
 StoreScope FromProto(const pb::StoreScope& p) { return {p.job_id(), p.token(), p.round()}; }
 
+JobPolicy FromProto(const pb::JobPolicy& p) {
+  JobPolicy s;
+  s.max_restarts = p.max_restarts();
+  s.join_timeout_s = p.join_timeout_s();
+  s.last_call_timeout_s = p.last_call_timeout_s();
+  s.hang_timeout_s = p.hang_timeout_s();
+  switch (p.on_hang()) {
+    case pb::ON_HANG_RESTART:
+      s.on_hang = OnHang::kRestart;
+      break;
+    case pb::ON_HANG_ABORT:
+      s.on_hang = OnHang::kAbort;
+      break;
+    default:  // ON_HANG_REPORT, or a value this version does not know
+      s.on_hang = OnHang::kReport;
+      break;
+  }
+  return s;
+}
+
+void ToProto(const JobPolicy& s, pb::JobPolicy* p) {
+  p->set_max_restarts(s.max_restarts);
+  p->set_join_timeout_s(s.join_timeout_s);
+  p->set_last_call_timeout_s(s.last_call_timeout_s);
+  p->set_hang_timeout_s(s.hang_timeout_s);
+  switch (s.on_hang) {
+    case OnHang::kReport:
+      p->set_on_hang(pb::ON_HANG_REPORT);
+      break;
+    case OnHang::kRestart:
+      p->set_on_hang(pb::ON_HANG_RESTART);
+      break;
+    case OnHang::kAbort:
+      p->set_on_hang(pb::ON_HANG_ABORT);
+      break;
+  }
+}
+
 JoinSpec FromProto(const pb::JoinRequest& p) {
   JoinSpec s;
   s.protocol_version = p.protocol_version();
@@ -75,15 +113,11 @@ JoinSpec FromProto(const pb::JoinRequest& p) {
   s.nproc = p.nproc();
   s.min_nodes = p.min_nodes();
   s.max_nodes = p.max_nodes();
-  s.last_call_timeout_s = p.last_call_timeout_s();
-  s.join_timeout_s = p.join_timeout_s();
-  s.max_restarts = p.max_restarts();
+  s.policy = FromProto(p.policy());
   s.master_port = p.master_port();
   s.command = p.command();
   s.resume_round = p.resume_node_id().empty() ? -1 : p.resume_round();
   s.resume_node_id = p.resume_node_id();
-  s.hang_timeout_s = p.hang_timeout_s();
-  s.on_hang = p.on_hang();
   return s;
 }
 
@@ -98,15 +132,11 @@ pb::JoinRequest ToProto(const JoinSpec& s) {
   p.set_nproc(s.nproc);
   p.set_min_nodes(s.min_nodes);
   p.set_max_nodes(s.max_nodes);
-  p.set_last_call_timeout_s(s.last_call_timeout_s);
-  p.set_join_timeout_s(s.join_timeout_s);
-  p.set_max_restarts(s.max_restarts);
+  ToProto(s.policy, p.mutable_policy());
   p.set_master_port(s.master_port);
   p.set_command(s.command);
   p.set_resume_round(s.resume_round);
   p.set_resume_node_id(s.resume_node_id);
-  p.set_hang_timeout_s(s.hang_timeout_s);
-  p.set_on_hang(s.on_hang);
   return p;
 }
 
@@ -168,6 +198,7 @@ pb::RoundEvent ToProto(const RoundEvent& e) {
     q->set_restart_count(a->restart_count);
     q->set_store_token(a->store_token);
     q->set_node_id(a->node_id);
+    if (a->policy) ToProto(*a->policy, q->mutable_policy());
   } else if (const auto* r = std::get_if<RestartRound>(&e)) {
     auto* q = p.mutable_restart();
     q->set_next_round(r->next_round);
@@ -199,6 +230,7 @@ RoundEvent FromProto(const pb::RoundEvent& p) {
       a.restart_count = q.restart_count();
       a.store_token = q.store_token();
       a.node_id = q.node_id();
+      if (q.has_policy()) a.policy = FromProto(q.policy());
       return a;
     }
     case pb::RoundEvent::kRestart:

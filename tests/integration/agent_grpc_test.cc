@@ -29,7 +29,7 @@ AgentOptions Options(int nproc) {
   o.rdzv_host = "127.0.0.1";
   o.rdzv_port = 0;
   o.nproc_per_node = nproc;
-  o.join_timeout_s = 10;
+  o.policy.join_timeout_s = 10;
   o.grace_period_s = 2;
   return o;
 }
@@ -83,7 +83,7 @@ TEST_CASE("Agent: an unreachable rendezvous is a one-line error within the join 
   o.mode = RendezvousMode::kRemote;
   o.rdzv_host = "192.0.2.1";  // TEST-NET-1: never this machine
   o.rdzv_port = 29400;
-  o.join_timeout_s = 1;
+  o.policy.join_timeout_s = 1;
   o.command = {"true"};
   auto r = RunAgent(o);
   INFO(r.err);

@@ -84,7 +84,7 @@ AgentOptions Options(int nproc, std::vector<std::string> command) {
   o.job_id = "mon" + std::to_string(::getpid());
   o.mode = RendezvousMode::kEmbedded;
   o.nproc_per_node = nproc;
-  o.join_timeout_s = 30;
+  o.policy.join_timeout_s = 30;
   o.grace_period_s = 3;
   o.command = std::move(command);
   return o;

@@ -37,8 +37,8 @@ JoinSpec Spec(const std::string& job, int pid, int nodes = 2) {
   s.nproc = 2;
   s.min_nodes = nodes;
   s.max_nodes = nodes;
-  s.join_timeout_s = 5;
-  s.last_call_timeout_s = 0.1;
+  s.policy.join_timeout_s = 5;
+  s.policy.last_call_timeout_s = 0.1;
   s.master_port = 4000 + pid;
   s.command = "train";
   return s;
@@ -166,12 +166,39 @@ TEST_CASE("two agents join a round over gRPC and get consistent ranks", "[integr
   }
 }
 
+TEST_CASE("a node that asks for another policy joins, and its assignment names the job's",
+          "[integration]") {
+  auto server = StartServer();
+  auto c1 = RendezvousClient::Create("127.0.0.1", server->port());
+  auto c2 = RendezvousClient::Create("127.0.0.1", server->port());
+  REQUIRE(c1->WaitForConnected(5s).ok());
+  JoinSpec first = Spec("job-p", 11);
+  first.policy.on_hang = OnHang::kRestart;
+  auto s1 = c1->Join(first);
+  WaitForMembers(*server, "job-p", 1);
+  JoinSpec second = Spec("job-p", 12);
+  second.policy.hang_timeout_s = 60;
+  auto s2 = c2->Join(second);
+  Assignment a1 = NextAssignment(*s1);
+  Assignment a2 = NextAssignment(*s2);
+  // The first joiner's policy holds for the job, and crosses the wire whole.
+  REQUIRE(a1.policy.has_value());
+  REQUIRE(a2.policy.has_value());
+  CHECK(*a1.policy == first.policy);
+  CHECK(*a2.policy == first.policy);
+  // What the second node's agent prints (Agent: PolicyWarning, once).
+  CHECK(PolicyWarning("this node", second.policy, *a2.policy) ==
+        "this node asked hang_timeout=60s, on_hang=report, the job runs with 300s, restart (the "
+        "first node's); pass the same --hang_timeout and --on_hang on every node");
+  CHECK(PolicyWarning("this node", first.policy, *a1.policy).empty());
+}
+
 TEST_CASE("restart within budget: both agents get the next round", "[integration]") {
   auto server = StartServer();
   auto c = RendezvousClient::Create("127.0.0.1", server->port());
   auto spec1 = Spec("job-r", 1);
   auto spec2 = Spec("job-r", 2);
-  spec1.max_restarts = spec2.max_restarts = 2;
+  spec1.policy.max_restarts = spec2.policy.max_restarts = 2;
   auto s1 = c->Join(spec1);
   auto s2 = c->Join(spec2);
   Assignment a1 = NextAssignment(*s1);
@@ -206,7 +233,7 @@ TEST_CASE("join: a taken node rank falls back to arrival order; timeout; other j
   WaitForMembers(*server, "job-x", 1);
 
   auto lonely = Spec("job-y", 3);
-  lonely.join_timeout_s = 0.3;
+  lonely.policy.join_timeout_s = 0.3;
   auto t0 = std::chrono::steady_clock::now();
   auto sl = c->Join(lonely);
   RoundEvent t = sl->Next(5s);
@@ -241,7 +268,7 @@ TEST_CASE("malformed join requests are refused one by one", "[integration]") {
   s.protocol_version = 99;
   check_refused(s);
   s = Spec("j", 1);
-  s.join_timeout_s = -1;
+  s.policy.join_timeout_s = -1;
   check_refused(s);
   // Raw garbage on the port does not hurt the server.
   int fd = socket(AF_INET, SOCK_STREAM, 0);

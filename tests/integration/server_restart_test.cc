@@ -41,7 +41,7 @@ JoinSpec Spec(int pid) {
   s.nproc = 2;
   s.min_nodes = 2;
   s.max_nodes = 2;
-  s.join_timeout_s = 5;
+  s.policy.join_timeout_s = 5;
   s.master_port = 5000 + pid;
   s.command = "train";
   return s;
@@ -111,8 +111,7 @@ TEST_CASE("a restarted server resumes the running round and its store", "[integr
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("a restored member that never re-attaches is lost after the timeout",
-          "[integration]") {
+TEST_CASE("a restored member that never re-attaches is lost after the timeout", "[integration]") {
   const std::string dir = TempDir();
   auto server = StartOn(dir, 0);
   const int port = server->port();

@@ -185,7 +185,7 @@ TEST_CASE("TLS rendezvous: the right certificates work, every wrong one is refus
     spec.host = "127.0.0.1";
     spec.pid = 1;
     spec.nproc = 1;
-    spec.join_timeout_s = 5;
+    spec.policy.join_timeout_s = 5;
     spec.command = "train";
     auto client = RendezvousClient::Create("127.0.0.1", port, good);
     auto stream = client->Join(spec);

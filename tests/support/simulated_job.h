@@ -33,10 +33,9 @@ struct SimulatedJobOptions {
   // over processes, as nodes are over hosts, gives each process a slice.
   int first_agent = 0;
   int agents = -1;
-  int max_restarts = 3;
-  // Hang detection of the job (JoinSpec::hang_timeout_s, on_hang).
-  double hang_timeout_s = 0;
-  std::string on_hang;
+  // The job's policy: 3 restarts and no hang detection unless a test says
+  // otherwise; its join_timeout_s is `timeout` below.
+  rendezvous::JobPolicy policy = {.max_restarts = 3, .hang_timeout_s = 0};
   rendezvous::Duration timeout = std::chrono::seconds(120);
 };
 
@@ -148,11 +147,9 @@ class SimulatedJob {
     s.nproc = o_.nproc;
     s.min_nodes = o_.nodes;
     s.max_nodes = o_.nodes;
-    s.max_restarts = o_.max_restarts;
-    s.join_timeout_s = std::chrono::duration<double>(o_.timeout).count();
+    s.policy = o_.policy;
+    s.policy.join_timeout_s = std::chrono::duration<double>(o_.timeout).count();
     s.command = "train";
-    s.hang_timeout_s = o_.hang_timeout_s;
-    s.on_hang = o_.on_hang;
     return s;
   }
 

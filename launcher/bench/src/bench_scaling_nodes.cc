@@ -231,14 +231,14 @@ class NodeRun {
     o.master_port = port;
     o.rdzv_replicas.clear();
     o.job_id = DerivedJobId("", job_id_, absl::StrCat(".scaling", w));
-    o.max_restarts = 0;
+    o.policy.max_restarts = 0;
     o.dashboard_port = rendezvous::kDashboardOff;  // the first job's rendezvous has one
     return o;
   }
 
   double SizeDeadlineS() const {
     const double step_s = bench_.compute_ms / 1000.0 + kStepSlackS;
-    return base_.join_timeout_s + (1 + bench_.warmup + bench_.iters) * step_s +
+    return base_.policy.join_timeout_s + (1 + bench_.warmup + bench_.iters) * step_s +
            base_.grace_period_s + kSizeSlackS;
   }
 
@@ -264,7 +264,7 @@ class NodeRun {
     }
     if (in_job) {
       if (rank_ != 0) {
-        Waited p = WaitKey(*store_, key + "port", base_.join_timeout_s + kSizeSlackS);
+        Waited p = WaitKey(*store_, key + "port", base_.policy.join_timeout_s + kSizeSlackS);
         if (p.end != WaitEnd::kOk) return WaitFailed(p, w, "node 0's port for");
         if (!absl::SimpleAtoi(p.value, &port)) port = 0;
       }
@@ -420,8 +420,9 @@ int RunScalingAcrossNodes(const std::vector<std::string>& launcher_args, const s
                      {"job_id", options.job_id}};
   options.job_id = DerivedJobId("scaling.", options.job_id);
   options.nproc_per_node = 1;
-  options.max_restarts = 0;
-  options.hang_timeout_s = 0;  // the node workers make no steps; they have their own deadlines
+  options.policy.max_restarts = 0;
+  options.policy.hang_timeout_s =
+      0;  // the node workers make no steps; they have their own deadlines
   options.python_hook = false;
   options.replace_lost_nodes = false;  // a lost node ends the run on every node at once
   options.command = {SelfExe(), kBenchScalingNodeSubcommand};

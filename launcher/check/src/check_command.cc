@@ -184,7 +184,7 @@ int RunCheckCommand(const std::vector<std::string>& args, const agent::Env& env,
   ::close(fd);
   options.job_id = CheckJobId(job_id);
   options.nproc_per_node = 1;
-  options.max_restarts = 0;
+  options.policy.max_restarts = 0;
   options.command = {SelfExe(args[0]), kCheckWorkerSubcommand};
   options.extra_env[kEnvCheckSpec] = spec.dump();
   options.extra_env[kEnvCheckReport] = report_path;

@@ -49,25 +49,6 @@ bool PrintableName(const std::string& s) {
 
 }  // namespace
 
-const char* OnHangName(OnHang on_hang) {
-  switch (on_hang) {
-    case OnHang::kReport:
-      return "report";
-    case OnHang::kRestart:
-      return "restart";
-    case OnHang::kAbort:
-      return "abort";
-  }
-  return "report";
-}
-
-std::optional<OnHang> ParseOnHang(const std::string& text) {
-  if (text.empty() || text == "report") return OnHang::kReport;
-  if (text == "restart") return OnHang::kRestart;
-  if (text == "abort") return OnHang::kAbort;
-  return std::nullopt;
-}
-
 // ------------------------------------------------------------------ state
 
 namespace {
@@ -204,8 +185,8 @@ void MetricsHub::OnJobChange(const JobChange& c) {
       job.state = JobState::kRunning;
       job.world_size = c.world_size;
       job.restart_count = c.restart_count;
-      job.hang_timeout_s = std::isfinite(c.hang_timeout_s) ? c.hang_timeout_s : 0;
-      job.on_hang = ParseOnHang(c.on_hang).value_or(OnHang::kReport);
+      job.hang_timeout_s = std::isfinite(c.policy.hang_timeout_s) ? c.policy.hang_timeout_s : 0;
+      job.on_hang = c.policy.on_hang;
       job.nodes.clear();
       job.ranks.clear();
       std::size_t total = 0;

@@ -54,7 +54,7 @@ struct LiveJob {
     jo.job_id = "sim";
     jo.nodes = 2;
     jo.nproc = 2;
-    jo.hang_timeout_s = hang_timeout_s;
+    jo.policy.hang_timeout_s = hang_timeout_s;
     job = std::make_unique<testing::SimulatedJob>("127.0.0.1", server->port(), jo);
     REQUIRE(job->Connect().ok());
     auto a = job->FormRound();

@@ -253,9 +253,9 @@ class InProcessSession final : public RendezvousSession {
     spec.nproc = o.nproc_per_node;
     spec.min_nodes = o.min_nodes;
     spec.max_nodes = o.max_nodes;
-    spec.max_restarts = o.max_restarts;
-    spec.join_timeout_s = o.join_timeout_s;
-    spec.last_call_timeout_s = o.last_call_timeout_s;
+    spec.policy.max_restarts = o.policy.max_restarts;
+    spec.policy.join_timeout_s = o.policy.join_timeout_s;
+    spec.policy.last_call_timeout_s = o.policy.last_call_timeout_s;
     spec.command = absl::StrJoin(o.command, " ");
     std::vector<rendezvous::Delivery> out;
     auto id = job_.Join(spec, &out);

@@ -36,8 +36,8 @@ AgentOptions Options(int nproc, int max_restarts) {
   o.rdzv_host = "127.0.0.1";
   o.rdzv_port = 0;
   o.nproc_per_node = nproc;
-  o.max_restarts = max_restarts;
-  o.join_timeout_s = 10;
+  o.policy.max_restarts = max_restarts;
+  o.policy.join_timeout_s = 10;
   o.grace_period_s = 2;
   o.command = {"train", "--local=${local_rank}"};
   return o;
@@ -340,7 +340,7 @@ TEST_CASE("Agent: a fixed-size job that loses a node says what it waits for, the
   SimWorld world;
   AgentOptions o = Options(1, 0);
   o.min_nodes = o.max_nodes = 2;
-  o.join_timeout_s = 10;
+  o.policy.join_timeout_s = 10;
   std::string phantom;
   auto r = RunAgent(world, o, [&](InProcessSession& s) {
     phantom = s.PhantomJoin(o, "10.0.0.9");  // the other node, already waiting

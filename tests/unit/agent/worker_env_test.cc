@@ -18,7 +18,7 @@ struct Fixture {
   Fixture() {
     options.job_id = "job42";
     options.nproc_per_node = 2;
-    options.max_restarts = 3;
+    options.policy.max_restarts = 3;
     options.role = "trainer";
     assignment.job_id = "job42";
     assignment.round = 5;

@@ -100,7 +100,7 @@ TEST_CASE("defaults: single node, one python worker, embedded rendezvous", "[uni
   CHECK(o.min_nodes == 1);
   CHECK(o.max_nodes == 1);
   CHECK(o.nproc_per_node == 1);
-  CHECK(o.max_restarts == 0);
+  CHECK(o.policy.max_restarts == 0);
   CHECK(o.role == "default");
   CHECK(o.mode == RendezvousMode::kEmbedded);
   CHECK(o.rdzv_host == "127.0.0.1");
@@ -109,8 +109,10 @@ TEST_CASE("defaults: single node, one python worker, embedded rendezvous", "[uni
   CHECK(o.job_id.size() == 36);
   CHECK(o.node_rank == -1);
   CHECK(o.grace_period_s == 30.0);
-  CHECK(o.join_timeout_s == 600.0);
-  CHECK(o.last_call_timeout_s == 30.0);
+  CHECK(o.policy.join_timeout_s == 600.0);
+  CHECK(o.policy.last_call_timeout_s == 30.0);
+  // The knob table's defaults of the job-wide knobs are JobPolicy's.
+  CHECK(o.policy == rendezvous::JobPolicy{});
   CHECK(o.log_dir.empty());
   CHECK(o.command == std::vector<std::string>{"python3", "-u", S().Path("train.py")});
   CHECK(p.warnings.empty());
@@ -140,9 +142,9 @@ TEST_CASE("both spellings of every flag", "[unit]") {
   auto a = Ok({underscore, S().Path("train.py")});
   auto b = Ok({dash, S().Path("train.py")});
   CHECK(a.options.nproc_per_node == b.options.nproc_per_node);
-  CHECK(a.options.max_restarts == b.options.max_restarts);
+  CHECK(a.options.policy.max_restarts == b.options.policy.max_restarts);
   CHECK(a.options.rdzv_port == b.options.rdzv_port);
-  CHECK(a.options.join_timeout_s == b.options.join_timeout_s);
+  CHECK(a.options.policy.join_timeout_s == b.options.policy.join_timeout_s);
   CHECK(a.options.grace_period_s == b.options.grace_period_s);
   CHECK(a.options.log_dir == b.options.log_dir);
   CHECK(a.options.local_addr == b.options.local_addr);
@@ -156,7 +158,7 @@ TEST_CASE("value flags, separate and = forms", "[unit]") {
       Ok({"--nproc_per_node", "4", "--max_restarts", "2", "--role", "trainer", "--grace_period",
           "2.5", "--log_dir", "/tmp/logs", "--local_addr", "10.0.0.7", S().Path("train.py")});
   CHECK(p.options.nproc_per_node == 4);
-  CHECK(p.options.max_restarts == 2);
+  CHECK(p.options.policy.max_restarts == 2);
   CHECK(p.options.role == "trainer");
   CHECK(p.options.grace_period_s == 2.5);
   CHECK(p.options.log_dir == "/tmp/logs");
@@ -328,14 +330,14 @@ TEST_CASE("PET_* variables are defaults: CLI > env > default", "[unit]") {
   auto from_env = Ok({S().Path("train.py")}, env);
   const auto& o = from_env.options;
   CHECK(o.nproc_per_node == 3);
-  CHECK(o.max_restarts == 4);
+  CHECK(o.policy.max_restarts == 4);
   CHECK(o.min_nodes == 2);
   CHECK(o.max_nodes == 3);
   CHECK(o.mode == RendezvousMode::kRemote);
   CHECK(o.rdzv_host == "rdzv.example");
   CHECK(o.rdzv_port == 1234);
   CHECK(o.job_id == "kube-job");
-  CHECK(o.join_timeout_s == 60);
+  CHECK(o.policy.join_timeout_s == 60);
   CHECK(o.join_token == "t0k");
   CHECK(o.role == "r");
   CHECK(o.log_dir == "/tmp/pet");
@@ -346,7 +348,7 @@ TEST_CASE("PET_* variables are defaults: CLI > env > default", "[unit]") {
                       S().Path("train.py")},
                      env);
   CHECK(cli_wins.options.nproc_per_node == 5);
-  CHECK(cli_wins.options.max_restarts == 0);
+  CHECK(cli_wins.options.policy.max_restarts == 0);
   CHECK(cli_wins.options.job_id == "cli");
   CHECK(cli_wins.options.node_rank == 0);
 
@@ -602,8 +604,8 @@ TEST_CASE("--node_rank with c10d is a requested rank", "[unit]") {
 TEST_CASE("--rdzv_conf", "[unit]") {
   auto p = Ok({"--rdzv_endpoint=h", "--rdzv_conf=join_timeout=900, last_call_timeout=5,token=a=b",
                S().Path("train.py")});
-  CHECK(p.options.join_timeout_s == 900);
-  CHECK(p.options.last_call_timeout_s == 5);
+  CHECK(p.options.policy.join_timeout_s == 900);
+  CHECK(p.options.policy.last_call_timeout_s == 5);
   CHECK(p.options.join_token == "a=b");
   CHECK(p.warnings.empty());
 
@@ -621,9 +623,9 @@ TEST_CASE("--rdzv_conf", "[unit]") {
 
   // static: timeout is how long nodes wait for each other.
   CHECK(Ok({"--rdzv_backend=static", "--rdzv_conf=timeout=42", S().Path("train.py")})
-            .options.join_timeout_s == 42);
+            .options.policy.join_timeout_s == 42);
   CHECK(Ok({"--rdzv_backend=static", "--rdzv_conf=timeout=42,join_timeout=7", S().Path("train.py")})
-            .options.join_timeout_s == 7);
+            .options.policy.join_timeout_s == 7);
 
   // torchrun passes any key to its backend (Kubeflow adds its own): a
   // warning, never a failure; use_libuv is a known torchrun key.

@@ -36,8 +36,8 @@ TEST_CASE("Slurm host lists expand", "[unit]") {
   CHECK(x("rack[1-2]-n[1-2]") == V{"rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"});
   CHECK(x("a,b[1,3],c") == V{"a", "b1", "b3", "c"});
   CHECK(x("10.0.0.[1-2]") == V{"10.0.0.1", "10.0.0.2"});
-  for (const char* bad : {"n[1-2", "n1-2]", "n[2-1]", "n[a-b]", "n[]", "n[1-2-3]", "", ",",
-                          "n[0-9999999]"}) {
+  for (const char* bad :
+       {"n[1-2", "n1-2]", "n[2-1]", "n[a-b]", "n[]", "n[1-2-3]", "", ",", "n[0-9999999]"}) {
     INFO(bad);
     CHECK_FALSE(ExpandSlurmHostlist(bad).ok());
   }
@@ -46,9 +46,12 @@ TEST_CASE("Slurm host lists expand", "[unit]") {
 }
 
 Env SlurmEnv(const std::string& nodelist, int nnodes, int nodeid) {
-  return {{"SLURM_JOB_ID", "77"},          {"SLURM_JOB_NODELIST", nodelist},
-          {"SLURM_NNODES", std::to_string(nnodes)}, {"SLURM_NODEID", std::to_string(nodeid)},
-          {"SLURM_STEP_ID", "0"},          {"SLURM_STEP_NUM_TASKS", std::to_string(nnodes)},
+  return {{"SLURM_JOB_ID", "77"},
+          {"SLURM_JOB_NODELIST", nodelist},
+          {"SLURM_NNODES", std::to_string(nnodes)},
+          {"SLURM_NODEID", std::to_string(nodeid)},
+          {"SLURM_STEP_ID", "0"},
+          {"SLURM_STEP_NUM_TASKS", std::to_string(nnodes)},
           {"SLURM_STEP_NUM_NODES", std::to_string(nnodes)}};
 }
 
@@ -147,8 +150,7 @@ const char* kTwoNodes =
     "nccl: {socket_ifname: lo, debug: WARN, NCCL_ALGO: Ring}\n"
     "environment: {set: {FOO: bar}}\n";
 
-TEST_CASE("placement: node rank from --local_addr in nodes.hosts, first_node endpoint",
-          "[unit]") {
+TEST_CASE("placement: node rank from --local_addr in nodes.hosts, first_node endpoint", "[unit]") {
   Job job(kTwoNodes);
   auto p = Parse(job, {"--local_addr=127.0.0.2"});
   INFO(p.status().message());
@@ -162,8 +164,8 @@ TEST_CASE("placement: node rank from --local_addr in nodes.hosts, first_node end
   CHECK(o.rdzv_host == "127.0.0.1");
   CHECK(o.rdzv_port == 29555);
   CHECK(o.job_id == "pair");
-  CHECK(o.join_timeout_s == 90);
-  CHECK(o.max_restarts == 3);
+  CHECK(o.policy.join_timeout_s == 90);
+  CHECK(o.policy.max_restarts == 3);
   CHECK(o.local_addr == "127.0.0.2");
   CHECK(o.command == V{"/bin/true", "--x"});
   CHECK(o.extra_env == std::map<std::string, std::string>{{"NCCL_SOCKET_IFNAME", "lo"},
@@ -204,8 +206,9 @@ TEST_CASE("placement: node rank from the host's own names; local_addr becomes th
 }
 
 TEST_CASE("placement: a spare beyond MAX requests no rank", "[unit]") {
-  Job job("nodes: {count: 2:3, hosts: [a, b, c, d]}\nrendezvous: {endpoint: d:29400}\n"
-          "command: /bin/true\n");
+  Job job(
+      "nodes: {count: 2:3, hosts: [a, b, c, d]}\nrendezvous: {endpoint: d:29400}\n"
+      "command: /bin/true\n");
   auto p = Parse(job, {"--local_addr=d"});
   INFO(p.status().message());
   REQUIRE(p.ok());
@@ -219,21 +222,21 @@ TEST_CASE("precedence: flag > PET_* > file > default, for every kind of knob", "
   // File only.
   auto f = Parse(job, {"--local_addr=127.0.0.1"});
   REQUIRE(f.ok());
-  CHECK(f->options.max_restarts == 3);
-  CHECK(f->options.join_timeout_s == 90);
+  CHECK(f->options.policy.max_restarts == 3);
+  CHECK(f->options.policy.join_timeout_s == 90);
   CHECK(f->options.grace_period_s == 30);  // default
   // Env over file.
   auto e = Parse(job, {"--local_addr=127.0.0.1"},
                  {{"PET_MAX_RESTARTS", "5"}, {"PET_RDZV_CONF", "join_timeout=7"}});
   REQUIRE(e.ok());
-  CHECK(e->options.max_restarts == 5);
-  CHECK(e->options.join_timeout_s == 7);
+  CHECK(e->options.policy.max_restarts == 5);
+  CHECK(e->options.policy.join_timeout_s == 7);
   // Flag over env over file.
   auto fl = Parse(job, {"--local_addr=127.0.0.1", "--max_restarts=1", "--rdzv_conf=token=t"},
                   {{"PET_MAX_RESTARTS", "5"}});
   REQUIRE(fl.ok());
-  CHECK(fl->options.max_restarts == 1);
-  CHECK(fl->options.join_timeout_s == 90);  // --rdzv_conf overrides only the keys it names
+  CHECK(fl->options.policy.max_restarts == 1);
+  CHECK(fl->options.policy.join_timeout_s == 90);  // --rdzv_conf overrides only the keys it names
   CHECK(fl->options.join_token == "t");
   // Endpoint and node count: flags win over the file and first_node.
   auto ep = Parse(job, {"--local_addr=127.0.0.1", "--rdzv_endpoint=10.0.0.9:1234"});
@@ -270,8 +273,7 @@ TEST_CASE("precedence: flag > PET_* > file > default, for every kind of knob", "
         std::string::npos);
 }
 
-TEST_CASE("placement: simulated Slurm gives node rank, count and the rendezvous host",
-          "[unit]") {
+TEST_CASE("placement: simulated Slurm gives node rank, count and the rendezvous host", "[unit]") {
   Job job("job: {id: s}\nnproc_per_node: 2\ncommand: /bin/true\n");
   auto p = Parse(job, {}, SlurmEnv("node[01-04]", 4, 2));
   INFO(p.status().message());
@@ -325,7 +327,8 @@ TEST_CASE("--print-config shows every value with its origin and starts nothing",
   };
   CHECK(has("restart.max_restarts", "2", "flag --max_restarts"));
   CHECK(has("role", "trainer", "env PET_ROLE"));
-  CHECK(has("rendezvous.join_timeout", "90", "file " + job.path() + ":2:56: rendezvous.join_timeout"));
+  CHECK(has("rendezvous.join_timeout", "90",
+            "file " + job.path() + ":2:56: rendezvous.join_timeout"));
   CHECK(has("restart.grace_period", "30", "default"));
   CHECK(has("--node_rank", "1", "host " + job.path() + ":4:30: nodes.hosts[1] 127.0.0.2"));
   CHECK(has("rendezvous.endpoint", "127.0.0.1:29555", "file "));

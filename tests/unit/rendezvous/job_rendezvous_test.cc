@@ -15,11 +15,11 @@ JoinSpec Spec(const std::string& host, int pid, int min_nodes = 2, int max_nodes
   s.nproc = nproc;
   s.min_nodes = min_nodes;
   s.max_nodes = max_nodes;
-  s.last_call_timeout_s = 1.0;
-  s.join_timeout_s = 10.0;
+  s.policy.last_call_timeout_s = 1.0;
+  s.policy.join_timeout_s = 10.0;
   s.master_port = 1000 + pid;
   s.command = "train";
-  s.max_restarts = 3;
+  s.policy.max_restarts = 3;
   return s;
 }
 
@@ -186,7 +186,7 @@ TEST_CASE("worker failure: job-wide restart count, then the job closes", "[unit]
   Fixture f;
   auto base = [](const std::string& h, int p) {
     auto s = Spec(h, p);
-    s.max_restarts = 1;
+    s.policy.max_restarts = 1;
     return s;
   };
   auto a = f.Join(base("h1", 1));
@@ -386,7 +386,7 @@ TEST_CASE("a host that fails repeatedly is quarantined for the cooldown", "[unit
   std::vector<Delivery> out;
   auto spec = [](const std::string& h, int p) {
     auto s = Spec(h, p, 1, 2);
-    s.max_restarts = 10;
+    s.policy.max_restarts = 10;
     return s;
   };
   auto join_both = [&] {

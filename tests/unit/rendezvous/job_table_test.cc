@@ -87,8 +87,8 @@ JoinSpec Spec(const std::string& job, const std::string& host, int min_nodes = 2
   s.nproc = 2;
   s.min_nodes = min_nodes;
   s.max_nodes = max_nodes;
-  s.join_timeout_s = 10;
-  s.last_call_timeout_s = 1;
+  s.policy.join_timeout_s = 10;
+  s.policy.last_call_timeout_s = 1;
   s.master_port = 4000;
   s.command = "train";
   return s;
@@ -240,10 +240,10 @@ TEST_CASE("JobTable: refused joins, a refused first join leaves no job", "[unit]
   CHECK(absl::IsInvalidArgument(f.Refused(Spec(std::string(300, 'x'), "10.0.0.1"))));
 
   JoinSpec forever = Spec("j", "10.0.0.1");
-  forever.join_timeout_s = 1e9;
+  forever.policy.join_timeout_s = 1e9;
   CHECK(absl::IsInvalidArgument(f.Refused(forever)));
   JoinSpec nan = Spec("j", "10.0.0.1");
-  nan.last_call_timeout_s = std::numeric_limits<double>::quiet_NaN();
+  nan.policy.last_call_timeout_s = std::numeric_limits<double>::quiet_NaN();
   CHECK(absl::IsInvalidArgument(f.Refused(nan)));
   CHECK(f.table->NumJobs() == 0);
 }
@@ -314,7 +314,7 @@ TEST_CASE("JobTable: no deadline stays pending after Tick (last call without eno
           "[unit]") {
   Fixture f;
   JoinSpec early = Spec("j", "10.0.0.1", 2, 3);
-  early.last_call_timeout_s = 5;
+  early.policy.last_call_timeout_s = 5;
   auto a = f.Join(early);
   f.clock.Advance(9s);
   JoinSpec late = early;

@@ -21,10 +21,6 @@ inline constexpr double kDefaultGracePeriodS = 30.0;  // SIGTERM -> SIGKILL
 inline constexpr const char* kDefaultRole = "default";
 // --log_dir that means "no log files", as torchrun compares it with os.devnull.
 inline constexpr const char* kNoLogDir = "/dev/null";
-// Hang detection: seconds without progress of any rank before the server
-// reports a hang (docs/monitoring.md). Long enough for an evaluation pass or
-// a checkpoint without optimizer steps; far below PyTorch's 10-30 min.
-inline constexpr double kDefaultHangTimeoutS = 300.0;
 
 enum class RendezvousMode {
   kEmbedded,  // this agent hosts the rendezvous (--standalone; one node without an endpoint)
@@ -39,7 +35,9 @@ struct AgentOptions {
   int min_nodes = 1;
   int max_nodes = 1;
   int nproc_per_node = 1;
-  int max_restarts = 0;
+  // Restarts, join and last-call timeouts, hang handling (job_policy.h).
+  // Sent in every JoinRequest; the first joiner's hold for the job.
+  rendezvous::JobPolicy policy;
   std::string role = kDefaultRole;
   // Whether a node lost while the workers run is waited for (torchelastic:
   // the others re-join and wait up to the join timeout for a replacement).
@@ -53,17 +51,15 @@ struct AgentOptions {
   // launcher guarantees: rendezvous_session.h.
   RendezvousMode mode = RendezvousMode::kEmbedded;
   std::string rdzv_host = "127.0.0.1";
-  int rdzv_port = 0;              // 0 with kEmbedded: the OS picks
+  int rdzv_port = 0;  // 0 with kEmbedded: the OS picks
   // kRemote with several ddprund replicas (docs/ha.md): every one, in the
   // user's order; rdzv_host:rdzv_port is the first. Empty with one endpoint.
   std::vector<rendezvous::HostPort> rdzv_replicas;
-  std::string join_token;         // --rdzv_conf token=...
-  double join_timeout_s = rendezvous::kDefaultJoinTimeoutS;
-  double last_call_timeout_s = rendezvous::kDefaultLastCallTimeoutS;
-  int node_rank = -1;             // requested group rank, -1: any
-  std::string master_addr = "127.0.0.1";  // static
+  std::string join_token;                            // --rdzv_conf token=...
+  int node_rank = -1;                                // requested group rank, -1: any
+  std::string master_addr = "127.0.0.1";             // static
   int master_port = rendezvous::kDefaultMasterPort;  // static
-  std::string local_addr;         // address advertised to other nodes ("" = hostname)
+  std::string local_addr;  // address advertised to other nodes ("" = hostname)
   // --rdzv_conf is_host (torchrun's c10d key), kRemote with one endpoint:
   // true: this node serves the rendezvous at the endpoint's port whatever the
   // endpoint's name resolves to (a virtual IP, a load balancer); false: it
@@ -109,17 +105,13 @@ struct AgentOptions {
   // TORCHELASTIC_SIGNALS_TO_HANDLE for the workers, as torchrun 2.9+ exports
   // it: the signals that stop the job, then the forwarded SIGUSR1/2.
   std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
-  LogSpec logs;                      // -r/-t/--local_ranks_filter/--prefix_output (log_spec.h)
+  LogSpec logs;  // -r/-t/--local_ranks_filter/--prefix_output (log_spec.h)
   // Extra variables for every worker (a job file's nccl: and environment:
   // settings). They override the inherited environment; ddprun's own
   // variables (RANK, MASTER_ADDR, ...) override them.
   std::map<std::string, std::string> extra_env;
 
-  // Monitoring (docs/monitoring-sources.md). Sent in every JoinRequest; the
-  // first joiner's values hold for the job. hang_timeout_s <= 0 disables
-  // hang detection; on_hang: "report" | "restart" | "abort".
-  double hang_timeout_s = kDefaultHangTimeoutS;
-  std::string on_hang = "report";
+  // Monitoring (docs/monitoring-sources.md); hang detection is in policy.
   // --python_hook: ddprun's start-up hook on the workers' PYTHONPATH.
   bool python_hook = true;
 };

@@ -13,39 +13,42 @@
 // --grace_period), handled where the value is resolved (resolve_options.cc).
 //
 // To add a knob: one entry here (in the order --print-config and the file's
-// "valid keys" messages show), its use in resolve_options.cc, a row in
-// docs/cli.md (and docs/config.md when it has a YAML key).
+// "valid keys" messages show) naming its field (.dest; a job-wide one is a
+// JobPolicy field, job_policy.h), or else its use in resolve_options.cc; a
+// row in docs/cli.md (and docs/config.md when it has a YAML key).
 #pragma once
 
 #include <string>
+
 #include "absl/strings/string_view.h"
+#include "ddprun/launcher/knob_dest.h"
 
 namespace ddprun::launcher {
 
 // How a knob's text is checked and normalised (value_parsers.h has one
 // parser per type; the command line and the job file both use it).
 enum class ValueType {
-  kNodeRange,    // N or MIN:MAX, 0 < MIN <= MAX
-  kNproc,        // N, cpu, gpu or auto
-  kCount,        // an integer in [min, max]
-  kSeconds,      // a number of seconds >= 0
+  kNodeRange,        // N or MIN:MAX, 0 < MIN <= MAX
+  kNproc,            // N, cpu, gpu or auto
+  kCount,            // an integer in [min, max]
+  kSeconds,          // a number of seconds >= 0
   kPositiveSeconds,  // a number of seconds > 0
-  kStreams,      // torchrun's Std: 0-3, or RANK:V,...
-  kRankList,     // RANK,... (local ranks)
-  kEndpoint,     // HOST[:PORT]; IPv6 in brackets (first_node[:PORT] in placement)
-  kPort,         // 1..65535
-  kPortOrOff,    // 0..65535 (0: the OS picks) or off
-  kBool,         // on/off: a presence flag; PET_ and the file give true/false
-  kText,         // any non-empty text
-  kToken,        // non-empty text without ','
-  kJobId,        // job_id.h's rule
-  kBackend,      // c10d, ddprun (alias) or static
-  kSignals,      // SIG,... of the forwarded set
-  kStartMethod,  // spawn, fork or forkserver
-  kOnHang,       // report, restart or abort
-  kCpuBind,      // auto, none, core or numa (agent/cpu_binding.h)
-  kRdzvConf,     // KEY=VALUE,... (each key is its own knob below)
-  kFileOnly,     // a job-file structure parsed by job_config.cc (hosts, command, ...)
+  kStreams,          // torchrun's Std: 0-3, or RANK:V,...
+  kRankList,         // RANK,... (local ranks)
+  kEndpoint,         // HOST[:PORT]; IPv6 in brackets (first_node[:PORT] in placement)
+  kPort,             // 1..65535
+  kPortOrOff,        // 0..65535 (0: the OS picks) or off
+  kBool,             // on/off: a presence flag; PET_ and the file give true/false
+  kText,             // any non-empty text
+  kToken,            // non-empty text without ','
+  kJobId,            // job_id.h's rule
+  kBackend,          // c10d, ddprun (alias) or static
+  kSignals,          // SIG,... of the forwarded set
+  kStartMethod,      // spawn, fork or forkserver
+  kOnHang,           // report, restart or abort
+  kCpuBind,          // auto, none, core or numa (agent/cpu_binding.h)
+  kRdzvConf,         // KEY=VALUE,... (each key is its own knob below)
+  kFileOnly,         // a job-file structure parsed by job_config.cc (hosts, command, ...)
 };
 
 // Groups of --help, in display order.
@@ -57,9 +60,9 @@ inline constexpr const char* kGroupOutput = "Worker output and logs";
 inline constexpr const char* kGroupCompat = "Accepted for torchrun compatibility";
 inline constexpr const char* kGroupConfig = "Job file (docs/config.md)";
 inline constexpr const char* kGroupMonitoring = "Monitoring (docs/monitoring.md)";
-inline constexpr const char* kHelpGroups[] = {kGroupJob,    kGroupRdzv,   kGroupStatic,
+inline constexpr const char* kHelpGroups[] = {kGroupJob,     kGroupRdzv,   kGroupStatic,
                                               kGroupCommand, kGroupOutput, kGroupMonitoring,
-                                              kGroupCompat, kGroupConfig};
+                                              kGroupCompat,  kGroupConfig};
 
 struct Knob {
   // The flag's underscore name ("nproc_per_node"); nullptr for a job-file
@@ -77,7 +80,13 @@ struct Knob {
   const char* group = nullptr;        // kGroup*; nullptr: not a flag
   const char* help = "";
   long min = 0, max = 0;  // kCount bounds
-  const char* what = "";  // kCount: what a good value is, for messages ("a number of lines in 0..10000")
+  const char* what =
+      "";  // kCount: what a good value is, for messages ("a number of lines in 0..10000")
+  // Where resolution stores the parsed value (knob_dest.h); none: the
+  // value spans several knobs or fields, and resolve_options.cc resolves it.
+  // A job-wide setting goes to the agent's JobPolicy (kInPolicy), whose
+  // field holds the default the row's default_value must parse to.
+  KnobDest dest = {};
 
   bool is_flag() const { return name != nullptr; }
   // The key resolved values are stored under: the flag name, or
@@ -105,15 +114,18 @@ inline constexpr Knob kKnobs[] = {
      .default_text = "none", .metavar = "SECRET", .help = "nodes must present the same token"},
     {.rdzv_conf = "join_timeout", .yaml_key = "rendezvous.join_timeout",
      .type = ValueType::kPositiveSeconds, .default_value = "600", .default_text = "600",
-     .metavar = "SECONDS"},
+     .metavar = "SECONDS",
+     .dest = kInPolicy<&rendezvous::JobPolicy::join_timeout_s>},
     {.rdzv_conf = "last_call_timeout", .yaml_key = "rendezvous.last_call_timeout",
      .type = ValueType::kSeconds, .default_value = "30", .default_text = "30",
-     .metavar = "SECONDS"},
+     .metavar = "SECONDS",
+     .dest = kInPolicy<&rendezvous::JobPolicy::last_call_timeout_s>},
     {.name = "dashboard_port", .type = ValueType::kPortOrOff, .default_value = "0",
      .default_text = "0", .metavar = "PORT|off", .group = kGroupRdzv,
      .help = "Monitoring port of the rendezvous ddprun hosts: live dashboard, /api/v1/jobs, "
              "Prometheus /metrics (docs/monitoring.md); 0: the OS picks one and ddprun prints "
-             "the URL; off: none"},
+             "the URL; off: none",
+     .dest = kInOptions<&agent::AgentOptions::dashboard_port>},
     {.name = "rdzv_conf", .type = ValueType::kRdzvConf, .default_text = "none", .metavar = "K=V,...",
      .group = kGroupRdzv, .help = "Keys:"},  // the keys' entries above complete the help
     // TLS on the control plane (docs/tls.md): this node's files, the same
@@ -142,7 +154,8 @@ inline constexpr Knob kKnobs[] = {
              "(gpu if any, else cpu)"},
     {.name = "role", .yaml_key = "role", .type = ValueType::kText, .default_value = "default",
      .default_text = "default", .metavar = "NAME", .group = kGroupJob,
-     .help = "Worker role, given to workers as ROLE_NAME"},
+     .help = "Worker role, given to workers as ROLE_NAME",
+     .dest = kInOptions<&agent::AgentOptions::role>},
     {.yaml_key = "command", .type = ValueType::kFileOnly},
     {.yaml_key = "args", .type = ValueType::kFileOnly},
     {.name = "module", .short_flag = "m", .yaml_key = "module", .type = ValueType::kBool,
@@ -154,7 +167,8 @@ inline constexpr Knob kKnobs[] = {
     {.name = "max_restarts", .yaml_key = "restart.max_restarts", .type = ValueType::kCount,
      .default_value = "0", .default_text = "0", .metavar = "N", .group = kGroupJob,
      .help = "Restarts of the whole job after worker failures before giving up", .min = 0,
-     .max = 1'000'000, .what = "a non-negative integer"},
+     .max = 1'000'000, .what = "a non-negative integer",
+     .dest = kInPolicy<&rendezvous::JobPolicy::max_restarts>},
     {.name = "grace_period", .yaml_key = "restart.grace_period", .type = ValueType::kSeconds,
      .default_value = "30", .default_text = "30", .metavar = "SECONDS", .group = kGroupJob,
      .help = "Time between SIGTERM and SIGKILL when stopping workers (also read from "
@@ -166,7 +180,8 @@ inline constexpr Knob kKnobs[] = {
      .group = kGroupJob,
      .help = "Every worker sees LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES set to its own GPU: entry "
              "<local rank> of this node's CUDA_VISIBLE_DEVICES, or <local rank> when unset "
-             "(torchrun 2.10+)"},
+             "(torchrun 2.10+)",
+     .dest = kInOptions<&agent::AgentOptions::virtual_local_rank>},
     {.name = "signals_to_handle", .yaml_key = "restart.signals_to_handle",
      .type = ValueType::kSignals, .default_value = "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
      .default_text = "SIGTERM,SIGINT,SIGHUP,SIGQUIT", .metavar = "SIG,...", .group = kGroupJob,
@@ -199,18 +214,22 @@ inline constexpr Knob kKnobs[] = {
      .type = ValueType::kStreams, .default_value = "0", .default_text = "0",
      .metavar = "0-3|RANK:V,...", .group = kGroupOutput,
      .help = "Send worker stdout (1), stderr (2) or both (3) to files in the log dir instead "
-             "of the console"},
+             "of the console",
+     .dest = kInLauncher<&LauncherOptions::redirects>},
     {.name = "tee", .short_flag = "t", .yaml_key = "logs.tee", .type = ValueType::kStreams,
      .default_value = "0", .default_text = "0", .metavar = "0-3|RANK:V,...", .group = kGroupOutput,
      .help = "Like --redirects, and also to the console, each line prefixed as "
-             "--log_line_prefix_template says"},
+             "--log_line_prefix_template says",
+     .dest = kInLauncher<&LauncherOptions::tee>},
     {.name = "local_ranks_filter", .yaml_key = "logs.local_ranks_filter",
      .type = ValueType::kRankList, .default_value = "", .default_text = "all",
      .metavar = "RANK,...", .group = kGroupOutput,
-     .help = "Show only these local ranks' output on the console (files keep everything)"},
+     .help = "Show only these local ranks' output on the console (files keep everything)",
+     .dest = kInLauncher<&LauncherOptions::local_ranks_filter>},
     {.name = "prefix_output", .yaml_key = "logs.prefix_output", .type = ValueType::kBool,
      .default_text = "off", .group = kGroupOutput,
-     .help = "Prefix every console line of the workers, as -t does"},
+     .help = "Prefix every console line of the workers, as -t does",
+     .dest = kInLogs<&agent::LogSpec::prefix_output>},
     {.name = "duplicate_stdout_filters", .type = ValueType::kText, .default_text = "none",
      .metavar = "TEXT,...", .group = kGroupOutput,
      .help = "Tee'd stdout lines containing any of these (',,' is a comma) also go to "
@@ -229,18 +248,21 @@ inline constexpr Knob kKnobs[] = {
      .default_value = "20", .default_text = "20", .metavar = "N", .group = kGroupOutput,
      .help = "Lines of each worker's stderr kept for the failure report; 0 leaves stderr "
              "unpiped",
-     .min = 0, .max = 10'000, .what = "a number of lines in 0..10000"},
+     .min = 0, .max = 10'000, .what = "a number of lines in 0..10000",
+     .dest = kInLogs<&agent::LogSpec::stderr_tail_lines>},
     // Monitoring (docs/monitoring.md, docs/monitoring-sources.md).
     {.name = "hang_timeout", .yaml_key = "monitoring.hang_timeout", .type = ValueType::kSeconds,
      .default_value = "300", .default_text = "300", .metavar = "SECONDS",
      .group = kGroupMonitoring,
      .help = "Report a hang when no rank made progress (optimizer steps, ddp::metrics::Step, "
-             "SDK collectives) for this long while every worker runs; 0 disables it"},
+             "SDK collectives) for this long while every worker runs; 0 disables it",
+     .dest = kInPolicy<&rendezvous::JobPolicy::hang_timeout_s>},
     {.name = "on_hang", .yaml_key = "monitoring.on_hang", .type = ValueType::kOnHang,
      .default_value = "report", .default_text = "report", .metavar = "report|restart|abort",
      .group = kGroupMonitoring,
      .help = "After a hang report (culprit ranks and their stacks): report only, restart the "
-             "job (counts against --max_restarts) or abort it"},
+             "job (counts against --max_restarts) or abort it",
+     .dest = kInPolicy<&rendezvous::JobPolicy::on_hang>},
     {.name = "no_python_hook", .yaml_key = "monitoring.no_python_hook", .type = ValueType::kBool,
      .default_text = "off", .group = kGroupMonitoring,
      .help = "Do not put ddprun's start-up hook (optimizer steps, samples, stacks) on the Python "
@@ -271,10 +293,12 @@ inline constexpr Knob kKnobs[] = {
      .help = "Not supported: ddprun always runs workers as processes"},
     {.name = "monitor_interval", .type = ValueType::kSeconds, .default_value = "0.1",
      .default_text = "0.1", .metavar = "SECONDS", .group = kGroupCompat,
-     .help = "Ignored: ddprun reacts to worker exits as they happen instead of polling"},
+     .help = "Ignored: ddprun reacts to worker exits as they happen instead of polling",
+     .dest = kInLauncher<&LauncherOptions::monitor_interval>},
     {.name = "start_method", .type = ValueType::kStartMethod, .default_value = "spawn",
      .default_text = "spawn", .metavar = "spawn|fork|forkserver", .group = kGroupCompat,
-     .help = "Ignored: workers are always separate processes"},
+     .help = "Ignored: workers are always separate processes",
+     .dest = kInLauncher<&LauncherOptions::start_method>},
     {.name = "event_log_handler", .type = ValueType::kText, .default_value = "null",
      .default_text = "null", .metavar = "NAME", .group = kGroupCompat,
      .help = "Ignored: torchrun's destination for its internal events; ddprun reports its "

@@ -21,6 +21,7 @@
 #include "ddprun/agent/log_spec.h"
 #include "ddprun/launcher/knobs.h"
 #include "ddprun/rendezvous/common/host_port.h"
+#include "ddprun/rendezvous/common/job_policy.h"
 
 namespace ddprun::launcher {
 
@@ -108,7 +109,7 @@ absl::StatusOr<SignalSet> ParseSignals(absl::string_view text);
 absl::StatusOr<std::string> ParseStartMethod(absl::string_view text);
 
 // kOnHang: report, restart or abort.
-absl::StatusOr<std::string> ParseOnHang(absl::string_view text);
+absl::StatusOr<rendezvous::OnHang> ParseOnHang(absl::string_view text);
 
 // kCpuBind: auto, none, core or numa (the names are agent/cpu_binding.h's).
 absl::StatusOr<std::string> ParseCpuBind(absl::string_view text);

@@ -31,8 +31,7 @@ struct JobChange {
   std::vector<std::string> node_ids;  // by group rank
   int world_size = 0;
   int restart_count = 0;
-  double hang_timeout_s = 0;
-  std::string on_hang;
+  JobPolicy policy;  // the job's (the first joiner's)
   // kRestart
   bool counts_as_failure = false;
   // kClosed

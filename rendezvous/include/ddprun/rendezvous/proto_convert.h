@@ -34,6 +34,11 @@ bool SentByServer(const grpc::Status& s);
 
 StoreScope FromProto(const pb::StoreScope& p);
 
+// The job policy: proto3's zeros where a field is absent (an old agent's
+// request then fails validation, as before); an unknown on_hang is report.
+JobPolicy FromProto(const pb::JobPolicy& p);
+void ToProto(const JobPolicy& s, pb::JobPolicy* p);
+
 JoinSpec FromProto(const pb::JoinRequest& p);
 pb::JoinRequest ToProto(const JoinSpec& s);
 

@@ -46,9 +46,9 @@ struct Fixture {
       s.pid = 100 + i;
       s.nproc = 2;
       s.min_nodes = s.max_nodes = 2;
-      s.max_restarts = max_restarts;
-      s.hang_timeout_s = hang_timeout_s;
-      s.on_hang = on_hang;
+      s.policy.max_restarts = max_restarts;
+      s.policy.hang_timeout_s = hang_timeout_s;
+      s.policy.on_hang = *ParseOnHang(on_hang);
       s.requested_rank = i;
       sinks.push_back(std::make_shared<RecordingSink>());
       auto id = table->Join(s, sinks.back());

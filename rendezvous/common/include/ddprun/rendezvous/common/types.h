@@ -3,19 +3,17 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "ddprun/rendezvous/common/job_policy.h"
 
 namespace ddprun::rendezvous {
 
 inline constexpr std::uint32_t kProtocolVersion = 1;
-
-// Named defaults (torchrun's where it has one).
-inline constexpr double kDefaultJoinTimeoutS = 600.0;
-inline constexpr double kDefaultLastCallTimeoutS = 30.0;  // only used when MIN < MAX
 
 // What an agent sends when it joins a round.
 struct JoinSpec {
@@ -28,19 +26,14 @@ struct JoinSpec {
   int nproc = 1;
   int min_nodes = 1;
   int max_nodes = 1;
-  double last_call_timeout_s = kDefaultLastCallTimeoutS;
-  double join_timeout_s = kDefaultJoinTimeoutS;
-  int max_restarts = 0;
+  // Restarts, timeouts and hang handling; the first joiner's hold for the
+  // job (job_policy.h).
+  JobPolicy policy;
   int master_port = 0;
   std::string command;
   // Re-attach to a running round (see JoinRequest.resume_round); -1: join.
   std::int64_t resume_round = -1;
   std::string resume_node_id;
-  // Hang detection (docs/monitoring.md); the first joiner's values hold for
-  // the job. hang_timeout_s <= 0 disables it; on_hang "report" | "restart" |
-  // "abort" ("" = "report").
-  double hang_timeout_s = 0;
-  std::string on_hang;
 };
 
 struct NodeInfo {
@@ -64,6 +57,9 @@ struct Assignment {
   int restart_count = 0;
   std::string store_token;
   std::string node_id;
+  // The job's policy (the first joiner's), for the agent to compare with
+  // its own (PolicyWarning); nullopt from a server that does not send it.
+  std::optional<JobPolicy> policy;
 };
 
 struct WorkerFailure {

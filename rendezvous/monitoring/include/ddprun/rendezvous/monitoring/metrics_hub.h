@@ -35,6 +35,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "ddprun/rendezvous/common/clock.h"
+#include "ddprun/rendezvous/common/job_policy.h"
 #include "ddprun/rendezvous/common/types.h"
 #include "ddprun/rendezvous/job_observer.h"
 #include "ddprun/rendezvous/monitoring/metrics_types.h"
@@ -60,11 +61,6 @@ inline constexpr std::size_t kStragglerMinSteps = 5;
 inline constexpr double kStragglerRatio = 1.3;
 // Capture stacks of at most this many culprits.
 inline constexpr std::size_t kMaxStackCaptures = 8;
-
-enum class OnHang { kReport, kRestart, kAbort };
-const char* OnHangName(OnHang on_hang);
-// "", "report", "restart", "abort"; nullopt for anything else.
-std::optional<OnHang> ParseOnHang(const std::string& text);
 
 struct MetricsHubOptions {
   const Clock* clock = &SystemClock::Get();

@@ -1,0 +1,69 @@
+// The job-wide policy: how often a job restarts, how long a round waits for
+// its nodes, and what a hang does. Every node sends its own in its join
+// request; the first joiner's holds for the job (a later node that asks for
+// another one is told once, PolicyWarning). Each default is written here
+// and nowhere else: the launcher's knob table, the agent, the rendezvous,
+// the job table and the metrics hub hold a JobPolicy, and
+// proto_convert.cc is the one place that maps it to and from the wire.
+//
+// A new job-wide knob is a field here (with its default), a row of
+// PolicyDifferences, a field of the JobPolicy message with its conversion,
+// the launcher's knob row, and the place that acts on it.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ddprun::rendezvous {
+
+// What the server does once it has reported a hang.
+enum class OnHang {
+  kReport,   // report only; progress re-arms the detector
+  kRestart,  // restart the round, a failure against max_restarts
+  kAbort,    // close the job as failed
+};
+// "report", "restart" or "abort".
+const char* OnHangName(OnHang on_hang);
+// "report", "restart" or "abort" ("" is "report"); nullopt for anything else.
+std::optional<OnHang> ParseOnHang(std::string_view text);
+
+struct JobPolicy {
+  // Restarts of the whole job after worker failures before it fails. A node
+  // that asks for another count is refused (JobRendezvous::CheckCompatible).
+  int max_restarts = 0;
+  // How long a node waits in an incomplete round before the round fails;
+  // each node's own value applies to it (torchrun's join_timeout).
+  double join_timeout_s = 600.0;
+  // With MIN < MAX nodes: how long a round that has MIN waits for more.
+  double last_call_timeout_s = 30.0;
+  // Seconds without progress of any rank before the server reports a hang
+  // (docs/monitoring.md); <= 0: off. Long enough for an evaluation pass or a
+  // checkpoint without optimizer steps; far below PyTorch's 10-30 min.
+  double hang_timeout_s = 300.0;
+  OnHang on_hang = OnHang::kReport;
+
+  bool operator==(const JobPolicy&) const = default;
+};
+
+// One field on which a node's policy differs from the job's.
+struct PolicyDifference {
+  std::string field;  // the flag's name: "hang_timeout"
+  std::string asked;  // this node's value, as text: "60s"
+  std::string job;    // the job's: "300s"
+};
+
+// The fields the job fixes for every node on which `asked` differs from
+// `job`, in JobPolicy's order. Not join_timeout_s (each node keeps its own)
+// and not max_restarts (a node that differs there is refused instead).
+std::vector<PolicyDifference> PolicyDifferences(const JobPolicy& asked, const JobPolicy& job);
+
+// The one line a node that joined with another policy is told (who: "this
+// node"), and the server logs (who: "node <id>"); "" when there is no
+// difference. The caller fences it with job and round (errors.h's Fence):
+// "this node asked hang_timeout=60s, the job runs with 300s (the first
+// node's); pass the same --hang_timeout on every node".
+std::string PolicyWarning(std::string_view who, const JobPolicy& asked, const JobPolicy& job);
+
+}  // namespace ddprun::rendezvous

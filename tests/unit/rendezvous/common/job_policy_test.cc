@@ -1,0 +1,58 @@
+#include "ddprun/rendezvous/common/job_policy.h"
+
+#include <catch2/catch.hpp>
+
+namespace ddprun::rendezvous {
+namespace {
+
+TEST_CASE("on_hang has one parser and one namer", "[job_policy]") {
+  for (OnHang a : {OnHang::kReport, OnHang::kRestart, OnHang::kAbort}) {
+    REQUIRE(ParseOnHang(OnHangName(a)) == a);
+  }
+  CHECK(ParseOnHang("") == OnHang::kReport);
+  CHECK_FALSE(ParseOnHang("Restart").has_value());
+  CHECK_FALSE(ParseOnHang("kill").has_value());
+}
+
+TEST_CASE("the same policy differs in nothing", "[job_policy]") {
+  CHECK(PolicyDifferences(JobPolicy{}, JobPolicy{}).empty());
+  CHECK(PolicyWarning("this node", JobPolicy{}, JobPolicy{}).empty());
+}
+
+TEST_CASE("PolicyDifferences names each job-wide field that differs", "[job_policy]") {
+  JobPolicy job;
+  JobPolicy asked;
+  asked.hang_timeout_s = 60;
+  auto d = PolicyDifferences(asked, job);
+  REQUIRE(d.size() == 1);
+  CHECK(d[0].field == "hang_timeout");
+  CHECK(d[0].asked == "60s");
+  CHECK(d[0].job == "300s");
+  CHECK(PolicyWarning("this node", asked, job) ==
+        "this node asked hang_timeout=60s, the job runs with 300s (the first "
+        "node's); pass the same --hang_timeout on every node");
+
+  asked.on_hang = OnHang::kAbort;
+  asked.last_call_timeout_s = 5;
+  d = PolicyDifferences(asked, job);
+  REQUIRE(d.size() == 3);
+  CHECK(d[0].field == "last_call_timeout");
+  CHECK(d[1].field == "hang_timeout");
+  CHECK(d[2].field == "on_hang");
+  CHECK(d[2].asked == "abort");
+  CHECK(d[2].job == "report");
+  CHECK(PolicyWarning("node h:7", asked, job) ==
+        "node h:7 asked last_call_timeout=5s, hang_timeout=60s, "
+        "on_hang=abort, the job runs with 30s, 300s, report (the first node's); pass the same "
+        "--rdzv_conf last_call_timeout and --hang_timeout and --on_hang on every node");
+}
+
+TEST_CASE("join_timeout and max_restarts are not warned about", "[job_policy]") {
+  JobPolicy asked;
+  asked.join_timeout_s = 5;  // each node's own
+  asked.max_restarts = 3;    // refused by the rendezvous instead
+  CHECK(PolicyDifferences(asked, JobPolicy{}).empty());
+}
+
+}  // namespace
+}  // namespace ddprun::rendezvous
