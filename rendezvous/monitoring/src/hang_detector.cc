@@ -1,6 +1,5 @@
 #include "ddprun/rendezvous/monitoring/hang_detector.h"
 
-#include "ddprun/rendezvous/monitoring/metrics_hub.h"
 
 namespace ddprun::rendezvous {
 

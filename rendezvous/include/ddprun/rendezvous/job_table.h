@@ -2,7 +2,7 @@
 // machine), one KvEngine (the running round's store) and the event sinks of
 // its agents' Join streams; the limits that protect the server from
 // strangers; persistence through a JobJournal. No gRPC and no threads: the
-// Rendezvous and Store services (server.cc) call it, and a DeadlineTimer
+// Rendezvous and Store services (rendezvous_services.cc) call it, and a DeadlineTimer
 // calls Tick() when NextDeadline() passes.
 //
 // Thread-safe. Every method takes the table's lock; events go to the sinks

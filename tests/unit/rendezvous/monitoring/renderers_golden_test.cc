@@ -55,8 +55,8 @@ struct Daemon {
       s.pid = 100 + i;
       s.nproc = nproc;
       s.min_nodes = s.max_nodes = min_nodes;
-      s.hang_timeout_s = 10;
-      s.on_hang = "report";
+      s.policy.hang_timeout_s = 10;
+      s.policy.on_hang = OnHang::kReport;
       s.requested_rank = i;
       auto id = table->Join(s, std::make_shared<NullSink>());
       REQUIRE(id.ok());

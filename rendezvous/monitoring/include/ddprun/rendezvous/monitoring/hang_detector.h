@@ -20,10 +20,9 @@
 
 #include "absl/functional/function_ref.h"
 #include "ddprun/rendezvous/common/clock.h"
+#include "ddprun/rendezvous/common/job_policy.h"
 
 namespace ddprun::rendezvous {
-
-enum class OnHang;  // metrics_hub.h
 
 class HangDetector {
  public:

@@ -1,6 +1,6 @@
 // The server side of monitoring (docs/monitoring.md): every job's live
 // per-rank metrics, its time series and timeline, stragglers, and hang
-// detection. No gRPC, no sockets, no threads: server.cc feeds it the agents'
+// detection. No gRPC, no sockets, no threads: rendezvous_services.cc feeds it the agents'
 // MetricsReports, the JobTable tells it about rounds (JobObserver), a
 // one-second ticker calls Tick(), and the dashboard, /metrics and GetMetrics
 // read View(). The clock is injected, so unit tests run it in simulated time.
