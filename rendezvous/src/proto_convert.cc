@@ -113,7 +113,18 @@ JoinSpec FromProto(const pb::JoinRequest& p) {
   s.nproc = p.nproc();
   s.min_nodes = p.min_nodes();
   s.max_nodes = p.max_nodes();
-  s.policy = FromProto(p.policy());
+  if (p.has_policy()) {
+    s.policy = FromProto(p.policy());
+  } else {  // written before JobPolicy (see the proto)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    s.policy.max_restarts = p.legacy_max_restarts();
+    s.policy.join_timeout_s = p.legacy_join_timeout_s();
+    s.policy.last_call_timeout_s = p.legacy_last_call_timeout_s();
+    s.policy.hang_timeout_s = p.legacy_hang_timeout_s();
+    s.policy.on_hang = ParseOnHang(p.legacy_on_hang()).value_or(OnHang::kReport);
+#pragma GCC diagnostic pop
+  }
   s.master_port = p.master_port();
   s.command = p.command();
   s.resume_round = p.resume_node_id().empty() ? -1 : p.resume_round();

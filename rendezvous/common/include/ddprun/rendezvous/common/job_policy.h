@@ -29,20 +29,52 @@ const char* OnHangName(OnHang on_hang);
 // "report", "restart" or "abort" ("" is "report"); nullopt for anything else.
 std::optional<OnHang> ParseOnHang(std::string_view text);
 
+// The policy's defaults, each written once, as the text that --help, the
+// docs and the knob table (launcher/knobs.h) show; JobPolicy's initialisers
+// are parsed from the same text at compile time.
+inline constexpr char kDefaultMaxRestarts[] = "0";
+inline constexpr char kDefaultJoinTimeout[] = "600";
+inline constexpr char kDefaultLastCallTimeout[] = "30";
+inline constexpr char kDefaultHangTimeout[] = "300";
+inline constexpr char kDefaultOnHang[] = "report";
+
+// A default's text as a number: digits with an optional fraction. Only for
+// the constants above (a compile-time constant; bad text does not compile).
+consteval double DefaultNumber(std::string_view text) {
+  double value = 0, scale = 0;
+  for (char c : text) {
+    if (c == '.' && scale == 0) {
+      scale = 1;
+    } else if (c >= '0' && c <= '9') {
+      value = value * 10 + (c - '0');
+      scale *= 10;
+    } else {
+      throw "a default must be a plain number";
+    }
+  }
+  return scale > 1 ? value / scale : value;
+}
+consteval OnHang DefaultOnHang(std::string_view text) {
+  if (text == "report") return OnHang::kReport;
+  if (text == "restart") return OnHang::kRestart;
+  if (text == "abort") return OnHang::kAbort;
+  throw "on_hang's default must be report, restart or abort";
+}
+
 struct JobPolicy {
   // Restarts of the whole job after worker failures before it fails. A node
   // that asks for another count is refused (JobRendezvous::CheckCompatible).
-  int max_restarts = 0;
+  int max_restarts = static_cast<int>(DefaultNumber(kDefaultMaxRestarts));
   // How long a node waits in an incomplete round before the round fails;
   // each node's own value applies to it (torchrun's join_timeout).
-  double join_timeout_s = 600.0;
+  double join_timeout_s = DefaultNumber(kDefaultJoinTimeout);
   // With MIN < MAX nodes: how long a round that has MIN waits for more.
-  double last_call_timeout_s = 30.0;
+  double last_call_timeout_s = DefaultNumber(kDefaultLastCallTimeout);
   // Seconds without progress of any rank before the server reports a hang
   // (docs/monitoring.md); <= 0: off. Long enough for an evaluation pass or a
   // checkpoint without optimizer steps; far below PyTorch's 10-30 min.
-  double hang_timeout_s = 300.0;
-  OnHang on_hang = OnHang::kReport;
+  double hang_timeout_s = DefaultNumber(kDefaultHangTimeout);
+  OnHang on_hang = DefaultOnHang(kDefaultOnHang);
 
   bool operator==(const JobPolicy&) const = default;
 };
