@@ -17,8 +17,12 @@
 
 namespace ddprun::agent {
 
-inline constexpr double kDefaultGracePeriodS = 30.0;  // SIGTERM -> SIGKILL
-inline constexpr const char* kDefaultRole = "default";
+// SIGTERM -> SIGKILL (--grace_period); the text is the knob's default.
+inline constexpr char kDefaultGracePeriod[] = "30";
+inline constexpr double kDefaultGracePeriodS = rendezvous::DefaultNumber(kDefaultGracePeriod);
+inline constexpr char kDefaultRole[] = "default";
+// --signals_to_handle's default (torchrun 2.x's).
+inline constexpr char kDefaultSignalsToHandle[] = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
 // --log_dir that means "no log files", as torchrun compares it with os.devnull.
 inline constexpr const char* kNoLogDir = "/dev/null";
 
@@ -104,7 +108,7 @@ struct AgentOptions {
   bool virtual_local_rank = false;
   // TORCHELASTIC_SIGNALS_TO_HANDLE for the workers, as torchrun 2.9+ exports
   // it: the signals that stop the job, then the forwarded SIGUSR1/2.
-  std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+  std::string signals_to_handle = kDefaultSignalsToHandle;
   LogSpec logs;  // -r/-t/--local_ranks_filter/--prefix_output (log_spec.h)
   // Extra variables for every worker (a job file's nccl: and environment:
   // settings). They override the inherited environment; ddprun's own

@@ -154,8 +154,8 @@ inline constexpr Knob kKnobs[] = {
      .default_value = "1", .default_text = "1", .metavar = "N|cpu|gpu|auto", .group = kGroupJob,
      .help = "Workers on this node: a number, cpu (hardware threads), gpu (NVIDIA GPUs) or auto "
              "(gpu if any, else cpu)"},
-    {.name = "role", .yaml_key = "role", .type = ValueType::kText, .default_value = "default",
-     .default_text = "default", .metavar = "NAME", .group = kGroupJob,
+    {.name = "role", .yaml_key = "role", .type = ValueType::kText, .default_value = agent::kDefaultRole,
+     .default_text = agent::kDefaultRole, .metavar = "NAME", .group = kGroupJob,
      .help = "Worker role, given to workers as ROLE_NAME",
      .dest = kInOptions<&agent::AgentOptions::role>},
     {.yaml_key = "command", .type = ValueType::kFileOnly},
@@ -173,7 +173,8 @@ inline constexpr Knob kKnobs[] = {
      .max = 1'000'000, .what = "a non-negative integer",
      .dest = kInPolicy<&rendezvous::JobPolicy::max_restarts>},
     {.name = "grace_period", .yaml_key = "restart.grace_period", .type = ValueType::kSeconds,
-     .default_value = "30", .default_text = "30", .metavar = "SECONDS", .group = kGroupJob,
+     .default_value = agent::kDefaultGracePeriod,
+     .default_text = agent::kDefaultGracePeriod, .metavar = "SECONDS", .group = kGroupJob,
      .help = "Time between SIGTERM and SIGKILL when stopping workers (also read from "
              "TORCH_ELASTIC_SHUTDOWN_TIMEOUT)"},
     {.name = "shutdown_timeout", .type = ValueType::kSeconds, .default_text = "--grace_period",
@@ -186,8 +187,8 @@ inline constexpr Knob kKnobs[] = {
              "(torchrun 2.10+)",
      .dest = kInOptions<&agent::AgentOptions::virtual_local_rank>},
     {.name = "signals_to_handle", .yaml_key = "restart.signals_to_handle",
-     .type = ValueType::kSignals, .default_value = "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
-     .default_text = "SIGTERM,SIGINT,SIGHUP,SIGQUIT", .metavar = "SIG,...", .group = kGroupJob,
+     .type = ValueType::kSignals, .default_value = agent::kDefaultSignalsToHandle,
+     .default_text = agent::kDefaultSignalsToHandle, .metavar = "SIG,...", .group = kGroupJob,
      .help = "Signals that stop the job, as in torchrun: forwarded to every worker, SIGKILL "
              "after the grace period. SIGTERM, SIGINT, SIGHUP and SIGQUIT always; add "
              "SIGUSR1/SIGUSR2 to stop on them too (exported as TORCHELASTIC_SIGNALS_TO_HANDLE)"},
@@ -291,8 +292,8 @@ inline constexpr Knob kKnobs[] = {
     {.name = "master_addr", .type = ValueType::kText, .default_value = "127.0.0.1",
      .default_text = "127.0.0.1", .metavar = "ADDR", .group = kGroupStatic,
      .help = "Address of node rank 0, which hosts the store"},
-    {.name = "master_port", .type = ValueType::kPort, .default_value = "29500",
-     .default_text = "29500", .metavar = "PORT", .group = kGroupStatic,
+    {.name = "master_port", .type = ValueType::kPort, .default_value = rendezvous::kDefaultMasterPortText,
+     .default_text = rendezvous::kDefaultMasterPortText, .metavar = "PORT", .group = kGroupStatic,
      .help = "Port of node rank 0's store"},
     {.name = "run_path", .type = ValueType::kBool, .default_text = "off", .group = kGroupCommand,
      .help = "Not supported: ddprun always runs workers as processes"},

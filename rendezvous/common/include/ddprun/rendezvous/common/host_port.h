@@ -11,13 +11,15 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "ddprun/rendezvous/common/default_value.h"
 
 namespace ddprun::rendezvous {
 
 // torchrun's defaults: the c10d rendezvous endpoint and the static backend's
 // MASTER_PORT.
 inline constexpr int kDefaultRdzvPort = 29400;
-inline constexpr int kDefaultMasterPort = 29500;
+inline constexpr char kDefaultMasterPortText[] = "29500";  // --master_port's default
+inline constexpr int kDefaultMasterPort = static_cast<int>(DefaultNumber(kDefaultMasterPortText));
 inline constexpr int kMaxPort = 65535;
 // ddprund's monitoring HTTP port (dashboard, /api, /metrics) by default;
 // the rendezvous embedded in ddprun lets the OS pick one.

@@ -16,6 +16,8 @@
 #include <string_view>
 #include <vector>
 
+#include "ddprun/rendezvous/common/default_value.h"
+
 namespace ddprun::rendezvous {
 
 // What the server does once it has reported a hang.
@@ -38,22 +40,6 @@ inline constexpr char kDefaultLastCallTimeout[] = "30";
 inline constexpr char kDefaultHangTimeout[] = "300";
 inline constexpr char kDefaultOnHang[] = "report";
 
-// A default's text as a number: digits with an optional fraction. Only for
-// the constants above (a compile-time constant; bad text does not compile).
-consteval double DefaultNumber(std::string_view text) {
-  double value = 0, scale = 0;
-  for (char c : text) {
-    if (c == '.' && scale == 0) {
-      scale = 1;
-    } else if (c >= '0' && c <= '9') {
-      value = value * 10 + (c - '0');
-      scale *= 10;
-    } else {
-      throw "a default must be a plain number";
-    }
-  }
-  return scale > 1 ? value / scale : value;
-}
 consteval OnHang DefaultOnHang(std::string_view text) {
   if (text == "report") return OnHang::kReport;
   if (text == "restart") return OnHang::kRestart;
