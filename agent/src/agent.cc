@@ -641,7 +641,7 @@ class Agent::Impl {
           rejoin_noted = true;
         }
         EndJoin();
-        if (!RejoinAfterLoss(deadline)) continue;  // a signal: the loop acts on it
+        if (!RejoinAfterLoss(deadline)) continue;  // a signal or the deadline: the loop acts
         StartJoin();
       } else {
         RendezvousError(std::get<absl::Status>(*ev));
@@ -695,9 +695,10 @@ class Agent::Impl {
   }
 
   // Waits, with backoff and until `deadline`, for the single rendezvous
-  // endpoint to answer again. False when a non-stream event arrived first (it
-  // is deferred for the caller's loop) or the deadline passed; then the
-  // caller's loop acts on the event or reports the timeout.
+  // endpoint to answer again. False when a terminating signal arrived first
+  // (it is deferred for the caller's loop) or the deadline passed; then the
+  // caller's loop acts on the signal or reports the timeout. Other events
+  // are dropped, as the joining loop drops them.
   bool RejoinAfterLoss(TimePoint deadline) {
     auto backoff = milliseconds(20);
     while (clock_.Now() < deadline) {
@@ -707,7 +708,8 @@ class Agent::Impl {
       }
       const TimePoint next_try = std::min(deadline, clock_.Now() + backoff);
       while (auto e = events_.PopUntil(next_try)) {
-        if (std::holds_alternative<StreamEvent>(*e)) continue;  // the old stream's
+        auto* s = std::get_if<SignalEvent>(&*e);
+        if (s == nullptr || !Terminates(s->signo)) continue;  // the old stream's, or ignored
         deferred_.push_back(std::move(*e));
         return false;
       }
