@@ -571,6 +571,7 @@ class Agent::Impl {
     const TimePoint deadline = joined_at + join_timeout_ + last_call_timeout_ + kJoinSlack;
     bool announced = !rejoin_after_departure;
     bool replica_noted = false;
+    bool rejoin_noted = false;
     while (!assignment_) {
       const TimePoint wake =
           announced ? deadline : std::min(deadline, joined_at + kReplacementNotice);
@@ -627,6 +628,21 @@ class Agent::Impl {
         (void)session_->WaitForConnected(
             std::min<Duration>(seconds(1), std::max<Duration>(deadline - clock_.Now(), {})));
         StartJoin();
+      } else if (const absl::Status& st = std::get<absl::Status>(*ev);
+                 !session_->has_replicas() && !session_->hosts_rendezvous() &&
+                 rdzv::KindOf(st) == rdzv::ErrorKind::kConnection && clock_.Now() < deadline) {
+        // ddprund went away while the round gathers (a restart with
+        // --state_dir keeps the job): join the same endpoint again once it
+        // answers, until this round's deadline. Signals queue meanwhile.
+        if (!rejoin_noted) {
+          Log(absl::StrCat("lost the rendezvous at ", session_->endpoint(), " while joining (",
+                           st.message(), "); joining it again until ",
+                           rdzv::WallClockAfter(deadline - clock_.Now())));
+          rejoin_noted = true;
+        }
+        EndJoin();
+        if (!RejoinAfterLoss(deadline)) continue;  // a signal or the deadline: the loop acts
+        StartJoin();
       } else {
         RendezvousError(std::get<absl::Status>(*ev));
         return kExitRendezvousError;
@@ -676,6 +692,30 @@ class Agent::Impl {
     services_started_ = true;
     session_->WorkersStarted();
     if (monitoring_) monitoring_->Start();
+  }
+
+  // Waits, with backoff and until `deadline`, for the single rendezvous
+  // endpoint to answer again. False when a terminating signal arrived first
+  // (it is deferred for the caller's loop) or the deadline passed; then the
+  // caller's loop acts on the signal or reports the timeout. Other events
+  // are dropped, as the joining loop drops them.
+  bool RejoinAfterLoss(TimePoint deadline) {
+    auto backoff = milliseconds(20);
+    while (clock_.Now() < deadline) {
+      if (session_->WaitForConnected(std::min<Duration>(seconds(1), deadline - clock_.Now()))
+              .ok()) {
+        return true;
+      }
+      const TimePoint next_try = std::min(deadline, clock_.Now() + backoff);
+      while (auto e = events_.PopUntil(next_try)) {
+        auto* s = std::get_if<SignalEvent>(&*e);
+        if (s == nullptr || !Terminates(s->signo)) continue;  // the old stream's, or ignored
+        deferred_.push_back(std::move(*e));
+        return false;
+      }
+      backoff = std::min(backoff * 2, milliseconds(500));
+    }
+    return false;
   }
 
   void OnRestart(const rdzv::RestartRound& r) {

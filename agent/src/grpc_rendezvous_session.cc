@@ -21,6 +21,7 @@
 #include "ddprun/rendezvous/common/debug_log.h"
 #include "ddprun/rendezvous/common/errors.h"
 #include "ddprun/rendezvous/common/host_port.h"
+#include "ddprun/rendezvous/common/port_holder.h"
 #include "ddprun/rendezvous/common/tls.h"
 #include "ddprun/rendezvous/daemon/server.h"
 #include "ddprun/rendezvous/store/c10d_store_client.h"
@@ -41,6 +42,9 @@ using std::chrono::seconds;
 constexpr auto kStreamWait = std::chrono::hours(24 * 365);
 // How long a local endpoint is probed before this agent hosts it (kRemote).
 constexpr auto kHostProbe = milliseconds(300);
+// How long a port that was taken between the probe and the bind is given to
+// answer as a rendezvous (another local agent that won the race to host).
+constexpr auto kRaceProbe = seconds(2);
 // Key under which a static node rank 0 publishes its rendezvous endpoint.
 constexpr const char* kRdzvEndpointKey = "ddprun/rdzv_endpoint";
 // With replicas: how long one that did not connect is tried after the others
@@ -264,8 +268,11 @@ class GrpcRendezvousSession final : public RendezvousSession {
               Log(absl::StrCat("hosting the rendezvous at ", rdzv::FormatHostPort(host, port)));
             } else if (rdzv::KindOf(hosted) == rdzv::ErrorKind::kBadInput) {
               return hosted;  // TLS files unfit to serve (ServerTls)
+            } else {
+              DDPRUN_RETURN_IF_ERROR(JoinOrRefuseHolder(host, port));
             }
-            // Otherwise another local agent bound it first: join it as a client.
+          } else if (probed.ok()) {
+            NoteJoiningHolder(host, port);
           }
         }
         return ConnectClient(host, port, deadline);
@@ -274,6 +281,34 @@ class GrpcRendezvousSession final : public RendezvousSession {
         return OpenStatic(deadline);
     }
     return absl::InternalError("unknown rendezvous mode");
+  }
+
+  // This node should host the rendezvous at host:port, but the port was
+  // taken since the probe. Another local agent that won the race serves it
+  // within kRaceProbe: join it. Anything else holds the port: one line naming
+  // the port and, where /proc tells, the process (exit 3, as the static
+  // master port).
+  absl::Status JoinOrRefuseHolder(const std::string& host, int port) {
+    auto probe = rdzv::RendezvousClient::Create(host, port, tls_);
+    const absl::Status probed = probe->WaitForConnected(kRaceProbe);
+    if (probed.ok() || rdzv::IsTlsHandshakeError(probed)) {
+      NoteJoiningHolder(host, port);
+      return absl::OkStatus();
+    }
+    const std::string holder = rdzv::DescribePortHolder(port);
+    return absl::UnavailableError(absl::StrCat(
+        "cannot host the rendezvous at ", rdzv::FormatHostPort(host, port), ": port ", port,
+        " is in use by ", holder.empty() ? "another program" : holder,
+        ", which is not a ddprun rendezvous; stop it, or pick a free port in --rdzv_endpoint"));
+  }
+
+  // The local endpoint is already served (a ddprund, or another job's or
+  // node's agent hosting it): this node joins it, and says whose it is.
+  void NoteJoiningHolder(const std::string& host, int port) const {
+    const std::string holder = rdzv::DescribePortHolder(port);
+    Log(absl::StrCat("the rendezvous at ", rdzv::FormatHostPort(host, port), " is already served",
+                     holder.empty() ? std::string() : absl::StrCat(" by ", holder),
+                     " (a ddprund, or another node's ddprun hosting it); this node joins it"));
   }
 
   void Log(const std::string& msg) const {

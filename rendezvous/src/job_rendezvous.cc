@@ -77,8 +77,8 @@ absl::Status JobRendezvous::CheckCompatible(const JoinSpec& spec) const {
                                          ") differs from the job's (" + ours +
                                          "); start every node of a job with the same " + what);
   };
-  if (spec.nproc != shape_.nproc)
-    return mismatch("--nproc_per_node", std::to_string(spec.nproc), std::to_string(shape_.nproc));
+  // --nproc_per_node may differ between nodes, as under torchrun: each node's
+  // LOCAL_WORLD_SIZE is its own, global ranks follow node order (Complete).
   if (spec.min_nodes != shape_.min_nodes || spec.max_nodes != shape_.max_nodes)
     return mismatch("--nnodes",
                     std::to_string(spec.min_nodes) + ":" + std::to_string(spec.max_nodes),
@@ -136,6 +136,7 @@ std::string JobRendezvous::Admit(const std::string& node_id, const JoinSpec& spe
   if (!shaped_) {
     shaped_ = true;
     shape_ = spec;
+    ++version_;  // a restarted server keeps the job and the policy it fixed
   }
   expected_.erase(node_id);
   if (state_ == State::kRunning) {
@@ -285,13 +286,18 @@ void JobRendezvous::OpenNextRound(const std::string& reason, bool counts_as_fail
   // the failed node, which becomes a spare if it comes back to a full round.
   if (!failed_node.empty() && !spares_.empty()) expected_.erase(failed_node);
   // Promote spares into the seats not held for returning members.
+  bool promoted = false;
   while (!spares_.empty() &&
          static_cast<int>(members_.size() + expected_.size()) < shape_.max_nodes) {
     auto it = spares_.begin();
     members_.emplace(it->first, Member{it->second.spec, clock_.Now(), false, std::nullopt});
     NoteDeadline(clock_.Now() + Seconds(it->second.spec.policy.join_timeout_s));
     spares_.erase(it);
+    promoted = true;
   }
+  // Promoted spares do not join again: when nobody else is awaited (the
+  // failed or lost node was the only one) they form the round now.
+  if (promoted) MaybeComplete(out);
 }
 
 void JobRendezvous::Close(bool success, const std::string& reason, std::vector<Delivery>* out) {
@@ -387,6 +393,10 @@ void JobRendezvous::HandleDeparture(const std::string& node_id, const std::strin
   if (!any_running) {
     if (members_.empty() && spares_.empty()) {
       Close(false, reason, out);
+    } else if (members_.empty()) {
+      // The lost node was the last running one: a hot spare takes its seat
+      // (OpenNextRound promotes it and completes the round if it suffices).
+      OpenNextRound(reason, /*counts_as_failure=*/false, out);
     }
     return;
   }
@@ -593,7 +603,9 @@ std::unique_ptr<JobRendezvous> JobRendezvous::Restore(const JobSnapshot& snap, c
     job->master_port_ = master != job->members_.end() ? master->second.spec.master_port : 0;
   } else {
     job->state_ = State::kGathering;
-    job->expected_.insert(snap.expected.begin(), snap.expected.end());
+    // Seats are held for the members of a finished round; round 0 has none
+    // (its agents join again, in any order, like the first time).
+    if (snap.round > 0) job->expected_.insert(snap.expected.begin(), snap.expected.end());
   }
   return job;
 }

@@ -541,9 +541,14 @@ void JobTable::CollectLocked(Job& job, std::vector<Delivery>& out, Batch* batch)
   // is not written: the snapshot holds every member, so writing it per join
   // made a round of N joins O(N^2) bytes, and after a restart of the server
   // the agents of a gathering round join again anyway. The round's forming,
-  // which every member hears of, writes it.
+  // which every member hears of, writes it; so does the job's first join
+  // (once per job), so that a restart keeps the job and its policy while it
+  // gathers and its agents re-join it.
   const bool heard = batch->size() > heard_before;
-  if (!heard && job.rdzv->state() == JobRendezvous::State::kGathering) return;
+  if (!heard && job.rdzv->state() == JobRendezvous::State::kGathering &&
+      job.persisted_version > 0) {
+    return;
+  }
   const absl::Status st = PersistLocked(job);
   if (st.ok() || !heard) return;
   // A decision that is not durable is never delivered (a replica leading

@@ -244,3 +244,39 @@ TEST_CASE("PyTorch DDP on two nodes: ddprund and two ddprun agents on loopback",
   ::kill(daemon.pid, SIGTERM);
   CHECK(Wait(daemon, 10s) == 0);
 }
+
+// Issue 33 item 9b: nodes with different --nproc_per_node (2 and 1), as
+// torchrun runs them: one DDP job of world size 3, ranks 0-1 on node a and
+// rank 2 on node b, the parameters identical on every rank.
+TEST_CASE("PyTorch DDP on two nodes with different --nproc_per_node (2 and 1)", "[e2e]") {
+  if (!TorchAvailable()) {
+    return SkipCase("e2e", kPython + " cannot import torch; install python3-torch");
+  }
+  const std::string dir = MakeTempDir();
+  const int port = FreePort();
+  Proc daemon;
+  Start(daemon,
+        {kBin + "/ddprund", "--host", "127.0.0.1", "--port", std::to_string(port),
+         "--dashboard_port", "0"},
+        dir + "/ddprund.log", {});
+  Proc a, b;
+  auto agent = [&](Proc& p, const std::string& addr, int nproc, const std::string& log) {
+    Start(p,
+          {kBin + "/ddprun", "--nnodes=2", "--nproc_per_node=" + std::to_string(nproc),
+           "--rdzv_endpoint=127.0.0.1:" + std::to_string(port), "--rdzv_id=e2e-mixed",
+           "--local_addr=" + addr, kScript, "--steps", "4", "--out", dir},
+          log, {"PYTHON_EXEC=" + kPython});
+  };
+  agent(a, "127.0.0.1", 2, dir + "/a.log");
+  agent(b, "127.0.0.2", 1, dir + "/b.log");
+  int ra = Wait(a, 180s);
+  int rb = Wait(b, 180s);
+  INFO("node a:\n" << ReadFile(dir + "/a.log") << "node b:\n" << ReadFile(dir + "/b.log"));
+  REQUIRE(ra == 0);
+  REQUIRE(rb == 0);
+  CheckRanks(dir, 3);
+  CHECK_THAT(ReadFile(dir + "/a.log"), Catch::Contains("ranks 0-1 of 3"));
+  CHECK_THAT(ReadFile(dir + "/b.log"), Catch::Contains("ranks 2-2 of 3"));
+  ::kill(daemon.pid, SIGTERM);
+  CHECK(Wait(daemon, 10s) == 0);
+}

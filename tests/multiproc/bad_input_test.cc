@@ -78,14 +78,32 @@ TEST_CASE("bad command lines: one line on stderr, exit 2, fast", "[multiproc]") 
   }
 }
 
+// Issue 33 item 3: this node should host the local endpoint, but another
+// program holds the port: one line naming the port and the holder (this
+// test process), exit 3 at once, as the static master port.
+TEST_CASE("a local rendezvous port held by another program: one line naming it, exit 3",
+          "[multiproc]") {
+  SilentListener holder;
+  const std::string port = std::to_string(holder.port);
+  const double took =
+      ExpectOneLineError({"--nnodes=2", "--rdzv_endpoint=127.0.0.1:" + port, "--rdzv_id=x1",
+                          "--rdzv_conf=join_timeout=20", FixtureWorker()},
+                         3,
+                         "cannot host the rendezvous at 127.0.0.1:" + port + ": port " + port +
+                             " is in use by pid " + std::to_string(::getpid()) + " (",
+                         5.0);
+  CHECK(took < 5.0);
+}
+
 TEST_CASE("an endpoint that does not speak gRPC: exit 3 within join_timeout", "[multiproc]") {
-  // Every 127.x address counts as local, and a local endpoint with nobody
-  // listening makes the agent host the rendezvous itself. So the "wrong
-  // endpoint" here is a listening socket that never answers.
+  // Every 127.x address counts as local, and a local endpoint makes the agent
+  // host the rendezvous itself (or refuse a port another program holds):
+  // is_host=false makes it a client of the "wrong endpoint", a listening
+  // socket that never answers.
   SilentListener silent;
   const double took = ExpectOneLineError(
       {"--nnodes=2", "--rdzv_endpoint=127.0.0.1:" + std::to_string(silent.port), "--rdzv_id=wrong",
-       "--rdzv_conf=join_timeout=2", FixtureWorker()},
+       "--rdzv_conf=join_timeout=2,is_host=false", FixtureWorker()},
       3, "cannot reach the rendezvous at 127.0.0.1:" + std::to_string(silent.port), 5.0);
   CHECK(took >= 1.5);
 }
@@ -96,7 +114,7 @@ TEST_CASE("a connect that waits longer than 5 s says once what it waits for, the
   const std::string ep = "127.0.0.1:" + std::to_string(silent.port);
   Harness h;
   Proc& p = h.StartDdprun("ddprun", {"--nnodes=2", "--rdzv_endpoint=" + ep, "--rdzv_id=waits",
-                                     "--rdzv_conf=join_timeout=7", FixtureWorker()});
+                                     "--rdzv_conf=join_timeout=7,is_host=false", FixtureWorker()});
   const int rc = h.Wait(p, 15);
   const std::vector<std::string> lines = Lines(p.Err());
   INFO("stderr:\n" << p.Err());
@@ -113,11 +131,21 @@ TEST_CASE("a lone agent of a 2-node job times out naming the node count", "[mult
   Harness h;
   Proc* daemon = nullptr;
   const int port = h.StartDaemon("ddprund", &daemon);
-  const double took =
-      ExpectOneLineError({"--nnodes=2", "--rdzv_endpoint=127.0.0.1:" + std::to_string(port),
-                          "--rdzv_id=lone", "--rdzv_conf=join_timeout=2", FixtureWorker()},
-                         3, "1 of 2 required nodes", 5.0);
-  CHECK(took >= 1.5);
+  Proc& p =
+      h.StartDdprun("ddprun", {"--nnodes=2", "--rdzv_endpoint=127.0.0.1:" + std::to_string(port),
+                               "--rdzv_id=lone", "--rdzv_conf=join_timeout=2", FixtureWorker()});
+  const int rc = h.Wait(p, 10);
+  const std::vector<std::string> lines = Lines(p.Err());
+  INFO("stderr:\n" << p.Err());
+  CHECK(rc == 3);
+  REQUIRE(lines.size() == 2);
+  // The endpoint is local and served: the node says whose rendezvous it
+  // joins (issue 33 item 3), then the timeout.
+  CHECK(lines[0].find("is already served by pid " + std::to_string(daemon->pid) + " (ddprund)") !=
+        std::string::npos);
+  CHECK(lines[1].find("1 of 2 required nodes") != std::string::npos);
+  CHECK(p.Seconds() >= 1.5);
+  CHECK(p.Seconds() < 5.0);
   h.StopDaemon(*daemon);
 }
 

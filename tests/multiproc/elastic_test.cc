@@ -260,6 +260,43 @@ TEST_CASE("hot spare: a third node waits beyond MAX and takes the seat of a fail
   RequireNoDescendants(2);
 }
 
+// Issue 33 item 1: the lost node was the only running one (--nnodes=1), so
+// no member re-joins; the spare must take the seat by itself, and status must
+// stop showing the dead node.
+TEST_CASE("hot spare: kill -9 of the only running node; the spare takes the seat at once",
+          "[multiproc]") {
+  Harness h;
+  Proc* daemon = nullptr;
+  const int port = h.StartDaemon("ddprund", &daemon);
+  const std::string conf = "join_timeout=20";
+  const EnvList env{{"FIXTURE_SLEEP_MS", "3000"}};
+  Node a = StartNode(h, "lastseat", 0, "1", 1, port, conf, env);
+  const std::vector<pid_t> a_workers = h.WaitForPids(a.pids, 1, 10);
+  Node b = StartNode(h, "lastseat", 1, "1", 1, port, conf, env);
+  WaitForStatus(h, port, "lastseat", "\"waiting\":1", 5);
+  CHECK(ReadPids(b.pids).empty());  // a spare: no workers yet
+  REQUIRE(::kill(a.proc->pid, SIGKILL) == 0);
+  const auto t0 = Clock::now();
+  CHECK(h.Wait(*a.proc, 5) == 128 + SIGKILL);
+  h.RequireAllGone(a_workers, 2);  // PDEATHSIG
+  REQUIRE(WaitForRecords(b.out, 1, 1, 5));
+  const double took = SecondsSince(t0);
+  INFO("kill -9 to the spare's worker running: " << took << " s");
+  CHECK(took < 4.0);
+  const std::string st = StatusJson(h, port, "lastseat");
+  INFO("status: " << st);
+  CHECK(st.find("\"round\":1,\"state\":\"running\"") != std::string::npos);
+  CHECK(st.find("\"pid\":" + std::to_string(a.proc->pid)) == std::string::npos);
+  CHECK(st.find("\"pid\":" + std::to_string(b.proc->pid)) != std::string::npos);
+  const int rc = h.Wait(*b.proc, 15);
+  INFO("B stderr:\n" << b.proc->Err());
+  CHECK(rc == 0);
+  CheckRound({&b}, 1, 1, {0}, 0, b.addr);
+  h.RequireAllGone(b.pids, 2);
+  h.StopDaemon(*daemon);
+  RequireNoDescendants(2);
+}
+
 TEST_CASE(
     "agent kill -9 in a --nnodes=2:3 job: the survivors re-form at size 2 within 2 s, "
     "no restart spent",

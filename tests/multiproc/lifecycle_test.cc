@@ -167,6 +167,62 @@ TEST_CASE("ddprund SIGTERMed and restarted mid-job with --state_dir: the round g
   DaemonRestartMidJob(SIGTERM);
 }
 
+// Issue 33 item 00: ddprund SIGKILLed while a job gathers (one of its two
+// nodes joined) and restarted on its --state_dir: the joined agent joins the
+// same endpoint again, the second node joins, and the job runs.
+TEST_CASE("ddprund SIGKILLed and restarted while a job gathers: the agent re-joins and the job runs",
+          "[multiproc]") {
+  Harness h;
+  const std::string state = h.MakeDir("state");
+  Proc* daemon = nullptr;
+  const int port = h.StartDaemon("ddprund", &daemon, {"--state_dir", state});
+  const std::string pids = h.PidDir("pids");
+  std::vector<std::string> outs;
+  std::vector<Proc*> agents;
+  auto start_node = [&](int i) {
+    outs.push_back(h.MakeDir("out" + std::to_string(i)));
+    agents.push_back(&h.StartDdprun("node" + std::to_string(i),
+                                    JobFlags(port, "gather", "2", "join_timeout=20", i),
+                                    {{"FIXTURE_PIDFILE_DIR", pids},
+                                     {"FIXTURE_OUT_DIR", outs.back()},
+                                     {"FIXTURE_SLEEP_MS", "300"}}));
+  };
+  start_node(0);
+  // The daemon knows the job (its first join) before it is killed.
+  const auto t0 = Clock::now();
+  std::string st;
+  do {
+    Proc& p =
+        h.StartDdprun("status", {"status", "--rdzv_endpoint", "127.0.0.1:" + std::to_string(port),
+                                 "--rdzv_id", "gather", "--json", "--timeout", "2"});
+    st = h.Wait(p, 5) == 0 ? p.Out() : "";
+    if (st.find("gathering") == std::string::npos) SleepMs(20);
+  } while (st.find("gathering") == std::string::npos && SecondsSince(t0) < 10);
+  REQUIRE(st.find("gathering") != std::string::npos);
+  REQUIRE(::kill(daemon->pid, SIGKILL) == 0);
+  CHECK(h.Wait(*daemon, 10) == 128 + SIGKILL);
+  Proc& again = h.Start("ddprund2", {Ddprund(), "--dashboard_port", "0", "--host", "127.0.0.1",
+                                     "--port", std::to_string(port), "--state_dir", state});
+  start_node(1);
+  for (Proc* a : agents) {
+    const int rc = h.Wait(*a, 20);
+    INFO(a->name << " stderr:\n" << a->Err() << "\nddprund2 stderr:\n" << again.Err());
+    CHECK(rc == 0);
+  }
+  INFO("node0 stderr:\n" << agents[0]->Err());
+  CHECK(agents[0]->Err().find("joining it again") != std::string::npos);
+  std::set<long> ranks;
+  for (const std::string& out : outs)
+    for (const Record& r : ReadRecords(out)) {
+      CHECK(r.Int("world_size") == 4);
+      CHECK(ranks.insert(r.Int("rank")).second);
+    }
+  CHECK(ranks == std::set<long>{0, 1, 2, 3});
+  h.RequireAllGone(pids, 2);
+  REQUIRE(::kill(again.pid, SIGTERM) == 0);
+  CHECK(h.Wait(again, 10) == 0);
+}
+
 TEST_CASE("SIGTERM while waiting for the other nodes: exit 143 at once", "[multiproc]") {
   Harness h;
   Proc* daemon = nullptr;

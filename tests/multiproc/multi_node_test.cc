@@ -121,6 +121,12 @@ TEST_CASE("ddprund + 2 agents: contiguous ranks per node, rank 0 on group rank 0
   std::vector<Node> nodes = StartNodes(h, "jobA", 2, 2, DaemonFlags(port, "jobA"));
   WaitAll(h, nodes, 0, 30);
   CheckAssignment(nodes, 2, "jobA");
+  // The endpoint is local, so each node says whose rendezvous it joins.
+  for (const Node& n : nodes) {
+    INFO(n.proc->Err());
+    CHECK(n.proc->Err().find("is already served by pid " + std::to_string(daemon->pid) +
+                             " (ddprund)") != std::string::npos);
+  }
   RequireNodesGone(h, nodes);
   h.StopDaemon(*daemon);
 }
@@ -132,6 +138,53 @@ TEST_CASE("ddprund + 3 agents with --nnodes=3", "[multiproc]") {
   std::vector<Node> nodes = StartNodes(h, "job3", 3, 2, DaemonFlags(port, "job3"));
   WaitAll(h, nodes, 0, 30);
   CheckAssignment(nodes, 2, "job3");
+  RequireNodesGone(h, nodes);
+  h.StopDaemon(*daemon);
+}
+
+// Issue 33 item 9b: nodes with different --nproc_per_node run as under
+// torchrun: LOCAL_WORLD_SIZE is the node's own, global ranks follow node
+// order, WORLD_SIZE is the sum (the fixture also checks ROLE_RANK == RANK).
+TEST_CASE("nodes with different --nproc_per_node: own LOCAL_WORLD_SIZE, WORLD_SIZE the sum",
+          "[multiproc]") {
+  Harness h;
+  Proc* daemon = nullptr;
+  const int port = h.StartDaemon("ddprund", &daemon);
+  const std::vector<int> nprocs{2, 1, 3};
+  std::vector<Node> nodes;
+  for (std::size_t i = 0; i < nprocs.size(); ++i) {
+    Node n;
+    const std::string tag = "mixed_node" + std::to_string(i);
+    n.out = h.MakeDir(tag + "_out");
+    n.pids = h.PidDir(tag + "_pids");
+    n.local_addr = "127.0.0." + std::to_string(i + 1);
+    std::vector<std::string> args{"--nnodes=3", "--nproc_per_node=" + std::to_string(nprocs[i]),
+                                  "--local_addr=" + n.local_addr};
+    for (const std::string& f : DaemonFlags(port, "mixed")) args.push_back(f);
+    args.push_back(FixtureWorker());
+    n.proc =
+        &h.StartDdprun(tag, args, {{"FIXTURE_OUT_DIR", n.out}, {"FIXTURE_PIDFILE_DIR", n.pids}});
+    nodes.push_back(n);
+  }
+  WaitAll(h, nodes, 0, 30);
+  // Group ranks follow the addresses here (no --node_rank): 2 + 1 + 3 ranks.
+  const std::vector<long> base{0, 2, 3};
+  std::set<long> ranks;
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    const std::vector<Record> recs = ReadRecords(nodes[i].out);
+    INFO("node " << nodes[i].local_addr);
+    REQUIRE(recs.size() == static_cast<std::size_t>(nprocs[i]));
+    for (const Record& r : recs) {
+      INFO(r.file);
+      CHECK(r.Int("world_size") == 6);
+      CHECK(r.Int("local_world_size") == nprocs[i]);
+      CHECK(r.Int("group_world_size") == 3);
+      CHECK(r.Int("group_rank") == static_cast<long>(i));
+      CHECK(r.Int("rank") == base[i] + r.Int("local_rank"));
+      CHECK(ranks.insert(r.Int("rank")).second);
+    }
+  }
+  CHECK(ranks == std::set<long>{0, 1, 2, 3, 4, 5});
   RequireNodesGone(h, nodes);
   h.StopDaemon(*daemon);
 }

@@ -35,9 +35,8 @@ const char* TransportName(const std::string& shm) { return shm == "1" ? "shm" : 
 void RunRanks(int n, const std::string& filter, const std::string& shm = "1",
               double timeout_s = 240) {
   Harness h;
-  Proc& p = h.StartDdprun(
-      "ddprun", WorkerJob({"--nproc_per_node=" + std::to_string(n)}, filter),
-      {{"DDP_TIMEOUT_SEC", "30"}, {"DDP_SHM", shm}});
+  Proc& p = h.StartDdprun("ddprun", WorkerJob({"--nproc_per_node=" + std::to_string(n)}, filter),
+                          {{"DDP_TIMEOUT_SEC", "30"}, {"DDP_SHM", shm}});
   const int rc = h.Wait(p, timeout_s);
   INFO("world size " << n << ", filter " << filter << ", " << TransportName(shm) << "\nstdout:\n"
                      << p.Out() << "\nstderr:\n"
@@ -165,8 +164,8 @@ TEST_CASE("a filter that matches no case fails the job (-w NoTests)", "[sdk]") {
 
 TEST_CASE("outside ddprun, Init says so and shows how to run", "[sdk]") {
   Harness h;
-  Proc& p =
-      h.Start("bare", CatchRun(SdkWorker(), "[collectives]"), {{"DDPRUN_STORE_ADDR", ""}, {"RANK", ""}});
+  Proc& p = h.Start("bare", CatchRun(SdkWorker(), "[collectives]"),
+                    {{"DDPRUN_STORE_ADDR", ""}, {"RANK", ""}});
   const int rc = h.Wait(p, 30);
   REQUIRE(rc != 0);
   const std::string all = p.Out() + p.Err();
@@ -178,8 +177,7 @@ TEST_CASE("a wrong token is refused with an auth error", "[sdk]") {
   Harness h;
   // Overriding DDPRUN_TOKEN in the launcher's environment would be replaced by
   // the agent; the worker rewrites it itself when SDK_WRONG_TOKEN is set.
-  Proc& p =
-      h.StartDdprun("ddprun", WorkerJob({"--nproc_per_node=1"}, "[wrong-token]"));
+  Proc& p = h.StartDdprun("ddprun", WorkerJob({"--nproc_per_node=1"}, "[wrong-token]"));
   const int rc = h.Wait(p, 60);
   INFO("stdout:\n" << p.Out() << "\nstderr:\n" << p.Err());
   REQUIRE(rc == 0);
@@ -211,14 +209,45 @@ TEST_CASE("two hosts with two ranks each: hierarchical all-reduce (shm, then TCP
   }
 }
 
+// Issue 33 item 9b: hosts with different numbers of ranks (2 and 1, as
+// --nproc_per_node differs between the nodes): the SDK reads each node's
+// LOCAL_WORLD_SIZE and learns the layout from the store, so the hierarchical
+// all-reduce (shm on host a, the leaders over TCP) and the rest match the
+// local reference at world size 3.
+TEST_CASE("two hosts with 2 and 1 ranks (different --nproc_per_node): collectives and reducer",
+          "[sdk]") {
+  for (const char* filter : {"[collectives]", "[reducer]"}) {
+    DYNAMIC_SECTION(filter) {
+      Harness h;
+      const std::string endpoint = "--rdzv_endpoint=127.0.0.1:" + std::to_string(FreePort());
+      auto node = [&](const std::string& name, const std::string& addr, int nproc,
+                      const std::string& id) {
+        return &h.StartDdprun(name,
+                              WorkerJob({"--nnodes=2", "--nproc_per_node=" + std::to_string(nproc),
+                                         endpoint, "--rdzv_id=mixed", "--local_addr=" + addr},
+                                        filter),
+                              {{"DDP_TIMEOUT_SEC", "30"}, {"DDP_SHM_HOST_ID", id}});
+      };
+      Proc* a = node("node-a", "127.0.0.1", 2, "host-a");
+      Proc* b = node("node-b", "127.0.0.2", 1, "host-b");
+      const int ra = h.Wait(*a, 240);
+      const int rb = h.Wait(*b, 240);
+      INFO("node a:\n" << a->Out() << a->Err() << "\nnode b:\n" << b->Out() << b->Err());
+      REQUIRE(ra == 0);
+      REQUIRE(rb == 0);
+      CHECK(a->Err().find("ranks 0-1 of 3") != std::string::npos);
+      CHECK(b->Err().find("ranks 2-2 of 3") != std::string::npos);
+    }
+  }
+}
+
 TEST_CASE("a restarted job bootstraps round 1's communicator on both paths", "[sdk]") {
   for (const char* shm : kTransports) {
     DYNAMIC_SECTION(TransportName(shm)) {
       Harness h;
       const std::string result = h.dir() + "/result";
       Proc& p = h.StartDdprun(
-          "ddprun",
-          WorkerJob({"--nproc_per_node=3", "--max_restarts=1"}, "[restart]"),
+          "ddprun", WorkerJob({"--nproc_per_node=3", "--max_restarts=1"}, "[restart]"),
           {{"DDP_TIMEOUT_SEC", "30"}, {"DDP_SHM", shm}, {"SDK_RESULT_FILE", result}});
       const int rc = h.Wait(p, 120);
       INFO("stdout:\n" << p.Out() << "\nstderr:\n" << p.Err());

@@ -2,6 +2,7 @@
 #include "ddprun/rendezvous/job_rendezvous.h"
 
 #include <catch2/catch.hpp>
+#include <map>
 
 namespace ddprun::rendezvous {
 namespace {
@@ -112,10 +113,10 @@ TEST_CASE("two agents asking for the same node rank: the second gets another", "
 TEST_CASE("mismatched job shape is refused with the field named", "[unit]") {
   Fixture f;
   f.Join(Spec("h1", 1));
-  auto bad = Spec("h2", 2, 2, 2, /*nproc=*/8);
+  auto bad = Spec("h2", 2, 2, 3);
   auto r = f.job.Join(bad, &f.out);
   REQUIRE_FALSE(r.ok());
-  CHECK_THAT(std::string(r.status().message()), Catch::Contains("--nproc_per_node"));
+  CHECK_THAT(std::string(r.status().message()), Catch::Contains("--nnodes"));
   auto cmd = Spec("h2", 2);
   cmd.command = "other";
   CHECK_THAT(std::string(f.job.Join(cmd, &f.out).status().message()), Catch::Contains("command"));
@@ -125,6 +126,30 @@ TEST_CASE("mismatched job shape is refused with the field named", "[unit]") {
   auto rank = Spec("h2", 2);
   rank.requested_rank = 2;
   CHECK(absl::IsInvalidArgument(f.job.Join(rank, &f.out).status()));
+}
+
+// Issue 33 item 9b: as torchrun's _assign_worker_ranks: a node's local world
+// size is its own, global ranks follow node order, the world size is the sum.
+TEST_CASE("nodes with different nproc: own local world size, ranks in node order", "[unit]") {
+  Fixture f;
+  const std::string a = f.Join(Spec("h1", 1, 3, 3, /*nproc=*/2));
+  const std::string b = f.Join(Spec("h2", 2, 3, 3, /*nproc=*/1));
+  const std::string c = f.Join(Spec("h3", 3, 3, 3, /*nproc=*/3));
+  auto as = Of<Assignment>(f.out);
+  REQUIRE(as.size() == 3);
+  std::map<std::string, Assignment> by;
+  for (auto& [id, x] : as) by[id] = x;
+  CHECK(by[a].base_rank == 0);
+  CHECK(by[b].base_rank == 2);
+  CHECK(by[c].base_rank == 3);
+  CHECK(by[a].local_world_size == 2);
+  CHECK(by[b].local_world_size == 1);
+  CHECK(by[c].local_world_size == 3);
+  for (const auto& id : {a, b, c}) {
+    CHECK(by[id].world_size == 6);
+    CHECK(by[id].group_world_size == 3);
+  }
+  CHECK(f.job.Status().world_size == 6);
 }
 
 TEST_CASE("elastic: last call completes the round after min nodes", "[unit]") {

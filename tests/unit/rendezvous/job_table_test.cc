@@ -155,20 +155,23 @@ TEST_CASE("JobTable: the snapshot is written before any agent hears of the chang
   CHECK(snapshots_at_delivery > before);
 }
 
-TEST_CASE("JobTable: joins of a gathering round write no snapshot; its forming writes one",
-          "[unit]") {
+TEST_CASE(
+    "JobTable: a gathering round writes a snapshot on its first join (the job) and its "
+    "forming, none per join",
+    "[unit]") {
   // A snapshot holds every member: one per join would be O(N^2) bytes for N.
   Fixture f;
   constexpr int kNodes = 64;
   std::vector<std::shared_ptr<RecordingSink>> sinks;
   for (int i = 0; i + 1 < kNodes; ++i)
     sinks.push_back(f.Join(Spec("j", "10.0.1." + std::to_string(i), kNodes, kNodes)));
-  CHECK(f.journal.snapshots == 0);
+  CHECK(f.journal.snapshots == 1);
+  CHECK(f.journal.jobs.at("j").snapshot.state == "gathering");
   int snapshots_at_delivery = -1;
   sinks[0]->on_deliver = [&] { snapshots_at_delivery = f.journal.snapshots; };
   sinks.push_back(f.Join(Spec("j", "10.0.1.99", kNodes, kNodes)));
-  CHECK(f.journal.snapshots == 1);
-  CHECK(snapshots_at_delivery == 1);  // still durable before anyone heard
+  CHECK(f.journal.snapshots == 2);
+  CHECK(snapshots_at_delivery == 2);  // still durable before anyone heard
   CHECK(f.journal.jobs.at("j").snapshot.state == "running");
   CHECK(f.journal.jobs.at("j").snapshot.members.size() == static_cast<std::size_t>(kNodes));
 }
@@ -189,7 +192,7 @@ TEST_CASE("JobTable: a change the journal refuses is not delivered; its members 
     CHECK_THAT(std::string(st->message()),
                Catch::Contains("[job j round 0] not delivered") && Catch::Contains("too large"));
   }
-  CHECK(f.journal.snapshots == 0);
+  CHECK(f.journal.snapshots == 1);  // the job's first join; the refused forming is not written
   // Their streams ended: nothing more reaches them.
   f.table->StreamLost("j", a->bound_node, a.get());
   CHECK(a->events.size() == 1);
@@ -495,6 +498,41 @@ TEST_CASE("JobTable: Recover brings a running job back from the journal", "[unit
   CHECK((*engine)->Get("k") == "v");
   // The members are detached until they re-attach: their deadline is pending.
   CHECK(second.NextDeadline() == clock.Now() + 3s);
+}
+
+// Issue 33 item 00: ddprund restarted (--state_dir) while a job gathers keeps
+// the job, its shape and the policy its first joiner fixed; its agents join
+// again, in any order, and the round forms.
+TEST_CASE("JobTable: Recover brings a gathering job back; its agents join it again", "[unit]") {
+  MemoryJournal journal;
+  FakeClock clock;
+  JoinSpec a_spec = Spec("g", "10.0.0.1");
+  a_spec.policy.last_call_timeout_s = 7;
+  {
+    JobTableOptions o;
+    o.clock = &clock;
+    o.journal = &journal;
+    JobTable first(o);
+    REQUIRE(first.Join(a_spec, std::make_shared<RecordingSink>()).ok());
+  }
+  JobTableOptions o;
+  o.clock = &clock;
+  o.journal = &journal;
+  JobTable second(o);
+  REQUIRE(second.Recover().ok());
+  REQUIRE(second.Status("g").size() == 1);
+  CHECK(second.Status("g")[0].state == "gathering");
+  CHECK(second.Status("g")[0].max_nodes == 2);
+  // B first: no seat is held for A at round 0, and B's join is checked
+  // against the restored shape.
+  auto b = std::make_shared<RecordingSink>();
+  REQUIRE(second.Join(Spec("g", "10.0.0.2"), b).ok());
+  auto a = std::make_shared<RecordingSink>();
+  REQUIRE(second.Join(a_spec, a).ok());
+  CHECK(AssignmentOf(*a).world_size == 4);
+  CHECK(AssignmentOf(*b).world_size == 4);
+  REQUIRE(AssignmentOf(*b).policy.has_value());
+  CHECK(AssignmentOf(*b).policy->last_call_timeout_s == 7);  // the first joiner's, kept
 }
 
 }  // namespace

@@ -4,12 +4,16 @@
 //
 // Protocol (one job):
 //  1. Agents Join the open round. The first joiner fixes the job's shape
-//     (min/max nodes, nproc, max_restarts, command, join token); a later
-//     joiner that disagrees is refused with a message naming the field.
+//     (min/max nodes, max_restarts, command, join token); a later joiner
+//     that disagrees is refused with a message naming the field. Nodes may
+//     run different numbers of workers (nproc), as under torchrun.
 //  2. The round completes when max_nodes have joined, or last_call_timeout
 //     after min_nodes have joined. Group ranks follow requested ranks
 //     (--node_rank) and then (host, pid) order; global ranks are contiguous
-//     per node, rank 0 on group rank 0. Each member gets its Assignment.
+//     per node, rank 0 on group rank 0: node i's base rank is the sum of
+//     the nproc of nodes 0..i-1, the world size the sum of all, each
+//     node's local world size its own nproc. Each member gets its
+//     Assignment.
 //  3. A member that waits longer than join_timeout in an incomplete round
 //     gets DeadlineExceeded and is removed.
 //  4. While running, a node that joins becomes a spare if the round is full;
@@ -25,6 +29,8 @@
 //  Spares are promoted into each new round, up to max_nodes; seats of the
 //     previous round's members are held for them while they re-join, except
 //     the seat of a node whose worker failed when a spare can take it.
+//     When nobody else is awaited (the lost or failed node was the last
+//     running one) the promoted spares form the round at once.
 //  8. Restart of the server (--state_dir): Snapshot() is persisted on every
 //     change of version(); Restore() brings a running round back with its
 //     members detached. An agent re-attaches with a resumed Join and gets
@@ -145,7 +151,7 @@ class JobRendezvous {
   struct Member {
     JoinSpec spec;
     TimePoint joined_at;
-    bool done = false;  // reported SUCCEEDED this round
+    bool done = false;                        // reported SUCCEEDED this round
     std::optional<TimePoint> detached_since;  // restored, stream not back yet
   };
   Assignment AssignmentFor(std::size_t group_rank) const;
@@ -155,20 +161,18 @@ class JobRendezvous {
   void Complete(std::vector<Delivery>* out);
   // Ends the running round and opens the next; members must re-join. With a
   // failed_node and a hot spare waiting, the spare takes the failed seat.
-  void OpenNextRound(const std::string& reason, bool counts_as_failure,
-                     std::vector<Delivery>* out, const std::string& failed_node = "");
+  void OpenNextRound(const std::string& reason, bool counts_as_failure, std::vector<Delivery>* out,
+                     const std::string& failed_node = "");
   // Completes the gathering round if its conditions hold (or arms the last call).
   void MaybeComplete(std::vector<Delivery>* out);
   // A running member left or was lost: the rest re-rendezvous without it.
   void HandleDeparture(const std::string& node_id, const std::string& reason,
                        std::vector<Delivery>* out);
   void Close(bool success, const std::string& reason, std::vector<Delivery>* out);
-  void AddToGathering(const std::string& node_id, const JoinSpec& spec,
-                      std::vector<Delivery>* out);
+  void AddToGathering(const std::string& node_id, const JoinSpec& spec, std::vector<Delivery>* out);
   // Join's second half, once the node's seat request is settled: the node
   // becomes a member (or a spare) of the gathering or running job.
-  std::string Admit(const std::string& node_id, const JoinSpec& spec,
-                    std::vector<Delivery>* out);
+  std::string Admit(const std::string& node_id, const JoinSpec& spec, std::vector<Delivery>* out);
   std::string Prefix() const;
   void NoteDeadline(TimePoint t);
   // The member or spare that requested `rank` (--node_rank), if any: O(log N)
@@ -184,25 +188,25 @@ class JobRendezvous {
   State state_ = State::kGathering;
   std::int64_t round_ = 0;
   int restart_count_ = 0;
-  std::map<std::string, Member> members_;   // this round's members (gathering or running)
-  std::map<std::string, Member> spares_;    // waiting for a place
-  std::set<std::string> expected_;          // previous members not yet back
+  std::map<std::string, Member> members_;  // this round's members (gathering or running)
+  std::map<std::string, Member> spares_;   // waiting for a place
+  std::set<std::string> expected_;         // previous members not yet back
   // requested rank -> the node that last claimed it. Checked against
   // members_ and spares_ when read (RankHolder), so departures need not
   // update it.
   std::map<int, std::string> rank_holders_;
   std::optional<TimePoint> last_call_deadline_;
-  std::vector<NodeInfo> assigned_;          // the running round's nodes
-  std::vector<std::string> assigned_ids_;   // their node ids, by group rank
+  std::vector<NodeInfo> assigned_;         // the running round's nodes
+  std::vector<std::string> assigned_ids_;  // their node ids, by group rank
   std::string master_addr_;
   int master_port_ = 0;
   std::uint64_t version_ = 0;
   std::optional<TimePoint> new_deadline_;  // see TakeNewDeadline()
   QuarantinePolicy quarantine_;
-  std::map<std::string, int> host_failures_;             // failure reports per host
-  std::map<std::string, TimePoint> quarantined_until_;   // host -> end of cooldown
+  std::map<std::string, int> host_failures_;            // failure reports per host
+  std::map<std::string, TimePoint> quarantined_until_;  // host -> end of cooldown
   Duration reattach_timeout_{};
-  std::vector<WorkerFailure> failures_;     // every failure so far, first first
+  std::vector<WorkerFailure> failures_;  // every failure so far, first first
   std::string close_reason_;
   bool close_success_ = false;
 };
