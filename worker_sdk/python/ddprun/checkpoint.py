@@ -180,7 +180,9 @@ class _Encoder:
 
     def _array(self, np, obj, path):
         scalar = isinstance(obj, np.generic)
-        a = np.ascontiguousarray(np.asarray(obj))
+        a = np.asarray(obj)  # not ascontiguousarray: it makes a 0-d array 1-d
+        if not a.flags.c_contiguous:
+            a = a.copy(order="C")
         if a.dtype.hasobject or a.dtype.fields is not None:
             raise _unsupported(path, obj, "a numpy array of dtype %s" % a.dtype)
         node = {"t": "numpy", "dtype": a.dtype.str, "shape": list(a.shape),
