@@ -17,7 +17,7 @@ is this module's own (a JSON tree of key paths, dtypes, shapes and offsets,
 then the raw bytes), never pickle.
 
 Pure Python: PyTorch and numpy are imported only when the state holds
-their objects.
+their objects. Not thread-safe: call it from one thread of the worker.
 """
 import collections
 import ctypes
