@@ -27,6 +27,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "ddprun/agent/checkpoint_memory.h"
 #include "ddprun/agent/failure_report.h"
 #include "ddprun/agent/file_timer.h"
 #include "ddprun/agent/host.h"
@@ -111,7 +112,11 @@ class Agent::Impl {
         join_timeout_(rdzv::Seconds(options_.policy.join_timeout_s)),
         last_call_timeout_(rdzv::Seconds(options_.policy.last_call_timeout_s)),
         grace_period_(rdzv::Seconds(options_.grace_period_s)),
-        workers_(*launcher_, clock_) {}
+        workers_(*launcher_, clock_) {
+    if (options_.ckpt_shm_limit > 0) {
+      checkpoints_ = std::make_unique<CheckpointMemory>(options_.ckpt_shm_limit);
+    }
+  }
 
   ~Impl() { Shutdown(); }
 
@@ -393,6 +398,15 @@ class Agent::Impl {
       return false;
     }
     if (options_.numa_binding != NumaBinding::kNone) *plan = PlanNumaBinding(a.local_world_size);
+    // Checkpoint memory: read between rounds, when no worker runs.
+    std::vector<std::int64_t> ckpt_steps;
+    if (checkpoints_) {
+      if (absl::Status st = checkpoints_->Ensure(a.local_world_size); !st.ok()) {
+        Log(std::string(st.message()));
+        return false;
+      }
+      ckpt_steps = checkpoints_->CommonSteps(a.local_world_size, a.base_rank, a.world_size);
+    }
     for (int j = 0; j < a.local_world_size; ++j) {
       SpawnSpec spec;
       std::string error_file;
@@ -401,6 +415,11 @@ class Agent::Impl {
       spec.argv = SubstituteLocalRank(options_.command, j);
       spec.env = BuildWorkerEnv(base_env_, in, j);
       if (monitoring_) monitoring_->AddWorkerEnv(j, &spec.env);
+      if (checkpoints_) {
+        checkpoints_->AddToSpawn(j, ckpt_steps, &spec);
+      } else {
+        RemoveCheckpointEnv(&spec.env);
+      }
       if (!plan->empty()) spec.cpus = (*plan)[static_cast<std::size_t>(j)];
       absl::Status st = workers_.Spawn(j, a.base_rank + j, spec, std::move(error_file), prepared);
       if (monitoring_ && st.ok() && workers_.workers().back().child) {
@@ -1029,6 +1048,9 @@ class Agent::Impl {
   std::map<pid_t, int> worker_pids_;  // pid -> global rank
   std::int64_t worker_pids_round_ = 0;
   std::unique_ptr<FileTimerServer> file_timer_;  // TORCHELASTIC_ENABLE_FILE_TIMER=1
+  // The workers' checkpoint memory (--ckpt_shm_limit > 0), for the agent's
+  // whole life: snapshots outlive the workers' rounds.
+  std::unique_ptr<CheckpointMemory> checkpoints_;
 };
 
 Agent::Agent(AgentOptions options, std::unique_ptr<ProcessLauncher> launcher)

@@ -254,7 +254,9 @@ class BoostProcessLauncher final : public ProcessLauncher {
     // Dispositions at this spawn; a handler installed by another thread
     // between here and exec is reset by exec itself (only SIG_IGN survives it).
     const std::uint64_t non_default = NonDefaultSignals();
-    auto exec_setup = [parent, child_out, child_err, bind, cpus, non_default](auto& exec) {
+    const std::vector<int> inherit = spec.inherit_fds;  // copied before fork
+    auto exec_setup = [parent, child_out, child_err, bind, cpus, non_default,
+                       &inherit](auto& exec) {
       // Runs in the child, between fork and exec: async-signal-safe only.
       sigset_t empty;
       sigemptyset(&empty);
@@ -291,6 +293,11 @@ class BoostProcessLauncher final : public ProcessLauncher {
 #ifdef SYS_close_range
       ::syscall(SYS_close_range, 3u, ~0u, 4u /* CLOSE_RANGE_CLOEXEC */);
 #endif
+      // ... but for the descriptors the worker inherits (SpawnSpec::inherit_fds;
+      // fcntl is async-signal-safe, the vector is only read).
+      for (int fd : inherit) {
+        if (::fcntl(fd, F_SETFD, 0) != 0) ::_exit(127);
+      }
     };
     auto env_setup = [&envp](auto& exec) { exec.env = envp.data(); };
 

@@ -77,6 +77,8 @@ absl::Status ApplyKnobValue(const Knob& knob, const KnobValue& v, ParsedCommand&
       return Put(knob, v, out, ParseStreams(text));
     case ValueType::kRankList:
       return Put(knob, v, out, ParseRankList(text));
+    case ValueType::kBytes:
+      return Put(knob, v, out, ParseBytes(text));
     default:
       break;
   }

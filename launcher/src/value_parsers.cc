@@ -15,9 +15,11 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "ddprun/agent/cpu_binding.h"
 #include "ddprun/rendezvous/common/job_id.h"
 #include "ddprun/rendezvous/common/status_macros.h"
@@ -135,6 +137,34 @@ std::string FormatStreams(const agent::StdStreams& s) {
   std::vector<std::string> parts;
   for (const auto& [rank, v] : s.per_rank) parts.push_back(absl::StrCat(rank, ":", v));
   return absl::StrJoin(parts, ",");
+}
+
+absl::StatusOr<std::uint64_t> ParseBytes(absl::string_view text) {
+  constexpr double kMaxBytes = static_cast<double>(1ULL << 50);
+  auto bad = [&text] {
+    return Bad(
+        absl::StrCat("must be a number of bytes such as 512MiB, 16GiB or 0, got '", text, "'"));
+  };
+  absl::string_view number = absl::StripAsciiWhitespace(text);
+  double scale = 1;
+  if (absl::ConsumeSuffix(&number, "iB") || absl::ConsumeSuffix(&number, "B")) {
+    if (number.empty()) return bad();
+  }
+  if (!number.empty()) {
+    const char unit = absl::ascii_toupper(number.back());
+    const double scales[] = {0x1p10, 0x1p20, 0x1p30, 0x1p40};
+    const absl::string_view units = "KMGT";
+    if (const std::size_t u = units.find(unit); u != absl::string_view::npos) {
+      scale = scales[u];
+      number.remove_suffix(1);
+    }
+  }
+  double value = 0;
+  if (number.empty() || !absl::SimpleAtod(number, &value) || !(value >= 0) ||
+      value * scale > kMaxBytes) {
+    return bad();
+  }
+  return static_cast<std::uint64_t>(value * scale);
 }
 
 absl::StatusOr<std::vector<int>> ParseRankList(absl::string_view text) {
@@ -325,6 +355,9 @@ absl::StatusOr<std::string> NormalizeKnobValue(const Knob& knob, absl::string_vi
       DDPRUN_ASSIGN_OR_RETURN(agent::StdStreams s, ParseStreams(text));
       return FormatStreams(s);
     }
+    case ValueType::kBytes:
+      DDPRUN_RETURN_IF_ERROR(ParseBytes(text).status());
+      return std::string(text);
     case ValueType::kRankList: {
       DDPRUN_ASSIGN_OR_RETURN(std::vector<int> ranks, ParseRankList(text));
       return absl::StrJoin(ranks, ",");

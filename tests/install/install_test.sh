@@ -89,4 +89,12 @@ assert ddprun_sdk.scalar("loss", 1.0) is False
 PY
 [[ -f "$libdir/ddprun/python/ddprun_hook/sitecustomize.py" && -f "$libdir/ddprun/python/ddprun_metrics.py" ]] ||
   fail "the Python start-up hook is not installed"
+step "ddprun.checkpoint from the moved tree"
+env -i PATH="$PATH" PYTHONPATH="$libdir/ddprun/python" /usr/bin/python3 -c '
+import ddprun.checkpoint as c
+try:
+    c.save({}, 0)
+    raise SystemExit("save outside ddprun did not raise")
+except c.Error as e:
+    assert "DDPRUN_CKPT_FD is unset" in str(e), str(e)' || fail "ddprun.checkpoint is not installed"
 step "PASS"

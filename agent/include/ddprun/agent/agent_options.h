@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -118,6 +119,11 @@ struct AgentOptions {
   // Monitoring (docs/monitoring-sources.md); hang detection is in policy.
   // --python_hook: ddprun's start-up hook on the workers' PYTHONPATH.
   bool python_hook = true;
+
+  // Checkpoints in memory (docs/checkpoint.md): the largest snapshot one
+  // worker may save (--ckpt_shm_limit; its default is the knob table's); 0:
+  // no checkpoint memory.
+  std::uint64_t ckpt_shm_limit = 0;
 };
 
 }  // namespace ddprun::agent

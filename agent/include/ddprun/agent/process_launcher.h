@@ -34,6 +34,10 @@ struct SpawnSpec {
   // Non-empty: the child's CPU affinity (sched_setaffinity before exec;
   // --cpu_bind, cpu_binding.h). A CPU the kernel refuses fails the spawn.
   std::vector<int> cpus;
+  // Descriptors of the caller that the child inherits under the same
+  // numbers (the worker's checkpoint memory); every other one above 2 is
+  // closed at exec. The caller keeps and closes them.
+  std::vector<int> inherit_fds;
 };
 
 // How a child ended.

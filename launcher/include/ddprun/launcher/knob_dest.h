@@ -6,6 +6,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <variant>
 #include <vector>
@@ -29,12 +30,12 @@ auto& FieldAt(ParsedCommand& c) {
 }
 
 // What a knob's row may name. The value type of the row (Knob::type) must
-// fit the field: a count goes to an int, seconds to a double or a duration
-// (knobs_test checks every row).
+// fit the field: a count goes to an int, seconds to a double or a duration,
+// bytes to a std::uint64_t (knobs_test checks every row).
 using KnobDest =
     std::variant<std::monostate, FieldOf<int>, FieldOf<double>, FieldOf<bool>, FieldOf<std::string>,
                  FieldOf<rendezvous::OnHang>, FieldOf<agent::StdStreams>, FieldOf<std::vector<int>>,
-                 FieldOf<std::chrono::duration<double>>>;
+                 FieldOf<std::chrono::duration<double>>, FieldOf<std::uint64_t>>;
 
 // Shorthands for the table's rows.
 template <auto... Path>

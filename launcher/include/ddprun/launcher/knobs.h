@@ -47,6 +47,7 @@ enum class ValueType {
   kStartMethod,      // spawn, fork or forkserver
   kOnHang,           // report, restart or abort
   kCpuBind,          // auto, none, core or numa (agent/cpu_binding.h)
+  kBytes,            // N[K|M|G|T][iB|B]: a number of bytes, binary multiples
   kRdzvConf,         // KEY=VALUE,... (each key is its own knob below)
   kFileOnly,         // a job-file structure parsed by job_config.cc (hosts, command, ...)
 };
@@ -277,6 +278,12 @@ inline constexpr Knob kKnobs[] = {
     {.yaml_key = "environment.pass", .type = ValueType::kFileOnly},
     {.yaml_key = "nccl.NCCL_*", .type = ValueType::kFileOnly},
     // Command line only.
+    // Checkpoints in memory (docs/checkpoint.md); per node, so no JobPolicy field.
+    {.name = "ckpt_shm_limit", .type = ValueType::kBytes, .default_value = "16GiB",
+     .default_text = "16GiB", .metavar = "BYTES", .group = kGroupJob,
+     .help = "Largest checkpoint one worker may save with ddprun.checkpoint.save (memory the "
+             "agent owns, two slots per worker, used as written); 0: no checkpoint memory",
+     .dest = kInOptions<&agent::AgentOptions::ckpt_shm_limit>},
     {.name = "standalone", .type = ValueType::kBool, .default_text = "off", .group = kGroupRdzv,
      .help = "Single-node job with its own private rendezvous; ignores --rdzv_backend, "
              "--rdzv_endpoint and --rdzv_id"},

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,10 @@ std::string FormatNproc(const NprocSpec& spec);  // "4", "cpu", ...
 
 // kCount: an integer in [min, max]; `what` says which ("a non-negative integer").
 absl::StatusOr<long> ParseCount(absl::string_view text, long min, long max, absl::string_view what);
+
+// kBytes: "0", "512", "64KiB", "1.5GiB", "16G" (K, M, G, T are binary
+// multiples, with or without "iB"/"B"); at most 2^50 (1 PiB).
+absl::StatusOr<std::uint64_t> ParseBytes(absl::string_view text);
 
 // kSeconds / kPositiveSeconds: a finite decimal number of seconds.
 absl::StatusOr<Seconds> ParseSeconds(absl::string_view text, bool allow_zero);

@@ -45,5 +45,11 @@ inline constexpr const char* kEnvStackFile = "DDPRUN_STACK_FILE";
 // "0": the Python start-up hook does nothing (set by --python_hook=0, or
 // by the user for one job).
 inline constexpr const char* kEnvPythonHook = "DDPRUN_PYTHON_HOOK";
+// Checkpoints in memory (docs/checkpoint.md): the number of the inherited
+// descriptor of the worker's checkpoint memory (checkpoint_layout.h); unset
+// when --ckpt_shm_limit is 0. And the steps every local rank of this node
+// had committed when the round's workers were spawned ("3,4"; "" none).
+inline constexpr const char* kEnvCkptFd = "DDPRUN_CKPT_FD";
+inline constexpr const char* kEnvCkptSteps = "DDPRUN_CKPT_STEPS";
 
 }  // namespace ddprun

@@ -1,0 +1,74 @@
+// The workers' checkpoint memory (docs/checkpoint.md): one memfd per local
+// rank, created and owned by the agent, handed to each worker of that rank
+// as an inherited descriptor (DDPRUN_CKPT_FD), in every round. A snapshot
+// therefore outlives the worker that saved it, a restarted worker finds it
+// again, and it is freed with the agent and its workers: there is no path,
+// nothing in /dev/shm, and only processes holding the descriptor reach it.
+//
+// The memory is sized 4096 + 2 * limit bytes and sealed against growing and
+// shrinking (F_SEAL_GROW | F_SEAL_SHRINK), so a snapshot cannot exceed
+// --ckpt_shm_limit even by a worker that ignores the layout; tmpfs allocates
+// pages only when written. The agent reads the commit records
+// (checkpoint_layout.h) only between rounds, when no worker runs.
+// Not thread-safe: the agent's main thread owns it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace ddprun::agent {
+
+struct SpawnSpec;
+
+// A committed snapshot as its record describes it.
+struct CommittedSnapshot {
+  std::int64_t step = 0;
+  std::uint64_t size = 0;
+  int rank = 0;        // RANK of the worker that saved it
+  int world_size = 0;  // WORLD_SIZE then
+};
+
+class CheckpointMemory {
+ public:
+  // limit_bytes: the largest snapshot of one rank (--ckpt_shm_limit > 0).
+  explicit CheckpointMemory(std::uint64_t limit_bytes);
+  ~CheckpointMemory();
+  CheckpointMemory(const CheckpointMemory&) = delete;
+  CheckpointMemory& operator=(const CheckpointMemory&) = delete;
+
+  // Creates the memory of local ranks [0, local_ranks) not created yet.
+  // An error names the rank and the cause (memfd_create, sealing).
+  absl::Status Ensure(int local_ranks);
+  // The descriptor of a local rank's memory (-1 before Ensure).
+  int fd(int local_rank) const;
+  std::uint64_t slot_capacity() const { return capacity_; }
+
+  // The committed snapshots in a local rank's memory, newest first; a
+  // record that is not committed (a save cut short) is left out.
+  std::vector<CommittedSnapshot> Committed(int local_rank) const;
+  // The steps that every local rank j in [0, local_ranks) has committed as
+  // RANK base_rank + j of a job of world_size ranks, ascending. A snapshot
+  // saved under another rank or world size does not count: after the job's
+  // shape changed, no step is common and the workers start fresh.
+  std::vector<std::int64_t> CommonSteps(int local_ranks, int base_rank, int world_size) const;
+
+  // Hands local rank j's memory to its worker: DDPRUN_CKPT_FD and
+  // DDPRUN_CKPT_STEPS (`common`, as CommonSteps gave) in the spec's
+  // environment and the descriptor in its inherited ones.
+  void AddToSpawn(int local_rank, const std::vector<std::int64_t>& common, SpawnSpec* spec) const;
+
+ private:
+  std::uint64_t limit_;     // --ckpt_shm_limit
+  std::uint64_t capacity_;  // bytes per slot: the limit rounded up to a page
+  std::vector<int> fds_;
+};
+
+// Without checkpoint memory (--ckpt_shm_limit 0): the variables are erased,
+// never inherited from the agent's environment.
+void RemoveCheckpointEnv(std::map<std::string, std::string>* env);
+
+}  // namespace ddprun::agent

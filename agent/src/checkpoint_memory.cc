@@ -1,0 +1,164 @@
+#include "ddprun/agent/checkpoint_memory.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "ddprun/agent/process_launcher.h"
+#include "ddprun/rendezvous/common/checkpoint_layout.h"
+#include "ddprun/rendezvous/common/worker_env_names.h"
+
+namespace ddprun::agent {
+namespace {
+
+namespace layout = checkpoint_layout;
+
+constexpr std::uint64_t kPage = 4096;
+
+template <class T>
+T Load(const unsigned char* p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);  // little-endian hosts only (x86-64, aarch64)
+  return v;
+}
+
+bool PreadAll(int fd, void* buf, std::size_t n, off_t offset) {
+  auto* p = static_cast<unsigned char*>(buf);
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, p, n, offset);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<std::size_t>(r);
+    offset += r;
+  }
+  return true;
+}
+
+bool PwriteAll(int fd, const void* buf, std::size_t n, off_t offset) {
+  const auto* p = static_cast<const unsigned char*>(buf);
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd, p, n, offset);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<std::size_t>(w);
+    offset += w;
+  }
+  return true;
+}
+
+}  // namespace
+
+CheckpointMemory::CheckpointMemory(std::uint64_t limit_bytes)
+    : limit_(limit_bytes), capacity_((limit_bytes + kPage - 1) / kPage * kPage) {}
+
+CheckpointMemory::~CheckpointMemory() {
+  for (int fd : fds_) ::close(fd);
+}
+
+absl::Status CheckpointMemory::Ensure(int local_ranks) {
+  while (static_cast<int>(fds_.size()) < local_ranks) {
+    const int rank = static_cast<int>(fds_.size());
+    auto fail = [rank](const char* what, int fd) {
+      const int err = errno;
+      if (fd >= 0) ::close(fd);
+      return absl::InternalError(absl::StrCat("cannot create the checkpoint memory of local rank ",
+                                              rank, ": ", what, ": ", std::strerror(err),
+                                              "; run with --ckpt_shm_limit 0 to go without"));
+    };
+    const std::string name = absl::StrCat("ddprun-ckpt-", rank);
+    const int fd = ::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) return fail("memfd_create", fd);
+    if (::ftruncate(fd, static_cast<off_t>(layout::kHeaderBytes + 2 * capacity_)) != 0) {
+      return fail("ftruncate", fd);
+    }
+    unsigned char header[layout::kSlotRecordsOffset] = {};
+    std::memcpy(header + layout::kMagicOffset, layout::kMagic, sizeof layout::kMagic);
+    std::memcpy(header + layout::kVersionOffset, &layout::kVersion, sizeof layout::kVersion);
+    std::memcpy(header + layout::kCapacityOffset, &capacity_, sizeof capacity_);
+    std::memcpy(header + layout::kLimitOffset, &limit_, sizeof limit_);
+    if (!PwriteAll(fd, header, sizeof header, 0)) return fail("writing the header", fd);
+    if (::fcntl(fd, F_ADD_SEALS, F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) != 0) {
+      return fail("sealing", fd);
+    }
+    fds_.push_back(fd);
+  }
+  return absl::OkStatus();
+}
+
+int CheckpointMemory::fd(int local_rank) const {
+  if (local_rank < 0 || local_rank >= static_cast<int>(fds_.size())) return -1;
+  return fds_[static_cast<std::size_t>(local_rank)];
+}
+
+std::vector<CommittedSnapshot> CheckpointMemory::Committed(int local_rank) const {
+  std::vector<std::pair<std::uint64_t, CommittedSnapshot>> found;  // by generation
+  const int f = fd(local_rank);
+  if (f < 0) return {};
+  for (int slot = 0; slot < layout::kSlots; ++slot) {
+    unsigned char rec[layout::kSlotRecordBytes];
+    if (!PreadAll(f, rec, sizeof rec, static_cast<off_t>(layout::SlotRecordOffset(slot)))) {
+      continue;
+    }
+    if (Load<std::uint32_t>(rec + layout::kStateOffset) != layout::kSlotCommitted) continue;
+    CommittedSnapshot s;
+    s.step = Load<std::int64_t>(rec + layout::kStepOffset);
+    s.size = Load<std::uint64_t>(rec + layout::kSizeOffset);
+    s.rank = Load<std::int32_t>(rec + layout::kRankOffset);
+    s.world_size = Load<std::int32_t>(rec + layout::kWorldSizeOffset);
+    if (s.size > limit_) continue;  // not a record this layout wrote
+    found.emplace_back(Load<std::uint64_t>(rec + layout::kGenerationOffset), s);
+  }
+  std::sort(found.begin(), found.end(),
+            [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<CommittedSnapshot> out;
+  for (auto& [gen, s] : found) out.push_back(s);
+  return out;
+}
+
+std::vector<std::int64_t> CheckpointMemory::CommonSteps(int local_ranks, int base_rank,
+                                                        int world_size) const {
+  std::set<std::int64_t> common;
+  for (int j = 0; j < local_ranks; ++j) {
+    std::set<std::int64_t> mine;
+    for (const CommittedSnapshot& s : Committed(j)) {
+      if (s.rank == base_rank + j && s.world_size == world_size) mine.insert(s.step);
+    }
+    if (j == 0) {
+      common = std::move(mine);
+    } else {
+      std::set<std::int64_t> both;
+      std::set_intersection(common.begin(), common.end(), mine.begin(), mine.end(),
+                            std::inserter(both, both.end()));
+      common = std::move(both);
+    }
+  }
+  return {common.begin(), common.end()};
+}
+
+void CheckpointMemory::AddToSpawn(int local_rank, const std::vector<std::int64_t>& common,
+                                  SpawnSpec* spec) const {
+  const int f = fd(local_rank);
+  if (f < 0) {
+    RemoveCheckpointEnv(&spec->env);
+    return;
+  }
+  spec->env[kEnvCkptFd] = std::to_string(f);
+  spec->env[kEnvCkptSteps] = absl::StrJoin(common, ",");
+  spec->inherit_fds.push_back(f);
+}
+
+void RemoveCheckpointEnv(std::map<std::string, std::string>* env) {
+  env->erase(kEnvCkptFd);
+  env->erase(kEnvCkptSteps);
+}
+
+}  // namespace ddprun::agent

@@ -1,0 +1,52 @@
+// The layout of a worker's checkpoint memory (docs/checkpoint.md, "Format"):
+// the contract between the agent, which creates it and reads its commit
+// records, and the worker side (worker_sdk/python/ddprun/checkpoint.py),
+// which writes it. Version 1; every integer little-endian.
+//
+//   [0, 4096)                        header: magic, version, slot capacity,
+//                                    two slot records
+//   [4096, 4096 + capacity)          slot 0's snapshot bytes
+//   [4096 + capacity, + 2*capacity)  slot 1's snapshot bytes
+//
+// A save writes the slot that does not hold the newest committed snapshot:
+// its record's state goes to kSlotWriting first, the bytes and the record
+// after, and kSlotCommitted last. A writer that dies midway leaves that slot
+// kSlotWriting and the other one untouched, so a snapshot is never torn.
+#pragma once
+
+#include <cstdint>
+
+namespace ddprun::checkpoint_layout {
+
+inline constexpr char kMagic[8] = {'D', 'D', 'P', 'C', 'K', 'P', 'T', '1'};
+inline constexpr std::uint32_t kVersion = 1;
+inline constexpr std::uint64_t kHeaderBytes = 4096;
+inline constexpr int kSlots = 2;
+
+// Header fields (byte offsets).
+inline constexpr std::uint64_t kMagicOffset = 0;         // char[8]
+inline constexpr std::uint64_t kVersionOffset = 8;       // u32
+inline constexpr std::uint64_t kCapacityOffset = 16;     // u64: bytes per slot
+inline constexpr std::uint64_t kLimitOffset = 24;        // u64: --ckpt_shm_limit, as given
+inline constexpr std::uint64_t kSlotRecordsOffset = 64;  // kSlots records
+inline constexpr std::uint64_t kSlotRecordBytes = 64;
+
+// One slot record (offsets inside it).
+inline constexpr std::uint64_t kStateOffset = 0;       // u32: a SlotState
+inline constexpr std::uint64_t kCrcOffset = 4;         // u32: zlib crc32 of the bytes
+inline constexpr std::uint64_t kGenerationOffset = 8;  // u64: newer saves are higher
+inline constexpr std::uint64_t kStepOffset = 16;       // i64: the step given to save
+inline constexpr std::uint64_t kSizeOffset = 24;       // u64: bytes in the slot
+inline constexpr std::uint64_t kRankOffset = 32;       // i32: the saver's RANK
+inline constexpr std::uint64_t kWorldSizeOffset = 36;  // i32: the saver's WORLD_SIZE
+
+enum SlotState : std::uint32_t { kSlotEmpty = 0, kSlotWriting = 1, kSlotCommitted = 2 };
+
+inline constexpr std::uint64_t SlotRecordOffset(int slot) {
+  return kSlotRecordsOffset + static_cast<std::uint64_t>(slot) * kSlotRecordBytes;
+}
+inline constexpr std::uint64_t SlotDataOffset(int slot, std::uint64_t capacity) {
+  return kHeaderBytes + static_cast<std::uint64_t>(slot) * capacity;
+}
+
+}  // namespace ddprun::checkpoint_layout

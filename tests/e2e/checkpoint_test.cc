@@ -1,0 +1,354 @@
+// Checkpoints in memory owned by the agent (docs/checkpoint.md), with real
+// PyTorch (python3-torch, CPU, gloo) under ddprun: a DDP job whose rank 1 is
+// killed resumes on every rank from the newest step all ranks committed,
+// with bit-identical parameters, and ends where a run without the failure
+// ends; a rank killed in the middle of save still loads its previous
+// snapshot; the state round-trips its types; bad input is named; and the
+// memory is gone with the job, also after kill -9 of ddprun.
+#include <dirent.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "support/process_helpers.h"
+#include "support/skip.h"
+
+namespace {
+
+using ddprun::test::EnvList;
+using ddprun::test::Harness;
+using ddprun::test::Proc;
+using ddprun::test::ReadFile;
+using ddprun::test::SkipCase;
+
+const std::string kPython = "/usr/bin/python3";  // Debian's torch lives here
+const std::string kPythonDir = std::string(DDPRUN_BIN_DIR) + "/../python";  // build/python/ddprun
+
+bool TorchAvailable() {
+  return std::system((kPython + " -c 'import torch.distributed' >/dev/null 2>&1").c_str()) == 0;
+}
+
+EnvList WorkerEnv() { return {{"PYTHON_EXEC", kPython}, {"PYTHONPATH", kPythonDir}}; }
+
+// Trains a small model with DDP for argv[2] steps, saving after every step;
+// rank 1 kills itself at the start of step argv[3] on the first attempt.
+// Each rank logs "resumed <step> <digest>", "saved <step> <digest>" and
+// "final <digest>" (sha256 of parameters and momentum buffers) per attempt.
+constexpr const char* kTrainScript = R"(import faulthandler, hashlib, os, signal, sys
+faulthandler.dump_traceback_later(120, exit=True)
+import torch, torch.distributed as dist
+import ddprun.checkpoint as ckpt
+
+out, steps, kill_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rank, attempt = int(os.environ["RANK"]), os.environ["TORCHELASTIC_RESTART_COUNT"]
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+ddp = torch.nn.parallel.DistributedDataParallel(model)
+opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+def digest():
+    h = hashlib.sha256()
+    for k, v in model.state_dict().items():
+        h.update(k.encode()); h.update(v.numpy().tobytes())
+    for _, s in sorted(opt.state_dict()["state"].items()):
+        h.update(s["momentum_buffer"].numpy().tobytes())
+    return h.hexdigest()
+
+log = open(os.path.join(out, "rank%d.attempt%s.txt" % (rank, attempt)), "w", buffering=1)
+start = 0
+resumed = ckpt.load()
+if resumed is not None:
+    step, state = resumed
+    assert state["step"] == step and type(state["step"]) is int, state["step"]
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    start = step + 1
+    log.write("resumed %d %s\n" % (step, digest()))
+for step in range(start, steps):
+    if step == kill_at and rank == 1 and attempt == "0":
+        os.kill(os.getpid(), signal.SIGKILL)
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(16, 8, generator=g)
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(ddp(x), x.sum(1, keepdim=True)).backward()
+    opt.step()
+    ckpt.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, step)
+    log.write("saved %d %s\n" % (step, digest()))
+log.write("final %s\n" % digest())
+dist.destroy_process_group()
+)";
+
+// "<word> <a> [<b>]" lines of one rank's attempt, keyed by word + a.
+std::map<std::string, std::string> ReadLog(const std::string& path) {
+  std::map<std::string, std::string> out;
+  std::istringstream in(ReadFile(path));
+  std::string word, a, b;
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    ls >> word >> a;
+    if (ls >> b) {
+      out[word + " " + a] = b;
+    } else {
+      out[word] = a;
+    }
+  }
+  return out;
+}
+
+// The entries of /dev/shm a ddprun job could have left (names with "ddprun"
+// or "ckpt"; others belong to whatever else runs on the machine).
+std::set<std::string> DevShm() {
+  std::set<std::string> names;
+  if (DIR* d = ::opendir("/dev/shm")) {
+    while (dirent* e = ::readdir(d)) {
+      const std::string n = e->d_name;
+      if (n.find("ddprun") != std::string::npos || n.find("ckpt") != std::string::npos) {
+        names.insert(n);
+      }
+    }
+    ::closedir(d);
+  }
+  return names;
+}
+
+// The processes that hold a descriptor of checkpoint memory: pid -> the
+// memory files it holds, distinct ("/memfd:ddprun-ckpt-<local rank> (deleted)";
+// Python's mmap holds a duplicate).
+std::map<int, std::set<std::string>> CheckpointMemoryHolders() {
+  std::map<int, std::set<std::string>> holders;
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return holders;
+  while (dirent* p = ::readdir(proc)) {
+    const int pid = std::atoi(p->d_name);
+    if (pid <= 0) continue;
+    const std::string fd_dir = std::string("/proc/") + p->d_name + "/fd";
+    DIR* fds = ::opendir(fd_dir.c_str());
+    if (fds == nullptr) continue;
+    while (dirent* f = ::readdir(fds)) {
+      char target[256] = {};
+      const std::string link = fd_dir + "/" + f->d_name;
+      const ssize_t n = ::readlink(link.c_str(), target, sizeof target - 1);
+      if (n > 0 && std::string(target, n).find("memfd:ddprun-ckpt-") != std::string::npos) {
+        holders[pid].insert(std::string(target, n));
+      }
+    }
+    ::closedir(fds);
+  }
+  ::closedir(proc);
+  return holders;
+}
+
+// Runs the training script under ddprun; returns its output directory.
+std::string Train(Harness& h, const std::string& name, int kill_at, const EnvList& extra = {}) {
+  const std::string out = h.MakeDir(name);
+  const std::string script = h.Script("train.py", kTrainScript);
+  EnvList env = WorkerEnv();
+  env.insert(env.end(), extra.begin(), extra.end());
+  Proc& p = h.StartDdprun(
+      name, {"--nproc_per_node=2", "--max_restarts=1", script, out, "8", std::to_string(kill_at)},
+      env);
+  const int rc = h.Wait(p, 240);
+  INFO(name << " stdout:\n" << p.Out() << "\nstderr:\n" << p.Err());
+  REQUIRE(rc == 0);
+  return out;
+}
+
+// Both ranks resumed from `step` with the parameters they had saved there
+// on the first attempt, and ended with `final_digest`.
+void CheckResumed(const std::string& out, int step, const std::string& final_digest) {
+  std::set<std::string> resumed;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string prefix = out + "/rank" + std::to_string(rank);
+    auto first = ReadLog(prefix + ".attempt0.txt");
+    auto second = ReadLog(prefix + ".attempt1.txt");
+    INFO("rank " << rank << " attempt 1:\n" << ReadFile(prefix + ".attempt1.txt"));
+    const std::string key = "resumed " + std::to_string(step);
+    REQUIRE(second.count(key) == 1);
+    REQUIRE(first.count("saved " + std::to_string(step)) == 1);
+    CHECK(second[key] == first["saved " + std::to_string(step)]);
+    // It trained from step + 1, not from scratch nor from a later step.
+    CHECK(second.count("saved " + std::to_string(step)) == 0);
+    CHECK(second.count("saved " + std::to_string(step + 1)) == 1);
+    CHECK(second["final"] == final_digest);
+    resumed.insert(second[key]);
+  }
+  CHECK(resumed.size() == 1);
+}
+
+std::string CleanFinal(Harness& h) {
+  const std::string clean = Train(h, "clean", -1);
+  auto r0 = ReadLog(clean + "/rank0.attempt0.txt");
+  auto r1 = ReadLog(clean + "/rank1.attempt0.txt");
+  REQUIRE(r0["final"].size() == 64);
+  REQUIRE(r0["final"] == r1["final"]);
+  return r0["final"];
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: rank 1 killed at step 5 resumes at step 5 on every rank, bit-identical",
+          "[e2e][checkpoint]") {
+  if (!TorchAvailable()) return SkipCase("e2e", kPython + " cannot import torch");
+  Harness h;
+  const std::set<std::string> shm_before = DevShm();
+  const std::string final_digest = CleanFinal(h);
+  const std::string out = Train(h, "killed", /*kill_at=*/5);
+  CheckResumed(out, 4, final_digest);  // the newest step both committed: 4
+  CHECK(DevShm() == shm_before);
+  CHECK(CheckpointMemoryHolders().empty());
+}
+
+TEST_CASE("checkpoint: a rank killed in the middle of save loads its previous snapshot",
+          "[e2e][checkpoint]") {
+  if (!TorchAvailable()) return SkipCase("e2e", kPython + " cannot import torch");
+  Harness h;
+  const std::string final_digest = CleanFinal(h);
+  // Rank 1 dies halfway through copying step 5 over the slot of step 3; rank
+  // 0 may have committed step 5. The step every rank has is 4.
+  const std::string out = Train(h, "torn", -1, {{"DDPRUN_CKPT_TEST_DIE_IN_SAVE", "1:5"}});
+  auto first = ReadLog(out + "/rank1.attempt0.txt");
+  CHECK(first.count("saved 4") == 1);
+  CHECK(first.count("saved 5") == 0);
+  CheckResumed(out, 4, final_digest);
+}
+
+TEST_CASE("checkpoint: types round-trip through a restart; bad input is named",
+          "[e2e][checkpoint]") {
+  if (!TorchAvailable()) return SkipCase("e2e", kPython + " cannot import torch");
+  Harness h;
+  const std::string script = h.Script("types.py", R"(import collections, math, os, sys
+import numpy as np, torch
+import ddprun.checkpoint as ckpt
+
+def make():
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    return {
+        "f32": base, "noncontig": base.t(), "bf16": base.to(torch.bfloat16),
+        "i64": torch.tensor(7, dtype=torch.int64), "bool": torch.tensor([True, False]),
+        "empty": torch.zeros(0, 3), "param": torch.nn.Parameter(torch.ones(2)),
+        "np16": np.arange(5, dtype=np.float16), "npscalar": np.int32(-3),
+        "np0d": np.array(2.5), "npT": np.arange(6).reshape(2, 3).T,
+        "od": collections.OrderedDict([(2, "b"), (1, "a")]),
+        "nested": [1, 2.5, (True, None, "s"), {0: b"\x00\x01", "x": bytearray(b"z")}],
+        "nan": float("nan"), "big": 1 << 70,
+    }
+
+attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+if attempt == "0":
+    assert ckpt.load() is None
+    try:
+        ckpt.save({"a": {"b": [1, object()]}}, 0)
+    except ckpt.UnsupportedError as e:
+        print("UNSUPPORTED:", e, flush=True)
+    try:
+        ckpt.save({"big": torch.zeros(1 << 20)}, 0)  # 4 MiB > the 1 MiB limit
+    except ckpt.Error as e:
+        print("LIMIT:", e, flush=True)
+    ckpt.save(make(), 41)
+    ckpt.save(make(), 42)
+    sys.exit(3)  # a failure: the agent restarts the worker
+step, got = ckpt.load()
+want = make()
+assert step == 42, step
+for k in ("f32", "noncontig", "bf16", "i64", "bool", "empty"):
+    assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, k
+    assert torch.equal(got[k], want[k]), k
+    assert got[k].device == want[k].device, k
+assert isinstance(got["param"], torch.nn.Parameter) and got["param"].requires_grad
+assert got["np16"].dtype == np.float16 and (got["np16"] == want["np16"]).all()
+assert type(got["npscalar"]) is np.int32 and got["npscalar"] == -3
+assert got["np0d"].shape == () and got["np0d"] == 2.5
+assert got["npT"].shape == (3, 2) and (got["npT"] == want["npT"]).all()
+assert type(got["od"]) is collections.OrderedDict and list(got["od"]) == [2, 1]
+assert got["nested"] == want["nested"], got["nested"]
+assert type(got["nested"][2]) is tuple and type(got["nested"][3]["x"]) is bytearray
+assert math.isnan(got["nan"]) and got["big"] == 1 << 70
+print("ROUNDTRIP OK", flush=True)
+)");
+  Proc& p = h.StartDdprun(
+      "types", {"--nproc_per_node=1", "--max_restarts=1", "--ckpt_shm_limit=1MiB", script},
+      WorkerEnv());
+  const int rc = h.Wait(p, 120);
+  const std::string out = p.Out() + p.Err();
+  INFO(out);
+  REQUIRE(rc == 0);
+  CHECK(out.find("ROUNDTRIP OK") != std::string::npos);
+  CHECK(out.find("UNSUPPORTED: ddprun.checkpoint.save: state['a']['b'][1] is an object") !=
+        std::string::npos);
+  CHECK(out.find("more than --ckpt_shm_limit (1.0 MiB, 1048576 bytes per worker); raise "
+                 "--ckpt_shm_limit") != std::string::npos);
+}
+
+TEST_CASE("checkpoint: kill -9 of ddprun frees the memory; nothing in /dev/shm",
+          "[e2e][checkpoint]") {
+  if (!TorchAvailable()) return SkipCase("e2e", kPython + " cannot import torch");
+  Harness h;
+  const std::set<std::string> shm_before = DevShm();
+  const std::string out = h.MakeDir("out");
+  const std::string pids = h.PidDir("pids");
+  const std::string script = h.Script("hold.py", R"(import os, sys, time
+import ddprun.checkpoint as ckpt
+ckpt.save({"x": list(range(1000))}, 1)
+open(os.path.join(sys.argv[1], "%d.pid" % os.getpid()), "w").write(str(os.getpid()))
+time.sleep(120)  # until ddprun is killed (PDEATHSIG)
+)");
+  Proc& p = h.StartDdprun("hold", {"--nproc_per_node=2", script, pids}, WorkerEnv());
+  const std::vector<pid_t> workers = h.WaitForPids(pids, 2, 60);
+  REQUIRE(workers.size() == 2);
+  // The memory exists while the job runs: the agent holds every local
+  // rank's, each worker its own only (the other rank's is close-on-exec).
+  auto held = CheckpointMemoryHolders();
+  REQUIRE(held.count(p.pid) == 1);
+  CHECK(held[p.pid].size() == 2);
+  std::set<std::string> of_workers;
+  for (pid_t w : workers) {
+    INFO("worker " << w);
+    REQUIRE(held.count(w) == 1);
+    CHECK(held[w].size() == 1);
+    of_workers.insert(*held[w].begin());
+  }
+  CHECK(of_workers.size() == 2);
+  ::kill(p.pid, SIGKILL);
+  h.Wait(p, 10);
+  h.RequireAllGone(workers, 10);
+  CHECK(CheckpointMemoryHolders().empty());
+  CHECK(DevShm() == shm_before);
+}
+
+TEST_CASE("checkpoint: two nodes agree through the round's store; rank 1 killed at step 5",
+          "[e2e][checkpoint]") {
+  if (!TorchAvailable()) return SkipCase("e2e", kPython + " cannot import torch");
+  Harness h;
+  const std::string final_digest = CleanFinal(h);
+  Proc* daemon = nullptr;
+  const int port = h.StartDaemon("ddprund", &daemon);
+  const std::string out = h.MakeDir("two_nodes");
+  const std::string script = h.Script("train.py", kTrainScript);
+  auto node = [&](const std::string& name, const std::string& addr) -> Proc& {
+    return h.StartDdprun(
+        name,
+        {"--nnodes=2", "--nproc_per_node=1", "--max_restarts=1",
+         "--rdzv_endpoint=127.0.0.1:" + std::to_string(port), "--rdzv_id=ckpt-two-nodes",
+         "--local_addr=" + addr, script, out, "8", "5"},
+        WorkerEnv());
+  };
+  Proc& a = node("a", "127.0.0.1");
+  Proc& b = node("b", "127.0.0.2");
+  const int ra = h.Wait(a, 240);
+  const int rb = h.Wait(b, 240);
+  INFO("node a:\n" << a.Err() << "\nnode b:\n" << b.Err());
+  REQUIRE(ra == 0);
+  REQUIRE(rb == 0);
+  // One process per node: each node's agent knows only its own rank's
+  // steps; the step both ranks hold is agreed in load().
+  CheckResumed(out, 4, final_digest);
+  h.StopDaemon(*daemon);
+}

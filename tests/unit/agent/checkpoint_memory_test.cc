@@ -1,0 +1,133 @@
+// The agent's checkpoint memory: one sealed memfd per local rank with the
+// layout's header, commit records read back as the worker side writes them
+// (checkpoint_layout.h), the steps every local rank holds, and the spawn's
+// environment and inherited descriptor.
+#include "ddprun/agent/checkpoint_memory.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+
+#include "ddprun/agent/process_launcher.h"
+#include "ddprun/rendezvous/common/checkpoint_layout.h"
+#include "ddprun/rendezvous/common/worker_env_names.h"
+
+namespace ddprun::agent {
+namespace {
+
+namespace layout = checkpoint_layout;
+
+// Writes slot `slot`'s record as ddprun.checkpoint.save does.
+void WriteRecord(int fd, int slot, std::uint32_t state, std::uint64_t generation, std::int64_t step,
+                 int rank, int world_size, std::uint64_t size = 128) {
+  unsigned char rec[layout::kSlotRecordBytes] = {};
+  std::memcpy(rec + layout::kStateOffset, &state, 4);
+  std::memcpy(rec + layout::kGenerationOffset, &generation, 8);
+  std::memcpy(rec + layout::kStepOffset, &step, 8);
+  std::memcpy(rec + layout::kSizeOffset, &size, 8);
+  std::memcpy(rec + layout::kRankOffset, &rank, 4);
+  std::memcpy(rec + layout::kWorldSizeOffset, &world_size, 4);
+  REQUIRE(::pwrite(fd, rec, sizeof rec, static_cast<off_t>(layout::SlotRecordOffset(slot))) ==
+          static_cast<ssize_t>(sizeof rec));
+}
+
+TEST_CASE("checkpoint memory: a sealed memfd per local rank with the layout's header", "[unit]") {
+  CheckpointMemory mem(100'000);
+  REQUIRE(mem.fd(0) == -1);
+  REQUIRE(mem.Ensure(2).ok());
+  REQUIRE(mem.fd(0) >= 0);
+  REQUIRE(mem.fd(1) >= 0);
+  REQUIRE(mem.fd(2) == -1);
+  CHECK(mem.slot_capacity() == 102'400);  // rounded up to a page
+
+  struct stat st {};
+  REQUIRE(::fstat(mem.fd(0), &st) == 0);
+  CHECK(static_cast<std::uint64_t>(st.st_size) == layout::kHeaderBytes + 2 * 102'400);
+  char header[32] = {};
+  REQUIRE(::pread(mem.fd(0), header, sizeof header, 0) == sizeof header);
+  CHECK(std::memcmp(header, layout::kMagic, 8) == 0);
+  std::uint64_t capacity = 0, limit = 0;
+  std::memcpy(&capacity, header + layout::kCapacityOffset, 8);
+  std::memcpy(&limit, header + layout::kLimitOffset, 8);
+  CHECK(capacity == 102'400);
+  CHECK(limit == 100'000);
+  // Sealed: a worker cannot grow it past the limit, nor shrink it under the agent.
+  CHECK(::ftruncate(mem.fd(0), st.st_size * 2) != 0);
+  CHECK(::ftruncate(mem.fd(0), 4096) != 0);
+  // Close-on-exec in the agent: only the spawn's inherit list hands it on.
+  CHECK((::fcntl(mem.fd(0), F_GETFD) & FD_CLOEXEC) != 0);
+  // Ensure is idempotent: the same memory in the next round.
+  const int fd0 = mem.fd(0);
+  REQUIRE(mem.Ensure(2).ok());
+  CHECK(mem.fd(0) == fd0);
+}
+
+TEST_CASE("checkpoint memory: committed snapshots, newest first; a save cut short is left out",
+          "[unit]") {
+  CheckpointMemory mem(1 << 20);
+  REQUIRE(mem.Ensure(1).ok());
+  CHECK(mem.Committed(0).empty());
+  WriteRecord(mem.fd(0), 0, layout::kSlotCommitted, 7, 70, 3, 4);
+  WriteRecord(mem.fd(0), 1, layout::kSlotCommitted, 8, 80, 3, 4);
+  auto c = mem.Committed(0);
+  REQUIRE(c.size() == 2);
+  CHECK(c[0].step == 80);
+  CHECK(c[1].step == 70);
+  CHECK(c[0].rank == 3);
+  CHECK(c[0].world_size == 4);
+  // The worker died while writing slot 0 over step 70: only step 80 is left.
+  WriteRecord(mem.fd(0), 0, layout::kSlotWriting, 7, 70, 3, 4);
+  c = mem.Committed(0);
+  REQUIRE(c.size() == 1);
+  CHECK(c[0].step == 80);
+  // A record claiming more than the limit is not one this layout wrote.
+  WriteRecord(mem.fd(0), 1, layout::kSlotCommitted, 9, 90, 3, 4, (1 << 20) + 1);
+  CHECK(mem.Committed(0).empty());
+}
+
+TEST_CASE("checkpoint memory: the steps every local rank committed as its rank", "[unit]") {
+  CheckpointMemory mem(1 << 20);
+  REQUIRE(mem.Ensure(2).ok());
+  CHECK(mem.CommonSteps(2, 0, 2).empty());  // a fresh start
+  // Rank 0 got one save further than rank 1 before the failure.
+  WriteRecord(mem.fd(0), 0, layout::kSlotCommitted, 5, 5, 0, 2);
+  WriteRecord(mem.fd(0), 1, layout::kSlotCommitted, 6, 6, 0, 2);
+  WriteRecord(mem.fd(1), 0, layout::kSlotCommitted, 5, 5, 1, 2);
+  WriteRecord(mem.fd(1), 1, layout::kSlotWriting, 4, 6, 1, 2);
+  CHECK(mem.CommonSteps(2, 0, 2) == std::vector<std::int64_t>{5});
+  WriteRecord(mem.fd(1), 1, layout::kSlotCommitted, 6, 6, 1, 2);
+  CHECK(mem.CommonSteps(2, 0, 2) == std::vector<std::int64_t>{5, 6});
+  // The job's shape changed (another base rank or world size): nothing
+  // saved under the old one counts, the workers start fresh.
+  CHECK(mem.CommonSteps(2, 2, 4).empty());
+  CHECK(mem.CommonSteps(2, 0, 3).empty());
+}
+
+TEST_CASE("checkpoint memory: the spawn inherits the descriptor and its variables", "[unit]") {
+  CheckpointMemory mem(1 << 20);
+  REQUIRE(mem.Ensure(2).ok());
+  SpawnSpec spec;
+  mem.AddToSpawn(1, {5, 6}, &spec);
+  CHECK(spec.env[kEnvCkptFd] == std::to_string(mem.fd(1)));
+  CHECK(spec.env[kEnvCkptSteps] == "5,6");
+  CHECK(spec.inherit_fds == std::vector<int>{mem.fd(1)});
+
+  SpawnSpec fresh;
+  mem.AddToSpawn(0, {}, &fresh);
+  CHECK(fresh.env[kEnvCkptSteps].empty());
+
+  // Without checkpoint memory, values inherited from the agent's own
+  // environment (an outer job) are dropped.
+  SpawnSpec off;
+  off.env[kEnvCkptFd] = "9";
+  off.env[kEnvCkptSteps] = "1";
+  RemoveCheckpointEnv(&off.env);
+  CHECK(off.env.count(kEnvCkptFd) == 0);
+  CHECK(off.env.count(kEnvCkptSteps) == 0);
+}
+
+}  // namespace
+}  // namespace ddprun::agent

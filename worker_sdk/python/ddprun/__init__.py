@@ -1,0 +1,5 @@
+"""ddprun's worker-side Python package.
+
+Submodules are imported on use and import nothing heavy here:
+    import ddprun.checkpoint   # checkpoints in memory owned by the agent
+"""

@@ -1,0 +1,370 @@
+"""Checkpoints in memory owned by ddprun's agent (docs/checkpoint.md).
+
+    import ddprun.checkpoint as ckpt
+    resumed = ckpt.load()                  # (step, state) or None
+    if resumed:
+        step, state = resumed
+        model.load_state_dict(state["model"]); opt.load_state_dict(state["opt"])
+    ...
+    ckpt.save({"model": model.state_dict(), "opt": opt.state_dict()}, step)
+
+save() returns once the state is in the agent's memory for this worker
+(the descriptor DDPRUN_CKPT_FD): it survives the worker's death and the
+worker that replaces it finds it there. load() returns the newest step that
+every rank of the job committed, the same on every rank. Tensors come back
+on the device they were saved from, with their dtype and shape. The format
+is this module's own (a JSON tree of key paths, dtypes, shapes and offsets,
+then the raw bytes), never pickle.
+
+Pure Python: PyTorch and numpy are imported only when the state holds
+their objects. Not thread-safe: call it from one thread of the worker.
+"""
+import collections
+import ctypes
+import json
+import mmap
+import operator
+import os
+import signal
+import struct
+import sys
+import zlib
+
+__all__ = ["save", "load", "wait", "Error", "UnsupportedError"]
+
+# The layout (rendezvous/common/include/ddprun/rendezvous/common/checkpoint_layout.h).
+_MAGIC = b"DDPCKPT1"
+_VERSION = 1
+_HEADER_BYTES = 4096
+_CAPACITY_OFFSET = 16
+_LIMIT_OFFSET = 24
+_RECORDS_OFFSET = 64
+_RECORD_BYTES = 64
+_RECORD = struct.Struct("<IIQqQii")  # state, crc32, generation, step, size, rank, world size
+_EMPTY, _WRITING, _COMMITTED = 0, 1, 2
+_ALIGN = 64
+_FORMAT = 1  # of the snapshot bytes: u64 tree length, the JSON tree, the data
+
+# Test hook (docs/checkpoint.md): "RANK:STEP" kills that rank with SIGKILL
+# halfway through copying that step's snapshot, on the first attempt only.
+_DIE_IN_SAVE = "DDPRUN_CKPT_TEST_DIE_IN_SAVE"
+
+
+class Error(RuntimeError):
+    """A checkpoint could not be saved or loaded; the message says why and what to do."""
+
+
+class UnsupportedError(Error, TypeError):
+    """save() met an object it does not hold; the message names its key path."""
+
+
+def _size(n):
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return "%.1f %s" % (n / scale, unit)
+    return "%d bytes" % n
+
+
+class _Memory:
+    """This worker's checkpoint memory, mapped once for the process."""
+
+    def __init__(self):
+        text = os.environ.get("DDPRUN_CKPT_FD", "")
+        if not text:
+            raise Error("ddprun.checkpoint: this worker has no checkpoint memory (DDPRUN_CKPT_FD is "
+                        "unset); run the script under ddprun, without --ckpt_shm_limit 0")
+        try:
+            fd = int(text)
+            size = os.fstat(fd).st_size
+            self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except (ValueError, OSError) as e:
+            raise Error("ddprun.checkpoint: DDPRUN_CKPT_FD=%s is not the agent's checkpoint memory "
+                        "(%s); do not set DDPRUN_CKPT_FD yourself" % (text, e)) from None
+        if size < _HEADER_BYTES or self.mm[:8] != _MAGIC or \
+                struct.unpack_from("<I", self.mm, 8)[0] != _VERSION:
+            raise Error("ddprun.checkpoint: DDPRUN_CKPT_FD=%s does not hold checkpoint memory of "
+                        "version %d; use the ddprun this package came with" % (text, _VERSION))
+        self.capacity, self.limit = struct.unpack_from("<QQ", self.mm, _CAPACITY_OFFSET)
+        self._anchor = ctypes.c_char.from_buffer(self.mm)  # the mapping lives as long as the process
+        self.address = ctypes.addressof(self._anchor)
+
+    def record(self, slot):
+        return _RECORD.unpack_from(self.mm, _RECORDS_OFFSET + slot * _RECORD_BYTES)
+
+    def set_state(self, slot, state):
+        struct.pack_into("<I", self.mm, _RECORDS_OFFSET + slot * _RECORD_BYTES, state)
+
+    def data_offset(self, slot):
+        return _HEADER_BYTES + slot * self.capacity
+
+
+_memory = None
+
+
+def _mem():
+    global _memory
+    if _memory is None:
+        _memory = _Memory()
+    return _memory
+
+
+# ------------------------------------------------------------------ encoding
+
+def _type_name(obj):
+    t = type(obj)
+    return t.__qualname__ if t.__module__ == "builtins" else "%s.%s" % (t.__module__, t.__qualname__)
+
+
+def _a(noun):
+    return ("an " if noun[:1].lower() in "aeiou" else "a ") + noun
+
+
+def _unsupported(path, obj, why=None):
+    return UnsupportedError(
+        "ddprun.checkpoint.save: %s is %s, which save does not hold; save holds torch tensors, "
+        "numpy arrays, dicts, lists, tuples, str, bytes, int, float, bool and None: convert it "
+        "(e.g. to a tensor, a dict or a list)" % (path, why or _a(_type_name(obj))))
+
+
+class _Encoder:
+    def __init__(self):
+        self.blobs = []  # (offset in the data, nbytes, source address or bytes, keepalive)
+        self.end = 0
+
+    def _blob(self, nbytes, source, keep=None):
+        off = self.end
+        self.blobs.append((off, nbytes, source, keep))
+        self.end = (off + nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+        return off
+
+    def encode(self, obj, path):
+        if obj is None or isinstance(obj, (bool, str)) or type(obj) in (int, float):
+            return {"t": "v", "v": obj}
+        t = type(obj)
+        if t is dict or t is collections.OrderedDict:
+            items = []
+            for k, v in obj.items():
+                if not (k is None or isinstance(k, (str, bool)) or type(k) in (int, float)):
+                    raise _unsupported("a key of %s" % path, k)
+                items.append([k, self.encode(v, "%s[%r]" % (path, k))])
+            node = {"t": "dict", "items": items}
+            if t is collections.OrderedDict:
+                node["ordered"] = True
+            return node
+        if t is list or t is tuple:
+            return {"t": t.__name__, "v": [self.encode(v, "%s[%d]" % (path, i)) for i, v in enumerate(obj)]}
+        if t is bytes or t is bytearray:
+            return {"t": t.__name__, "off": self._blob(len(obj), bytes(obj)), "n": len(obj)}
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(obj, torch.Tensor):
+            return self._tensor(torch, obj, path)
+        np = sys.modules.get("numpy")
+        if np is not None and isinstance(obj, (np.ndarray, np.generic)):
+            return self._array(np, obj, path)
+        raise _unsupported(path, obj)
+
+    def _tensor(self, torch, obj, path):
+        if obj.layout != torch.strided:
+            raise _unsupported(path, obj, "a tensor of layout %s" % obj.layout)
+        if obj.is_quantized:
+            raise _unsupported(path, obj, "a quantized tensor")
+        cpu = obj.detach().to("cpu").contiguous()
+        n = cpu.numel() * cpu.element_size()
+        node = {"t": "torch", "dtype": str(cpu.dtype).replace("torch.", ""), "shape": list(cpu.shape),
+                "device": str(obj.device), "off": self._blob(n, cpu.data_ptr(), cpu), "n": n}
+        if isinstance(obj, torch.nn.Parameter):
+            node["parameter"] = True
+        if obj.requires_grad:
+            node["requires_grad"] = True
+        return node
+
+    def _array(self, np, obj, path):
+        scalar = isinstance(obj, np.generic)
+        a = np.asarray(obj)  # not ascontiguousarray: it makes a 0-d array 1-d
+        if not a.flags.c_contiguous:
+            a = a.copy(order="C")
+        if a.dtype.hasobject or a.dtype.fields is not None:
+            raise _unsupported(path, obj, "a numpy array of dtype %s" % a.dtype)
+        node = {"t": "numpy", "dtype": a.dtype.str, "shape": list(a.shape),
+                "off": self._blob(a.nbytes, a.ctypes.data, a), "n": a.nbytes}
+        if scalar:
+            node["scalar"] = True
+        return node
+
+
+def _die_in_save_hook(step):
+    spec = os.environ.get(_DIE_IN_SAVE, "")
+    if not spec or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return False
+    rank, _, at = spec.partition(":")
+    return rank == os.environ.get("RANK") and at == str(step)
+
+
+def save(state, step):
+    """Copies `state` into this worker's checkpoint memory as `step`.
+
+    Returns once the copy is committed: the snapshot then survives this
+    process's death. The slot of the previous snapshot is not touched, so a
+    save cut short leaves it loadable. Raises UnsupportedError naming the key
+    path of an object it does not hold, Error when the snapshot is larger
+    than --ckpt_shm_limit.
+    """
+    try:
+        step = operator.index(step)
+    except TypeError:
+        raise Error("ddprun.checkpoint.save: step must be an int, got %s" % _type_name(step)) from None
+    if not -(1 << 63) <= step < (1 << 63):
+        raise Error("ddprun.checkpoint.save: step %d does not fit in 64 bits" % step)
+    enc = _Encoder()
+    tree = json.dumps({"format": _FORMAT, "state": enc.encode(state, "state")},
+                      separators=(",", ":")).encode()
+    mem = _mem()
+    data_start = (8 + len(tree) + _ALIGN - 1) // _ALIGN * _ALIGN
+    total = data_start + enc.end
+    if total > mem.limit:
+        raise Error("ddprun.checkpoint.save: the snapshot of step %d needs %s (%d bytes), more than "
+                    "--ckpt_shm_limit (%s, %d bytes per worker); raise --ckpt_shm_limit (or "
+                    "PET_CKPT_SHM_LIMIT) or save less" % (step, _size(total), total,
+                                                          _size(mem.limit), mem.limit))
+    records = [mem.record(s) for s in (0, 1)]
+    committed = [s for s in (0, 1) if records[s][0] == _COMMITTED]
+    newest = max(committed, key=lambda s: records[s][2]) if committed else 1
+    slot = 1 - newest
+    generation = max([records[s][2] for s in committed] or [0]) + 1
+    mem.set_state(slot, _WRITING)  # from here the slot is not loadable until committed
+    base = mem.data_offset(slot)
+    mm = mem.mm
+    struct.pack_into("<Q", mm, base, len(tree))
+    mm[base + 8:base + 8 + len(tree)] = tree
+    die = _die_in_save_hook(step)
+    half = enc.end // 2
+    for off, n, source, _ in enc.blobs:
+        at = base + data_start + off
+        if isinstance(source, bytes):
+            mm[at:at + n] = source
+        elif n:
+            ctypes.memmove(mem.address + at, source, n)
+        if die and off + n >= half:
+            os.kill(os.getpid(), signal.SIGKILL)
+    if die:
+        os.kill(os.getpid(), signal.SIGKILL)
+    view = memoryview(mm)[base:base + total]
+    try:
+        crc = zlib.crc32(view)
+    finally:
+        view.release()
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rec = _RECORDS_OFFSET + slot * _RECORD_BYTES
+    _RECORD.pack_into(mm, rec, _WRITING, crc, generation, step, total, rank, world)
+    mem.set_state(slot, _COMMITTED)  # the commit: last, one aligned 4-byte store
+
+
+def wait():
+    """Waits for outstanding background work of save(). This version does
+    none (save copies before it returns), so wait() returns at once."""
+
+
+# ------------------------------------------------------------------ loading
+
+def _agreed_steps(local):
+    """The steps every node's ranks all committed: this node's from the agent
+    (DDPRUN_CKPT_STEPS), the others' through the round's TCPStore."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    if world == local_world:
+        return local
+    nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
+    try:
+        import datetime
+        import torch.distributed as dist
+    except ImportError:
+        raise Error("ddprun.checkpoint.load: agreeing on a step across nodes needs PyTorch's "
+                    "TCPStore; install torch in the workers' environment") from None
+    timeout = float(os.environ.get("DDPRUN_CKPT_AGREE_TIMEOUT", "300"))
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
+                          datetime.timedelta(seconds=timeout))
+    prefix = "ddprun_ckpt/%s/%s/" % (os.environ.get("DDPRUN_JOB_ID", ""), os.environ.get("DDPRUN_ROUND", ""))
+    store.set(prefix + os.environ.get("GROUP_RANK", "0"), ",".join(str(s) for s in sorted(local)))
+    common = set(local)
+    for node in range(nodes):
+        key = prefix + str(node)
+        try:
+            store.wait([key])
+        except RuntimeError:
+            raise Error("ddprun.checkpoint.load: node %d did not publish its checkpoint steps within "
+                        "%g s; every rank must call load() at start" % (node, timeout)) from None
+        text = store.get(key).decode()
+        common &= {int(s) for s in text.split(",") if s}
+    return common
+
+
+def _decode(node, mem, base):
+    t = node["t"]
+    if t == "v":
+        return node["v"]
+    if t == "dict":
+        d = collections.OrderedDict() if node.get("ordered") else {}
+        for k, v in node["items"]:
+            d[k] = _decode(v, mem, base)
+        return d
+    if t == "list":
+        return [_decode(v, mem, base) for v in node["v"]]
+    if t == "tuple":
+        return tuple(_decode(v, mem, base) for v in node["v"])
+    at, n = base + node.get("off", 0), node.get("n", 0)
+    if t in ("bytes", "bytearray"):
+        b = mem.mm[at:at + n]
+        return b if t == "bytes" else bytearray(b)
+    if t == "torch":
+        import torch
+        x = torch.empty(node["shape"], dtype=getattr(torch, node["dtype"]))
+        if n:
+            ctypes.memmove(x.data_ptr(), mem.address + at, n)
+        if node["device"] != "cpu":
+            x = x.to(node["device"])
+        if node.get("parameter"):
+            return torch.nn.Parameter(x, requires_grad=bool(node.get("requires_grad")))
+        return x.requires_grad_(True) if node.get("requires_grad") else x
+    if t == "numpy":
+        import numpy as np
+        a = np.empty(node["shape"], dtype=np.dtype(node["dtype"]))
+        if n:
+            ctypes.memmove(a.ctypes.data, mem.address + at, n)
+        return a[()] if node.get("scalar") else a
+    raise Error("ddprun.checkpoint.load: unknown entry type %r in the snapshot" % t)
+
+
+def load():
+    """Returns (step, state) of the newest step that every rank of the job
+    committed, the same step on every rank, or None when there is none (a
+    fresh start). Every rank must call it (a job over several nodes agrees
+    through the round's store). Call it at start, before the first save."""
+    mem = _mem()
+    local = {int(s) for s in os.environ.get("DDPRUN_CKPT_STEPS", "").split(",") if s}
+    steps = _agreed_steps(local)
+    if not steps:
+        return None
+    step = max(steps)
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    found = [(rec[2], s, rec) for s, rec in ((s, mem.record(s)) for s in (0, 1))
+             if rec[0] == _COMMITTED and rec[3] == step and rec[5] == rank and rec[6] == world]
+    if not found:
+        raise Error("ddprun.checkpoint.load: the snapshot of step %d is no longer in this worker's "
+                    "memory (saved over since the worker started); call load() before save()" % step)
+    _, slot, rec = max(found)
+    base, size = mem.data_offset(slot), rec[4]
+    view = memoryview(mem.mm)[base:base + size]
+    try:
+        crc = zlib.crc32(view)
+    finally:
+        view.release()
+    if crc != rec[1]:
+        raise Error("ddprun.checkpoint.load: the snapshot of step %d in memory is corrupt (checksum "
+                    "%08x, recorded %08x); something other than ddprun.checkpoint wrote to "
+                    "DDPRUN_CKPT_FD" % (step, crc, rec[1]))
+    tree_len = struct.unpack_from("<Q", mem.mm, base)[0]
+    tree = json.loads(bytes(mem.mm[base + 8:base + 8 + tree_len]))
+    data_start = (8 + tree_len + _ALIGN - 1) // _ALIGN * _ALIGN
+    return step, _decode(tree["state"], mem, base + data_start)
