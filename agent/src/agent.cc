@@ -461,7 +461,9 @@ class Agent::Impl {
   void PrintJobFailure(const std::string& reason,
                        const std::vector<rdzv::WorkerFailure>& failures) {
     if (logs_) logs_->Sync();  // the workers' last output comes before the report
-    const std::string block = FormatJobFailure(options_.job_id, reason, failures);
+    const std::string block =
+        FormatJobFailure(options_.job_id, reason, failures) +
+        MissingModuleHint(failures, options_.command.empty() ? "" : options_.command[0]);
     std::fputs(block.c_str(), stderr);
     std::fflush(stderr);
     WriteLauncherErrorFile(failures);

@@ -163,3 +163,20 @@ TEST_CASE("two workers that fail on their own are both in the failure report", "
     CHECK(err.find("SIGTERM") == std::string::npos);  // neither was stopped by the agent
   }
 }
+
+// Issue 33 item 4: workers that die with ModuleNotFoundError get a report
+// that points at their interpreter and the fix.
+TEST_CASE("a worker's ModuleNotFoundError points the report at the interpreter", "[multiproc]") {
+  Harness h;
+  const std::string script = h.Script("train.py", "import torch\n");
+  const std::string python =
+      h.Script("python3-notorch", "#!/bin/sh\nexec /usr/bin/python3 -S \"$@\"\n");
+  Proc& p = h.StartDdprun("ddprun", {"--nproc_per_node=2", script}, {{"PYTHON_EXEC", python}});
+  const int rc = h.Wait(p, 30);
+  const std::string err = p.Err();
+  INFO("stderr:\n" << err);
+  CHECK(rc == 1);
+  CHECK(err.find("ModuleNotFoundError") != std::string::npos);
+  CHECK(err.find("the workers' Python (" + python + ") cannot import 'torch'; set PYTHON_EXEC") !=
+        std::string::npos);
+}
