@@ -535,7 +535,7 @@ class Agent::Impl {
     if (pending_signal_) return ExitForSignal(pending_signal_);
     if (!st.ok()) {
       Log(std::string(st.message()));
-      return kExitRendezvousError;
+      return rdzv::IsUsageMistake(st) ? kExitUsage : kExitRendezvousError;
     }
     advertised_host_ = session_->advertised_host();
     StartMonitoring();

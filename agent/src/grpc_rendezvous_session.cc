@@ -305,7 +305,9 @@ class GrpcRendezvousSession final : public RendezvousSession {
     rdzv::ServerOptions so;
     so.host = bind_host;
     so.port = port;
-    DDPRUN_ASSIGN_OR_RETURN(so.tls, ServerTls());
+    absl::StatusOr<rdzv::TlsConfig> tls = ServerTls();
+    if (!tls.ok()) return rdzv::UsageMistake(tls.status().message());  // the user's TLS flags
+    so.tls = *std::move(tls);
     so.log_prefix = "ddprun: ";
     so.client_ca_flag = options_.tls.names.ca;
     so.dashboard_port = options_.dashboard_port;

@@ -144,6 +144,14 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
   ddprun::rendezvous::ServerOptions& options = settings.server;
+  // Settings that exclude each other are a usage mistake (exit 2), found
+  // before anything opens (the server checks the same, for its other callers).
+  if (!options.state_dir.empty() && !options.etcd_endpoints.empty()) {
+    std::cerr << "ddprund: --state_dir and --etcd_endpoints exclude each other: replicas keep "
+                 "their state in etcd; drop --state_dir"
+              << std::endl;
+    return kExitUsage;
+  }
   // Checked before anything listens: a bad file is one line naming the flag.
   if (auto loaded = ddprun::rendezvous::LoadServerTls(settings.tls); loaded.ok()) {
     options.tls = *std::move(loaded);
