@@ -60,6 +60,13 @@ constexpr Duration kExitBarrier = seconds(300);
 constexpr Duration kJoinSlack = seconds(15);
 // How long to wait for the daemon's decision after reporting a failure.
 constexpr Duration kDecisionTimeout = seconds(120);
+// After a worker's failure in a round that no restart follows, how long the
+// agent waits for the node's other workers before it stops them: those that
+// fail in this window are reported as failures of their own (torchrun 2.x
+// polls every monitor_interval = 0.1 s and reports whatever failed in it).
+// It ends as soon as every worker has exited. Not used while restarts
+// remain, so a restart is not delayed (docs/cli.md, "Failure report").
+constexpr Duration kFailureSettle = milliseconds(100);
 // After losing the rendezvous mid-round (ddprund restarting), how long the
 // agent keeps its workers running while it tries to re-attach.
 constexpr Duration kReattachWindow = seconds(30);
@@ -473,7 +480,9 @@ class Agent::Impl {
   void PrintJobFailure(const std::string& reason,
                        const std::vector<rdzv::WorkerFailure>& failures) {
     if (logs_) logs_->Sync();  // the workers' last output comes before the report
-    const std::string block = FormatJobFailure(options_.job_id, reason, failures);
+    const std::string block =
+        FormatJobFailure(options_.job_id, reason, failures) +
+        MissingModuleHint(failures, options_.command.empty() ? "" : options_.command[0]);
     std::fputs(block.c_str(), stderr);
     std::fflush(stderr);
     WriteLauncherErrorFile(failures);
@@ -545,7 +554,7 @@ class Agent::Impl {
     if (pending_signal_) return ExitForSignal(pending_signal_);
     if (!st.ok()) {
       Log(std::string(st.message()));
-      return kExitRendezvousError;
+      return rdzv::IsUsageMistake(st) ? kExitUsage : kExitRendezvousError;
     }
     advertised_host_ = session_->advertised_host();
     StartMonitoring();
@@ -900,7 +909,20 @@ class Agent::Impl {
     }
   }
 
+  // Whether the rendezvous will end the job on this failure rather than
+  // restart it: the round's restart count has reached the job's limit.
+  bool LastAttempt() const {
+    if (!assignment_) return true;
+    const rdzv::JobPolicy& policy = assignment_->policy ? *assignment_->policy : options_.policy;
+    return assignment_->restart_count >= policy.max_restarts;
+  }
+
   std::optional<int> OnWorkerFailure() {
+    if (LastAttempt()) {
+      workers_.WaitUntil(clock_.Now() + kFailureSettle,
+                         [this](TimePoint d) { return WaitWhileStopping(d); });
+      UpdateMonitoredWorkers();
+    }
     std::vector<rdzv::WorkerFailure> failures = Failures();
     for (const auto& f : failures) {
       DDPRUN_DEBUG_LOG(kAgent) << rdzv::Fence(options_.job_id, round_)

@@ -5,6 +5,7 @@
 #include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -122,6 +123,27 @@ std::string FormatJobFailure(const std::string& job_id, const std::string& reaso
     absl::StrAppend(&block, FormatFailureDetails(f));
   }
   return block;
+}
+
+std::string MissingModuleHint(const std::vector<rendezvous::WorkerFailure>& failures,
+                              const std::string& python) {
+  static constexpr std::string_view kMarker = "ModuleNotFoundError: No module named '";
+  for (const rendezvous::WorkerFailure& f : failures) {
+    for (const std::string* text : {&f.error_message, &f.stderr_tail}) {
+      const std::size_t at = text->find(kMarker);
+      if (at == std::string::npos) continue;
+      const std::size_t start = at + kMarker.size();
+      const std::size_t end = text->find('\'', start);
+      if (end == std::string::npos) continue;
+      const std::string module = text->substr(start, end - start);
+      const std::string top = module.substr(0, module.find('.'));
+      return absl::StrCat("ddprun:   the workers' Python (", python, ") cannot import '", module,
+                          "'; set PYTHON_EXEC to an interpreter that has it (Debian's PyTorch: ",
+                          "PYTHON_EXEC=/usr/bin/python3), or install ", top, " for ", python,
+                          "; `ddprun check` tests this before a job starts\n");
+    }
+  }
+  return "";
 }
 
 std::string LauncherErrorFileJson(const rendezvous::WorkerFailure& root,

@@ -340,7 +340,9 @@ class GrpcRendezvousSession final : public RendezvousSession {
     rdzv::ServerOptions so;
     so.host = bind_host;
     so.port = port;
-    DDPRUN_ASSIGN_OR_RETURN(so.tls, ServerTls());
+    absl::StatusOr<rdzv::TlsConfig> tls = ServerTls();
+    if (!tls.ok()) return rdzv::UsageMistake(tls.status().message());  // the user's TLS flags
+    so.tls = *std::move(tls);
     so.log_prefix = "ddprun: ";
     so.client_ca_flag = options_.tls.names.ca;
     so.dashboard_port = options_.dashboard_port;
@@ -428,8 +430,13 @@ class GrpcRendezvousSession final : public RendezvousSession {
           "static rendezvous needs this node's rank; pass --node_rank (0 on the master node)");
     }
     if (options_.node_rank == 0) {
+      // As c10d's single-node TCPStore: a loopback master address is served
+      // on loopback alone (and advertised as such); any other on every
+      // interface, for the other nodes.
+      const std::string bind =
+          IsLoopbackHost(maddr) ? (maddr == "localhost" ? "127.0.0.1" : maddr) : "0.0.0.0";
       rdzv::C10dStoreServerOptions so;
-      so.host = "0.0.0.0";
+      so.host = bind;
       so.port = mport;
       auto store = rdzv::C10dStoreServer::Start(so);
       if (!store.ok()) {
@@ -437,7 +444,7 @@ class GrpcRendezvousSession final : public RendezvousSession {
                                                    ": ", store.status().message()));
       }
       store_server_ = std::move(*store);
-      if (absl::Status st = HostRendezvous("0.0.0.0", 0); !st.ok()) {
+      if (absl::Status st = HostRendezvous(bind, 0); !st.ok()) {
         if (rdzv::KindOf(st) == rdzv::ErrorKind::kBadInput) return st;  // TLS files
         return absl::UnavailableError(absl::StrCat("cannot host the rendezvous: ", st.message()));
       }

@@ -1,17 +1,22 @@
 #include "ddprun/agent/worker_logs.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <random>
 #include <system_error>
+#include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -31,6 +36,47 @@ constexpr milliseconds kSyncTimeout(2000);
 constexpr std::size_t kMaxTailBytes = 4096;
 // Where a temporary directory of error files only goes when TMPDIR is unset.
 constexpr const char* kTmpfsDir = "/dev/shm";
+
+// A temporary directory is "ddprun_<pid>_XXXXXX" (the agent's pid), so that
+// one left behind can be told from a live agent's.
+std::string TempTemplate(const std::string& parent) {
+  return absl::StrCat(parent, "/ddprun_", ::getpid(), "_XXXXXX");
+}
+
+// What an agent that died before it could clean up left in `parent` (one
+// killed with SIGKILL whose guard could not remove it, or killed between the
+// directory's creation and the guard's taking it over): every
+// "ddprun_<pid>_XXXXXX" whose pid no longer runs, when it is empty or holds
+// only the flat layout's error files. Anything else in it (logs, a user's
+// file) keeps it. Best effort: errors leave the directory as it is.
+void SweepStaleTempDirs(const std::string& parent) {
+  std::error_code ec;
+  for (fs::directory_iterator it(parent, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    std::vector<std::string> parts = absl::StrSplit(name, '_');
+    int pid = 0;
+    if (parts.size() != 3 || parts[0] != "ddprun" || parts[2].size() != 6 ||
+        !absl::SimpleAtoi(parts[1], &pid) || pid <= 0 || pid == ::getpid()) {
+      continue;
+    }
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to judge
+    std::error_code sub;
+    std::vector<fs::path> files;
+    bool only_error_files = true;
+    for (fs::directory_iterator f(it->path(), sub), fend; !sub && f != fend; f.increment(sub)) {
+      const std::string file = f->path().filename().string();
+      if (!f->is_regular_file(sub) || !absl::StartsWith(file, "attempt_") ||
+          !absl::EndsWith(file, "_error.json")) {
+        only_error_files = false;
+        break;
+      }
+      files.push_back(f->path());
+    }
+    if (sub || !only_error_files) continue;
+    for (const fs::path& f : files) fs::remove(f, sub);
+    ::rmdir(it->path().c_str());
+  }
+}
 
 int StreamId(int local_rank, StdStream s) { return local_rank * 2 + (s == StdStream::kStderr); }
 
@@ -61,20 +107,23 @@ absl::Status WorkerLogs::Init() {
   std::string tmpl;
   bool made = false;
   if (const char* tmp = std::getenv("TMPDIR"); tmp != nullptr && *tmp != '\0') {
-    tmpl = absl::StrCat(tmp, "/ddprun_XXXXXX");
+    SweepStaleTempDirs(tmp);
+    tmpl = TempTemplate(tmp);
   } else {
-    tmpl = "/tmp/ddprun_XXXXXX";
+    tmpl = TempTemplate("/tmp");
     // A directory that will hold only the small error files, removed at
     // exit, goes to tmpfs: on a disk file system every mkdir and rmdir of
     // the per-rank tree (11 for 8 workers) waits on its journal, 0.5 to
     // 40 ms in all on this project's machine (docs/launch.md).
     if (!o_.spec.WritesFiles()) {
-      std::string shm = absl::StrCat(kTmpfsDir, "/ddprun_XXXXXX");
+      SweepStaleTempDirs(kTmpfsDir);
+      std::string shm = TempTemplate(kTmpfsDir);
       if (::mkdtemp(shm.data()) != nullptr) {
         tmpl = std::move(shm);
         made = true;
       }
     }
+    if (!made) SweepStaleTempDirs("/tmp");
   }
   if (!made && ::mkdtemp(tmpl.data()) == nullptr) {
     return absl::InvalidArgumentError(

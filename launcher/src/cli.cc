@@ -17,6 +17,7 @@
 #include "ddprun/launcher/print_config.h"
 #include "ddprun/launcher/value_parsers.h"
 #include "ddprun/rendezvous/common/status_macros.h"
+#include "ddprun/rendezvous/common/suggest.h"
 #include "flag_table.h"
 #include "resolve_options.h"
 
@@ -25,16 +26,7 @@ namespace {
 
 absl::Status UnknownOption(const std::string& token, const FlagTable& flags) {
   const std::string name = token.substr(0, token.find('='));
-  std::string best;
-  size_t best_distance = 3;  // suggest only close matches
-  for (const std::string& known : flags.AllNames()) {
-    const size_t d = EditDistance(name, known);
-    if (d < best_distance) {
-      best_distance = d;
-      best = known;
-    }
-  }
-  std::string hint = best.empty() ? "" : absl::StrCat(" (did you mean ", best, "?)");
+  const std::string hint = rendezvous::DidYouMean(name, flags.AllNames());
   return UsageError(absl::StrCat("unknown option '", name, "'", hint,
                                  "; options go before the training script, see ddprun --help"));
 }
@@ -129,6 +121,26 @@ absl::StatusOr<ScriptSpec> WorkerScript(const CLI::App& app, const std::vector<s
 }
 
 }  // namespace
+
+std::optional<std::string> UnknownSubcommandOption(const std::string& command,
+                                                   const std::vector<std::string>& args,
+                                                   const std::vector<std::string>& own) {
+  std::vector<std::string> known = own;
+  for (const Knob& k : kKnobs) {
+    if (!k.is_flag()) continue;
+    known.push_back(absl::StrCat("--", k.name));
+    known.push_back(absl::StrCat("--", DashName(k.name)));
+  }
+  for (const std::string& a : args) {
+    if (a == "--") break;
+    if (!absl::StartsWith(a, "--")) continue;
+    const std::string name = a.substr(0, a.find('='));
+    if (std::find(known.begin(), known.end(), name) != known.end()) continue;
+    return absl::StrCat("ddprun ", command, ": unknown option '", name, "'",
+                        rendezvous::DidYouMean(name, known), "; see ddprun ", command, " --help");
+  }
+  return std::nullopt;
+}
 
 absl::StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& args, const Env& env,
                                                const HostFacts& host) {

@@ -38,10 +38,15 @@ constexpr const char* kFooter =
     "    ddprun bench --scaling --nproc_per_node=4\n"
     "  A preflight of the job on every node, with the fix for each problem (docs/check.md):\n"
     "    ddprun check --nnodes=2 --rdzv_endpoint=A:29400 --rdzv_id=job1 train.py\n"
+    "  The jobs a rendezvous serves, and one job's live per-rank metrics (docs/monitoring.md):\n"
+    "    ddprun status --rdzv_endpoint=A:29400\n"
+    "    ddprun top --rdzv_endpoint=A:29400 --job job1\n"
     "\n"
     "Everything after the script is passed to it verbatim; \"${local_rank}\" in it becomes\n"
     "the worker's local rank. Exit status: 0 success, 1 a worker failed, 2 usage error,\n"
-    "3 rendezvous error, 128+N ddprun was killed by signal N. Full reference: docs/cli.md.";
+    "3 rendezvous error, 4 bench: a collective returned a wrong element, 5 check: a check\n"
+    "warned, 6 check: a check failed, 128+N ddprun was killed by signal N. Full reference:\n"
+    "docs/cli.md.";
 
 constexpr size_t kHelpNameColumn = 36;
 constexpr size_t kHelpWidth = 100;

@@ -28,6 +28,7 @@
 #include "ddprun/launcher/knobs.h"
 #include "ddprun/launcher/value_parsers.h"
 #include "ddprun/rendezvous/common/status_macros.h"
+#include "ddprun/rendezvous/common/suggest.h"
 #include "yaml-cpp/eventhandler.h"
 #include "yaml-cpp/yaml.h"
 
@@ -172,16 +173,7 @@ class Parser {
   }
 
   static std::string DidYouMean(const std::string& name, const std::vector<std::string>& known) {
-    std::string best;
-    std::size_t best_d = std::max<std::size_t>(3, name.size() / 3 + 1);
-    for (const std::string& k : known) {
-      const std::size_t d = EditDistance(absl::AsciiStrToLower(name), k);
-      if (d < best_d) {
-        best_d = d;
-        best = k;
-      }
-    }
-    return best.empty() ? "" : absl::StrCat(" (did you mean '", best, "'?)");
+    return rendezvous::DidYouMean(absl::AsciiStrToLower(name), known, "'");
   }
 
   // A scalar value: not a list, a mapping or empty.

@@ -2,13 +2,14 @@
 // Exit status: 0 success, 1 a worker failed, 2 usage error, 3 rendezvous
 // error, 128+N killed by signal N; `ddprun check` adds 5 and 6 (see docs/cli.md).
 #include <malloc.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <string>
-#include <vector>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "ddprun/agent/agent.h"
@@ -19,6 +20,7 @@
 #include "ddprun/launcher/check/check_command.h"
 #include "ddprun/launcher/cli.h"
 #include "ddprun/rendezvous/common/exit_codes.h"
+#include "ddprun/rendezvous/common/suggest.h"
 
 namespace {
 
@@ -70,14 +72,23 @@ int main(int argc, char** argv) {
   }
   // One node's side of `ddprun bench --scaling` across nodes (a hidden worker).
   if (argc > 1 && std::string(argv[1]) == ddprun::launcher::kBenchScalingNodeSubcommand) {
-    return ddprun::launcher::RunBenchScalingNode(ddprun::agent::CurrentEnvironment(),
-                                                 ddprun::launcher::ProbeHost(), std::cout,
-                                                 std::cerr);
+    return ddprun::launcher::RunBenchScalingNode(
+        ddprun::agent::CurrentEnvironment(), ddprun::launcher::ProbeHost(), std::cout, std::cerr);
   }
 
   auto parsed = ddprun::launcher::ParseCommandLine(argc, argv, ddprun::agent::CurrentEnvironment(),
                                                    ddprun::launcher::ProbeHost());
   if (!parsed.ok()) {
+    // `ddprun statsu ...`: a subcommand's typo rather than a missing script.
+    if (argc > 1 && argv[1][0] != '-' && ::access(argv[1], F_OK) != 0) {
+      const std::string closest = ddprun::rendezvous::ClosestMatch(
+          argv[1], {"status", "top", ddprun::launcher::kCheckSubcommand, "bench"});
+      if (!closest.empty()) {
+        std::cerr << "ddprun: '" << argv[1] << "' is neither a command nor a file (did you mean "
+                  << "ddprun " << closest << "?); see ddprun --help" << std::endl;
+        return ddprun::kExitUsage;
+      }
+    }
     std::cerr << parsed.status().message() << std::endl;
     return ddprun::kExitUsage;
   }

@@ -24,7 +24,9 @@ std::string From(const KnobValue& k) {
 
 void Line(std::string& out, const std::string& key, const std::string& value,
           const std::string& from) {
-  absl::StrAppendFormat(&out, "%-30s = %-36s # %s\n", key, value, from);
+  // A value no knob set directly (the placement) is worked out from others.
+  absl::StrAppendFormat(&out, "%-30s = %-36s # %s\n", key, value,
+                        from.empty() ? "derived from the values above" : from);
 }
 
 }  // namespace
@@ -105,7 +107,7 @@ std::string RenderMergedConfig(const MergedJobView& v) {
     } else if (flag == "local_addr") {
       value = o.local_addr.empty() ? absl::StrCat("(", k.default_text, ")") : o.local_addr;
     } else if (flag == "log_dir") {
-      value = o.log_dir.empty() ? "none" : o.log_dir;
+      value = o.log_dir.empty() ? absl::StrCat("(", k.default_text, ")") : o.log_dir;
     } else if (value.empty()) {
       value = k.default_text;
     }

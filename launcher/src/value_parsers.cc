@@ -23,6 +23,7 @@
 #include "ddprun/agent/cpu_binding.h"
 #include "ddprun/rendezvous/common/job_id.h"
 #include "ddprun/rendezvous/common/status_macros.h"
+#include "ddprun/rendezvous/common/suggest.h"
 
 namespace ddprun::launcher {
 namespace {
@@ -419,18 +420,8 @@ absl::StatusOr<std::string> NormalizeKnobValue(const Knob& knob, absl::string_vi
 }
 
 std::size_t EditDistance(absl::string_view a, absl::string_view b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diag = row[0];
-    row[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
+  return rendezvous::EditDistance(std::string_view(a.data(), a.size()),
+                                  std::string_view(b.data(), b.size()));
 }
 
 }  // namespace ddprun::launcher

@@ -148,6 +148,50 @@ TEST_CASE("PyTorch DDP (gloo, env://) on one node under ddprun", "[e2e]") {
   CheckRanks(dir, 2);
 }
 
+// Issue 33 item 16: the README's quick tour runs as written: its PyTorch
+// line (the one that passes --epochs through) is read from README.md, with
+// build/bin/ and examples/ taken from this build and source tree.
+TEST_CASE("the README's quick-tour PyTorch command runs examples/train.py as written", "[e2e]") {
+  if (!TorchAvailable()) {
+    return SkipCase("e2e", kPython + " cannot import torch; install python3-torch");
+  }
+  std::string line;
+  {
+    std::istringstream readme(ReadFile(std::string(DDPRUN_SOURCE_DIR) + "/README.md"));
+    for (std::string l; std::getline(readme, l);) {
+      if (l.find("build/bin/ddprun") != std::string::npos &&
+          l.find("--epochs") != std::string::npos) {
+        line = l;
+        break;
+      }
+    }
+  }
+  INFO("README line: " << line);
+  REQUIRE_FALSE(line.empty());
+  std::vector<std::string> argv, env;
+  std::istringstream words(line.substr(0, line.find('#')));
+  for (std::string w; words >> w;) {
+    if (argv.empty() && w.find('=') != std::string::npos) {
+      env.push_back(w);  // VAR=value before the command
+    } else if (w == "build/bin/ddprun") {
+      argv.push_back(kBin + "/ddprun");
+    } else if (w.rfind("examples/", 0) == 0) {
+      argv.push_back(std::string(DDPRUN_SOURCE_DIR) + "/" + w);
+    } else {
+      argv.push_back(w);
+    }
+  }
+  const std::string dir = MakeTempDir();
+  Proc p;
+  Start(p, argv, dir + "/ddprun.log", env);
+  const int rc = Wait(p, 300s);
+  const std::string log = ReadFile(dir + "/ddprun.log");
+  INFO(log);
+  REQUIRE(rc == 0);
+  CHECK(log.find("epoch 3/3: mean loss") != std::string::npos);
+  CHECK(log.find("done: 3 epoch(s) on 4 rank(s), replicas identical") != std::string::npos);
+}
+
 TEST_CASE("PyTorch DDP, torchrun's static command line: --master_addr/--master_port, tcp://",
           "[e2e]") {
   if (!TorchAvailable()) {

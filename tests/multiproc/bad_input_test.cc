@@ -167,6 +167,81 @@ TEST_CASE("ddprund on a port in use: one line, exit 1", "[multiproc]") {
   h.StopDaemon(*first);
 }
 
+// Issue 33 items 10 and 11: a typo in a subcommand's flag, a subcommand's
+// name or a ddprund flag gets the closest word from one helper (suggest.h),
+// and bench names the user's word, not the interpreter.
+TEST_CASE("typos everywhere get a suggestion; bench names the user's word", "[multiproc]") {
+  Harness h;
+  const std::string script = h.Script("train.py", "print('hi')\n");
+  struct Case {
+    std::vector<std::string> argv;
+    std::string line;
+  };
+  const std::vector<Case> cases = {
+      {{Ddprun(), "bench", "--opp", "allreduce"},
+       "ddprun bench: unknown option '--opp' (did you mean --op?); see ddprun bench --help"},
+      {{Ddprun(), "check", "--chek_timeout=5", script},
+       "ddprun check: unknown option '--chek_timeout' (did you mean --check_timeout?)"},
+      {{Ddprun(), "status", "--jsn"},
+       "ddprun status: unknown option '--jsn' (did you mean --json?); see ddprun status --help"},
+      {{Ddprun(), "statsu", "--rdzv_endpoint=127.0.0.1:1"},
+       "ddprun: 'statsu' is neither a command nor a file (did you mean ddprun status?)"},
+      {{Ddprund(), "--prot", "5"},
+       "ddprund: unknown option '--prot' (did you mean --port?); see ddprund --help"},
+      {{Ddprun(), "bench", "--nproc_per_node=2", script},
+       "ddprun bench: '" + script + "' is not a flag"},
+      {{Ddprun(), "bench", "--nproc_per_node", "2", "extra"},
+       "ddprun bench: 'extra' is not a flag"},
+  };
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    Proc& p = h.Start("typo" + std::to_string(i), cases[i].argv);
+    const int rc = h.Wait(p, 10);
+    INFO(cases[i].argv[1] << " " << cases[i].argv[2] << "\nstderr:\n" << p.Err());
+    CHECK(rc == 2);
+    CHECK(Lines(p.Err()).size() == 1);
+    CHECK(p.Err().find(cases[i].line) != std::string::npos);
+  }
+}
+
+// Issue 33 item 14: ddprund names an etcd name that does not resolve at
+// once, and the OS's reason for a --config file it cannot read.
+TEST_CASE("ddprund: an unresolvable etcd name and a missing --config, one line each",
+          "[multiproc]") {
+  Harness h;
+  Proc& etcd = h.Start("etcd", {Ddprund(), "--host", "127.0.0.1", "--port", "0", "--etcd_endpoints",
+                                "nosuch.invalid:2379"});
+  const int rc = h.Wait(etcd, 10);
+  INFO("stderr:\n" << etcd.Err());
+  CHECK(rc == 1);
+  CHECK(etcd.Seconds() < 3);  // not the etcd client's "no answer in time" after 6 s
+  CHECK(Lines(etcd.Err()).size() == 1);
+  CHECK(etcd.Err().find("cannot resolve the etcd endpoint name 'nosuch.invalid'") !=
+        std::string::npos);
+  CHECK(etcd.Err().find("--etcd_endpoints") != std::string::npos);
+
+  Proc& config = h.Start("config", {Ddprund(), "--config", h.dir() + "/nosuch.yaml"});
+  CHECK(h.Wait(config, 10) == 2);
+  INFO("stderr:\n" << config.Err());
+  CHECK(config.Err().find("nosuch.yaml: cannot read the config file: No such file or directory; "
+                          "check the --config path") != std::string::npos);
+}
+
+// Issue 33 item 13: settings that exclude each other are a usage mistake
+// (exit 2, as the exit-code table says), found before anything listens.
+TEST_CASE("ddprund with --state_dir and --etcd_endpoints: one line, exit 2", "[multiproc]") {
+  Harness h;
+  Proc& d = h.Start("ddprund", {Ddprund(), "--host", "127.0.0.1", "--port", "0", "--state_dir",
+                                h.MakeDir("state"), "--etcd_endpoints",
+                                "127.0.0.1:" + std::to_string(FreePort())});
+  const int rc = h.Wait(d, 10);
+  const std::string err = d.Err();
+  INFO("stderr:\n" << err);
+  CHECK(rc == 2);
+  REQUIRE(Lines(err).size() == 1);
+  CHECK(err.find("--state_dir and --etcd_endpoints exclude each other") != std::string::npos);
+  CHECK(d.Out().find("listening") == std::string::npos);
+}
+
 // torchrun ignores --node_rank under c10d, so launch scripts that pass one
 // constant on every node run there; here it is a preference: the second node
 // asking for a taken rank gets the next one and says so in one line.

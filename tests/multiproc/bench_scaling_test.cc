@@ -73,6 +73,8 @@ void CheckRun(Harness& h, Proc& n0, Proc& n1) {
     CHECK(std::stod(rows[i][4]) >= std::stod(rows[i][5]));  // step >= compute
   }
   CHECK(rows[0][3] == "100.0");
+  // The one-rank baseline trains without DDP: nothing to communicate (issue 33 item 6).
+  CHECK(rows[0][6] == "0.00");
   // From 4 ranks on, the group spans two hosts (127.0.0.1 and 127.0.0.2).
   CHECK(n0.Out().find("# from 4 ranks: backend gloo (shared memory within a node, tcp between "
                       "nodes)") != std::string::npos);

@@ -45,7 +45,9 @@ bool Has(const std::string& text, const std::string& needle) {
 TEST_CASE("ddprun check passes on this machine as configured", "[multiproc]") {
   Harness h;
   const std::string script = WriteScript(h, "train.py", "import torch\n");
-  Proc& p = h.StartDdprun("check", {"check", "--standalone", "--nproc_per_node=1", script});
+  // The machine as configured: Debian's torch is /usr/bin/python3's.
+  Proc& p = h.StartDdprun("check", {"check", "--standalone", "--nproc_per_node=1", script},
+                          {{"PYTHON_EXEC", "/usr/bin/python3"}});
   const int rc = h.Wait(p, 60);
   const std::string out = p.Out();
   INFO("stdout:\n" << out << "stderr:\n" << p.Err());
@@ -187,4 +189,25 @@ TEST_CASE("ddprun check: a node whose advertised address does not answer", "[mul
   CHECK(rc1 == kFailed);
   CHECK(Has(Line(out, "reach"), "fail   cannot connect to node 1 198.51.100.7:"));
   CHECK(Has(out, "fix: open these TCP ports between the nodes"));
+}
+
+// Issue 33 item 4: a script that imports torch fails the check when the
+// workers' interpreter cannot import it (it passed with "torch n/a"), and the
+// fix names PYTHON_EXEC.
+TEST_CASE("ddprun check fails a torch script whose interpreter has no torch", "[multiproc]") {
+  Harness h;
+  const std::string script = WriteScript(h, "train.py", "import os\nimport torch\n");
+  // /usr/bin/python3 without its site directories cannot import Debian's torch.
+  const std::string python =
+      h.Script("python3-notorch", "#!/bin/sh\nexec /usr/bin/python3 -S \"$@\"\n");
+  Proc& p = h.StartDdprun("check", {"check", "--standalone", "--nproc_per_node=2", script},
+                          {{"PYTHON_EXEC", python}});
+  const int rc = h.Wait(p, 60);
+  const std::string out = p.Out();
+  INFO("stdout:\n" << out << "stderr:\n" << p.Err());
+  CHECK(rc == kFailed);
+  const std::string line = Line(out, "torch");
+  CHECK(Has(line, " fail "));
+  CHECK(Has(line, "imports torch, but " + python + " cannot import it"));
+  CHECK(Has(out, "PYTHON_EXEC=/usr/bin/python3"));
 }

@@ -76,6 +76,19 @@ TEST_CASE(
       if (Leads(r)) ++leading;
     }
     CHECK(leading == 1);
+    // Each standby says so, naming the leader (issue 33 item 14).
+    const std::string leader_line =
+        "is a standby replica; the leader is 127.0.0.1:" + std::to_string(replicas[leader].port);
+    for (int i = 0; i < kReplicas; ++i) {
+      if (i == leader) continue;
+      const auto t0 = Clock::now();
+      while (replicas[i].proc->Err().find(leader_line) == std::string::npos &&
+             SecondsSince(t0) < 5) {
+        SleepMs(20);
+      }
+      INFO(replicas[i].proc->name << " stderr:\n" << replicas[i].proc->Err());
+      CHECK(replicas[i].proc->Err().find(leader_line) != std::string::npos);
+    }
     auto leader_key = client->Range(prefix + "/leader");
     REQUIRE(leader_key.ok());
     REQUIRE(leader_key->kvs.size() == 1);

@@ -1,8 +1,11 @@
 // Signals to ddprun: forwarded to every worker's process group, the grace
 // period before SIGKILL, and PDEATHSIG when ddprun itself is SIGKILLed.
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -152,4 +155,42 @@ TEST_CASE("SIGTERM also kills a worker's own children (its process group)", "[mu
   CHECK(rc == 143);
   CHECK(SecondsSince(t0) < 3.0);
   h.RequireAllGone(pids, 2);
+}
+
+// Issue 33 item 19: what an agent killed before it could clean up left
+// behind (ddprun_<pid>_XXXXXX of a pid that no longer runs, empty or with
+// error files only) is removed by the next ddprun using that TMPDIR; a live
+// agent's directory, and one holding anything else, are kept.
+TEST_CASE("the next ddprun removes a dead agent's empty temporary directory", "[multiproc]") {
+  Harness h;
+  const std::string tmp = h.MakeDir("tmp");
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  REQUIRE(dead > 0);
+  REQUIRE(::waitpid(dead, nullptr, 0) == dead);
+  const std::string d = std::to_string(dead);
+  const std::string empty = tmp + "/ddprun_" + d + "_aaaaaa";
+  const std::string errors = tmp + "/ddprun_" + d + "_bbbbbb";
+  const std::string logs = tmp + "/ddprun_" + d + "_cccccc";
+  const std::string live = tmp + "/ddprun_" + std::to_string(::getpid()) + "_dddddd";
+  for (const std::string& dir : {empty, errors, logs, live}) {
+    REQUIRE(std::filesystem::create_directory(dir));
+  }
+  std::ofstream(errors + "/attempt_0_rank_1_error.json") << "{}";
+  std::ofstream(logs + "/stdout.log") << "kept\n";
+  Proc& p = h.StartDdprun("ddprun", {"--nproc_per_node=1", "--no_python", "/bin/true"},
+                          {{"TMPDIR", tmp}});
+  CHECK(h.Wait(p, 20) == 0);
+  INFO("stderr:\n" << p.Err());
+  CHECK_FALSE(std::filesystem::exists(empty));
+  CHECK_FALSE(std::filesystem::exists(errors));
+  CHECK(std::filesystem::exists(logs + "/stdout.log"));
+  CHECK(std::filesystem::exists(live));
+  // Its own directory is gone too (a normal exit), so exactly these two remain.
+  std::size_t left = 0;
+  for (const auto& e : std::filesystem::directory_iterator(tmp)) {
+    (void)e;
+    ++left;
+  }
+  CHECK(left == 2);
 }

@@ -1,6 +1,7 @@
 // Single-node jobs: ddprun hosts a private rendezvous, no daemon.
 #include <sys/stat.h>
 
+#include <cstdio>
 #include <fstream>
 #include <set>
 #include <string>
@@ -138,4 +139,48 @@ TEST_CASE(
   }
   CHECK(ranks == std::set<long>{0, 1});
   h.RequireAllGone(pids, 2);
+}
+
+// Issue 33 item 9: a static job whose master address is loopback serves its
+// store, rendezvous and dashboard on loopback alone and says so, as c10d's
+// single-node TCPStore; a node that finds no master names its timeout in
+// whole seconds ("within 1 s", not "within 0.999969s").
+TEST_CASE("a static job on a loopback master binds and advertises 127.0.0.1", "[multiproc]") {
+  Harness h;
+  const int port = FreePort();
+  const std::string script = h.Script("w.sh", "#!/bin/sh\nsleep 2\n");
+  Proc& p =
+      h.StartDdprun("static", {"--master_addr=127.0.0.1", "--master_port=" + std::to_string(port),
+                               "--nnodes=1", "--node_rank=0", script});
+  // The master port's listening socket, from /proc/net/tcp (bounded wait).
+  char hex_port[8];
+  std::snprintf(hex_port, sizeof(hex_port), "%04X", port);
+  std::string listener;
+  const auto t0 = Clock::now();
+  while (listener.empty() && SecondsSince(t0) < 10) {
+    for (const std::string& line : Lines(ReadFile("/proc/net/tcp"))) {
+      // "  0: 0100007F:7531 00000000:0000 0A ...": local address, remote, state (0A = LISTEN)
+      const std::size_t colon = line.find(':', line.find(':') + 1);
+      if (colon == std::string::npos || line.compare(colon + 1, 4, hex_port) != 0) continue;
+      if (line.find(" 0A ") == std::string::npos) continue;
+      listener = line.substr(colon - 8, 8);
+    }
+    if (listener.empty()) SleepMs(20);
+  }
+  CHECK(listener == "0100007F");  // 127.0.0.1, not 00000000 (every interface)
+  CHECK(h.Wait(p, 20) == 0);
+  const std::string err = p.Err();
+  INFO("stderr:\n" << err);
+  CHECK(err.find("dashboard at http://127.0.0.1:") != std::string::npos);
+
+  Proc& lone = h.StartDdprun(
+      "lone", {"--master_addr=127.0.0.1", "--master_port=" + std::to_string(FreePort()),
+               "--nnodes=2", "--node_rank=1", "--rdzv_conf", "join_timeout=1", script});
+  CHECK(h.Wait(lone, 20) == 3);
+  const std::string lone_err = lone.Err();
+  INFO("lone stderr:\n" << lone_err);
+  CHECK(lone_err.find("within 1 s (cannot connect to the TCPStore at 127.0.0.1:") !=
+        std::string::npos);
+  CHECK(lone_err.find("within 1 s: ") != std::string::npos);
+  CHECK(lone_err.find("0.99") == std::string::npos);
 }

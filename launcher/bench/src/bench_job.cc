@@ -4,15 +4,20 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "ddprun/agent/agent.h"
 #include "ddprun/agent/process_launcher.h"
+#include "ddprun/launcher/bench/bench_options.h"
+#include "ddprun/launcher/cli.h"
+#include "ddprun/launcher/knobs.h"
 #include "ddprun/rendezvous/common/exit_codes.h"
 #include "ddprun/rendezvous/common/worker_env_names.h"
 
@@ -47,6 +52,27 @@ std::string OneLine(std::string s) {
   return s.rfind("ddprun bench", 0) == 0 ? s : "ddprun bench: " + s;
 }
 
+// The first word of `args` that is neither an option nor an option's value
+// (a script given to bench), or "" when there is none. An option takes the
+// next word unless it has "=VALUE" or is a switch of the knob table.
+std::string FirstPositional(const std::vector<std::string>& args) {
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--") return i + 1 < args.size() ? args[i + 1] : "";
+    if (!absl::StartsWith(a, "-") || a == "-") return a;
+    if (a.find('=') != std::string::npos) continue;
+    if (!absl::StartsWith(a, "--")) {  // -r 3, -t 3: short options take a value
+      if (a.size() == 2) ++i;
+      continue;
+    }
+    std::string name = a.substr(2);
+    std::replace(name.begin(), name.end(), '-', '_');
+    const Knob* knob = FindKnob(name);
+    if (knob != nullptr && knob->type != ValueType::kBool) ++i;
+  }
+  return "";
+}
+
 ParsedJob ParseJob(const std::vector<std::string>& launcher_args, const std::string& worker,
                    const std::vector<std::string>& worker_args, const Env& env,
                    const HostFacts& host, std::ostream& out, std::ostream& err) {
@@ -56,8 +82,31 @@ ParsedJob ParseJob(const std::vector<std::string>& launcher_args, const std::str
   argv.push_back("--no_python");
   argv.push_back(worker);
   argv.insert(argv.end(), worker_args.begin(), worker_args.end());
+  // The user's word, before the launcher reads it as a script (and names
+  // the interpreter it would run it with, or says that it is not found).
+  std::vector<std::string> own = kBenchFlags;
+  own.push_back("--help");
+  if (const std::string word = FirstPositional(launcher_args); !word.empty()) {
+    // An unknown flag first: its value reads as the word ("--opp allreduce").
+    if (auto unknown = UnknownSubcommandOption("bench", launcher_args, own)) {
+      err << *unknown << std::endl;
+      job.exit_code = kExitUsage;
+      return job;
+    }
+    err << "ddprun bench: '" << word
+        << "' is not a flag; ddprun bench runs its own worker and takes no script (write flags "
+           "as --flag=value)"
+        << std::endl;
+    job.exit_code = kExitUsage;
+    return job;
+  }
   auto parsed = ParseCommandLine(argv, env, host);
   if (!parsed.ok()) {
+    if (auto unknown = UnknownSubcommandOption("bench", launcher_args, own)) {
+      err << *unknown << std::endl;
+      job.exit_code = kExitUsage;
+      return job;
+    }
     err << parsed.status().message() << std::endl;
     job.exit_code = kExitUsage;
     return job;

@@ -151,6 +151,11 @@ int RunCheckCommand(const std::vector<std::string>& args, const agent::Env& env,
       }
       if (a == "--") break;
     }
+    if (auto unknown = UnknownSubcommandOption(
+            "check", launcher_args, {"--json", "--check_timeout", "--check-timeout", "--help"})) {
+      err << *unknown << std::endl;
+      return kExitUsage;
+    }
     err << parsed.status().message() << std::endl;
     return kExitUsage;
   }

@@ -141,6 +141,14 @@ class TorchCheck final : public SameAsNodeZero {
     const auto text = [](const NodeFacts& f) {
       return f.torch_version.empty() ? std::string("no torch") : "torch " + f.torch_version;
     };
+    if (n.torch_version.empty() && n.script_imports_torch) {
+      const std::string python = n.python_exec.empty() ? "python3" : n.python_exec;
+      return Make(Name(), n, Verdict::kFail,
+                  absl::StrCat(n.script_path, " imports torch, but ", python, " cannot import it"),
+                  absl::StrCat("set PYTHON_EXEC to an interpreter that has PyTorch (Debian's: "
+                               "PYTHON_EXEC=/usr/bin/python3), or install torch for ",
+                               python));
+    }
     if (n.torch_version == ref.torch_version || !ref.python_error.empty()) {
       return Make(Name(), n, n.torch_version.empty() ? Verdict::kNotApplicable : Verdict::kPass,
                   text(n));

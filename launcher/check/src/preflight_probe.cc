@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -394,6 +395,16 @@ std::string OnPath(const std::string& name, const agent::Env& env) {
 
 }  // namespace
 
+bool ScriptImportsTorch(const std::string& path) {
+  std::ifstream in(path);
+  static const std::regex kImport(R"(^\s*(import|from)\s+torch(\W|$))");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (std::regex_search(line, kImport)) return true;
+  }
+  return false;
+}
+
 std::unique_ptr<SystemProbe> MakeSystemProbe() { return std::make_unique<RealProbe>(); }
 
 CommandFile FileOfCommand(const std::vector<std::string>& command, const agent::Env& env) {
@@ -443,6 +454,9 @@ NodeFacts CollectLocalFacts(SystemProbe& probe, const std::vector<std::string>& 
     }
   }
   f.python_command = !file.python.empty();
+  f.python_exec = file.python;
+  if (f.python_command && !file.path.empty())
+    f.script_imports_torch = ScriptImportsTorch(file.path);
   if (f.python_command) {
     const PythonVersions v = probe.Python(file.python, python_timeout);
     f.python_version = v.python;

@@ -161,6 +161,8 @@ std::string FactsToJson(const NodeFacts& f) {
             {"script_sha256", f.script_sha256},
             {"script_error", f.script_error},
             {"python_command", f.python_command},
+            {"python_exec", f.python_exec},
+            {"script_imports_torch", f.script_imports_torch},
             {"python_version", f.python_version},
             {"torch_version", f.torch_version},
             {"python_error", f.python_error},
@@ -205,6 +207,8 @@ absl::StatusOr<NodeFacts> FactsFromJson(std::string_view text) {
     f.script_sha256 = j.at("script_sha256").get<std::string>();
     f.script_error = j.at("script_error").get<std::string>();
     f.python_command = j.at("python_command").get<bool>();
+    f.python_exec = j.value("python_exec", std::string());  // absent from older nodes
+    f.script_imports_torch = j.value("script_imports_torch", false);
     f.python_version = j.at("python_version").get<std::string>();
     f.torch_version = j.at("torch_version").get<std::string>();
     f.python_error = j.at("python_error").get<std::string>();

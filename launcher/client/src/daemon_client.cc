@@ -4,11 +4,15 @@
 #include <chrono>
 #include <cstdlib>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "ddprun/launcher/knobs.h"
 #include "ddprun/launcher/value_parsers.h"
+#include "ddprun/rendezvous/common/clock.h"
 #include "ddprun/rendezvous/common/errors.h"
 #include "ddprun/rendezvous/common/exit_codes.h"
+#include "ddprun/rendezvous/common/socket_util.h"
+#include "ddprun/rendezvous/common/suggest.h"
 
 namespace ddprun::launcher {
 
@@ -40,12 +44,55 @@ std::optional<int> ParseClientCommand(CLI::App& app, const std::vector<std::stri
     out << app.help();
     return kExitSuccess;
   } catch (const CLI::ParseError& e) {
+    // An option of no one's: name the closest of this command's.
+    std::vector<std::string> known;
+    for (const CLI::Option* opt : app.get_options()) {
+      for (const std::string& l : opt->get_lnames()) known.push_back("--" + l);
+    }
+    for (auto a = args.begin() + std::min<std::size_t>(2, args.size()); a != args.end(); ++a) {
+      if (*a == "--") break;
+      if (!absl::StartsWith(*a, "--")) continue;
+      const std::string name = a->substr(0, a->find('='));
+      if (std::find(known.begin(), known.end(), name) != known.end()) continue;
+      err << "ddprun " << command << ": unknown option '" << name << "'"
+          << rendezvous::DidYouMean(name, known) << "; see ddprun " << command << " --help"
+          << std::endl;
+      return kExitUsage;
+    }
     err << "ddprun " << command << ": " << e.what() << "; see ddprun " << command << " --help"
         << std::endl;
     return kExitUsage;
   }
   return std::nullopt;
 }
+
+namespace {
+
+// One TCP connection to `hp` before the timeout: OK when any address of it
+// accepts (or the connect does not finish in time: gRPC's wait decides then);
+// Unavailable naming the OS's reason when the name does not resolve or every
+// address refuses.
+absl::Status ProbeListening(const rendezvous::HostPort& hp, rendezvous::Duration timeout) {
+  const std::string where = rendezvous::FormatHostPort(hp);
+  auto addrs = rendezvous::net::ResolveTcp(hp.host, hp.port);
+  if (!addrs.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot resolve the rendezvous host '", hp.host,
+                                               "' (", addrs.status().message(),
+                                               "); check --rdzv_endpoint"));
+  }
+  const rendezvous::TimePoint deadline = rendezvous::SystemClock::Get().Now() + timeout;
+  std::string reason;
+  for (const rendezvous::net::SocketAddress& a : *addrs) {
+    auto fd = rendezvous::net::ConnectTcp(a, deadline);
+    if (fd.ok() || absl::IsDeadlineExceeded(fd.status())) return absl::OkStatus();
+    reason = std::string(fd.status().message());
+  }
+  return absl::UnavailableError(absl::StrCat("cannot reach the rendezvous at ", where, " (", reason,
+                                             "); check that ddprund (or the node hosting the "
+                                             "rendezvous) runs there and the port is right"));
+}
+
+}  // namespace
 
 absl::StatusOr<DaemonConnection> ConnectToDaemon(DaemonClientFlags flags) {
   if (flags.endpoint.empty()) {
@@ -77,6 +124,9 @@ absl::StatusOr<DaemonConnection> ConnectToDaemon(DaemonClientFlags flags) {
   c.endpoint = *hp;
   c.timeout = std::chrono::duration_cast<rendezvous::Duration>(
       std::chrono::duration<double>(flags.timeout_s));
+  // A port where nothing listens is refused at once: say so instead of
+  // waiting the whole --timeout for gRPC's channel.
+  if (absl::Status st = ProbeListening(*hp, c.timeout); !st.ok()) return st;
   c.client = rendezvous::RendezvousClient::Create(hp->host, hp->port, *tls);
   if (absl::Status st = c.client->WaitForConnected(c.timeout); !st.ok()) {
     if (rendezvous::IsTlsHandshakeError(st)) return st;

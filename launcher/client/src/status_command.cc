@@ -122,6 +122,11 @@ int RunStatusCommand(const std::vector<std::string>& args, std::ostream& out, st
     err << "ddprun status: " << jobs.status().message() << std::endl;
     return kExitRendezvousError;
   }
+  if (!job_id.empty() && jobs->empty()) {  // as `ddprun top --job` says it
+    err << "ddprun status: no such job '" << job_id << "' at " << rendezvous::FormatHostPort(*hp)
+        << "; run ddprun status without --rdzv_id to list its jobs" << std::endl;
+    return kExitRendezvousError;
+  }
   out << (json ? FormatStatusJson(rendezvous::FormatHostPort(*hp), *jobs)
                : FormatStatusText(*jobs));
   out.flush();

@@ -117,21 +117,35 @@ int RunTopCommand(const std::vector<std::string>& args, std::ostream& out, std::
     job_id = jobs->front().job_id;
   }
   const bool tty = !once && &out == &std::cout && isatty(STDOUT_FILENO);
+  std::string last_state;  // of the last document shown, "" before the first
   for (;;) {
     auto doc = client->GetMetrics(job_id, timeout);
     if (!doc.ok()) {
       if (absl::IsUnimplemented(doc.status())) {
         err << "ddprun top: the server at " << rendezvous::FormatHostPort(*hp)
             << " has no monitoring (an older ddprund); upgrade it" << std::endl;
-      } else {
-        err << "ddprun top: " << doc.status().message() << std::endl;
+        return kExitRendezvousError;
       }
+      // The job was being watched and its rendezvous went away or forgot
+      // it: a node hosting the rendezvous stops serving when its job ends.
+      if (!last_state.empty() && !absl::IsDeadlineExceeded(doc.status())) {
+        out << "ddprun top: job " << job_id << " ended (" << rendezvous::FormatHostPort(*hp)
+            << " no longer serves it; its last state was " << last_state << ")" << std::endl;
+        return kExitSuccess;
+      }
+      err << "ddprun top: " << doc.status().message() << std::endl;
       return kExitRendezvousError;
     }
     if (tty) out << "\033[H\033[2J";
     out << FormatTop(*doc);
     out.flush();
     if (once) return kExitSuccess;
+    const Json j = Json::parse(*doc, nullptr, /*allow_exceptions=*/false);
+    last_state = j.is_object() ? j.value("state", "unknown") : "unknown";
+    if (last_state == "succeeded" || last_state == "failed" || last_state == "stopped") {
+      out << "ddprun top: job " << job_id << " ended: " << last_state << std::endl;
+      return kExitSuccess;
+    }
     std::this_thread::sleep_for(std::chrono::seconds(1));
   }
 }

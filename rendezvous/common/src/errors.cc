@@ -10,6 +10,18 @@ absl::Status ClosedError(absl::string_view message) {
   return st;
 }
 
+absl::Status UsageMistake(absl::string_view message) {
+  absl::Status st = absl::InvalidArgumentError(message);
+  st.SetPayload(kKindPayload, absl::Cord("usage"));
+  return st;
+}
+
+bool IsUsageMistake(const absl::Status& status) {
+  if (!absl::IsInvalidArgument(status)) return false;
+  const auto kind = status.GetPayload(kKindPayload);
+  return kind && *kind == "usage";
+}
+
 ErrorKind KindOf(const absl::Status& status) {
   switch (status.code()) {
     case absl::StatusCode::kOk: return ErrorKind::kOk;

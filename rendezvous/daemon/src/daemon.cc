@@ -8,8 +8,10 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "ddprun/rendezvous/common/errors.h"
 #include "ddprun/rendezvous/common/host_port.h"
+#include "ddprun/rendezvous/common/socket_util.h"
 #include "ddprun/rendezvous/common/status_macros.h"
 #include "ddprun/rendezvous/monitoring/hang_action.h"
 #include "ddprun/rendezvous/monitoring/monitoring_routes.h"
@@ -114,6 +116,11 @@ absl::Status Daemon::Serve(int port) {
     eo.lease_ttl_s = opts_.etcd_lease_ttl_s;
     eo.on_elected = [this](std::int64_t revision) { OnElected(revision); };
     eo.on_deposed = [this](absl::Status why) { OnDeposed(why); };
+    eo.on_standby = [this](const std::string& leader) {
+      std::cerr << "ddprund: " << advertise_ << " is a standby replica; the leader is " << leader
+                << " (etcd prefix " << etcd_prefix_
+                << "); this replica takes over if the leader goes" << std::endl;
+    };
     election_ = std::make_unique<EtcdElection>(std::move(eo));
   }
   return absl::OkStatus();
@@ -121,6 +128,20 @@ absl::Status Daemon::Serve(int port) {
 
 absl::Status Daemon::StartEtcd() {
   DDPRUN_ASSIGN_OR_RETURN(etcd_prefix_, NormalizeEtcdPrefix(opts_.etcd_prefix));
+  // A name that resolves nowhere is said at once, not as an etcd that gives
+  // "no answer in time" after the client's retries.
+  std::vector<std::string> unresolved;
+  for (const HostPort& e : opts_.etcd_endpoints) {
+    auto addrs = net::ResolveTcp(e.host, e.port);
+    if (!addrs.ok()) {
+      unresolved.push_back(absl::StrCat("'", e.host, "' (", addrs.status().message(), ")"));
+    }
+  }
+  if (unresolved.size() == opts_.etcd_endpoints.size()) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot resolve the etcd endpoint name", unresolved.size() == 1 ? " " : "s ",
+                     absl::StrJoin(unresolved, ", "), "; check --etcd_endpoints"));
+  }
   EtcdOptions eo;
   eo.endpoints = opts_.etcd_endpoints;
   eo.tls = opts_.etcd_tls;

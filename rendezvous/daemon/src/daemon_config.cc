@@ -1,6 +1,8 @@
 // ddprund's --config file and the precedence of its settings' sources
 // (daemon_knobs.h): flag > DDPRUND_<NAME> > file > default.
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -80,8 +82,9 @@ absl::StatusOr<DaemonConfigFile> ReadDaemonConfig(const std::string& path) {
   std::string text;
   FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) {
-    return absl::InvalidArgumentError(path +
-                                      ": cannot read the config file; check the --config path");
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": cannot read the config file: ", std::strerror(errno),
+                     "; check the --config path"));
   }
   char buf[4096];
   std::size_t n;

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "ddprun/rendezvous/common/exit_codes.h"
 #include "ddprun/rendezvous/common/host_port.h"
+#include "ddprun/rendezvous/common/suggest.h"
 #include "ddprun/rendezvous/common/tls.h"
 #include "ddprun/rendezvous/daemon/daemon_knobs.h"
 #include "ddprun/rendezvous/daemon/server.h"
@@ -94,6 +95,20 @@ int main(int argc, char** argv) {
     std::cout << app.help() << std::flush;
     return kExitSuccess;
   } catch (const CLI::ExtrasError& e) {
+    // An option of no one's: name the closest of ddprund's.
+    std::vector<std::string> known;
+    for (const CLI::Option* opt : app.get_options()) {
+      for (const std::string& l : opt->get_lnames()) known.push_back("--" + l);
+    }
+    for (const std::string& a : app.remaining()) {
+      if (a.rfind("--", 0) != 0) continue;
+      const std::string name = a.substr(0, a.find('='));
+      if (std::find(known.begin(), known.end(), name) != known.end()) continue;
+      std::cerr << "ddprund: unknown option '" << name << "'"
+                << ddprun::rendezvous::DidYouMean(name, known) << "; see ddprund --help"
+                << std::endl;
+      return kExitUsage;
+    }
     std::cerr << "ddprund: unexpected argument(s): " << CLI::detail::join(app.remaining(), " ")
               << "; see ddprund --help" << std::endl;
     return kExitUsage;
@@ -129,6 +144,14 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
   ddprun::rendezvous::ServerOptions& options = settings.server;
+  // Settings that exclude each other are a usage mistake (exit 2), found
+  // before anything opens (the server checks the same, for its other callers).
+  if (!options.state_dir.empty() && !options.etcd_endpoints.empty()) {
+    std::cerr << "ddprund: --state_dir and --etcd_endpoints exclude each other: replicas keep "
+                 "their state in etcd; drop --state_dir"
+              << std::endl;
+    return kExitUsage;
+  }
   // Checked before anything listens: a bad file is one line naming the flag.
   if (auto loaded = ddprun::rendezvous::LoadServerTls(settings.tls); loaded.ok()) {
     options.tls = *std::move(loaded);

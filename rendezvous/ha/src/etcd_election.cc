@@ -116,12 +116,15 @@ void EtcdElection::Run() {
         revision = kv.create_revision;
         break;
       }
+      bool changed = false;
       {
         std::lock_guard<std::mutex> lock(mu_);
+        changed = leader_ != kv.value;
         leader_ = kv.value;
         key_deleted_ = false;
       }
       DDPRUN_DEBUG_LOG(kRdzv) << "standby; the leader is " << kv.value;
+      if (changed && options_.on_standby) options_.on_standby(kv.value);
       auto watch = etcd.Watch(
           leader_key, "", r->revision + 1,
           [this](const std::vector<EtcdEvent>& events) {

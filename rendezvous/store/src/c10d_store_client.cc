@@ -8,7 +8,9 @@
 #include <chrono>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "ddprun/rendezvous/common/debug_log.h"
 #include "ddprun/rendezvous/common/errors.h"
@@ -30,6 +32,14 @@ Duration FromSeconds(double seconds) {
 }
 
 double ToSeconds(Duration d) { return std::chrono::duration<double>(d).count(); }
+
+// A timeout for a message: "1 s" for 0.999969 s, tenths below 10 s ("0.5 s").
+std::string SecondsText(Duration d) {
+  const double s = ToSeconds(d);
+  std::string text = absl::StrFormat(s >= 9.95 ? "%.0f" : "%.1f", s);
+  if (absl::EndsWith(text, ".0")) text.resize(text.size() - 2);
+  return text + " s";
+}
 
 TimePoint ReplyDeadline() { return SteadyClock::now() + kReplyTimeout; }
 
@@ -123,9 +133,9 @@ absl::StatusOr<std::unique_ptr<C10dStoreClient>> C10dStoreClient::Connect(const 
     std::this_thread::sleep_for(std::min<Duration>(backoff, deadline - SteadyClock::now()));
     backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
   }
-  return absl::UnavailableError(absl::StrCat(
-      "cannot connect to the TCPStore at ", where, " within ", ToSeconds(timeout),
-      "s: ", last_error, "; ", fix));
+  return absl::UnavailableError(absl::StrCat("cannot connect to the TCPStore at ", where,
+                                             " within ", SecondsText(timeout), ": ", last_error,
+                                             "; ", fix));
 }
 
 C10dStoreClient::C10dStoreClient(int fd, std::string where) : fd_(fd), where_(std::move(where)) {}
@@ -191,7 +201,7 @@ absl::Status C10dStoreClient::WaitLocked(const std::vector<std::string>& keys, D
   }
   if (arrived) return absl::OkStatus();
   return absl::DeadlineExceededError(
-      absl::StrCat("timed out after ", ToSeconds(timeout), "s waiting for ", KeysForMessage(keys),
+      absl::StrCat("timed out after ", SecondsText(timeout), " waiting for ", KeysForMessage(keys),
                    "; the process that should set it may have failed or not started yet"));
 }
 

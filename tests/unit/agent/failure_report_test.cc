@@ -104,6 +104,24 @@ TEST_CASE("failure details: error message, log file, stderr tail", "[unit]") {
         "ddprun:   |   boom\n");
 }
 
+TEST_CASE("a ModuleNotFoundError points the report at the workers' interpreter", "[unit]") {
+  rendezvous::WorkerFailure f;
+  f.stderr_tail =
+      "Traceback (most recent call last):\n  File \"train.py\", line 1\n"
+      "ModuleNotFoundError: No module named 'torch.distributed'";
+  const std::string hint = MissingModuleHint({f}, "python3");
+  CHECK(hint ==
+        "ddprun:   the workers' Python (python3) cannot import 'torch.distributed'; set "
+        "PYTHON_EXEC to an interpreter that has it (Debian's PyTorch: "
+        "PYTHON_EXEC=/usr/bin/python3), or install torch for python3; `ddprun check` tests "
+        "this before a job starts\n");
+  f.stderr_tail = "RuntimeError: CUDA error";
+  CHECK(MissingModuleHint({f}, "python3").empty());
+  f.error_message = "ModuleNotFoundError: No module named 'numpy'";
+  CHECK_THAT(MissingModuleHint({f}, "/opt/py/bin/python"),
+             Catch::Contains("(/opt/py/bin/python) cannot import 'numpy'"));
+}
+
 TEST_CASE("job failure block: reason, first failure first, details", "[unit]") {
   rendezvous::WorkerFailure a;
   a.host = "n1";

@@ -13,6 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+
 namespace ddprun::launcher {
 namespace {
 
@@ -980,6 +983,18 @@ TEST_CASE("--print-config: --shutdown-timeout shows as the grace period's origin
   CHECK_THAT(text, Contains("--shutdown-timeout") || Contains("--shutdown_timeout"));
   const std::string venv_line = Ok({"--print-config", S().Path("train.py")}).text;
   CHECK_THAT(venv_line, Contains("python ") && Contains("python3 on PATH"));
+}
+
+// Issue 33 item 17: the temporary default of --log_dir is shown as such, not
+// as "none", and no line has an empty origin.
+TEST_CASE("--print-config: the temporary log_dir default and no empty origin", "[unit]") {
+  const std::string text = Ok({"--print-config", S().Path("train.py")}).text;
+  CHECK_THAT(text, Contains("(a fresh $TMPDIR/ddprun_XXXXXX)"));
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    INFO(line);
+    CHECK_FALSE(absl::EndsWith(line, "# "));
+    CHECK_FALSE(absl::EndsWith(line, "#"));
+  }
 }
 
 TEST_CASE("torchrun 2.10: --virtual-local-rank", "[unit]") {

@@ -38,6 +38,13 @@ std::string DescribeFailure(const rendezvous::WorkerFailure& failure);
 // log file, and the stderr tail; each line starts with "ddprun:   ".
 std::string FormatFailureDetails(const rendezvous::WorkerFailure& failure);
 
+// When a failure's error message or stderr tail shows Python's
+// "ModuleNotFoundError: No module named 'X'", one line that points at the
+// workers' interpreter `python` (the worker command's argv[0]) and the fix
+// (PYTHON_EXEC, or installing X for it), starting "ddprun:   "; else "".
+std::string MissingModuleHint(const std::vector<rendezvous::WorkerFailure>& failures,
+                              const std::string& python);
+
 // The whole report, each headline "ddprun: job <id> failed: ...":
 //   the reason, then per failure its description (pid, round, time; the
 //   first one marked "first failure") and its details.

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,9 +64,9 @@ struct LauncherOptions {
 };
 
 enum class Action {
-  kRun,      // run a node with `options`
-  kHelp,     // print `text` (the help) to stdout, exit 0
-  kVersion,  // print `text` (the version) to stdout, exit 0
+  kRun,          // run a node with `options`
+  kHelp,         // print `text` (the help) to stdout, exit 0
+  kVersion,      // print `text` (the version) to stdout, exit 0
   kPrintConfig,  // --print-config: print `text` (the merged job) to stdout, exit 0
 };
 
@@ -121,6 +122,16 @@ int CountAmdGpus(const std::string& kfd_nodes_dir = "/sys/class/kfd/kfd/topology
 // `physical`); UUID-style entries (GPU-..., MIG-...) count as one each; never
 // more than `physical`.
 int VisibleDevices(int physical, const std::string& list);
+
+// For a subcommand whose arguments ParseCommandLine refused (`ddprun check`,
+// `ddprun bench`): the first option in `args` that is neither a launcher flag
+// nor one of `own` (the subcommand's flags, "--json"), as one line that names
+// the closest of both and the subcommand's help ("ddprun check: unknown
+// option '--chek_timeout' (did you mean --check_timeout?); see ddprun check
+// --help"); nullopt when every option is known (the parser's message stands).
+std::optional<std::string> UnknownSubcommandOption(const std::string& command,
+                                                   const std::vector<std::string>& args,
+                                                   const std::vector<std::string>& own);
 
 // Parses ddprun's arguments (args[0] is the program name).
 absl::StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& args, const Env& env,

@@ -245,6 +245,11 @@ TEST_CASE("check: every node runs the same ddprun, script, Python and torch", "[
   zero.torch_version = "";
   n.torch_version = "";
   CHECK(Judge("torch", {zero, n}, Job(), 1).verdict == Verdict::kNotApplicable);
+  // A script that imports torch needs it, even where no node has it.
+  n.script_imports_torch = true;
+  n.python_exec = "python3";
+  ExpectFix(Judge("torch", {zero, n}, Job(), 1), Verdict::kFail,
+            "train.py imports torch, but python3 cannot import it", "PYTHON_EXEC=/usr/bin/python3");
   n = GoodNode(1);
   n.python_version = "3.9.2";
   ExpectFix(JudgeNode1("python", n), Verdict::kFail, "Python 3.9.2, but node 0",

@@ -96,8 +96,12 @@ struct NodeFacts {
   std::string script_sha256;
   std::string script_error;
   bool python_command = false;  // the worker command runs a Python interpreter
-  std::string python_version;   // "" with python_error set: it did not run
-  std::string torch_version;    // "": torch is not importable
+  std::string python_exec;      // that interpreter, as the command names it
+  // The script has an `import torch` / `from torch ...` line: it needs a
+  // torch the interpreter can import (ScriptImportsTorch).
+  bool script_imports_torch = false;
+  std::string python_version;  // "" with python_error set: it did not run
+  std::string torch_version;   // "": torch is not importable
   std::string python_error;
   std::vector<Resolved> resolved;
   std::vector<Reach> reach;

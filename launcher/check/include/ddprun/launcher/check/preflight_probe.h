@@ -89,6 +89,10 @@ struct CommandFile {
 };
 CommandFile FileOfCommand(const std::vector<std::string>& command, const agent::Env& env);
 
+// Whether the Python file at `path` has a line `import torch...` or
+// `from torch... import` at any indentation (false when it cannot be read).
+bool ScriptImportsTorch(const std::string& path);
+
 // The variables the checks read (preflight.h NodeFacts::env).
 inline constexpr const char* kCheckedVariables[] = {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",
                                                     "NCCL_IB_HCA", "NCCL_IB_DISABLE",

@@ -38,6 +38,14 @@ inline constexpr const char* kKindPayload = "ddprun.kind";
 
 absl::Status ClosedError(absl::string_view message);
 ErrorKind KindOf(const absl::Status& status);
+// A mistake in what the user gave this process (a flag, a file) that only
+// shows once it runs, e.g. a node that must host the rendezvous over TLS
+// without --tls_cert: InvalidArgument (kind kBadInput) marked with
+// kKindPayload = "usage", so that the launcher exits 2 (usage) for it and 3
+// for the rendezvous' own bad-input verdicts. Local only: not carried by
+// proto_convert.
+absl::Status UsageMistake(absl::string_view message);
+bool IsUsageMistake(const absl::Status& status);
 const char* ErrorKindName(ErrorKind kind);  // "closed", "timeout", ...
 
 // Prefix for every message about a job: "[job job42 round 3] ".

@@ -36,6 +36,9 @@ struct EtcdElectionOptions {
   std::function<void(std::int64_t revision)> on_elected;
   // Called once when the leadership is lost after on_elected.
   std::function<void(absl::Status)> on_deposed;
+  // Called on this thread each time the campaign finds another replica
+  // leading, and it is not the one last reported (null: not told).
+  std::function<void(const std::string& leader)> on_standby;
 };
 
 class EtcdElection {
