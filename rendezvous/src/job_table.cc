@@ -249,9 +249,26 @@ void JobTable::StreamLost(const std::string& job_id, const std::string& node_id,
     std::vector<Delivery> out;
     job.rdzv->NodeLost(node_id, &out);
     SettleLocked(job, before, out, "lost", "node " + node_id + " lost (its stream broke)", &batch);
-    deadline = NewDeadlineLocked(job);
+    if (NeverRanAndEmptyLocked(job)) {
+      // Its only node left before the job ever ran: nothing to keep, so it is
+      // not listed until its join timeout (issue 33 item 8); an agent that
+      // re-joins starts it afresh.
+      DropLocked(it, "forgotten: its last node left before the first round ran", /*forget=*/true,
+                 ClosedError(Fence(job_id, 0) + "the job's last node left before it ran"));
+    } else {
+      deadline = NewDeadlineLocked(job);
+    }
   }
   Finish(batch, deadline);
+}
+
+bool JobTable::NeverRanAndEmptyLocked(const Job& job) const {
+  if (!job.sinks.empty() || job.rdzv->state() != JobRendezvous::State::kGathering ||
+      job.rdzv->round() != 0) {
+    return false;
+  }
+  const JobStatus st = job.rdzv->Status();
+  return st.restart_count == 0 && st.waiting == 0 && st.nodes.empty();
 }
 
 void JobTable::Unregister(const std::string& job_id, const std::string& node_id,

@@ -437,6 +437,33 @@ TEST_CASE("JobTable: a lost stream restarts the others; a stale stream is ignore
   CHECK(f.table->Status("j").at(0).round == 1);
 }
 
+TEST_CASE("JobTable: a job whose only node left before it ran is forgotten at once", "[unit]") {
+  // Issue 33 item 8: it used to stay listed, gathering, until its join timeout.
+  Fixture f;
+  auto a = f.Join(Spec("j", "10.0.0.1"));
+  CHECK(f.table->NumJobs() == 1);
+  f.table->StreamLost("j", a->bound_node, a.get());
+  CHECK(f.table->NumJobs() == 0);
+  CHECK(f.table->Status("").empty());
+  CHECK(f.journal.forgotten == std::vector<std::string>{"j"});
+  // The same id later starts afresh.
+  auto b = f.Join(Spec("j", "10.0.0.1"));
+  auto c = f.Join(Spec("j", "10.0.0.2"));
+  CHECK(AssignmentOf(*c).round == 0);
+
+  // A node still waiting keeps the job; so does a job that has run (its round
+  // 1 gathers after a loss).
+  auto d = f.Join(Spec("k", "10.0.0.1", 3, 3));
+  auto e = f.Join(Spec("k", "10.0.0.2", 3, 3));
+  f.table->StreamLost("k", d->bound_node, d.get());
+  CHECK(f.table->Status("k").size() == 1);
+  f.table->StreamLost("j", b->bound_node, b.get());
+  REQUIRE(f.table->Status("j").size() == 1);
+  CHECK(f.table->Status("j").at(0).round == 1);
+  f.table->StreamLost("j", c->bound_node, c.get());
+  CHECK(f.table->Status("j").size() == 1);
+}
+
 TEST_CASE("JobTable: Status lists one job or every job in id order", "[unit]") {
   Fixture f;
   f.Join(Spec("zeta", "10.0.0.1"));

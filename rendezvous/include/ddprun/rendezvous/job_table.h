@@ -167,6 +167,9 @@ class JobTable {
   // Removes the job at `it` from memory: the observer hears it forgotten,
   // its store's waiters fail with `waiters`, and with `forget` the journal
   // forgets it too. Returns the next job.
+  // A job in its first round, gathering, with no node waiting and no stream:
+  // its only nodes left before it ever ran.
+  bool NeverRanAndEmptyLocked(const Job& job) const;
   JobMap::iterator DropLocked(JobMap::iterator it, const char* why, bool forget,
                               const absl::Status& waiters);
   // The job `job_id` (nullptr never): NotFound fenced by `round` when there
