@@ -32,8 +32,9 @@ deps:
 deps-build:
 	bash scripts/install-deps.sh --build
 
+# Prefix /usr: the tree the .deb packs (with the ddprund unit and /etc/ddprun).
 $(DEMO_BUILD_DIR)/CMakeCache.txt:
-	cmake -S . -B $(DEMO_BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
+	cmake -S . -B $(DEMO_BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DCMAKE_INSTALL_PREFIX=/usr \
 	  -DDDPRUN_BUILD_TESTS=OFF -DDDPRUN_BUILD_BENCH=OFF
 
 product: deps-build $(DEMO_BUILD_DIR)/CMakeCache.txt
@@ -53,15 +54,9 @@ demo: product
 wheel: product
 	python3 scripts/packaging/build_wheel.py --build $(DEMO_BUILD_DIR) --out dist
 
-# A system install's tree (prefix /usr: the ddprund unit and /etc/ddprun go in).
-DEB_BUILD_DIR ?= build-deb
-$(DEB_BUILD_DIR)/CMakeCache.txt:
-	cmake -S . -B $(DEB_BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DCMAKE_INSTALL_PREFIX=/usr \
-	  -DDDPRUN_BUILD_TESTS=OFF -DDDPRUN_BUILD_BENCH=OFF
-
-deb: deps-build $(DEB_BUILD_DIR)/CMakeCache.txt
-	cmake --build $(DEB_BUILD_DIR) -j$(JOBS) --target $(PRODUCT_TARGETS) ddprun_package_files
-	cd $(DEB_BUILD_DIR) && cpack -G DEB -B $(CURDIR)/dist
+deb: product
+	cmake --build $(DEMO_BUILD_DIR) -j$(JOBS) --target ddprun_package_files
+	cd $(DEMO_BUILD_DIR) && cpack -G DEB -B $(CURDIR)/dist
 
 clean:
-	rm -rf $(BUILD_DIR) $(DEMO_BUILD_DIR) $(DEB_BUILD_DIR) dist
+	rm -rf $(BUILD_DIR) $(DEMO_BUILD_DIR) dist
