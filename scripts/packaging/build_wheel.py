@@ -35,10 +35,12 @@ import elf_deps  # noqa: E402
 SOURCE = os.path.realpath(os.path.join(HERE, "..", ".."))
 PY_SRC = os.path.join(SOURCE, "worker_sdk", "python")
 EXECUTABLES = ("ddprun", "ddprund")
-# Our own libraries, from the build tree's lib/ (the SDK under the name
-# ddprun_sdk.py loads).
+# Our own libraries, from the build tree's lib/: the SDK twice (a zip holds
+# no symlinks), under the name ddprun_sdk.py loads and under its SONAME, which
+# C++ programs linked with it need.
 OWN_LIBRARIES = {"libddprun_grpc.so": "libddprun_grpc.so",
-                 "libddprun_worker_sdk.so": "libddprun_worker_sdk.so"}
+                 "libddprun_worker_sdk.so": "libddprun_worker_sdk.so",
+                 "libddprun_worker_sdk.so.0": "libddprun_worker_sdk.so.0"}
 SUMMARY = "Elastic torchrun-style launcher, rendezvous daemon and worker SDK for PyTorch jobs"
 
 
@@ -93,8 +95,6 @@ def stage(build, pkg):
         run("strip", "--strip-debug", elf)
         rpath = "$ORIGIN/../lib" if os.path.basename(os.path.dirname(elf)) == "bin" else "$ORIGIN"
         run("patchelf", "--set-rpath", rpath, elf)
-    run("patchelf", "--set-soname", "libddprun_worker_sdk.so",
-        os.path.join(pkg, "lib", "libddprun_worker_sdk.so"))
     manifest = sorted(os.path.relpath(e, pkg) for e in elves)
     manifest += ["python/ddprun_sdk.py", "python/ddprun_metrics.py",
                  "python/ddprun_hook/sitecustomize.py"]
@@ -175,6 +175,14 @@ def main():
             version = f.read().strip()
     except OSError:
         fail("%s/ddprun_version.txt missing; configure the build first (make product)" % build)
+    # The version is taken at configure time; a binary built before the last
+    # reconfigure would carry another one than the wheel's name.
+    exe = os.path.join(build, "bin", "ddprun")
+    if os.path.exists(exe):
+        said = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
+        if said.splitlines()[:1] != ["ddprun " + version]:
+            fail("%s says %r, but %s is configured as version %s; rebuild it (make product)"
+                 % (exe, said.splitlines()[:1], build, version))
     os.makedirs(args.out, exist_ok=True)
     with tempfile.TemporaryDirectory() as root:
         elves = stage(build, os.path.join(root, "ddprun"))
