@@ -38,6 +38,8 @@ constexpr const char* kFooter =
     "    ddprun bench --scaling --nproc_per_node=4\n"
     "  A preflight of the job on every node, with the fix for each problem (docs/check.md):\n"
     "    ddprun check --nnodes=2 --rdzv_endpoint=A:29400 --rdzv_id=job1 train.py\n"
+    "  Shell completion (bash or zsh; docs/cli.md):\n"
+    "    source <(ddprun completion bash)\n"
     "\n"
     "Everything after the script is passed to it verbatim; \"${local_rank}\" in it becomes\n"
     "the worker's local rank. Exit status: 0 success, 1 a worker failed, 2 usage error,\n"

@@ -863,6 +863,7 @@ TEST_CASE("--help and --version", "[unit]") {
   CHECK_THAT(help.text, Contains("--rdzv_backend=static"));
   CHECK_THAT(help.text, Contains("Job shape"));
   CHECK_THAT(help.text, Contains("PET_NPROC_PER_NODE"));
+  CHECK_THAT(help.text, Contains("source <(ddprun completion bash)"));
   CHECK(Ok({"-h"}).action == Action::kHelp);
   // After the script, --help belongs to the script.
   CHECK(Ok({S().Path("train.py"), "--help"}).action == Action::kRun);
