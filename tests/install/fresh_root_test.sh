@@ -8,6 +8,10 @@
 #    into a venv inside that root; then, chrooted, with a clean environment: `python -m ddprun
 #    --version`, a 2-worker Python job on the venv's ddprun, and the C++ SDK example
 #    (BUILD_DIR/examples/train_mlp, against the wheel's libddprun_worker_sdk.so) on 2 workers.
+# 3. `make deb`'s package installed with apt-get into a second such root (its Depends from the
+#    mirror): ddprun --version (the gRPC module loads), ddprund --help, a 2-worker job.
+#    Not yet: the SDK from the .deb (find_package(ddprun) needs a compiler in the root, and a
+#    build with the NCCL backend needs CUDA's libcudart and libnccl there; docs/install.md).
 # Runs as root (chroot, mounts); the mounts live in a private mount namespace (unshare), so
 # they end with the test whatever happens.
 set -euo pipefail
@@ -48,7 +52,8 @@ import os, sys
 import ddprun
 pg = ddprun.init()
 pg.barrier()
-print("worker rank=%s prefix=%s" % (os.environ["RANK"], sys.prefix), flush=True)
+# One write per line: the two workers share the console.
+os.write(1, ("worker rank=%s prefix=%s\n" % (os.environ["RANK"], sys.prefix)).encode())
 PY
 cat >"$root/work/run.sh" <<'SH'
 set -eu
@@ -73,5 +78,37 @@ grep -q "^ddprun $version\$" "$tmp/run.log" || { cat "$tmp/run.log"; fail "no 'd
 for rank in 0 1; do
   grep -q "worker rank=$rank prefix=/opt/venv\$" "$tmp/run.log" ||
     { cat "$tmp/run.log"; fail "rank $rank did not run on the venv's interpreter"; }
+done
+
+# 3. The .deb (make deb in the source tree) into a second fresh root: apt-get resolves its
+#    Depends from the machine's mirror; then ddprun --version, ddprund --help and a 2-worker job.
+step "the .deb into a second fresh root"
+make -C "$source_dir" --no-print-directory deb >"$tmp/deb.log" 2>&1 || { tail -30 "$tmp/deb.log"; fail "make deb"; }
+deb=$source_dir/dist/ddprun_$(cat "$source_dir/build-demo/ddprun_version.txt")_amd64.deb
+[[ -f "$deb" ]] || fail "make deb made no $deb"
+root2=$tmp/root2
+mkdir "$root2"
+tar -C "$root2" -xf "$tarball" || fail "unpacking $tarball"
+cp "$deb" "$root2/tmp/"
+cp /etc/resolv.conf "$root2/etc/resolv.conf"
+cat >"$root2/run.sh" <<'SH'
+set -eu
+apt-get update -q >/dev/null
+apt-get install -y -q --no-install-recommends /tmp/ddprun_*_amd64.deb >/tmp/apt.log 2>&1 ||
+  { tail -20 /tmp/apt.log; exit 1; }
+ddprun --version
+ddprund --help >/dev/null
+ddprun --nproc_per_node=2 --max_restarts=0 --no_python /bin/sh -c 'echo "deb worker rank=$RANK"'
+SH
+unshare --mount --propagation private bash -c '
+  set -e
+  mount -t proc proc "$1/proc"
+  mount --rbind /dev "$1/dev"
+  exec chroot "$1" /usr/bin/env -i HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+    DEBIAN_FRONTEND=noninteractive /bin/sh /run.sh' \
+  _ "$root2" >"$tmp/run2.log" 2>&1 || { cat "$tmp/run2.log"; fail "the .deb in the fresh root"; }
+grep -q "^gRPC module: loaded$" "$tmp/run2.log" || { cat "$tmp/run2.log"; fail "ddprun --version"; }
+for rank in 0 1; do
+  grep -q "^deb worker rank=$rank$" "$tmp/run2.log" || { cat "$tmp/run2.log"; fail "deb rank $rank"; }
 done
 step "PASS"

@@ -57,7 +57,8 @@ import os, sys
 import ddprun
 pg = ddprun.init()
 pg.barrier()
-print("worker rank=%s prefix=%s" % (os.environ["RANK"], sys.prefix), flush=True)
+# One write per line: the two workers share the console.
+os.write(1, ("worker rank=%s prefix=%s\n" % (os.environ["RANK"], sys.prefix)).encode())
 PY
 "${clean[@]}" ddprun --nproc_per_node=2 --max_restarts=0 "$tmp/worker.py" >"$tmp/job.log" 2>&1 ||
   { cat "$tmp/job.log"; fail "the 2-worker job"; }
