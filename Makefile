@@ -1,14 +1,20 @@
 # ddprun's front door.
 #   make        configure and build into build/ (executables in build/bin/)
 #   make test   install missing Debian packages, build, run every test tier
-#   make demo   install missing packages, build, run a 4-worker job
+#   make demo   install only the build packages, build only ddprun and ddprund
+#               (no tests, no benchmarks; in DEMO_BUILD_DIR), run a 4-worker job
+#   make wheel  dist/ddprun-<version>-py3-none-<platform>.whl (docs/install.md)
+#   make deb    dist/ddprun_<version>_amd64.deb with CPack (docs/install.md)
 # Knobs: BUILD_DIR, BUILD_TYPE, JOBS (default 2: the build machines are small).
 BUILD_DIR ?= build
 BUILD_TYPE ?= RelWithDebInfo
 JOBS ?= 2
 CTEST_ARGS ?=
+# The product alone: what make demo, make wheel and make deb build.
+DEMO_BUILD_DIR ?= build-demo
+PRODUCT_TARGETS = ddprun ddprund ddprun_grpc ddprun_worker_sdk
 
-.PHONY: all build configure deps test test-unit demo clean
+.PHONY: all build configure deps deps-build product test test-unit demo wheel deb clean
 
 all: build
 
@@ -23,6 +29,17 @@ build: configure
 deps:
 	bash scripts/install-deps.sh
 
+deps-build:
+	bash scripts/install-deps.sh --build
+
+# Prefix /usr: the tree the .deb packs (with the ddprund unit and /etc/ddprun).
+$(DEMO_BUILD_DIR)/CMakeCache.txt:
+	cmake -S . -B $(DEMO_BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DCMAKE_INSTALL_PREFIX=/usr \
+	  -DDDPRUN_BUILD_TESTS=OFF -DDDPRUN_BUILD_BENCH=OFF
+
+product: deps-build $(DEMO_BUILD_DIR)/CMakeCache.txt
+	cmake --build $(DEMO_BUILD_DIR) -j$(JOBS) --target $(PRODUCT_TARGETS)
+
 test: deps
 	$(MAKE) --no-print-directory build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j$(JOBS) $(CTEST_ARGS)
@@ -31,9 +48,15 @@ test: deps
 test-unit: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j$(JOBS) -L unit
 
-demo: deps
-	$(MAKE) --no-print-directory build
-	$(BUILD_DIR)/bin/ddprun --nproc_per_node=4 examples/hello.sh
+demo: product
+	$(DEMO_BUILD_DIR)/bin/ddprun --nproc_per_node=4 examples/hello.sh
+
+wheel: product
+	python3 scripts/packaging/build_wheel.py --build $(DEMO_BUILD_DIR) --out dist
+
+deb: product
+	cmake --build $(DEMO_BUILD_DIR) -j$(JOBS) --target ddprun_package_files
+	cd $(DEMO_BUILD_DIR) && cpack -G DEB -B $(CURDIR)/dist
 
 clean:
-	rm -rf $(BUILD_DIR)
+	rm -rf $(BUILD_DIR) $(DEMO_BUILD_DIR) dist

@@ -1,32 +1,43 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages ddprun needs to build and test, and only
-# those that are missing: when everything is installed it does not touch apt.
-# Uses sudo only when not root.
-#   scripts/install-deps.sh           build and test dependencies
+# Installs the Debian 12 packages ddprun needs, and only those that are
+# missing: when everything is installed it does not touch apt. Uses sudo only
+# when not root. Three tiers:
+#   scripts/install-deps.sh --build   what building ddprun, ddprund, the SDK and the
+#                                     demo needs (make, make demo, make wheel)
+#   scripts/install-deps.sh           --build plus everything the tests drive (make test)
 #   scripts/install-deps.sh --bench   benchmark peers only (OpenMPI); the tests never need them
 set -euo pipefail
 
-packages=(
-  build-essential cmake ccache
+# The product build. etcd's v3 protos are vendored (proto/etcd/), so the
+# build needs no etcd package.
+build_packages=(
+  build-essential cmake ccache pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libboost-dev libyaml-cpp-dev catch2 libgloo-dev libcli11-dev
-  libspdlog-dev libfmt-dev nlohmann-json3-dev
-  python3-torch python3-numpy iproute2 pkg-config openssl libssl-dev
-  # Real peers the tests drive: a 3-member etcd (HA control plane; the v3
-  # protos come from golang-etcd-server-dev), Prometheus (promtool and a real
-  # scrape of /metrics), headless Chromium (the dashboard), gdb (native
-  # stacks of a hung worker).
+  libboost-dev libyaml-cpp-dev libgloo-dev libcli11-dev nlohmann-json3-dev
+  libssl-dev zlib1g-dev
+)
+test_packages=(
+  catch2 libspdlog-dev libfmt-dev
+  python3-torch python3-numpy iproute2 openssl
+  # Real peers the tests drive: a 3-member etcd (HA control plane;
+  # golang-etcd-server-dev is the source proto/etcd/ was vendored from),
+  # Prometheus (promtool and a real scrape of /metrics), headless Chromium (the
+  # dashboard), gdb (native stacks of a hung worker).
   etcd-server etcd-client golang-etcd-server-dev prometheus chromium gdb
-  # `ddprun check`: prlimit (util-linux) in its tests; libssl-dev above
-  # (OpenSSL's SHA-256 of the script).
+  # `ddprun check`: prlimit (util-linux) in its tests.
   util-linux
+  # Packaging (docs/install.md): the wheel's RPATHs (patchelf), its fresh venv
+  # (python3-venv), the .deb's man pages (help2man) and the fresh Debian roots
+  # of the packaging test (mmdebstrap).
+  patchelf python3-venv help2man mmdebstrap
 )
 bench_packages=(openmpi-bin libopenmpi-dev)
 
 case "${1:-}" in
-  "") ;;
+  "") packages=("${build_packages[@]}" "${test_packages[@]}") ;;
+  --build) packages=("${build_packages[@]}") ;;
   --bench) packages=("${bench_packages[@]}") ;;
-  *) echo "usage: install-deps.sh [--bench]" >&2; exit 2 ;;
+  *) echo "usage: install-deps.sh [--build|--bench]" >&2; exit 2 ;;
 esac
 
 missing=()

@@ -168,7 +168,7 @@ absl::StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& a
   ParsedCommand out;
   if (version) {
     out.action = Action::kVersion;
-    out.text = VersionString();
+    out.text = absl::StrCat(VersionString(), "\n", BuildInfoString());
     return out;
   }
 

@@ -41,6 +41,8 @@ constexpr const char* kFooter =
     "  The jobs a rendezvous serves, and one job's live per-rank metrics (docs/monitoring.md):\n"
     "    ddprun status --rdzv_endpoint=A:29400\n"
     "    ddprun top --rdzv_endpoint=A:29400 --job job1\n"
+    "  Shell completion (bash or zsh; docs/cli.md):\n"
+    "    source <(ddprun completion bash)\n"
     "\n"
     "Everything after the script is passed to it verbatim; \"${local_rank}\" in it becomes\n"
     "the worker's local rank. Exit status: 0 success, 1 a worker failed, 2 usage error,\n"

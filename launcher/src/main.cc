@@ -19,6 +19,7 @@
 #include "ddprun/launcher/bench/bench_command.h"
 #include "ddprun/launcher/check/check_command.h"
 #include "ddprun/launcher/cli.h"
+#include "ddprun/launcher/completion.h"
 #include "ddprun/rendezvous/common/exit_codes.h"
 #include "ddprun/rendezvous/common/suggest.h"
 
@@ -46,12 +47,17 @@ int main(int argc, char** argv) {
   // thread: glibc's default (one per thread) maps and faults in a fresh
   // arena in each of the agent's threads at start (docs/launch.md).
   ::mallopt(M_ARENA_MAX, 2);
-  // `ddprun status|top|check|bench ...` are subcommands; anything else is a training job.
+  // `ddprun status|top|check|bench|completion ...` are subcommands; anything
+  // else is a training job.
   if (argc > 1 && std::string(argv[1]) == "status") {
     return RunClientCommand("status", &ddprun::agent::GrpcModule::run_status_command, argc, argv);
   }
   if (argc > 1 && std::string(argv[1]) == "top") {
     return RunClientCommand("top", &ddprun::agent::GrpcModule::run_top_command, argc, argv);
+  }
+  if (argc > 1 && std::string(argv[1]) == ddprun::launcher::kCompletionSubcommand) {
+    return ddprun::launcher::RunCompletionCommand(std::vector<std::string>(argv, argv + argc),
+                                                  std::cout, std::cerr);
   }
   // `ddprun check ...`: a preflight run like the job (check_command.h); its
   // worker is this binary again.
@@ -96,10 +102,21 @@ int main(int argc, char** argv) {
     case ddprun::launcher::Action::kHelp:
     case ddprun::launcher::Action::kPrintConfig:
       for (const std::string& warning : parsed->warnings) std::cerr << warning << '\n';
-      [[fallthrough]];
-    case ddprun::launcher::Action::kVersion:
       std::cout << parsed->text << std::endl;
       return ddprun::kExitSuccess;
+    case ddprun::launcher::Action::kVersion: {
+      // The version, the build, and whether the install is whole: the gRPC
+      // module (and every library it needs) loads, or one line says what is
+      // missing (a partial wheel or .deb install; docs/install.md).
+      std::cout << parsed->text << std::endl;
+      auto module = ddprun::agent::LoadGrpcModule();
+      if (!module.ok()) {
+        std::cerr << "ddprun: broken install: " << module.status().message() << std::endl;
+        return ddprun::kExitRendezvousError;
+      }
+      std::cout << "gRPC module: loaded" << std::endl;
+      return ddprun::kExitSuccess;
+    }
     case ddprun::launcher::Action::kRun:
       break;
   }

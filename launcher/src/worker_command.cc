@@ -23,6 +23,11 @@
 #ifndef DDPRUN_VERSION
 #define DDPRUN_VERSION "unknown"
 #endif
+#ifndef DDPRUN_BUILD_COMPILER
+#define DDPRUN_BUILD_COMPILER "unknown"
+#define DDPRUN_BUILD_GRPC "unknown"
+#define DDPRUN_BUILD_NCCL "NCCL backend: unknown"
+#endif
 
 namespace ddprun::launcher {
 namespace {
@@ -90,12 +95,19 @@ PythonChoice ChoosePython(const Env& env, const std::string& self_exe) {
       }
     }
   }
+  // The venv ddprun is installed in: <venv>/bin/ddprun (a build installed
+  // there) or the wheel's <venv>/lib/pythonX.Y/site-packages/ddprun/bin/ddprun
+  // (reached through the console script <venv>/bin/ddprun, which execs it):
+  // the nearest ancestor with a pyvenv.cfg, at most five levels up.
   if (!self_exe.empty()) {
-    const std::filesystem::path bin = std::filesystem::path(self_exe).parent_path();
-    const std::string candidate = (bin / "python3").string();
-    if (PathExists((bin.parent_path() / "pyvenv.cfg").string()) && IsExecutableFile(candidate)) {
-      return {candidate, absl::StrCat("the virtual environment ddprun is installed in (",
-                                      bin.parent_path().string(), ")")};
+    std::filesystem::path dir = std::filesystem::path(self_exe).parent_path();
+    for (int up = 0; up < 5 && dir.has_relative_path(); ++up, dir = dir.parent_path()) {
+      const std::filesystem::path root = dir.parent_path();
+      const std::string candidate = (root / "bin" / "python3").string();
+      if (PathExists((root / "pyvenv.cfg").string()) && IsExecutableFile(candidate)) {
+        return {candidate, absl::StrCat("the virtual environment ddprun is installed in (",
+                                        root.string(), ")")};
+      }
     }
   }
   return {kDefaultPythonExec, "python3 on PATH (no PYTHON_EXEC, VIRTUAL_ENV or CONDA_PREFIX)"};
@@ -171,6 +183,11 @@ agent::CpuTopology CpuTopologyOf(const HostFacts& host) {
 }
 
 std::string VersionString() { return absl::StrCat("ddprun ", DDPRUN_VERSION); }
+
+std::string BuildInfoString() {
+  return absl::StrCat("compiler: ", DDPRUN_BUILD_COMPILER, "\ngRPC: ", DDPRUN_BUILD_GRPC, "\n",
+                      DDPRUN_BUILD_NCCL);
+}
 
 absl::StatusOr<std::vector<std::string>> BuildWorkerCommand(const ScriptSpec& spec, const Env& env,
                                                             std::vector<std::string>* warnings) {

@@ -767,6 +767,10 @@ TEST_CASE("worker command: the interpreter a torchrun in the same environment wo
   CHECK(c.path == venv + "/bin/python3");
   CHECK_THAT(c.why, Contains("the virtual environment ddprun is installed in"));
   CHECK(ChoosePython(plain, (root / "usr/bin/ddprun").string()).path == "python3");
+  // The wheel's binary, run by the venv's console script: the same venv.
+  const fs::path wheel_exe = root / "venv/lib/python3.11/site-packages/ddprun/bin/ddprun";
+  exe(wheel_exe);
+  CHECK(ChoosePython(plain, wheel_exe.string()).path == venv + "/bin/python3");
   // A VIRTUAL_ENV without an interpreter (deleted venv) is passed over.
   plain["VIRTUAL_ENV"] = (root / "gone").string();
   CHECK(ChoosePython(plain, "").path == "python3");
@@ -862,12 +866,16 @@ TEST_CASE("--help and --version", "[unit]") {
   CHECK_THAT(help.text, Contains("--rdzv_backend=static"));
   CHECK_THAT(help.text, Contains("Job shape"));
   CHECK_THAT(help.text, Contains("PET_NPROC_PER_NODE"));
+  CHECK_THAT(help.text, Contains("source <(ddprun completion bash)"));
   CHECK(Ok({"-h"}).action == Action::kHelp);
   // After the script, --help belongs to the script.
   CHECK(Ok({S().Path("train.py"), "--help"}).action == Action::kRun);
   auto version = Ok({"--version"});
   CHECK(version.action == Action::kVersion);
   CHECK_THAT(version.text, Contains("ddprun "));
+  CHECK_THAT(version.text, Contains("\ncompiler: "));
+  CHECK_THAT(version.text, Contains("\ngRPC: 1."));
+  CHECK_THAT(version.text, Contains("\nNCCL backend: "));
 }
 
 TEST_CASE("CountNvidiaGpus", "[unit]") {

@@ -157,7 +157,13 @@ struct ScriptSpec {
 absl::StatusOr<std::vector<std::string>> BuildWorkerCommand(const ScriptSpec& spec, const Env& env,
                                                             std::vector<std::string>* warnings);
 
-// "ddprun 0.1.0".
+// "ddprun 0.1.0" (the one version value: git describe, else the project
+// version; top CMakeLists.txt). Nodes compare it in `ddprun check`.
 std::string VersionString();
+
+// What this build has, one fact a line: compiler, gRPC version, the NCCL
+// backend (built or not, with the CUDA version). `ddprun --version` prints it
+// after VersionString().
+std::string BuildInfoString();
 
 }  // namespace ddprun::launcher
