@@ -91,16 +91,24 @@ struct RankSlot {
   const std::string* node_id = nullptr;  // a key of Job::nodes (rebuilt together)
   const NodeState* node = nullptr;       // that key's value
   std::unique_ptr<RankData> state;       // null until the rank's first report
+  // Set when the job closed: how the worker ended (exited, failed, stopped);
+  // it overrides the last report, which may still say running.
+  std::optional<RankState> end_state;
 };
 
-// The slot's view: its state's, or a rank not heard from yet.
+// The slot's view: its state's, or a rank not heard from yet; a closed job's
+// ranks carry their end state.
 RankView ViewOf(const RankSlot& slot) {
-  if (slot.state) return slot.state->v;
   RankView v;
-  v.rank = slot.rank;
-  v.local_rank = slot.local_rank;
-  v.node_id = *slot.node_id;
-  v.host = slot.node->host;
+  if (slot.state) {
+    v = slot.state->v;
+  } else {
+    v.rank = slot.rank;
+    v.local_rank = slot.local_rank;
+    v.node_id = *slot.node_id;
+    v.host = slot.node->host;
+  }
+  if (slot.end_state) v.state = *slot.end_state;
   return v;
 }
 
@@ -109,6 +117,25 @@ RankSlot* FindRank(std::vector<RankSlot>& ranks, int rank) {
   auto it = std::lower_bound(ranks.begin(), ranks.end(), rank,
                              [](const RankSlot& r, int x) { return r.rank < x; });
   return it != ranks.end() && it->rank == rank ? &*it : nullptr;
+}
+
+// The end state of each rank of a job that closed: a rank in `failures` (of
+// the last round) failed; one whose agent already reported it ended keeps
+// that; the others exited (the job succeeded) or were stopped (it failed).
+void SettleRanks(std::vector<RankSlot>& ranks, std::int64_t round, bool success,
+                 const std::vector<WorkerFailure>& failures) {
+  for (RankSlot& slot : ranks) {
+    const RankState last = slot.state ? slot.state->v.state : RankState::kUnknown;
+    if (last == RankState::kExited || last == RankState::kFailed || last == RankState::kStopped) {
+      slot.end_state = last;
+    } else {
+      slot.end_state = success ? RankState::kExited : RankState::kStopped;
+    }
+  }
+  for (const WorkerFailure& f : failures) {
+    if (f.round != round) continue;
+    if (RankSlot* slot = FindRank(ranks, f.global_rank)) slot->end_state = RankState::kFailed;
+  }
 }
 
 }  // namespace
@@ -139,6 +166,8 @@ struct MetricsHub::Job {
   // The end.
   std::string close_reason;
   std::vector<WorkerFailure> failures;
+  // When the job closed: views compute ages and rates as of then.
+  std::optional<TimePoint> ended;
 };
 
 MetricsHub::MetricsHub(MetricsHubOptions options)
@@ -183,6 +212,7 @@ void MetricsHub::OnJobChange(const JobChange& c) {
     case JobChange::Kind::kRoundStarted: {
       job.round = c.round;
       job.state = JobState::kRunning;
+      job.ended.reset();
       job.world_size = c.world_size;
       job.restart_count = c.restart_count;
       job.hang_timeout_s = std::isfinite(c.policy.hang_timeout_s) ? c.policy.hang_timeout_s : 0;
@@ -236,6 +266,8 @@ void MetricsHub::OnJobChange(const JobChange& c) {
       job.state = c.success ? JobState::kSucceeded : JobState::kFailed;
       job.close_reason = c.text;
       job.failures = c.failures;
+      job.ended = clock_.Now();
+      SettleRanks(job.ranks, job.round, c.success, c.failures);
       job.hang.Close();
       AddEvent(job, unix_now, "closed",
                absl::StrCat(c.success ? "succeeded: " : "failed: ", c.text));
@@ -641,7 +673,8 @@ absl::StatusOr<JobView> MetricsHub::View(const std::string& job_id, bool with_hi
                      "] no such job on this server; `ddprun status` lists the jobs"));
   }
   Job& job = *it->second;
-  const TimePoint now = clock_.Now();
+  // A closed job's figures stay as they were at its end (no growing age).
+  const TimePoint now = job.ended.value_or(clock_.Now());
   const Aggregate a = Compute(job.ranks, now);
   JobView v;
   v.job_id = job.id;

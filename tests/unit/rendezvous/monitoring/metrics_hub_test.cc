@@ -540,5 +540,39 @@ TEST_CASE("a closed job keeps its failure report; a forgotten one is gone", "[me
   CHECK(restart);
 }
 
+TEST_CASE("a closed job shows each rank's end state and stops ageing", "[metrics]") {
+  SECTION("failed: the failed rank is failed, the others stopped") {
+    Fixture f(0, "report", /*max_restarts=*/0);
+    REQUIRE(f.hub->Report(f.Report(0, 3, 0.1, 0)).ok());
+    REQUIRE(f.hub->Report(f.Report(1, 3, 0.1, 0)).ok());
+    f.clock.Advance(2s);
+    WorkerFailure w;
+    w.global_rank = 1;
+    w.exit_code = 3;
+    REQUIRE(f.table->Report("job1", f.node_ids[0], 0, Outcome::kFailed, {w}).ok());
+    auto v = f.hub->View("job1");
+    REQUIRE(v->state == JobState::kFailed);
+    CHECK(RankOf(*v, 0).state == RankState::kStopped);
+    CHECK(RankOf(*v, 1).state == RankState::kFailed);
+    CHECK(RankOf(*v, 2).state == RankState::kStopped);
+    CHECK(RankOf(*v, 3).state == RankState::kStopped);
+    const double age = RankOf(*v, 0).age_s;
+    CHECK(age == Approx(2.0));
+    f.clock.Advance(60s);
+    auto later = f.hub->View("job1");
+    CHECK(RankOf(*later, 0).age_s == Approx(age));
+    CHECK(RankOf(*later, 1).state == RankState::kFailed);
+  }
+  SECTION("succeeded: every rank exited, one never heard from too") {
+    Fixture f;
+    REQUIRE(f.hub->Report(f.Report(0, 3, 0.1, 0)).ok());
+    REQUIRE(f.table->Report("job1", f.node_ids[0], 0, Outcome::kSucceeded, {}).ok());
+    REQUIRE(f.table->Report("job1", f.node_ids[1], 0, Outcome::kSucceeded, {}).ok());
+    auto v = f.hub->View("job1");
+    REQUIRE(v->state == JobState::kSucceeded);
+    for (const auto& r : v->ranks) CHECK(r.state == RankState::kExited);
+  }
+}
+
 }  // namespace
 }  // namespace ddprun::rendezvous
