@@ -20,8 +20,10 @@
 #include "ddprun/rendezvous/client.h"
 #include "ddprun/rendezvous/common/debug_log.h"
 #include "ddprun/rendezvous/common/errors.h"
+#include "ddprun/rendezvous/common/exit_codes.h"
 #include "ddprun/rendezvous/common/host_port.h"
 #include "ddprun/rendezvous/common/tls.h"
+#include "ddprun/rendezvous/common/wait_notice.h"
 #include "ddprun/rendezvous/daemon/server.h"
 #include "ddprun/rendezvous/store/c10d_store_client.h"
 #include "ddprun/rendezvous/store/c10d_store_server.h"
@@ -414,8 +416,20 @@ class GrpcRendezvousSession final : public RendezvousSession {
     // Other nodes read node 0's rendezvous endpoint from its store.
     std::string endpoint;
     absl::Status last = absl::DeadlineExceededError("no attempt");
+    // Each attempt takes at most ~3 s, so the line comes 5-8 s into the wait.
+    rdzv::WaitNotice notice(
+        clock_,
+        [&] {
+          return rdzv::WaitState{
+              absl::StrCat("waiting for node rank 0 (--master_addr/--master_port ",
+                           rdzv::FormatHostPort(maddr, mport), ")"),
+              absl::StrCat("its store has not answered yet (", last.message(), ")"), deadline,
+              absl::StrCat("exit ", kExitRendezvousError, " (--rdzv_conf join_timeout)")};
+        },
+        [this](const std::string& line) { Log(line); });
     while (clock_.Now() < deadline) {
       if (CheckInterrupted()) return Interrupted();
+      notice.Poll();
       const double left = SecondsOf(deadline - clock_.Now());
       auto client = rdzv::C10dStoreClient::Connect(maddr, mport, std::min(1.0, left));
       if (!client.ok()) {
