@@ -75,6 +75,7 @@ struct NodeState {
   TimePoint last_report{};
   std::vector<int> capture;  // ranks whose stacks the next reply asks for
   bool hang_report_due = false;
+  std::vector<std::string> store_waits;  // if it hosts the round's store
 };
 
 // How long a published restart or abort waits for every agent to fetch the
@@ -168,6 +169,7 @@ struct MetricsHub::Job {
   std::vector<WorkerFailure> failures;
   // When the job closed: views compute ages and rates as of then.
   std::optional<TimePoint> ended;
+  TimePoint round_started{};
 };
 
 MetricsHub::MetricsHub(MetricsHubOptions options)
@@ -213,6 +215,7 @@ void MetricsHub::OnJobChange(const JobChange& c) {
       job.round = c.round;
       job.state = JobState::kRunning;
       job.ended.reset();
+      job.round_started = clock_.Now();
       job.world_size = c.world_size;
       job.restart_count = c.restart_count;
       job.hang_timeout_s = std::isfinite(c.policy.hang_timeout_s) ? c.policy.hang_timeout_s : 0;
@@ -285,7 +288,8 @@ void AddEvent(MetricsHub::Job& job, double unix_s, std::string kind, std::string
 }
 
 // A sample's values into the rank's state, clamped; returns whether the
-// rank progressed (steps or collective number moved).
+// rank progressed (steps or collective number moved, or it reached the
+// round's store: a rank slow to start that arrives is not hung).
 bool Ingest(RankData& r, RankSample s, TimePoint now, double unix_s) {
   RankView& v = r.v;
   std::int64_t& bad = v.anomalies;
@@ -295,6 +299,8 @@ bool Ingest(RankData& r, RankSample s, TimePoint now, double unix_s) {
   v.has_progress_source = s.has_progress_source;
   const std::int64_t prev_steps = v.steps;
   const std::int64_t prev_seq = v.collective_seq;
+  const bool arrived = s.reached_store && !v.reached_store;
+  v.reached_store = v.reached_store || s.reached_store;
   const double prev_comm = v.comm_seconds_total;
 
   const auto steps = static_cast<std::int64_t>(
@@ -392,7 +398,7 @@ bool Ingest(RankData& r, RankSample s, TimePoint now, double unix_s) {
   r.seen = true;
   r.received = now;
   v.report_unix_s = unix_s;
-  return v.steps != prev_steps || v.collective_seq != prev_seq;
+  return v.steps != prev_steps || v.collective_seq != prev_seq || arrived;
 }
 
 }  // namespace
@@ -450,6 +456,12 @@ absl::StatusOr<MetricsReply> MetricsHub::Report(MetricsReport report) {
         v.host = slot->node->host;
       }
       progressed |= Ingest(*slot->state, std::move(s), now, unix_s);
+    }
+    node.store_waits.clear();
+    for (auto& k : report.store_waits) {
+      if (node.store_waits.size() == kMaxStoreWaitKeys) break;
+      std::int64_t ignored = 0;
+      node.store_waits.push_back(Cut(std::move(k), kMaxStoreKeyBytes, &ignored));
     }
     std::int64_t events = 0;
     for (auto& e : report.events) {
@@ -579,12 +591,26 @@ void MetricsHub::TickJobLocked(Job& job, TimePoint now, std::vector<std::functio
     }
     return source;
   };
+  // No rank made a first step; some reached the round's store (they wait
+  // there, inside init_process_group) and some never did.
+  auto startup_stalled = [&] {
+    bool reached = false, missing = false;
+    for (const auto& slot : job.ranks) {
+      const RankData* r = slot.state.get();
+      if (!r || !r->seen || r->v.state != RankState::kRunning ||
+          now - r->received > options_.report_fresh)
+        return false;
+      if (r->v.steps > 0 || r->v.collective_seq > 0) return false;
+      (r->v.reached_store ? reached : missing) = true;
+    }
+    return reached && missing;
+  };
   auto delivered = [&] {
     bool all = true;
     for (const auto& [id, n] : job.nodes) all &= !n.hang_report_due;
     return all;
   };
-  HangDetector::Step step = job.hang.Tick(now, ranks_ready, delivered);
+  HangDetector::Step step = job.hang.Tick(now, ranks_ready, startup_stalled, delivered);
   switch (step) {
     case HangDetector::Step::kNone:
     case HangDetector::Step::kAct:
@@ -596,7 +622,7 @@ void MetricsHub::TickJobLocked(Job& job, TimePoint now, std::vector<std::functio
       PublishLocked(job, now, after);
       // A report may wait for its delivery; restart and abort apply at once
       // when every agent has it.
-      step = job.hang.Tick(now, ranks_ready, delivered);
+      step = job.hang.Tick(now, ranks_ready, startup_stalled, delivered);
       break;
   }
   if (step == HangDetector::Step::kAct && options_.act) {
@@ -606,19 +632,29 @@ void MetricsHub::TickJobLocked(Job& job, TimePoint now, std::vector<std::functio
 }
 
 void MetricsHub::StartCaptureLocked(Job& job, TimePoint now) {
+  const bool startup = job.hang.cause() == HangDetector::Cause::kStartup;
   std::vector<HangRank> hr;
   hr.reserve(job.ranks.size());
   for (const auto& slot : job.ranks) {
-    const RankData& r = *slot.state;  // every rank reported (ranks_ready)
+    const RankData& r = *slot.state;  // every rank reported (ranks_ready, startup_stalled)
     hr.push_back({r.v.rank, r.v.host, r.v.pid, r.v.steps, r.v.collective_seq, r.v.in_collective,
                   r.v.collective_op});
+    if (startup) hr.back().store = r.v.reached_store ? StoreReach::kReached : StoreReach::kNever;
   }
   job.pending = HangReportInput{};
   job.pending.job_id = job.id;
   job.pending.round = job.round;
   job.pending.hang_timeout_s = job.hang_timeout_s;
   job.pending.on_hang = OnHangName(job.on_hang);
-  job.pending.verdict = FindHangCulprits(hr);
+  if (startup) {
+    std::vector<std::string> keys;
+    for (const auto& [id, n] : job.nodes)
+      keys.insert(keys.end(), n.store_waits.begin(), n.store_waits.end());
+    job.pending.startup = true;
+    job.pending.verdict = FindStartupCulprits(hr, keys);
+  } else {
+    job.pending.verdict = FindHangCulprits(hr);
+  }
   job.pending.ranks = std::move(hr);
   job.stacks_wanted.assign(job.pending.verdict.culprits.begin(),
                            job.pending.verdict.culprits.begin() +
@@ -630,12 +666,17 @@ void MetricsHub::StartCaptureLocked(Job& job, TimePoint now) {
     }
   }
   AddEvent(job, UnixNow(), "hang",
-           absl::StrCat("no progress for ", static_cast<long>(job.hang_timeout_s),
+           absl::StrCat(startup ? "no first step and rank(s) missing from the store for "
+                                : "no progress for ",
+                        static_cast<long>(job.hang_timeout_s),
                         " s; asking for the stacks of rank(s) ", RankList(job.stacks_wanted)));
 }
 
 void MetricsHub::PublishLocked(Job& job, TimePoint now, std::vector<std::function<void()>>* after) {
-  job.pending.stalled_s = Secs(now - job.hang.last_progress());
+  // A startup hang counts from the round's start (arrivals in the store
+  // restarted the detector's timer, but no rank ever made a step).
+  job.pending.stalled_s =
+      Secs(now - (job.pending.startup ? job.round_started : job.hang.last_progress()));
   RefineHangWithStacks(job.pending.verdict, job.pending.stacks);
   job.hang_report = FormatHangReport(job.pending);
   ++job.hangs;
@@ -693,8 +734,8 @@ absl::StatusOr<JobView> MetricsHub::View(const std::string& job_id, bool with_hi
     v.hang_state = HangState::kOff;
   } else if (job.state != JobState::kRunning) {
     v.hang_state = job.state == JobState::kGathering ? HangState::kArmed : HangState::kOff;
-  } else if (!source) {
-    v.hang_state = HangState::kNoProgressSource;
+  } else if (!source && job.hang.phase() == HangDetector::Phase::kArmed) {
+    v.hang_state = HangState::kNoProgressSource;  // only a startup hang can be found
   } else {
     v.hang_state = job.hang.phase() == HangDetector::Phase::kArmed       ? HangState::kArmed
                    : job.hang.phase() == HangDetector::Phase::kCapturing ? HangState::kCapturing
