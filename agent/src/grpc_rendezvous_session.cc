@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -109,6 +110,7 @@ class GrpcRendezvousSession final : public RendezvousSession {
 
   absl::Status PrepareRound() override {
     if (options_.mode == RendezvousMode::kStatic) return absl::OkStatus();
+    std::lock_guard<std::mutex> lock(store_mu_);  // StoreWaitedKeys reads it
     store_server_.reset();  // the old round's store closes first (round_store.h)
     DDPRUN_ASSIGN_OR_RETURN(store_server_, StartRoundStore());
     master_port_ = store_server_->port();
@@ -207,6 +209,11 @@ class GrpcRendezvousSession final : public RendezvousSession {
 
   // The client is set by Open() before the agent starts its reporter and
   // reset by Close() after it stopped it; gRPC stubs are thread-safe.
+  std::vector<std::string> StoreWaitedKeys(std::size_t max) override {
+    std::lock_guard<std::mutex> lock(store_mu_);
+    return store_server_ ? store_server_->engine().WaitedKeys(max) : std::vector<std::string>{};
+  }
+
   absl::StatusOr<rdzv::MetricsReply> ReportMetrics(const rdzv::MetricsReport& report,
                                                    Duration timeout) override {
     if (!client_) return absl::FailedPreconditionError("not connected to the rendezvous");
@@ -218,6 +225,7 @@ class GrpcRendezvousSession final : public RendezvousSession {
     client_.reset();
     if (server_) server_->Shutdown();
     server_.reset();
+    std::lock_guard<std::mutex> lock(store_mu_);
     store_server_.reset();
   }
 
@@ -403,7 +411,10 @@ class GrpcRendezvousSession final : public RendezvousSession {
         return absl::UnavailableError(absl::StrCat("cannot serve the store on master port ", mport,
                                                    ": ", store.status().message()));
       }
-      store_server_ = std::move(*store);
+      {
+        std::lock_guard<std::mutex> lock(store_mu_);
+        store_server_ = std::move(*store);
+      }
       if (absl::Status st = HostRendezvous("0.0.0.0", 0); !st.ok()) {
         if (rdzv::KindOf(st) == rdzv::ErrorKind::kBadInput) return st;  // TLS files
         return absl::UnavailableError(absl::StrCat("cannot host the rendezvous: ", st.message()));
@@ -457,7 +468,8 @@ class GrpcRendezvousSession final : public RendezvousSession {
   const rdzv::Clock& clock_;
   const std::function<bool()>* interrupted_ = nullptr;  // during Open()
 
-  std::unique_ptr<rdzv::RendezvousServer> server_;       // when this agent hosts it
+  std::unique_ptr<rdzv::RendezvousServer> server_;  // when this agent hosts it
+  std::mutex store_mu_;  // guards store_server_ for StoreWaitedKeys (reporter thread)
   std::unique_ptr<rdzv::C10dStoreServer> store_server_;  // the workers' TCPStore
   std::unique_ptr<rdzv::RendezvousClient> client_;
   rdzv::TlsConfig tls_;  // this node's, checked in Open()

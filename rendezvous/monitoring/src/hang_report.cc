@@ -29,9 +29,9 @@ std::string Seconds(double s) {
 }
 
 std::string Describe(const HangRank& r) {
-  if (r.store == StoreReach::kNever) return "never reached the store";
-  if (r.store == StoreReach::kReached) return "in the store, before its first step";
   std::string s = absl::StrCat("step ", r.steps);
+  if (r.store == StoreReach::kNever) return s + ", never reached the store";
+  if (r.store == StoreReach::kReached) return s + ", in the store";
   if (r.collective_seq > 0) {
     if (r.in_collective) {
       absl::StrAppend(&s, ", inside ", r.collective_op.empty() ? "collective" : r.collective_op,

@@ -575,7 +575,8 @@ TEST_CASE("a round stuck before its first step names the ranks missing from the 
   CHECK_THAT(printed, Catch::Contains("culprit rank(s) 3: never reached the round's store"));
   CHECK_THAT(printed, Catch::Contains("while rank(s) 0-2 wait there for key(s) "
                                       "default_pg/0//cpu/rank_3"));
-  CHECK_THAT(printed, Catch::Contains("behind:  rank 3 on host1 pid 503, never reached the store"));
+  CHECK_THAT(printed,
+             Catch::Contains("behind:  rank 3 on host1 pid 503, step 0, never reached the store"));
   auto v = f.hub->View("job1");
   CHECK(v->hangs == 1);
 }

@@ -56,8 +56,6 @@ inline constexpr std::size_t kMaxCollectiveOps = 32;
 inline constexpr std::size_t kMaxEventsPerReport = 32;
 inline constexpr std::size_t kMaxEventBytes = 512;
 inline constexpr std::size_t kMaxStackBytes = 64 << 10;
-inline constexpr std::size_t kMaxStoreWaitKeys = 16;
-inline constexpr std::size_t kMaxStoreKeyBytes = 256;
 inline constexpr std::size_t kMaxTimelineEvents = 1000;
 // Step-time window (p50/p90) and straggler window, in steps.
 inline constexpr std::size_t kStepWindow = 100;

@@ -3,6 +3,7 @@
 // server answers. proto_convert.cc maps them to and from ddprun.v1.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -52,6 +53,10 @@ struct StackDump {
   std::string text;
   std::string error;  // why there is no stack
 };
+
+// Bounds of MetricsReport::store_waits (more is cut, never an error).
+inline constexpr std::size_t kMaxStoreWaitKeys = 16;
+inline constexpr std::size_t kMaxStoreKeyBytes = 256;
 
 struct MetricsReport {
   std::string job_id;
