@@ -39,6 +39,7 @@
 #include "ddprun/rendezvous/common/exit_codes.h"
 #include "ddprun/rendezvous/common/host_port.h"
 #include "ddprun/rendezvous/common/status_macros.h"
+#include "ddprun/rendezvous/common/wait_notice.h"
 #include "ddprun/rendezvous/store/c10d_store_server.h"
 #include "monitoring.h"
 
@@ -584,6 +585,40 @@ class Agent::Impl {
                      " s, --rdzv_conf join_timeout)"));
   }
 
+  // What this node's join waits for, asked of the rendezvous when the wait's
+  // line is due: the other nodes until the join timeout, or, for an elastic
+  // job at its minimum, last_call_timeout's end (first seen at `min_reached`).
+  rdzv::WaitState DescribeJoinWait(TimePoint joined_at, std::optional<TimePoint>& min_reached) {
+    const int min = options_.min_nodes;
+    const int max = options_.max_nodes;
+    rdzv::WaitState w;
+    w.what = absl::StrCat("waiting for the other nodes of this job (--nnodes=",
+                          min == max ? absl::StrCat(max) : absl::StrCat(min, ":", max), ")");
+    w.until = joined_at + join_timeout_;
+    w.then = absl::StrCat("exit ", kExitRendezvousError, " (--rdzv_conf join_timeout)");
+    auto status = session_->JobStatus(kStatusTimeout);
+    if (!status.ok()) return w;  // how many joined is unknown; the rest holds
+    const int joined = static_cast<int>(status->nodes.size());
+    if (status->state == "running") {
+      w.what = "waiting as a spare for a seat in the running job";
+      w.progress = absl::StrCat(joined, " node(s) run it");
+      return w;
+    }
+    w.progress = absl::StrCat(joined, " of ", max, " nodes have joined");
+    if (status->join_deadline_in_s > 0) {
+      w.until = clock_.Now() + rdzv::Seconds(status->join_deadline_in_s);
+    }
+    if (min < max && joined >= min) {
+      if (!min_reached) min_reached = clock_.Now();
+      w.what = absl::StrCat("the job has its minimum of ", min,
+                            " nodes; waiting --rdzv_conf last_call_timeout (",
+                            options_.policy.last_call_timeout_s, " s) for more, up to ", max);
+      w.until = *min_reached + last_call_timeout_;
+      w.then = "the round starts with the nodes that joined";
+    }
+    return w;
+  }
+
   // One round: join, run the workers, react. nullopt: join the next round.
   std::optional<int> RunOneRound() {
     const bool rejoin_after_departure = assignment_.has_value() && membership_changed_ &&
@@ -600,15 +635,23 @@ class Agent::Impl {
     bool announced = !rejoin_after_departure;
     bool replica_noted = false;
     bool rejoin_noted = false;
+    // A wait for the other nodes says so after 5 s and every minute (the
+    // replacement of a lost node has its own line first).
+    std::optional<TimePoint> min_reached;
+    rdzv::WaitNotice notice(
+        clock_, [&] { return DescribeJoinWait(joined_at, min_reached); },
+        [this](const std::string& line) { Log(line); });
     while (!assignment_) {
-      const TimePoint wake =
-          announced ? deadline : std::min(deadline, joined_at + kReplacementNotice);
+      if (announced) notice.Poll();
+      TimePoint wake = std::min(deadline, notice.due());
+      if (!announced) wake = std::min(wake, joined_at + kReplacementNotice);
       auto e = NextEvent(wake);
       if (!e && !announced && clock_.Now() < deadline) {
         announced = true;
         AnnounceReplacementWait(joined_at);
         continue;
       }
+      if (!e && clock_.Now() < deadline) continue;  // a notice is due
       if (!e) {
         Log(absl::StrCat("no assignment from the rendezvous at ", session_->endpoint(), " within ",
                          options_.policy.join_timeout_s,

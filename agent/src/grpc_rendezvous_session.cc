@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -20,9 +21,11 @@
 #include "ddprun/rendezvous/client.h"
 #include "ddprun/rendezvous/common/debug_log.h"
 #include "ddprun/rendezvous/common/errors.h"
+#include "ddprun/rendezvous/common/exit_codes.h"
 #include "ddprun/rendezvous/common/host_port.h"
 #include "ddprun/rendezvous/common/port_holder.h"
 #include "ddprun/rendezvous/common/tls.h"
+#include "ddprun/rendezvous/common/wait_notice.h"
 #include "ddprun/rendezvous/daemon/server.h"
 #include "ddprun/rendezvous/store/c10d_store_client.h"
 #include "ddprun/rendezvous/store/c10d_store_server.h"
@@ -111,6 +114,7 @@ class GrpcRendezvousSession final : public RendezvousSession {
 
   absl::Status PrepareRound() override {
     if (options_.mode == RendezvousMode::kStatic) return absl::OkStatus();
+    std::lock_guard<std::mutex> lock(store_mu_);  // StoreWaitedKeys reads it
     store_server_.reset();  // the old round's store closes first (round_store.h)
     DDPRUN_ASSIGN_OR_RETURN(store_server_, StartRoundStore());
     master_port_ = store_server_->port();
@@ -209,6 +213,11 @@ class GrpcRendezvousSession final : public RendezvousSession {
 
   // The client is set by Open() before the agent starts its reporter and
   // reset by Close() after it stopped it; gRPC stubs are thread-safe.
+  std::vector<std::string> StoreWaitedKeys(std::size_t max) override {
+    std::lock_guard<std::mutex> lock(store_mu_);
+    return store_server_ ? store_server_->engine().WaitedKeys(max) : std::vector<std::string>{};
+  }
+
   absl::StatusOr<rdzv::MetricsReply> ReportMetrics(const rdzv::MetricsReport& report,
                                                    Duration timeout) override {
     if (!client_) return absl::FailedPreconditionError("not connected to the rendezvous");
@@ -220,6 +229,7 @@ class GrpcRendezvousSession final : public RendezvousSession {
     client_.reset();
     if (server_) server_->Shutdown();
     server_.reset();
+    std::lock_guard<std::mutex> lock(store_mu_);
     store_server_.reset();
   }
 
@@ -443,7 +453,10 @@ class GrpcRendezvousSession final : public RendezvousSession {
         return absl::UnavailableError(absl::StrCat("cannot serve the store on master port ", mport,
                                                    ": ", store.status().message()));
       }
-      store_server_ = std::move(*store);
+      {
+        std::lock_guard<std::mutex> lock(store_mu_);
+        store_server_ = std::move(*store);
+      }
       if (absl::Status st = HostRendezvous(bind, 0); !st.ok()) {
         if (rdzv::KindOf(st) == rdzv::ErrorKind::kBadInput) return st;  // TLS files
         return absl::UnavailableError(absl::StrCat("cannot host the rendezvous: ", st.message()));
@@ -456,8 +469,20 @@ class GrpcRendezvousSession final : public RendezvousSession {
     // Other nodes read node 0's rendezvous endpoint from its store.
     std::string endpoint;
     absl::Status last = absl::DeadlineExceededError("no attempt");
+    // Each attempt takes at most ~3 s, so the line comes 5-8 s into the wait.
+    rdzv::WaitNotice notice(
+        clock_,
+        [&] {
+          return rdzv::WaitState{
+              absl::StrCat("waiting for node rank 0 (--master_addr/--master_port ",
+                           rdzv::FormatHostPort(maddr, mport), ")"),
+              absl::StrCat("its store has not answered yet (", last.message(), ")"), deadline,
+              absl::StrCat("exit ", kExitRendezvousError, " (--rdzv_conf join_timeout)")};
+        },
+        [this](const std::string& line) { Log(line); });
     while (clock_.Now() < deadline) {
       if (CheckInterrupted()) return Interrupted();
+      notice.Poll();
       const double left = SecondsOf(deadline - clock_.Now());
       auto client = rdzv::C10dStoreClient::Connect(maddr, mport, std::min(1.0, left));
       if (!client.ok()) {
@@ -485,7 +510,8 @@ class GrpcRendezvousSession final : public RendezvousSession {
   const rdzv::Clock& clock_;
   const std::function<bool()>* interrupted_ = nullptr;  // during Open()
 
-  std::unique_ptr<rdzv::RendezvousServer> server_;       // when this agent hosts it
+  std::unique_ptr<rdzv::RendezvousServer> server_;  // when this agent hosts it
+  std::mutex store_mu_;  // guards store_server_ for StoreWaitedKeys (reporter thread)
   std::unique_ptr<rdzv::C10dStoreServer> store_server_;  // the workers' TCPStore
   std::unique_ptr<rdzv::RendezvousClient> client_;
   rdzv::TlsConfig tls_;  // this node's, checked in Open()

@@ -168,6 +168,7 @@ class LocalRendezvousSession final : public RendezvousSession {
   }
 
   absl::Status PrepareRound() override {
+    std::lock_guard<std::mutex> lock(store_mu_);  // StoreWaitedKeys reads it
     store_server_.reset();  // the old round's store closes first (round_store.h)
     DDPRUN_ASSIGN_OR_RETURN(store_server_, StartRoundStore());
     master_port_ = store_server_->port();
@@ -227,6 +228,11 @@ class LocalRendezvousSession final : public RendezvousSession {
     return table_->Report(options_.job_id, a.node_id, a.round, outcome, failures);
   }
 
+  std::vector<std::string> StoreWaitedKeys(std::size_t max) override {
+    std::lock_guard<std::mutex> lock(store_mu_);
+    return store_server_ ? store_server_->engine().WaitedKeys(max) : std::vector<std::string>{};
+  }
+
   absl::StatusOr<rdzv::MetricsReply> ReportMetrics(const rdzv::MetricsReport& report,
                                                    Duration) override {
     return hub_->Report(report);
@@ -267,7 +273,10 @@ class LocalRendezvousSession final : public RendezvousSession {
       std::lock_guard<std::mutex> lock(timer_mu_);
       if (timer_) timer_->Stop();
     }
-    store_server_.reset();
+    {
+      std::lock_guard<std::mutex> lock(store_mu_);
+      store_server_.reset();
+    }
     if (listen_fd_ >= 0) ::close(listen_fd_);
     if (wake_fd_ >= 0) ::close(wake_fd_);
     listen_fd_ = wake_fd_ = -1;
@@ -409,7 +418,7 @@ class LocalRendezvousSession final : public RendezvousSession {
   std::mutex timer_mu_;
   std::unique_ptr<rdzv::DeadlineTimer> timer_;
 
-  std::unique_ptr<rdzv::HttpServer> http_;  // the dashboard; null when off
+  std::unique_ptr<rdzv::HttpServer> http_;   // the dashboard; null when off
   std::unique_ptr<rdzv::HubTicker> ticker_;  // the hub's clock (hub_ticker.h)
 
   int listen_fd_ = -1;
@@ -417,9 +426,10 @@ class LocalRendezvousSession final : public RendezvousSession {
   int port_ = 0;
   std::string connect_host_ = "127.0.0.1";
   std::thread acceptor_;
-  std::unique_ptr<ServedTable> served_;  // the acceptor's; read after it ends
+  std::unique_ptr<ServedTable> served_;   // the acceptor's; read after it ends
   std::atomic<bool> client_seen_{false};  // the acceptor took a connection
 
+  std::mutex store_mu_;  // guards store_server_ for StoreWaitedKeys (reporter thread)
   std::unique_ptr<rdzv::C10dStoreServer> store_server_;
   int master_port_ = 0;
 

@@ -14,8 +14,9 @@ namespace rdzv = ::ddprun::rendezvous;
 MetricsCollector::MetricsCollector(ProcSource& proc, GpuSource& gpu, const rdzv::Clock& clock)
     : proc_(proc), gpu_(gpu), clock_(clock) {}
 
-void MetricsCollector::Reset(const std::vector<MonitoredWorker>& workers) {
+void MetricsCollector::Reset(const std::vector<MonitoredWorker>& workers, int store_port) {
   workers_.clear();
+  store_port_ = store_port;
   for (const MonitoredWorker& w : workers) {
     State s;
     s.w = w;
@@ -129,6 +130,18 @@ std::vector<rdzv::RankSample> MetricsCollector::Sample(std::vector<std::string>*
     }
     s.ticks = std::move(ticks);
     s.sampled_at = now;
+
+    // Whether the worker reached init_process_group: a process of its group
+    // connected to the round's store. Looked for until found (sticky).
+    if (!s.reached_store && store_port_ > 0) {
+      for (pid_t pid : pids) {
+        if (proc_.ConnectedToPort(pid, store_port_)) {
+          s.reached_store = true;
+          break;
+        }
+      }
+    }
+    r.reached_store = s.reached_store;
 
     const GpuUse gpu = pids.empty() ? GpuUse{} : gpu_.Sample(pids);
     r.gpu_util_percent = gpu.util_percent;

@@ -144,7 +144,7 @@ void Monitoring::BeginRound(const rdzv::Assignment& a) {
     w.channel_fd = f.channel_fd;
     workers.push_back(w);
   }
-  collector_.Reset(workers);
+  collector_.Reset(workers, a.master_port);
 }
 
 void Monitoring::AddWorkerEnv(int local_rank, std::map<std::string, std::string>* env) const {
@@ -216,6 +216,7 @@ void Monitoring::Tick() {
   for (const std::string& w : warnings) log_(w);
   report.stacks = std::move(stacks_);
   stacks_.clear();
+  report.store_waits = session_.StoreWaitedKeys(rdzv::kMaxStoreWaitKeys);
 
   auto reply = session_.ReportMetrics(report, options_.report_timeout);
   if (!reply.ok()) {

@@ -3,8 +3,12 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <set>
+#include <string>
 
 #include "ddprun/agent/metrics_collector.h"
 
@@ -38,6 +42,46 @@ bool ParseStat(const char* buf, long page_size, ProcStat* out) {
   return true;
 }
 
+// The socket inodes among /proc/<pid>/fd.
+std::set<unsigned long> SocketInodes(pid_t pid) {
+  std::set<unsigned long> out;
+  const std::string dir_path = "/proc/" + std::to_string(pid) + "/fd";
+  DIR* dir = ::opendir(dir_path.c_str());
+  if (dir == nullptr) return out;
+  char link[64];
+  while (struct dirent* e = ::readdir(dir)) {
+    if (e->d_name[0] == '.') continue;
+    const std::string fd_path = dir_path + "/" + e->d_name;
+    const ssize_t n = ::readlink(fd_path.c_str(), link, sizeof(link) - 1);
+    if (n <= 0) continue;
+    link[n] = '\0';
+    if (std::strncmp(link, "socket:[", 8) == 0) out.insert(std::strtoul(link + 8, nullptr, 10));
+  }
+  ::closedir(dir);
+  return out;
+}
+
+// Whether a /proc/<pid>/net/tcp{,6} table has an ESTABLISHED (state 01) row
+// to remote port `port` whose inode is one of `inodes`.
+bool TableHasConnection(const std::string& path, int port, const std::set<unsigned long>& inodes) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);  // the header
+  while (std::getline(in, line)) {
+    // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+    char local[64], remote[64], st[8];
+    unsigned long inode = 0;
+    if (std::sscanf(line.c_str(), " %*s %63s %63s %7s %*s %*s %*s %*s %*s %lu", local, remote, st,
+                    &inode) != 4) {
+      continue;
+    }
+    if (std::strcmp(st, "01") != 0 || inodes.count(inode) == 0) continue;
+    const char* colon = std::strrchr(remote, ':');
+    if (colon != nullptr && std::strtol(colon + 1, nullptr, 16) == port) return true;
+  }
+  return false;
+}
+
 class ProcfsSource final : public ProcSource {
  public:
   ProcfsSource()
@@ -67,6 +111,14 @@ class ProcfsSource final : public ProcSource {
   }
 
   double ticks_per_second() const override { return hz_; }
+
+  bool ConnectedToPort(pid_t pid, int port) override {
+    const std::set<unsigned long> inodes = SocketInodes(pid);
+    if (inodes.empty()) return false;
+    const std::string net = "/proc/" + std::to_string(pid) + "/net/";
+    return TableHasConnection(net + "tcp", port, inodes) ||
+           TableHasConnection(net + "tcp6", port, inodes);
+  }
 
  private:
   double hz_;

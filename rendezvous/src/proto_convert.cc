@@ -337,6 +337,7 @@ void ToProto(const RankSample& r, pb::RankSample* p) {
   p->set_rss_bytes(r.rss_bytes);
   p->set_gpu_util_percent(r.gpu_util_percent);
   p->set_gpu_mem_bytes(r.gpu_mem_bytes);
+  p->set_reached_store(r.reached_store);
 }
 
 void ToProto(const StackDump& d, pb::StackDump* p) {
@@ -358,6 +359,7 @@ pb::MetricsReport ToProto(const MetricsReport& r) {
   for (const RankSample& s : r.ranks) ToProto(s, p.add_ranks());
   for (const StackDump& d : r.stacks) ToProto(d, p.add_stacks());
   for (const std::string& e : r.events) p.add_events(e);
+  for (const std::string& k : r.store_waits) p.add_store_waits(k);
   return p;
 }
 
@@ -413,6 +415,7 @@ MetricsReport FromProto(const pb::MetricsReport& p) {
     x.rss_bytes = s.rss_bytes();
     x.gpu_util_percent = s.gpu_util_percent();
     x.gpu_mem_bytes = s.gpu_mem_bytes();
+    x.reached_store = s.reached_store();
     r.ranks.push_back(std::move(x));
   }
   for (int i = 0; i < p.stacks_size() && i < 64; ++i) {
@@ -422,6 +425,9 @@ MetricsReport FromProto(const pb::MetricsReport& p) {
   }
   for (int i = 0; i < p.events_size() && i < static_cast<int>(kMaxEventsPerReport); ++i) {
     r.events.push_back(p.events(i).substr(0, kMaxEventBytes));
+  }
+  for (int i = 0; i < p.store_waits_size() && i < static_cast<int>(kMaxStoreWaitKeys); ++i) {
+    r.store_waits.push_back(p.store_waits(i).substr(0, kMaxStoreKeyBytes));
   }
   return r;
 }

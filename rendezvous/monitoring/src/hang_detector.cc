@@ -1,6 +1,5 @@
 #include "ddprun/rendezvous/monitoring/hang_detector.h"
 
-
 namespace ddprun::rendezvous {
 
 HangDetector::HangDetector(Duration stack_wait, Duration delivery_wait)
@@ -37,11 +36,21 @@ void HangDetector::StacksComplete(TimePoint now) {
 }
 
 HangDetector::Step HangDetector::Tick(TimePoint now, absl::FunctionRef<bool()> ranks_ready,
+                                      absl::FunctionRef<bool()> startup_stalled,
                                       absl::FunctionRef<bool()> delivered) {
   if (!enabled()) return Step::kNone;
   switch (phase_) {
     case Phase::kArmed:
-      if (now - last_progress_ < Seconds(timeout_s_) || !ranks_ready()) return Step::kNone;
+      if (now - last_progress_ < Seconds(timeout_s_)) return Step::kNone;
+      // The startup check first: it names the ranks missing from the store,
+      // where "every rank stopped at step 0" would name them all.
+      if (startup_stalled()) {
+        cause_ = Cause::kStartup;
+      } else if (ranks_ready()) {
+        cause_ = Cause::kNoProgress;
+      } else {
+        return Step::kNone;
+      }
       phase_ = Phase::kCapturing;
       deadline_ = now + stack_wait_;
       return Step::kCapture;

@@ -30,6 +30,8 @@ std::string Seconds(double s) {
 
 std::string Describe(const HangRank& r) {
   std::string s = absl::StrCat("step ", r.steps);
+  if (r.store == StoreReach::kNever) return s + ", never reached the store";
+  if (r.store == StoreReach::kReached) return s + ", in the store";
   if (r.collective_seq > 0) {
     if (r.in_collective) {
       absl::StrAppend(&s, ", inside ", r.collective_op.empty() ? "collective" : r.collective_op,
@@ -107,6 +109,29 @@ HangVerdict FindHangCulprits(const std::vector<HangRank>& ranks) {
   return v;
 }
 
+HangVerdict FindStartupCulprits(const std::vector<HangRank>& ranks,
+                                const std::vector<std::string>& store_waits) {
+  HangVerdict v;
+  for (const auto& r : ranks) {
+    (r.store == StoreReach::kReached ? v.waiting : v.culprits).push_back(r.rank);
+  }
+  std::sort(v.culprits.begin(), v.culprits.end());
+  std::sort(v.waiting.begin(), v.waiting.end());
+  v.why = "never reached the round's store (MASTER_ADDR:MASTER_PORT, in init_process_group)";
+  if (!v.waiting.empty()) {
+    absl::StrAppend(&v.why, " while rank(s) ", RankList(v.waiting), " wait there");
+  }
+  if (!store_waits.empty()) {
+    std::string keys;
+    for (const std::string& k : store_waits) absl::StrAppend(&keys, keys.empty() ? "" : ", ", k);
+    absl::StrAppend(&v.why, " for key(s) ", keys);
+  }
+  absl::StrAppend(&v.why,
+                  "; a missing rank, a wrong world size, or a rank stuck before "
+                  "init_process_group");
+  return v;
+}
+
 namespace {
 
 // A Python frame of faulthandler's format ('  File "PATH", line N in F') whose
@@ -149,10 +174,11 @@ void RefineHangWithStacks(HangVerdict& verdict, const std::map<int, StackDump>& 
 std::string FormatHangReport(const HangReportInput& in) {
   std::map<int, const HangRank*> by_rank;
   for (const auto& r : in.ranks) by_rank[r.rank] = &r;
-  std::string out = absl::StrCat(Fence(in.job_id, in.round), "HANG: no rank made progress for ",
-                                 Seconds(in.stalled_s), " s (--hang_timeout ",
-                                 Seconds(in.hang_timeout_s), " s); culprit rank(s) ",
-                                 RankList(in.verdict.culprits), ": ", in.verdict.why, "\n");
+  std::string out = absl::StrCat(
+      Fence(in.job_id, in.round),
+      in.startup ? "HANG: no rank made a first step for " : "HANG: no rank made progress for ",
+      Seconds(in.stalled_s), " s (--hang_timeout ", Seconds(in.hang_timeout_s),
+      " s); culprit rank(s) ", RankList(in.verdict.culprits), ": ", in.verdict.why, "\n");
   std::size_t listed = 0;
   for (int c : in.verdict.culprits) {
     if (listed++ == kMaxStacksShown) {

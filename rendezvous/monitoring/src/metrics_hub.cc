@@ -75,6 +75,7 @@ struct NodeState {
   TimePoint last_report{};
   std::vector<int> capture;  // ranks whose stacks the next reply asks for
   bool hang_report_due = false;
+  std::vector<std::string> store_waits;  // if it hosts the round's store
 };
 
 // How long a published restart or abort waits for every agent to fetch the
@@ -91,16 +92,24 @@ struct RankSlot {
   const std::string* node_id = nullptr;  // a key of Job::nodes (rebuilt together)
   const NodeState* node = nullptr;       // that key's value
   std::unique_ptr<RankData> state;       // null until the rank's first report
+  // Set when the job closed: how the worker ended (exited, failed, stopped);
+  // it overrides the last report, which may still say running.
+  std::optional<RankState> end_state;
 };
 
-// The slot's view: its state's, or a rank not heard from yet.
+// The slot's view: its state's, or a rank not heard from yet; a closed job's
+// ranks carry their end state.
 RankView ViewOf(const RankSlot& slot) {
-  if (slot.state) return slot.state->v;
   RankView v;
-  v.rank = slot.rank;
-  v.local_rank = slot.local_rank;
-  v.node_id = *slot.node_id;
-  v.host = slot.node->host;
+  if (slot.state) {
+    v = slot.state->v;
+  } else {
+    v.rank = slot.rank;
+    v.local_rank = slot.local_rank;
+    v.node_id = *slot.node_id;
+    v.host = slot.node->host;
+  }
+  if (slot.end_state) v.state = *slot.end_state;
   return v;
 }
 
@@ -109,6 +118,25 @@ RankSlot* FindRank(std::vector<RankSlot>& ranks, int rank) {
   auto it = std::lower_bound(ranks.begin(), ranks.end(), rank,
                              [](const RankSlot& r, int x) { return r.rank < x; });
   return it != ranks.end() && it->rank == rank ? &*it : nullptr;
+}
+
+// The end state of each rank of a job that closed: a rank in `failures` (of
+// the last round) failed; one whose agent already reported it ended keeps
+// that; the others exited (the job succeeded) or were stopped (it failed).
+void SettleRanks(std::vector<RankSlot>& ranks, std::int64_t round, bool success,
+                 const std::vector<WorkerFailure>& failures) {
+  for (RankSlot& slot : ranks) {
+    const RankState last = slot.state ? slot.state->v.state : RankState::kUnknown;
+    if (last == RankState::kExited || last == RankState::kFailed || last == RankState::kStopped) {
+      slot.end_state = last;
+    } else {
+      slot.end_state = success ? RankState::kExited : RankState::kStopped;
+    }
+  }
+  for (const WorkerFailure& f : failures) {
+    if (f.round != round) continue;
+    if (RankSlot* slot = FindRank(ranks, f.global_rank)) slot->end_state = RankState::kFailed;
+  }
 }
 
 }  // namespace
@@ -139,6 +167,9 @@ struct MetricsHub::Job {
   // The end.
   std::string close_reason;
   std::vector<WorkerFailure> failures;
+  // When the job closed: views compute ages and rates as of then.
+  std::optional<TimePoint> ended;
+  TimePoint round_started{};
 };
 
 MetricsHub::MetricsHub(MetricsHubOptions options)
@@ -183,6 +214,8 @@ void MetricsHub::OnJobChange(const JobChange& c) {
     case JobChange::Kind::kRoundStarted: {
       job.round = c.round;
       job.state = JobState::kRunning;
+      job.ended.reset();
+      job.round_started = clock_.Now();
       job.world_size = c.world_size;
       job.restart_count = c.restart_count;
       job.hang_timeout_s = std::isfinite(c.policy.hang_timeout_s) ? c.policy.hang_timeout_s : 0;
@@ -236,6 +269,8 @@ void MetricsHub::OnJobChange(const JobChange& c) {
       job.state = c.success ? JobState::kSucceeded : JobState::kFailed;
       job.close_reason = c.text;
       job.failures = c.failures;
+      job.ended = clock_.Now();
+      SettleRanks(job.ranks, job.round, c.success, c.failures);
       job.hang.Close();
       AddEvent(job, unix_now, "closed",
                absl::StrCat(c.success ? "succeeded: " : "failed: ", c.text));
@@ -253,7 +288,8 @@ void AddEvent(MetricsHub::Job& job, double unix_s, std::string kind, std::string
 }
 
 // A sample's values into the rank's state, clamped; returns whether the
-// rank progressed (steps or collective number moved).
+// rank progressed (steps or collective number moved, or it reached the
+// round's store: a rank slow to start that arrives is not hung).
 bool Ingest(RankData& r, RankSample s, TimePoint now, double unix_s) {
   RankView& v = r.v;
   std::int64_t& bad = v.anomalies;
@@ -263,6 +299,8 @@ bool Ingest(RankData& r, RankSample s, TimePoint now, double unix_s) {
   v.has_progress_source = s.has_progress_source;
   const std::int64_t prev_steps = v.steps;
   const std::int64_t prev_seq = v.collective_seq;
+  const bool arrived = s.reached_store && !v.reached_store;
+  v.reached_store = v.reached_store || s.reached_store;
   const double prev_comm = v.comm_seconds_total;
 
   const auto steps = static_cast<std::int64_t>(
@@ -360,7 +398,7 @@ bool Ingest(RankData& r, RankSample s, TimePoint now, double unix_s) {
   r.seen = true;
   r.received = now;
   v.report_unix_s = unix_s;
-  return v.steps != prev_steps || v.collective_seq != prev_seq;
+  return v.steps != prev_steps || v.collective_seq != prev_seq || arrived;
 }
 
 }  // namespace
@@ -418,6 +456,12 @@ absl::StatusOr<MetricsReply> MetricsHub::Report(MetricsReport report) {
         v.host = slot->node->host;
       }
       progressed |= Ingest(*slot->state, std::move(s), now, unix_s);
+    }
+    node.store_waits.clear();
+    for (auto& k : report.store_waits) {
+      if (node.store_waits.size() == kMaxStoreWaitKeys) break;
+      std::int64_t ignored = 0;
+      node.store_waits.push_back(Cut(std::move(k), kMaxStoreKeyBytes, &ignored));
     }
     std::int64_t events = 0;
     for (auto& e : report.events) {
@@ -547,12 +591,26 @@ void MetricsHub::TickJobLocked(Job& job, TimePoint now, std::vector<std::functio
     }
     return source;
   };
+  // No rank made a first step; some reached the round's store (they wait
+  // there, inside init_process_group) and some never did.
+  auto startup_stalled = [&] {
+    bool reached = false, missing = false;
+    for (const auto& slot : job.ranks) {
+      const RankData* r = slot.state.get();
+      if (!r || !r->seen || r->v.state != RankState::kRunning ||
+          now - r->received > options_.report_fresh)
+        return false;
+      if (r->v.steps > 0 || r->v.collective_seq > 0) return false;
+      (r->v.reached_store ? reached : missing) = true;
+    }
+    return reached && missing;
+  };
   auto delivered = [&] {
     bool all = true;
     for (const auto& [id, n] : job.nodes) all &= !n.hang_report_due;
     return all;
   };
-  HangDetector::Step step = job.hang.Tick(now, ranks_ready, delivered);
+  HangDetector::Step step = job.hang.Tick(now, ranks_ready, startup_stalled, delivered);
   switch (step) {
     case HangDetector::Step::kNone:
     case HangDetector::Step::kAct:
@@ -564,7 +622,7 @@ void MetricsHub::TickJobLocked(Job& job, TimePoint now, std::vector<std::functio
       PublishLocked(job, now, after);
       // A report may wait for its delivery; restart and abort apply at once
       // when every agent has it.
-      step = job.hang.Tick(now, ranks_ready, delivered);
+      step = job.hang.Tick(now, ranks_ready, startup_stalled, delivered);
       break;
   }
   if (step == HangDetector::Step::kAct && options_.act) {
@@ -574,19 +632,29 @@ void MetricsHub::TickJobLocked(Job& job, TimePoint now, std::vector<std::functio
 }
 
 void MetricsHub::StartCaptureLocked(Job& job, TimePoint now) {
+  const bool startup = job.hang.cause() == HangDetector::Cause::kStartup;
   std::vector<HangRank> hr;
   hr.reserve(job.ranks.size());
   for (const auto& slot : job.ranks) {
-    const RankData& r = *slot.state;  // every rank reported (ranks_ready)
+    const RankData& r = *slot.state;  // every rank reported (ranks_ready, startup_stalled)
     hr.push_back({r.v.rank, r.v.host, r.v.pid, r.v.steps, r.v.collective_seq, r.v.in_collective,
                   r.v.collective_op});
+    if (startup) hr.back().store = r.v.reached_store ? StoreReach::kReached : StoreReach::kNever;
   }
   job.pending = HangReportInput{};
   job.pending.job_id = job.id;
   job.pending.round = job.round;
   job.pending.hang_timeout_s = job.hang_timeout_s;
   job.pending.on_hang = OnHangName(job.on_hang);
-  job.pending.verdict = FindHangCulprits(hr);
+  if (startup) {
+    std::vector<std::string> keys;
+    for (const auto& [id, n] : job.nodes)
+      keys.insert(keys.end(), n.store_waits.begin(), n.store_waits.end());
+    job.pending.startup = true;
+    job.pending.verdict = FindStartupCulprits(hr, keys);
+  } else {
+    job.pending.verdict = FindHangCulprits(hr);
+  }
   job.pending.ranks = std::move(hr);
   job.stacks_wanted.assign(job.pending.verdict.culprits.begin(),
                            job.pending.verdict.culprits.begin() +
@@ -598,12 +666,17 @@ void MetricsHub::StartCaptureLocked(Job& job, TimePoint now) {
     }
   }
   AddEvent(job, UnixNow(), "hang",
-           absl::StrCat("no progress for ", static_cast<long>(job.hang_timeout_s),
+           absl::StrCat(startup ? "no first step and rank(s) missing from the store for "
+                                : "no progress for ",
+                        static_cast<long>(job.hang_timeout_s),
                         " s; asking for the stacks of rank(s) ", RankList(job.stacks_wanted)));
 }
 
 void MetricsHub::PublishLocked(Job& job, TimePoint now, std::vector<std::function<void()>>* after) {
-  job.pending.stalled_s = Secs(now - job.hang.last_progress());
+  // A startup hang counts from the round's start (arrivals in the store
+  // restarted the detector's timer, but no rank ever made a step).
+  job.pending.stalled_s =
+      Secs(now - (job.pending.startup ? job.round_started : job.hang.last_progress()));
   RefineHangWithStacks(job.pending.verdict, job.pending.stacks);
   job.hang_report = FormatHangReport(job.pending);
   ++job.hangs;
@@ -641,7 +714,8 @@ absl::StatusOr<JobView> MetricsHub::View(const std::string& job_id, bool with_hi
                      "] no such job on this server; `ddprun status` lists the jobs"));
   }
   Job& job = *it->second;
-  const TimePoint now = clock_.Now();
+  // A closed job's figures stay as they were at its end (no growing age).
+  const TimePoint now = job.ended.value_or(clock_.Now());
   const Aggregate a = Compute(job.ranks, now);
   JobView v;
   v.job_id = job.id;
@@ -660,8 +734,8 @@ absl::StatusOr<JobView> MetricsHub::View(const std::string& job_id, bool with_hi
     v.hang_state = HangState::kOff;
   } else if (job.state != JobState::kRunning) {
     v.hang_state = job.state == JobState::kGathering ? HangState::kArmed : HangState::kOff;
-  } else if (!source) {
-    v.hang_state = HangState::kNoProgressSource;
+  } else if (!source && job.hang.phase() == HangDetector::Phase::kArmed) {
+    v.hang_state = HangState::kNoProgressSource;  // only a startup hang can be found
   } else {
     v.hang_state = job.hang.phase() == HangDetector::Phase::kArmed       ? HangState::kArmed
                    : job.hang.phase() == HangDetector::Phase::kCapturing ? HangState::kCapturing

@@ -348,6 +348,17 @@ std::size_t KvEngine::NumWaiters() const {
   return waiters_.size();
 }
 
+std::vector<std::string> KvEngine::WaitedKeys(std::size_t max) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::set<std::string> keys;
+  for (const auto& [key, ids] : by_key_) {
+    if (!ids.empty() && !PresentLocked(key)) keys.insert(key);
+  }
+  std::vector<std::string> out(keys.begin(), keys.end());
+  if (out.size() > max) out.resize(max);
+  return out;
+}
+
 bool KvEngine::PresentLocked(const std::string& name) const {
   return data_.count(name) > 0 || queues_.count(name) > 0;
 }

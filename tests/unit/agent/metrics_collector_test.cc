@@ -25,6 +25,13 @@ class FakeProc final : public ProcSource {
     return procs;
   }
   double ticks_per_second() const override { return 100; }
+  // (pid, remote port) of the established connections.
+  std::set<std::pair<pid_t, int>> connections;
+  int connection_checks = 0;
+  bool ConnectedToPort(pid_t pid, int port) override {
+    ++connection_checks;
+    return connections.count({pid, port}) > 0;
+  }
 };
 
 class FakeGpu final : public GpuSource {
@@ -99,6 +106,35 @@ TEST_CASE("collector: CPU of the worker's process group, RSS, GPU n/a, channel v
   clock.Advance(std::chrono::seconds(1));
   CHECK(c.Sample(nullptr)[0].step_seconds.empty());
   ::close(fd);
+}
+
+TEST_CASE("collector: a worker reached its store once a process of its group connects to it",
+          "[unit]") {
+  FakeProc proc;
+  FakeGpu gpu;
+  rdzv::FakeClock clock;
+  MetricsCollector c(proc, gpu, clock);
+  c.Reset({MonitoredWorker{.rank = 0, .local_rank = 0, .pid = 0, .channel_fd = -1},
+           MonitoredWorker{.rank = 1, .local_rank = 1, .pid = 0, .channel_fd = -1}},
+          /*store_port=*/29500);
+  c.SetPid(0, 100);
+  c.SetPid(1, 200);
+  // 101 is 100's child (a `sh -c` wrapper's python); 300 is someone else's.
+  proc.procs = {{100, 100, 0, 0}, {101, 100, 0, 0}, {200, 200, 0, 0}, {300, 300, 0, 0}};
+  proc.connections = {{200, 8080}, {300, 29500}};  // not the store, and not a worker
+  auto first = c.Sample(nullptr);
+  CHECK_FALSE(first[0].reached_store);
+  CHECK_FALSE(first[1].reached_store);
+  proc.connections.insert({101, 29500});
+  auto second = c.Sample(nullptr);
+  CHECK(second[0].reached_store);
+  CHECK_FALSE(second[1].reached_store);
+  // Sticky: not looked for again once found, even after the connection closed.
+  proc.connections.clear();
+  const int checks = proc.connection_checks;
+  auto third = c.Sample(nullptr);
+  CHECK(third[0].reached_store);
+  CHECK(proc.connection_checks == checks + 1);  // rank 1's only
 }
 
 TEST_CASE("collector: a worker that breaks its channel is reported once and ignored", "[unit]") {

@@ -37,6 +37,9 @@ class ProcSource {
   // Every process of this machine that can be read (one pass over /proc).
   virtual std::vector<ProcStat> Scan() = 0;
   virtual double ticks_per_second() const = 0;
+  // Whether process `pid` holds an established TCP connection (IPv4 or
+  // IPv6) to remote port `port`; false when it cannot be read.
+  virtual bool ConnectedToPort(pid_t pid, int port) = 0;
 };
 std::unique_ptr<ProcSource> MakeProcfsSource();
 
@@ -70,8 +73,10 @@ class MetricsCollector {
  public:
   MetricsCollector(ProcSource& proc, GpuSource& gpu, const rendezvous::Clock& clock);
 
-  // Starts a round: forgets the previous one's counters.
-  void Reset(const std::vector<MonitoredWorker>& workers);
+  // Starts a round: forgets the previous one's counters. `store_port`: the
+  // round's store (MASTER_PORT); a worker's process group connected to it
+  // reached init_process_group (RankSample::reached_store). 0: not checked.
+  void Reset(const std::vector<MonitoredWorker>& workers, int store_port = 0);
   void SetPid(int local_rank, pid_t pid);
   void SetState(int local_rank, const std::string& state);
 
@@ -93,11 +98,13 @@ class MetricsCollector {
     bool channel_broken = false;
     std::map<pid_t, std::uint64_t> ticks;  // the group's processes at the previous sample
     rendezvous::TimePoint sampled_at{};
+    bool reached_store = false;
   };
   ProcSource& proc_;
   GpuSource& gpu_;
   const rendezvous::Clock& clock_;
   std::vector<State> workers_;
+  int store_port_ = 0;
 };
 
 }  // namespace ddprun::agent

@@ -86,6 +86,11 @@ class RendezvousSession {
       const rendezvous::MetricsReport& report, rendezvous::Duration timeout) {
     return absl::UnimplementedError("this rendezvous session has no monitoring");
   }
+  // The keys that workers wait for in the round's TCPStore that this node
+  // hosts and nobody has set yet, at most `max` (hang reports name them);
+  // empty when it hosts none. Called on the reporter thread, like
+  // ReportMetrics.
+  virtual std::vector<std::string> StoreWaitedKeys(std::size_t max) { return {}; }
   // Before the round's workers are spawned: the TCPStore their SDK
   // bootstraps through (DDPRUN_TCPSTORE_ADDR), once the round's job key is
   // written there (rendezvous/sdk_store_scope.h); "" (the default): the gRPC

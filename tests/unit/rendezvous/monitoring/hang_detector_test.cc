@@ -19,17 +19,19 @@ constexpr Duration kStackWait = 5s;
 constexpr Duration kDeliveryWait = 2s;
 const TimePoint kT0 = TimePoint{} + 1h;
 
-// The detector with the caller's answers to its two questions, counted.
+// The detector with the caller's answers to its three questions, counted.
 struct Driver {
   Step Tick(Duration since_t0) {
     return d.Tick(
         kT0 + since_t0, [&] { return ++ready_asked, ready; },
-        [&] { return ++delivered_asked, delivered; });
+        [&] { return ++stalled_asked, stalled; }, [&] { return ++delivered_asked, delivered; });
   }
   HangDetector d{kStackWait, kDeliveryWait};
   bool ready = true;
+  bool stalled = false;  // before the first step: some ranks never reached the store
   bool delivered = false;
   int ready_asked = 0;
+  int stalled_asked = 0;
   int delivered_asked = 0;
 };
 
@@ -191,6 +193,56 @@ TEST_CASE("hang detector: a timeout of 0 (or less) disables it", "[hang][hang_de
     CHECK(x.ready_asked == 0);
     CHECK(x.d.phase() == Phase::kArmed);
   }
+}
+
+TEST_CASE("hang detector: a round stuck before its first step is captured as a startup hang",
+          "[hang][hang_detector]") {
+  Driver x;
+  x.d.StartRound(kT0, 10, OnHang::kAbort);
+  x.ready = false;  // no progress source yet: no rank made a first step
+  x.stalled = true;
+  CHECK(x.Tick(9s) == Step::kNone);
+  CHECK(x.stalled_asked == 0);  // not asked before the timeout
+  CHECK(x.Tick(10s) == Step::kCapture);
+  CHECK(x.stalled_asked == 1);
+  CHECK(x.d.cause() == HangDetector::Cause::kStartup);
+  CHECK(x.Tick(15s) == Step::kPublish);
+  CHECK(x.d.phase() == Phase::kPublished);
+  x.delivered = true;
+  CHECK(x.Tick(16s) == Step::kAct);  // --on_hang applies as for any hang
+}
+
+TEST_CASE("hang detector: a rank slow to start that reaches the store in time is not hung",
+          "[hang][hang_detector]") {
+  Driver x;
+  x.d.StartRound(kT0, 10, OnHang::kReport);
+  x.ready = false;
+  x.stalled = false;  // every rank is still starting (a large import): nobody waits
+  CHECK(x.Tick(10s) == Step::kNone);
+  x.stalled = true;  // the others reached the store; one is still loading
+  // It reaches the store at 12 s: the caller reports that as progress.
+  CHECK(x.d.ObserveProgress(kT0 + 12s) == Progress::kNone);
+  x.stalled = false;
+  CHECK(x.Tick(21s) == Step::kNone);
+  CHECK(x.Tick(30s) == Step::kNone);
+  CHECK(x.d.phase() == Phase::kArmed);
+}
+
+TEST_CASE("hang detector: a capture of a startup hang is dropped when a rank arrives",
+          "[hang][hang_detector]") {
+  Driver x;
+  x.d.StartRound(kT0, 10, OnHang::kRestart);
+  x.ready = false;
+  x.stalled = true;
+  CHECK(x.Tick(10s) == Step::kCapture);
+  CHECK(x.d.ObserveProgress(kT0 + 11s) == Progress::kCaptureDropped);
+  x.stalled = false;
+  CHECK(x.Tick(16s) == Step::kNone);
+  CHECK(x.d.phase() == Phase::kArmed);
+  // Every rank runs with a progress source later and stops: the ordinary cause.
+  x.ready = true;
+  CHECK(x.Tick(21s) == Step::kCapture);
+  CHECK(x.d.cause() == HangDetector::Cause::kNoProgress);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include "ddprun/rendezvous/monitoring/metrics_hub.h"
 
 #include <catch2/catch.hpp>
+#include <set>
 
 #include "ddprun/rendezvous/common/errors.h"
 #include "ddprun/rendezvous/job_table.h"
@@ -538,6 +539,109 @@ TEST_CASE("a closed job keeps its failure report; a forgotten one is gone", "[me
   bool restart = false;
   for (const auto& e : v->events) restart |= e.kind == "restart";
   CHECK(restart);
+}
+
+// Node n's report before any step: no progress source; its ranks in
+// `in_store` reached the round's store; node 0 hosts the store and names the
+// keys waited for there.
+MetricsReport StartupReport(Fixture& f, int n, const std::set<int>& in_store) {
+  MetricsReport r = f.Report(n, 0, 0, 0);
+  for (auto& s : r.ranks) {
+    s.has_progress_source = false;
+    s.reached_store = in_store.count(s.rank) > 0;
+  }
+  if (n == 0) r.store_waits = {"default_pg/0//cpu/rank_3"};
+  return r;
+}
+
+TEST_CASE("a round stuck before its first step names the ranks missing from the store",
+          "[metrics][hang]") {
+  Fixture f(5, "report");
+  std::vector<int> asked;
+  std::string printed;
+  for (int t = 1; t <= 20 && printed.empty(); ++t) {
+    f.clock.Advance(1s);
+    f.hub->Tick();
+    for (int n = 0; n < 2; ++n) {
+      auto reply = f.hub->Report(StartupReport(f, n, {0, 1, 2}));
+      REQUIRE(reply.ok());
+      asked.insert(asked.end(), reply->capture_stacks.begin(), reply->capture_stacks.end());
+      if (!reply->hang_report.empty()) printed = reply->hang_report;
+    }
+  }
+  CHECK(asked == std::vector<int>{3});  // the culprit's stack, as for any hang
+  INFO(printed);
+  CHECK_THAT(printed, Catch::Contains("HANG: no rank made a first step for "));
+  CHECK_THAT(printed, Catch::Contains("culprit rank(s) 3: never reached the round's store"));
+  CHECK_THAT(printed, Catch::Contains("while rank(s) 0-2 wait there for key(s) "
+                                      "default_pg/0//cpu/rank_3"));
+  CHECK_THAT(printed,
+             Catch::Contains("behind:  rank 3 on host1 pid 503, step 0, never reached the store"));
+  auto v = f.hub->View("job1");
+  CHECK(v->hangs == 1);
+}
+
+TEST_CASE("a rank slow to start that reaches the store is not hung, nor ranks all still starting",
+          "[metrics][hang]") {
+  Fixture f(5, "abort");
+  // Nobody in the store for 8 s (a large import everywhere): nobody waits.
+  for (int t = 1; t <= 8; ++t) {
+    f.clock.Advance(1s);
+    f.hub->Tick();
+    for (int n = 0; n < 2; ++n) REQUIRE(f.hub->Report(StartupReport(f, n, {})).ok());
+  }
+  // Ranks 0-2 arrive; rank 3 loads a checkpoint for 4 s more, then arrives.
+  for (int t = 1; t <= 4; ++t) {
+    f.clock.Advance(1s);
+    f.hub->Tick();
+    for (int n = 0; n < 2; ++n) REQUIRE(f.hub->Report(StartupReport(f, n, {0, 1, 2})).ok());
+  }
+  for (int t = 1; t <= 20; ++t) {
+    f.clock.Advance(1s);
+    f.hub->Tick();
+    for (int n = 0; n < 2; ++n) {
+      auto reply = f.hub->Report(StartupReport(f, n, {0, 1, 2, 3}));
+      REQUIRE(reply.ok());
+      CHECK(reply->capture_stacks.empty());
+      CHECK(reply->hang_report.empty());
+    }
+  }
+  CHECK(f.hub->View("job1")->hangs == 0);
+  CHECK(f.acted.code() == absl::StatusCode::kUnknown);  // not acted
+}
+
+TEST_CASE("a closed job shows each rank's end state and stops ageing", "[metrics]") {
+  SECTION("failed: the failed rank is failed, the others stopped") {
+    Fixture f(0, "report", /*max_restarts=*/0);
+    REQUIRE(f.hub->Report(f.Report(0, 3, 0.1, 0)).ok());
+    REQUIRE(f.hub->Report(f.Report(1, 3, 0.1, 0)).ok());
+    f.clock.Advance(2s);
+    WorkerFailure w;
+    w.global_rank = 1;
+    w.exit_code = 3;
+    REQUIRE(f.table->Report("job1", f.node_ids[0], 0, Outcome::kFailed, {w}).ok());
+    auto v = f.hub->View("job1");
+    REQUIRE(v->state == JobState::kFailed);
+    CHECK(RankOf(*v, 0).state == RankState::kStopped);
+    CHECK(RankOf(*v, 1).state == RankState::kFailed);
+    CHECK(RankOf(*v, 2).state == RankState::kStopped);
+    CHECK(RankOf(*v, 3).state == RankState::kStopped);
+    const double age = RankOf(*v, 0).age_s;
+    CHECK(age == Approx(2.0));
+    f.clock.Advance(60s);
+    auto later = f.hub->View("job1");
+    CHECK(RankOf(*later, 0).age_s == Approx(age));
+    CHECK(RankOf(*later, 1).state == RankState::kFailed);
+  }
+  SECTION("succeeded: every rank exited, one never heard from too") {
+    Fixture f;
+    REQUIRE(f.hub->Report(f.Report(0, 3, 0.1, 0)).ok());
+    REQUIRE(f.table->Report("job1", f.node_ids[0], 0, Outcome::kSucceeded, {}).ok());
+    REQUIRE(f.table->Report("job1", f.node_ids[1], 0, Outcome::kSucceeded, {}).ok());
+    auto v = f.hub->View("job1");
+    REQUIRE(v->state == JobState::kSucceeded);
+    for (const auto& r : v->ranks) CHECK(r.state == RankState::kExited);
+  }
 }
 
 }  // namespace

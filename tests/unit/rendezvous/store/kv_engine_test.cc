@@ -107,6 +107,20 @@ TEST_CASE("KvEngine CompareSet", "[unit]") {
   }
 }
 
+TEST_CASE("KvEngine names the keys waited for that nobody has set", "[unit]") {
+  KvEngine engine;
+  const TimePoint far = TimePoint::max();
+  Recorder r1, r2;
+  engine.WaitAsync({"pg/rank_1", "pg/rank_0"}, far, r1.Callback());
+  engine.WaitAsync({"pg/rank_1", "pg/rank_2"}, far, r2.Callback());
+  CHECK(engine.WaitedKeys(16) == std::vector<std::string>{"pg/rank_0", "pg/rank_1", "pg/rank_2"});
+  CHECK(engine.WaitedKeys(1) == std::vector<std::string>{"pg/rank_0"});
+  REQUIRE(engine.Set("pg/rank_0", "x").ok());  // set: no longer missing
+  CHECK(engine.WaitedKeys(16) == std::vector<std::string>{"pg/rank_1", "pg/rank_2"});
+  engine.CancelAll(absl::CancelledError("gone"));
+  CHECK(engine.WaitedKeys(16).empty());
+}
+
 TEST_CASE("KvEngine waiters are satisfied when every key exists", "[unit]") {
   KvEngine engine;
   const TimePoint far = TimePoint::max();

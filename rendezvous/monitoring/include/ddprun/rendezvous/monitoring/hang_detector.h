@@ -4,8 +4,12 @@
 // the time it happened. No locks, no threads, no clock of its own: the
 // caller (MetricsHub) passes the time in and does what a tick's Step says.
 //
-//   armed      no progress for the timeout, and the caller's check that every
-//              rank is alive with a progress source passes -> kCapture
+//   armed      no progress for the timeout, and the caller's check that the
+//              round is stuck before its first step (some ranks never
+//              reached the workers' store while others wait there) passes
+//              -> kCapture (cause kStartup); or, failing that, its check that
+//              every rank is alive with a progress source passes -> kCapture
+//              (cause kNoProgress)
 //   capturing  the stack wait is over (or StacksComplete) -> kPublish, then
 //              reported (--on_hang=report) or published (restart, abort)
 //   published  every agent fetched the report, or the delivery wait is over
@@ -36,6 +40,12 @@ class HangDetector {
     kAct,      // published -> reported: apply --on_hang (restart or abort)
   };
 
+  // Why the last capture started.
+  enum class Cause {
+    kNoProgress,  // every rank runs with a progress source and none moved
+    kStartup,     // no first step: ranks that never reached the store, others waiting
+  };
+
   // What a progress observation did.
   enum class Progress {
     kNone,            // armed (the timer restarts) or published
@@ -62,12 +72,18 @@ class HangDetector {
 
   // Time passes. `ranks_ready` (asked only when armed and the timeout has
   // passed): every rank is alive and running, with something that counts
-  // progress. `delivered` (asked only when published): every agent fetched
-  // the report.
+  // progress. `startup_stalled` (asked first, only when armed and the
+  // timeout has passed): no rank made a first step, and some
+  // ranks never reached the workers' store while others did (a rank that
+  // reaches the store is progress: the caller reports it with
+  // ObserveProgress). `delivered` (asked only when published): every agent
+  // fetched the report.
   Step Tick(TimePoint now, absl::FunctionRef<bool()> ranks_ready,
-            absl::FunctionRef<bool()> delivered);
+            absl::FunctionRef<bool()> startup_stalled, absl::FunctionRef<bool()> delivered);
 
   Phase phase() const { return phase_; }
+  // Why the capture in flight (or the last one) started.
+  Cause cause() const { return cause_; }
   bool enabled() const { return timeout_s_ > 0; }
   // The last progress (or the round's start).
   TimePoint last_progress() const { return last_progress_; }
@@ -78,6 +94,7 @@ class HangDetector {
   Phase phase_ = Phase::kArmed;
   double timeout_s_ = 0;
   OnHang on_hang_{};
+  Cause cause_ = Cause::kNoProgress;
   TimePoint last_progress_{};
   TimePoint deadline_{};  // end of the stack wait, then of the delivery wait
 };

@@ -7,6 +7,8 @@
 // others are. Otherwise the ranks with the lowest step count; when every
 // rank is at the same step and the collectives say nothing, every rank is a
 // culprit ("all ranks stopped at step N"). The others are the waiting ranks.
+// Before any rank's first step (FindStartupCulprits): the ranks that never
+// reached the round's store are the culprits, those in it wait for them.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +20,9 @@
 
 namespace ddprun::rendezvous {
 
+// Whether a rank reached its round's store (known for a startup hang only).
+enum class StoreReach { kUnknown, kReached, kNever };
+
 struct HangRank {
   int rank = -1;
   std::string host;
@@ -26,6 +31,7 @@ struct HangRank {
   std::int64_t collective_seq = 0;
   bool in_collective = false;
   std::string collective_op;
+  StoreReach store = StoreReach::kUnknown;
 };
 
 struct HangVerdict {
@@ -35,6 +41,12 @@ struct HangVerdict {
 };
 
 HangVerdict FindHangCulprits(const std::vector<HangRank>& ranks);
+
+// A round stuck before its first step: culprits are the ranks with
+// StoreReach::kNever, the others wait; `store_waits` are the keys waited for
+// in the store (from its host), named in `why`.
+HangVerdict FindStartupCulprits(const std::vector<HangRank>& ranks,
+                                const std::vector<std::string>& store_waits);
 
 // When the counters cannot tell (every rank stopped at the same step: an
 // unmodified PyTorch script, whose ranks all wait for step N's all-reduce
@@ -53,7 +65,8 @@ struct HangReportInput {
   std::int64_t round = 0;
   double stalled_s = 0;
   double hang_timeout_s = 0;
-  std::string on_hang;  // "report" | "restart" | "abort"
+  std::string on_hang;   // "report" | "restart" | "abort"
+  bool startup = false;  // before the first step (FindStartupCulprits)
   std::vector<HangRank> ranks;
   HangVerdict verdict;
   std::map<int, StackDump> stacks;  // by rank; culprits without one say why

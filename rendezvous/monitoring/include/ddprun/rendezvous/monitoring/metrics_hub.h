@@ -11,7 +11,12 @@
 //   armed      every rank reported "running" by a fresh report, and no rank's
 //              progress (steps, collective_seq) changed for hang_timeout:
 //              the culprits are named (HangCulprits) and their agents are
-//              asked for stacks (MetricsReply.capture_stacks) -> capturing
+//              asked for stacks (MetricsReply.capture_stacks) -> capturing;
+//              or, before any rank's first step, every rank reported
+//              "running" and for hang_timeout some ranks never reached the
+//              round's store (RankSample.reached_store) while others did:
+//              the missing ranks are the culprits, the others wait for them
+//              (for the keys MetricsReport.store_waits names) -> capturing
 //   capturing  until every culprit's StackDump arrived or stack_wait passed:
 //              ONE report is published (every agent's next reply, the view,
 //              the failure report, the log) and on_hang is applied -> reported
@@ -96,6 +101,7 @@ struct RankView {
   std::int64_t pid = 0;
   RankState state = RankState::kUnknown;  // until the first report
   bool has_progress_source = false;
+  bool reached_store = false;  // connected to the round's store (RankSample)
   std::int64_t steps = 0;
   double step_seconds_sum = 0;              // over every step of the round
   std::int64_t step_count = 0;              // steps with a known duration

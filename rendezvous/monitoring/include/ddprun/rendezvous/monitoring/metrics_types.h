@@ -3,6 +3,7 @@
 // server answers. proto_convert.cc maps them to and from ddprun.v1.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -39,16 +40,23 @@ struct RankSample {
   std::uint64_t rss_bytes = 0;
   double gpu_util_percent = -1;  // < 0: n/a
   std::uint64_t gpu_mem_bytes = 0;
+  // The worker has a connection to its round's store: it reached
+  // init_process_group (sticky for the round).
+  bool reached_store = false;
 };
 
 struct StackDump {
   int rank = -1;
   std::int64_t pid = 0;
   std::string host;
-  std::string kind;   // "python" | "native" | "kernel"
+  std::string kind;  // "python" | "native" | "kernel"
   std::string text;
   std::string error;  // why there is no stack
 };
+
+// Bounds of MetricsReport::store_waits (more is cut, never an error).
+inline constexpr std::size_t kMaxStoreWaitKeys = 16;
+inline constexpr std::size_t kMaxStoreKeyBytes = 256;
 
 struct MetricsReport {
   std::string job_id;
@@ -59,6 +67,9 @@ struct MetricsReport {
   std::vector<RankSample> ranks;
   std::vector<StackDump> stacks;
   std::vector<std::string> events;
+  // From the node hosting the round's store: the keys workers wait for there
+  // that nobody has set yet.
+  std::vector<std::string> store_waits;
 };
 
 struct MetricsReply {

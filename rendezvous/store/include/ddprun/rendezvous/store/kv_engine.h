@@ -96,6 +96,9 @@ class KvEngine {
   void ExpireWaiters(TimePoint now);
   std::optional<TimePoint> NextDeadline() const;
   std::size_t NumWaiters() const;
+  // The keys that waiters wait for and that do not exist yet, sorted, at most
+  // `max` (what a stuck bootstrap waits for: hang reports name them).
+  std::vector<std::string> WaitedKeys(std::size_t max) const;
 
  private:
   struct Waiter {
