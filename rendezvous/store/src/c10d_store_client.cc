@@ -36,7 +36,7 @@ double ToSeconds(Duration d) { return std::chrono::duration<double>(d).count(); 
 // A timeout for a message: "1 s" for 0.999969 s, tenths below 10 s ("0.5 s").
 std::string SecondsText(Duration d) {
   const double s = ToSeconds(d);
-  std::string text = absl::StrFormat(s >= 9.95 ? "%.0f" : "%.1f", s);
+  std::string text = s >= 9.95 ? absl::StrFormat("%.0f", s) : absl::StrFormat("%.1f", s);
   if (absl::EndsWith(text, ".0")) text.resize(text.size() - 2);
   return text + " s";
 }
