@@ -1,0 +1,175 @@
+// ddp::checkpoint and ddp_checkpoint_* (docs/checkpoint.md, "C++ and C")
+// under the real ddprun: tests/sdk/worker/ckpt_worker.cc, a C++ trainer
+// that saves every step, resumes after rank 1 is killed on every rank from
+// the newest step both committed with the bytes it saved, and ends where a
+// run without the failure ends; bad spans are named; and a C++ save loads
+// in Python (ddprun.checkpoint) and a Python save loads in C++, through
+// restarts of one job (the format is one).
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "support/process_helpers.h"
+
+using namespace ddprun::test;
+
+namespace {
+
+const std::string kPython = "/usr/bin/python3";
+
+bool Contains(const std::string& text, const std::string& what) {
+  return text.find(what) != std::string::npos;
+}
+
+// "<word> <a> [<b>]" lines of one rank's attempt, keyed by word + a.
+std::map<std::string, std::string> ReadLog(const std::string& path) {
+  std::map<std::string, std::string> out;
+  std::istringstream in(ReadFile(path));
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    std::string word, a, b;
+    ls >> word >> a;
+    if (ls >> b) {
+      out[word + " " + a] = b;
+    } else {
+      out[word] = a;
+    }
+  }
+  return out;
+}
+
+// ckpt_worker train under --nproc_per_node=2 --max_restarts=1; its log dir.
+std::string Train(Harness& h, const std::string& name, int kill_at) {
+  const std::string out = h.MakeDir(name);
+  Proc& p = h.StartDdprun(name,
+                          {"--nproc_per_node=2", "--max_restarts=1", "--no_python",
+                           Bin("ckpt_worker"), "train", out, "8", std::to_string(kill_at)},
+                          {{"DDP_BACKEND", "gloo"}, {"DDP_TIMEOUT_SEC", "30"}});
+  const int rc = h.Wait(p, 120);
+  INFO(name << " stdout:\n" << p.Out() << "\nstderr:\n" << p.Err());
+  REQUIRE(rc == 0);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("C++ checkpoint: rank 1 killed at step 5; both ranks resume from step 4, same bytes",
+          "[sdk][checkpoint]") {
+  Harness h;
+  const std::string clean = Train(h, "clean", -1);
+  const std::string final_digest = ReadLog(clean + "/rank0.attempt0.txt")["final"];
+  REQUIRE(final_digest.size() == 16);
+  REQUIRE(ReadLog(clean + "/rank1.attempt0.txt")["final"] == final_digest);
+
+  const std::string out = Train(h, "killed", /*kill_at=*/5);
+  std::set<std::string> resumed;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string prefix = out + "/rank" + std::to_string(rank);
+    auto first = ReadLog(prefix + ".attempt0.txt");
+    auto second = ReadLog(prefix + ".attempt1.txt");
+    INFO("rank " << rank << " attempt 0:\n"
+                 << ReadFile(prefix + ".attempt0.txt") << "attempt 1:\n"
+                 << ReadFile(prefix + ".attempt1.txt"));
+    // Step 4 is the newest both committed: rank 1 died before saving 5, and
+    // rank 0 waited in step 5's all-reduce.
+    REQUIRE(second.count("resumed 4") == 1);
+    REQUIRE(first.count("saved 4") == 1);
+    CHECK(second["resumed 4"] == first["saved 4"]);
+    CHECK(second.count("saved 4") == 0);
+    CHECK(second.count("saved 5") == 1);
+    CHECK(second["final"] == final_digest);
+    resumed.insert(second["resumed 4"]);
+  }
+  CHECK(resumed.size() == 1);
+}
+
+TEST_CASE("C++ checkpoint: bad spans are one clear error each; nothing is written",
+          "[sdk][checkpoint]") {
+  Harness h;
+  Proc& p = h.StartDdprun("bad",
+                          {"--nproc_per_node=1", "--max_restarts=1", "--ckpt_shm_limit=1MiB",
+                           "--no_python", Bin("ckpt_worker"), "bad"},
+                          {});
+  const int rc = h.Wait(p, 60);
+  const std::string out = p.Out();
+  INFO("stdout:\n" << out << "\nstderr:\n" << p.Err());
+  REQUIRE(rc == 0);
+  CHECK(Contains(out, "fresh start: yes"));
+  CHECK(Contains(out, "ERROR limit (invalid argument): [job "));
+  CHECK(Contains(out, "ddp::checkpoint::Save: the snapshot of step 1 needs 2.0 MiB ("));
+  CHECK(Contains(out,
+                 "more than --ckpt_shm_limit (1.0 MiB, 1048576 bytes per worker); raise "
+                 "--ckpt_shm_limit (or PET_CKPT_SHM_LIMIT) or save less"));
+  CHECK(Contains(out, "ERROR empty (invalid argument): "));
+  CHECK(Contains(out, "ddp::checkpoint::Save: span 0 has an empty name; give every span a name"));
+  CHECK(Contains(out, "ERROR duplicate (invalid argument): "));
+  CHECK(Contains(out, "the name 'a' is given twice (span 1); give every span its own name"));
+  CHECK(Contains(out, "ERROR null (invalid argument): "));
+  CHECK_FALSE(Contains(out, "NO ERROR"));
+  CHECK(Contains(out, "saved 2"));
+}
+
+TEST_CASE("C++ checkpoint outside ddprun: Save names DDPRUN_CKPT_FD", "[sdk][checkpoint]") {
+  Harness h;
+  Proc& p = h.Start("bare", {Bin("ckpt_worker"), "save"}, {{"DDPRUN_CKPT_FD", ""}});
+  const int rc = h.Wait(p, 30);
+  INFO("stderr:\n" << p.Err());
+  CHECK(rc == 1);
+  CHECK(Contains(p.Err(),
+                 "ddp::checkpoint::Save: this worker has no checkpoint memory "
+                 "(DDPRUN_CKPT_FD is unset); run the program under ddprun"));
+}
+
+TEST_CASE("C++ and Python checkpoints are one format: each loads what the other saved",
+          "[sdk][checkpoint][python]") {
+  if (std::system((kPython + " -c 'import numpy' >/dev/null 2>&1").c_str()) != 0) {
+    WARN("skipped: " << kPython << " cannot import numpy");
+    return;
+  }
+  Harness h;
+  // Attempt 0: C++ saves step 7. Attempt 1: Python loads it, checks the
+  // bytes, saves step 8. Attempt 2: C++ loads step 8 and checks it. One
+  // rank: each attempt ends by failing, and a second rank could be stopped
+  // before its save (the agreement across ranks is the first case's).
+  const std::string check = h.Script("check.py", R"(import sys
+import numpy as np
+import ddprun.checkpoint as ckpt
+step, state = ckpt.load()
+want = {"alpha": bytes(i % 251 for i in range(1000)), "empty": b"", "n\u00fc": b"\x01"}
+assert step == 7, step
+assert state == want and list(state) == list(want), state.keys()
+print("PYTHON LOADED C++ OK", flush=True)
+out = {"raw": bytes(range(200)), "arr": np.arange(10, dtype=np.float32)}
+try:
+    import torch
+    out["tensor"] = torch.arange(6, dtype=torch.int64)
+except ImportError:
+    pass
+ckpt.save(out, 8)
+sys.exit(3)
+)");
+  const std::string run = h.Script("run.sh",
+                                   "#!/bin/sh\ncase \"$TORCHELASTIC_RESTART_COUNT\" in\n"
+                                   "0) exec " +
+                                       Bin("ckpt_worker") +
+                                       " save ;;\n"
+                                       "1) exec " +
+                                       kPython + " " + check +
+                                       " ;;\n"
+                                       "*) exec " +
+                                       Bin("ckpt_worker") + " load ;;\nesac\n");
+  Proc& p = h.StartDdprun("interop", {"--nproc_per_node=1", "--max_restarts=2", "--no_python", run},
+                          {{"PYTHONPATH", DDPRUN_PYTHON_DIR}, {"PYTHONDONTWRITEBYTECODE", "1"}});
+  const int rc = h.Wait(p, 120);
+  const std::string out = p.Out();
+  INFO("stdout:\n" << out << "\nstderr:\n" << p.Err());
+  REQUIRE(rc == 0);
+  CHECK(Contains(out, "C++ saved 7"));
+  CHECK(Contains(out, "PYTHON LOADED C++ OK"));
+  CHECK(Contains(out, "C++ LOADED PYTHON OK"));
+  CHECK_FALSE(Contains(out, "FAIL"));
+}
