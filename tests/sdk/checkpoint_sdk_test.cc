@@ -1,8 +1,9 @@
 // ddp::checkpoint and ddp_checkpoint_* (docs/checkpoint.md, "C++ and C")
-// under the real ddprun: tests/sdk/worker/ckpt_worker.cc, a C++ trainer
-// that saves every step, resumes after rank 1 is killed on every rank from
-// the newest step both committed with the bytes it saved, and ends where a
-// run without the failure ends; bad spans are named; and a C++ save loads
+// under the real ddprun: tests/sdk/worker/ckpt_worker.cc (C++) and
+// ckpt_c_worker.c (C), trainers that save every step, resume after rank 1
+// is killed (also in the middle of a save) on every rank from the newest
+// step both committed with the bytes they saved, and end where a run
+// without the failure ends; bad spans are named; and a C++ save loads
 // in Python (ddprun.checkpoint) and a Python save loads in C++, through
 // restarts of one job (the format is one).
 #include <catch2/catch.hpp>
@@ -11,6 +12,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "support/process_helpers.h"
 
@@ -42,30 +44,40 @@ std::map<std::string, std::string> ReadLog(const std::string& path) {
   return out;
 }
 
-// ckpt_worker train under --nproc_per_node=2 --max_restarts=1; its log dir.
-std::string Train(Harness& h, const std::string& name, int kill_at) {
+// A trainer (ckpt_worker train, or ckpt_c_worker) under --nproc_per_node=2
+// --max_restarts=1 for 8 steps, rank 1 killed at the start of `kill_at`;
+// returns the log dir (the trainers' "resumed/saved/final" lines per rank
+// and attempt). `out_p`, if given, receives the job's stdout.
+std::string Train(Harness& h, const std::string& name, const std::vector<std::string>& worker,
+                  int kill_at, EnvList env = {}, std::string* out_p = nullptr) {
   const std::string out = h.MakeDir(name);
-  Proc& p = h.StartDdprun(name,
-                          {"--nproc_per_node=2", "--max_restarts=1", "--no_python",
-                           Bin("ckpt_worker"), "train", out, "8", std::to_string(kill_at)},
-                          {{"DDP_BACKEND", "gloo"}, {"DDP_TIMEOUT_SEC", "30"}});
+  std::vector<std::string> args = {"--nproc_per_node=2", "--max_restarts=1",
+                                   "--ckpt_shm_limit=1MiB", "--no_python"};
+  args.insert(args.end(), worker.begin(), worker.end());
+  args.insert(args.end(), {out, "8", std::to_string(kill_at)});
+  env.push_back({"DDP_BACKEND", "gloo"});
+  env.push_back({"DDP_TIMEOUT_SEC", "30"});
+  Proc& p = h.StartDdprun(name, args, env);
   const int rc = h.Wait(p, 120);
   INFO(name << " stdout:\n" << p.Out() << "\nstderr:\n" << p.Err());
   REQUIRE(rc == 0);
+  if (out_p) *out_p = p.Out();
   return out;
 }
 
-}  // namespace
-
-TEST_CASE("C++ checkpoint: rank 1 killed at step 5; both ranks resume from step 4, same bytes",
-          "[sdk][checkpoint]") {
-  Harness h;
-  const std::string clean = Train(h, "clean", -1);
+// The digest a run without a failure ends with, the same on both ranks.
+std::string CleanFinal(Harness& h, const std::vector<std::string>& worker) {
+  const std::string clean = Train(h, "clean", worker, -1);
   const std::string final_digest = ReadLog(clean + "/rank0.attempt0.txt")["final"];
   REQUIRE(final_digest.size() == 16);
   REQUIRE(ReadLog(clean + "/rank1.attempt0.txt")["final"] == final_digest);
+  return final_digest;
+}
 
-  const std::string out = Train(h, "killed", /*kill_at=*/5);
+// Both ranks resumed from `step` with the bytes they had saved there on the
+// first attempt, trained on from step + 1, and ended with `final_digest`.
+void CheckResumed(const std::string& out, int step, const std::string& final_digest) {
+  const std::string s = std::to_string(step), next = std::to_string(step + 1);
   std::set<std::string> resumed;
   for (int rank = 0; rank < 2; ++rank) {
     const std::string prefix = out + "/rank" + std::to_string(rank);
@@ -74,17 +86,62 @@ TEST_CASE("C++ checkpoint: rank 1 killed at step 5; both ranks resume from step 
     INFO("rank " << rank << " attempt 0:\n"
                  << ReadFile(prefix + ".attempt0.txt") << "attempt 1:\n"
                  << ReadFile(prefix + ".attempt1.txt"));
-    // Step 4 is the newest both committed: rank 1 died before saving 5, and
-    // rank 0 waited in step 5's all-reduce.
-    REQUIRE(second.count("resumed 4") == 1);
-    REQUIRE(first.count("saved 4") == 1);
-    CHECK(second["resumed 4"] == first["saved 4"]);
-    CHECK(second.count("saved 4") == 0);
-    CHECK(second.count("saved 5") == 1);
+    REQUIRE(second.count("resumed " + s) == 1);
+    REQUIRE(first.count("saved " + s) == 1);
+    CHECK(second["resumed " + s] == first["saved " + s]);
+    CHECK(second.count("saved " + s) == 0);
+    CHECK(second.count("saved " + next) == 1);
     CHECK(second["final"] == final_digest);
-    resumed.insert(second["resumed 4"]);
+    resumed.insert(second["resumed " + s]);
   }
   CHECK(resumed.size() == 1);
+}
+
+}  // namespace
+
+TEST_CASE("C++ checkpoint: rank 1 killed at step 5; both ranks resume from step 4, same bytes",
+          "[sdk][checkpoint]") {
+  Harness h;
+  const std::vector<std::string> worker = {Bin("ckpt_worker"), "train"};
+  const std::string final_digest = CleanFinal(h, worker);
+  // Step 4 is the newest both committed: rank 1 died before saving 5, and
+  // rank 0 waited in step 5's all-reduce.
+  CheckResumed(Train(h, "killed", worker, 5), 4, final_digest);
+}
+
+TEST_CASE("C++ checkpoint: a rank killed in the middle of Save loads its previous snapshot",
+          "[sdk][checkpoint]") {
+  Harness h;
+  const std::vector<std::string> worker = {Bin("ckpt_worker"), "train"};
+  const std::string final_digest = CleanFinal(h, worker);
+  // Rank 1 dies halfway through copying step 5 over the slot of step 3;
+  // rank 0 may have committed step 5. The step both have is 4.
+  const std::string out = Train(h, "torn", worker, -1, {{"DDPRUN_CKPT_TEST_DIE_IN_SAVE", "1:5"}});
+  auto first = ReadLog(out + "/rank1.attempt0.txt");
+  CHECK(first.count("saved 4") == 1);
+  CHECK(first.count("saved 5") == 0);
+  CheckResumed(out, 4, final_digest);
+}
+
+TEST_CASE("C checkpoint API: rank 1 killed at step 5 resumes from step 4; bad spans named",
+          "[sdk][checkpoint][c-api]") {
+  Harness h;
+  const std::vector<std::string> worker = {Bin("ckpt_c_worker")};
+  const std::string final_digest = CleanFinal(h, worker);
+  std::string stdout_text;
+  const std::string out = Train(h, "killed", worker, 5, {}, &stdout_text);
+  CheckResumed(out, 4, final_digest);
+  CHECK(Contains(ReadFile(out + "/rank0.attempt1.txt"), "missing refused"));
+  INFO(stdout_text);
+  CHECK(Contains(stdout_text, "ERROR limit: invalid argument: [job "));
+  CHECK(Contains(stdout_text, "more than --ckpt_shm_limit (1.0 MiB, 1048576 bytes per worker)"));
+  CHECK(Contains(stdout_text,
+                 "ERROR null name: invalid argument: ddp_checkpoint_save: the name "
+                 "of span 0 is a null pointer; give every span a name"));
+  CHECK(Contains(stdout_text, "ERROR empty: invalid argument: [job "));
+  CHECK(Contains(stdout_text, "span 0 has an empty name; give every span a name"));
+  CHECK(Contains(stdout_text, "ERROR duplicate: invalid argument: [job "));
+  CHECK(Contains(stdout_text, "the name 'a' is given twice (span 1)"));
 }
 
 TEST_CASE("C++ checkpoint: bad spans are one clear error each; nothing is written",
