@@ -2,11 +2,12 @@
 // else) at the ABI boundary and turn it into a status code plus a
 // thread-local message.
 #include "ddp/c_api.h"
-#include "ddp/metrics.h"
 
 #include <memory>
 #include <string>
 
+#include "ddp/checkpoint.h"
+#include "ddp/metrics.h"
 #include "ddp/process_group.h"
 #include "ddp/reducer.h"
 
@@ -18,6 +19,9 @@ struct ddp_work {
 };
 struct ddp_reducer {
   std::unique_ptr<ddp::Reducer> reducer;
+};
+struct ddp_checkpoint {
+  ddp::checkpoint::Snapshot snapshot;
 };
 
 namespace {
@@ -56,8 +60,8 @@ ddp_status_t CheckEnums(int dtype, int op) {
                     " (DDP_FLOAT32, DDP_FLOAT16, DDP_BFLOAT16, DDP_FLOAT64, DDP_INT32, DDP_INT64)");
   }
   if (!ddp::IsValidReduceOp(op)) {
-    return Fail(DDP_ERR_INVALID_ARGUMENT,
-                "invalid reduce op " + std::to_string(op) + " (DDP_SUM, DDP_AVG, DDP_MAX, DDP_MIN)");
+    return Fail(DDP_ERR_INVALID_ARGUMENT, "invalid reduce op " + std::to_string(op) +
+                                              " (DDP_SUM, DDP_AVG, DDP_MAX, DDP_MIN)");
   }
   return DDP_OK;
 }
@@ -142,8 +146,8 @@ ddp_status_t ddp_allgather(ddp_group_t* g, const void* in, void* out, size_t cou
   return s == DDP_OK ? Finish(std::move(w), work) : s;
 }
 
-ddp_status_t ddp_reduce_scatter(ddp_group_t* g, const void* in, void* out, size_t count,
-                                int dtype, int op, ddp_work_t** work) {
+ddp_status_t ddp_reduce_scatter(ddp_group_t* g, const void* in, void* out, size_t count, int dtype,
+                                int op, ddp_work_t** work) {
   DDP_REQUIRE(g != nullptr, "ddp_reduce_scatter: group is a null pointer");
   if (ddp_status_t s = CheckEnums(dtype, op); s != DDP_OK) return s;
   ddp::Work w;
@@ -241,9 +245,7 @@ ddp_status_t ddp_reducer_set_require_sync(ddp_reducer_t* r, int require_sync) {
   return Guard([&] { r->reducer->SetRequireSync(require_sync != 0); });
 }
 
-size_t ddp_reducer_num_buckets(const ddp_reducer_t* r) {
-  return r ? r->reducer->num_buckets() : 0;
-}
+size_t ddp_reducer_num_buckets(const ddp_reducer_t* r) { return r ? r->reducer->num_buckets() : 0; }
 
 ddp_status_t ddp_broadcast_parameters(ddp_group_t* g, void* const* data, const size_t* counts,
                                       const int* dtypes, size_t n, int root) {
@@ -271,5 +273,55 @@ ddp_status_t ddp_metrics_scalar(const char* name, double value) {
               "most 256 names per worker)");
   return DDP_OK;
 }
+
+ddp_status_t ddp_checkpoint_save(int64_t step, const ddp_checkpoint_span_t* spans, size_t n) {
+  DDP_REQUIRE(n == 0 || spans != nullptr, "ddp_checkpoint_save: spans is a null pointer");
+  std::vector<ddp::checkpoint::Span> list;
+  for (size_t i = 0; i < n; ++i) {
+    DDP_REQUIRE(spans[i].name != nullptr, "ddp_checkpoint_save: the name of span " +
+                                              std::to_string(i) +
+                                              " is a null pointer; give every span a name");
+    list.push_back({spans[i].name, spans[i].data, spans[i].size});
+  }
+  return Guard([&] { ddp::checkpoint::Save(step, list); });
+}
+
+ddp_status_t ddp_checkpoint_load(ddp_checkpoint_t** out) {
+  DDP_REQUIRE(out != nullptr, "ddp_checkpoint_load: out is a null pointer");
+  *out = nullptr;
+  return Guard([&] {
+    if (auto snap = ddp::checkpoint::Load()) *out = new ddp_checkpoint{std::move(*snap)};
+  });
+}
+
+int64_t ddp_checkpoint_step(const ddp_checkpoint_t* c) { return c ? c->snapshot.step : -1; }
+size_t ddp_checkpoint_count(const ddp_checkpoint_t* c) {
+  return c ? c->snapshot.buffers.size() : 0;
+}
+
+ddp_status_t ddp_checkpoint_buffer(const ddp_checkpoint_t* c, size_t i, const char** name,
+                                   const void** data, size_t* size) {
+  DDP_REQUIRE(c != nullptr, "ddp_checkpoint_buffer: checkpoint is a null pointer");
+  DDP_REQUIRE(i < c->snapshot.buffers.size(), "ddp_checkpoint_buffer: index " + std::to_string(i) +
+                                                  " is not below the count " +
+                                                  std::to_string(c->snapshot.buffers.size()));
+  const ddp::checkpoint::Buffer& b = c->snapshot.buffers[i];
+  if (name) *name = b.name.c_str();
+  if (data) *data = b.data();
+  if (size) *size = b.size();
+  return DDP_OK;
+}
+
+ddp_status_t ddp_checkpoint_find(const ddp_checkpoint_t* c, const char* name, const void** data,
+                                 size_t* size) {
+  DDP_REQUIRE(c != nullptr && name != nullptr, "ddp_checkpoint_find: null pointer");
+  return Guard([&] {
+    const ddp::checkpoint::Buffer& b = c->snapshot.Get(name);
+    if (data) *data = b.data();
+    if (size) *size = b.size();
+  });
+}
+
+void ddp_checkpoint_free(ddp_checkpoint_t* c) { delete c; }
 
 }  // extern "C"

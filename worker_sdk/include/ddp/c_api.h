@@ -21,8 +21,8 @@ extern "C" {
 #endif
 
 /* 1: the first release; 2: ddp_work_test; 3: ddp_metrics_step, ddp_metrics_scalar;
- * 4: ddp_alloc_memory, ddp_free_memory. */
-#define DDP_ABI_VERSION 4
+ * 4: ddp_alloc_memory, ddp_free_memory; 5: ddp_checkpoint_*. */
+#define DDP_ABI_VERSION 5
 
 typedef enum {
   DDP_OK = 0,
@@ -46,7 +46,11 @@ typedef enum {
 
 typedef enum { DDP_SUM = 0, DDP_AVG = 1, DDP_MAX = 2, DDP_MIN = 3 } ddp_reduce_op_t;
 typedef enum { DDP_BACKEND_AUTO = 0, DDP_BACKEND_GLOO = 1, DDP_BACKEND_NCCL = 2 } ddp_backend_t;
-typedef enum { DDP_COMPRESS_NONE = 0, DDP_COMPRESS_FP16 = 1, DDP_COMPRESS_BF16 = 2 } ddp_compression_t;
+typedef enum {
+  DDP_COMPRESS_NONE = 0,
+  DDP_COMPRESS_FP16 = 1,
+  DDP_COMPRESS_BF16 = 2
+} ddp_compression_t;
 
 typedef struct ddp_group ddp_group_t;
 typedef struct ddp_work ddp_work_t;
@@ -54,16 +58,16 @@ typedef struct ddp_reducer ddp_reducer_t;
 
 /* Init options; zero-initialise, then set what you need (0 = default). */
 typedef struct {
-  int backend;          /* ddp_backend_t */
-  double timeout_sec;   /* 0: 300 s (or DDP_TIMEOUT_SEC) */
+  int backend;        /* ddp_backend_t */
+  double timeout_sec; /* 0: 300 s (or DDP_TIMEOUT_SEC) */
 } ddp_init_options_t;
 
 typedef struct {
-  size_t bucket_cap_bytes;      /* 0: 25 MiB */
-  size_t first_bucket_bytes;    /* 0: 1 MiB */
-  int gradient_as_bucket_view;  /* bool */
-  int compression;              /* ddp_compression_t */
-  int no_average;               /* bool: plain sum instead of the mean */
+  size_t bucket_cap_bytes;     /* 0: 25 MiB */
+  size_t first_bucket_bytes;   /* 0: 1 MiB */
+  int gradient_as_bucket_view; /* bool */
+  int compression;             /* ddp_compression_t */
+  int no_average;              /* bool: plain sum instead of the mean */
 } ddp_reducer_options_t;
 
 int ddp_abi_version(void);
@@ -87,8 +91,8 @@ ddp_status_t ddp_broadcast(ddp_group_t* g, void* data, size_t count, int dtype, 
                            ddp_work_t** work);
 ddp_status_t ddp_allgather(ddp_group_t* g, const void* in, void* out, size_t count, int dtype,
                            ddp_work_t** work);
-ddp_status_t ddp_reduce_scatter(ddp_group_t* g, const void* in, void* out, size_t count,
-                                int dtype, int op, ddp_work_t** work);
+ddp_status_t ddp_reduce_scatter(ddp_group_t* g, const void* in, void* out, size_t count, int dtype,
+                                int op, ddp_work_t** work);
 ddp_status_t ddp_barrier(ddp_group_t* g, ddp_work_t** work);
 /* Waits (timeout_sec <= 0: the group's timeout) and frees the handle. */
 ddp_status_t ddp_work_wait(ddp_work_t* work, double timeout_sec);
@@ -127,6 +131,49 @@ ddp_status_t ddp_broadcast_parameters(ddp_group_t* g, void* const* data, const s
  * not printable ASCII, or past 256 names) under ddprun. */
 ddp_status_t ddp_metrics_step(double samples);
 ddp_status_t ddp_metrics_scalar(const char* name, double value);
+
+/* Checkpoints in memory owned by ddprun's agent (ddp/checkpoint.h,
+ * docs/checkpoint.md): named byte spans, the same memory and format as
+ * Python's ddprun.checkpoint. No group needed.
+ *
+ *   ddp_checkpoint_t* c;
+ *   if (ddp_checkpoint_load(&c) != DDP_OK) { ... ddp_last_error() ... }
+ *   if (c) {                                   // NULL: a fresh start
+ *     const void* w; size_t n;
+ *     ddp_checkpoint_find(c, "weights", &w, &n);
+ *     memcpy(weights, w, n); start = ddp_checkpoint_step(c) + 1;
+ *     ddp_checkpoint_free(c);
+ *   }
+ *   ddp_checkpoint_span_t spans[] = {{"weights", weights, sizeof weights}};
+ *   ddp_checkpoint_save(step, spans, 1);       // each step
+ *
+ * ddp_checkpoint_save returns once the bytes are committed (they survive
+ * this process's death); DDP_ERR_INVALID_ARGUMENT for a NULL or empty name,
+ * a name given twice, NULL data with a size, or a snapshot over
+ * --ckpt_shm_limit; DDP_ERR_STATE without checkpoint memory (not under
+ * ddprun). ddp_checkpoint_load sets *out to the newest step every rank
+ * committed, the same on every rank, or to NULL when there is none; every
+ * rank calls it at start, before its first save. Free it with
+ * ddp_checkpoint_free. Not thread-safe. */
+typedef struct {
+  const char* name; /* NUL-terminated UTF-8, not empty, unique per save */
+  const void* data; /* may be NULL only when size is 0 */
+  size_t size;
+} ddp_checkpoint_span_t;
+typedef struct ddp_checkpoint ddp_checkpoint_t;
+
+ddp_status_t ddp_checkpoint_save(int64_t step, const ddp_checkpoint_span_t* spans, size_t n);
+ddp_status_t ddp_checkpoint_load(ddp_checkpoint_t** out);
+int64_t ddp_checkpoint_step(const ddp_checkpoint_t* c);
+size_t ddp_checkpoint_count(const ddp_checkpoint_t* c);
+/* Buffer i (0 <= i < count), in the order saved; data and size stay valid
+ * until ddp_checkpoint_free. Any out pointer may be NULL. */
+ddp_status_t ddp_checkpoint_buffer(const ddp_checkpoint_t* c, size_t i, const char** name,
+                                   const void** data, size_t* size);
+/* The buffer named `name`; DDP_ERR_INVALID_ARGUMENT naming the saved names if none. */
+ddp_status_t ddp_checkpoint_find(const ddp_checkpoint_t* c, const char* name, const void** data,
+                                 size_t* size);
+void ddp_checkpoint_free(ddp_checkpoint_t* c);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,8 @@
-// The worker SDK in one include: ddp::Init, ProcessGroup, Work, Reducer, ddp::metrics.
+// The worker SDK in one include: ddp::Init, ProcessGroup, Work, Reducer, ddp::metrics,
+// ddp::checkpoint.
 #pragma once
 
+#include "ddp/checkpoint.h"
 #include "ddp/error.h"
 #include "ddp/metrics.h"
 #include "ddp/process_group.h"

@@ -1,7 +1,8 @@
 // The layout of a worker's checkpoint memory (docs/checkpoint.md, "Format"):
 // the contract between the agent, which creates it and reads its commit
 // records, and the worker side (worker_sdk/python/ddprun/checkpoint.py),
-// which writes it. Version 1; every integer little-endian.
+// and the SDK's C++ and C API (worker_sdk/src/checkpoint.cc), which write
+// it. Version 1; every integer little-endian.
 //
 //   [0, 4096)                        header: magic, version, slot capacity,
 //                                    two slot records
@@ -48,5 +49,23 @@ inline constexpr std::uint64_t SlotRecordOffset(int slot) {
 inline constexpr std::uint64_t SlotDataOffset(int slot, std::uint64_t capacity) {
   return kHeaderBytes + static_cast<std::uint64_t>(slot) * capacity;
 }
+
+// The snapshot bytes of a slot (format 1): a u64 length, a JSON tree of
+// that length ({"format": 1, "state": node}), then the data, each blob at
+// an offset that is a multiple of kDataAlign from the data's start, which
+// is itself 8 + length rounded up to kDataAlign.
+inline constexpr int kSnapshotFormat = 1;
+inline constexpr std::uint64_t kDataAlign = 64;
+
+// Agreement across nodes (load): each node sets
+// kAgreeKeyPrefix + "<job id>/<round>/<group rank>" in the round's TCPStore
+// to its steps ("3,4"), and waits up to DDPRUN_CKPT_AGREE_TIMEOUT seconds
+// (default below) for every node's key. Both variables are read by the
+// workers' checkpoint code only (ddprun sets neither); the second is the
+// test hook "RANK:STEP" (docs/checkpoint.md, "Test hook").
+inline constexpr const char* kAgreeKeyPrefix = "ddprun_ckpt/";
+inline constexpr double kDefaultAgreeTimeoutSeconds = 300;
+inline constexpr const char* kEnvAgreeTimeout = "DDPRUN_CKPT_AGREE_TIMEOUT";
+inline constexpr const char* kEnvTestDieInSave = "DDPRUN_CKPT_TEST_DIE_IN_SAVE";
 
 }  // namespace ddprun::checkpoint_layout
