@@ -57,3 +57,39 @@ TEST_CASE("ddprun top says that the job it watches ended, and exits 0", "[multip
   CHECK(top.Out().find("ddprun top: job watched ended") != std::string::npos);
   CHECK(top.Err().find("CANCELLED") == std::string::npos);
 }
+
+TEST_CASE("ddprun status: a job whose only node left while gathering is not listed",
+          "[multiproc]") {
+  // Issue 33 item 8: it stayed listed, gathering, until its join timeout.
+  Harness h;
+  const int port = h.StartDaemon("ddprund");
+  const std::string ep = "127.0.0.1:" + std::to_string(port);
+  const std::string script = h.Script("w.sh", "#!/bin/sh\nexit 0\n");
+  Proc& node = h.StartDdprun("node", {"--nnodes=2", "--rdzv_endpoint=" + ep,
+                                      "--rdzv_id=alone", "--rdzv_conf=join_timeout=600", script});
+  auto listed = [&](int i) {
+    Proc& s = h.StartDdprun("status" + std::to_string(i), {"status", "--rdzv_endpoint", ep});
+    REQUIRE(h.Wait(s, 10) == 0);
+    return s.Out().find("alone") != std::string::npos;
+  };
+  const auto t0 = Clock::now();
+  int i = 0;
+  bool seen = false;
+  while (!seen && SecondsSince(t0) < 10) {
+    seen = listed(i++);
+    if (!seen) SleepMs(100);
+  }
+  REQUIRE(seen);  // gathering, one of two nodes
+  ::kill(-node.pid, SIGKILL);
+  ::kill(node.pid, SIGKILL);
+  h.Wait(node, 5);
+  // The daemon notices the broken stream within its keepalive; then the job is gone.
+  const auto t1 = Clock::now();
+  bool gone = false;
+  while (!gone && SecondsSince(t1) < 15) {
+    gone = !listed(i++);
+    if (!gone) SleepMs(200);
+  }
+  CHECK(gone);
+  CHECK(SecondsSince(t1) < 15);
+}
