@@ -187,13 +187,15 @@ absl::StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& a
   const SchedulerMode mode = SchedulerModeNamed(scheduler);
   const PlacementInput in{flags.Get("nnodes"), flags.Get("node_rank"), flags.Get("rdzv_endpoint"),
                           flags.Get("local_addr"), flags.Get("rdzv_backend")};
+  // --standalone asks for a single-node job: the step's other nodes run their own.
+  DDPRUN_ASSIGN_OR_RETURN(const bool standalone, flags.GetBool("standalone"));
   if (job) {
     job->scheduler = mode;
     DDPRUN_ASSIGN_OR_RETURN(Placement placed, ResolvePlacement(*job, in, env, HostNames(host)));
     for (const auto& [dest, value] : placed.values) flags.SetResolved(dest, value);
     out.warnings.insert(out.warnings.end(), placed.warnings.begin(), placed.warnings.end());
     placement_summary = placed.summary;
-  } else if (SchedulerPlacesJob(env, mode)) {
+  } else if (!standalone && SchedulerPlacesJob(env, mode)) {
     // Zero-flag placement (docs/schedulers.md): a multi-node srun step (or
     // mpirun), or --scheduler=slurm|mpi, places this node as a job file's
     // scheduler: key would, and says so in one line.

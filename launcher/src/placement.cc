@@ -281,7 +281,8 @@ absl::StatusOr<Placement> ResolvePlacement(const JobConfig& job, const Placement
         return Bad(absl::StrCat(
             in.nnodes.Name("--nnodes"), " asks for ", in.nnodes.value, " nodes but ", s.name,
             " runs this job on ", s.nnodes, " (", s.nnodes_var, "); make them agree: allocate ",
-            in.nnodes.value, " nodes, or change the count"));
+            in.nnodes.value, " nodes, or change the count (--scheduler=none ignores ", s.name,
+            ")"));
       }
     } else {
       p.values["nnodes"] = KnobValue{std::to_string(s.nnodes), s.nnodes_var, Origin::kScheduler};

@@ -89,7 +89,7 @@ TEST_CASE("zero flags in a multi-node srun step: placement from Slurm, said in o
   CHECK(Parse({"--nnodes=2:8"}, SrunStep("gpu[01-04]", 4, 1)).ok());
 }
 
-TEST_CASE("a single-node step, the batch script and --scheduler=none are unchanged", "[unit]") {
+TEST_CASE("a single-node step, the batch script, --standalone and --scheduler=none are unchanged", "[unit]") {
   for (const Env& env : {SrunStep("gpu01", 1, 0), Env{{"SLURM_JOB_ID", "7"},
                                                       {"SLURM_JOB_NODELIST", "gpu[01-02]"},
                                                       {"SLURM_NNODES", "2"},
@@ -105,6 +105,11 @@ TEST_CASE("a single-node step, the batch script and --scheduler=none are unchang
   REQUIRE(none.ok());
   CHECK(none->options.mode == RendezvousMode::kEmbedded);
   CHECK(Notice(*none).empty());
+  // --standalone: one single-node job per node (a sweep), as before.
+  auto standalone = Parse({"--standalone"}, env);
+  REQUIRE(standalone.ok());
+  CHECK(standalone->options.mode == RendezvousMode::kEmbedded);
+  CHECK(Notice(*standalone).empty());
   env["PET_SCHEDULER"] = "NONE";
   auto pet = Parse({}, env);
   REQUIRE(pet.ok());
@@ -131,7 +136,8 @@ TEST_CASE("what Slurm contradicts is one line, never a fallback to localhost", "
   const Env step = SrunStep("gpu[01-04]", 4, 2);
   CHECK(Err({"--nnodes=2"}, step) ==
         "ddprun: --nnodes asks for 2 nodes but slurm runs this job on 4 "
-        "(SLURM_STEP_NUM_NODES=4); make them agree: allocate 2 nodes, or change the count");
+        "(SLURM_STEP_NUM_NODES=4); make them agree: allocate 2 nodes, or change the count (--scheduler=none "
+        "ignores slurm)");
 
   Env tasks = step;
   tasks["SLURM_STEP_NUM_TASKS"] = "8";
