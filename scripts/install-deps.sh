@@ -30,6 +30,8 @@ test_packages=(
   # (python3-venv), the .deb's man pages (help2man) and the fresh Debian roots
   # of the packaging test (mmdebstrap).
   patchelf python3-venv help2man mmdebstrap
+  # The Kubernetes manifests' schema test (configs/k8s/, tests/k8s/).
+  python3-jsonschema python3-yaml
 )
 bench_packages=(openmpi-bin libopenmpi-dev)
 

@@ -181,12 +181,32 @@ absl::StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& a
     if (!loaded.ok()) return UsageError(loaded.status().message());
     job = std::move(*loaded);
     for (const auto& [dest, value] : job->FlagValues()) flags.SetFile(dest, value);
-    const PlacementInput in{flags.Get("nnodes"), flags.Get("node_rank"), flags.Get("rdzv_endpoint"),
-                            flags.Get("local_addr"), flags.Get("rdzv_backend")};
+  }
+  DDPRUN_ASSIGN_OR_RETURN(const std::string scheduler,
+                          ParseKnob(flags, KnobNamed("scheduler"), ParseScheduler));
+  const SchedulerMode mode = SchedulerModeNamed(scheduler);
+  const PlacementInput in{flags.Get("nnodes"), flags.Get("node_rank"), flags.Get("rdzv_endpoint"),
+                          flags.Get("local_addr"), flags.Get("rdzv_backend")};
+  // --standalone asks for a single-node job: the step's other nodes run their own.
+  DDPRUN_ASSIGN_OR_RETURN(const bool standalone, flags.GetBool("standalone"));
+  if (job) {
+    job->scheduler = mode;
     DDPRUN_ASSIGN_OR_RETURN(Placement placed, ResolvePlacement(*job, in, env, HostNames(host)));
     for (const auto& [dest, value] : placed.values) flags.SetResolved(dest, value);
     out.warnings.insert(out.warnings.end(), placed.warnings.begin(), placed.warnings.end());
     placement_summary = placed.summary;
+  } else if (!standalone && SchedulerPlacesJob(env, mode)) {
+    // Zero-flag placement (docs/schedulers.md): a multi-node srun step (or
+    // mpirun), or --scheduler=slurm|mpi, places this node as a job file's
+    // scheduler: key would, and says so in one line.
+    DDPRUN_ASSIGN_OR_RETURN(SchedulerPlacement placed,
+                            PlaceFromScheduler(in, flags.Get("master_addr").is_set(),
+                                               flags.Get("rdzv_id").is_set(), env, mode));
+    for (const auto& [dest, value] : placed.placement.values) flags.SetResolved(dest, value);
+    out.warnings.insert(out.warnings.end(), placed.placement.warnings.begin(),
+                        placed.placement.warnings.end());
+    if (!placed.notice.empty()) out.warnings.push_back(placed.notice);
+    placement_summary = placed.placement.summary;
   }
   const JobConfig* job_ptr = job ? &*job : nullptr;
 

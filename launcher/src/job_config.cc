@@ -476,17 +476,10 @@ class Parser {
     return absl::OkStatus();
   }
 
+  // The scheduler: key is the --scheduler knob; its mode is kept for placement.
   absl::Status Scheduler(const YAML::Node& n) {
-    DDPRUN_ASSIGN_OR_RETURN(const std::string s, Scalar(n, "scheduler", "write auto, slurm, mpi or none"));
-    const std::string l = absl::AsciiStrToLower(s);
-    if (l == "auto") job_.scheduler = SchedulerMode::kAuto;
-    else if (l == "slurm") job_.scheduler = SchedulerMode::kSlurm;
-    else if (l == "mpi") job_.scheduler = SchedulerMode::kMpi;
-    else if (l == "none") job_.scheduler = SchedulerMode::kNone;
-    else {
-      return Error(n, "scheduler", absl::StrCat("must be auto, slurm, mpi or none, got '", s, "'"),
-                   "write auto (detect Slurm and OpenMPI/PMIx), slurm, mpi or none");
-    }
+    DDPRUN_RETURN_IF_ERROR(Value(n, *FindYamlKnob("scheduler")));
+    job_.scheduler = SchedulerModeNamed(job_.values.at("scheduler").text);
     job_.scheduler_location = Where(n.Mark());
     return absl::OkStatus();
   }
@@ -637,6 +630,13 @@ class Parser {
 };
 
 }  // namespace
+
+SchedulerMode SchedulerModeNamed(absl::string_view name) {
+  if (name == "slurm") return SchedulerMode::kSlurm;
+  if (name == "mpi") return SchedulerMode::kMpi;
+  if (name == "none") return SchedulerMode::kNone;
+  return SchedulerMode::kAuto;
+}
 
 const char* OriginName(Origin origin) {
   switch (origin) {

@@ -1,11 +1,6 @@
 // Node placement: Slurm host lists, scheduler variables and matching this
 // machine against the file's node list.
 #include "ddprun/launcher/placement.h"
-#include "ddprun/launcher/value_parsers.h"
-
-#include "ddprun/agent/host.h"
-#include "ddprun/rendezvous/common/host_port.h"
-#include "ddprun/rendezvous/common/status_macros.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -20,6 +15,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "ddprun/agent/host.h"
+#include "ddprun/launcher/knobs.h"
+#include "ddprun/launcher/value_parsers.h"
+#include "ddprun/rendezvous/common/host_port.h"
+#include "ddprun/rendezvous/common/status_macros.h"
 
 namespace ddprun::launcher {
 namespace {
@@ -281,7 +281,8 @@ absl::StatusOr<Placement> ResolvePlacement(const JobConfig& job, const Placement
         return Bad(absl::StrCat(
             in.nnodes.Name("--nnodes"), " asks for ", in.nnodes.value, " nodes but ", s.name,
             " runs this job on ", s.nnodes, " (", s.nnodes_var, "); make them agree: allocate ",
-            in.nnodes.value, " nodes, or change the count"));
+            in.nnodes.value, " nodes, or change the count (--scheduler=none ignores ", s.name,
+            ")"));
       }
     } else {
       p.values["nnodes"] = KnobValue{std::to_string(s.nnodes), s.nnodes_var, Origin::kScheduler};
@@ -383,6 +384,63 @@ absl::StatusOr<Placement> ResolvePlacement(const JobConfig& job, const Placement
         job.hosts.empty() ? Origin::kScheduler : Origin::kFile};
   }
   return p;
+}
+
+bool SchedulerPlacesJob(const Env& env, SchedulerMode mode) {
+  if (mode == SchedulerMode::kNone) return false;
+  if (mode != SchedulerMode::kAuto) return true;
+  auto several = [&](const char* name) {
+    const std::string* v = Get(env, name);
+    return v != nullptr && absl::StripAsciiWhitespace(*v) != "1";
+  };
+  const bool slurm_step = Get(env, "SLURM_JOB_ID") && several("SLURM_STEP_NUM_NODES");
+  const bool mpi_world = several("OMPI_COMM_WORLD_SIZE") || several("PMI_SIZE");
+  return slurm_step || mpi_world;
+}
+
+absl::StatusOr<SchedulerPlacement> PlaceFromScheduler(const PlacementInput& in,
+                                                      bool master_addr_given, bool job_id_given,
+                                                      const Env& env, SchedulerMode mode) {
+  SchedulerPlacement out;
+  DDPRUN_ASSIGN_OR_RETURN(const std::optional<SchedulerInfo> sched, DetectScheduler(env, mode));
+  if (!sched) return out;
+  JobConfig job;
+  job.scheduler = mode;
+  DDPRUN_ASSIGN_OR_RETURN(out.placement, ResolvePlacement(job, in, env, {}));
+  auto& values = out.placement.values;
+  if (master_addr_given) values.erase("rdzv_endpoint");
+  const std::string* job_id = Get(env, "SLURM_JOB_ID");
+  if (sched->name == "slurm" && !job_id_given && job_id != nullptr) {
+    const std::string* step = Get(env, "SLURM_STEP_ID");
+    const std::string id = absl::StrCat("slurm-", *job_id, step ? "-" : "", step ? *step : "");
+    if (auto valid = NormalizeKnobValue(KnobNamed("rdzv_id"), id); valid.ok()) {
+      values["rdzv_id"] =
+          KnobValue{*valid,
+                    absl::StrCat("SLURM_JOB_ID=", *job_id,
+                                 step ? absl::StrCat(" SLURM_STEP_ID=", *step) : ""),
+                    Origin::kScheduler};
+    }
+  }
+  std::vector<std::string> parts;
+  if (in.node_rank.is_set()) {
+    parts.push_back(absl::StrCat("node rank ", in.node_rank.value, " from ", in.node_rank.source));
+  } else if (auto it = values.find("node_rank"); it != values.end()) {
+    parts.push_back(absl::StrCat("node rank ", it->second.value, " (", it->second.source, ")"));
+  }
+  if (auto it = values.find("nnodes"); it != values.end()) {
+    parts.push_back(absl::StrCat(it->second.value, " nodes (", it->second.source, ")"));
+  }
+  if (auto it = values.find("rdzv_endpoint"); it != values.end()) {
+    parts.push_back(absl::StrCat("rendezvous at ", it->second.value, " (", it->second.source, ")"));
+  }
+  if (auto it = values.find("rdzv_id"); it != values.end()) {
+    parts.push_back(absl::StrCat("job id ", it->second.value));
+  }
+  if (!parts.empty()) {
+    out.notice = absl::StrCat("ddprun: placed by ", sched->name, ": ", absl::StrJoin(parts, ", "),
+                              "; --scheduler=none turns this off");
+  }
+  return out;
 }
 
 }  // namespace ddprun::launcher

@@ -334,6 +334,13 @@ absl::StatusOr<std::string> ParseCpuBind(absl::string_view text) {
   return std::string(text);
 }
 
+absl::StatusOr<std::string> ParseScheduler(absl::string_view text) {
+  const std::string l = absl::AsciiStrToLower(text);
+  if (l == "auto" || l == "slurm" || l == "mpi" || l == "none") return l;
+  return Bad(absl::StrCat("must be auto, slurm, mpi or none, got '", text,
+                          "'; auto detects Slurm and OpenMPI/PMIx, none turns detection off"));
+}
+
 absl::StatusOr<std::string> NormalizeKnobValue(const Knob& knob, absl::string_view text) {
   switch (knob.type) {
     case ValueType::kNodeRange: {
@@ -412,6 +419,8 @@ absl::StatusOr<std::string> NormalizeKnobValue(const Knob& knob, absl::string_vi
     }
     case ValueType::kCpuBind:
       return ParseCpuBind(text);
+    case ValueType::kScheduler:
+      return ParseScheduler(text);
     case ValueType::kRdzvConf:
     case ValueType::kFileOnly:
       break;

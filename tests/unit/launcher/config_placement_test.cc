@@ -297,7 +297,8 @@ TEST_CASE("placement: simulated Slurm gives node rank, count and the rendezvous 
   CHECK(std::string(e.status().message()) ==
         "ddprun: " + three.path() +
             ":1:16: nodes.count (--nnodes) asks for 3 nodes but slurm runs this job on 4 "
-            "(SLURM_STEP_NUM_NODES=4); make them agree: allocate 3 nodes, or change the count");
+            "(SLURM_STEP_NUM_NODES=4); make them agree: allocate 3 nodes, or change the count (--scheduler=none "
+            "ignores slurm)");
   // An elastic range that includes the allocation is fine.
   Job range("nodes: {count: 2:4}\ncommand: /bin/true\n");
   CHECK(Parse(range, {}, SlurmEnv("node[01-04]", 4, 2)).ok());

@@ -83,6 +83,8 @@ struct HostEntry {
 
 // Which scheduler's variables place this node (the file's `scheduler:` key).
 enum class SchedulerMode { kAuto, kSlurm, kMpi, kNone };
+// The mode of a value ParseScheduler returned ("auto", "slurm", "mpi", "none").
+SchedulerMode SchedulerModeNamed(absl::string_view name);
 
 struct JobConfig {
   std::string path;

@@ -47,6 +47,7 @@ enum class ValueType {
   kStartMethod,      // spawn, fork or forkserver
   kOnHang,           // report, restart or abort
   kCpuBind,          // auto, none, core or numa (agent/cpu_binding.h)
+  kScheduler,        // auto, slurm, mpi or none (placement.h)
   kBytes,            // N[K|M|G|T][iB|B]: a number of bytes, binary multiples
   kRdzvConf,         // KEY=VALUE,... (each key is its own knob below)
   kFileOnly,         // a job-file structure parsed by job_config.cc (hosts, command, ...)
@@ -150,7 +151,12 @@ inline constexpr Knob kKnobs[] = {
      .default_value = "1", .default_text = "1", .metavar = "N|MIN:MAX", .group = kGroupJob,
      .help = "Number of nodes, or a range for an elastic job (0 < MIN <= MAX)"},
     {.yaml_key = "nodes.hosts", .type = ValueType::kFileOnly},
-    {.yaml_key = "scheduler", .type = ValueType::kFileOnly, .default_text = "auto"},
+    {.name = "scheduler", .yaml_key = "scheduler", .type = ValueType::kScheduler,
+     .default_value = "auto", .default_text = "auto", .metavar = "auto|slurm|mpi|none",
+     .group = kGroupJob,
+     .help = "Where node rank, node count and the rendezvous host come from when not given: "
+             "auto (Slurm in a multi-node srun step, or OpenMPI/PMIx), slurm, mpi, or none "
+             "(never read them)"},
     {.name = "nproc_per_node", .yaml_key = "nproc_per_node", .type = ValueType::kNproc,
      .default_value = "1", .default_text = "1", .metavar = "N|cpu|gpu|auto", .group = kGroupJob,
      .help = "Workers on this node: a number, cpu (hardware threads), gpu (NVIDIA GPUs) or auto "

@@ -68,4 +68,26 @@ absl::StatusOr<Placement> ResolvePlacement(const JobConfig& job, const Placement
                                            const std::map<std::string, std::string>& env,
                                            const std::vector<std::string>& host_names);
 
+// Whether a command line without a job file takes its placement from the
+// scheduler: --scheduler=slurm|mpi, or auto inside a multi-node srun step
+// (SLURM_JOB_ID with SLURM_STEP_NUM_NODES other than 1) or an MPI world of
+// several processes (OMPI_COMM_WORLD_SIZE or PMI_SIZE other than 1). A
+// single-node step, the batch script and --scheduler=none: false.
+bool SchedulerPlacesJob(const std::map<std::string, std::string>& env, SchedulerMode mode);
+
+// Placement without a job file, and the one line that says where it came from.
+struct SchedulerPlacement {
+  Placement placement;
+  std::string notice;  // "ddprun: placed by slurm: node 1 of 2 (...)"; empty: none applied
+};
+
+// ResolvePlacement for a command line without a job file (the same rules and
+// errors), plus: a Slurm step names the job (rdzv_id "slurm-<job>-<step>")
+// when no --rdzv_id is given, and no rendezvous endpoint is chosen when
+// --master_addr is given (the static rendezvous' own address wins).
+absl::StatusOr<SchedulerPlacement> PlaceFromScheduler(const PlacementInput& in,
+                                                      bool master_addr_given, bool job_id_given,
+                                                      const std::map<std::string, std::string>& env,
+                                                      SchedulerMode mode);
+
 }  // namespace ddprun::launcher

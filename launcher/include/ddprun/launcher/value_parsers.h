@@ -119,6 +119,9 @@ absl::StatusOr<rendezvous::OnHang> ParseOnHang(absl::string_view text);
 // kCpuBind: auto, none, core or numa (the names are agent/cpu_binding.h's).
 absl::StatusOr<std::string> ParseCpuBind(absl::string_view text);
 
+// kScheduler: auto, slurm, mpi or none, returned in lower case.
+absl::StatusOr<std::string> ParseScheduler(absl::string_view text);
+
 // Checks `text` against the knob's type and returns it normalised as a flag
 // would be written ("2:4", "0:3,1:2", "true"). kFileOnly and kRdzvConf are
 // not single values (InternalError). Used by the job file, so that a file
