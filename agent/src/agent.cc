@@ -38,6 +38,7 @@
 #include "ddprun/rendezvous/common/errors.h"
 #include "ddprun/rendezvous/common/exit_codes.h"
 #include "ddprun/rendezvous/common/host_port.h"
+#include "ddprun/rendezvous/common/socket_util.h"
 #include "ddprun/rendezvous/common/status_macros.h"
 #include "ddprun/rendezvous/common/wait_notice.h"
 #include "ddprun/rendezvous/store/c10d_store_server.h"
@@ -131,6 +132,7 @@ class Agent::Impl {
   int Run() {
     BlockAgentSignals();  // in case the caller forgot; threads started below inherit it
     base_env_ = CurrentEnvironment();
+    workers_host_store_ = WorkersHostStore(base_env_, options_.mode);
     if (absl::Status st = InitLogs(); !st.ok()) {
       Log(std::string(st.message()));
       return kExitUsage;
@@ -252,8 +254,26 @@ class Agent::Impl {
     spec.requested_rank = options_.node_rank;
     spec.policy = options_.policy;
     spec.master_port = session_->master_port();
+    if (workers_host_store_) {
+      // As torchrun's RendezvousStoreInfo.build: a port free now on this
+      // node, for worker rank 0 to bind if this node becomes group rank 0.
+      // Like torchrun's, it is released before the worker binds it.
+      if (int port = FreePortForWorkers(); port > 0) spec.master_port = port;
+    }
     spec.command = absl::StrJoin(options_.command, " ");
     return spec;
+  }
+
+  // A port that nothing on this node listens on (0 if none could be had;
+  // the join then offers the agent's store, which works as well).
+  int FreePortForWorkers() const {
+    auto fd = rdzv::net::ListenTcp("", 0);
+    if (!fd.ok()) {
+      Log(absl::StrCat(kEnvDisableSharedStore, "=1: no free port for worker rank 0 (",
+                       fd.status().message(), "); the workers use the agent's store"));
+      return 0;
+    }
+    return rdzv::net::LocalPort(fd->get());
   }
 
   void StartJoin() { stream_id_ = session_->Join(MakeJoinSpec(), events_); }
@@ -397,6 +417,7 @@ class Agent::Impl {
     }
     in.tcp_store = *std::move(sdk_store);
     in.host = advertised_host_;
+    in.agent_store = !workers_host_store_;
     if (file_timer_) in.timer_file = file_timer_->path();
     // The launcher checked the policy against this node at start; the mask
     // may have changed since, so a plan that fails now fails the spawn.
@@ -1113,6 +1134,9 @@ class Agent::Impl {
   std::map<pid_t, int> worker_pids_;  // pid -> global rank
   std::int64_t worker_pids_round_ = 0;
   std::unique_ptr<FileTimerServer> file_timer_;  // TORCHELASTIC_ENABLE_FILE_TIMER=1
+  // TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (WorkersHostStore): worker rank 0
+  // hosts the TCPStore on a port this node offers at each join.
+  bool workers_host_store_ = false;
   // The workers' checkpoint memory (--ckpt_shm_limit > 0), for the agent's
   // whole life: snapshots outlive the workers' rounds.
   std::unique_ptr<CheckpointMemory> checkpoints_;

@@ -20,6 +20,11 @@ Env CurrentEnvironment() {
   return env;
 }
 
+bool WorkersHostStore(const Env& base, RendezvousMode mode) {
+  auto it = base.find(kEnvDisableSharedStore);
+  return mode != RendezvousMode::kStatic && it != base.end() && it->second == "1";
+}
+
 Env BuildWorkerEnv(const Env& base, const WorkerEnvInputs& in, int local_rank) {
   const AgentOptions& opt = *in.options;
   const rendezvous::Assignment& a = *in.assignment;
@@ -60,8 +65,9 @@ Env BuildWorkerEnv(const Env& base, const WorkerEnvInputs& in, int local_rank) {
   set("TORCHELASTIC_RESTART_COUNT", std::to_string(a.restart_count));
   set("TORCHELASTIC_MAX_RESTARTS", std::to_string(opt.policy.max_restarts));
   set("TORCHELASTIC_RUN_ID", opt.job_id);
-  // The group-rank-0 agent already serves a TCPStore at MASTER_ADDR:MASTER_PORT.
-  set("TORCHELASTIC_USE_AGENT_STORE", "True");
+  // True: the group-rank-0 agent already serves a TCPStore at
+  // MASTER_ADDR:MASTER_PORT; False: worker rank 0 binds it there.
+  set("TORCHELASTIC_USE_AGENT_STORE", in.agent_store ? "True" : "False");
   if (!in.error_file.empty()) {
     set("TORCHELASTIC_ERROR_FILE", in.error_file);
   } else if (opt.log_dir == kNoLogDir) {

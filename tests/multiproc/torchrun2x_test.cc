@@ -343,3 +343,136 @@ TEST_CASE("torchrun 2.x row: --rdzv-conf is_host", "[multiproc]") {
   CHECK_FALSE(Has(guest.Err(), "hosting the rendezvous"));
   CHECK(Has(guest.Out() + host.Out(), "ENV rank=1 "));
 }
+
+namespace {
+
+// A torch DDP worker (gloo, init_method env://) that prints what decides who
+// hosts the TCPStore, whether this process listens on MASTER_PORT itself, and
+// whether the job trained: every rank ends with rank 0's parameters.
+const char* kStoreHostWorker = R"(import hashlib, os
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+def listens_here(port):
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                cols = line.split()
+                if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(cols[9])
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink("/proc/self/fd/" + fd)
+        except OSError:
+            continue
+        if link.startswith("socket:[") and link[8:-1] in inodes:
+            return True
+    return False
+
+dist.init_process_group("gloo", init_method="env://")
+rank, world = dist.get_rank(), dist.get_world_size()
+print(f"STORE rank={rank} use_agent_store={os.environ['TORCHELASTIC_USE_AGENT_STORE']} "
+      f"master={os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} "
+      f"hosts={listens_here(int(os.environ['MASTER_PORT']))}", flush=True)
+torch.manual_seed(1 + rank)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+ddp = DDP(model)
+opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+gen = torch.Generator().manual_seed(7)
+x = torch.randn(32 * world, 8, generator=gen)[rank::world]
+y = x.sum(dim=1, keepdim=True)
+for _ in range(3):
+    opt.zero_grad()
+    nn.functional.mse_loss(ddp(x), y).backward()
+    opt.step()
+flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+digest = hashlib.sha256(flat.numpy().tobytes()).hexdigest()
+gathered = [None] * world
+dist.all_gather_object(gathered, digest)
+print(f"TRAINED rank={rank} identical={all(g == digest for g in gathered)}", flush=True)
+dist.destroy_process_group()
+)";
+
+bool TorchDistributedAvailable() {
+  return std::system((kTorchPython + " -c 'import torch.distributed' >/dev/null 2>&1").c_str()) ==
+         0;
+}
+
+// The "STORE rank=R ..." line of rank R in `out` ("" if none).
+std::string StoreLine(const std::string& out, int rank) {
+  const std::string head = "STORE rank=" + std::to_string(rank) + " ";
+  const std::size_t at = out.find(head);
+  if (at == std::string::npos) return "";
+  return out.substr(at, out.find('\n', at) - at);
+}
+
+// The "master=HOST:PORT" field of a STORE line.
+std::string MasterOf(const std::string& line) {
+  const std::size_t at = line.find("master=");
+  if (at == std::string::npos) return "";
+  return line.substr(at, line.find(' ', at) - at);
+}
+
+}  // namespace
+
+TEST_CASE("torchrun 2.x row: TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "[multiproc]") {
+  if (!TorchDistributedAvailable()) {
+    return SkipCase("multiproc", kTorchPython + " cannot import torch; install python3-torch");
+  }
+  Harness h;
+  const std::string script = h.Script("store_host.py", kStoreHostWorker);
+  const EnvList disabled = {{"TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"},
+                            {"PYTHON_EXEC", kTorchPython}};
+
+  SECTION("one node: worker rank 0 hosts the store, the job trains") {
+    Proc& p = h.StartDdprun("ddprun", {"--standalone", "--nproc_per_node=2", script}, disabled);
+    CHECK(h.Wait(p, 120) == 0);
+    INFO("stdout:\n" << p.Out() << "stderr:\n" << p.Err());
+    const std::string r0 = StoreLine(p.Out(), 0), r1 = StoreLine(p.Out(), 1);
+    CHECK(Has(r0, "use_agent_store=False "));
+    CHECK(Has(r0, "hosts=True"));
+    CHECK(Has(r1, "use_agent_store=False "));
+    CHECK(Has(r1, "hosts=False"));
+    CHECK(MasterOf(r0) == MasterOf(r1));
+    CHECK(Has(p.Out(), "TRAINED rank=0 identical=True"));
+    CHECK(Has(p.Out(), "TRAINED rank=1 identical=True"));
+    // Without the variable the agent hosts it, as before.
+    Proc& q = h.StartDdprun("shared", {"--standalone", "--nproc_per_node=2", script},
+                            {{"PYTHON_EXEC", kTorchPython}});
+    CHECK(h.Wait(q, 120) == 0);
+    INFO("shared stdout:\n" << q.Out());
+    CHECK(Has(StoreLine(q.Out(), 0), "use_agent_store=True "));
+    CHECK(Has(StoreLine(q.Out(), 0), "hosts=False"));
+    CHECK(Has(q.Out(), "TRAINED rank=1 identical=True"));
+  }
+
+  SECTION("two agents: worker rank 0, on group rank 0's node, hosts it") {
+    const std::string endpoint = "--rdzv_endpoint=127.0.0.1:" + std::to_string(FreePort());
+    std::vector<Proc*> nodes;
+    for (int i = 0; i < 2; ++i) {
+      nodes.push_back(
+          &h.StartDdprun("node" + std::to_string(i),
+                         {"--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d", endpoint,
+                          "--rdzv_id=noshare", "--rdzv_conf=join_timeout=60", script},
+                         disabled));
+    }
+    std::string out;
+    for (Proc* n : nodes) {
+      INFO(n->name << " stdout:\n" << n->Out() << "stderr:\n" << n->Err());
+      CHECK(h.Wait(*n, 120) == 0);
+      out += n->Out();
+    }
+    INFO("stdout of both:\n" << out);
+    const std::string r0 = StoreLine(out, 0), r1 = StoreLine(out, 1);
+    CHECK(Has(r0, "use_agent_store=False "));
+    CHECK(Has(r0, "hosts=True"));
+    CHECK(Has(r1, "use_agent_store=False "));
+    CHECK(Has(r1, "hosts=False"));
+    CHECK(MasterOf(r0) == MasterOf(r1));
+    CHECK(Has(out, "TRAINED rank=0 identical=True"));
+    CHECK(Has(out, "TRAINED rank=1 identical=True"));
+  }
+}

@@ -68,6 +68,25 @@ TEST_CASE("BuildWorkerEnv sets every torchrun and ddprun variable", "[unit]") {
   CHECK(env.at(kEnvHost) == "10.0.0.2");
 }
 
+TEST_CASE("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: worker rank 0 hosts the store (c10d only)",
+          "[unit]") {
+  const Env off = {{kEnvDisableSharedStore, "1"}};
+  CHECK(WorkersHostStore(off, RendezvousMode::kEmbedded));
+  CHECK(WorkersHostStore(off, RendezvousMode::kRemote));
+  // torchrun's static backend always shares the agent's store.
+  CHECK_FALSE(WorkersHostStore(off, RendezvousMode::kStatic));
+  // Only "1", as torch's `!= "1"` test.
+  CHECK_FALSE(WorkersHostStore({{kEnvDisableSharedStore, "0"}}, RendezvousMode::kEmbedded));
+  CHECK_FALSE(WorkersHostStore({{kEnvDisableSharedStore, "true"}}, RendezvousMode::kEmbedded));
+  CHECK_FALSE(WorkersHostStore({}, RendezvousMode::kEmbedded));
+  Fixture f;
+  f.in.agent_store = false;
+  // An inherited value never decides it.
+  Env env = BuildWorkerEnv({{"TORCHELASTIC_USE_AGENT_STORE", "True"}}, f.in, 0);
+  CHECK(env.at("TORCHELASTIC_USE_AGENT_STORE") == "False");
+  CHECK(env.at("MASTER_PORT") == "40001");
+}
+
 TEST_CASE("BuildWorkerEnv: replicas are passed in DDPRUN_STORE_REPLICAS, never inherited",
           "[unit]") {
   Fixture f;

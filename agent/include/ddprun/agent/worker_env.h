@@ -14,6 +14,16 @@ namespace ddprun::agent {
 
 using Env = std::map<std::string, std::string>;
 
+// torch 2.5+'s opt-out of the shared store: "1" makes worker rank 0 host the
+// TCPStore at MASTER_ADDR:MASTER_PORT instead of the agent (torchrun's
+// dynamic_rendezvous `use_agent_store`).
+inline constexpr const char* kEnvDisableSharedStore = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE";
+
+// Whether the workers host their own TCPStore, as torchrun decides it: the
+// agent's `base` environment has TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 and the
+// rendezvous is c10d's (torchrun's static backend always shares its store).
+bool WorkersHostStore(const Env& base, RendezvousMode mode);
+
 // The agent's own environment, as a map.
 Env CurrentEnvironment();
 
@@ -27,6 +37,10 @@ struct WorkerEnvInputs {
   // TORCHELASTIC_TIMER_FILE: the FIFO of the agent's file timer
   // (file_timer.h); "": no timer served, an inherited value passes through.
   std::string timer_file;
+  // TORCHELASTIC_USE_AGENT_STORE: true, the agent's store is at
+  // MASTER_ADDR:MASTER_PORT; false (WorkersHostStore), worker rank 0 hosts it
+  // on that free port of group rank 0's node.
+  bool agent_store = true;
 };
 
 // base (the agent's environment) overlaid with the worker's variables.
