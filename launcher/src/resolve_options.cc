@@ -126,6 +126,24 @@ absl::Status ResolveShape(const ResolveContext& ctx, ParsedCommand& out) {
       o.nproc_per_node = gpus.count;
       break;
     }
+    case NprocSpec::Kind::kXpu: {
+      // As torchrun 2.x's torch.xpu.device_count(), read from sysfs.
+      const int physical = IntelGpuCount(ctx.host);
+      auto mask = ctx.env.find("ZE_AFFINITY_MASK");
+      const int usable =
+          mask == ctx.env.end() ? physical : ZeAffinityDevices(physical, mask->second);
+      if (usable <= 0) {
+        return UsageError(absl::StrCat(
+            flags.Get("nproc_per_node").Name("--nproc_per_node"), "=xpu but ",
+            physical > 0 ? absl::StrCat("ZE_AFFINITY_MASK='", mask->second, "' hides all ",
+                                        physical, " Intel GPU(s) of this node")
+                         : "no Intel GPU found (no /sys/class/drm/card<N> with vendor 0x8086 "
+                           "and a render node)",
+            "; pass a number of workers, 'cpu' or 'auto'"));
+      }
+      o.nproc_per_node = usable;
+      break;
+    }
   }
 
   // --grace_period and --shutdown_timeout (ChooseGracePeriod); given both as

@@ -83,11 +83,12 @@ absl::StatusOr<NprocSpec> ParseNproc(absl::string_view text) {
   const std::string v = absl::AsciiStrToLower(text);
   if (v == "cpu") return NprocSpec{NprocSpec::Kind::kCpu};
   if (v == "gpu") return NprocSpec{NprocSpec::Kind::kGpu};
+  if (v == "xpu") return NprocSpec{NprocSpec::Kind::kXpu};
   if (v == "auto") return NprocSpec{NprocSpec::Kind::kAuto};
   auto n = Int(v);
   if (!n || *n <= 0 || *n > kMaxNodes) {
-    return Bad(absl::StrCat("must be a positive number of workers, 'cpu', 'gpu' or 'auto', got '",
-                            text, "'"));
+    return Bad(absl::StrCat(
+        "must be a positive number of workers, 'cpu', 'gpu', 'xpu' or 'auto', got '", text, "'"));
   }
   return NprocSpec{NprocSpec::Kind::kNumber, static_cast<int>(*n)};
 }
@@ -98,6 +99,8 @@ std::string FormatNproc(const NprocSpec& spec) {
       return "cpu";
     case NprocSpec::Kind::kGpu:
       return "gpu";
+    case NprocSpec::Kind::kXpu:
+      return "xpu";
     case NprocSpec::Kind::kAuto:
       return "auto";
     case NprocSpec::Kind::kNumber:

@@ -147,6 +147,43 @@ int CountAmdGpus(const std::string& kfd_nodes_dir) {
   return n;
 }
 
+int CountIntelGpus(const std::string& drm_dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  int n = 0;
+  for (fs::directory_iterator it(drm_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() <= 4 || !absl::StartsWith(name, "card") ||
+        !std::all_of(name.begin() + 4, name.end(), [](char c) { return std::isdigit(c); })) {
+      continue;  // a connector (card0-DP-1), a render node, version
+    }
+    std::string vendor;
+    std::ifstream(it->path() / "device" / "vendor") >> vendor;
+    if (absl::AsciiStrToLower(vendor) != "0x8086") continue;
+    bool render = false;
+    std::error_code ec2;
+    for (fs::directory_iterator d(it->path() / "device" / "drm", ec2), dend; !ec2 && d != dend;
+         d.increment(ec2)) {
+      render = render || absl::StartsWith(d->path().filename().string(), "renderD");
+    }
+    if (render) ++n;
+  }
+  return n;
+}
+
+int ZeAffinityDevices(int physical, const std::string& mask) {
+  if (absl::StripAsciiWhitespace(mask).empty()) return physical;
+  int n = 0;
+  for (absl::string_view entry : absl::StrSplit(mask, ',')) {
+    entry = absl::StripAsciiWhitespace(entry);
+    int card = 0;
+    if (absl::SimpleAtoi(entry.substr(0, entry.find('.')), &card) && card >= 0 && card < physical) {
+      ++n;
+    }
+  }
+  return n;
+}
+
 int VisibleDevices(int physical, const std::string& list) {
   int n = 0;
   for (absl::string_view entry : absl::StrSplit(list, ',')) {
@@ -166,6 +203,7 @@ HostFacts ProbeHost() {
   facts.cpu_count = std::max(1u, std::thread::hardware_concurrency());
   facts.gpu_count = [] { return CountNvidiaGpus(); };
   facts.amd_gpu_count = [] { return CountAmdGpus(); };
+  facts.intel_gpu_count = [] { return CountIntelGpus(); };
   facts.names = ProbeHostNames;
   facts.cpu_topology = agent::ReadCpuTopology;
   return facts;
@@ -173,6 +211,9 @@ HostFacts ProbeHost() {
 
 int GpuCount(const HostFacts& host) { return host.gpu_count ? host.gpu_count() : 0; }
 int AmdGpuCount(const HostFacts& host) { return host.amd_gpu_count ? host.amd_gpu_count() : 0; }
+int IntelGpuCount(const HostFacts& host) {
+  return host.intel_gpu_count ? host.intel_gpu_count() : 0;
+}
 
 std::vector<std::string> HostNames(const HostFacts& host) {
   return host.names ? host.names() : std::vector<std::string>{};

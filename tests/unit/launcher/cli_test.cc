@@ -189,10 +189,11 @@ TEST_CASE("--nproc_per_node forms", "[unit]") {
   CHECK(Err({"--nproc_per_node=", S().Path("train.py")}) ==
         "ddprun: --nproc_per_node= has an empty value; give one (--nproc_per_node=VALUE) or "
         "leave the flag out");
-  for (const char* bad : {"0", "-1", "two", "xpu", "1.5"}) {
+  for (const char* bad : {"0", "-1", "two", "npu", "1.5"}) {
     CAPTURE(bad);
     CHECK_THAT(Err({std::string("--nproc_per_node=") + bad, S().Path("train.py")}),
-               Contains("--nproc_per_node must be a positive number of workers"));
+               Contains("--nproc_per_node must be a positive number of workers, 'cpu', 'gpu', "
+                        "'xpu' or 'auto'"));
   }
 }
 
@@ -226,6 +227,72 @@ TEST_CASE("--nproc_per_node=gpu|auto count the GPUs the job can see", "[unit]") 
   CHECK(Ok({"--nproc_per_node=auto", S().Path("train.py")}, rocr, amd).options.nproc_per_node == 2);
   rocr["HIP_VISIBLE_DEVICES"] = "1";
   CHECK(Ok({"--nproc_per_node=gpu", S().Path("train.py")}, rocr, amd).options.nproc_per_node == 1);
+}
+
+// torchrun 2.x: torch.xpu.device_count(), which Level Zero narrows by
+// ZE_AFFINITY_MASK; `auto` does not count Intel GPUs (see docs/cli.md).
+TEST_CASE("--nproc_per_node=xpu counts the Intel GPUs the job can see", "[unit]") {
+  HostFacts intel = Host(32, 0);
+  intel.intel_gpu_count = [] { return 4; };
+  CHECK(
+      Ok({"--nproc_per_node=xpu", S().Path("train.py")}, BaseEnv(), intel).options.nproc_per_node ==
+      4);
+  CHECK(
+      Ok({"--nproc-per-node=XPU", S().Path("train.py")}, BaseEnv(), intel).options.nproc_per_node ==
+      4);
+  Env env = BaseEnv();
+  env["ZE_AFFINITY_MASK"] = "0,2";
+  CHECK(Ok({"--nproc_per_node=xpu", S().Path("train.py")}, env, intel).options.nproc_per_node == 2);
+  env["ZE_AFFINITY_MASK"] = "1.0,1.1,9";  // two tiles of card 1; card 9 does not exist
+  CHECK(Ok({"--nproc_per_node=xpu", S().Path("train.py")}, env, intel).options.nproc_per_node == 2);
+  env["ZE_AFFINITY_MASK"] = "";  // set and empty: every device, as Level Zero
+  CHECK(Ok({"--nproc_per_node=xpu", S().Path("train.py")}, env, intel).options.nproc_per_node == 4);
+  env["ZE_AFFINITY_MASK"] = "7";
+  CHECK(Err({"--nproc_per_node=xpu", S().Path("train.py")}, env, intel) ==
+        "ddprun: --nproc_per_node=xpu but ZE_AFFINITY_MASK='7' hides all 4 Intel GPU(s) of this "
+        "node; pass a number of workers, 'cpu' or 'auto'");
+  CHECK(Err({"--nproc-per-node=xpu", S().Path("train.py")}, BaseEnv(), Host(32, 2)) ==
+        "ddprun: --nproc_per_node=xpu but no Intel GPU found (no /sys/class/drm/card<N> with "
+        "vendor 0x8086 and a render node); pass a number of workers, 'cpu' or 'auto'");
+  // PET_NPROC_PER_NODE=xpu, as Kubeflow sets it.
+  Env pet = BaseEnv();
+  pet["PET_NPROC_PER_NODE"] = "xpu";
+  CHECK(Ok({S().Path("train.py")}, pet, intel).options.nproc_per_node == 4);
+  // auto never counts them: many CPU hosts have an Intel iGPU their torch cannot use.
+  CHECK(Ok({"--nproc_per_node=auto", S().Path("train.py")}, BaseEnv(), intel)
+            .options.nproc_per_node == 32);
+}
+
+TEST_CASE("CountIntelGpus counts Intel DRM cards with a render node", "[unit]") {
+  char tmpl[] = "/tmp/ddprun_drm_XXXXXX";
+  const fs::path root = ::mkdtemp(tmpl);
+  // card<N>/device/vendor and card<N>/device/drm/{card<N>,renderD<M>}, as sysfs has them.
+  auto card = [&](const std::string& name, const std::string& vendor, bool render) {
+    const fs::path dev = root / name / "device";
+    fs::create_directories(dev / "drm" / name);
+    std::ofstream(dev / "vendor") << vendor << "\n";
+    if (render)
+      fs::create_directories(dev / "drm" / ("renderD" + std::to_string(128 + name.back() - '0')));
+  };
+  card("card0", "0x8086", true);
+  card("card1", "0x8086", true);
+  card("card2", "0x10de", true);                // NVIDIA
+  card("card3", "0x8086", false);               // display only: no render node
+  fs::create_directories(root / "card0-DP-1");  // a connector
+  fs::create_directories(root / "renderD128");
+  CHECK(CountIntelGpus(root.string()) == 2);
+  CHECK(CountIntelGpus((root / "absent").string()) == 0);
+  std::error_code ec;
+  fs::remove_all(root, ec);
+}
+
+TEST_CASE("ZeAffinityDevices reads ZE_AFFINITY_MASK as Level Zero does", "[unit]") {
+  CHECK(ZeAffinityDevices(4, "0,1") == 2);
+  CHECK(ZeAffinityDevices(4, "0.0,0.1,1") == 3);
+  CHECK(ZeAffinityDevices(4, "5,1") == 1);  // an absent card is ignored
+  CHECK(ZeAffinityDevices(4, " ") == 4);
+  CHECK(ZeAffinityDevices(4, "x") == 0);
+  CHECK(ZeAffinityDevices(0, "0") == 0);
 }
 
 TEST_CASE("VisibleDevices reads a visibility list as the runtimes do", "[unit]") {

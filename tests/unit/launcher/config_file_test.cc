@@ -26,7 +26,8 @@ struct BadFile {
 // checks that the two agree).
 const BadFile kBadFiles[] = {
     {"nproc_per_node 0", "nproc_per_node: 0\n",
-     "job.yaml:1:17: nproc_per_node: must be a positive number of workers, 'cpu', 'gpu' or 'auto', "
+     "job.yaml:1:17: nproc_per_node: must be a positive number of workers, 'cpu', 'gpu', 'xpu' or "
+     "'auto', "
      "got '0'"},
     {"unknown top-level key", "nproc_per_nod: 4\n",
      "job.yaml:1:1: nproc_per_nod: unknown key (did you mean 'nproc_per_node'?); valid keys here "
@@ -70,9 +71,10 @@ const BadFile kBadFiles[] = {
      "configs/ and docs/config.md"},
     {"wrong type: list for nproc", "nproc_per_node: [1, 2]\n",
      "job.yaml:1:17: nproc_per_node: must be a single value, got a list; write one value: "
-     "N|cpu|gpu|auto"},
+     "N|cpu|gpu|xpu|auto"},
     {"nproc not a number", "nproc_per_node: many\n",
-     "job.yaml:1:17: nproc_per_node: must be a positive number of workers, 'cpu', 'gpu' or 'auto', "
+     "job.yaml:1:17: nproc_per_node: must be a positive number of workers, 'cpu', 'gpu', 'xpu' or "
+     "'auto', "
      "got 'many'"},
     {"negative max_restarts", "restart:\n  max_restarts: -1\n",
      "job.yaml:2:17: restart.max_restarts: must be a non-negative integer, got '-1'"},
@@ -180,7 +182,7 @@ const BadFile kBadFiles[] = {
      "job.yaml:2:7: job.id: is not a valid job id: the job id 'has space' contains a space; use "
      "1-256 letters, digits and '-', '_', '.', ':', '@', '+', not starting with '-' or '.'"},
     {"key with no value", "nproc_per_node:\n",
-     "job.yaml:2:1: nproc_per_node: has no value; write one value: N|cpu|gpu|auto"},
+     "job.yaml:2:1: nproc_per_node: has no value; write one value: N|cpu|gpu|xpu|auto"},
 };
 
 TEST_CASE("job file: each bad file gives its exact one-line error", "[unit]") {

@@ -88,8 +88,9 @@ struct ParsedCommand {
 // `--nproc_per_node=8` job needs none of them. Tests set lambdas.
 struct HostFacts {
   int cpu_count = 1;
-  std::function<int()> gpu_count;      // NVIDIA GPUs (CountNvidiaGpus)
-  std::function<int()> amd_gpu_count;  // AMD GPUs (CountAmdGpus)
+  std::function<int()> gpu_count;        // NVIDIA GPUs (CountNvidiaGpus)
+  std::function<int()> amd_gpu_count;    // AMD GPUs (CountAmdGpus)
+  std::function<int()> intel_gpu_count;  // Intel GPUs (CountIntelGpus), for =xpu only
   // This machine's host names and interface addresses, matched against a job
   // file's nodes.hosts (placement.h).
   std::function<std::vector<std::string>()> names;
@@ -99,6 +100,7 @@ struct HostFacts {
 // A probe's answer; an unset probe reads as none (0 GPUs, no names, no cores).
 int GpuCount(const HostFacts& host);
 int AmdGpuCount(const HostFacts& host);
+int IntelGpuCount(const HostFacts& host);
 std::vector<std::string> HostNames(const HostFacts& host);
 agent::CpuTopology CpuTopologyOf(const HostFacts& host);
 
@@ -115,6 +117,18 @@ int CountNvidiaGpus(const std::string& dev_dir = "/dev",
 // Counts AMD GPUs as ROCm sees them: the nodes of the KFD topology whose
 // properties have a non-zero simd_count (CPU nodes have none).
 int CountAmdGpus(const std::string& kfd_nodes_dir = "/sys/class/kfd/kfd/topology/nodes");
+
+// Counts Intel GPUs as torch.xpu sees them, without loading Level Zero: the
+// DRM cards of drm_dir (card<N>, not connectors such as card0-DP-1) whose
+// device/vendor is 0x8086 and that have a render node (device/drm/renderD*;
+// a display-only card has none). Each card counts once (its tiles are not
+// counted separately). Honours nothing else (ZE_AFFINITY_MASK is not applied).
+int CountIntelGpus(const std::string& drm_dir = "/sys/class/drm");
+
+// How many of `physical` Intel GPUs ZE_AFFINITY_MASK leaves, as Level Zero
+// reads it: entries "N" or "N.T" (tile T of card N) whose N is below
+// `physical` count one each, others are ignored; an empty mask hides nothing.
+int ZeAffinityDevices(int physical, const std::string& mask);
 
 // How many of `physical` devices a visibility list (CUDA_VISIBLE_DEVICES,
 // ROCR_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES) leaves, as the runtimes read it:

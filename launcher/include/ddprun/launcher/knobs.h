@@ -29,7 +29,7 @@ namespace ddprun::launcher {
 // parser per type; the command line and the job file both use it).
 enum class ValueType {
   kNodeRange,        // N or MIN:MAX, 0 < MIN <= MAX
-  kNproc,            // N, cpu, gpu or auto
+  kNproc,            // N, cpu, gpu, xpu or auto
   kCount,            // an integer in [min, max]
   kSeconds,          // a number of seconds >= 0
   kPositiveSeconds,  // a number of seconds > 0
@@ -158,9 +158,10 @@ inline constexpr Knob kKnobs[] = {
              "auto (Slurm in a multi-node srun step, or OpenMPI/PMIx), slurm, mpi, or none "
              "(never read them)"},
     {.name = "nproc_per_node", .yaml_key = "nproc_per_node", .type = ValueType::kNproc,
-     .default_value = "1", .default_text = "1", .metavar = "N|cpu|gpu|auto", .group = kGroupJob,
-     .help = "Workers on this node: a number, cpu (hardware threads), gpu (NVIDIA GPUs) or auto "
-             "(gpu if any, else cpu)"},
+     .default_value = "1", .default_text = "1", .metavar = "N|cpu|gpu|xpu|auto",
+     .group = kGroupJob,
+     .help = "Workers on this node: a number, cpu (hardware threads), gpu (NVIDIA or AMD GPUs), "
+             "xpu (Intel GPUs) or auto (gpu if any, else cpu)"},
     {.name = "role", .yaml_key = "role", .type = ValueType::kText, .default_value = agent::kDefaultRole,
      .default_text = agent::kDefaultRole, .metavar = "NAME", .group = kGroupJob,
      .help = "Worker role, given to workers as ROLE_NAME",

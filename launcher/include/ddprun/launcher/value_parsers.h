@@ -41,7 +41,7 @@ std::string FormatNodeRange(NodeRange range);  // "2" or "2:4"
 
 // kNproc: a positive number, or cpu, gpu, auto (case-insensitive).
 struct NprocSpec {
-  enum class Kind { kNumber, kCpu, kGpu, kAuto } kind = Kind::kNumber;
+  enum class Kind { kNumber, kCpu, kGpu, kXpu, kAuto } kind = Kind::kNumber;
   int number = 1;  // kNumber only
 };
 absl::StatusOr<NprocSpec> ParseNproc(absl::string_view text);
