@@ -12,6 +12,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "ddprun/launcher/completion.h"
 #include "ddprun/launcher/job_config.h"
 #include "ddprun/launcher/placement.h"
 #include "ddprun/launcher/print_config.h"
@@ -149,6 +150,12 @@ absl::StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& a
   app.set_help_flag("-h,--help", "Print this help and exit");
   bool version = false;
   app.add_flag("--version", version, "Print the version and exit");
+  // torchrun's (torch main, shtab): the completion script, as `ddprun completion`.
+  std::string completion_shell;
+  CLI::Option* print_completion =
+      app.add_option(absl::StrCat(kPrintCompletionFlag, ",--print_completion"), completion_shell,
+                     "Print the shell completion script (bash or zsh) and exit")
+          ->type_name("SHELL");
   FlagTable flags(app, env);
   ConfigureHelp(app);
 
@@ -169,6 +176,18 @@ absl::StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& a
   if (version) {
     out.action = Action::kVersion;
     out.text = absl::StrCat(VersionString(), "\n", BuildInfoString());
+    return out;
+  }
+  if (print_completion->count() > 0) {
+    auto script = CompletionScript(completion_shell);
+    if (!script.ok()) {
+      return UsageError(absl::StrCat(kPrintCompletionFlag, " '", completion_shell,
+                                     "': ddprun completes bash and zsh; use ", kPrintCompletionFlag,
+                                     " bash or ", kPrintCompletionFlag, " zsh"));
+    }
+    out.action = Action::kHelp;
+    out.text = *std::move(script);
+    if (!out.text.empty() && out.text.back() == '\n') out.text.pop_back();  // main adds it
     return out;
   }
 

@@ -16,7 +16,8 @@ namespace ddprun::launcher {
 namespace {
 
 // Flags outside the table (cli.cc adds them).
-constexpr const char* kExtraFlags[] = {"--help", "-h", "--version"};
+constexpr const char* kExtraFlags[] = {"--help", "-h", "--version", kPrintCompletionFlag,
+                                       "--print_completion"};
 
 struct FlagSpec {
   std::vector<std::string> names;    // "--nproc_per_node", "--nproc-per-node", "-r"

@@ -256,6 +256,31 @@ TEST_CASE("torchrun 2.x row: ddprun started under the name torchrun; LOGLEVEL=DE
   CHECK(Has(p.Err(), "[ddprun:agent "));  // LOGLEVEL=DEBUG: the agent's debug channel
 }
 
+TEST_CASE("torchrun 2.x row: --print-completion", "[multiproc]") {
+  Harness h;
+  const std::string link = h.dir() + "/torchrun";
+  REQUIRE(::symlink(Ddprun().c_str(), link.c_str()) == 0);
+  for (const std::string shell : {"bash", "zsh"}) {
+    Proc& own = h.StartDdprun("completion_" + shell, {"completion", shell});
+    Proc& flag = h.StartDdprun("print_" + shell, {"--print-completion", shell});
+    Proc& torchrun = h.Start("torchrun_" + shell, {link, "--print_completion=" + shell});
+    REQUIRE(h.Wait(own, 10) == 0);
+    CHECK(h.Wait(flag, 10) == 0);
+    CHECK(h.Wait(torchrun, 10) == 0);
+    INFO(shell << " stderr: " << flag.Err());
+    CHECK(Has(own.Out(), "--nproc_per_node"));
+    CHECK(flag.Out() == own.Out());  // the same script, byte for byte
+    CHECK(torchrun.Out() == own.Out());
+    CHECK(flag.Err().empty());
+  }
+  // tcsh (torchrun's shtab has it): one line naming the shells ddprun completes.
+  Proc& tcsh = h.StartDdprun("tcsh", {"--print-completion", "tcsh"});
+  CHECK(h.Wait(tcsh, 10) == 2);
+  CHECK(tcsh.Out().empty());
+  CHECK(Lines(tcsh.Err()).size() == 1);
+  CHECK(Has(tcsh.Err(), "--print-completion 'tcsh': ddprun completes bash and zsh"));
+}
+
 namespace {
 
 // Debian's torch (python3-torch 1.13) has torchelastic's FileTimerClient.

@@ -15,6 +15,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
+#include "ddprun/launcher/completion.h"
 
 namespace ddprun::launcher {
 namespace {
@@ -922,6 +923,23 @@ TEST_CASE("unknown options", "[unit]") {
   CHECK_THAT(Err({"--frobnicate", S().Path("train.py")}),
              Contains("unknown option '--frobnicate';"));
   CHECK_THAT(Err({"--nproc_per_node"}), Contains("--nproc_per_node needs a value"));
+}
+
+// torchrun's --print-completion SHELL (torch main, shtab): ddprun's own
+// completion script for that shell, before any script or other flag is needed.
+TEST_CASE("--print-completion prints the completion script of ddprun completion SHELL", "[unit]") {
+  for (const char* shell : {"bash", "zsh"}) {
+    CAPTURE(shell);
+    auto p = Ok({"--print-completion", shell});
+    CHECK(p.action == Action::kHelp);
+    CHECK(p.text + "\n" == *CompletionScript(shell));  // main() ends it with a newline
+    CHECK(Ok({std::string("--print_completion=") + shell, "--nproc_per_node=2"}).text == p.text);
+  }
+  CHECK(Err({"--print-completion", "tcsh"}) ==
+        "ddprun: --print-completion 'tcsh': ddprun completes bash and zsh; use "
+        "--print-completion bash or --print-completion zsh");
+  CHECK_THAT(Err({"--print-completion"}), Contains("--print-completion needs a value"));
+  CHECK_THAT(*CompletionScript("bash"), Contains("--print-completion"));
 }
 
 TEST_CASE("--help and --version", "[unit]") {

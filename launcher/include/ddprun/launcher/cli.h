@@ -65,7 +65,7 @@ struct LauncherOptions {
 
 enum class Action {
   kRun,          // run a node with `options`
-  kHelp,         // print `text` (the help) to stdout, exit 0
+  kHelp,         // print `text` (the help, or --print-completion's script) to stdout, exit 0
   kVersion,      // print `text` (the version) to stdout, exit 0
   kPrintConfig,  // --print-config: print `text` (the merged job) to stdout, exit 0
 };

@@ -13,6 +13,9 @@
 namespace ddprun::launcher {
 
 inline constexpr const char* kCompletionSubcommand = "completion";
+// torchrun's spelling of the same (`torchrun --print-completion bash`): the
+// script for that shell, then exit 0 (cli.cc).
+inline constexpr const char* kPrintCompletionFlag = "--print-completion";
 
 // The subcommands a user types (the hidden `_...` workers are left out).
 inline constexpr const char* kUserSubcommands[] = {"status", "top", "check", "bench",
