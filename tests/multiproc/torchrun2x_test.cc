@@ -281,6 +281,34 @@ TEST_CASE("torchrun 2.x row: --print-completion", "[multiproc]") {
   CHECK(Has(tcsh.Err(), "--print-completion 'tcsh': ddprun completes bash and zsh"));
 }
 
+TEST_CASE("torchrun 2.x row: TORCHELASTIC_HEALTH_CHECK_PORT", "[multiproc]") {
+  // torchrun's open-source health check server starts nothing; nor does
+  // ddprun: the variable reaches the workers, nothing listens on the port,
+  // and neither a port nor garbage changes the job.
+  Harness h;
+  const std::string probe = h.Script(
+      "probe.sh",
+      "#!/bin/bash\n"
+      "port=$TORCHELASTIC_HEALTH_CHECK_PORT\n"
+      "state=closed\n"
+      "if [[ $port =~ ^[0-9]+$ ]] && (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null; then\n"
+      "  state=open\n"
+      "fi\n"
+      "echo \"HEALTH rank=$RANK port=[$port] $state\"\n");
+  const std::string port = std::to_string(FreePort());
+  Proc& p = h.StartDdprun("ddprun", {"--standalone", "--nproc_per_node=2", probe},
+                          {{"TORCHELASTIC_HEALTH_CHECK_PORT", port}});
+  CHECK(h.Wait(p, 20) == 0);
+  INFO("stdout:\n" << p.Out() << "stderr:\n" << p.Err());
+  CHECK(Has(p.Out(), "HEALTH rank=0 port=[" + port + "] closed"));
+  CHECK(Has(p.Out(), "HEALTH rank=1 port=[" + port + "] closed"));
+  CHECK_FALSE(Has(p.Err(), "HEALTH_CHECK"));
+  Proc& q = h.StartDdprun("garbage", {"--standalone", probe},
+                          {{"TORCHELASTIC_HEALTH_CHECK_PORT", "not-a-port"}});
+  CHECK(h.Wait(q, 20) == 0);
+  CHECK(Has(q.Out(), "HEALTH rank=0 port=[not-a-port] closed"));
+}
+
 namespace {
 
 // Debian's torch (python3-torch 1.13) has torchelastic's FileTimerClient.
