@@ -50,6 +50,8 @@ struct SlurmOptions {
   int kill_wait_s = 5;
   // slurm.conf's SlurmdTimeout: a silent slurmd is marked DOWN after this.
   int slurmd_timeout_s = 30;
+  // Whether the munge key is written (false: munged cannot start).
+  bool munge_key = true;
 };
 
 // The output of a command run to its end (stdout and stderr together).
@@ -103,21 +105,42 @@ class SlurmCluster {
   }
 
   // Builds the namespaces, the key, slurm.conf, munged, slurmctld and the
-  // slurmds, and waits (timeout_s) until sinfo shows every node idle.
+  // slurmds, and waits (timeout_s) until sinfo shows every node idle; fails
+  // the test otherwise.
   void Up(double timeout_s = 60) {
+    const std::string why = TryUp(timeout_s);
+    if (!why.empty()) FAIL(why);
+  }
+
+  // Up() that returns munged's refusal to start (its one line, e.g. a missing
+  // key) instead of failing the test, with slurmctld started and no slurmd;
+  // any other failure still fails the test.
+  std::string TryUp(double timeout_s = 60) {
     REQUIRE(ok_);
     REQUIRE(o_.nodes >= 1);
     REQUIRE(o_.nodes <= 3);
     BuildNetwork();
     WriteFiles();
-    StartMunge();
+    const std::string munge_error = StartMunge();
     ctld_ = &h_.Start("slurmctld", InNs(0, {"/usr/sbin/slurmctld", "-D", "-i", "-f", conf_}));
+    // Without munged, slurmctld runs but nothing authenticates: what a
+    // client sees then is the test.
+    if (!munge_error.empty()) {
+      const auto t0 = Clock::now();
+      while (ReadFile(h_.dir() + "/slurmctld.log").find("Running as primary controller") ==
+             std::string::npos) {
+        if (SecondsSince(t0) > 20) FAIL("slurmctld did not start within 20 s\n" << Logs());
+        SleepMs(20);
+      }
+      return munge_error;
+    }
     for (int i = 1; i <= o_.nodes; ++i) {
       slurmds_.push_back(
           &h_.Start("slurmd." + node_name(i),
                     InNs(i, {"/usr/sbin/slurmd", "-D", "-N", node_name(i), "-f", conf_})));
     }
     WaitNodes("idle", timeout_s);
+    return "";
   }
 
   // argv prefix-wrapped to run in namespace i (0 = ctl) with its hostname and
@@ -185,16 +208,18 @@ class SlurmCluster {
     return "";
   }
 
-  // Waits until the job has ended (no longer pending, configuring, running
-  // or completing); returns its JobState. Fails the test after timeout_s.
+  // Waits until the job is in one of Slurm's final states (COMPLETED,
+  // CANCELLED, FAILED, TIMEOUT, NODE_FAIL, ...; not PENDING, RUNNING,
+  // SIGNALING, COMPLETING, ...); returns it. Fails the test after timeout_s.
   std::string WaitJobEnd(int job, double timeout_s) {
+    static const std::set<std::string> kFinal = {"BOOT_FAIL", "CANCELLED",     "COMPLETED",
+                                                 "DEADLINE",  "FAILED",        "NODE_FAIL",
+                                                 "PREEMPTED", "OUT_OF_MEMORY", "TIMEOUT"};
     const auto t0 = Clock::now();
     std::string state;
     while (SecondsSince(t0) < timeout_s) {
       state = JobField(job, "JobState");
-      if (!state.empty() && state != "PENDING" && state != "CONFIGURING" && state != "RUNNING" &&
-          state != "COMPLETING")
-        return state;
+      if (kFinal.count(state)) return state;
       SleepMs(100);
     }
     FAIL("Slurm job " << job << " did not end within " << timeout_s << " s (JobState=" << state
@@ -313,13 +338,13 @@ class SlurmCluster {
       for (int i = 1; i <= o_.nodes; ++i) f << node_addr(i) << " " << node_name(i) << "\n";
     }
     key_ = d + "/munge.key";
-    {
+    if (o_.munge_key) {
       std::ifstream rnd("/dev/urandom", std::ios::binary);
       std::string bytes(1024, '\0');
       rnd.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
       std::ofstream(key_, std::ios::binary) << bytes;
     }
-    REQUIRE(::chmod(key_.c_str(), 0400) == 0);
+    if (o_.munge_key) REQUIRE(::chmod(key_.c_str(), 0400) == 0);
     REQUIRE(::mkdir((d + "/state").c_str(), 0700) == 0);
     REQUIRE(::mkdir((d + "/spool").c_str(), 0700) == 0);
     for (int i = 1; i <= o_.nodes; ++i)
@@ -353,7 +378,8 @@ class SlurmCluster {
       << "PartitionName=main Nodes=n[1-" << last << "] Default=YES MaxTime=INFINITE State=UP\n";
   }
 
-  void StartMunge() {
+  // Starts munged; "" once its socket exists, else its error line.
+  std::string StartMunge() {
     const std::string d = h_.dir();
     munged_ = &h_.Start("munged",
                         {"/usr/sbin/munged", "--foreground", "--force", "--key-file=" + key_,
@@ -362,10 +388,19 @@ class SlurmCluster {
     const auto t0 = Clock::now();
     struct stat st {};
     while (::stat(socket_.c_str(), &st) != 0) {
-      if (!IsAlive(munged_->pid)) FAIL("munged exited: " << munged_->Err());
+      int status = 0;
+      if (::waitpid(munged_->pid, &status, WNOHANG) == munged_->pid) {
+        munged_->ended = Clock::now();
+        munged_->exit = DecodeStatus(status);
+        std::string error;
+        for (const std::string& line : Lines(munged_->Err()))
+          if (line.find("Error:") != std::string::npos) error = line;
+        return "munged exited with " + std::to_string(*munged_->exit) + ": " + error;
+      }
       if (SecondsSince(t0) > 10) FAIL("munged made no socket within 10 s: " << munged_->Err());
       SleepMs(20);
     }
+    return "";
   }
 
   void TearDown() {
