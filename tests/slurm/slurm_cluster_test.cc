@@ -399,3 +399,43 @@ TEST_CASE("slurm cluster: a missing munge key is one line from munged, and sbatc
   CHECK(r.out.find("Batch job submission failed: Protocol authentication error") !=
         std::string::npos);
 }
+
+TEST_CASE(
+    "slurm cluster: --signal=USR1@60 without --forward_signals: ddprun ignores it with one "
+    "line per node, and Slurm signals the workers itself",
+    "[slurm_cluster]") {
+  Harness h;
+  SlurmCluster c(h);
+  if (const std::string why = WhyNot(c); !why.empty()) return SkipCase("slurm_cluster", why);
+  c.Up();
+  const std::string out = h.MakeDir("ranks");
+  const int job =
+      c.Submit({"-N2", "-t", "10", "--signal=USR1@60", "--output=" + c.dir() + "/job-%j.out",
+                "--chdir=" + c.dir(), BatchScript(h, "", "--nproc_per_node=2", out)},
+               kJobEnv);
+  WaitRankFiles(c, job, out, "started", 4, 120);
+  const CommandResult r =
+      c.Run({"/usr/bin/scontrol", "update", "JobId=" + std::to_string(job), "TimeLimit=1"});
+  INFO("scontrol update: " << r.out);
+  REQUIRE(r.rc == 0);
+  const std::string state = c.WaitJobEnd(job, 90);
+  const std::string text = JobOutput(c, job);
+  INFO("job output:\n" << text);
+  // Each ddprun logs that it ignores the signal ...
+  const std::string line =
+      "ignoring SIGUSR1; add it to --forward_signals to forward it to the workers while the job "
+      "runs, or to --signals_to_handle to stop the job on it";
+  std::size_t ignored = 0;
+  for (std::size_t at = text.find(line); at != std::string::npos; at = text.find(line, at + 1))
+    ++ignored;
+  CHECK(ignored == 2);
+  CHECK(text.find("forwarding SIGUSR1") == std::string::npos);
+  // ... yet every worker got it: slurmstepd signals every process of the
+  // step (proctrack), not only the task srun started.
+  CHECK(state == "COMPLETED");
+  for (int rank = 0; rank < 4; ++rank) {
+    const std::string done = ReadFile(out + "/done.rank" + std::to_string(rank));
+    INFO("rank " << rank << ": " << done);
+    CHECK(done.find(" reason=usr1\n") != std::string::npos);
+  }
+}
