@@ -261,9 +261,10 @@ class SlurmCluster {
 
   // The last lines of the daemons' logs, for failure messages.
   std::string Logs() const {
+    std::vector<std::string> files{"slurmctld.log", "munged.log"};
+    for (int i = 1; i <= o_.nodes; ++i) files.push_back("slurmd." + node_name(i) + ".log");
     std::string out;
-    for (const std::string& f : {std::string("slurmctld.log"), std::string("slurmd.n1.log"),
-                                 std::string("slurmd.n2.log"), std::string("munged.log")}) {
+    for (const std::string& f : files) {
       const std::vector<std::string> lines = Lines(ReadFile(h_.dir() + "/" + f));
       out += "--- " + f + " (last lines)\n";
       for (std::size_t k = lines.size() > 15 ? lines.size() - 15 : 0; k < lines.size(); ++k)

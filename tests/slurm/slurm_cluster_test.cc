@@ -41,8 +41,8 @@ std::string Fixture() {
   return std::string(DDPRUN_SOURCE_DIR) + "/tests/fixtures/ddp_until_usr1.py";
 }
 
-// A process of this host: pid, argv[0] and the value of the job's marker
-// and of SLURMD_NODENAME in its environment.
+// A process of a job: pid, argv[0] and the node it runs on (SLURMD_NODENAME
+// in its environment).
 struct MarkedProc {
   pid_t pid = -1;
   std::string argv0, node;
@@ -313,7 +313,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "slurm cluster: a node dies mid-job: an elastic job (--nnodes=1:2, sbatch --no-kill) "
+    "slurm cluster: a node dies mid-job: an elastic job (--nnodes=1:2, sbatch and srun --no-kill) "
     "re-forms on the remaining node and completes",
     "[slurm_cluster]") {
   Harness h;
@@ -323,11 +323,14 @@ TEST_CASE(
   if (const std::string why = WhyNot(c); !why.empty()) return SkipCase("slurm_cluster", why);
   c.Up();
   const std::string out = h.MakeDir("ranks");
-  // 400 steps of ~50 ms: the node dies long before the end.
-  const int job = c.Submit(
-      {"-N2", "--no-kill", "--no-requeue", "--output=" + c.dir() + "/job-%j.out",
-       "--chdir=" + c.dir(), BatchScript(h, "", "--nnodes=1:2 --nproc_per_node=2", out, "400")},
-      kJobEnv);
+  // 400 steps of ~50 ms: the node dies long before the end, and Slurm
+  // declares it failed (SlurmdTimeout) while the job trains on. sbatch
+  // --no-kill keeps the job then, srun --no-kill the step.
+  const int job =
+      c.Submit({"-N2", "--no-kill", "--no-requeue", "--output=" + c.dir() + "/job-%j.out",
+                "--chdir=" + c.dir(),
+                BatchScript(h, "--no-kill ", "--nnodes=1:2 --nproc_per_node=2", out, "400")},
+               kJobEnv);
   WaitRankFiles(c, job, out, "started", 4, 120);
   const auto t0 = Clock::now();
   c.KillNode(2);
@@ -340,6 +343,7 @@ TEST_CASE(
   CHECK(c.JobField(job, "ExitCode") == "0:0");
   CHECK(text.find("round 1] starting 2 worker(s): ranks 0-1 of 2, node 0 of 1") !=
         std::string::npos);
+  CHECK(text.find("srun: error: Node failure on n2") != std::string::npos);
   CHECK(text.find("srun-exit=0") != std::string::npos);
   for (int rank = 0; rank < 2; ++rank) {
     const std::string line = ReadFile(out + "/done.rank" + std::to_string(rank));
