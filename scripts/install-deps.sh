@@ -32,7 +32,14 @@ test_packages=(
   patchelf python3-venv help2man mmdebstrap
   # The Kubernetes manifests' schema test (configs/k8s/, tests/k8s/).
   python3-jsonschema python3-yaml
+  # The real Slurm cluster tier (tests/slurm/, label slurm_cluster): slurmctld,
+  # slurmd and the client commands, munge for their authentication. The tests
+  # start their own daemons; the packages' services are stopped and disabled
+  # below, so none is left running or enabled by the install.
+  slurmctld slurmd slurm-client munge
 )
+# Services that the packages above would start at boot; the tests start their own.
+test_services=(slurmctld slurmd munge)
 bench_packages=(openmpi-bin libopenmpi-dev)
 
 case "${1:-}" in
@@ -41,6 +48,26 @@ case "${1:-}" in
   --bench) packages=("${bench_packages[@]}") ;;
   *) echo "usage: install-deps.sh [--build|--bench]" >&2; exit 2 ;;
 esac
+
+# Stops and disables the test tier's services (systemd or sysvinit), so that
+# installing the packages leaves no Slurm or munge daemon running or enabled.
+disable_test_services() {
+  for s in "${test_services[@]}"; do
+    if command -v systemctl >/dev/null; then
+      # Works without a running systemd too (it removes the unit's links).
+      "${sudo[@]}" systemctl disable "$s" >/dev/null 2>&1 || true
+      if [[ -d /run/systemd/system ]]; then
+        "${sudo[@]}" systemctl stop "$s" >/dev/null 2>&1 || true
+      fi
+    fi
+    if [[ -x /etc/init.d/$s ]]; then
+      if [[ ! -d /run/systemd/system ]]; then
+        "${sudo[@]}" /etc/init.d/"$s" stop >/dev/null 2>&1 || true
+      fi
+      "${sudo[@]}" update-rc.d "$s" disable >/dev/null 2>&1 || true
+    fi
+  done
+}
 
 missing=()
 for p in "${packages[@]}"; do
@@ -68,3 +95,6 @@ echo "install-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 "${sudo[@]}" apt-get update -q
 "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+if [[ -z "${1:-}" ]]; then
+  disable_test_services
+fi
