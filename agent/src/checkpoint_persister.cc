@@ -281,15 +281,20 @@ CheckpointPersister::Outcome CheckpointPersister::PersistNewest(bool flushing) {
   const std::int64_t step = *common.rbegin();
   if (step == persisted_step_.load()) return Outcome::kNothing;
   if (step == failed_step_ && !flushing) return Outcome::kFailed;
+  const std::string folder = StepDir(dir_, step);
   auto failed = [&](const std::string& why) {
     failed_step_ = step;
-    const std::string line = absl::StrCat("--ckpt_dir: cannot persist step ", step, ": ", why,
-                                          "; the snapshot stays in memory and the job goes on");
-    if (line != last_error_) log_(line);
-    last_error_ = line;
+    ::rmdir(folder.c_str());  // when empty: no folder of a step never written
+    if (!failing_) {
+      log_(absl::StrCat("--ckpt_dir: cannot persist step ", step, ": ", why,
+                        "; the snapshot stays in memory and the job goes on (said once until a "
+                        "write succeeds)"));
+    }
+    failing_ = true;
+    std::lock_guard<std::mutex> lock(mu_);
+    last_failure_ = why;
     return Outcome::kFailed;
   };
-  const std::string folder = StepDir(dir_, step);
   if (absl::Status st = MakeDir(folder); !st.ok()) return failed(std::string(st.message()));
   Json ranks = Json::object();
   int first = INT32_MAX, last = -1, world = 0;
@@ -331,8 +336,8 @@ CheckpointPersister::Outcome CheckpointPersister::PersistNewest(bool flushing) {
   }
   persisted_step_ = step;
   failed_step_ = kNone;
-  if (!last_error_.empty()) log_(absl::StrCat("--ckpt_dir: step ", step, " persisted to ", dir_));
-  last_error_.clear();
+  if (failing_) log_(absl::StrCat("--ckpt_dir: step ", step, " persisted to ", dir_));
+  failing_ = false;
   const std::map<std::int64_t, StepInfo> steps = ScanDir(dir_, nullptr);
   if (auto it = steps.find(step); it != steps.end() && it->second.Complete()) Prune(step);
   return Outcome::kWritten;
@@ -374,9 +379,17 @@ void CheckpointPersister::Flush(Clock::time_point deadline, const std::string& w
     return;
   }
   const Outcome o = last_outcome_;
+  const std::string failure = last_failure_;
   const std::int64_t step = persisted_step_.load();
   lock.unlock();
-  if (o == Outcome::kWritten || (o == Outcome::kNothing && step != kNone)) {
+  if (o == Outcome::kFailed) {
+    log_(absl::StrCat(
+        "--ckpt_dir: the newest step is not persisted (", why, "): ", failure, "; ", dir_,
+        step == kNone ? " holds no step of this job" : absl::StrCat(" keeps step ", step)));
+    return;
+  }
+  if (step != kNone && step != reported_step_) {
+    reported_step_ = step;
     log_(absl::StrCat("--ckpt_dir: step ", step, " is persisted in ", dir_, " (", why, ")"));
   }
 }

@@ -83,10 +83,12 @@ class CheckpointPersister {
   std::uint64_t flush_requests_ = 0;          // guarded by mu_
   std::uint64_t requests_served_ = 0;         // guarded by mu_
   Outcome last_outcome_ = Outcome::kNothing;  // of the last served request, guarded by mu_
+  std::int64_t reported_step_ = kNone;        // Flush's last line (the main thread's)
   std::atomic<bool> cancel_{false};           // abandons the write in progress
   std::atomic<std::int64_t> persisted_step_{kNone};
   std::int64_t failed_step_ = kNone;  // the thread's own: not retried until a newer step
-  std::string last_error_;            // the thread's own: one line per distinct failure
+  bool failing_ = false;              // the thread's own: one line when writes start failing
+  std::string last_failure_;          // guarded by mu_: why the last write failed
 };
 
 }  // namespace ddprun::agent
