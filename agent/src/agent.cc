@@ -453,6 +453,13 @@ class Agent::Impl {
           persister_->Restore(checkpoints_.get(), a.local_world_size, a.base_rank, a.world_size);
       }
       ckpt_steps = checkpoints_->CommonSteps(a.local_world_size, a.base_rank, a.world_size);
+      if (!ckpt_steps.empty() && a.restart_count > 0) {
+        Log(absl::StrCat(
+            "checkpoint: the workers resume from step ", ckpt_steps.back(),
+            a.group_world_size > 1
+                ? " (this node's newest; load() agrees on the newest step of all nodes)"
+                : " (the newest step every worker committed)"));
+      }
     }
     for (int j = 0; j < a.local_world_size; ++j) {
       SpawnSpec spec;
@@ -523,10 +530,35 @@ class Agent::Impl {
     if (logs_) logs_->Sync();  // the workers' last output comes before the report
     const std::string block =
         FormatJobFailure(options_.job_id, reason, failures) +
-        MissingModuleHint(failures, options_.command.empty() ? "" : options_.command[0]);
+        MissingModuleHint(failures, options_.command.empty() ? "" : options_.command[0]) +
+        CheckpointResumeLine();
     std::fputs(block.c_str(), stderr);
     std::fflush(stderr);
     WriteLauncherErrorFile(failures);
+  }
+
+  // The failure report's line on checkpoints: the step a job started again
+  // resumes from (the newest step every local rank committed, which the
+  // job's end persists to --ckpt_dir), or that it is lost without
+  // --ckpt_dir. Empty when nothing was committed.
+  std::string CheckpointResumeLine() const {
+    if (!checkpoints_) return "";
+    const int n = checkpoints_->size();
+    std::optional<std::int64_t> newest;
+    std::vector<std::int64_t> common;
+    if (n > 0 && assignment_) {
+      common = checkpoints_->CommonSteps(n, assignment_->base_rank, assignment_->world_size);
+    }
+    if (!common.empty()) newest = common.back();
+    if (!newest) return "";
+    if (persister_) {
+      return absl::StrCat("ddprun:   checkpoint: a job started again with --ckpt_dir ",
+                          options_.ckpt_dir, " resumes from step ", *newest,
+                          " (this node's newest committed step, persisted at the job's end)\n");
+    }
+    return absl::StrCat("ddprun:   checkpoint: step ", *newest,
+                        " was committed in memory and ends with this job; --ckpt_dir DIR keeps "
+                        "it for a job started again\n");
   }
 
   // --numa_binding: each worker on its GPU's NUMA node; without an NVIDIA

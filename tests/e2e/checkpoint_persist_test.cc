@@ -367,6 +367,9 @@ for step in range(start, 6):
     INFO("rank " << rank << ": " << log);
     CHECK(Has(log, "resumed 2\n"));
   }
+  CHECK(Has(err,
+            "checkpoint: the workers resume from step 2 (the newest step every worker "
+            "committed)"));
   std::size_t lines = 0;
   for (const std::string& l : ddprun::test::Lines(err)) {
     if (Has(l, "--ckpt_dir: cannot persist step")) {
@@ -377,6 +380,45 @@ for step in range(start, 6):
   CHECK(lines == 1);
   // Nothing partial is left: no step folder holds a rank file.
   for (const std::string& s : Steps(dir)) CHECK(ListDir(dir + "/" + s).empty());
+}
+
+TEST_CASE("ckpt_dir: the failure report names the step a job started again resumes from",
+          "[e2e][checkpoint][ckpt_dir]") {
+  Harness h;
+  const std::string dir = h.dir() + "/ckpt";
+  const std::string out = h.MakeDir("out");
+  // Both ranks save steps 0-2; then rank 1 fails (no restarts left).
+  const std::string script = h.Script("fail.py", R"(import os, sys, time
+import ddprun.checkpoint as ckpt
+rank, out = int(os.environ["RANK"]), sys.argv[1]
+for step in range(3):
+    ckpt.save({"step": step}, step)
+open(os.path.join(out, "done%d" % rank), "w").close()
+deadline = time.monotonic() + 60
+while not all(os.path.exists(os.path.join(out, "done%d" % r)) for r in (0, 1)):
+    assert time.monotonic() < deadline
+    time.sleep(0.01)
+sys.exit(1 if rank == 1 else 0)
+)");
+  Proc& p =
+      h.StartDdprun("fail", {"--nproc_per_node=2", "--ckpt_dir=" + dir, script, out}, WorkerEnv());
+  const int rc = h.Wait(p, 120);
+  const std::string err = p.Err();
+  INFO(err);
+  CHECK(rc == 1);
+  CHECK(Has(err, "ddprun:   checkpoint: a job started again with --ckpt_dir " + dir +
+                     " resumes from step 2 (this node's newest committed step, persisted at the "
+                     "job's end)"));
+  CHECK(Steps(dir) == std::vector<std::string>{"step-2"});
+
+  // Without --ckpt_dir: the step ends with the job, and the report says so.
+  Proc& q =
+      h.StartDdprun("fail_mem", {"--nproc_per_node=2", script, h.MakeDir("out2")}, WorkerEnv());
+  CHECK(h.Wait(q, 120) == 1);
+  INFO(q.Err());
+  CHECK(Has(q.Err(),
+            "ddprun:   checkpoint: step 2 was committed in memory and ends with this job; "
+            "--ckpt_dir DIR keeps it for a job started again"));
 }
 
 TEST_CASE("ckpt_every: save keeps multiples of N; a restart resumes from the newest",
