@@ -340,6 +340,19 @@ CheckpointPersister::Outcome CheckpointPersister::PersistNewest(bool flushing) {
   failing_ = false;
   const std::map<std::int64_t, StepInfo> steps = ScanDir(dir_, nullptr);
   if (auto it = steps.find(step); it != steps.end() && it->second.Complete()) Prune(step);
+  // This node's own files beyond its last two steps go too, so a directory
+  // no other node writes to (no step ever complete) does not grow.
+  if (previous_written_ != kNone && previous_written_ < step) {
+    for (const auto& [old, info] : steps) {
+      if (old >= previous_written_) break;
+      const std::string old_folder = StepDir(dir_, old);
+      for (int r = first; r <= last; ++r)
+        ::unlink(absl::StrCat(old_folder, "/", RankFile(r)).c_str());
+      ::unlink(absl::StrCat(old_folder, "/manifest-", first, "-", last, ".json").c_str());
+      ::rmdir(old_folder.c_str());
+    }
+  }
+  previous_written_ = step;
   return Outcome::kWritten;
 }
 

@@ -11,7 +11,9 @@
 // for them; a step is complete when the manifests in its folder name every
 // rank 0..W-1. Every file is written to a temporary name, fsynced and
 // renamed, the manifest last, so a step folder never names a partial file.
-// After a step is complete, the folders of older steps are removed.
+// After a step is complete, the folders of older steps are removed; an
+// agent also removes its own files of steps older than the two it wrote
+// last (a directory only one node of several sees never completes a step).
 //
 // A background thread polls the commit records (every kPollInterval) and
 // persists the newest step that every local rank committed; Flush persists
@@ -86,9 +88,10 @@ class CheckpointPersister {
   std::int64_t reported_step_ = kNone;        // Flush's last line (the main thread's)
   std::atomic<bool> cancel_{false};           // abandons the write in progress
   std::atomic<std::int64_t> persisted_step_{kNone};
-  std::int64_t failed_step_ = kNone;  // the thread's own: not retried until a newer step
-  bool failing_ = false;              // the thread's own: one line when writes start failing
-  std::string last_failure_;          // guarded by mu_: why the last write failed
+  std::int64_t failed_step_ = kNone;       // the thread's own: not retried until a newer step
+  std::int64_t previous_written_ = kNone;  // the thread's own: the step written before
+  bool failing_ = false;                   // the thread's own: one line when writes start failing
+  std::string last_failure_;               // guarded by mu_: why the last write failed
 };
 
 }  // namespace ddprun::agent
