@@ -461,3 +461,23 @@ for step in range(start, 8):
     CHECK(second.rfind("resumed 3 3\nsave 4 False\nsave 5 False\nsave 6 True\n", 0) == 0);
   }
 }
+
+TEST_CASE("ckpt_dir: a directory that cannot be made, or no checkpoint memory, is one line",
+          "[e2e][checkpoint][ckpt_dir]") {
+  Harness h;
+  const std::string script = h.Script("noop.py", "pass\n");
+  const std::string file = h.Script("a_file", "not a folder\n");
+  Proc& p =
+      h.StartDdprun("file", {"--nproc_per_node=1", "--ckpt_dir=" + file, script}, WorkerEnv());
+  CHECK(h.Wait(p, 60) == 2);
+  INFO(p.Err());
+  CHECK(Has(p.Err(), "--ckpt_dir: cannot create " + file +
+                         ": Not a directory; give a directory ddprun can write (or leave "
+                         "--ckpt_dir out)"));
+  Proc& q = h.StartDdprun(
+      "nomem", {"--nproc_per_node=1", "--ckpt_dir=" + h.dir() + "/d", "--ckpt_shm_limit=0", script},
+      WorkerEnv());
+  CHECK(h.Wait(q, 60) == 2);
+  INFO(q.Err());
+  CHECK(Has(q.Err(), "--ckpt_dir needs checkpoint memory; drop --ckpt_shm_limit 0"));
+}
