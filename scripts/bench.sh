@@ -22,5 +22,8 @@ echo
 echo "## failure recovery (worker death, agent kill -9, daemon restart)"
 python3 bench/restart_latency.py --build "$BUILD_DIR"
 echo
+echo "## checkpoints in memory vs torch.save/torch.load (2 ranks x 1 GiB, same run)"
+python3 bench/checkpoint_bench.py --build "$BUILD_DIR" --size 1GiB --reps 2
+echo
 echo "## monitoring: one ddprund, 1024 nodes x 8 ranks reporting every second (idle peer, same run)"
 "$BUILD_DIR/bin/metrics_bench" --nodes 1024 --nproc 8 --seconds 20 --idle 5

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -28,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ddprun/agent/checkpoint_memory.h"
+#include "ddprun/agent/checkpoint_persister.h"
 #include "ddprun/agent/failure_report.h"
 #include "ddprun/agent/file_timer.h"
 #include "ddprun/agent/host.h"
@@ -41,6 +43,7 @@
 #include "ddprun/rendezvous/common/socket_util.h"
 #include "ddprun/rendezvous/common/status_macros.h"
 #include "ddprun/rendezvous/common/wait_notice.h"
+#include "ddprun/rendezvous/common/worker_env_names.h"
 #include "ddprun/rendezvous/store/c10d_store_server.h"
 #include "monitoring.h"
 
@@ -57,6 +60,8 @@ constexpr Duration kReportTimeout = seconds(10);
 // A node whose workers succeeded waits this long for the job to end (like
 // torchrun's exit barrier) before it exits anyway.
 constexpr Duration kExitBarrier = seconds(300);
+// How long the job's end waits for its newest step to reach --ckpt_dir.
+constexpr std::chrono::seconds kEndPersistTimeout{300};
 // Beyond the join timeout, how long the agent itself waits for the server's
 // verdict on a join before it gives up.
 constexpr Duration kJoinSlack = seconds(15);
@@ -124,6 +129,17 @@ class Agent::Impl {
         workers_(*launcher_, clock_) {
     if (options_.ckpt_shm_limit > 0) {
       checkpoints_ = std::make_unique<CheckpointMemory>(options_.ckpt_shm_limit);
+      if (!options_.ckpt_dir.empty()) {
+        // Fenced by the round the workers were last spawned in: it logs
+        // from its own thread.
+        persister_ = std::make_unique<CheckpointPersister>(
+            options_.ckpt_dir, checkpoints_.get(), [this](const std::string& msg) {
+              std::string line = absl::StrCat(
+                  "ddprun: ", rdzv::Fence(options_.job_id, persist_round_.load()), msg, "\n");
+              std::fputs(line.c_str(), stderr);
+              std::fflush(stderr);
+            });
+      }
     }
   }
 
@@ -142,7 +158,22 @@ class Agent::Impl {
       Log(std::string(st.message()));
       return kExitUsage;
     }
+    if (!options_.ckpt_dir.empty() && !persister_) {
+      Log("--ckpt_dir needs checkpoint memory; drop --ckpt_shm_limit 0");
+      return kExitUsage;
+    }
+    if (persister_) {
+      if (absl::Status st = persister_->Start(); !st.ok()) {
+        Log(std::string(st.message()));
+        return kExitUsage;
+      }
+    }
     int rc = RunRounds();
+    // The job's end: its newest committed step to --ckpt_dir (once more
+    // after a signal's flush, a no-op unless a later step was committed).
+    if (persister_) {
+      persister_->Flush(std::chrono::steady_clock::now() + kEndPersistTimeout, "the job's end");
+    }
     DDPRUN_DEBUG_LOG(kAgent) << rdzv::Fence(options_.job_id, round_) << "shutting down, exit "
                              << rc;
     Finish();
@@ -434,7 +465,22 @@ class Agent::Impl {
         Log(std::string(st.message()));
         return false;
       }
+      persist_round_ = round_;
+      if (persister_) {
+        bool empty = true;
+        for (int j = 0; j < a.local_world_size; ++j)
+          empty = empty && checkpoints_->Committed(j).empty();
+        if (empty)
+          persister_->Restore(checkpoints_.get(), a.local_world_size, a.base_rank, a.world_size);
+      }
       ckpt_steps = checkpoints_->CommonSteps(a.local_world_size, a.base_rank, a.world_size);
+      if (!ckpt_steps.empty() && a.restart_count > 0) {
+        Log(absl::StrCat(
+            "checkpoint: the workers resume from step ", ckpt_steps.back(),
+            a.group_world_size > 1
+                ? " (this node's newest; load() agrees on the newest step of all nodes)"
+                : " (the newest step every worker committed)"));
+      }
     }
     for (int j = 0; j < a.local_world_size; ++j) {
       SpawnSpec spec;
@@ -446,6 +492,7 @@ class Agent::Impl {
       if (monitoring_) monitoring_->AddWorkerEnv(j, &spec.env);
       if (checkpoints_) {
         checkpoints_->AddToSpawn(j, ckpt_steps, &spec);
+        spec.env[kEnvCkptEvery] = std::to_string(options_.ckpt_every);
       } else {
         RemoveCheckpointEnv(&spec.env);
       }
@@ -504,10 +551,35 @@ class Agent::Impl {
     if (logs_) logs_->Sync();  // the workers' last output comes before the report
     const std::string block =
         FormatJobFailure(options_.job_id, reason, failures) +
-        MissingModuleHint(failures, options_.command.empty() ? "" : options_.command[0]);
+        MissingModuleHint(failures, options_.command.empty() ? "" : options_.command[0]) +
+        CheckpointResumeLine();
     std::fputs(block.c_str(), stderr);
     std::fflush(stderr);
     WriteLauncherErrorFile(failures);
+  }
+
+  // The failure report's line on checkpoints: the step a job started again
+  // resumes from (the newest step every local rank committed, which the
+  // job's end persists to --ckpt_dir), or that it is lost without
+  // --ckpt_dir. Empty when nothing was committed.
+  std::string CheckpointResumeLine() const {
+    if (!checkpoints_) return "";
+    const int n = checkpoints_->size();
+    std::optional<std::int64_t> newest;
+    std::vector<std::int64_t> common;
+    if (n > 0 && assignment_) {
+      common = checkpoints_->CommonSteps(n, assignment_->base_rank, assignment_->world_size);
+    }
+    if (!common.empty()) newest = common.back();
+    if (!newest) return "";
+    if (persister_) {
+      return absl::StrCat("ddprun:   checkpoint: a job started again with --ckpt_dir ",
+                          options_.ckpt_dir, " resumes from step ", *newest,
+                          " (this node's newest committed step, persisted at the job's end)\n");
+    }
+    return absl::StrCat("ddprun:   checkpoint: step ", *newest,
+                        " was committed in memory and ends with this job; --ckpt_dir DIR keeps "
+                        "it for a job started again\n");
   }
 
   // --numa_binding: each worker on its GPU's NUMA node; without an NVIDIA
@@ -1088,7 +1160,16 @@ class Agent::Impl {
 
   int OnSignal(int sig) {
     Log(absl::StrCat("received ", SignalName(sig), "; forwarding it to the workers"));
+    // A preemption warning: the newest committed step goes to --ckpt_dir
+    // while the workers stop, and whatever they commit meanwhile after,
+    // all within the grace period.
+    const auto persist_by =
+        std::chrono::steady_clock::now() +
+        std::chrono::duration_cast<std::chrono::steady_clock::duration>(grace_period_);
+    if (persister_) persister_->RequestFlush();
     StopWorkers(sig);
+    if (persister_)
+      persister_->Flush(persist_by, absl::StrCat(SignalName(sig), ", within the grace period"));
     ReportBestEffort(rdzv::Outcome::kLeaving, {});
     return ExitForSignal(sig);
   }
@@ -1140,6 +1221,9 @@ class Agent::Impl {
   // The workers' checkpoint memory (--ckpt_shm_limit > 0), for the agent's
   // whole life: snapshots outlive the workers' rounds.
   std::unique_ptr<CheckpointMemory> checkpoints_;
+  // --ckpt_dir; after checkpoints_, which it reads, so destroyed first.
+  std::unique_ptr<CheckpointPersister> persister_;
+  std::atomic<std::int64_t> persist_round_{0};  // the persister's fence
 };
 
 Agent::Agent(AgentOptions options, std::unique_ptr<ProcessLauncher> launcher)

@@ -14,6 +14,7 @@
 #include "ddprun/agent/process_launcher.h"
 #include "ddprun/rendezvous/common/checkpoint_layout.h"
 #include "ddprun/rendezvous/common/worker_env_names.h"
+#include "zlib.h"
 
 namespace ddprun::agent {
 namespace {
@@ -64,7 +65,13 @@ CheckpointMemory::~CheckpointMemory() {
   for (int fd : fds_) ::close(fd);
 }
 
+int CheckpointMemory::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(fds_.size());
+}
+
 absl::Status CheckpointMemory::Ensure(int local_ranks) {
+  std::lock_guard<std::mutex> lock(mu_);
   while (static_cast<int>(fds_.size()) < local_ranks) {
     const int rank = static_cast<int>(fds_.size());
     auto fail = [rank](const char* what, int fd) {
@@ -95,6 +102,7 @@ absl::Status CheckpointMemory::Ensure(int local_ranks) {
 }
 
 int CheckpointMemory::fd(int local_rank) const {
+  std::lock_guard<std::mutex> lock(mu_);
   if (local_rank < 0 || local_rank >= static_cast<int>(fds_.size())) return -1;
   return fds_[static_cast<std::size_t>(local_rank)];
 }
@@ -114,8 +122,11 @@ std::vector<CommittedSnapshot> CheckpointMemory::Committed(int local_rank) const
     s.size = Load<std::uint64_t>(rec + layout::kSizeOffset);
     s.rank = Load<std::int32_t>(rec + layout::kRankOffset);
     s.world_size = Load<std::int32_t>(rec + layout::kWorldSizeOffset);
+    s.slot = slot;
+    s.crc = Load<std::uint32_t>(rec + layout::kCrcOffset);
+    s.generation = Load<std::uint64_t>(rec + layout::kGenerationOffset);
     if (s.size > limit_) continue;  // not a record this layout wrote
-    found.emplace_back(Load<std::uint64_t>(rec + layout::kGenerationOffset), s);
+    found.emplace_back(s.generation, s);
   }
   std::sort(found.begin(), found.end(),
             [](const auto& a, const auto& b) { return a.first > b.first; });
@@ -156,9 +167,85 @@ void CheckpointMemory::AddToSpawn(int local_rank, const std::vector<std::int64_t
   spec->inherit_fds.push_back(f);
 }
 
+absl::StatusOr<std::string> CheckpointMemory::ReadCommitted(int local_rank,
+                                                            const CommittedSnapshot& s) const {
+  const int f = fd(local_rank);
+  if (f < 0 || s.slot < 0 || s.slot >= layout::kSlots || s.size > capacity_) {
+    return absl::InvalidArgumentError(absl::StrCat("no snapshot of local rank ", local_rank));
+  }
+  std::string bytes(s.size, '\0');
+  if (!PreadAll(f, bytes.data(), bytes.size(),
+                static_cast<off_t>(layout::SlotDataOffset(s.slot, capacity_)))) {
+    return absl::InternalError(absl::StrCat("reading the checkpoint memory of local rank ",
+                                            local_rank, ": ", std::strerror(errno)));
+  }
+  // The record after the copy: the same generation, still committed, and
+  // the bytes' CRC-32 the one it recorded, or the worker saved over it.
+  unsigned char rec[layout::kSlotRecordBytes];
+  const bool same =
+      PreadAll(f, rec, sizeof rec, static_cast<off_t>(layout::SlotRecordOffset(s.slot))) &&
+      Load<std::uint32_t>(rec + layout::kStateOffset) == layout::kSlotCommitted &&
+      Load<std::uint64_t>(rec + layout::kGenerationOffset) == s.generation;
+  const auto crc = static_cast<std::uint32_t>(
+      ::crc32_z(0, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size()));
+  if (!same || crc != s.crc) {
+    return absl::UnavailableError(absl::StrCat("the snapshot of step ", s.step, " of local rank ",
+                                               local_rank, " was saved over while read"));
+  }
+  return bytes;
+}
+
+absl::Status CheckpointMemory::Seed(int local_rank, std::int64_t step, int rank, int world_size,
+                                    const std::string& bytes) {
+  const int f = fd(local_rank);
+  if (f < 0)
+    return absl::InvalidArgumentError(absl::StrCat("no memory for local rank ", local_rank));
+  if (bytes.size() > limit_) {
+    return absl::ResourceExhaustedError(absl::StrCat("the snapshot of step ", step, " needs ",
+                                                     bytes.size(),
+                                                     " bytes, more than --ckpt_shm_limit (", limit_,
+                                                     " bytes per worker); raise --ckpt_shm_limit"));
+  }
+  Clear(local_rank);  // first, so a failure below leaves nothing loadable
+  unsigned char rec[layout::kSlotRecordBytes] = {};
+  if (!PwriteAll(f, bytes.data(), bytes.size(),
+                 static_cast<off_t>(layout::SlotDataOffset(0, capacity_)))) {
+    return absl::ResourceExhaustedError(absl::StrCat("writing the checkpoint memory of local rank ",
+                                                     local_rank, ": ", std::strerror(errno)));
+  }
+  const auto crc = static_cast<std::uint32_t>(
+      ::crc32_z(0, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size()));
+  const std::uint32_t state = layout::kSlotCommitted;
+  const std::uint64_t generation = 1;
+  const std::uint64_t size = bytes.size();
+  const std::int32_t r = rank, w = world_size;
+  std::memcpy(rec + layout::kCrcOffset, &crc, sizeof crc);
+  std::memcpy(rec + layout::kGenerationOffset, &generation, sizeof generation);
+  std::memcpy(rec + layout::kStepOffset, &step, sizeof step);
+  std::memcpy(rec + layout::kSizeOffset, &size, sizeof size);
+  std::memcpy(rec + layout::kRankOffset, &r, sizeof r);
+  std::memcpy(rec + layout::kWorldSizeOffset, &w, sizeof w);
+  std::memcpy(rec + layout::kStateOffset, &state, sizeof state);
+  if (!PwriteAll(f, rec, sizeof rec, static_cast<off_t>(layout::SlotRecordOffset(0)))) {
+    return absl::InternalError(absl::StrCat("writing the checkpoint memory of local rank ",
+                                            local_rank, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+void CheckpointMemory::Clear(int local_rank) {
+  const int f = fd(local_rank);
+  if (f < 0) return;
+  unsigned char rec[layout::kSlotRecordBytes] = {};
+  for (int slot = 0; slot < layout::kSlots; ++slot) {
+    (void)PwriteAll(f, rec, sizeof rec, static_cast<off_t>(layout::SlotRecordOffset(slot)));
+  }
+}
+
 void RemoveCheckpointEnv(std::map<std::string, std::string>* env) {
   env->erase(kEnvCkptFd);
   env->erase(kEnvCkptSteps);
+  env->erase(kEnvCkptEvery);
 }
 
 }  // namespace ddprun::agent

@@ -109,6 +109,15 @@ TEST_CASE("C++ checkpoint: rank 1 killed at step 5; both ranks resume from step 
   CheckResumed(Train(h, "killed", worker, 5), 4, final_digest);
 }
 
+TEST_CASE("C++ checkpoint: --ckpt_every 3 keeps steps 0, 3, 6; rank 1 killed at 5 resumes at 3",
+          "[sdk][checkpoint]") {
+  Harness h;
+  const std::vector<std::string> worker = {Bin("ckpt_worker"), "train"};
+  const std::string final_digest = CleanFinal(h, worker);
+  // Save returns without saving steps 4 and 5: both ranks hold 0 and 3.
+  CheckResumed(Train(h, "every", worker, 5, {{"PET_CKPT_EVERY", "3"}}), 3, final_digest);
+}
+
 TEST_CASE("C++ checkpoint: a rank killed in the middle of Save loads its previous snapshot",
           "[sdk][checkpoint]") {
   Harness h;

@@ -356,6 +356,8 @@ const Buffer& Snapshot::Get(const std::string& name) const {
 }
 
 void Save(std::int64_t step, const std::vector<Span>& spans) {
+  // --ckpt_every N: only multiples of N are saved.
+  if (step % std::max<std::int64_t>(1, EnvInt(ddprun::kEnvCkptEvery, 1)) != 0) return;
   // The tree and each blob's place in the data, checked before any write.
   std::string items;
   std::vector<std::uint64_t> offsets;

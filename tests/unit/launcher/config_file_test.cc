@@ -32,12 +32,12 @@ const BadFile kBadFiles[] = {
     {"unknown top-level key", "nproc_per_nod: 4\n",
      "job.yaml:1:1: nproc_per_nod: unknown key (did you mean 'nproc_per_node'?); valid keys here "
      "are job, rendezvous, nodes, scheduler, nproc_per_node, role, command, args, module, "
-     "no_python, restart, cpu_bind, logs, monitoring, environment, nccl"},
+     "no_python, restart, cpu_bind, logs, monitoring, environment, nccl, checkpoint"},
     {"an abbreviated key (issue 33 item 11: docs/ha.md showed rdzv:)",
      "rdzv:\n  endpoint: 127.0.0.1\n",
      "job.yaml:1:1: rdzv: unknown key (did you mean 'rendezvous'?); valid keys here are job, "
      "rendezvous, nodes, scheduler, nproc_per_node, role, command, args, module, no_python, "
-     "restart, cpu_bind, logs, monitoring, environment, nccl"},
+     "restart, cpu_bind, logs, monitoring, environment, nccl, checkpoint"},
     {"min > max", "nodes:\n  count: 4:2\n",
      "job.yaml:2:10: nodes.count: must be N or MIN:MAX with 0 < MIN <= MAX (e.g. 2 or 1:4), got "
      "'4:2'"},

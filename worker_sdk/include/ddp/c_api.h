@@ -151,7 +151,8 @@ ddp_status_t ddp_metrics_scalar(const char* name, double value);
  * this process's death); DDP_ERR_INVALID_ARGUMENT for a NULL or empty name,
  * a name given twice, NULL data with a size, or a snapshot over
  * --ckpt_shm_limit; DDP_ERR_STATE without checkpoint memory (not under
- * ddprun). ddp_checkpoint_load sets *out to the newest step every rank
+ * ddprun); under --ckpt_every N, DDP_OK at once without saving for a step
+ * that is not a multiple of N. ddp_checkpoint_load sets *out to the newest step every rank
  * committed, the same on every rank, or to NULL when there is none; every
  * rank calls it at start, before its first save. Free it with
  * ddp_checkpoint_free. Not thread-safe. */

@@ -68,7 +68,8 @@ struct Snapshot {
 };
 
 // Copies the spans into this worker's checkpoint memory as `step` and
-// returns once the copy is committed (see above).
+// returns once the copy is committed (see above). Under --ckpt_every N, a
+// step that is not a multiple of N returns at once without saving.
 void Save(std::int64_t step, const std::vector<Span>& spans);
 
 // The newest step every rank of the job committed and its buffers, or

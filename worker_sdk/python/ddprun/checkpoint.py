@@ -30,7 +30,7 @@ import struct
 import sys
 import zlib
 
-__all__ = ["save", "load", "wait", "Error", "UnsupportedError"]
+__all__ = ["save", "load", "wait", "load_dir", "Error", "UnsupportedError"]
 
 # The layout (rendezvous/common/include/ddprun/rendezvous/common/checkpoint_layout.h).
 _MAGIC = b"DDPCKPT1"
@@ -200,14 +200,23 @@ def _die_in_save_hook(step):
     return rank == os.environ.get("RANK") and at == str(step)
 
 
+def _every():
+    try:
+        return max(1, int(os.environ.get("DDPRUN_CKPT_EVERY", "1") or "1"))
+    except ValueError:
+        return 1
+
+
 def save(state, step):
     """Copies `state` into this worker's checkpoint memory as `step`.
 
-    Returns once the copy is committed: the snapshot then survives this
+    Returns True once the copy is committed: the snapshot then survives this
     process's death. The slot of the previous snapshot is not touched, so a
-    save cut short leaves it loadable. Raises UnsupportedError naming the key
-    path of an object it does not hold, Error when the snapshot is larger
-    than --ckpt_shm_limit.
+    save cut short leaves it loadable. With --ckpt_every N, a step that is
+    not a multiple of N is not saved: save returns False at once, without
+    looking at `state`. Raises UnsupportedError naming the key path of an
+    object it does not hold, Error when the snapshot is larger than
+    --ckpt_shm_limit.
     """
     try:
         step = operator.index(step)
@@ -215,6 +224,8 @@ def save(state, step):
         raise Error("ddprun.checkpoint.save: step must be an int, got %s" % _type_name(step)) from None
     if not -(1 << 63) <= step < (1 << 63):
         raise Error("ddprun.checkpoint.save: step %d does not fit in 64 bits" % step)
+    if step % _every() != 0:
+        return False
     enc = _Encoder()
     tree = json.dumps({"format": _FORMAT, "state": enc.encode(state, "state")},
                       separators=(",", ":")).encode()
@@ -258,6 +269,7 @@ def save(state, step):
     rec = _RECORDS_OFFSET + slot * _RECORD_BYTES
     _RECORD.pack_into(mm, rec, _WRITING, crc, generation, step, total, rank, world)
     mem.set_state(slot, _COMMITTED)  # the commit: last, one aligned 4-byte store
+    return True
 
 
 def wait():
@@ -315,7 +327,7 @@ def _decode(node, mem, base):
     at, n = base + node.get("off", 0), node.get("n", 0)
     if t in ("bytes", "bytearray"):
         b = mem.mm[at:at + n]
-        return b if t == "bytes" else bytearray(b)
+        return bytes(b) if t == "bytes" else bytearray(b)  # bytes(bytes) does not copy
     if t == "torch":
         import torch
         x = torch.empty(node["shape"], dtype=getattr(torch, node["dtype"]))
@@ -368,3 +380,99 @@ def load():
     tree = json.loads(bytes(mem.mm[base + 8:base + 8 + tree_len]))
     data_start = (8 + tree_len + _ALIGN - 1) // _ALIGN * _ALIGN
     return step, _decode(tree["state"], mem, base + data_start)
+
+
+# ------------------------------------------------------------------ --ckpt_dir
+
+_MANIFEST_FORMAT = "ddprun-checkpoint-1"
+
+
+class _FileView:
+    """A persisted file's bytes with the address _decode copies from."""
+
+    def __init__(self, data):
+        self.mm = bytearray(data)
+        self._anchor = (ctypes.c_char * len(self.mm)).from_buffer(self.mm)
+        self.address = ctypes.addressof(self._anchor)
+
+
+def _complete_steps(path):
+    """{step: (world_size, {rank: entry})} of the complete steps in a --ckpt_dir."""
+    steps = {}
+    for name in os.listdir(path):
+        if not name.startswith("step-"):
+            continue
+        try:
+            step = int(name[5:])
+        except ValueError:
+            continue
+        folder = os.path.join(path, name)
+        world, ranks = None, {}
+        for f in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
+            if not (f.startswith("manifest-") and f.endswith(".json")):
+                continue
+            try:
+                with open(os.path.join(folder, f)) as fh:
+                    m = json.load(fh)
+            except (OSError, ValueError):
+                continue
+            if m.get("format") != _MANIFEST_FORMAT or m.get("step") != step:
+                continue
+            world = m.get("world_size")
+            ranks.update({int(r): e for r, e in m.get("ranks", {}).items()})
+        if world and all(r in ranks for r in range(world)):
+            steps[step] = (world, ranks)
+    return steps
+
+
+def load_dir(path, rank=None, map_location=None):
+    """Returns (step, state) of `rank` from the newest step that every rank
+    has in a --ckpt_dir directory, or None when it holds no complete step.
+
+    rank: default this worker's RANK, else 0. map_location: None puts each
+    tensor back on the device it was saved from; "cpu" (or any device)
+    puts them all there. Works without ddprun running: the files are
+    safetensors (docs/checkpoint.md, "Persisted format"). A file whose size
+    or CRC-32 does not match its manifest raises Error naming it.
+    """
+    steps = _complete_steps(path)
+    if not steps:
+        return None
+    step = max(steps)
+    world, ranks = steps[step]
+    if rank is None:
+        rank = int(os.environ.get("RANK", "0"))
+    if rank not in ranks:
+        raise Error("ddprun.checkpoint.load_dir: step %d in %s has ranks 0..%d, not %d"
+                    % (step, path, world - 1, rank))
+    entry = ranks[rank]
+    file = os.path.join(path, "step-%d" % step, entry["file"])
+    with open(file, "rb") as fh:
+        data = fh.read()
+    crc = zlib.crc32(data)
+    if len(data) != entry["size"] or crc != entry["crc32"]:
+        raise Error("ddprun.checkpoint.load_dir: %s is corrupt (%d bytes, CRC-32 %08x; its manifest "
+                    "says %d bytes, %08x)" % (file, len(data), crc, entry["size"], entry["crc32"]))
+    (n,) = struct.unpack_from("<Q", data, 0)
+    header = json.loads(data[8:8 + n])
+    meta = header.get("__metadata__", {})
+    if meta.get("ddprun.format") != "1":
+        raise Error("ddprun.checkpoint.load_dir: %s is not a ddprun checkpoint (no ddprun.format "
+                    "in its __metadata__)" % file)
+    tree = json.loads(meta["ddprun.tree"])
+
+    def place(node):
+        t = node.get("t")
+        if t == "dict":
+            for _, v in node["items"]:
+                place(v)
+        elif t in ("list", "tuple"):
+            for v in node["v"]:
+                place(v)
+        elif "tensor" in node:
+            node["off"] = header[node.pop("tensor")]["data_offsets"][0]
+            if map_location is not None and t == "torch":
+                node["device"] = str(map_location)
+
+    place(tree["state"])
+    return step, _decode(tree["state"], _FileView(data), 8 + n)

@@ -124,6 +124,12 @@ struct AgentOptions {
   // worker may save (--ckpt_shm_limit; its default is the knob table's); 0:
   // no checkpoint memory.
   std::uint64_t ckpt_shm_limit = 0;
+  // --ckpt_dir: where the agent persists committed snapshots
+  // (checkpoint_persister.h); empty: memory only.
+  std::string ckpt_dir;
+  // --ckpt_every: save keeps steps that are multiples of it (the workers'
+  // DDPRUN_CKPT_EVERY; its default is the knob table's).
+  int ckpt_every = 1;
 };
 
 }  // namespace ddprun::agent

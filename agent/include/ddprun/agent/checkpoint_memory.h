@@ -9,16 +9,22 @@
 // shrinking (F_SEAL_GROW | F_SEAL_SHRINK), so a snapshot cannot exceed
 // --ckpt_shm_limit even by a worker that ignores the layout; tmpfs allocates
 // pages only when written. The agent reads the commit records
-// (checkpoint_layout.h) only between rounds, when no worker runs.
-// Not thread-safe: the agent's main thread owns it.
+// (checkpoint_layout.h) between rounds, when no worker runs, to give the
+// workers their steps; its persister (checkpoint_persister.h) reads
+// committed snapshots while workers run (ReadCommitted checks the bytes
+// against the record, so a slot saved over meanwhile is never taken).
+// Thread-safe: the descriptors are guarded; Seed is for the main thread
+// before the round's workers start.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace ddprun::agent {
 
@@ -30,6 +36,9 @@ struct CommittedSnapshot {
   std::uint64_t size = 0;
   int rank = 0;        // RANK of the worker that saved it
   int world_size = 0;  // WORLD_SIZE then
+  int slot = 0;
+  std::uint32_t crc = 0;         // CRC-32 of the snapshot bytes
+  std::uint64_t generation = 0;  // higher is newer
 };
 
 class CheckpointMemory {
@@ -46,6 +55,9 @@ class CheckpointMemory {
   // The descriptor of a local rank's memory (-1 before Ensure).
   int fd(int local_rank) const;
   std::uint64_t slot_capacity() const { return capacity_; }
+  std::uint64_t limit() const { return limit_; }
+  // The number of local ranks whose memory exists.
+  int size() const;
 
   // The committed snapshots in a local rank's memory, newest first; a
   // record that is not committed (a save cut short) is left out.
@@ -61,9 +73,24 @@ class CheckpointMemory {
   // environment and the descriptor in its inherited ones.
   void AddToSpawn(int local_rank, const std::vector<std::int64_t>& common, SpawnSpec* spec) const;
 
+  // The bytes of a committed snapshot `s` (as Committed gave it) of a local
+  // rank. kUnavailable when the worker saved over the slot meanwhile (the
+  // record changed or the CRC-32 does not match): try again later.
+  absl::StatusOr<std::string> ReadCommitted(int local_rank, const CommittedSnapshot& s) const;
+  // Writes `bytes` (a snapshot in format 1) into slot 0 of a local rank's
+  // memory as committed step `step` of RANK `rank` in a job of `world_size`
+  // ranks, replacing whatever the memory held: the persisted snapshot a job
+  // resumes from. Only while no worker of that rank runs. An error names the
+  // size and --ckpt_shm_limit when it does not fit.
+  absl::Status Seed(int local_rank, std::int64_t step, int rank, int world_size,
+                    const std::string& bytes);
+  // Empties both slots' records of a local rank: nothing loadable.
+  void Clear(int local_rank);
+
  private:
   std::uint64_t limit_;     // --ckpt_shm_limit
   std::uint64_t capacity_;  // bytes per slot: the limit rounded up to a page
+  mutable std::mutex mu_;   // guards fds_
   std::vector<int> fds_;
 };
 

@@ -291,6 +291,18 @@ inline constexpr Knob kKnobs[] = {
      .help = "Largest checkpoint one worker may save with ddprun.checkpoint.save (memory the "
              "agent owns, two slots per worker, used as written); 0: no checkpoint memory",
      .dest = kInOptions<&agent::AgentOptions::ckpt_shm_limit>},
+    {.name = "ckpt_dir", .yaml_key = "checkpoint.dir", .type = ValueType::kText,
+     .default_text = "none", .metavar = "DIR", .group = kGroupJob,
+     .help = "Directory the agent writes each rank's newest committed checkpoint to, in the "
+             "background, on SIGTERM and at the job's end (safetensors files and a manifest); "
+             "a job started on it resumes from the newest step every rank has there",
+     .dest = kInOptions<&agent::AgentOptions::ckpt_dir>},
+    {.name = "ckpt_every", .yaml_key = "checkpoint.every", .type = ValueType::kCount,
+     .default_value = "1", .default_text = "1", .metavar = "N", .group = kGroupJob,
+     .help = "ddprun.checkpoint.save keeps only steps that are multiples of N (others return "
+             "False at once)",
+     .min = 1, .max = 1'000'000'000, .what = "a positive integer",
+     .dest = kInOptions<&agent::AgentOptions::ckpt_every>},
     {.name = "standalone", .type = ValueType::kBool, .default_text = "off", .group = kGroupRdzv,
      .help = "Single-node job with its own private rendezvous; ignores --rdzv_backend, "
              "--rdzv_endpoint and --rdzv_id"},

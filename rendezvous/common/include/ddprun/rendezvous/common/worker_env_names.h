@@ -51,5 +51,7 @@ inline constexpr const char* kEnvPythonHook = "DDPRUN_PYTHON_HOOK";
 // had committed when the round's workers were spawned ("3,4"; "" none).
 inline constexpr const char* kEnvCkptFd = "DDPRUN_CKPT_FD";
 inline constexpr const char* kEnvCkptSteps = "DDPRUN_CKPT_STEPS";
+// --ckpt_every: save keeps only steps that are multiples of it.
+inline constexpr const char* kEnvCkptEvery = "DDPRUN_CKPT_EVERY";
 
 }  // namespace ddprun

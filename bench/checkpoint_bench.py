@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""Checkpoints in memory against torch.save/torch.load (issue 28), in one run.
+
+Two ranks under ddprun (--nproc_per_node=2 --max_restarts=1), each with
+--size bytes of float32 tensors (64 MiB each, the last one smaller):
+
+1. ddprun.checkpoint.save's blocking time: the first save (the memory's pages
+   are allocated then) and the median of --reps later saves;
+2. rank 1 kills itself with SIGKILL (kill -9); the restarted workers' load()
+   time, the newest step both ranks committed;
+3. in the same workers after that, torch.save of the same state to a file in
+   --dir and torch.load of it with the file in the page cache (warm) and
+   after `echo 1 > /proc/sys/vm/drop_caches` (cold; said when not allowed).
+
+Each time is the slower rank's (both ranks work at once, as in a job), per
+GiB. The ratios are torch's time over ddprun's.
+
+    python3 bench/checkpoint_bench.py [--size 256MiB] [--reps 3] [--build build] [--dir /tmp]
+    python3 bench/checkpoint_bench.py --size 1GiB          # the docs' figure
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+GIB = 1 << 30
+
+WORKER = r'''
+import json, os, signal, statistics, sys, time
+import torch
+import ddprun.checkpoint as ckpt
+
+out, size, reps, folder = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+rank, attempt = int(os.environ["RANK"]), os.environ["TORCHELASTIC_RESTART_COUNT"]
+chunk = 64 << 20
+state = {}
+left, i = size, 0
+while left > 0:
+    n = min(chunk, left)
+    state["t%03d" % i] = torch.full((n // 4,), float(rank + i))
+    left -= n
+    i += 1
+res = {}
+def clock(f):
+    t = time.perf_counter(); r = f(); return time.perf_counter() - t, r
+
+if attempt == "0":
+    assert ckpt.load() is None
+    res["save_first"], _ = clock(lambda: ckpt.save(state, 0))
+    res["save"] = [clock(lambda s=s: ckpt.save(state, s))[0] for s in range(1, reps + 1)]
+    json.dump(res, open(os.path.join(out, "save%d.json" % rank), "w"))
+    # Both ranks saved; then rank 1 dies (kill -9) and the job restarts.
+    while not all(os.path.exists(os.path.join(out, "save%d.json" % r)) for r in (0, 1)):
+        time.sleep(0.01)
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(600)  # stopped by the agent
+del state
+t, got = clock(ckpt.load)
+step, loaded = got
+res["load"], res["step"] = t, step
+assert all(float(v[0]) == rank + int(k[1:]) for k, v in loaded.items())
+path = os.path.join(folder, "torch_rank%d.pt" % rank)
+res["torch_save"], _ = clock(lambda: (torch.save(loaded, path), os.sync()))
+res["torch_load_warm"], _ = clock(lambda: torch.load(path))
+fd = os.open(path, os.O_RDONLY)
+os.fsync(fd)
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # this file out of the page cache
+os.close(fd)
+try:
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("1\n")
+    res["drop_caches"] = "echo 1 > /proc/sys/vm/drop_caches"
+except OSError as e:
+    res["drop_caches"] = "posix_fadvise(DONTNEED) only (drop_caches: %s)" % e.strerror
+res["torch_load_cold"], _ = clock(lambda: torch.load(path))
+os.unlink(path)
+json.dump(res, open(os.path.join(out, "load%d.json" % rank), "w"))
+'''
+
+
+def parse_size(text):
+    m = re.fullmatch(r"(\d+)\s*([KMG]i?B?)?", text.strip())
+    if not m:
+        raise SystemExit("--size: %r is not a size like 256MiB or 1GiB" % text)
+    scale = {"": 1, None: 1}.get(m.group(2), None)
+    if scale is None:
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2)[0]]
+    return int(m.group(1)) * scale
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default="256MiB", help="state per rank (default 256MiB; 1GiB for the docs)")
+    ap.add_argument("--reps", type=int, default=3, help="saves after the first (median)")
+    ap.add_argument("--build", default=os.path.join(HERE, "..", "build"))
+    ap.add_argument("--dir", default=tempfile.gettempdir(), help="where torch.save writes")
+    args = ap.parse_args()
+    size = parse_size(args.size)
+    build = os.path.abspath(args.build)
+    python = os.environ.get("PYTHON_EXEC", "/usr/bin/python3")
+    with tempfile.TemporaryDirectory() as tmp:
+        script = os.path.join(tmp, "worker.py")
+        with open(script, "w") as f:
+            f.write(WORKER)
+        env = dict(os.environ, PYTHON_EXEC=python, PYTHONPATH=os.path.join(build, "python"))
+        limit = "%dMiB" % ((size >> 20) + 64)
+        cmd = [os.path.join(build, "bin", "ddprun"), "--nproc_per_node=2", "--max_restarts=1",
+               "--ckpt_shm_limit=" + limit, script, tmp, str(size), str(args.reps), args.dir]
+        r = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, timeout=1800)
+        if r.returncode != 0:
+            sys.exit("the benchmark job failed (exit %d):\n%s" % (r.returncode, r.stdout))
+        saves = [json.load(open(os.path.join(tmp, "save%d.json" % k))) for k in (0, 1)]
+        loads = [json.load(open(os.path.join(tmp, "load%d.json" % k))) for k in (0, 1)]
+    gib = size / GIB
+
+    def per_gib(values):
+        return max(values) / gib
+
+    rows = [
+        ("ddprun.checkpoint.save, first (pages allocated)", per_gib([s["save_first"] for s in saves])),
+        ("ddprun.checkpoint.save, median of %d later" % args.reps,
+         per_gib([statistics.median(s["save"]) for s in saves])),
+        ("ddprun.checkpoint.load after kill -9 of rank 1", per_gib([l["load"] for l in loads])),
+        ("torch.save to %s (+ sync)" % args.dir, per_gib([l["torch_save"] for l in loads])),
+        ("torch.load, file in the page cache", per_gib([l["torch_load_warm"] for l in loads])),
+        ("torch.load, file dropped from the page cache", per_gib([l["torch_load_cold"] for l in loads])),
+    ]
+    print("2 ranks x %.3f GiB of float32 tensors each (%s); seconds per GiB, the slower rank"
+          % (gib, args.size))
+    print("loaded step %d; cache: %s" % (loads[0]["step"], loads[0]["drop_caches"]))
+    print("load average: %s" % open("/proc/loadavg").read().split()[:3])
+    for name, v in rows:
+        print("  %-52s %8.3f s/GiB" % (name, v))
+    save, load = rows[1][1], rows[2][1]
+    print("ratios (torch / ddprun): save %.1fx, load warm %.1fx, load cold %.1fx"
+          % (rows[3][1] / save, rows[4][1] / load, rows[5][1] / load))
+    print("goals: save <= 0.25 s/GiB: %s; load <= 0.5 s/GiB: %s; >= 5x torch: %s"
+          % ("met" if save <= 0.25 else "not met", "met" if load <= 0.5 else "not met",
+             "met" if min(rows[3][1] / save, rows[4][1] / load, rows[5][1] / load) >= 5 else "not met"))
+
+
+if __name__ == "__main__":
+    main()
