@@ -1,0 +1,76 @@
+// The replica protocol between agents (--ckpt_replicas, docs/checkpoint.md,
+// "Peer replicas"): the bytes only, no sockets, so that every check on what
+// a peer sends is unit-tested (checkpoint_replicas.h is the transport).
+//
+// A request is a 16-byte prefix, a header, then (kPut) the data:
+//
+//   prefix   magic "DDPREPL1", u32 op (1 put, 2 get), u32 header length
+//   header   u32 n + job id, u32 n + token, i64 round,
+//            i32 base rank, i32 local ranks, i32 world size, i64 step,
+//            local ranks x (u64 size, u32 crc32)
+//   data     the snapshots of the local ranks, back to back (kPut only)
+//
+// A reply is u32 status (0 ok, 1 refused), u32 n + a message (one line);
+// an ok reply to a kGet is followed by a kPut request's prefix, header and
+// data: the replica. Every integer is little-endian. Every message is fenced
+// by the job id and the round; the token is the job's store token.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace ddprun::agent::replica {
+
+inline constexpr char kMagic[8] = {'D', 'D', 'P', 'R', 'E', 'P', 'L', '1'};
+inline constexpr std::size_t kPrefixBytes = 16;
+// Bounds on what a peer may claim before anything is allocated.
+inline constexpr std::uint32_t kMaxHeaderBytes = 64 * 1024;
+inline constexpr std::uint32_t kMaxIdBytes = 1024;
+inline constexpr int kMaxLocalRanks = 1024;
+
+enum class Op : std::uint32_t { kPut = 1, kGet = 2 };
+
+// The ranks of one node's snapshot: RANK base_rank .. base_rank +
+// local_ranks - 1 of a job of world_size ranks. A replica is held per seat.
+struct Seat {
+  int base_rank = 0;
+  int local_ranks = 0;
+  int world_size = 0;
+  friend bool operator==(const Seat&, const Seat&) = default;
+  friend auto operator<=>(const Seat&, const Seat&) = default;
+};
+
+struct Header {
+  Op op = Op::kPut;
+  std::string job_id;
+  std::string token;
+  std::int64_t round = 0;
+  Seat seat;
+  std::int64_t step = 0;             // kPut: the snapshots' step; kGet: 0
+  std::vector<std::uint64_t> sizes;  // kPut: one per local rank
+  std::vector<std::uint32_t> crcs;   // kPut: CRC-32 of each, as its commit record says
+  std::uint64_t data_bytes() const;
+};
+
+// The prefix and header of a request (the data follows it on the wire).
+std::string EncodeRequest(const Header& h);
+// The op and header length from a prefix of kPrefixBytes. InvalidArgument
+// naming what is wrong (not a replica request, an unknown op, a header
+// longer than kMaxHeaderBytes).
+absl::StatusOr<std::uint32_t> ParsePrefix(std::string_view prefix, Op* op);
+// The header after the prefix. InvalidArgument when it does not parse or
+// claims more than the bounds; ResourceExhausted when one snapshot is larger
+// than `limit_bytes` (the receiver's --ckpt_shm_limit), naming both.
+absl::StatusOr<Header> ParseHeader(Op op, std::string_view body, std::uint64_t limit_bytes);
+
+// The first part of a reply (a refusal's message: one line).
+std::string EncodeReply(bool ok, std::string_view message);
+inline constexpr std::size_t kReplyFixedBytes = 8;
+// The status and the message length from the first kReplyFixedBytes.
+absl::StatusOr<std::uint32_t> ParseReplyFixed(std::string_view fixed, bool* ok);
+
+}  // namespace ddprun::agent::replica

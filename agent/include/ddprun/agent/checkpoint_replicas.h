@@ -1,0 +1,139 @@
+// --ckpt_replicas 1 (docs/checkpoint.md, "Peer replicas"): the transport of
+// the replica protocol (checkpoint_replica_wire.h) between agents.
+//
+//  - A server on the agent's advertised address (port 0: the OS picks;
+//    published per round through the round's TCPStore by agent.cc) receives
+//    its predecessor's snapshots (kPut) into its ReplicaStore and hands a
+//    held replica to the node that takes a lost node's seat (kGet). Every
+//    request is checked against the job id, the job's store token and the
+//    current round; a refused or garbage connection is dropped with at most
+//    one line per second, and a connection's whole exchange has a deadline.
+//  - A sender thread polls this node's commit records (every kPollInterval)
+//    and, when every local rank committed a step newer than the one its
+//    successor holds, streams the snapshots there, one local rank at a time
+//    (each checked against its record as it is read, so a slot saved over
+//    meanwhile aborts the send and the next poll tries again).
+//  - Fetch: the client side of kGet, for the restore before a round's
+//    workers start.
+//
+// Threads: its own; SetRound and the accessors from any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ddprun/agent/checkpoint_memory.h"
+#include "ddprun/agent/checkpoint_replica_store.h"
+#include "ddprun/agent/checkpoint_replica_wire.h"
+
+namespace ddprun::agent {
+
+// A replica fetched from its holder, every rank's bytes checked against its
+// CRC-32.
+struct FetchedReplica {
+  std::int64_t step = 0;
+  std::vector<std::string> bytes;  // one per local rank of the seat
+};
+
+class ReplicaService {
+ public:
+  using LogFn = std::function<void(const std::string&)>;  // one line, from any thread
+  using Clock = std::chrono::steady_clock;
+  static constexpr std::chrono::milliseconds kPollInterval{50};
+  // The whole exchange of one connection (a replica of many GiB fits).
+  static constexpr std::chrono::seconds kIoTimeout{120};
+  static constexpr int kMaxConnections = 8;
+
+  struct Options {
+    std::string job_id;
+    std::string host;               // the advertised address to bind
+    std::uint64_t limit_bytes = 0;  // --ckpt_shm_limit: the largest snapshot held
+  };
+
+  // `memory` (may be null: serve only) outlives this object.
+  ReplicaService(Options options, const CheckpointMemory* memory, LogFn log);
+  ~ReplicaService();  // Stop()
+  ReplicaService(const ReplicaService&) = delete;
+  ReplicaService& operator=(const ReplicaService&) = delete;
+
+  // Listens on host:0 and starts the threads. An error names the address.
+  absl::Status Start();
+  // Ends the threads; connections in progress are cut. Idempotent.
+  void Stop();
+  // host:port this node's server listens on.
+  std::string endpoint() const { return endpoint_; }
+  ReplicaStore& store() { return store_; }
+
+  // The round's fence (requests of another round, job or token are
+  // refused) and where this node's snapshots go ("": nowhere).
+  void SetRound(std::int64_t round, const std::string& token, const std::string& successor);
+  // The newest step the current successor acknowledged (-1: none yet).
+  std::int64_t sent_step() const { return sent_step_.load(); }
+
+  // Sends one replica (`data`: one span per local rank, as h.sizes) and
+  // waits for the answer. A refusal is FailedPrecondition with the peer's
+  // line; transport errors Unavailable or DeadlineExceeded.
+  static absl::Status Put(const std::string& endpoint, const replica::Header& h,
+                          const std::vector<std::string_view>& data, Clock::time_point deadline);
+  // Fetches the replica of `seat` from `endpoint`. NotFound when it holds
+  // none; DataLoss when a rank's bytes do not match their CRC-32.
+  static absl::StatusOr<FetchedReplica> Fetch(const std::string& endpoint,
+                                              const std::string& job_id, const std::string& token,
+                                              std::int64_t round, const replica::Seat& seat,
+                                              std::uint64_t limit_bytes,
+                                              Clock::time_point deadline);
+
+ private:
+  void AcceptLoop();
+  void Serve(int fd, std::string peer, std::uint64_t id);
+  void SendLoop();
+  void SendNewest();
+  // At most one line per second; the others are counted into the next.
+  void LogLimited(const std::string& msg);
+
+  const Options options_;
+  const CheckpointMemory* memory_;
+  LogFn log_;
+  ReplicaStore store_;
+  std::string endpoint_;
+  int listen_fd_ = -1;
+  int wake_fd_ = -1;  // an eventfd that ends AcceptLoop
+  std::thread accept_thread_;
+  std::thread send_thread_;
+
+  std::mutex mu_;  // everything below until the atomics
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::int64_t round_ = -1;
+  std::string token_;
+  std::string successor_;
+  std::set<int> open_fds_;                             // connections being served, cut by Stop
+  std::map<std::uint64_t, std::thread> conn_threads_;  // by id
+  std::vector<std::uint64_t> finished_;  // ids of returned threads, joined by AcceptLoop
+  std::uint64_t next_conn_ = 0;
+  int active_ = 0;
+  Clock::time_point last_line_{};
+  int suppressed_ = 0;
+  bool refused_large_ = false;  // a too large replica: said once until one fits
+
+  // The sender's own.
+  std::string sent_to_;
+  std::int64_t refused_step_ = -1;
+  bool send_failing_ = false;
+  std::atomic<std::int64_t> sent_step_{-1};
+};
+
+}  // namespace ddprun::agent

@@ -1,0 +1,103 @@
+#include "ddprun/agent/checkpoint_replica_store.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace ddprun::agent {
+
+HeldReplica::HeldReplica(replica::Seat seat, std::int64_t step, std::vector<std::uint64_t> sizes,
+                         std::vector<std::uint32_t> crcs)
+    : seat_(seat), step_(step), sizes_(std::move(sizes)), crcs_(std::move(crcs)) {}
+
+HeldReplica::~HeldReplica() {
+  for (std::size_t j = 0; j < maps_.size(); ++j) {
+    if (maps_[j] != nullptr) ::munmap(maps_[j], sizes_[j]);
+  }
+  for (int fd : fds_) ::close(fd);
+}
+
+absl::Status HeldReplica::Allocate() {
+  for (std::size_t j = 0; j < sizes_.size(); ++j) {
+    const int fd = ::memfd_create("ddprun-replica", MFD_CLOEXEC);
+    if (fd < 0) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("memfd_create for a replica: ", std::strerror(errno)));
+    }
+    fds_.push_back(fd);
+    maps_.push_back(nullptr);
+    if (sizes_[j] == 0) continue;
+    // fallocate, not ftruncate: a full memory cgroup is an error here, not
+    // a SIGBUS while the bytes arrive.
+    if (const int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(sizes_[j])); rc != 0) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("allocating ", sizes_[j], " bytes for a replica: ", std::strerror(rc)));
+    }
+    void* p = ::mmap(nullptr, sizes_[j], PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("mmap of a replica: ", std::strerror(errno)));
+    }
+    maps_.back() = static_cast<char*>(p);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> HeldReplica::Read(int j) const {
+  const auto i = static_cast<std::size_t>(j);
+  std::string bytes(sizes_[i], '\0');
+  if (sizes_[i] > 0) std::memcpy(bytes.data(), maps_[i], sizes_[i]);
+  const auto crc = static_cast<std::uint32_t>(
+      ::crc32_z(0, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size()));
+  if (crc != crcs_[i]) {
+    return absl::DataLossError(
+        absl::StrFormat("the replica of step %d of rank %d has CRC-32 %08x, its record says %08x",
+                        step_, seat_.base_rank + j, crc, crcs_[i]));
+  }
+  return bytes;
+}
+
+absl::StatusOr<std::shared_ptr<HeldReplica>> ReplicaStore::Begin(const replica::Header& put) {
+  auto r = std::make_shared<HeldReplica>(put.seat, put.step, put.sizes, put.crcs);
+  if (absl::Status st = r->Allocate(); !st.ok()) return st;
+  return r;
+}
+
+void ReplicaStore::Commit(std::shared_ptr<HeldReplica> r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = held_.find(r->seat());
+  if (it != held_.end() && it->second->step() > r->step()) return;  // a newer one arrived first
+  const replica::Seat seat = r->seat();
+  held_[seat] = std::move(r);
+  received_at_[seat] = ++counter_;
+  while (held_.size() > kMaxSeats) {
+    auto oldest = received_at_.begin();
+    for (auto i = received_at_.begin(); i != received_at_.end(); ++i) {
+      if (i->second < oldest->second) oldest = i;
+    }
+    held_.erase(oldest->first);
+    received_at_.erase(oldest);
+  }
+}
+
+std::shared_ptr<const HeldReplica> ReplicaStore::Find(const replica::Seat& seat) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = held_.find(seat);
+  return it == held_.end() ? nullptr : it->second;
+}
+
+std::vector<std::shared_ptr<const HeldReplica>> ReplicaStore::All() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::shared_ptr<const HeldReplica>> out;
+  for (const auto& [seat, r] : held_) out.push_back(r);
+  return out;
+}
+
+}  // namespace ddprun::agent

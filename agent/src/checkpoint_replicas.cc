@@ -1,0 +1,467 @@
+#include "ddprun/agent/checkpoint_replicas.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "ddprun/rendezvous/common/debug_log.h"
+#include "ddprun/rendezvous/common/errors.h"
+#include "ddprun/rendezvous/common/host_port.h"
+#include "ddprun/rendezvous/common/socket_util.h"
+
+namespace ddprun::agent {
+namespace {
+
+namespace net = ::ddprun::rendezvous::net;
+using replica::Header;
+using replica::Op;
+
+absl::StatusOr<net::UniqueFd> Dial(const std::string& endpoint,
+                                   ReplicaService::Clock::time_point deadline) {
+  auto hp = rendezvous::ParseHostPort(endpoint);
+  if (!hp.ok()) return hp.status();
+  auto addrs = net::ResolveTcp(hp->host, hp->port);
+  if (!addrs.ok()) return addrs.status();
+  absl::Status last = absl::UnavailableError("no address");
+  for (const net::SocketAddress& a : *addrs) {
+    auto fd = net::ConnectTcp(a, deadline);
+    if (fd.ok()) return fd;
+    last = fd.status();
+  }
+  return last;
+}
+
+// The reply's status and message.
+absl::Status ReadReply(int fd, ReplicaService::Clock::time_point deadline) {
+  char fixed[replica::kReplyFixedBytes];
+  if (absl::Status st = net::RecvExact(fd, fixed, sizeof fixed, deadline); !st.ok()) return st;
+  bool ok = false;
+  auto len = replica::ParseReplyFixed(std::string_view(fixed, sizeof fixed), &ok);
+  if (!len.ok()) return absl::UnavailableError(len.status().message());
+  std::string msg(*len, '\0');
+  if (absl::Status st = net::RecvExact(fd, msg.data(), msg.size(), deadline); !st.ok()) return st;
+  if (!ok) return absl::FailedPreconditionError(msg);
+  return absl::OkStatus();
+}
+
+std::string Ranks(const replica::Seat& s) {
+  return s.local_ranks == 1
+             ? absl::StrCat("rank ", s.base_rank)
+             : absl::StrCat("ranks ", s.base_rank, "-", s.base_rank + s.local_ranks - 1);
+}
+
+}  // namespace
+
+ReplicaService::ReplicaService(Options options, const CheckpointMemory* memory, LogFn log)
+    : options_(std::move(options)), memory_(memory), log_(std::move(log)) {}
+
+ReplicaService::~ReplicaService() { Stop(); }
+
+absl::Status ReplicaService::Start() {
+  auto fd = net::ListenTcp(options_.host, 0);
+  if (!fd.ok()) {
+    return absl::UnavailableError(absl::StrCat("--ckpt_replicas: cannot listen on ", options_.host,
+                                               ": ", fd.status().message()));
+  }
+  endpoint_ = rendezvous::FormatHostPort(options_.host, net::LocalPort(fd->get()));
+  listen_fd_ = fd->release();
+  wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  accept_thread_ = std::thread([this] { AcceptLoop(); });
+  if (memory_ != nullptr) send_thread_ = std::thread([this] { SendLoop(); });
+  return absl::OkStatus();
+}
+
+void ReplicaService::Stop() {
+  std::map<std::uint64_t, std::thread> conns;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_ && conn_threads_.empty() && !accept_thread_.joinable()) return;
+    stop_ = true;
+    for (int fd : open_fds_) ::shutdown(fd, SHUT_RDWR);
+    cv_.notify_all();
+  }
+  if (wake_fd_ >= 0) {
+    const std::uint64_t one = 1;
+    (void)!::write(wake_fd_, &one, sizeof one);
+  }
+  if (accept_thread_.joinable()) accept_thread_.join();
+  if (send_thread_.joinable()) send_thread_.join();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    conns.swap(conn_threads_);
+  }
+  for (auto& [id, t] : conns) t.join();
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+  listen_fd_ = wake_fd_ = -1;
+}
+
+void ReplicaService::SetRound(std::int64_t round, const std::string& token,
+                              const std::string& successor) {
+  std::lock_guard<std::mutex> lock(mu_);
+  round_ = round;
+  token_ = token;
+  successor_ = successor;
+  cv_.notify_all();
+}
+
+void ReplicaService::LogLimited(const std::string& msg) {
+  std::string line;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto now = Clock::now();
+    if (now - last_line_ < std::chrono::seconds(1)) {
+      ++suppressed_;
+      return;
+    }
+    last_line_ = now;
+    line = msg;
+    if (suppressed_ > 0)
+      absl::StrAppend(&line, " (", suppressed_, " more refused in the last second)");
+    suppressed_ = 0;
+  }
+  log_(line);
+}
+
+// ------------------------------------------------------------------ server
+
+void ReplicaService::AcceptLoop() {
+  for (;;) {
+    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    if (::poll(fds, 2, -1) < 0 && errno != EINTR) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
+    }
+    if ((fds[0].revents & POLLIN) == 0) continue;
+    std::string peer;
+    net::UniqueFd conn = net::AcceptOne(listen_fd_, &peer);
+    if (!conn.valid()) continue;
+    std::vector<std::thread> finished;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (std::uint64_t id : finished_) {
+        finished.push_back(std::move(conn_threads_[id]));
+        conn_threads_.erase(id);
+      }
+      finished_.clear();
+    }
+    for (std::thread& t : finished) t.join();  // each has returned already
+    std::lock_guard<std::mutex> lock(mu_);
+    if (active_ >= kMaxConnections) {
+      // closed by conn's destructor
+      continue;
+    }
+    ++active_;
+    const int fd = conn.release();
+    open_fds_.insert(fd);
+    const std::uint64_t id = ++next_conn_;
+    conn_threads_.emplace(id, std::thread([this, fd, peer, id] { Serve(fd, peer, id); }));
+  }
+}
+
+void ReplicaService::Serve(int fd, std::string peer, std::uint64_t id) {
+  net::UniqueFd owned(fd);
+  const auto deadline = Clock::now() + kIoTimeout;
+  std::int64_t round = 0;
+  std::string token;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    round = round_;
+    token = token_;
+  }
+  const std::string fence = rendezvous::Fence(options_.job_id, round);
+  auto refuse = [&](const std::string& why, bool reply) {
+    if (reply) (void)net::SendAll(fd, replica::EncodeReply(false, why), deadline);
+    LogLimited(absl::StrCat("--ckpt_replicas: dropped a connection from ", peer, ": ", why));
+  };
+  auto done = [&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_fds_.erase(fd);
+    finished_.push_back(id);
+    --active_;
+  };
+  char prefix[replica::kPrefixBytes];
+  Op op = Op::kPut;
+  absl::StatusOr<std::uint32_t> len = absl::UnavailableError("");
+  if (absl::Status st = net::RecvExact(fd, prefix, sizeof prefix, deadline); !st.ok()) {
+    refuse(std::string(st.message()), false);
+    return done();
+  }
+  len = replica::ParsePrefix(std::string_view(prefix, sizeof prefix), &op);
+  if (!len.ok()) {
+    refuse(std::string(len.status().message()), false);
+    return done();
+  }
+  std::string body(*len, '\0');
+  if (absl::Status st = net::RecvExact(fd, body.data(), body.size(), deadline); !st.ok()) {
+    refuse(std::string(st.message()), false);
+    return done();
+  }
+  absl::StatusOr<Header> h = replica::ParseHeader(op, body, options_.limit_bytes);
+  if (!h.ok()) {
+    if (absl::IsResourceExhausted(h.status())) {
+      // Too large: one line per seat until one of it fits again.
+      (void)net::SendAll(fd, replica::EncodeReply(false, std::string(h.status().message())),
+                         deadline);
+      bool first = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        first = !refused_large_;
+        refused_large_ = true;
+      }
+      if (first)
+        log_(absl::StrCat("--ckpt_replicas: refusing a replica from ", peer, ": ",
+                          h.status().message()));
+    } else {
+      refuse(std::string(h.status().message()), true);
+    }
+    return done();
+  }
+  if (h->job_id != options_.job_id || token.empty() || h->token != token) {
+    refuse(absl::StrCat(fence, "not a replica of this job (its job id or token differs)"), true);
+    return done();
+  }
+  if (h->round != round) {
+    refuse(absl::StrCat(fence, "a replica request of round ", h->round, " (stale)"), true);
+    return done();
+  }
+  if (op == Op::kPut) {
+    auto r = store_.Begin(*h);
+    if (!r.ok()) {
+      refuse(absl::StrCat(fence, r.status().message()), true);
+      return done();
+    }
+    for (int j = 0; j < h->seat.local_ranks; ++j) {
+      const std::uint64_t n = h->sizes[static_cast<std::size_t>(j)];
+      if (n == 0) continue;
+      if (absl::Status st = net::RecvExact(fd, (*r)->data(j), n, deadline); !st.ok()) {
+        // The sender stopped midway (its worker saved over the slot): the
+        // partial replica is dropped, the seat's older one stays.
+        DDPRUN_DEBUG_LOG(kAgent) << fence << "replica of step " << h->step << " from " << peer
+                                 << " cut short: " << st.message();
+        return done();
+      }
+    }
+    store_.Commit(*std::move(r));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      refused_large_ = false;
+    }
+    (void)net::SendAll(fd, replica::EncodeReply(true, ""), deadline);
+    DDPRUN_DEBUG_LOG(kAgent) << fence << "holds the replica of step " << h->step << " of "
+                             << Ranks(h->seat) << " from " << peer;
+    return done();
+  }
+  // kGet: the seat's replica, as a kPut of this round.
+  std::shared_ptr<const HeldReplica> held = store_.Find(h->seat);
+  if (held == nullptr) {
+    (void)net::SendAll(
+        fd,
+        replica::EncodeReply(false, absl::StrCat(fence, "no replica of ", Ranks(h->seat), " here")),
+        deadline);
+    return done();
+  }
+  Header put = *h;
+  put.op = Op::kPut;
+  put.step = held->step();
+  put.sizes = held->sizes();
+  put.crcs = held->crcs();
+  absl::Status st =
+      net::SendAll(fd, replica::EncodeReply(true, "") + replica::EncodeRequest(put), deadline);
+  for (int j = 0; st.ok() && j < put.seat.local_ranks; ++j) {
+    st = net::SendAll(fd, std::string_view(held->data(j), put.sizes[static_cast<std::size_t>(j)]),
+                      deadline);
+  }
+  DDPRUN_DEBUG_LOG(kAgent) << fence << "sent the replica of step " << put.step << " of "
+                           << Ranks(put.seat) << " to " << peer << ": "
+                           << (st.ok() ? "ok" : st.message());
+  done();
+}
+
+// ------------------------------------------------------------------ client
+
+absl::Status ReplicaService::Put(const std::string& endpoint, const Header& h,
+                                 const std::vector<std::string_view>& data,
+                                 Clock::time_point deadline) {
+  auto fd = Dial(endpoint, deadline);
+  if (!fd.ok()) return fd.status();
+  if (absl::Status st = net::SendAll(fd->get(), replica::EncodeRequest(h), deadline); !st.ok()) {
+    return st;
+  }
+  for (std::string_view d : data) {
+    if (absl::Status st = net::SendAll(fd->get(), d, deadline); !st.ok()) {
+      // A refusal sent before the data (too large): the reply says why.
+      absl::Status reply = ReadReply(fd->get(), deadline);
+      return reply.ok() ? st : reply;
+    }
+  }
+  return ReadReply(fd->get(), deadline);
+}
+
+absl::StatusOr<FetchedReplica> ReplicaService::Fetch(const std::string& endpoint,
+                                                     const std::string& job_id,
+                                                     const std::string& token, std::int64_t round,
+                                                     const replica::Seat& seat,
+                                                     std::uint64_t limit_bytes,
+                                                     Clock::time_point deadline) {
+  auto fd = Dial(endpoint, deadline);
+  if (!fd.ok()) return fd.status();
+  Header get;
+  get.op = Op::kGet;
+  get.job_id = job_id;
+  get.token = token;
+  get.round = round;
+  get.seat = seat;
+  if (absl::Status st = net::SendAll(fd->get(), replica::EncodeRequest(get), deadline); !st.ok()) {
+    return st;
+  }
+  if (absl::Status st = ReadReply(fd->get(), deadline); !st.ok()) {
+    if (absl::IsFailedPrecondition(st)) return absl::NotFoundError(st.message());
+    return st;
+  }
+  char prefix[replica::kPrefixBytes];
+  if (absl::Status st = net::RecvExact(fd->get(), prefix, sizeof prefix, deadline); !st.ok()) {
+    return st;
+  }
+  Op op = Op::kGet;
+  auto len = replica::ParsePrefix(std::string_view(prefix, sizeof prefix), &op);
+  if (!len.ok()) return len.status();
+  std::string body(*len, '\0');
+  if (absl::Status st = net::RecvExact(fd->get(), body.data(), body.size(), deadline); !st.ok()) {
+    return st;
+  }
+  auto h = replica::ParseHeader(op, body, limit_bytes);
+  if (!h.ok()) return h.status();
+  if (op != Op::kPut || h->seat != seat || h->job_id != job_id || h->round != round) {
+    return absl::InvalidArgumentError(absl::StrCat(endpoint, " answered with another replica"));
+  }
+  FetchedReplica out;
+  out.step = h->step;
+  for (int j = 0; j < seat.local_ranks; ++j) {
+    const auto i = static_cast<std::size_t>(j);
+    std::string bytes(h->sizes[i], '\0');
+    if (absl::Status st = net::RecvExact(fd->get(), bytes.data(), bytes.size(), deadline);
+        !st.ok()) {
+      return st;
+    }
+    const auto crc = static_cast<std::uint32_t>(
+        ::crc32_z(0, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size()));
+    if (crc != h->crcs[i]) {
+      return absl::DataLossError(absl::StrCat("the replica of step ", h->step, " of rank ",
+                                              seat.base_rank + j, " from ", endpoint,
+                                              " does not match its CRC-32"));
+    }
+    out.bytes.push_back(std::move(bytes));
+  }
+  return out;
+}
+
+// ------------------------------------------------------------------ sender
+
+void ReplicaService::SendLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    cv_.wait_for(lock, kPollInterval);
+    if (stop_) return;
+    lock.unlock();
+    SendNewest();
+    lock.lock();
+  }
+}
+
+void ReplicaService::SendNewest() {
+  std::int64_t round = 0;
+  std::string token, successor;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    round = round_;
+    token = token_;
+    successor = successor_;
+  }
+  const int n = memory_->size();
+  if (successor.empty() || n == 0) return;
+  // The newest step every local rank committed, as one seat's ranks.
+  std::vector<std::vector<CommittedSnapshot>> committed(static_cast<std::size_t>(n));
+  for (int j = 0; j < n; ++j) committed[j] = memory_->Committed(j);
+  std::vector<CommittedSnapshot> pick;
+  for (const CommittedSnapshot& s0 : committed[0]) {  // newest first
+    pick.assign(1, s0);
+    for (int j = 1; j < n; ++j) {
+      auto it = std::find_if(committed[j].begin(), committed[j].end(), [&](const auto& s) {
+        return s.step == s0.step && s.rank == s0.rank + j && s.world_size == s0.world_size;
+      });
+      if (it == committed[j].end()) break;
+      pick.push_back(*it);
+    }
+    if (static_cast<int>(pick.size()) == n) break;
+    pick.clear();
+  }
+  if (pick.empty()) return;
+  const std::int64_t step = pick[0].step;
+  if (successor == sent_to_ && (step == sent_step_.load() || step == refused_step_)) return;
+  if (successor != sent_to_) {
+    sent_step_ = -1;
+    refused_step_ = -1;
+  }
+  Header h;
+  h.op = Op::kPut;
+  h.job_id = options_.job_id;
+  h.token = token;
+  h.round = round;
+  h.seat = replica::Seat{pick[0].rank, n, pick[0].world_size};
+  h.step = step;
+  for (const CommittedSnapshot& s : pick) {
+    h.sizes.push_back(s.size);
+    h.crcs.push_back(s.crc);
+  }
+  const auto deadline = Clock::now() + kIoTimeout;
+  auto fd = Dial(successor, deadline);
+  absl::Status st =
+      fd.ok() ? net::SendAll(fd->get(), replica::EncodeRequest(h), deadline) : fd.status();
+  // One local rank at a time, each checked against its record as read.
+  for (int j = 0; st.ok() && j < n; ++j) {
+    absl::StatusOr<std::string> bytes = memory_->ReadCommitted(j, pick[j]);
+    if (absl::IsUnavailable(bytes.status())) return;  // saved over: the next poll
+    if (!bytes.ok()) {
+      st = bytes.status();
+      break;
+    }
+    st = net::SendAll(fd->get(), *bytes, deadline);
+  }
+  if (st.ok() || fd.ok()) {
+    absl::Status reply = ReadReply(fd->get(), deadline);
+    if (st.ok() || absl::IsFailedPrecondition(reply)) st = reply;
+  }
+  sent_to_ = successor;
+  const std::string fence = rendezvous::Fence(options_.job_id, round);
+  if (st.ok()) {
+    sent_step_ = step;
+    send_failing_ = false;
+    DDPRUN_DEBUG_LOG(kAgent) << fence << "replica of step " << step << " sent to " << successor;
+    return;
+  }
+  if (absl::IsFailedPrecondition(st)) {
+    refused_step_ = step;  // not sent again; a newer step is
+    if (!send_failing_) {
+      log_(absl::StrCat("--ckpt_replicas: ", successor, " refused the replica of step ", step, ": ",
+                        st.message()));
+    }
+    send_failing_ = true;
+    return;
+  }
+  if (!send_failing_) {
+    log_(absl::StrCat("--ckpt_replicas: cannot send the replica of step ", step, " to ", successor,
+                      ": ", st.message(), "; trying again (said once until a send succeeds)"));
+  }
+  send_failing_ = true;
+}
+
+}  // namespace ddprun::agent

@@ -1,0 +1,196 @@
+// The replica protocol without sockets (checkpoint_replica_wire.h): a
+// request round-trips, and everything a peer may send wrong is refused
+// before anything is allocated; the receiver's store
+// (checkpoint_replica_store.h): a replica is visible only once complete,
+// a newer step wins, a reader keeps a replaced replica, the seats are
+// bounded and a corrupted byte is caught by its CRC-32.
+#include <zlib.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <string>
+
+#include "ddprun/agent/checkpoint_replica_store.h"
+#include "ddprun/agent/checkpoint_replica_wire.h"
+
+namespace ddprun::agent {
+namespace {
+
+using replica::Header;
+using replica::Op;
+using replica::Seat;
+
+Header PutHeader(std::int64_t step = 7, std::uint64_t size = 100) {
+  Header h;
+  h.op = Op::kPut;
+  h.job_id = "job1";
+  h.token = "tok";
+  h.round = 3;
+  h.seat = Seat{2, 2, 4};
+  h.step = step;
+  h.sizes = {size, size + 1};
+  h.crcs = {11, 22};
+  return h;
+}
+
+// Parses an encoded request back: prefix, then header.
+absl::StatusOr<Header> RoundTrip(const std::string& wire, std::uint64_t limit) {
+  Op op = Op::kGet;
+  auto len = replica::ParsePrefix(std::string_view(wire).substr(0, replica::kPrefixBytes), &op);
+  if (!len.ok()) return len.status();
+  REQUIRE(wire.size() == replica::kPrefixBytes + *len);
+  return replica::ParseHeader(op, std::string_view(wire).substr(replica::kPrefixBytes), limit);
+}
+
+std::uint32_t Crc(const std::string& s) {
+  return static_cast<std::uint32_t>(
+      ::crc32_z(0, reinterpret_cast<const Bytef*>(s.data()), s.size()));
+}
+
+TEST_CASE("replica wire: a put and a get round-trip", "[unit][replica]") {
+  auto h = RoundTrip(replica::EncodeRequest(PutHeader()), 1 << 20);
+  REQUIRE(h.ok());
+  CHECK(h->op == Op::kPut);
+  CHECK(h->job_id == "job1");
+  CHECK(h->token == "tok");
+  CHECK(h->round == 3);
+  CHECK(h->seat == Seat{2, 2, 4});
+  CHECK(h->step == 7);
+  CHECK(h->sizes == std::vector<std::uint64_t>{100, 101});
+  CHECK(h->crcs == std::vector<std::uint32_t>{11, 22});
+  CHECK(h->data_bytes() == 201);
+
+  Header get = PutHeader();
+  get.op = Op::kGet;
+  get.step = 0;
+  auto g = RoundTrip(replica::EncodeRequest(get), 1 << 20);
+  REQUIRE(g.ok());
+  CHECK(g->op == Op::kGet);
+  CHECK(g->sizes.empty());
+}
+
+TEST_CASE("replica wire: garbage and lies are refused by name", "[unit][replica]") {
+  Op op = Op::kPut;
+  SECTION("bad magic") {
+    auto len = replica::ParsePrefix("GET / HTTP/1.1\r\n", &op);
+    REQUIRE_FALSE(len.ok());
+    CHECK(std::string(len.status().message()).find("bad magic") != std::string::npos);
+  }
+  SECTION("unknown op and a huge header") {
+    std::string p = replica::EncodeRequest(PutHeader()).substr(0, replica::kPrefixBytes);
+    std::string bad_op = p;
+    bad_op[8] = 9;
+    CHECK(std::string(replica::ParsePrefix(bad_op, &op).status().message()) ==
+          "unknown replica op 9");
+    std::string huge = p;
+    const std::uint32_t len = replica::kMaxHeaderBytes + 1;
+    std::memcpy(huge.data() + 12, &len, 4);
+    CHECK_FALSE(replica::ParsePrefix(huge, &op).ok());
+  }
+  SECTION("a header cut short, or with trailing bytes") {
+    std::string body = replica::EncodeRequest(PutHeader()).substr(replica::kPrefixBytes);
+    for (std::size_t cut : {std::size_t{0}, std::size_t{3}, body.size() - 1}) {
+      CHECK_FALSE(replica::ParseHeader(Op::kPut, body.substr(0, cut), 1 << 20).ok());
+    }
+    CHECK(std::string(replica::ParseHeader(Op::kPut, body + "x", 1 << 20).status().message()) ==
+          "a replica header with trailing bytes");
+  }
+  SECTION("a job id longer than the bound") {
+    Header h = PutHeader();
+    h.job_id.assign(replica::kMaxIdBytes + 1, 'j');
+    CHECK_FALSE(RoundTrip(replica::EncodeRequest(h), 1 << 20).ok());
+  }
+  SECTION("ranks that are not a seat") {
+    for (Seat s : {Seat{0, 0, 4}, Seat{3, 2, 4}, Seat{-1, 1, 4}, Seat{0, 2000, 4000}}) {
+      Header h = PutHeader();
+      h.seat = s;
+      h.sizes.assign(static_cast<std::size_t>(std::max(s.local_ranks, 0)), 1);
+      h.crcs.assign(h.sizes.size(), 0);
+      auto r = RoundTrip(replica::EncodeRequest(h), 1 << 20);
+      INFO(s.base_rank << "+" << s.local_ranks << " of " << s.world_size);
+      REQUIRE_FALSE(r.ok());
+      CHECK(absl::IsInvalidArgument(r.status()));
+    }
+  }
+  SECTION("a snapshot larger than the receiver's limit names it and the flag") {
+    auto r = RoundTrip(replica::EncodeRequest(PutHeader(7, 5 << 20)), 1 << 20);
+    REQUIRE(absl::IsResourceExhausted(r.status()));
+    CHECK(std::string(r.status().message()) ==
+          "the replica of step 7 of rank 2 needs 5 MiB (5242880 bytes), more than this node's "
+          "--ckpt_shm_limit (1048576 bytes per worker); raise --ckpt_shm_limit on this node");
+  }
+  SECTION("replies") {
+    bool ok = true;
+    const std::string refused = replica::EncodeReply(false, "no");
+    auto len = replica::ParseReplyFixed(refused.substr(0, replica::kReplyFixedBytes), &ok);
+    REQUIRE(len.ok());
+    CHECK_FALSE(ok);
+    CHECK(*len == 2);
+    CHECK_FALSE(replica::ParseReplyFixed("\x07\0\0\0\0\0\0\0", &ok).ok());
+  }
+}
+
+// Fills a begun replica with these bytes per rank (as the server's receive).
+std::shared_ptr<HeldReplica> Filled(ReplicaStore& store, Seat seat, std::int64_t step,
+                                    const std::vector<std::string>& bytes) {
+  Header h = PutHeader(step);
+  h.seat = seat;
+  h.sizes.clear();
+  h.crcs.clear();
+  for (const std::string& b : bytes) {
+    h.sizes.push_back(b.size());
+    h.crcs.push_back(Crc(b));
+  }
+  auto r = store.Begin(h);
+  REQUIRE(r.ok());
+  for (std::size_t j = 0; j < bytes.size(); ++j) {
+    if (!bytes[j].empty())
+      std::memcpy((*r)->data(static_cast<int>(j)), bytes[j].data(), bytes[j].size());
+  }
+  return *r;
+}
+
+TEST_CASE("replica store: complete replicas only, the newest step per seat", "[unit][replica]") {
+  ReplicaStore store;
+  const Seat seat{2, 2, 4};
+  auto r5 = Filled(store, seat, 5, {"five-a", "five-b"});
+  CHECK(store.Find(seat) == nullptr);  // begun, not committed: invisible
+  store.Commit(r5);
+  auto held = store.Find(seat);
+  REQUIRE(held != nullptr);
+  CHECK(held->step() == 5);
+  CHECK(*held->Read(0) == "five-a");
+  CHECK(*held->Read(1) == "five-b");
+
+  // A newer step replaces it; a reader of the old one keeps it.
+  store.Commit(Filled(store, seat, 6, {"six-a", std::string(1 << 16, 's')}));
+  CHECK(store.Find(seat)->step() == 6);
+  CHECK(*held->Read(0) == "five-a");
+  // An older one arriving late does not.
+  store.Commit(Filled(store, seat, 4, {"four-a", "four-b"}));
+  CHECK(store.Find(seat)->step() == 6);
+  CHECK(store.Find(seat)->Read(1)->size() == (1u << 16));
+
+  // At most kMaxSeats seats: the least recently received goes.
+  store.Commit(Filled(store, Seat{0, 2, 4}, 6, {"a", "b"}));
+  store.Commit(Filled(store, Seat{0, 1, 1}, 1, {""}));
+  CHECK(store.All().size() == ReplicaStore::kMaxSeats);
+  CHECK(store.Find(seat) == nullptr);
+  CHECK(store.Find(Seat{0, 1, 1})->Read(0)->empty());
+}
+
+TEST_CASE("replica store: a byte changed after receipt fails its CRC-32 by rank",
+          "[unit][replica]") {
+  ReplicaStore store;
+  auto r = Filled(store, Seat{2, 2, 4}, 9, {"abcdef", "ghijkl"});
+  r->data(1)[2] ^= 1;
+  store.Commit(r);
+  auto bad = store.Find(Seat{2, 2, 4})->Read(1);
+  REQUIRE(absl::IsDataLoss(bad.status()));
+  CHECK(std::string(bad.status().message()).find("step 9 of rank 3 has CRC-32") !=
+        std::string::npos);
+  CHECK(store.Find(Seat{2, 2, 4})->Read(0).ok());
+}
+
+}  // namespace
+}  // namespace ddprun::agent
