@@ -30,6 +30,7 @@
 #include "absl/strings/str_join.h"
 #include "ddprun/agent/checkpoint_memory.h"
 #include "ddprun/agent/checkpoint_persister.h"
+#include "ddprun/agent/checkpoint_replicas.h"
 #include "ddprun/agent/failure_report.h"
 #include "ddprun/agent/file_timer.h"
 #include "ddprun/agent/host.h"
@@ -46,6 +47,7 @@
 #include "ddprun/rendezvous/common/worker_env_names.h"
 #include "ddprun/rendezvous/store/c10d_store_server.h"
 #include "monitoring.h"
+#include "replica_exchange.h"
 
 namespace ddprun::agent {
 namespace {
@@ -160,6 +162,10 @@ class Agent::Impl {
     }
     if (!options_.ckpt_dir.empty() && !persister_) {
       Log("--ckpt_dir needs checkpoint memory; drop --ckpt_shm_limit 0");
+      return kExitUsage;
+    }
+    if (options_.ckpt_replicas > 0 && !checkpoints_) {
+      Log("--ckpt_replicas 1 needs checkpoint memory; drop --ckpt_shm_limit 0");
       return kExitUsage;
     }
     if (persister_) {
@@ -393,6 +399,38 @@ class Agent::Impl {
     worker_pids_round_ = round_;
   }
 
+  // ------------------------------------------------------------ replicas
+
+  // --ckpt_replicas 1: this node's replica server on its advertised address
+  // (replica_exchange.h publishes it each round) and its sender. Replicas
+  // travel through the agent's TCPStore, so not when worker rank 0 hosts it.
+  absl::Status StartReplicas() {
+    if (options_.ckpt_replicas == 0 || !checkpoints_) return absl::OkStatus();
+    if (workers_host_store_) {
+      Log(absl::StrCat("--ckpt_replicas: off, since ", kEnvDisableSharedStore,
+                       "=1 leaves the agents no store to find each other through"));
+      return absl::OkStatus();
+    }
+    ReplicaService::Options ro;
+    ro.job_id = options_.job_id;
+    ro.host = advertised_host_;
+    ro.limit_bytes = options_.ckpt_shm_limit;
+    // Fenced by the round the workers were last spawned in, like the
+    // persister: it logs from its own threads.
+    replicas_ = std::make_unique<ReplicaService>(
+        std::move(ro), checkpoints_.get(), [this](const std::string& msg) {
+          std::string line = absl::StrCat(
+              "ddprun: ", rdzv::Fence(options_.job_id, persist_round_.load()), msg, "\n");
+          std::fputs(line.c_str(), stderr);
+          std::fflush(stderr);
+        });
+    DDPRUN_RETURN_IF_ERROR(replicas_->Start());
+    Log(absl::StrCat("--ckpt_replicas: this node keeps the replica of the previous node's "
+                     "checkpoint and listens for it on ",
+                     replicas_->endpoint()));
+    return absl::OkStatus();
+  }
+
   // ---------------------------------------------------------- monitoring
 
   void StartMonitoring() {
@@ -466,6 +504,10 @@ class Agent::Impl {
         return false;
       }
       persist_round_ = round_;
+      if (replicas_) {
+        ExchangeReplicas(*replicas_, *checkpoints_, a, options_.job_id,
+                         [this](const std::string& m) { Log(m); });
+      }
       if (persister_) {
         bool empty = true;
         for (int j = 0; j < a.local_world_size; ++j)
@@ -651,6 +693,10 @@ class Agent::Impl {
       return rdzv::IsUsageMistake(st) ? kExitUsage : kExitRendezvousError;
     }
     advertised_host_ = session_->advertised_host();
+    if (absl::Status st = StartReplicas(); !st.ok()) {
+      Log(std::string(st.message()));
+      return kExitUsage;
+    }
     StartMonitoring();
     while (true) {
       std::optional<int> rc = RunOneRound();
@@ -1223,6 +1269,8 @@ class Agent::Impl {
   std::unique_ptr<CheckpointMemory> checkpoints_;
   // --ckpt_dir; after checkpoints_, which it reads, so destroyed first.
   std::unique_ptr<CheckpointPersister> persister_;
+  // --ckpt_replicas 1; after checkpoints_, which its sender reads.
+  std::unique_ptr<ReplicaService> replicas_;
   std::atomic<std::int64_t> persist_round_{0};  // the persister's fence
 };
 

@@ -225,7 +225,7 @@ void ReplicaService::Serve(int fd, std::string peer, std::uint64_t id) {
     }
     return done();
   }
-  if (h->job_id != options_.job_id || token.empty() || h->token != token) {
+  if (h->job_id != options_.job_id || h->token != token) {
     refuse(absl::StrCat(fence, "not a replica of this job (its job id or token differs)"), true);
     return done();
   }

@@ -303,6 +303,13 @@ inline constexpr Knob kKnobs[] = {
              "False at once)",
      .min = 1, .max = 1'000'000'000, .what = "a positive integer",
      .dest = kInOptions<&agent::AgentOptions::ckpt_every>},
+    {.name = "ckpt_replicas", .yaml_key = "checkpoint.replicas", .type = ValueType::kCount,
+     .default_value = "0", .default_text = "0", .metavar = "0|1", .group = kGroupJob,
+     .help = "1: each node's newest committed checkpoint is copied to the next node's agent in "
+             "the background, and a node that takes a lost node's seat restores it from there "
+             "(every node of the job gives the same value)",
+     .min = 0, .max = 1, .what = "0 or 1",
+     .dest = kInOptions<&agent::AgentOptions::ckpt_replicas>},
     {.name = "standalone", .type = ValueType::kBool, .default_text = "off", .group = kGroupRdzv,
      .help = "Single-node job with its own private rendezvous; ignores --rdzv_backend, "
              "--rdzv_endpoint and --rdzv_id"},

@@ -1,0 +1,144 @@
+#include "replica_exchange.h"
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "ddprun/rendezvous/store/c10d_store_client.h"
+
+namespace ddprun::agent {
+namespace {
+
+// What one node published: its replica endpoint and the replicas it holds.
+struct Offer {
+  std::string endpoint;
+  std::vector<std::pair<replica::Seat, std::int64_t>> held;  // seat, step
+};
+
+std::string Encode(const std::string& endpoint, const ReplicaStore& store) {
+  std::string v = endpoint;
+  for (const auto& r : store.All()) {
+    absl::StrAppend(&v, ";", r->seat().base_rank, ",", r->seat().local_ranks, ",",
+                    r->seat().world_size, ",", r->step());
+  }
+  return v;
+}
+
+Offer Decode(const std::string& value) {
+  Offer o;
+  std::vector<std::string> parts = absl::StrSplit(value, ';');
+  o.endpoint = parts.empty() ? "" : parts[0];
+  for (std::size_t i = 1; i < parts.size(); ++i) {
+    std::vector<std::string> f = absl::StrSplit(parts[i], ',');
+    replica::Seat s;
+    std::int64_t step = 0;
+    if (f.size() == 4 && absl::SimpleAtoi(f[0], &s.base_rank) &&
+        absl::SimpleAtoi(f[1], &s.local_ranks) && absl::SimpleAtoi(f[2], &s.world_size) &&
+        absl::SimpleAtoi(f[3], &step)) {
+      o.held.emplace_back(s, step);
+    }
+  }
+  return o;
+}
+
+std::string RanksText(const replica::Seat& s) {
+  return s.local_ranks == 1
+             ? absl::StrCat("rank ", s.base_rank)
+             : absl::StrCat("ranks ", s.base_rank, "-", s.base_rank + s.local_ranks - 1);
+}
+
+}  // namespace
+
+void ExchangeReplicas(ReplicaService& service, CheckpointMemory& memory,
+                      const rendezvous::Assignment& a, const std::string& job_id,
+                      const std::function<void(const std::string&)>& log) {
+  service.SetRound(a.round, a.store_token, "");
+  const replica::Seat mine{a.base_rank, a.local_world_size, a.world_size};
+  const bool need = memory.CommonSteps(a.local_world_size, a.base_rank, a.world_size).empty();
+  std::string successor;
+  std::vector<Offer> offers;
+  if (a.group_world_size > 1) {
+    auto store = rendezvous::C10dStoreClient::Connect(
+        a.master_addr, a.master_port, kReplicaExchangeTimeout,
+        "the replicas of this round are off (--ckpt_replicas)");
+    absl::Status st = store.status();
+    const std::string prefix = absl::StrCat(kReplicaKeyPrefix, job_id, "/", a.round, "/");
+    std::vector<std::string> keys;
+    for (int g = 0; g < a.group_world_size; ++g) keys.push_back(absl::StrCat(prefix, g));
+    absl::StatusOr<std::vector<std::string>> values = std::vector<std::string>();
+    if (st.ok())
+      st = (*store)->Set(keys[a.group_rank], Encode(service.endpoint(), service.store()));
+    if (st.ok()) {
+      values = (*store)->MultiGet(keys, kReplicaExchangeTimeout);
+      st = values.status();
+    }
+    if (!st.ok()) {
+      log(
+          absl::StrCat("--ckpt_replicas: cannot exchange the replica addresses through the round's "
+                       "store (",
+                       st.message(),
+                       "); no replica is sent or restored this round (every node needs "
+                       "--ckpt_replicas 1)"));
+    } else {
+      for (const std::string& v : *values) offers.push_back(Decode(v));
+      successor =
+          offers[static_cast<std::size_t>((a.group_rank + 1) % a.group_world_size)].endpoint;
+    }
+  }
+  if (need) {
+    // The newest replica of this seat: this node's own, else another's.
+    std::shared_ptr<const HeldReplica> local = service.store().Find(mine);
+    std::int64_t best = local ? local->step() : -1;
+    std::string holder = local ? service.endpoint() : "";
+    for (std::size_t g = 0; g < offers.size(); ++g) {
+      if (static_cast<int>(g) == a.group_rank) continue;
+      for (const auto& [seat, step] : offers[g].held) {
+        if (seat == mine && step > best) {
+          best = step;
+          holder = offers[g].endpoint;
+        }
+      }
+    }
+    if (!holder.empty()) {
+      std::vector<std::string> bytes;
+      std::int64_t step = best;
+      absl::Status st;
+      if (holder == service.endpoint()) {
+        for (int j = 0; st.ok() && j < mine.local_ranks; ++j) {
+          auto b = local->Read(j);
+          st = b.status();
+          if (b.ok()) bytes.push_back(*std::move(b));
+        }
+      } else {
+        auto fetched =
+            ReplicaService::Fetch(holder, job_id, a.store_token, a.round, mine, memory.limit(),
+                                  ReplicaService::Clock::now() + ReplicaService::kIoTimeout);
+        st = fetched.status();
+        if (fetched.ok()) {
+          step = fetched->step;
+          bytes = std::move(fetched->bytes);
+        }
+      }
+      for (int j = 0; st.ok() && j < mine.local_ranks; ++j) {
+        st =
+            memory.Seed(j, step, a.base_rank + j, a.world_size, bytes[static_cast<std::size_t>(j)]);
+      }
+      if (st.ok()) {
+        log(absl::StrCat("--ckpt_replicas: restored step ", step, " of ", RanksText(mine),
+                         " from the replica held by ", holder, " (nothing read from storage)"));
+      } else {
+        for (int j = 0; j < mine.local_ranks; ++j) memory.Clear(j);
+        log(absl::StrCat("--ckpt_replicas: cannot restore ", RanksText(mine),
+                         " from the replica held by ", holder, ": ", st.message(),
+                         "; these workers start without it"));
+      }
+    }
+  }
+  service.SetRound(a.round, a.store_token, successor);
+}
+
+}  // namespace ddprun::agent
