@@ -1,0 +1,227 @@
+// The replica transport (checkpoint_replicas.h) over real loopback sockets:
+// put and fetch round-trip; requests of another job, token or round are
+// refused; a replica larger than the receiver's --ckpt_shm_limit is refused
+// in one line; garbage connections are dropped with at most one line a
+// second and the server goes on; the sender thread streams a node's newest
+// committed step from its checkpoint memory to its successor.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ddprun/agent/checkpoint_memory.h"
+#include "ddprun/agent/checkpoint_replicas.h"
+
+namespace ddprun::agent {
+namespace {
+
+using replica::Header;
+using replica::Op;
+using replica::Seat;
+using Clock = ReplicaService::Clock;
+
+// The lines a service logs.
+struct Lines {
+  std::mutex mu;
+  std::vector<std::string> v;
+  ReplicaService::LogFn Fn() {
+    return [this](const std::string& m) {
+      std::lock_guard<std::mutex> lock(mu);
+      v.push_back(m);
+    };
+  }
+  std::vector<std::string> Get() {
+    std::lock_guard<std::mutex> lock(mu);
+    return v;
+  }
+};
+
+std::unique_ptr<ReplicaService> Serve(Lines& lines, std::uint64_t limit,
+                                      const CheckpointMemory* memory = nullptr) {
+  ReplicaService::Options o;
+  o.job_id = "job1";
+  o.host = "127.0.0.1";
+  o.limit_bytes = limit;
+  auto s = std::make_unique<ReplicaService>(o, memory, lines.Fn());
+  REQUIRE(s->Start().ok());
+  s->SetRound(2, "tok", "");
+  return s;
+}
+
+std::uint32_t Crc(const std::string& s) {
+  return static_cast<std::uint32_t>(
+      ::crc32_z(0, reinterpret_cast<const Bytef*>(s.data()), s.size()));
+}
+
+Header PutOf(const std::vector<std::string>& data, std::int64_t step = 5) {
+  Header h;
+  h.op = Op::kPut;
+  h.job_id = "job1";
+  h.token = "tok";
+  h.round = 2;
+  h.seat = Seat{2, static_cast<int>(data.size()), 4};
+  h.step = step;
+  for (const std::string& d : data) {
+    h.sizes.push_back(d.size());
+    h.crcs.push_back(Crc(d));
+  }
+  return h;
+}
+
+absl::Status PutAll(const std::string& endpoint, const Header& h,
+                    const std::vector<std::string>& data) {
+  std::vector<std::string_view> views(data.begin(), data.end());
+  return ReplicaService::Put(endpoint, h, views, Clock::now() + std::chrono::seconds(10));
+}
+
+absl::StatusOr<FetchedReplica> FetchSeat(const std::string& endpoint, std::int64_t round,
+                                         const std::string& token = "tok") {
+  return ReplicaService::Fetch(endpoint, "job1", token, round, Seat{2, 2, 4}, 1 << 20,
+                               Clock::now() + std::chrono::seconds(10));
+}
+
+int PortOf(const std::string& endpoint) {
+  return std::stoi(endpoint.substr(endpoint.rfind(':') + 1));
+}
+
+void Garbage(int port, const std::string& bytes) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  (void)!::write(fd, bytes.data(), bytes.size());
+  ::close(fd);
+}
+
+// Polls `ok` until it holds or 10 s pass.
+template <typename F>
+bool Eventually(F ok) {
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (Clock::now() < deadline) {
+    if (ok()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return ok();
+}
+
+TEST_CASE("replica service: put, fetch and the fence", "[integration][replica]") {
+  Lines lines;
+  auto server = Serve(lines, 1 << 20);
+  const std::vector<std::string> data{"rank two bytes", std::string(300000, 'x')};
+  REQUIRE(PutAll(server->endpoint(), PutOf(data), data).ok());
+  auto got = FetchSeat(server->endpoint(), 2);
+  REQUIRE(got.ok());
+  CHECK(got->step == 5);
+  CHECK(got->bytes == data);
+
+  SECTION("another token, job or round is refused, naming the fence") {
+    Header h = PutOf(data, 6);
+    h.token = "other";
+    absl::Status st = PutAll(server->endpoint(), h, data);
+    CHECK(absl::IsFailedPrecondition(st));
+    CHECK(std::string(st.message()) ==
+          "[job job1 round 2] not a replica of this job (its job id or token differs)");
+    h = PutOf(data, 6);
+    h.job_id = "job2";
+    CHECK(absl::IsFailedPrecondition(PutAll(server->endpoint(), h, data)));
+    h = PutOf(data, 6);
+    h.round = 1;
+    st = PutAll(server->endpoint(), h, data);
+    CHECK(std::string(st.message()) == "[job job1 round 2] a replica request of round 1 (stale)");
+    CHECK(server->store().Find(Seat{2, 2, 4})->step() == 5);
+    auto wrong = FetchSeat(server->endpoint(), 2, "other");
+    CHECK(absl::IsNotFound(wrong.status()));
+    CHECK(std::string(wrong.status().message()).find("its job id or token differs") !=
+          std::string::npos);
+    auto stale = FetchSeat(server->endpoint(), 3);
+    CHECK(std::string(stale.status().message()) ==
+          "[job job1 round 2] a replica request of round 3 (stale)");
+  }
+  SECTION("a seat not held is NotFound") {
+    auto none = ReplicaService::Fetch(server->endpoint(), "job1", "tok", 2, Seat{0, 2, 4}, 1 << 20,
+                                      Clock::now() + std::chrono::seconds(10));
+    CHECK(absl::IsNotFound(none.status()));
+    CHECK(std::string(none.status().message()) ==
+          "[job job1 round 2] no replica of ranks 0-1 here");
+  }
+}
+
+TEST_CASE("replica service: a replica over the receiver's limit is refused in one line",
+          "[integration][replica]") {
+  Lines lines;
+  auto server = Serve(lines, 64 * 1024);
+  const std::vector<std::string> big{std::string(100, 'a'), std::string(1 << 20, 'b')};
+  for (int i = 0; i < 3; ++i) {
+    absl::Status st = PutAll(server->endpoint(), PutOf(big, 5 + i), big);
+    REQUIRE(absl::IsFailedPrecondition(st));
+    CHECK(std::string(st.message())
+              .find("of rank 3 needs 1 MiB (1048576 bytes), more than this "
+                    "node's --ckpt_shm_limit (65536 bytes per worker)") != std::string::npos);
+  }
+  CHECK(server->store().All().empty());
+  REQUIRE(lines.Get().size() == 1);
+  CHECK(lines.Get()[0].find("--ckpt_replicas: refusing a replica from 127.0.0.1:") == 0);
+}
+
+TEST_CASE("replica service: garbage is dropped, at most a line a second, and service goes on",
+          "[integration][replica]") {
+  Lines lines;
+  auto server = Serve(lines, 1 << 20);
+  const int port = PortOf(server->endpoint());
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 20; ++i) Garbage(port, "GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+  Garbage(port, std::string("DDPREPL1\x01\0\0\0\xff\xff\xff\x7f", 16));  // a huge header
+  Garbage(port, std::string("DDPREPL1\x01\0\0\0\x08\0\0\0garbage!", 24));
+  Garbage(port, "");  // connect and close
+  const std::vector<std::string> data{"a", "b"};
+  REQUIRE(Eventually([&] { return PutAll(server->endpoint(), PutOf(data), data).ok(); }));
+  CHECK(FetchSeat(server->endpoint(), 2).ok());
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  const auto got = lines.Get();
+  INFO(secs << " s");
+  REQUIRE_FALSE(got.empty());
+  CHECK(got.size() <= static_cast<std::size_t>(secs) + 1);
+  CHECK(got[0].find("--ckpt_replicas: dropped a connection from 127.0.0.1:") == 0);
+}
+
+TEST_CASE("replica service: the sender streams the newest committed step to the successor",
+          "[integration][replica]") {
+  Lines lines;
+  CheckpointMemory memory(1 << 20);
+  REQUIRE(memory.Ensure(2).ok());
+  REQUIRE(memory.Seed(0, 5, 2, 4, "rank 2 at step 5").ok());
+  REQUIRE(memory.Seed(1, 5, 3, 4, std::string(200000, '3')).ok());
+  auto receiver = Serve(lines, 1 << 20);
+  auto sender = Serve(lines, 1 << 20, &memory);
+  sender->SetRound(2, "tok", receiver->endpoint());
+  REQUIRE(Eventually([&] {
+    auto r = receiver->store().Find(Seat{2, 2, 4});
+    return r != nullptr && r->step() == 5;
+  }));
+  auto held = receiver->store().Find(Seat{2, 2, 4});
+  CHECK(*held->Read(0) == "rank 2 at step 5");
+  CHECK(*held->Read(1) == std::string(200000, '3'));
+  CHECK(Eventually([&] { return sender->sent_step() == 5; }));
+  // A newer step follows; a rank that has not committed it holds it back.
+  REQUIRE(memory.Seed(0, 6, 2, 4, "rank 2 at step 6").ok());
+  std::this_thread::sleep_for(3 * ReplicaService::kPollInterval);
+  CHECK(receiver->store().Find(Seat{2, 2, 4})->step() == 5);
+  REQUIRE(memory.Seed(1, 6, 3, 4, "rank 3 at step 6").ok());
+  REQUIRE(Eventually([&] { return receiver->store().Find(Seat{2, 2, 4})->step() == 6; }));
+  CHECK(*receiver->store().Find(Seat{2, 2, 4})->Read(1) == "rank 3 at step 6");
+  CHECK(lines.Get().empty());
+}
+
+}  // namespace
+}  // namespace ddprun::agent
