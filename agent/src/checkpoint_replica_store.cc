@@ -40,7 +40,7 @@ absl::Status HeldReplica::Allocate() {
       return absl::ResourceExhaustedError(
           absl::StrCat("allocating ", sizes_[j], " bytes for a replica: ", std::strerror(rc)));
     }
-    void* p = ::mmap(nullptr, sizes_[j], PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void* p = ::mmap(nullptr, sizes_[j], PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (p == MAP_FAILED) {
       return absl::ResourceExhaustedError(
           absl::StrCat("mmap of a replica: ", std::strerror(errno)));

@@ -11,8 +11,9 @@
 //  - A sender thread polls this node's commit records (every kPollInterval)
 //    and, when every local rank committed a step newer than the one its
 //    successor holds, streams the snapshots there, one local rank at a time
-//    (each checked against its record as it is read, so a slot saved over
-//    meanwhile aborts the send and the next poll tries again).
+//    (straight from the slot; its record is checked after the bytes are
+//    sent, so a slot saved over meanwhile aborts the send and the next poll
+//    tries again; the CRC-32 is checked by the fetching node).
 //  - Fetch: the client side of kGet, for the restore before a round's
 //    workers start.
 //
@@ -89,7 +90,8 @@ class ReplicaService {
   static absl::Status Put(const std::string& endpoint, const replica::Header& h,
                           const std::vector<std::string_view>& data, Clock::time_point deadline);
   // Fetches the replica of `seat` from `endpoint`. NotFound with the
-  // holder's line when it holds none or refuses (fence); DataLoss when a rank's bytes do not match their CRC-32.
+  // holder's line when it holds none or refuses (fence); DataLoss when a rank's bytes do not match
+  // their CRC-32.
   static absl::StatusOr<FetchedReplica> Fetch(const std::string& endpoint,
                                               const std::string& job_id, const std::string& token,
                                               std::int64_t round, const replica::Seat& seat,
@@ -101,6 +103,10 @@ class ReplicaService {
   void Serve(int fd, std::string peer, std::uint64_t id);
   void SendLoop();
   void SendNewest();
+  // Sends local rank's committed slot `s` from its memory; false when the
+  // slot no longer holds that commit afterwards (saved over meanwhile).
+  absl::StatusOr<bool> SendSlot(int fd, int local_rank, const CommittedSnapshot& s,
+                                Clock::time_point deadline) const;
   // At most one line per second; the others are counted into the next.
   void LogLimited(const std::string& msg);
 

@@ -1,0 +1,133 @@
+// Replica transfer between two agents on loopback (issue 28's goal: >= 1
+// GB/s; docs/benchmarks.md, "Peer replicas"). In one process, over real TCP
+// on 127.0.0.1, with the agent's own classes (checkpoint_replicas.h):
+//
+//   put      ReplicaService::Put of R ranks x N MiB from memory to a
+//            receiving service (its memfds, fallocated and mapped)
+//   sender   the background sender: from SetRound(successor) until the
+//            receiver holds the step, reading each rank's committed slot out
+//            of the checkpoint memory (pread + CRC-32 check) as it sends
+//   fetch    ReplicaService::Fetch of the held replica (the restore's path,
+//            CRC-32 checked per rank)
+//
+// Usage: replica_bench [--mib N (256)] [--ranks R (2)] [--reps K (5)]
+// Prints the median of K runs of each in GB/s (10^9 bytes per second).
+#include <zlib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ddprun/agent/checkpoint_memory.h"
+#include "ddprun/agent/checkpoint_replicas.h"
+
+namespace {
+
+using ddprun::agent::CheckpointMemory;
+using ddprun::agent::ReplicaService;
+using ddprun::agent::replica::Header;
+using ddprun::agent::replica::Op;
+using ddprun::agent::replica::Seat;
+using Clock = std::chrono::steady_clock;
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::unique_ptr<ReplicaService> Service(std::uint64_t limit, const CheckpointMemory* memory) {
+  ReplicaService::Options o;
+  o.job_id = "bench";
+  o.host = "127.0.0.1";
+  o.limit_bytes = limit;
+  auto s = std::make_unique<ReplicaService>(
+      o, memory, [](const std::string& m) { std::fprintf(stderr, "%s\n", m.c_str()); });
+  if (!s->Start().ok()) std::exit(1);
+  s->SetRound(1, "tok", "");
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::uint64_t mib = 256;
+  int ranks = 2, reps = 5;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--mib")) mib = std::strtoull(argv[i + 1], nullptr, 10);
+    if (!std::strcmp(argv[i], "--ranks")) ranks = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
+  }
+  const std::uint64_t bytes = mib << 20;
+  const double total = static_cast<double>(bytes) * ranks;
+  std::vector<std::string> data;
+  for (int j = 0; j < ranks; ++j) {
+    std::string d(bytes, '\0');
+    for (std::uint64_t k = 0; k < bytes; k += 4096) d[k] = static_cast<char>(k >> 12) + j;
+    data.push_back(std::move(d));
+  }
+  CheckpointMemory memory(bytes);
+  if (!memory.Ensure(ranks).ok()) return 1;
+  auto receiver = Service(bytes, nullptr);
+
+  Header h;
+  h.op = Op::kPut;
+  h.job_id = "bench";
+  h.token = "tok";
+  h.round = 1;
+  h.seat = Seat{0, ranks, ranks};
+  for (const std::string& d : data) {
+    h.sizes.push_back(d.size());
+    h.crcs.push_back(static_cast<std::uint32_t>(
+        ::crc32_z(0, reinterpret_cast<const Bytef*>(d.data()), d.size())));
+  }
+  std::vector<std::string_view> views(data.begin(), data.end());
+
+  std::vector<double> put, sender, fetch;
+  for (int r = 0; r < reps; ++r) {
+    h.step = r;
+    auto t0 = Clock::now();
+    if (absl::Status st = ReplicaService::Put(receiver->endpoint(), h, views,
+                                              Clock::now() + std::chrono::seconds(120));
+        !st.ok()) {
+      std::fprintf(stderr, "put: %s\n", std::string(st.message()).c_str());
+      return 1;
+    }
+    put.push_back(total / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9);
+
+    t0 = Clock::now();
+    auto f = ReplicaService::Fetch(receiver->endpoint(), "bench", "tok", 1, h.seat, bytes,
+                                   Clock::now() + std::chrono::seconds(120));
+    if (!f.ok() || f->bytes != data) {
+      std::fprintf(stderr, "fetch: %s\n", std::string(f.status().message()).c_str());
+      return 1;
+    }
+    fetch.push_back(total / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9);
+  }
+  // The sender: a fresh step each run, committed into the checkpoint memory.
+  auto node = Service(bytes, &memory);
+  for (int r = 0; r < reps; ++r) {
+    const std::int64_t step = 1000 + r;
+    for (int j = 0; j < ranks; ++j) {
+      if (!memory.Seed(j, step, j, ranks, data[static_cast<std::size_t>(j)]).ok()) return 1;
+    }
+    const auto t0 = Clock::now();
+    node->SetRound(1, "tok", receiver->endpoint());
+    while (node->sent_step() != step) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    // The poll's wait (at most kPollInterval) is not transfer time: the
+    // sender is woken by SetRound; measured from there.
+    sender.push_back(total / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9);
+    node->SetRound(1, "tok", "");
+  }
+  std::printf("replica transfer on loopback, %d ranks x %llu MiB, median of %d:\n", ranks,
+              static_cast<unsigned long long>(mib), reps);
+  std::printf("  put     %.2f GB/s  (Put from memory into the receiver's memfds)\n", Median(put));
+  std::printf("  sender  %.2f GB/s  (background sender: read + check committed slots, send)\n",
+              Median(sender));
+  std::printf("  fetch   %.2f GB/s  (restore's Fetch, CRC-32 checked)\n", Median(fetch));
+  return 0;
+}
