@@ -212,3 +212,35 @@ TEST_CASE(
   CHECK(dropped <= 2);
   h.StopDaemon(*daemon);
 }
+
+TEST_CASE(
+    "ckpt_replicas: a bad value or no checkpoint memory is one line and exit 2; one node "
+    "runs as without it",
+    "[e2e][checkpoint][replicas]") {
+  Harness h;
+  Proc& bad = h.StartDdprun(
+      "bad", {"--standalone", "--nproc_per_node=1", "--ckpt_replicas", "2", "/bin/true"});
+  CHECK(h.Wait(bad, 20) == 2);
+  Proc& env = h.StartDdprun("env", {"--standalone", "--nproc_per_node=1", "/bin/true"},
+                            {{"PET_CKPT_REPLICAS", "2"}});
+  CHECK(h.Wait(env, 20) == 2);
+  INFO("flag:\n" << bad.Err() << "\nvariable:\n" << env.Err());
+  CHECK(Lines(bad.Err()).size() == 1);
+  CHECK(bad.Err().find("0 or 1") != std::string::npos);
+  CHECK(env.Err().find("PET_CKPT_REPLICAS") != std::string::npos);
+  CHECK(env.Err().find("0 or 1") != std::string::npos);
+
+  Proc& nomem = h.StartDdprun("nomem", {"--standalone", "--nproc_per_node=1", "--ckpt_replicas",
+                                        "1", "--ckpt_shm_limit", "0", "/bin/true"});
+  CHECK(h.Wait(nomem, 20) == 2);
+  INFO(nomem.Err());
+  CHECK(nomem.Err().find("--ckpt_replicas 1 needs checkpoint memory; drop --ckpt_shm_limit 0") !=
+        std::string::npos);
+  CHECK(Lines(nomem.Err()).size() == 1);
+
+  Proc& one = h.StartDdprun(
+      "one", {"--standalone", "--nproc_per_node=2", "--ckpt_replicas", "1", "/bin/true"});
+  CHECK(h.Wait(one, 20) == 0);
+  INFO(one.Err());
+  CHECK(one.Err().find("cannot") == std::string::npos);
+}
