@@ -576,6 +576,8 @@ class Agent::Impl {
 
   void StopWorkers(int sig) {
     if (monitoring_) monitoring_->EndRound();
+    // The round's successor may be gone; the next round names its own.
+    if (replicas_) replicas_->ClearSuccessor();
     workers_.Stop(
         sig, grace_period_, [this](TimePoint d) { return WaitWhileStopping(d); },
         [this](const std::string& msg) { Log(msg); });

@@ -125,6 +125,11 @@ void ReplicaService::SetRound(std::int64_t round, const std::string& token,
   cv_.notify_all();
 }
 
+void ReplicaService::ClearSuccessor() {
+  std::lock_guard<std::mutex> lock(mu_);
+  successor_.clear();
+}
+
 void ReplicaService::LogLimited(const std::string& msg) {
   std::string line;
   {

@@ -81,6 +81,8 @@ class ReplicaService {
   // The round's fence (requests of another round, job or token are
   // refused) and where this node's snapshots go ("": nowhere).
   void SetRound(std::int64_t round, const std::string& token, const std::string& successor);
+  // Stops sending (the round is over; the next one names its successor).
+  void ClearSuccessor();
   // The newest step the current successor acknowledged (-1: none yet).
   std::int64_t sent_step() const { return sent_step_.load(); }
 
