@@ -189,6 +189,8 @@ void ReplicaService::Serve(int fd, std::string peer, std::uint64_t id) {
   net::UniqueFd owned(fd);
   WideBuffers(fd);
   const auto deadline = Clock::now() + kIoTimeout;
+  // A peer that connects and says nothing holds a slot kHeaderTimeout only.
+  const auto header_deadline = Clock::now() + kHeaderTimeout;
   std::int64_t round = 0;
   std::string token;
   {
@@ -210,7 +212,7 @@ void ReplicaService::Serve(int fd, std::string peer, std::uint64_t id) {
   char prefix[replica::kPrefixBytes];
   Op op = Op::kPut;
   absl::StatusOr<std::uint32_t> len = absl::UnavailableError("");
-  if (absl::Status st = net::RecvExact(fd, prefix, sizeof prefix, deadline); !st.ok()) {
+  if (absl::Status st = net::RecvExact(fd, prefix, sizeof prefix, header_deadline); !st.ok()) {
     refuse(std::string(st.message()), false);
     return done();
   }
@@ -220,7 +222,7 @@ void ReplicaService::Serve(int fd, std::string peer, std::uint64_t id) {
     return done();
   }
   std::string body(*len, '\0');
-  if (absl::Status st = net::RecvExact(fd, body.data(), body.size(), deadline); !st.ok()) {
+  if (absl::Status st = net::RecvExact(fd, body.data(), body.size(), header_deadline); !st.ok()) {
     refuse(std::string(st.message()), false);
     return done();
   }

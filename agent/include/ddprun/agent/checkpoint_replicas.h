@@ -56,6 +56,8 @@ class ReplicaService {
   static constexpr std::chrono::milliseconds kPollInterval{50};
   // The whole exchange of one connection (a replica of many GiB fits).
   static constexpr std::chrono::seconds kIoTimeout{120};
+  // A request's prefix and header (a peer that connects and says nothing).
+  static constexpr std::chrono::seconds kHeaderTimeout{10};
   static constexpr int kMaxConnections = 8;
 
   struct Options {
