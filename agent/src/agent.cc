@@ -425,7 +425,8 @@ class Agent::Impl {
           std::fflush(stderr);
         });
     DDPRUN_RETURN_IF_ERROR(replicas_->Start());
-    Log(absl::StrCat("--ckpt_replicas: this node keeps the replica of the previous node's "
+    Log(
+        absl::StrCat("--ckpt_replicas: this node keeps the replica of the previous node's "
                      "checkpoint and listens for it on ",
                      replicas_->endpoint()));
     return absl::OkStatus();
