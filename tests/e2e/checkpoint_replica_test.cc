@@ -8,6 +8,7 @@
 // three nodes and the middle one killed, the ranks shift and every seat is
 // restored from the replica that holds it (one of them the node's own).
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -15,6 +16,7 @@
 
 #include <catch2/catch.hpp>
 #include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -117,6 +119,30 @@ void SendGarbage(const std::string& host, int port, const std::string& bytes) {
   ::close(fd);
 }
 
+// The processes holding a replica's memory (memfd "ddprun-replica").
+std::set<pid_t> ReplicaHolders() {
+  std::set<pid_t> holders;
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return holders;
+  while (dirent* p = ::readdir(proc)) {
+    const int pid = std::atoi(p->d_name);
+    if (pid <= 0) continue;
+    const std::string fd_dir = std::string("/proc/") + p->d_name + "/fd";
+    DIR* fds = ::opendir(fd_dir.c_str());
+    if (fds == nullptr) continue;
+    while (dirent* f = ::readdir(fds)) {
+      char target[256] = {};
+      const ssize_t n = ::readlink((fd_dir + "/" + f->d_name).c_str(), target, sizeof target - 1);
+      if (n > 0 && std::string(target, n).find("memfd:ddprun-replica") != std::string::npos) {
+        holders.insert(pid);
+      }
+    }
+    ::closedir(fds);
+  }
+  ::closedir(proc);
+  return holders;
+}
+
 // The final digest of the same training without a fault, `ranks` ranks on
 // one node (every rank ends with the same parameters).
 std::string CleanFinal(Harness& h, const std::string& script, int ranks) {
@@ -186,6 +212,15 @@ TEST_CASE(
   const bool holds = WaitForErr(a, held, 60);
   INFO("A stderr:\n" << a.Err() << "\nB stderr:\n" << b.Err());
   REQUIRE(holds);
+  // The replica is in memory only A's agent holds (ddprun and its orphan
+  // guard, which shares its descriptors), never a worker.
+  const std::set<pid_t> holders = ReplicaHolders();
+  CHECK(holders.count(a.pid) == 1);
+  for (pid_t pid : holders) {
+    const std::string cmd = ReadFile("/proc/" + std::to_string(pid) + "/cmdline");
+    INFO("holder " << pid << ": " << cmd);
+    CHECK(cmd.rfind(Ddprun(), 0) == 0);
+  }
   // A spare joins the running round.
   Proc& c = node("C", 3, {});
 
@@ -229,6 +264,8 @@ TEST_CASE(
   // And end as the run without the fault.
   CHECK(Field(a_log, "final") == final0);
   CHECK(Field(c_log, "final") == final0);
+  // The replicas' memory went with the agents.
+  CHECK(ReplicaHolders().empty());
   // Garbage: dropped, at most one line a second (7 connections in well under 2 s).
   std::size_t dropped = 0;
   for (const std::string& line : Lines(a.Err())) {
