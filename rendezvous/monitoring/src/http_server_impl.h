@@ -73,6 +73,7 @@ class HttpServer::Impl {
     http_impl::asio::post(io_, [this] {
       boost::system::error_code ec;
       acceptor_.close(ec);
+      retry_.cancel();
     });
     io_.stop();
     if (thread_.joinable()) thread_.join();
@@ -91,7 +92,16 @@ class HttpServer::Impl {
     acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket socket) {
       if (ec) {
         if (ec == http_impl::asio::error::operation_aborted || !acceptor_.is_open()) return;
-      } else if (connections_.load() >= options_.max_connections) {
+        // Out of file descriptors (EMFILE, ENFILE) or memory: accepting again
+        // at once would fail again at once; retry in 100 ms, logged once.
+        Refused(HttpRefusal::kOverLimit, ec.message());
+        retry_.expires_after(std::chrono::milliseconds(100));
+        retry_.async_wait([this](boost::system::error_code wait_ec) {
+          if (!wait_ec) Accept();
+        });
+        return;
+      }
+      if (connections_.load() >= options_.max_connections) {
         boost::system::error_code ignored;
         socket.close(ignored);  // over the limit: refuse by closing
         Refused(HttpRefusal::kOverLimit, "");
@@ -112,6 +122,7 @@ class HttpServer::Impl {
   int port_ = 0;
   http_impl::asio::io_context io_;
   tcp::acceptor acceptor_;
+  http_impl::asio::steady_timer retry_{io_};
   std::thread thread_;
 };
 
