@@ -244,6 +244,58 @@ TEST_CASE("a bad --web_config is one line naming the file, the key and the fix; 
   }
 }
 
+TEST_CASE("ddprun --web_config: the job's own monitoring port serves HTTPS with basic auth",
+          "[multiproc][security]") {
+  if (!HaveOpenssl()) return SkipCase("multiproc", "no openssl command for the test certificates");
+  Harness h;
+  Secured s = MakeSecured(h);
+  const std::string dir = h.MakeDir("w");
+  const std::string worker =
+      h.Script("w.sh", "#!/bin/sh\nwhile [ ! -e " + dir + "/stop ]; do sleep 0.05; done\n");
+  Proc& job = h.StartDdprun("job", {"--nnodes=1", "--nproc_per_node=1", "--rdzv_id=own",
+                                    "--web_config", s.web_config, worker});
+  static const std::regex line(R"(dashboard at https://[^ ]*:(\d+)/)");
+  const auto t0 = Clock::now();
+  int port = -1;
+  while (port < 0 && SecondsSince(t0) < 20 && !job.exit) {
+    std::smatch m;
+    const std::string err = job.Err();
+    if (std::regex_search(err, m, line)) port = std::stoi(m[1]);
+    SleepMs(20);
+  }
+  INFO(job.Err());
+  REQUIRE(port > 0);
+  CHECK_THAT(job.Err(), Catch::Contains("the monitoring port serves HTTPS with mutual TLS and "
+                                        "basic auth (1 user), from --web_config " +
+                                        s.web_config));
+  const std::string url = "https://127.0.0.1:" + std::to_string(port) + "/api/v1/jobs";
+  std::vector<std::string> authed = s.client;
+  authed.insert(authed.end(), {"-u", "prometheus:" + kPassword});
+  Curl ok = Fetch(h, "ok", url, authed);
+  CHECK(ok.code == 200);
+  CHECK_THAT(ok.body, Catch::Contains("\"own\""));
+  Curl wrong = Fetch(h, "wrong", url, s.client);
+  CHECK(wrong.code == 401);
+  Curl nocert = Fetch(h, "nocert", url, {"--cacert", s.certs.ca, "-u", "prometheus:" + kPassword});
+  CHECK(nocert.code == 0);
+  std::ofstream(dir + "/stop") << "";
+  CHECK(h.Wait(job, 30) == 0);
+  CHECK(job.Err().find(kPassword) == std::string::npos);
+
+  // A bad file: one line naming it, exit 2, no worker started.
+  const std::string bad = h.dir() + "/bad.yml";
+  std::ofstream(bad) << "basic_auth_users:\n  prometheus: " << kPassword << "\n";
+  Proc& refused = h.StartDdprun("bad", {"--nnodes=1", "--web_config", bad, worker});
+  CHECK(h.Wait(refused, 30) == 2);
+  INFO(refused.Err());
+  CHECK(Lines(refused.Err()).size() == 1);
+  CHECK_THAT(refused.Err(), Catch::Contains("--web_config " + bad +
+                                            ": line 2: the password of basic_auth_users "
+                                            "'prometheus' is not a bcrypt hash"));
+  CHECK(refused.Err().find(kPassword) == std::string::npos);
+  RemoveTestCerts(s.certs);
+}
+
 // ---- strangers ----
 
 int Connect(int port, bool nonblocking) {

@@ -26,6 +26,10 @@ namespace http = beast::http;
 using tcp = asio::ip::tcp;
 }  // namespace http_impl
 
+// Serve, Stop, port and the destructor are virtual so that calls from the
+// program reach the code of the binary that built the server: bin/ddprun
+// starts a TLS server through its gRPC module, and the two binaries each
+// have their own copy of Asio (and of its per-binary statics).
 class HttpServer::Impl {
  public:
   using tcp = http_impl::tcp;
@@ -37,7 +41,7 @@ class HttpServer::Impl {
         handler_(std::move(handler)),
         start_(std::move(start)),
         acceptor_(io_) {}
-  ~Impl() { Stop(); }
+  virtual ~Impl() { Stop(); }
 
   absl::Status Listen() {
     namespace asio = http_impl::asio;
@@ -63,12 +67,12 @@ class HttpServer::Impl {
     return absl::OkStatus();
   }
 
-  void Serve() {
+  virtual void Serve() {
     if (thread_.joinable() || stopped_) return;
     thread_ = std::thread([this] { io_.run(); });
   }
 
-  void Stop() {
+  virtual void Stop() {
     if (stopped_.exchange(true)) return;
     http_impl::asio::post(io_, [this] {
       boost::system::error_code ec;
@@ -79,7 +83,7 @@ class HttpServer::Impl {
     if (thread_.joinable()) thread_.join();
   }
 
-  int port() const { return port_; }
+  virtual int port() const { return port_; }
   const HttpServerOptions& options() const { return options_; }
   const HttpHandler& handler() const { return handler_; }
   std::atomic<std::size_t>& connections() { return connections_; }
