@@ -224,8 +224,10 @@ int main(int argc, char** argv) {
   if ((*server)->dashboard_port() >= 0) {
     // stderr: stdout's one ready line is a contract for scripts.
     if (!web_line.empty()) std::cerr << web_line << std::endl;
-    std::cerr << "ddprund: the monitoring port serves "
-              << ddprun::rendezvous::DescribeWebSecurity(options.dashboard_security) << std::endl;
+    if (options.dashboard_security.tls.enabled || !options.dashboard_security.users.empty()) {
+      std::cerr << "ddprund: the monitoring port serves "
+                << ddprun::rendezvous::DescribeWebSecurity(options.dashboard_security) << std::endl;
+    }
     std::cerr << "ddprund dashboard at "
               << (options.dashboard_security.tls.enabled ? "https://" : "http://")
               << ddprun::rendezvous::FormatHostPort(
