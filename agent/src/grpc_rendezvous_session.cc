@@ -374,6 +374,10 @@ class GrpcRendezvousSession final : public RendezvousSession {
                                   : bind_host;
       if (!options_.web_config.empty()) {
         Log("the monitoring port serves " + rdzv::DescribeWebSecurity(so.dashboard_security));
+      } else if (so.tls.enabled) {
+        Log("warning: the monitoring port serves plain HTTP to anyone who can reach it, next to "
+            "a TLS rendezvous; give --web_config FILE (docs/security.md) or "
+            "--dashboard_port=off");
       }
       Log(absl::StrCat("dashboard at ", so.dashboard_security.tls.enabled ? "https://" : "http://",
                        rdzv::FormatHostPort(shown, server_->dashboard_port()),

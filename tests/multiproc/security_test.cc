@@ -296,6 +296,28 @@ TEST_CASE("ddprun --web_config: the job's own monitoring port serves HTTPS with 
   RemoveTestCerts(s.certs);
 }
 
+TEST_CASE(
+    "ddprun hosting a TLS rendezvous without --web_config warns once that its monitoring "
+    "port is plain HTTP",
+    "[multiproc][security]") {
+  if (!HaveOpenssl()) return SkipCase("multiproc", "no openssl command for the test certificates");
+  Harness h;
+  TestCerts c = MakeTestCerts();
+  REQUIRE(c.ok);
+  Proc& job = h.StartDdprun(
+      "job", {"--nnodes=1", "--rdzv_id=tlsjob", "--local_addr=127.0.0.1", "--tls_ca", c.ca,
+              "--tls_cert", c.server_cert, "--tls_key", c.server_key, "/bin/true"});
+  CHECK(h.Wait(job, 30) == 0);
+  INFO(job.Err());
+  const std::vector<std::string> lines = Lines(job.Err());
+  CHECK(std::count_if(lines.begin(), lines.end(), [](const std::string& l) {
+          return l.find("warning: the monitoring port serves plain HTTP") != std::string::npos;
+        }) == 1);
+  CHECK_THAT(job.Err(), Catch::Contains("give --web_config FILE (docs/security.md) or "
+                                        "--dashboard_port=off"));
+  RemoveTestCerts(c);
+}
+
 // ---- strangers ----
 
 int Connect(int port, bool nonblocking) {
