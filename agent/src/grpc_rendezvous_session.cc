@@ -27,6 +27,8 @@
 #include "ddprun/rendezvous/common/tls.h"
 #include "ddprun/rendezvous/common/wait_notice.h"
 #include "ddprun/rendezvous/daemon/server.h"
+#include "ddprun/rendezvous/monitoring/web_config.h"
+#include "ddprun/rendezvous/monitoring/web_server.h"
 #include "ddprun/rendezvous/store/c10d_store_client.h"
 #include "ddprun/rendezvous/store/c10d_store_server.h"
 #include "ddprun/rendezvous/store/kv_engine.h"
@@ -357,15 +359,31 @@ class GrpcRendezvousSession final : public RendezvousSession {
     so.client_ca_flag = options_.tls.names.ca;
     so.dashboard_port = options_.dashboard_port;
     so.dashboard_listen_fix = "pick another --dashboard_port, or --dashboard_port=off";
+    if (!options_.web_config.empty()) {  // checked by the launcher already
+      auto config = rdzv::ReadWebConfig(options_.web_config, options_.web_config_source);
+      auto security = config.ok() ? rdzv::LoadWebSecurity(*config, options_.web_config,
+                                                          options_.web_config_source)
+                                  : absl::StatusOr<rdzv::WebSecurity>(config.status());
+      if (!security.ok()) return rdzv::UsageMistake(security.status().message());
+      so.dashboard_security = *std::move(security);
+    }
     DDPRUN_ASSIGN_OR_RETURN(server_, rdzv::RendezvousServer::Start(so));
     if (server_->dashboard_port() >= 0) {
       const std::string shown =
           IsAnyAddress(bind_host) ? (options_.local_addr.empty() ? Hostname() : options_.local_addr)
                                   : bind_host;
-      Log(absl::StrCat(
-          "dashboard at http://", rdzv::FormatHostPort(shown, server_->dashboard_port()),
-          "/ (Prometheus: /metrics; in a terminal: ddprun top --rdzv_endpoint ",
-          rdzv::FormatHostPort(shown, server_->port()), " --job ", options_.job_id, ")"));
+      if (!options_.web_config.empty()) {
+        Log("the monitoring port serves " + rdzv::DescribeWebSecurity(so.dashboard_security));
+      } else if (so.tls.enabled) {
+        Log("warning: the monitoring port serves plain HTTP to anyone who can reach it, next to "
+            "a TLS rendezvous; give --web_config FILE (docs/security.md) or "
+            "--dashboard_port=off");
+      }
+      Log(absl::StrCat("dashboard at ", so.dashboard_security.tls.enabled ? "https://" : "http://",
+                       rdzv::FormatHostPort(shown, server_->dashboard_port()),
+                       "/ (Prometheus: /metrics; in a terminal: ddprun top --rdzv_endpoint ",
+                       rdzv::FormatHostPort(shown, server_->port()), " --job ", options_.job_id,
+                       ")"));
     }
     DDPRUN_DEBUG_LOG(kAgent) << "hosting the rendezvous on "
                              << rdzv::FormatHostPort(bind_host, server_->port());

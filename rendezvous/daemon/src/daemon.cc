@@ -90,9 +90,11 @@ absl::Status Daemon::Serve(int port) {
     ho.host = opts_.dashboard_host.empty() ? opts_.host : opts_.dashboard_host;
     ho.port = opts_.dashboard_port;
     ho.listen_fix = opts_.dashboard_listen_fix;
+    ho.on_refusal = MakeRefusalLog(opts_.log_prefix);
     MetricsHub* hub = hub_;
-    auto http = HttpServer::Start(
-        ho, [hub](const std::string& target) { return ServeMonitoring(*hub, target); });
+    auto http = StartMonitoringServer(
+        ho, opts_.dashboard_security,
+        [hub](const std::string& target) { return ServeMonitoring(*hub, target); });
     if (!http.ok()) {
       // Bad input (the flag names a port in use), not a rendezvous port
       // another agent holds: callers tell the two apart by kind.

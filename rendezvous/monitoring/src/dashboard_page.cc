@@ -128,15 +128,18 @@ function render(j) {
   $("events").innerHTML = j.events.slice(-100).reverse().map(e =>
     `<div><span class="muted">${new Date(e.unix_s * 1000).toLocaleTimeString()}</span> <span class="k">${esc(e.kind)}</span> round ${e.round}: ${esc(e.text)}</div>`).join("");
 }
+// The API's URL without the user:password a page opened with credentials in
+// its URL carries (fetch refuses those; the browser's auth cache sends them).
+const api = path => new URL(path, location.origin + location.pathname);
 async function poll() {
   try {
-    const list = await (await fetch("api/v1/jobs", {cache: "no-store"})).json();
+    const list = await (await fetch(api("api/v1/jobs"), {cache: "no-store"})).json();
     const sel = $("job");
     const ids = list.jobs.map(j => j.job_id);
     if (!current || (!ids.includes(current) && ids.length)) current = ids[0] || "";
     sel.innerHTML = ids.map(id => `<option${id === current ? " selected" : ""}>${esc(id)}</option>`).join("");
     if (!current) { $("chips").innerHTML = chip("jobs", "none yet", "none"); $("err").textContent = ""; return; }
-    const res = await fetch("api/v1/jobs/" + encodeURIComponent(current), {cache: "no-store"});
+    const res = await fetch(api("api/v1/jobs/" + encodeURIComponent(current)), {cache: "no-store"});
     const j = await res.json();
     if (!res.ok) throw new Error(j.error || res.statusText);
     render(j);
