@@ -297,9 +297,10 @@ class GrpcRendezvousSession final : public RendezvousSession {
   }
 
   // Returns once `host` resolves (pod DNS: name_wait.h), or its error at the
-  // deadline.
+  // deadline. A wildcard or empty host names no one: nothing to look up.
   absl::Status AwaitName(const std::string& host, int port, const char* flag,
                          TimePoint deadline) {
+    if (IsAnyAddress(host)) return absl::OkStatus();
     return WaitUntilResolves({host, port, flag, options_.policy.join_timeout_s}, clock_, deadline,
                              [this] { return CheckInterrupted(); },
                              [this](const std::string& line) { Log(line); });

@@ -8,6 +8,7 @@
 // /etc/hosts and sleeps; the ddprun processes enter it with nsenter. The test
 // appends the name to the file after a delay; the system's DNS is never
 // touched. Needs root, unshare, nsenter and ip; skipped without them.
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -201,4 +202,26 @@ TEST_CASE("an --rdzv_endpoint name that never resolves: one line at join_timeout
                    "within 3 s") == 1);
   // One line: nothing else is said about a rendezvous it never reached.
   CHECK(Lines(err).size() == 1);
+}
+
+TEST_CASE("SIGTERM during the wait for a host name: ddprun exits 143 at once",
+          "[multiproc][netns][dns]") {
+  Harness h;
+  PrivateHosts hosts(h);
+  if (!hosts.ok()) return SkipCase("multiproc", "late-DNS test: " + hosts.why());
+  Proc& node = h.Start(
+      "node", hosts.In(DdprunArgs({"--nnodes=2", "--node_rank=1", "--master_addr=never-node.test",
+                                   "--master_port=29500", "--rdzv_conf=join_timeout=60"})));
+  // The wait's line, 5 s in: it is waiting for the name, not for anything else.
+  const auto t0 = Clock::now();
+  while (SecondsSince(t0) < 15 && node.Err().find("waiting for the host name") == std::string::npos)
+    SleepMs(20);
+  REQUIRE(node.Err().find("waiting for the host name 'never-node.test' (--master_addr)") !=
+          std::string::npos);
+  REQUIRE(::kill(node.pid, SIGTERM) == 0);
+  const auto sent = Clock::now();
+  const int rc = h.Wait(node, 10);
+  INFO("stderr:\n" << node.Err());
+  CHECK(rc == 143);
+  CHECK(SecondsSince(sent) < 2.0);  // the wait wakes every 250 ms
 }
