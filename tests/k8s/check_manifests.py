@@ -4,6 +4,8 @@ configs/k8s/schemas/ (README.md there names their sources), and checks that
 the podFailurePolicy follows docs/cli.md's exit-code table.
 
   JobSet                  the JobSet CRD's openAPIV3Schema (v1alpha2), verbatim
+  TrainJob, ClusterTrainingRuntime
+                          Kubeflow Trainer v2's CRDs (v1alpha1), verbatim
   Deployment/StatefulSet  schemas/core_minimal.json for the envelope, and the
                           pod template against the CRD's PodTemplateSpec (the
                           same k8s.io/api type, as controller-gen wrote it)
@@ -60,7 +62,16 @@ def load_schemas(root):
                     ["properties"]["template"]["properties"]["spec"]["properties"]["template"])
     with open(os.path.join(base, "core_minimal.json")) as f:
         core = json.load(f)
+    trainer = {}
+    for kind, name in (("TrainJob", "trainjobs"),
+                       ("ClusterTrainingRuntime", "clustertrainingruntimes")):
+        with open(os.path.join(base, f"trainer.kubeflow.org_{name}.yaml")) as f:
+            crd = yaml.safe_load(f)
+        versions = {v["name"]: v for v in crd["spec"]["versions"]}
+        trainer[("trainer.kubeflow.org/v1alpha1", kind)] = strict(
+            versions["v1alpha1"]["schema"]["openAPIV3Schema"])
     return {
+        **trainer,
         ("jobset.x-k8s.io/v1alpha2", "JobSet"): jobset,
         ("apps/v1", "Deployment"): core["Deployment"],
         ("apps/v1", "StatefulSet"): core["StatefulSet"],
@@ -93,17 +104,34 @@ def exit_codes_from_docs(root):
             for m in re.finditer(r"^\| `(\d+)` \| (.*) \|$", table, re.M)}
 
 
+def replicated_jobs(doc):
+    """The JobSet spec's replicatedJobs: a JobSet's own, or the one a
+    ClusterTrainingRuntime's template stamps out."""
+    spec = doc.get("spec", {})
+    if doc.get("kind") == "ClusterTrainingRuntime":
+        spec = spec.get("template", {}).get("spec", {})
+    return spec.get("replicatedJobs", [])
+
+
 def policy_problems(doc, where, documented):
     """podFailurePolicy: FailJob on the permanent codes (1, 2) only, Count on
-    retryable ones; every code named must be in docs/cli.md's table."""
+    retryable ones; every code named must be in docs/cli.md's table, and every
+    rule must name a container of the pod (else Kubernetes never applies it)."""
     out = []
-    for rj in doc.get("spec", {}).get("replicatedJobs", []):
-        rules = rj["template"]["spec"].get("podFailurePolicy", {}).get("rules", [])
+    for rj in replicated_jobs(doc):
+        job = rj["template"]["spec"]
+        rules = job.get("podFailurePolicy", {}).get("rules", [])
         if not rules:
             out.append(f"{where}: replicatedJob {rj['name']} has no podFailurePolicy")
+        containers = {c.get("name") for c in
+                      job.get("template", {}).get("spec", {}).get("containers", [])}
         fail = set()
         for r in rules:
             codes = set(r.get("onExitCodes", {}).get("values", []))
+            named = r.get("onExitCodes", {}).get("containerName")
+            if named is not None and named not in containers:
+                out.append(f"{where}: podFailurePolicy names container {named!r}, but the pod "
+                           f"has {sorted(containers)}")
             for c in codes:
                 if c not in documented and not 129 <= c <= 192:
                     out.append(f"{where}: exit code {c} is not in docs/cli.md's table")
@@ -126,7 +154,7 @@ def check(root, files):
             where = f"{os.path.relpath(path, root)}[{i}]"
             count += 1
             problems += problems_of(doc, where, schemas, pod_template)
-            if doc.get("kind") == "JobSet":
+            if doc.get("kind") in ("JobSet", "ClusterTrainingRuntime"):
                 problems += policy_problems(doc, where, documented)
     return problems, count
 
@@ -143,7 +171,8 @@ def main():
     for path in files:
         with open(path) as f:
             kinds |= {d["kind"] for d in yaml.safe_load_all(f) if d}
-    for needed in ("JobSet", "Deployment", "StatefulSet", "Service"):
+    for needed in ("JobSet", "Deployment", "StatefulSet", "Service", "TrainJob",
+                   "ClusterTrainingRuntime"):
         if needed not in kinds:
             print(f"configs/k8s/ has no {needed}")
             return 1
@@ -169,6 +198,31 @@ def main():
         rules["rules"][0]["onExitCodes"]["values"].append(3)
         if not policy_problems(retry_fails, "self-test", exit_codes_from_docs(root)):
             print("self-test: FailJob on the retryable exit code 3 passed")
+            return 1
+        with open(os.path.join(root, "configs", "k8s", "trainjob.yaml")) as f:
+            runtime, trainjob = list(yaml.safe_load_all(f))
+        typo = copy.deepcopy(trainjob)
+        typo["spec"]["trainer"]["numNode"] = typo["spec"]["trainer"].pop("numNodes")
+        if not problems_of(typo, "self-test", schemas, pod_template):
+            print("self-test: a misspelt field in the TrainJob passed")
+            return 1
+        wrong_type = copy.deepcopy(runtime)
+        wrong_type["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"][
+            "backoffLimit"] = "three"
+        if not problems_of(wrong_type, "self-test", schemas, pod_template):
+            print("self-test: a wrong type in the ClusterTrainingRuntime passed")
+            return 1
+        retry_fails = copy.deepcopy(runtime)
+        job = retry_fails["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]
+        job["podFailurePolicy"]["rules"][0]["onExitCodes"]["values"].append(3)
+        if not policy_problems(retry_fails, "self-test", exit_codes_from_docs(root)):
+            print("self-test: the runtime's FailJob on the retryable exit code 3 passed")
+            return 1
+        other_container = copy.deepcopy(runtime)
+        job = other_container["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]
+        job["podFailurePolicy"]["rules"][0]["onExitCodes"]["containerName"] = "ddprun"
+        if not policy_problems(other_container, "self-test", exit_codes_from_docs(root)):
+            print("self-test: a podFailurePolicy naming no container of the pod passed")
             return 1
         with open(os.path.join(root, "configs", "k8s", "ddprund.yaml")) as f:
             deployment = [d for d in yaml.safe_load_all(f) if d["kind"] == "Deployment"][0]

@@ -136,6 +136,16 @@ TEST_CASE("ddprund --web_config: HTTPS, mutual TLS and basic auth, tried with cu
     CHECK(c.body ==
           "{\"error\":\"unauthorized: this port needs a user and password (basic auth)\"}");
   }
+  // The health probes need no credentials (a kubelet has none), still over
+  // the same TLS; every other route does.
+  for (const char* route : {"/healthz", "/readyz"}) {
+    Curl probe =
+        Fetch(h, std::string("probe") + std::to_string(std::strlen(route)), base + route, s.client);
+    INFO(route << ": " << probe.body);
+    CHECK(probe.code == 200);
+  }
+  Curl probe_query = Fetch(h, "probe-query", base + "/healthz/../api/v1/jobs", s.client);
+  CHECK(probe_query.code != 200);
   // No client certificate, a foreign one, plain HTTP: no HTTP answer at all.
   Curl nocert = Fetch(h, "nocert", base + "/metrics",
                       {"--cacert", s.certs.ca, "-u", "prometheus:" + kPassword});
