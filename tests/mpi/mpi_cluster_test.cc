@@ -130,6 +130,47 @@ std::vector<std::string> TwoNodes(const std::vector<std::string>& ddprun_args) {
   return args;
 }
 
+// Starts the two-node job on ddp_until_usr1.py with mpirun's extra args,
+// SIGTERMs mpirun alone once every rank trains (as a batch system ends a
+// job), and checks that every process on both hosts is gone within 5 s and
+// mpirun's exit status; returns mpirun's output.
+std::string TerminateWhileTraining(Harness& h, const MpiCluster& c,
+                                   const std::vector<std::string>& mpirun_args,
+                                   const std::string& label) {
+  const std::string out = h.MakeDir("ranks");
+  std::vector<std::string> args = mpirun_args;
+  for (const std::string& a : TwoNodes({Fixture(), out})) args.push_back(a);
+  Proc& mpirun = h.Start("mpirun", c.Mpirun(args));
+  WaitRankFiles(mpirun, out, "started", 4, 120);
+  // The processes of the job: mpirun (the pid the test started: the
+  // namespace wrappers exec), 2 ddprun, 4 workers and more.
+  REQUIRE(ReadFile("/proc/" + std::to_string(mpirun.pid) + "/comm") == "mpirun\n");
+  const std::vector<pid_t> before = Left(c, mpirun);
+  INFO("processes before SIGTERM:\n" << Describe(before));
+  int workers = 0, launchers = 0;
+  for (pid_t p : before) {
+    const std::string comm = ReadFile("/proc/" + std::to_string(p) + "/comm");
+    workers += comm == "python3\n";
+    launchers += comm == "ddprun\n";
+  }
+  CHECK(workers == 4);
+  CHECK(launchers == 2);
+
+  const auto t0 = Clock::now();
+  REQUIRE(::kill(mpirun.pid, SIGTERM) == 0);
+  const double gone_s = WaitAllGone(c, mpirun, t0, 5);
+  Figure("SIGTERM to mpirun to the last process on both hosts gone" + label, gone_s);
+  REQUIRE(Ended(mpirun));
+  Figure("SIGTERM to mpirun's exit" + label,
+         std::chrono::duration<double>(mpirun.ended - t0).count());
+  const std::string text = Output(mpirun);
+  INFO("mpirun's output:\n" << text << "\nexit " << *mpirun.exit);
+  // mpirun exits 1 (OpenMPI's ORTE_ERROR_DEFAULT_EXIT_CODE), not 128+15:
+  // its status alone does not tell a cancelled job from a failed one.
+  CHECK(*mpirun.exit == 1);
+  return text;
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -188,37 +229,21 @@ TEST_CASE(
   MpiCluster c(h);
   if (const std::string why = WhyNot(c); !why.empty()) return SkipCase("mpi_cluster", why);
   c.Up();
-  const std::string out = h.MakeDir("ranks");
-  Proc& mpirun = h.Start("mpirun", c.Mpirun(TwoNodes({Fixture(), out})));
-  WaitRankFiles(mpirun, out, "started", 4, 120);
-  // The processes of the job: mpirun (the pid the test started: the
-  // namespace wrappers exec), 2 ddprun, 4 workers and more.
-  REQUIRE(ReadFile("/proc/" + std::to_string(mpirun.pid) + "/comm") == "mpirun\n");
-  std::vector<pid_t> before = Left(c, mpirun);
-  INFO("processes before SIGTERM:\n" << Describe(before));
-  int workers = 0, launchers = 0;
-  for (pid_t p : before) {
-    const std::string comm = ReadFile("/proc/" + std::to_string(p) + "/comm");
-    workers += comm == "python3\n";
-    launchers += comm == "ddprun\n";
-  }
-  CHECK(workers == 4);
-  CHECK(launchers == 2);
-
-  // As a batch system ends a job: SIGTERM to mpirun alone.
-  const auto t0 = Clock::now();
-  REQUIRE(::kill(mpirun.pid, SIGTERM) == 0);
-  const double gone_s = WaitAllGone(c, mpirun, t0, 5);
-  Figure("SIGTERM to mpirun to the last process on both hosts gone", gone_s);
-  REQUIRE(Ended(mpirun));
-  Figure("SIGTERM to mpirun's exit", std::chrono::duration<double>(mpirun.ended - t0).count());
-  const std::string text = Output(mpirun);
-  INFO("mpirun's output:\n" << text << "\nexit " << *mpirun.exit);
-  // mpirun exits 1 (OpenMPI's ORTE_ERROR_DEFAULT_EXIT_CODE), not 128+15:
-  // its status alone does not tell a cancelled job from a failed one.
-  CHECK(*mpirun.exit == 1);
-  // mpirun passed SIGTERM on to ddprun, which forwarded it to its workers.
+  const std::string text = TerminateWhileTraining(h, c, {}, "");
+  // mpirun passed SIGTERM on to ddprun (odls_base_sigkill_timeout, 1 s by
+  // default, before its SIGKILL), which forwarded it to its workers.
   CHECK(Count(text, "received SIGTERM") >= 1);
+}
+
+TEST_CASE(
+    "mpi cluster: SIGTERM to mpirun with odls_base_sigkill_timeout 0 (its SIGKILL right after "
+    "its SIGTERM): every ddprun and worker on both hosts is still gone within 5 s",
+    "[mpi_cluster]") {
+  Harness h;
+  MpiCluster c(h);
+  if (const std::string why = WhyNot(c); !why.empty()) return SkipCase("mpi_cluster", why);
+  c.Up();
+  TerminateWhileTraining(h, c, {"--mca", "odls_base_sigkill_timeout", "0"}, " (sigkill_timeout 0)");
 }
 
 TEST_CASE(
