@@ -139,10 +139,14 @@ class MpiCluster {
     return out;
   }
 
-  // `mpirun --allow-run-as-root --mca plm_rsh_agent <agent> <args>` on n1.
+  // `mpirun --allow-run-as-root --mca plm_rsh_agent <agent> <args>` on n1,
+  // its session directories (and orted's: mpirun passes the parameter on)
+  // in the Harness's directory rather than /tmp/ompi.<host>.<uid>, where a
+  // killed mpirun leaves them.
   std::vector<std::string> Mpirun(const std::vector<std::string>& args) const {
-    std::vector<std::string> argv{"/usr/bin/mpirun", "--allow-run-as-root", "--mca",
-                                  "plm_rsh_agent", agent_};
+    std::vector<std::string> argv{
+        "/usr/bin/mpirun", "--allow-run-as-root", "--mca", "plm_rsh_agent", agent_,
+        "--mca",           "orte_tmpdir_base",    h_.dir()};
     argv.insert(argv.end(), args.begin(), args.end());
     return InNs(1, argv);
   }

@@ -330,6 +330,11 @@ TEST_CASE("mpi cluster: the hosts tear down every process and namespace they mad
   }
   CHECK(pids.size() >= 4);
   for (pid_t p : pids) CHECK_FALSE(IsAlive(p));
+  // OpenMPI's session directories, left by the killed mpirun and orted, lie
+  // in the Harness's directory (removed with it), not in /tmp.
+  struct stat session {};
+  CHECK(::stat((h.dir() + "/ompi.n1.0").c_str(), &session) == 0);
+  CHECK(::stat((h.dir() + "/ompi.n2.0").c_str(), &session) == 0);
   struct stat st {};
   for (const std::string& n : namespaces) CHECK(::stat(("/run/netns/" + n).c_str(), &st) != 0);
 }
