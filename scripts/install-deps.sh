@@ -5,7 +5,7 @@
 #   scripts/install-deps.sh --build   what building ddprun, ddprund, the SDK and the
 #                                     demo needs (make, make demo, make wheel)
 #   scripts/install-deps.sh           --build plus everything the tests drive (make test)
-#   scripts/install-deps.sh --bench   benchmark peers only (OpenMPI); the tests never need them
+#   scripts/install-deps.sh --bench   benchmark peers only (OpenMPI's headers); the tests need only mpirun
 set -euo pipefail
 
 # The product build. etcd's v3 protos are vendored (proto/etcd/), so the
@@ -37,6 +37,11 @@ test_packages=(
   # start their own daemons; the packages' services are stopped and disabled
   # below, so none is left running or enabled by the install.
   slurmctld slurmd slurm-client munge
+  # The real mpirun tier (tests/mpi/, label mpi_cluster): OpenMPI's mpirun
+  # starting ddprun on namespaced hosts; it starts no service. Its headers
+  # too: with openmpi-bin's mpicc but no mpi.h, bench/'s find_package(MPI)
+  # fails the whole configure.
+  openmpi-bin libopenmpi-dev
 )
 # Services that the packages above would start at boot; the tests start their own.
 test_services=(slurmctld slurmd munge)
