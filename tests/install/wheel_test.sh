@@ -11,6 +11,7 @@
 #    interpreter and meet through `import ddprun` (barrier); `import ddprun`
 #    outside a job loads, and ddprun.init() gives the SDK's error, not a
 #    missing library; `import ddprun_sdk` still works.
+# 2a. No ELF needs or bundles libcudart, libnccl or libcuda; bundled libraries have hashed names.
 # 5. A bundled library removed: `ddprun --version` says so in one line, exit 3.
 set -euo pipefail
 build=$(realpath "$1")
@@ -33,6 +34,21 @@ step "check_needed.py $(basename "$wheel")"
 python3 "$source_dir/scripts/packaging/check_needed.py" "$wheel" >"$tmp/needed.log" ||
   { cat "$tmp/needed.log"; fail "check_needed.py"; }
 grep -q "^ddprun/bin/ddprund: NEEDED" "$tmp/needed.log" || fail "check_needed.py did not list ddprund"
+# The SDK loads NCCL at run time and links its CUDA runtime statically (docs/gpu.md,
+# "Which NCCL"): no libcudart, libnccl or libcuda is NEEDED by anything, nor bundled.
+if grep -E "^ddprun/.*: NEEDED.*(libcudart|libnccl|libcuda)\." "$tmp/needed.log"; then
+  fail "an ELF of the wheel needs CUDA's or NCCL's libraries (above)"
+fi
+python3 -m zipfile -l "$wheel" >"$tmp/files.log"
+if grep -E "ddprun/lib/lib(cudart|nccl|cuda)[-.]" "$tmp/files.log"; then
+  fail "the wheel bundles CUDA's or NCCL's libraries (above)"
+fi
+# Bundled libraries carry auditwheel's hashed names (libX-<8 hex>.so.N); only ours keep theirs.
+unhashed=$(grep -oE "ddprun/lib/[^ ]+\.so[^ ]*" "$tmp/files.log" |
+  grep -vE "ddprun/lib/(libddprun_[a-z_]+\.so(\.0)?|[^/]+-[0-9a-f]{8}\.so[^/]*)$" || true)
+[[ -z "$unhashed" ]] || fail "bundled libraries without a hashed name: $unhashed"
+grep -qE "ddprun/lib/libprotobuf-[0-9a-f]{8}\.so\.32 " "$tmp/files.log" ||
+  fail "no hashed libprotobuf-<hash>.so.32 in the wheel"
 
 step "venv + pip install --no-index"
 "$python" -m venv "$tmp/venv" || fail "python3 -m venv"
@@ -79,7 +95,7 @@ fi
 
 step "a bundled library removed"
 site=$("${clean[@]}" python -c 'import ddprun, os; print(os.path.dirname(ddprun.__file__))')
-victim=$(cd "$site/lib" && ls libgrpc++.so.* | head -1)
+victim=$(cd "$site/lib" && ls libgrpc++-*.so.* | head -1)
 [[ -n "$victim" ]] || fail "no bundled libgrpc++ in $site/lib"
 rm "$site/lib/$victim"
 rc=0
