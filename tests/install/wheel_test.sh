@@ -12,6 +12,8 @@
 #    outside a job loads, and ddprun.init() gives the SDK's error, not a
 #    missing library; `import ddprun_sdk` still works.
 # 2a. No ELF needs or bundles libcudart, libnccl or libcuda; bundled libraries have hashed names.
+# 4a. DDP_BACKEND=nccl with DDP_NCCL_LIBRARY=libz.so.1: the worker fails at init with the
+#    loader's line naming the missing function and the library.
 # 5. A bundled library removed: `ddprun --version` says so in one line, exit 3.
 set -euo pipefail
 build=$(realpath "$1")
@@ -82,6 +84,16 @@ for rank in 0 1; do
   grep -q "worker rank=$rank prefix=$venv\$" "$tmp/job.log" ||
     { cat "$tmp/job.log"; fail "rank $rank did not run with the venv's interpreter ($venv)"; }
 done
+
+if grep -q "^NCCL backend: built" <<<"$("${clean[@]}" ddprun --version)"; then
+  step "the NCCL backend with DDP_NCCL_LIBRARY=libz.so.1: one line at init, not at load"
+  rc=0
+  "${clean[@]}" DDP_BACKEND=nccl DDP_NCCL_LIBRARY=libz.so.1 ddprun --nproc_per_node=1 \
+    --max_restarts=0 "$tmp/worker.py" >"$tmp/nccl.log" 2>&1 || rc=$?
+  [[ $rc -ne 0 ]] || { cat "$tmp/nccl.log"; fail "DDP_BACKEND=nccl with libz.so.1 as NCCL succeeded"; }
+  grep -q "libz.so.1 (DDP_NCCL_LIBRARY=libz.so.1) has no function ncclGetVersion" "$tmp/nccl.log" ||
+    { cat "$tmp/nccl.log"; fail "DDP_BACKEND=nccl with libz.so.1: not the missing-function line"; }
+fi
 
 step "import ddprun outside a job"
 rc=0
