@@ -170,7 +170,7 @@ unshare --mount --propagation private bash -c '
   _ "$root3" >"$tmp/run3.log" 2>&1 || { cat "$tmp/run3.log"; fail "the .deb's SDK in the third root"; }
 grep -q "^ddprun_DIR=/usr/lib/x86_64-linux-gnu/cmake/ddprun$" "$tmp/run3.log" ||
   { cat "$tmp/run3.log"; fail "find_package(ddprun) did not find the package's CMake files"; }
-grep -q "libddprun_worker_sdk.so.0 => /usr/lib/x86_64-linux-gnu/libddprun_worker_sdk.so.0" \
+grep -qE "libddprun_worker_sdk.so.0 => (/usr)?/lib/x86_64-linux-gnu/libddprun_worker_sdk.so.0" \
   "$tmp/run3.log" || { cat "$tmp/run3.log"; fail "the consumer does not load the package's SDK"; }
 for rank in 0 1; do
   grep -q "consumer: rank $rank of 2" "$tmp/run3.log" ||
