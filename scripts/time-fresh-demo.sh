@@ -50,6 +50,9 @@ stamp() { local now=${EPOCHREALTIME/./}; local d=$(( (now - start) / 100000 )); 
 CCACHE_DISABLE=1 make demo 2>&1 | while IFS= read -r line; do printf '%7s %s\n' "$(stamp)" "$line"; done
 rc=${PIPESTATUS[0]}
 echo "$(stamp) make demo exit $rc"
+# CPU time of everything make demo ran (apt, compilers, the demo): with the wall time and the
+# machine's load, what an idle machine of this many CPUs would take.
+echo "$(stamp) cpu user+sys of make demo's processes: $(times | tail -1)"
 exit "$rc"
 SH
 echo "time-fresh-demo: CCACHE_DISABLE=1 make demo in the fresh root ($(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg))"
@@ -76,5 +79,6 @@ awk '
     printf "total: %.0f s (%d min %d s), make demo exit %s\n", end, int(end / 60), end % 60, status
   }' "$work/demo.log"
 grep -c "Building CXX object" "$work/demo.log" | sed 's/^/translation units compiled: /'
+grep -o "cpu user+sys.*" "$work/demo.log" || true
 [[ $rc -eq 0 ]] || { tail -30 "$work/demo.log"; fail "make demo failed in the fresh root (log: $work/demo.log)"; }
 echo "time-fresh-demo: log $work/demo.log (remove $work when done)"
