@@ -52,7 +52,8 @@ rc=${PIPESTATUS[0]}
 echo "$(stamp) make demo exit $rc"
 # CPU time of everything make demo ran (apt, compilers, the demo): with the wall time and the
 # machine's load, what an idle machine of this many CPUs would take.
-echo "$(stamp) cpu user+sys of make demo's processes: $(times | tail -1)"
+times >/tmp/times.txt  # in this shell: its children's line is the second
+echo "$(stamp) cpu user+sys of make demo's processes: $(tail -1 /tmp/times.txt)"
 exit "$rc"
 SH
 echo "time-fresh-demo: CCACHE_DISABLE=1 make demo in the fresh root ($(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg))"
