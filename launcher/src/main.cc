@@ -126,6 +126,10 @@ int main(int argc, char** argv) {
         return ddprun::kExitRendezvousError;
       }
       std::cout << "gRPC module: loaded" << std::endl;
+      // NCCL is the SDK's, loaded at run time: not found is a fact, not a broken install.
+      if (const std::string nccl = ddprun::launcher::NcclRuntimeString(); !nccl.empty()) {
+        std::cout << nccl << std::endl;
+      }
       return ddprun::kExitSuccess;
     }
     case ddprun::launcher::Action::kRun:
