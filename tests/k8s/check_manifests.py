@@ -6,10 +6,12 @@ the podFailurePolicy follows docs/cli.md's exit-code table.
   JobSet                  the JobSet CRD's openAPIV3Schema (v1alpha2), verbatim
   TrainJob, ClusterTrainingRuntime
                           Kubeflow Trainer v2's CRDs (v1alpha1), verbatim
-  Deployment/StatefulSet  schemas/core_minimal.json for the envelope, and the
-                          pod template against the CRD's PodTemplateSpec (the
-                          same k8s.io/api type, as controller-gen wrote it)
-  Service                 schemas/core_minimal.json
+  Deployment, StatefulSet, Service
+                          Kubernetes' own schemas (v1.32.2, standalone-strict
+                          JSON Schema, as yannh/kubernetes-json-schema writes
+                          them from the API's OpenAPI), verbatim; the pod
+                          templates are also checked against the JobSet CRD's
+                          PodTemplateSpec
 
 Unknown fields are errors, as under `kubectl apply --validate=strict`: every
 object schema with properties and no additionalProperties (and no
@@ -60,8 +62,11 @@ def load_schemas(root):
     jobset = strict(versions["v1alpha2"]["schema"]["openAPIV3Schema"])
     pod_template = (jobset["properties"]["spec"]["properties"]["replicatedJobs"]["items"]
                     ["properties"]["template"]["properties"]["spec"]["properties"]["template"])
-    with open(os.path.join(base, "core_minimal.json")) as f:
-        core = json.load(f)
+    core = {}
+    for kind, name in (("Deployment", "deployment-apps-v1"),
+                       ("StatefulSet", "statefulset-apps-v1"), ("Service", "service-v1")):
+        with open(os.path.join(base, f"{name}.json")) as f:
+            core[kind] = strict(json.load(f))
     trainer = {}
     for kind, name in (("TrainJob", "trainjobs"),
                        ("ClusterTrainingRuntime", "clustertrainingruntimes")):
@@ -230,6 +235,21 @@ def main():
             "paht"] = "/"
         if not problems_of(deployment, "self-test", schemas, pod_template):
             print("self-test: a misspelt probe field in the Deployment's pod passed")
+            return 1
+        # Kubernetes' own schemas, outside the pod template: a misspelt
+        # Service field and a wrong StatefulSet type.
+        with open(os.path.join(root, "configs", "k8s", "ddprund.yaml")) as f:
+            docs = [d for d in yaml.safe_load_all(f) if d]
+        service = copy.deepcopy([d for d in docs if d["kind"] == "Service"][0])
+        service["spec"]["clusterIp"] = service["spec"].pop("clusterIP", "None")
+        if not problems_of(service, "self-test", schemas, pod_template):
+            print("self-test: a misspelt field in the Service passed")
+            return 1
+        with open(os.path.join(root, "configs", "k8s", "etcd.yaml")) as f:
+            sts = [d for d in yaml.safe_load_all(f) if d and d["kind"] == "StatefulSet"][0]
+        sts["spec"]["podManagementPolicy"] = 3
+        if not problems_of(sts, "self-test", schemas, pod_template):
+            print("self-test: a wrong type in the StatefulSet passed")
             return 1
     print(f"{count} objects in {len(files)} files valid")
     return 0
