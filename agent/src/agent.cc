@@ -558,8 +558,9 @@ class Agent::Impl {
     for (const Worker& w : workers_.workers()) {
       if (!w.exit || w.exit->ok() || w.stopped_by_agent) continue;
       if (!first || w.exit_seen < first->second) {
-        first.emplace(absl::StrCat("worker rank ", w.global_rank, " ", w.exit->Describe()),
-                      w.exit_seen);
+        first.emplace(
+            absl::StrCat("worker rank ", w.global_rank, " exited with ", w.exit->Describe()),
+            w.exit_seen);
       }
     }
     return first;
