@@ -93,9 +93,6 @@ constexpr Duration kStatusTimeout = seconds(2);
 // a round's first spawns do not share the cores with them. A client that
 // connects earlier waits in the listening socket's backlog (docs/launch.md).
 constexpr Duration kServicesDelay = milliseconds(100);
-// While a restart's recovery waits for its first step (docs/recovery.md),
-// the workers' step counters are read this often: the budget's resolution.
-constexpr Duration kFirstStepPoll = milliseconds(10);
 
 double SecondsOf(Duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -958,7 +955,7 @@ class Agent::Impl {
       TimePoint wake = poll_at;
       if (services_due_) wake = std::min(wake, *services_due_);
       const bool step_due = recovery_.WaitingForStep();
-      if (step_due) wake = std::min(wake, clock_.Now() + kFirstStepPoll);
+      if (step_due) wake = std::min(wake, clock_.Now() + recovery_.StepPollInterval());
       auto e = NextEvent(wake);
       StartServicesIfDue();
       CheckFirstStep();

@@ -69,6 +69,12 @@ void RecoveryTracker::Started() {
 
 bool RecoveryTracker::WaitingForStep() const { return open_ && records_.back().started_ms >= 0; }
 
+rdzv::Duration RecoveryTracker::StepPollInterval() const {
+  using std::chrono::milliseconds;
+  return std::clamp<rdzv::Duration>((clock_.Now() - failed_at_) / 100, milliseconds(10),
+                                    milliseconds(1000));
+}
+
 std::optional<rdzv::RecoveryBudget> RecoveryTracker::FirstStep() {
   if (!WaitingForStep()) return std::nullopt;
   Mark(&current().first_step_ms, SinceFailure());

@@ -52,6 +52,18 @@ TEST_CASE("recovery budget: each phase in ms from the failure, closed by the fir
   CHECK(t.records().back().first_step_ms == 1234);
 }
 
+TEST_CASE("recovery budget: the first step is looked for within 1 % of the time, 10 ms to 1 s",
+          "[unit]") {
+  rdzv::FakeClock clock;
+  RecoveryTracker t(clock, "j");
+  t.Failure(1, "x");
+  CHECK(t.StepPollInterval() == milliseconds(10));
+  clock.Advance(std::chrono::seconds(3));
+  CHECK(t.StepPollInterval() == milliseconds(30));
+  clock.Advance(std::chrono::minutes(5));
+  CHECK(t.StepPollInterval() == milliseconds(1000));
+}
+
 TEST_CASE("recovery budget: each phase is timed once, the first report counts", "[unit]") {
   rdzv::FakeClock clock;
   RecoveryTracker t(clock, "j");

@@ -51,6 +51,10 @@ class RecoveryTracker {
 
   // A record is open and its workers run: the agent looks for their first step.
   bool WaitingForStep() const;
+  // How often to look for the first step now: 1 % of the time since the
+  // failure, within [10 ms, 1 s], so the figure is late by at most 1 % (or
+  // 10 ms) and a job whose workers never count a step costs one look a second.
+  rendezvous::Duration StepPollInterval() const;
   bool open() const { return open_; }
   // Every record so far, the newest last (at most kKept), the open one included.
   const std::deque<rendezvous::RecoveryBudget>& records() const { return records_; }
