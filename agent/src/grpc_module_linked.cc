@@ -6,6 +6,8 @@
 
 #include "ddprun/agent/grpc_module.h"
 #include "ddprun/rendezvous/daemon/server.h"
+#include "ddprun/rendezvous/monitoring/web_config.h"
+#include "ddprun/rendezvous/monitoring/web_server.h"
 
 namespace ddprun::agent {
 namespace {
@@ -35,6 +37,25 @@ absl::StatusOr<std::unique_ptr<ServedTable>> ServeTable(rendezvous::JobTable& ta
   return std::unique_ptr<ServedTable>(new ServedTableImpl(std::move(*server)));
 }
 
+absl::StatusOr<rendezvous::WebSecurity> LoadWeb(const std::string& file,
+                                                const std::string& source) {
+  auto config = rendezvous::ReadWebConfig(file, source);
+  if (!config.ok()) return config.status();
+  return rendezvous::LoadWebSecurity(*config, file, source);
+}
+
+absl::StatusOr<std::unique_ptr<rendezvous::HttpServer>> StartMonitoring(
+    const rendezvous::HttpServerOptions& options, const std::string& file,
+    const std::string& source, rendezvous::HttpHandler handler, std::string* served) {
+  auto security = LoadWeb(file, source);
+  if (!security.ok()) return security.status();
+  rendezvous::HttpServerOptions o = options;
+  o.on_refusal = rendezvous::MakeRefusalLog("ddprun: ");
+  auto server = rendezvous::StartMonitoringServer(o, *security, std::move(handler));
+  if (server.ok() && served != nullptr) *served = rendezvous::DescribeWebSecurity(*security);
+  return server;
+}
+
 const GrpcModule kLinked = [] {
   GrpcModule m;
   m.make_session = &MakeGrpcRendezvousSession;
@@ -42,6 +63,10 @@ const GrpcModule kLinked = [] {
   m.check_client_tls = [](const rendezvous::TlsOptions& options) {
     return rendezvous::LoadClientTls(options).status();
   };
+  m.check_web_config = [](const std::string& file, const std::string& source) {
+    return LoadWeb(file, source).status();
+  };
+  m.start_monitoring_server = &StartMonitoring;
   return m;  // run_status_command: the launcher's, added by the module's entry
 }();
 

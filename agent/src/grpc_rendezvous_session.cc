@@ -27,9 +27,12 @@
 #include "ddprun/rendezvous/common/tls.h"
 #include "ddprun/rendezvous/common/wait_notice.h"
 #include "ddprun/rendezvous/daemon/server.h"
+#include "ddprun/rendezvous/monitoring/web_config.h"
+#include "ddprun/rendezvous/monitoring/web_server.h"
 #include "ddprun/rendezvous/store/c10d_store_client.h"
 #include "ddprun/rendezvous/store/c10d_store_server.h"
 #include "ddprun/rendezvous/store/kv_engine.h"
+#include "name_wait.h"
 #include "round_store.h"
 
 namespace ddprun::agent {
@@ -254,6 +257,8 @@ class GrpcRendezvousSession final : public RendezvousSession {
         if (has_replicas()) return ConnectReplicas(deadline);
         const std::string& host = options_.rdzv_host;
         const int port = options_.rdzv_port;
+        // Whether the endpoint is ours is known only once its name resolves.
+        DDPRUN_RETURN_IF_ERROR(AwaitName(host, port, "--rdzv_endpoint", deadline));
         if (options_.is_host.value_or(false)) {
           // Told to host (torchrun's is_host=true): the endpoint's name may be
           // a virtual IP or a load balancer that leads here, so serve the port
@@ -291,6 +296,16 @@ class GrpcRendezvousSession final : public RendezvousSession {
         return OpenStatic(deadline);
     }
     return absl::InternalError("unknown rendezvous mode");
+  }
+
+  // Returns once `host` resolves (pod DNS: name_wait.h), or its error at the
+  // deadline. A wildcard or empty host names no one: nothing to look up.
+  absl::Status AwaitName(const std::string& host, int port, const char* flag,
+                         TimePoint deadline) {
+    if (IsAnyAddress(host)) return absl::OkStatus();
+    return WaitUntilResolves({host, port, flag, options_.policy.join_timeout_s}, clock_, deadline,
+                             [this] { return CheckInterrupted(); },
+                             [this](const std::string& line) { Log(line); });
   }
 
   // This node should host the rendezvous at host:port, but the port was
@@ -357,15 +372,31 @@ class GrpcRendezvousSession final : public RendezvousSession {
     so.client_ca_flag = options_.tls.names.ca;
     so.dashboard_port = options_.dashboard_port;
     so.dashboard_listen_fix = "pick another --dashboard_port, or --dashboard_port=off";
+    if (!options_.web_config.empty()) {  // checked by the launcher already
+      auto config = rdzv::ReadWebConfig(options_.web_config, options_.web_config_source);
+      auto security = config.ok() ? rdzv::LoadWebSecurity(*config, options_.web_config,
+                                                          options_.web_config_source)
+                                  : absl::StatusOr<rdzv::WebSecurity>(config.status());
+      if (!security.ok()) return rdzv::UsageMistake(security.status().message());
+      so.dashboard_security = *std::move(security);
+    }
     DDPRUN_ASSIGN_OR_RETURN(server_, rdzv::RendezvousServer::Start(so));
     if (server_->dashboard_port() >= 0) {
       const std::string shown =
           IsAnyAddress(bind_host) ? (options_.local_addr.empty() ? Hostname() : options_.local_addr)
                                   : bind_host;
-      Log(absl::StrCat(
-          "dashboard at http://", rdzv::FormatHostPort(shown, server_->dashboard_port()),
-          "/ (Prometheus: /metrics; in a terminal: ddprun top --rdzv_endpoint ",
-          rdzv::FormatHostPort(shown, server_->port()), " --job ", options_.job_id, ")"));
+      if (!options_.web_config.empty()) {
+        Log("the monitoring port serves " + rdzv::DescribeWebSecurity(so.dashboard_security));
+      } else if (so.tls.enabled) {
+        Log("warning: the monitoring port serves plain HTTP to anyone who can reach it, next to "
+            "a TLS rendezvous; give --web_config FILE (docs/security.md) or "
+            "--dashboard_port=off");
+      }
+      Log(absl::StrCat("dashboard at ", so.dashboard_security.tls.enabled ? "https://" : "http://",
+                       rdzv::FormatHostPort(shown, server_->dashboard_port()),
+                       "/ (Prometheus: /metrics; in a terminal: ddprun top --rdzv_endpoint ",
+                       rdzv::FormatHostPort(shown, server_->port()), " --job ", options_.job_id,
+                       ")"));
     }
     DDPRUN_DEBUG_LOG(kAgent) << "hosting the rendezvous on "
                              << rdzv::FormatHostPort(bind_host, server_->port());
@@ -439,6 +470,8 @@ class GrpcRendezvousSession final : public RendezvousSession {
       return absl::InvalidArgumentError(
           "static rendezvous needs this node's rank; pass --node_rank (0 on the master node)");
     }
+    // Node rank 0 too: its own client and the endpoint it publishes use the name.
+    DDPRUN_RETURN_IF_ERROR(AwaitName(maddr, mport, "--master_addr", deadline));
     if (options_.node_rank == 0) {
       // As c10d's single-node TCPStore: a loopback master address is served
       // on loopback alone (and advertised as such); any other on every

@@ -300,8 +300,21 @@ class LocalRendezvousSession final : public RendezvousSession {
     ho.listen_fix = "pick another --dashboard_port, or --dashboard_port=off";
     ho.defer_serving = true;  // served from WorkersStarted()
     const rdzv::MetricsHub* hub = hub_.get();
-    auto http = rdzv::HttpServer::Start(
-        ho, [hub](const std::string& target) { return rdzv::ServeMonitoring(*hub, target); });
+    rdzv::HttpHandler handler = [hub](const std::string& target) {
+      return rdzv::ServeMonitoring(*hub, target);
+    };
+    // A web configuration (HTTPS, basic auth) is served by the gRPC module,
+    // which links OpenSSL; a plain port needs neither (grpc_module.h).
+    std::string served;
+    const bool secured = !options_.web_config.empty();
+    absl::StatusOr<std::unique_ptr<rdzv::HttpServer>> http = absl::UnknownError("");
+    if (secured) {
+      DDPRUN_ASSIGN_OR_RETURN(const GrpcModule* module, LoadGrpcModule());
+      http = module->start_monitoring_server(ho, options_.web_config, options_.web_config_source,
+                                             std::move(handler), &served);
+    } else {
+      http = rdzv::HttpServer::Start(ho, std::move(handler));
+    }
     if (!http.ok()) {
       // Bad input (the flag names a port in use): kind kBadInput, as the server's.
       return absl::InvalidArgumentError("dashboard: " + std::string(http.status().message()));
@@ -309,7 +322,9 @@ class LocalRendezvousSession final : public RendezvousSession {
     http_ = std::move(*http);
     const std::string shown =
         IsWildcard(bind) ? (options_.local_addr.empty() ? Hostname() : options_.local_addr) : bind;
-    Log(absl::StrCat("dashboard at http://", rdzv::FormatHostPort(shown, http_->port()),
+    if (secured) Log("the monitoring port serves " + served);
+    Log(absl::StrCat("dashboard at ", secured ? "https://" : "http://",
+                     rdzv::FormatHostPort(shown, http_->port()),
                      "/ (Prometheus: /metrics; in a terminal: ddprun top --rdzv_endpoint ",
                      rdzv::FormatHostPort(shown, port_), " --job ", options_.job_id, ")"));
     return absl::OkStatus();

@@ -58,6 +58,21 @@ absl::Status ResolveTls(const FlagTable& flags, rendezvous::TlsOptions& tls) {
   return absl::OkStatus();
 }
 
+// --web_config: the monitoring port's web configuration, checked now (a bad
+// file is a usage error before anything starts) by the gRPC module, which
+// links OpenSSL and serves it (grpc_module.h).
+absl::Status ResolveWebConfig(const FlagTable& flags, AgentOptions& o) {
+  const KnobValue v = flags.Get("web_config");
+  if (v.value.empty()) return absl::OkStatus();
+  o.web_config_source = v.Name(FlagLabel(KnobNamed("web_config")));
+  o.web_config = std::filesystem::absolute(v.value).lexically_normal().string();
+  DDPRUN_ASSIGN_OR_RETURN(const agent::GrpcModule* module, agent::LoadGrpcModule());
+  if (absl::Status st = module->check_web_config(o.web_config, o.web_config_source); !st.ok()) {
+    return UsageError(st.message());
+  }
+  return absl::OkStatus();
+}
+
 // The GPUs a job on this node can use, as torch.cuda.device_count() sees
 // them: NVIDIA's (or else AMD's) devices, narrowed by the visibility lists
 // their runtimes honour (a Slurm --gres=gpu:4 step on an 8-GPU node sets
@@ -399,6 +414,7 @@ absl::Status ResolveRendezvous(const ResolveContext& ctx, ParsedCommand& out) {
   const KnobValue master_port = flags.Get("master_port");
   o.local_addr = flags.Get("local_addr").value;
   DDPRUN_RETURN_IF_ERROR(ResolveTls(flags, o.tls));
+  DDPRUN_RETURN_IF_ERROR(ResolveWebConfig(flags, o));
 
   DDPRUN_ASSIGN_OR_RETURN(const std::string backend_name,
                           ParseKnob(flags, KnobNamed("rdzv_backend"), ParseBackend));

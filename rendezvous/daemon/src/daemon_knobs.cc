@@ -110,6 +110,14 @@ absl::Status TlsClientCa(T t, T src, DaemonSettings& o) {
   o.server.client_ca_flag = src;  // the refusal log names it
   return StoreFile(t, src, o.tls.client_ca_file, o.tls.names.client_ca);
 }
+absl::Status WebConfigFile(T t, T src, DaemonSettings& o) {
+  if (absl::Status s = NonEmpty(t, "the path of a web configuration file, or plaintext"); !s.ok()) {
+    return s;
+  }
+  o.web_config = t;
+  o.web_config_source = src;
+  return absl::OkStatus();
+}
 absl::Status DashboardPort(T t, T, DaemonSettings& o) {
   auto v = ParseDashboardPort(t);
   if (!v.ok()) return v.status();
@@ -203,6 +211,10 @@ const std::vector<DaemonKnob>& DaemonKnobs() {
        "Monitoring HTTP port: the dashboard, /api/v1/jobs and Prometheus /metrics\n"
        "for every job (docs/monitoring.md); 0 lets the OS pick one, off disables it",
        DashboardPort),
+      Undefaulted("web_config", "none (HTTPS as the gRPC port when --tls_cert is given)", "FILE",
+       "TLS and basic auth of the monitoring port, in the Prometheus exporter\n"
+       "toolkit's web configuration format (docs/security.md); `plaintext`\n"
+       "serves plain HTTP next to a TLS gRPC port, with a warning", WebConfigFile),
       Undefaulted("etcd_endpoints", "none (one daemon)", "H:P,H:P,...",
        "Run as one replica of a replicated control plane over this etcd v3\n"
        "cluster (comma-separated members, a list in --config): replicas elect one\n"

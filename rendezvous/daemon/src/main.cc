@@ -26,6 +26,8 @@
 #include "ddprun/rendezvous/daemon/daemon_knobs.h"
 #include "ddprun/rendezvous/daemon/server.h"
 #include "ddprun/rendezvous/daemon/server_heap.h"
+#include "ddprun/rendezvous/monitoring/web_config.h"
+#include "ddprun/rendezvous/monitoring/web_server.h"
 
 namespace {
 
@@ -159,6 +161,37 @@ int main(int argc, char** argv) {
     std::cerr << "ddprund: " << loaded.status().message() << std::endl;
     return kExitUsage;
   }
+  // The monitoring port: --web_config, else the gRPC port's certificate
+  // (docs/security.md). Checked before anything listens, as the TLS files.
+  std::string web_line;
+  if (settings.web_config == ddprun::rendezvous::kWebConfigPlaintext) {
+    if (options.tls.enabled && options.dashboard_port >= 0) {
+      web_line =
+          "ddprund: warning: the monitoring port serves plain HTTP to anyone who can reach it, "
+          "next to a TLS gRPC port (" +
+          settings.web_config_source +
+          "=plaintext); give a web configuration file to protect job states and hang stacks";
+    }
+  } else if (!settings.web_config.empty()) {
+    auto config =
+        ddprun::rendezvous::ReadWebConfig(settings.web_config, settings.web_config_source);
+    auto security = config.ok() ? ddprun::rendezvous::LoadWebSecurity(*config, settings.web_config,
+                                                                      settings.web_config_source)
+                                : config.status();
+    if (!security.ok()) {
+      std::cerr << "ddprund: " << security.status().message() << std::endl;
+      return kExitUsage;
+    }
+    options.dashboard_security = *std::move(security);
+    if (!options.dashboard_security.tls.enabled && !options.dashboard_security.users.empty()) {
+      web_line =
+          "ddprund: warning: basic auth over plain HTTP sends passwords in the clear; add "
+          "tls_server_config to " +
+          settings.web_config;
+    }
+  } else if (options.tls.enabled) {
+    options.dashboard_security = ddprun::rendezvous::WebSecurityFromGrpcTls(options.tls);
+  }
   options.listen_fix = "pick another --port or stop the other daemon";
   options.dashboard_listen_fix = "pick another --dashboard_port, or --dashboard_port=off";
   options.log_hangs = true;
@@ -190,7 +223,13 @@ int main(int argc, char** argv) {
             << ddprun::rendezvous::FormatHostPort(options.host, (*server)->port()) << std::endl;
   if ((*server)->dashboard_port() >= 0) {
     // stderr: stdout's one ready line is a contract for scripts.
-    std::cerr << "ddprund dashboard at http://"
+    if (!web_line.empty()) std::cerr << web_line << std::endl;
+    if (options.dashboard_security.tls.enabled || !options.dashboard_security.users.empty()) {
+      std::cerr << "ddprund: the monitoring port serves "
+                << ddprun::rendezvous::DescribeWebSecurity(options.dashboard_security) << std::endl;
+    }
+    std::cerr << "ddprund dashboard at "
+              << (options.dashboard_security.tls.enabled ? "https://" : "http://")
               << ddprun::rendezvous::FormatHostPort(
                      options.host == "0.0.0.0" ? "127.0.0.1" : options.host,
                      (*server)->dashboard_port())

@@ -90,6 +90,8 @@ function render(j) {
     chip("restarts", j.restart_count, "restarts"), chip("samples/s", fmt(j.samples_per_s, 1), "samples"),
     chip("steps/s", fmt(j.steps_per_s, 2), "steps"), chip("step time s", fmt(j.step_time_s, 4), "steptime"),
     chip("data age s", fmt(j.data_age_s, 1), "age"), chip("hang detection", j.hang_state + (j.hang_timeout_s > 0 ? " (" + j.hang_timeout_s + " s, " + j.on_hang + ")" : ""), "hang")];
+  const rec = j.last_recovery;  // docs/recovery.md
+  if (rec) chips.push(chip("last recovery", `round ${rec.round}: ${fmt(rec.first_step_ms, 0)} ms (stopped +${fmt(rec.stopped_ms, 0)}, round +${fmt(rec.round_ms, 0)}, started +${fmt(rec.started_ms, 0)}, first step +${fmt(rec.first_step_ms, 0)}; ${rec.cause})`, "recovery"));
   $("chips").innerHTML = chips.join("");
   $("hang").hidden = !j.hang_report; $("hang").textContent = j.hang_report || "";
   const f = j.failure || {failures: []};
@@ -128,15 +130,18 @@ function render(j) {
   $("events").innerHTML = j.events.slice(-100).reverse().map(e =>
     `<div><span class="muted">${new Date(e.unix_s * 1000).toLocaleTimeString()}</span> <span class="k">${esc(e.kind)}</span> round ${e.round}: ${esc(e.text)}</div>`).join("");
 }
+// The API's URL without the user:password a page opened with credentials in
+// its URL carries (fetch refuses those; the browser's auth cache sends them).
+const api = path => new URL(path, location.origin + location.pathname);
 async function poll() {
   try {
-    const list = await (await fetch("api/v1/jobs", {cache: "no-store"})).json();
+    const list = await (await fetch(api("api/v1/jobs"), {cache: "no-store"})).json();
     const sel = $("job");
     const ids = list.jobs.map(j => j.job_id);
     if (!current || (!ids.includes(current) && ids.length)) current = ids[0] || "";
     sel.innerHTML = ids.map(id => `<option${id === current ? " selected" : ""}>${esc(id)}</option>`).join("");
     if (!current) { $("chips").innerHTML = chip("jobs", "none yet", "none"); $("err").textContent = ""; return; }
-    const res = await fetch("api/v1/jobs/" + encodeURIComponent(current), {cache: "no-store"});
+    const res = await fetch(api("api/v1/jobs/" + encodeURIComponent(current)), {cache: "no-store"});
     const j = await res.json();
     if (!res.ok) throw new Error(j.error || res.statusText);
     render(j);

@@ -171,7 +171,8 @@ const BadFile kBadFiles[] = {
      "job.yaml:2:1: (syntax): end of sequence flow not found; fix the YAML syntax"},
     {"misspelt nested key", "rendezvous:\n  tokn: x\n",
      "job.yaml:2:3: rendezvous.tokn: unknown key (did you mean 'token'?); valid keys here are "
-     "backend, endpoint, token, join_timeout, last_call_timeout, tls_ca, tls_cert, tls_key"},
+     "backend, endpoint, token, join_timeout, last_call_timeout, tls_ca, tls_cert, tls_key, "
+     "web_config"},
     {"nccl is not a mapping", "nccl: eth0\n",
      "job.yaml:1:7: nccl: must be a mapping, got a value; write settings such as socket_ifname: "
      "eth0 indented below it"},

@@ -78,6 +78,11 @@ struct AgentOptions {
   // The monitoring HTTP port of the rendezvous this agent hosts (dashboard,
   // /api, /metrics): 0 the OS picks, -1 (rendezvous::kDashboardOff) off.
   int dashboard_port = 0;
+  // --web_config (docs/security.md): the monitoring port's TLS and basic auth,
+  // a file in the exporter toolkit's format (absolute, checked by the
+  // launcher); "" = plain HTTP. web_config_source names it in messages.
+  std::string web_config;
+  std::string web_config_source = "--web_config";
 
   // Workers.
   std::vector<std::string> command;  // argv of each worker, before ${local_rank} substitution

@@ -21,11 +21,12 @@
 #include "ddprun/rendezvous/common/clock.h"
 #include "ddprun/rendezvous/common/tls.h"
 #include "ddprun/rendezvous/job_table.h"
+#include "ddprun/rendezvous/monitoring/http_server.h"
 #include "ddprun/rendezvous/monitoring/metrics_hub.h"
 
 namespace ddprun::agent {
 
-inline constexpr int kGrpcModuleVersion = 3;
+inline constexpr int kGrpcModuleVersion = 4;
 // The module's one exported symbol: `const GrpcModule* ddprun_grpc_module()`.
 inline constexpr const char* kGrpcModuleEntry = "ddprun_grpc_module";
 
@@ -63,6 +64,16 @@ struct GrpcModule {
   // every start; only a job given TLS files calls it (it needs the module
   // for its gRPC channel anyway). Error: LoadClientTls's one line.
   absl::Status (*check_client_tls)(const rendezvous::TlsOptions& options) = nullptr;
+  // --web_config (docs/security.md): reads and checks the file and the PEM
+  // files it names (OpenSSL lives here). Error: one line naming `source`,
+  // the file and the key.
+  absl::Status (*check_web_config)(const std::string& file, const std::string& source) = nullptr;
+  // The monitoring port with that web configuration applied (HTTPS, basic
+  // auth); *served gets the line that says what it serves. Errors as
+  // HttpServer::Start's, or check_web_config's.
+  absl::StatusOr<std::unique_ptr<rendezvous::HttpServer>> (*start_monitoring_server)(
+      const rendezvous::HttpServerOptions& options, const std::string& file,
+      const std::string& source, rendezvous::HttpHandler handler, std::string* served) = nullptr;
   // `ddprun status ...` (launcher/client/src/status_command.cc).
   CommandFn run_status_command = nullptr;
   // `ddprun top ...` (launcher/client/src/top_command.cc).

@@ -146,6 +146,11 @@ inline constexpr Knob kKnobs[] = {
     {.name = "tls_key", .yaml_key = "rendezvous.tls_key", .type = ValueType::kText,
      .default_text = "none", .metavar = "FILE", .group = kGroupRdzv,
      .help = "PEM private key of --tls_cert"},
+    // The monitoring port's TLS and basic auth (docs/security.md).
+    {.name = "web_config", .yaml_key = "rendezvous.web_config", .type = ValueType::kText,
+     .default_text = "none: plain HTTP", .metavar = "FILE", .group = kGroupRdzv,
+     .help = "TLS and basic auth of the monitoring port (--dashboard_port), in the Prometheus exporter "
+             "toolkit's web configuration format (docs/security.md)"},
     // Job shape.
     {.name = "nnodes", .yaml_key = "nodes.count", .type = ValueType::kNodeRange,
      .default_value = "1", .default_text = "1", .metavar = "N|MIN:MAX", .group = kGroupJob,

@@ -32,6 +32,11 @@ namespace ddprun::rendezvous {
 struct DaemonSettings {
   ServerOptions server;
   TlsOptions tls;
+  // --web_config: a file in the exporter toolkit's format, or
+  // kWebConfigPlaintext; "" = none. Read by main (web_config.h), which names
+  // it by web_config_source.
+  std::string web_config;
+  std::string web_config_source = "--web_config";
 };
 
 struct DaemonKnob {

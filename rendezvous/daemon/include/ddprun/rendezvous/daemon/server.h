@@ -17,6 +17,7 @@
 #include "ddprun/rendezvous/ha/etcd_client.h"
 #include "ddprun/rendezvous/job_rendezvous.h"
 #include "ddprun/rendezvous/job_table.h"
+#include "ddprun/rendezvous/monitoring/web_server.h"
 
 namespace ddprun::rendezvous {
 
@@ -59,6 +60,10 @@ struct ServerOptions {
   int dashboard_port = -1;
   std::string dashboard_host;  // "": the same as host
   std::string dashboard_listen_fix = "pick another --dashboard_port, or `off`";
+  // What the monitoring port enforces (web_server.h, docs/security.md):
+  // HTTPS and basic auth from --web_config, or the gRPC port's certificate
+  // (WebSecurityFromGrpcTls). Default: plain HTTP, no authentication.
+  WebSecurity dashboard_security;
   // Print every hang report on stderr (ddprund's log).
   bool log_hangs = false;
 

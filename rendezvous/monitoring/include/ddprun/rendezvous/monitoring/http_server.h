@@ -3,11 +3,18 @@
 // closed at accept), request headers of at most max_header_bytes, no request
 // body, a read deadline per request; bytes that are not HTTP close the
 // connection. GET and HEAD only (405 otherwise). One I/O thread.
+//
+// Plain HTTP here; TLS and basic authentication (the exporter toolkit's web
+// configuration, docs/security.md) are StartMonitoringServer's
+// (web_server.h, library ddprun_rendezvous_monitoring_tls), so that
+// bin/ddprun, which serves this port too, links no OpenSSL.
 #pragma once
 
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "ddprun/rendezvous/common/clock.h"
@@ -24,6 +31,17 @@ struct HttpResponse {
 // thread; must not block for long.
 using HttpHandler = std::function<HttpResponse(const std::string& target)>;
 
+// What a server refuses or drops, for its (rate-limited) log line.
+enum class HttpRefusal {
+  kOverLimit,       // a connection over max_connections, closed at accept
+  kBadCredentials,  // wrong basic-auth credentials (401)
+  kTlsHandshake,    // no certificate, a foreign one, not TLS at all
+  kTimeout,         // a client that did not send a request in read_timeout
+  kNotHttp,         // bytes that are not HTTP, or headers over the limit
+};
+// Called on the I/O thread; `detail` never holds a credential.
+using HttpRefusalLog = std::function<void(HttpRefusal kind, const std::string& detail)>;
+
 struct HttpServerOptions {
   std::string host = "0.0.0.0";
   int port = 0;  // 0: the OS picks one
@@ -37,6 +55,18 @@ struct HttpServerOptions {
   // client that connects before waits in the backlog). ddprun's in-process
   // rendezvous serves once its workers are spawned (docs/launch.md).
   bool defer_serving = false;
+  // Authorization: the value of the request's Authorization header ("" when
+  // absent) -> allowed. Null: every request is allowed. A refused request is
+  // answered 401 with `WWW-Authenticate: Basic realm="ddprun"` and a body that
+  // says only that credentials are needed. Every route is behind it but
+  // open_paths.
+  std::function<bool(std::string_view authorization)> authorize;
+  // Exact paths (no query) served without basic auth: ddprund's health
+  // probes (/healthz, /readyz), which a kubelet calls without credentials.
+  // TLS and client certificates still apply to them.
+  std::vector<std::string> open_paths;
+  // Null: refusals are not logged.
+  HttpRefusalLog on_refusal;
 };
 
 class HttpServer {
@@ -52,6 +82,8 @@ class HttpServer {
   void Stop();  // closes every connection and joins the thread; idempotent
 
   class Impl;
+  // For the TLS server (web_server.cc): wraps an Impl that listens already.
+  static std::unique_ptr<HttpServer> Adopt(std::unique_ptr<Impl> impl);
 
  private:
   explicit HttpServer(std::unique_ptr<Impl> impl);
