@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -237,6 +238,13 @@ absl::Status CheckpointMemory::Seed(int local_rank, std::int64_t step, int rank,
                                             local_rank, ": ", std::strerror(errno)));
   }
   return absl::OkStatus();
+}
+
+std::uint64_t CheckpointMemory::MemoryBytes(int local_rank) const {
+  const int f = fd(local_rank);
+  struct stat st;
+  if (f < 0 || ::fstat(f, &st) != 0) return 0;
+  return static_cast<std::uint64_t>(st.st_blocks) * 512;  // st_blocks counts 512-byte units
 }
 
 void CheckpointMemory::Clear(int local_rank) {

@@ -87,6 +87,9 @@ class CheckpointMemory {
                     const std::string& bytes);
   // Empties both slots' records of a local rank: nothing loadable.
   void Clear(int local_rank);
+  // The bytes of memory a local rank's checkpoint memory holds now (its
+  // pages in use, as fstat counts them); 0 before Ensure.
+  std::uint64_t MemoryBytes(int local_rank) const;
 
  private:
   std::uint64_t limit_;     // --ckpt_shm_limit
