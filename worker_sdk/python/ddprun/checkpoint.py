@@ -16,8 +16,10 @@ on the device they were saved from, with their dtype and shape. The format
 is this module's own (a JSON tree of key paths, dtypes, shapes and offsets,
 then the raw bytes), never pickle.
 
-Pure Python: PyTorch and numpy are imported only when the state holds
-their objects. Not thread-safe: call it from one thread of the worker.
+Python with ctypes: PyTorch and numpy are imported only when the state
+holds their objects; the bytes are copied and checksummed in one pass by
+libddprun_worker_sdk.so when it is found (else memmove and zlib.crc32).
+Not thread-safe: call it from one thread of the worker.
 """
 import collections
 import ctypes
