@@ -65,6 +65,8 @@ echo "== NCCL from $nccl"; python3 -c 'import torch; print("torch", torch.__vers
   echo "== python3 ($(command -v python3)) cannot import torch: the torch and latency steps need it"
 missing=$(LD_LIBRARY_PATH=$sdk_libs ldd "$here"/bin/* "$here"/lib/libddprun_grpc.so 2>&1 | grep 'not found' | sort -u)
 [[ -z "$missing" ]] || echo "== libraries missing here: $missing"
+# The SDK loads NCCL at run time (docs/gpu.md, "Which NCCL"): which one the SDK's steps get.
+echo "== $(LD_LIBRARY_PATH=$sdk_libs "$here/bin/ddprun" --version 2>&1 | grep -E '^(NCCL:|ddprun:)')"
 rc=0
 step() {  # step NAME COMMAND...: runs it, appends to $OUT/steps.log, remembers a failure
   local name=$1; shift

@@ -33,6 +33,7 @@
 #include "ddprun/agent/failure_report.h"
 #include "ddprun/agent/file_timer.h"
 #include "ddprun/agent/host.h"
+#include "ddprun/agent/recovery_budget.h"
 #include "ddprun/agent/worker_env.h"
 #include "ddprun/agent/worker_group.h"
 #include "ddprun/agent/worker_logs.h"
@@ -176,6 +177,7 @@ class Agent::Impl {
     }
     DDPRUN_DEBUG_LOG(kAgent) << rdzv::Fence(options_.job_id, round_) << "shutting down, exit "
                              << rc;
+    if (auto r = recovery_.Finish()) Say(FormatRecovery(options_.job_id, *r));
     Finish();
     return rc;
   }
@@ -185,6 +187,12 @@ class Agent::Impl {
 
   void Log(const std::string& msg) const {
     std::string line = absl::StrCat("ddprun: ", rdzv::Fence(options_.job_id, round_), msg, "\n");
+    std::fputs(line.c_str(), stderr);
+    std::fflush(stderr);
+  }
+  // A line that carries its own fence.
+  static void Say(const std::string& fenced) {
+    std::string line = absl::StrCat("ddprun: ", fenced, "\n");
     std::fputs(line.c_str(), stderr);
     std::fflush(stderr);
   }
@@ -548,6 +556,40 @@ class Agent::Impl {
     return true;
   }
 
+  // A restart's recovery begins: a new budget record (recovery_budget.h);
+  // one it supersedes (a failure during recovery) is said on the console.
+  void BeginRecovery(std::string cause, std::optional<TimePoint> detected_at = std::nullopt) {
+    if (auto old = recovery_.Failure(round_, std::move(cause), detected_at)) {
+      Say(FormatRecovery(options_.job_id, *old));
+    }
+  }
+
+  // The first failed worker's exit as the group saw it: the budget's cause
+  // and its start; nullopt when none exited on its own (a spawn failed).
+  std::optional<std::pair<std::string, TimePoint>> FirstWorkerFailure() const {
+    std::optional<std::pair<std::string, TimePoint>> first;
+    for (const Worker& w : workers_.workers()) {
+      if (!w.exit || w.exit->ok() || w.stopped_by_agent) continue;
+      if (!first || w.exit_seen < first->second) {
+        first.emplace(
+            absl::StrCat("worker rank ", w.global_rank, " exited with ", w.exit->Describe()),
+            w.exit_seen);
+      }
+    }
+    return first;
+  }
+
+  // While a recovery waits for its first step: a step of any local worker
+  // of the new round closes it, with its line on the console and the record
+  // in the next metrics reports.
+  void CheckFirstStep() {
+    if (!recovery_.WaitingForStep() || !monitoring_ || monitoring_->MaxSteps() <= 0) return;
+    if (auto r = recovery_.FirstStep()) {
+      Say(FormatRecovery(options_.job_id, *r));
+      monitoring_->SetRecovery(*r);
+    }
+  }
+
   void StopWorkers(int sig) {
     if (monitoring_) monitoring_->EndRound();
     workers_.Stop(
@@ -568,10 +610,21 @@ class Agent::Impl {
     const std::string block =
         FormatJobFailure(options_.job_id, reason, failures) +
         MissingModuleHint(failures, options_.command.empty() ? "" : options_.command[0]) +
-        CheckpointResumeLine();
+        CheckpointResumeLine() + RecoveryLines();
     std::fputs(block.c_str(), stderr);
     std::fflush(stderr);
     WriteLauncherErrorFile(failures);
+  }
+
+  // The failure report's lines on this node's restarts: the budget of each
+  // (the last RecoveryTracker::kKept), an open one closed as the job ends.
+  std::string RecoveryLines() {
+    (void)recovery_.Finish();
+    std::string out;
+    for (const rdzv::RecoveryBudget& r : recovery_.records()) {
+      absl::StrAppend(&out, "ddprun:   recovery: ", FormatRecovery(options_.job_id, r), "\n");
+    }
+    return out;
   }
 
   // The failure report's line on checkpoints: the step a job started again
@@ -780,6 +833,11 @@ class Agent::Impl {
       if (auto* a = std::get_if<rdzv::Assignment>(ev)) {
         assignment_ = std::move(*a);
       } else if (auto* r = std::get_if<rdzv::RestartRound>(ev)) {
+        // Restarted again while re-forming: a failure during recovery.
+        if (recovery_.open()) {
+          BeginRecovery(r->reason);
+          recovery_.Stopped();
+        }
         OnRestart(*r);
         return std::nullopt;
       } else if (auto* c = std::get_if<rdzv::JobClosed>(ev)) {
@@ -829,6 +887,7 @@ class Agent::Impl {
       }
     }
     round_ = assignment_->round;
+    recovery_.RoundFormed(round_);
     membership_changed_ = false;
     const rdzv::Assignment& a = *assignment_;
     DDPRUN_DEBUG_LOG(kAgent) << rdzv::Fence(options_.job_id, round_) << "joined: node "
@@ -861,6 +920,7 @@ class Agent::Impl {
       if (!warning.empty()) Log(warning);
     }
     if (!SpawnWorkers()) return OnWorkerFailure();
+    recovery_.Started();
     if (!services_started_ && !services_due_) services_due_ = clock_.Now() + kServicesDelay;
     return Monitor();
   }
@@ -907,10 +967,15 @@ class Agent::Impl {
 
   std::optional<int> Monitor() {
     while (true) {
-      TimePoint wake = clock_.Now() + WorkerGroup::kPollInterval;
+      const TimePoint poll_at = clock_.Now() + WorkerGroup::kPollInterval;
+      TimePoint wake = poll_at;
       if (services_due_) wake = std::min(wake, *services_due_);
+      const bool step_due = recovery_.WaitingForStep();
+      if (step_due) wake = std::min(wake, clock_.Now() + recovery_.StepPollInterval());
       auto e = NextEvent(wake);
       StartServicesIfDue();
+      CheckFirstStep();
+      if (!e && step_due && clock_.Now() < poll_at) continue;  // only the step poll
       if (!e || std::holds_alternative<ChildrenChanged>(*e)) {
         workers_.Poll();
         UpdateMonitoredWorkers();
@@ -934,7 +999,9 @@ class Agent::Impl {
           return kExitRendezvousError;
         }
         Log(absl::StrCat("restarting the workers: ", r->reason));
+        BeginRecovery(r->reason);
         StopWorkers(SIGTERM);
+        recovery_.Stopped();
         OnRestart(*r);
         return std::nullopt;
       }
@@ -950,7 +1017,9 @@ class Agent::Impl {
             case ReattachResult::kResumed:
               continue;  // same round, workers untouched
             case ReattachResult::kRestart:
+              BeginRecovery("the round restarted while the agent re-attached");
               StopWorkers(SIGTERM);
+              recovery_.Stopped();
               return std::nullopt;
             case ReattachResult::kSignal:
             case ReattachResult::kFailed:
@@ -1074,6 +1143,10 @@ class Agent::Impl {
       workers_.WaitUntil(clock_.Now() + kFailureSettle,
                          [this](TimePoint d) { return WaitWhileStopping(d); });
       UpdateMonitoredWorkers();
+    } else if (auto first = FirstWorkerFailure()) {
+      BeginRecovery(first->first, first->second);
+    } else {
+      BeginRecovery("a worker could not be started");
     }
     std::vector<rdzv::WorkerFailure> failures = Failures();
     for (const auto& f : failures) {
@@ -1082,6 +1155,7 @@ class Agent::Impl {
       Log(DescribeFailure(f) + "; stopping the node's other workers");
     }
     StopWorkers(SIGTERM);
+    recovery_.Stopped();
     if (session_->has_replicas()) {
       ReportToReplicas(rdzv::Outcome::kFailed, failures);
     } else {
@@ -1163,6 +1237,8 @@ class Agent::Impl {
       // others (a DDP job needs every rank), so join the next round.
       if (auto* r = std::get_if<rdzv::RestartRound>(ev)) {
         Log(absl::StrCat("the job restarts (", r->reason, "); running this node's workers again"));
+        BeginRecovery(r->reason);
+        recovery_.Stopped();  // nothing ran here to stop
         OnRestart(*r);
         return std::nullopt;
       }
@@ -1216,6 +1292,8 @@ class Agent::Impl {
 
   std::int64_t round_ = 0;
   std::optional<rdzv::Assignment> assignment_;
+  // Each restart's recovery budget on this node (docs/recovery.md).
+  RecoveryTracker recovery_{clock_, options_.job_id};
   // The last restart was a membership change (a node left or was lost),
   // not a worker failure.
   bool membership_changed_ = false;

@@ -32,6 +32,7 @@
 #include "ddprun/rendezvous/store/c10d_store_client.h"
 #include "ddprun/rendezvous/store/c10d_store_server.h"
 #include "ddprun/rendezvous/store/kv_engine.h"
+#include "name_wait.h"
 #include "round_store.h"
 
 namespace ddprun::agent {
@@ -256,6 +257,8 @@ class GrpcRendezvousSession final : public RendezvousSession {
         if (has_replicas()) return ConnectReplicas(deadline);
         const std::string& host = options_.rdzv_host;
         const int port = options_.rdzv_port;
+        // Whether the endpoint is ours is known only once its name resolves.
+        DDPRUN_RETURN_IF_ERROR(AwaitName(host, port, "--rdzv_endpoint", deadline));
         if (options_.is_host.value_or(false)) {
           // Told to host (torchrun's is_host=true): the endpoint's name may be
           // a virtual IP or a load balancer that leads here, so serve the port
@@ -293,6 +296,16 @@ class GrpcRendezvousSession final : public RendezvousSession {
         return OpenStatic(deadline);
     }
     return absl::InternalError("unknown rendezvous mode");
+  }
+
+  // Returns once `host` resolves (pod DNS: name_wait.h), or its error at the
+  // deadline. A wildcard or empty host names no one: nothing to look up.
+  absl::Status AwaitName(const std::string& host, int port, const char* flag,
+                         TimePoint deadline) {
+    if (IsAnyAddress(host)) return absl::OkStatus();
+    return WaitUntilResolves({host, port, flag, options_.policy.join_timeout_s}, clock_, deadline,
+                             [this] { return CheckInterrupted(); },
+                             [this](const std::string& line) { Log(line); });
   }
 
   // This node should host the rendezvous at host:port, but the port was
@@ -457,6 +470,8 @@ class GrpcRendezvousSession final : public RendezvousSession {
       return absl::InvalidArgumentError(
           "static rendezvous needs this node's rank; pass --node_rank (0 on the master node)");
     }
+    // Node rank 0 too: its own client and the endpoint it publishes use the name.
+    DDPRUN_RETURN_IF_ERROR(AwaitName(maddr, mport, "--master_addr", deadline));
     if (options_.node_rank == 0) {
       // As c10d's single-node TCPStore: a loopback master address is served
       // on loopback alone (and advertised as such); any other on every

@@ -5,7 +5,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdio>
 #include <string>
 #include <string_view>
@@ -127,6 +129,7 @@ void Monitoring::BeginRound(const rdzv::Assignment& a) {
   std::lock_guard<std::mutex> lock(mu_);
   CloseFiles();
   round_ = a;
+  recovery_.reset();
   std::vector<MonitoredWorker> workers;
   // The channel's first bytes, without its trailing zeros (found once per
   // round, not by a 34 KiB scan per worker).
@@ -177,6 +180,27 @@ void Monitoring::Event(std::string event) {
   if (events_.size() < 64) events_.push_back(std::move(event));
 }
 
+std::int64_t Monitoring::MaxSteps() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::int64_t most = 0;
+  constexpr off_t kStepsAt =
+      offsetof(rdzv::ChannelLayout, progress) + offsetof(rdzv::ProgressSection, steps);
+  for (const Files& f : files_) {
+    std::int64_t steps = 0;
+    if (f.channel_fd < 0 || ::pread(f.channel_fd, &steps, sizeof(steps), kStepsAt) !=
+                                static_cast<ssize_t>(sizeof(steps))) {
+      continue;
+    }
+    most = std::max(most, steps);
+  }
+  return most;
+}
+
+void Monitoring::SetRecovery(rdzv::RecoveryBudget recovery) {
+  std::lock_guard<std::mutex> lock(mu_);
+  recovery_ = std::move(recovery);
+}
+
 void Monitoring::EndRound() {
   std::lock_guard<std::mutex> lock(mu_);
   round_.reset();
@@ -211,6 +235,7 @@ void Monitoring::Tick() {
     report.unix_s = UnixNow();
     report.ranks = collector_.Sample(&warnings);
     report.events.assign(events_.begin(), events_.end());
+    report.recovery = recovery_;
     events_.clear();
   }
   for (const std::string& w : warnings) log_(w);

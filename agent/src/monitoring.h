@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -70,6 +71,12 @@ class Monitoring {
   void Event(std::string event);
   // The round's workers are gone: reporting stops until the next round.
   void EndRound();
+  // The most steps any worker of the round has completed (its channel's
+  // counter, read now: a few preads, no lock held by the reporter).
+  std::int64_t MaxSteps() const;
+  // The node's latest finished recovery, sent with every report from now on
+  // (the hub keeps it per round and node); BeginRound clears it.
+  void SetRecovery(rendezvous::RecoveryBudget recovery);
   // Starts the reporter thread (its first report comes one interval later);
   // the agent calls it once the round's workers are spawned, so that the
   // thread is not started on the way to the first spawn. Idempotent.
@@ -96,14 +103,15 @@ class Monitoring {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
-  bool wake_ = false;                            // report again at once (stacks taken)
-  bool off_ = false;                             // the server has no monitoring
-  MetricsCollector collector_;                   // under mu_
-  std::optional<rendezvous::Assignment> round_;  // under mu_
-  std::vector<Files> files_;                     // by local rank, under mu_
-  std::deque<std::string> events_;               // under mu_
-  std::vector<rendezvous::StackDump> stacks_;    // reporter thread only
-  std::set<std::string> printed_;                // hang reports printed (reporter only)
+  bool wake_ = false;                                   // report again at once (stacks taken)
+  bool off_ = false;                                    // the server has no monitoring
+  MetricsCollector collector_;                          // under mu_
+  std::optional<rendezvous::Assignment> round_;         // under mu_
+  std::vector<Files> files_;                            // by local rank, under mu_
+  std::deque<std::string> events_;                      // under mu_
+  std::optional<rendezvous::RecoveryBudget> recovery_;  // under mu_
+  std::vector<rendezvous::StackDump> stacks_;           // reporter thread only
+  std::set<std::string> printed_;                       // hang reports printed (reporter only)
   std::thread thread_;
 };
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "ddprun/agent/agent.h"
 #include "ddprun/agent/grpc_module.h"
 #include "ddprun/agent/process_launcher.h"
@@ -24,6 +25,15 @@
 #include "ddprun/rendezvous/common/suggest.h"
 
 namespace {
+
+// Writes `text` and a newline to stderr in one write(2), so that ddprun
+// processes sharing a stderr (mpirun and srun merge their tasks' output)
+// never tear each other's lines (`std::cerr << text << std::endl` is two).
+void ErrLine(absl::string_view text) {
+  const std::string line = absl::StrCat(text, "\n");
+  std::fwrite(line.data(), 1, line.size(), stderr);
+  std::fflush(stderr);
+}
 
 // `ddprun status` and `ddprun top` are gRPC clients: they live in the gRPC
 // module (agent/include/ddprun/agent/grpc_module.h), loaded here.
@@ -90,18 +100,19 @@ int main(int argc, char** argv) {
       const std::string closest = ddprun::rendezvous::ClosestMatch(
           argv[1], {"status", "top", ddprun::launcher::kCheckSubcommand, "bench"});
       if (!closest.empty()) {
-        std::cerr << "ddprun: '" << argv[1] << "' is neither a command nor a file (did you mean "
-                  << "ddprun " << closest << "?); see ddprun --help" << std::endl;
+        ErrLine(absl::StrCat("ddprun: '", argv[1],
+                             "' is neither a command nor a file (did you mean ddprun ", closest,
+                             "?); see ddprun --help"));
         return ddprun::kExitUsage;
       }
     }
-    std::cerr << parsed.status().message() << std::endl;
+    ErrLine(parsed.status().message());
     return ddprun::kExitUsage;
   }
   switch (parsed->action) {
     case ddprun::launcher::Action::kHelp:
     case ddprun::launcher::Action::kPrintConfig:
-      for (const std::string& warning : parsed->warnings) std::cerr << warning << '\n';
+      for (const std::string& warning : parsed->warnings) ErrLine(warning);
       std::cout << parsed->text << std::endl;
       return ddprun::kExitSuccess;
     case ddprun::launcher::Action::kVersion: {
@@ -115,13 +126,16 @@ int main(int argc, char** argv) {
         return ddprun::kExitRendezvousError;
       }
       std::cout << "gRPC module: loaded" << std::endl;
+      // NCCL is the SDK's, loaded at run time: not found is a fact, not a broken install.
+      if (const std::string nccl = ddprun::launcher::NcclRuntimeString(); !nccl.empty()) {
+        std::cout << nccl << std::endl;
+      }
       return ddprun::kExitSuccess;
     }
     case ddprun::launcher::Action::kRun:
       break;
   }
-  for (const std::string& warning : parsed->warnings) std::cerr << warning << '\n';
-  std::cerr.flush();
+  for (const std::string& warning : parsed->warnings) ErrLine(warning);
 
   ddprun::agent::Agent agent(std::move(parsed->options), ddprun::agent::MakeBoostProcessLauncher());
   const int rc = agent.Run();

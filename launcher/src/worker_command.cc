@@ -1,10 +1,13 @@
 // The worker command (cli.h: BuildWorkerCommand) and the facts about this
 // machine that --nproc_per_node=cpu|gpu|auto depend on.
+#include <dlfcn.h>
+#include <link.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -27,6 +30,7 @@
 #define DDPRUN_BUILD_COMPILER "unknown"
 #define DDPRUN_BUILD_GRPC "unknown"
 #define DDPRUN_BUILD_NCCL "NCCL backend: unknown"
+#define DDPRUN_BUILD_LOADS_NCCL 0
 #endif
 
 namespace ddprun::launcher {
@@ -228,6 +232,37 @@ std::string VersionString() { return absl::StrCat("ddprun ", DDPRUN_VERSION); }
 std::string BuildInfoString() {
   return absl::StrCat("compiler: ", DDPRUN_BUILD_COMPILER, "\ngRPC: ", DDPRUN_BUILD_GRPC, "\n",
                       DDPRUN_BUILD_NCCL);
+}
+
+std::string NcclRuntimeString() {
+  if (!DDPRUN_BUILD_LOADS_NCCL) return "";
+  // The SDK's rule (worker_sdk/src/nccl_loader.h; DDP_NCCL_LIBRARY is its
+  // variable, sdk_env.cc): the variable's path, else the soname.
+  const char* set = std::getenv("DDP_NCCL_LIBRARY");
+  const std::string library = set != nullptr && *set != '\0' ? set : "libnccl.so.2";
+  void* handle = ::dlopen(library.c_str(), RTLD_LAZY | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* why = ::dlerror();
+    return absl::StrCat("NCCL: ", library, " not found here: ", why ? why : "dlopen failed",
+                        "; a PyTorch 2.x worker uses the one torch loads, else install NCCL or "
+                        "pip install nvidia-nccl-cu12, or set DDP_NCCL_LIBRARY");
+  }
+  std::string path = library;
+  link_map* map = nullptr;
+  if (::dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name != nullptr &&
+      *map->l_name != '\0') {
+    path = map->l_name;
+  }
+  using GetVersion = int (*)(int*);  // ncclResult_t ncclGetVersion(int*); 0 = ncclSuccess
+  auto get_version = reinterpret_cast<GetVersion>(::dlsym(handle, "ncclGetVersion"));
+  int code = 0;
+  if (get_version == nullptr || get_version(&code) != 0) {
+    return absl::StrCat("NCCL: ", path,
+                        " is not NCCL (no working ncclGetVersion); set "
+                        "DDP_NCCL_LIBRARY to libnccl.so.2, or unset it");
+  }
+  return absl::StrCat("NCCL: ", library, " ", code / 10000, ".", code / 100 % 100, ".", code % 100,
+                      " at ", path);
 }
 
 absl::StatusOr<std::vector<std::string>> BuildWorkerCommand(const ScriptSpec& spec, const Env& env,

@@ -364,6 +364,18 @@ pb::MetricsReport ToProto(const MetricsReport& r) {
   for (const StackDump& d : r.stacks) ToProto(d, p.add_stacks());
   for (const std::string& e : r.events) p.add_events(e);
   for (const std::string& k : r.store_waits) p.add_store_waits(k);
+  if (r.recovery) {
+    const RecoveryBudget& b = *r.recovery;
+    pb::RecoveryBudget* q = p.mutable_recovery();
+    q->set_failed_round(b.failed_round);
+    q->set_round(b.round);
+    q->set_cause(b.cause);
+    q->set_stopped_ms(b.stopped_ms);
+    q->set_round_ms(b.round_ms);
+    q->set_started_ms(b.started_ms);
+    q->set_first_step_ms(b.first_step_ms);
+    q->set_outcome(b.outcome);
+  }
   return p;
 }
 
@@ -436,6 +448,19 @@ MetricsReport FromProto(const pb::MetricsReport& p) {
   }
   for (int i = 0; i < p.store_waits_size() && i < static_cast<int>(kMaxStoreWaitKeys); ++i) {
     r.store_waits.push_back(p.store_waits(i).substr(0, kMaxStoreKeyBytes));
+  }
+  if (p.has_recovery()) {
+    const pb::RecoveryBudget& q = p.recovery();
+    RecoveryBudget b;
+    b.failed_round = q.failed_round();
+    b.round = q.round();
+    b.cause = q.cause().substr(0, kMaxEventBytes);
+    b.stopped_ms = q.stopped_ms();
+    b.round_ms = q.round_ms();
+    b.started_ms = q.started_ms();
+    b.first_step_ms = q.first_step_ms();
+    b.outcome = q.outcome().substr(0, 32);
+    r.recovery = std::move(b);
   }
   return r;
 }

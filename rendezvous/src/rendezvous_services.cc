@@ -82,6 +82,8 @@ static int JoinQueueCount() {
 // Join calls requested in advance on each queue (how many agents' streams
 // can be accepted at once before the next request is posted).
 constexpr int kJoinRequestsPerQueue = 32;
+// How long a connection may take to finish its TLS and HTTP/2 handshake.
+constexpr int kHandshakeTimeoutMs = 10'000;
 
 class GrpcServices::Impl {
  public:
@@ -493,6 +495,10 @@ absl::Status GrpcServices::Impl::Start() {
   // that receives data sends a PING and answers the peer's, 3 more syscalls
   // per agent on the daemon when each agent has a connection of its own.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  // A client that connects and never completes the TLS/HTTP2 handshake is
+  // dropped after 10 s (gRPC's default is 120 s): strangers hold a connection
+  // for a bounded time (docs/security.md).
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, kHandshakeTimeoutMs);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   builder.RegisterService(rdzv_service_.get());

@@ -7,8 +7,9 @@ offline: no pip, no downloads, only the standard library and binutils/patchelf.
 The wheel (docs/install.md) is a platlib package `ddprun`:
   ddprun/bin/{ddprun,ddprund}     the executables; console scripts exec them (ddprun/_launch.py)
   ddprun/lib/                     libddprun_grpc.so, libddprun_worker_sdk.so and every shared
-                                  library they need outside the base system, RUNPATH $ORIGIN
-                                  (what auditwheel does; elf_deps.BASE_LIBRARIES stay out)
+                                  library they need outside the base system, RUNPATH $ORIGIN,
+                                  renamed libX-<sha256[:8]>.so.N with NEEDED rewritten (what
+                                  auditwheel does; elf_deps.BASE_LIBRARIES stay out)
   ddprun/python/                  ddprun_sdk.py, ddprun_metrics.py, ddprun_hook/ (the agent finds
                                   them beside bin/); on sys.path through ddprun.pth
   ddprun/*.py                     the package (worker_sdk/python/ddprun/: every module)
@@ -93,6 +94,8 @@ def stage(build, pkg):
     for elf in elves:
         os.chmod(elf, 0o755)
         run("strip", "--strip-debug", elf)
+    elves = hash_names(pkg, elves, bundled)
+    for elf in elves:
         rpath = "$ORIGIN/../lib" if os.path.basename(os.path.dirname(elf)) == "bin" else "$ORIGIN"
         run("patchelf", "--set-rpath", rpath, elf)
     manifest = sorted(os.path.relpath(e, pkg) for e in elves)
@@ -101,6 +104,44 @@ def stage(build, pkg):
     with open(os.path.join(pkg, "MANIFEST"), "w") as f:
         f.write("\n".join(manifest) + "\n")
     return elves
+
+
+def hashed_name(name, path):
+    """libgrpc++.so.1.51 -> libgrpc++-1a2b3c4d.so.1.51: the first 8 hex digits of the
+    file's SHA-256 before its first ".so", as auditwheel names what it bundles."""
+    with open(path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:8]
+    stem, dot, rest = name.partition(".so")
+    return "%s-%s%s%s" % (stem, digest, dot, rest)
+
+
+def hash_names(pkg, elves, bundled):
+    """Renames each bundled library (not ours) to its hashed name, sets that as
+    its SONAME and rewrites every ELF's NEEDED entries to it. Then a worker that
+    also loads another copy of, say, libprotobuf.so.32 (its own, or the system's)
+    gets both, each with the code it was built with, instead of whichever the
+    process loaded first. Returns the ELFs' new paths."""
+    libdir = os.path.join(pkg, "lib")
+    renamed = {}
+    for name in sorted(bundled):
+        new = hashed_name(name, os.path.join(libdir, name))
+        os.rename(os.path.join(libdir, name), os.path.join(libdir, new))
+        renamed[name] = new
+    out = []
+    for elf in elves:
+        d, base = os.path.split(elf)
+        if d == libdir and base in renamed:
+            elf = os.path.join(libdir, renamed[base])
+            run("patchelf", "--set-soname", renamed[base], elf)
+        needed, _ = elf_deps.dynamic_section(elf)
+        args = []
+        for lib in needed:
+            if lib in renamed:
+                args += ["--replace-needed", lib, renamed[lib]]
+        if args:
+            run("patchelf", *args, elf)
+        out.append(elf)
+    return out
 
 
 def platform_tag(elves):

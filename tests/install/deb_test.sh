@@ -7,7 +7,8 @@
 # 2. The package holds the commands, the gRPC module beside bin/, the SDK (headers, library,
 #    CMake package, ddprun.pc), man pages, bash and zsh completion, the ddprund unit and its
 #    config under /etc/ddprun (a conffile).
-# 3. Depends names run-time packages only: no -dev package, no compiler, no cmake.
+# 3. Depends names run-time packages only: no -dev package, no compiler, no cmake; nothing of
+#    CUDA or NCCL in Depends, in the files or in the ELFs' NEEDED entries.
 # 4. The unit passes `systemd-analyze verify` (when systemd-analyze exists), its ExecStart
 #    pointed at the package's own ddprund (this machine has no /usr/bin/ddprund).
 set -euo pipefail
@@ -42,6 +43,19 @@ dpkg-deb -f "$deb" Depends >"$tmp/depends"
 if grep -qE -- '-dev\b|\bg\+\+|\bcmake\b|\bgcc\b' "$tmp/depends"; then
   fail "Depends names build packages: $(cat "$tmp/depends")"
 fi
+# The SDK links its CUDA runtime statically and loads NCCL at run time (docs/gpu.md): no CUDA
+# or NCCL in Depends, in the package's files, or in its ELFs' NEEDED entries.
+if grep -qiE 'cuda|nccl' "$tmp/depends" || grep -qE '/lib(cudart|nccl|cuda)[.-]' "$tmp/files"; then
+  fail "the package depends on or holds CUDA or NCCL: $(cat "$tmp/depends")"
+fi
+mkdir "$tmp/x"
+dpkg-deb -x "$deb" "$tmp/x"
+for elf in "$tmp/x/usr/bin/ddprun" "$tmp/x/usr/bin/ddprund" "$tmp/x/usr/lib/libddprun_grpc.so" \
+  "$tmp/x/usr/lib/x86_64-linux-gnu/libddprun_worker_sdk.so.0"; do
+  if readelf -dW "$(realpath "$elf")" | grep -E "NEEDED.*lib(cudart|nccl|cuda)\."; then
+    fail "${elf#"$tmp/x"} needs CUDA or NCCL (above)"
+  fi
+done
 dpkg-deb -e "$deb" "$tmp/control"
 grep -qx /etc/ddprun/ddprund.yaml "$tmp/control/conffiles" || fail "ddprund.yaml is not a conffile"
 

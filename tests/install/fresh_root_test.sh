@@ -9,9 +9,13 @@
 #    --version`, a 2-worker Python job on the venv's ddprun, and the C++ SDK example
 #    (BUILD_DIR/examples/train_mlp, against the wheel's libddprun_worker_sdk.so) on 2 workers.
 # 3. `make deb`'s package installed with apt-get into a second such root (its Depends from the
-#    mirror): ddprun --version (the gRPC module loads), ddprund --help, a 2-worker job.
-#    Not yet: the SDK from the .deb (find_package(ddprun) needs a compiler in the root, and a
-#    build with the NCCL backend needs CUDA's libcudart and libnccl there; docs/install.md).
+#    mirror): ddprun --version (the gRPC module loads, NCCL is not there), ddprund --help, a
+#    2-worker job.
+# 4. The SDK from the .deb, in a third root: the same minimal one plus cmake, g++ and make only
+#    (cached as its own tarball; the .deb's Depends come from the second root's apt cache): a
+#    CMake project that does find_package(ddprun) and links ddprun::worker_sdk, built there with
+#    the consumer (tests/install/consumer/main.cc) and the C++ SDK example
+#    (examples/train_mlp.cc), both run on 2 workers.
 # Runs as root (chroot, mounts); the mounts live in a private mount namespace (unshare), so
 # they end with the test whatever happens.
 set -euo pipefail
@@ -25,14 +29,20 @@ command -v mmdebstrap >/dev/null || fail "mmdebstrap not found; run scripts/inst
 tmp=$(realpath "$(mktemp -d)")
 trap 'rm -rf "$tmp"' EXIT
 
-tarball=$cache/bookworm-python3-venv.tar
-if [[ ! -f "$tarball" ]]; then
-  step "creating $tarball (once; minutes)"
-  mkdir -p "$cache"
-  mmdebstrap --quiet --variant=minbase --format=tar --include=python3,python3-venv bookworm \
-    "$tarball.tmp" >"$tmp/mmdebstrap.log" 2>&1 || { tail -20 "$tmp/mmdebstrap.log"; fail "mmdebstrap"; }
-  mv "$tarball.tmp" "$tarball"
-fi
+# cached_root NAME PACKAGES: the tarball of a minimal Debian 12 root with PACKAGES
+# (comma-separated), made once with mmdebstrap.
+cached_root() {
+  local tarball=$cache/$1.tar
+  if [[ ! -f "$tarball" ]]; then
+    step "creating $tarball (once; minutes)" >&2
+    mkdir -p "$cache"
+    mmdebstrap --quiet --variant=minbase --format=tar --include="$2" bookworm "$tarball.tmp" \
+      >"$tmp/mmdebstrap-$1.log" 2>&1 || { tail -20 "$tmp/mmdebstrap-$1.log" >&2; fail "mmdebstrap $1"; }
+    mv "$tarball.tmp" "$tarball"
+  fi
+  echo "$tarball"
+}
+tarball=$(cached_root bookworm-python3-venv python3,python3-venv)
 root=$tmp/root
 mkdir "$root"
 tar -C "$root" -xf "$tarball" || fail "unpacking $tarball"
@@ -79,6 +89,8 @@ for rank in 0 1; do
   grep -q "worker rank=$rank prefix=/opt/venv\$" "$tmp/run.log" ||
     { cat "$tmp/run.log"; fail "rank $rank did not run on the venv's interpreter"; }
 done
+grep -q "parameters identical on all 2 ranks: yes" "$tmp/run.log" ||
+  { cat "$tmp/run.log"; fail "the C++ SDK example (train_mlp) against the wheel's SDK"; }
 
 # 3. The .deb (make deb in the source tree) into a second fresh root: apt-get resolves its
 #    Depends from the machine's mirror; then ddprun --version, ddprund --help and a 2-worker job.
@@ -111,4 +123,59 @@ grep -q "^gRPC module: loaded$" "$tmp/run2.log" || { cat "$tmp/run2.log"; fail "
 for rank in 0 1; do
   grep -q "^deb worker rank=$rank$" "$tmp/run2.log" || { cat "$tmp/run2.log"; fail "deb rank $rank"; }
 done
+
+# 4. The SDK from the .deb: find_package(ddprun) in a CMake project, in a root with a compiler.
+step "the .deb's SDK: find_package(ddprun), the consumer and train_mlp built and run in a third root"
+tarball3=$(cached_root bookworm-cmake-gxx cmake,g++,make)
+root3=$tmp/root3
+mkdir "$root3"
+tar -C "$root3" -xf "$tarball3" || fail "unpacking $tarball3"
+for absent in usr/lib/x86_64-linux-gnu/libgrpc++.so.1.51 usr/bin/ddprun usr/local/cuda; do
+  [[ ! -e "$root3/$absent" ]] || fail "the third root has /$absent"
+done
+# The second root's package lists and downloaded packages: no second download.
+cp -a "$root2/var/lib/apt/lists/." "$root3/var/lib/apt/lists/"
+cp "$root2"/var/cache/apt/archives/*.deb "$root3/var/cache/apt/archives/" 2>/dev/null || true
+cp "$deb" "$root3/tmp/"
+mkdir -p "$root3/work/sdk"
+cp "$source_dir/tests/install/consumer/main.cc" "$root3/work/sdk/consumer.cc"
+cp "$source_dir/examples/train_mlp.cc" "$root3/work/sdk/train_mlp.cc"
+cat >"$root3/work/sdk/CMakeLists.txt" <<'CMAKE'
+cmake_minimum_required(VERSION 3.22)
+project(fresh_root_sdk LANGUAGES CXX)
+find_package(ddprun REQUIRED)
+add_executable(consumer consumer.cc)
+target_link_libraries(consumer PRIVATE ddprun::worker_sdk)
+add_executable(train_mlp train_mlp.cc)
+target_link_libraries(train_mlp PRIVATE ddprun::worker_sdk)
+CMAKE
+cat >"$root3/run.sh" <<'SH'
+set -eu
+apt-get install -y -q --no-install-recommends /tmp/ddprun_*_amd64.deb >/tmp/apt.log 2>&1 ||
+  { tail -20 /tmp/apt.log; exit 1; }
+cmake -S /work/sdk -B /work/build -DCMAKE_BUILD_TYPE=Release >/tmp/cmake.log 2>&1 ||
+  { cat /tmp/cmake.log; exit 1; }
+sed -n 's/^ddprun_DIR:PATH=/ddprun_DIR=/p' /work/build/CMakeCache.txt
+cmake --build /work/build >/tmp/build.log 2>&1 || { cat /tmp/build.log; exit 1; }
+ldd /work/build/consumer | grep libddprun_worker_sdk
+ddprun --nproc_per_node=2 --max_restarts=0 --no_python /work/build/consumer
+ddprun --nproc_per_node=2 --max_restarts=0 --no_python /work/build/train_mlp
+SH
+unshare --mount --propagation private bash -c '
+  set -e
+  mount -t proc proc "$1/proc"
+  mount --rbind /dev "$1/dev"
+  exec chroot "$1" /usr/bin/env -i HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+    DEBIAN_FRONTEND=noninteractive /bin/sh /run.sh' \
+  _ "$root3" >"$tmp/run3.log" 2>&1 || { cat "$tmp/run3.log"; fail "the .deb's SDK in the third root"; }
+grep -q "^ddprun_DIR=/usr/lib/x86_64-linux-gnu/cmake/ddprun$" "$tmp/run3.log" ||
+  { cat "$tmp/run3.log"; fail "find_package(ddprun) did not find the package's CMake files"; }
+grep -qE "libddprun_worker_sdk.so.0 => (/usr)?/lib/x86_64-linux-gnu/libddprun_worker_sdk.so.0" \
+  "$tmp/run3.log" || { cat "$tmp/run3.log"; fail "the consumer does not load the package's SDK"; }
+for rank in 0 1; do
+  grep -q "consumer: rank $rank of 2" "$tmp/run3.log" ||
+    { cat "$tmp/run3.log"; fail "consumer rank $rank"; }
+done
+grep -q "parameters identical on all 2 ranks: yes" "$tmp/run3.log" ||
+  { cat "$tmp/run3.log"; fail "train_mlp against the package's SDK"; }
 step "PASS"

@@ -11,6 +11,9 @@
 #    interpreter and meet through `import ddprun` (barrier); `import ddprun`
 #    outside a job loads, and ddprun.init() gives the SDK's error, not a
 #    missing library; `import ddprun_sdk` still works.
+# 2a. No ELF needs or bundles libcudart, libnccl or libcuda; bundled libraries have hashed names.
+# 4a. DDP_BACKEND=nccl with DDP_NCCL_LIBRARY=libz.so.1: the worker fails at init with the
+#    loader's line naming the missing function and the library.
 # 5. A bundled library removed: `ddprun --version` says so in one line, exit 3.
 set -euo pipefail
 build=$(realpath "$1")
@@ -33,6 +36,21 @@ step "check_needed.py $(basename "$wheel")"
 python3 "$source_dir/scripts/packaging/check_needed.py" "$wheel" >"$tmp/needed.log" ||
   { cat "$tmp/needed.log"; fail "check_needed.py"; }
 grep -q "^ddprun/bin/ddprund: NEEDED" "$tmp/needed.log" || fail "check_needed.py did not list ddprund"
+# The SDK loads NCCL at run time and links its CUDA runtime statically (docs/gpu.md,
+# "Which NCCL"): no libcudart, libnccl or libcuda is NEEDED by anything, nor bundled.
+if grep -E "^ddprun/.*: NEEDED.*(libcudart|libnccl|libcuda)\." "$tmp/needed.log"; then
+  fail "an ELF of the wheel needs CUDA's or NCCL's libraries (above)"
+fi
+python3 -m zipfile -l "$wheel" >"$tmp/files.log"
+if grep -E "ddprun/lib/lib(cudart|nccl|cuda)[-.]" "$tmp/files.log"; then
+  fail "the wheel bundles CUDA's or NCCL's libraries (above)"
+fi
+# Bundled libraries carry auditwheel's hashed names (libX-<8 hex>.so.N); only ours keep theirs.
+unhashed=$(grep -oE "ddprun/lib/[^ ]+\.so[^ ]*" "$tmp/files.log" |
+  grep -vE "ddprun/lib/(libddprun_[a-z_]+\.so(\.0)?|[^/]+-[0-9a-f]{8}\.so[^/]*)$" || true)
+[[ -z "$unhashed" ]] || fail "bundled libraries without a hashed name: $unhashed"
+grep -qE "ddprun/lib/libprotobuf-[0-9a-f]{8}\.so\.32 " "$tmp/files.log" ||
+  fail "no hashed libprotobuf-<hash>.so.32 in the wheel"
 
 step "venv + pip install --no-index"
 "$python" -m venv "$tmp/venv" || fail "python3 -m venv"
@@ -67,6 +85,16 @@ for rank in 0 1; do
     { cat "$tmp/job.log"; fail "rank $rank did not run with the venv's interpreter ($venv)"; }
 done
 
+if grep -q "^NCCL backend: built" <<<"$("${clean[@]}" ddprun --version)"; then
+  step "the NCCL backend with DDP_NCCL_LIBRARY=libz.so.1: one line at init, not at load"
+  rc=0
+  "${clean[@]}" DDP_BACKEND=nccl DDP_NCCL_LIBRARY=libz.so.1 ddprun --nproc_per_node=1 \
+    --max_restarts=0 "$tmp/worker.py" >"$tmp/nccl.log" 2>&1 || rc=$?
+  [[ $rc -ne 0 ]] || { cat "$tmp/nccl.log"; fail "DDP_BACKEND=nccl with libz.so.1 as NCCL succeeded"; }
+  grep -q "libz.so.1 (DDP_NCCL_LIBRARY=libz.so.1) has no function ncclGetVersion" "$tmp/nccl.log" ||
+    { cat "$tmp/nccl.log"; fail "DDP_BACKEND=nccl with libz.so.1: not the missing-function line"; }
+fi
+
 step "import ddprun outside a job"
 rc=0
 "${clean[@]}" python -c 'import ddprun_sdk, ddprun; ddprun.init()' >"$tmp/outside.log" 2>&1 || rc=$?
@@ -79,7 +107,7 @@ fi
 
 step "a bundled library removed"
 site=$("${clean[@]}" python -c 'import ddprun, os; print(os.path.dirname(ddprun.__file__))')
-victim=$(cd "$site/lib" && ls libgrpc++.so.* | head -1)
+victim=$(cd "$site/lib" && ls libgrpc++-*.so.* | head -1)
 [[ -n "$victim" ]] || fail "no bundled libgrpc++ in $site/lib"
 rm "$site/lib/$victim"
 rc=0

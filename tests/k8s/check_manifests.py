@@ -4,10 +4,14 @@ configs/k8s/schemas/ (README.md there names their sources), and checks that
 the podFailurePolicy follows docs/cli.md's exit-code table.
 
   JobSet                  the JobSet CRD's openAPIV3Schema (v1alpha2), verbatim
-  Deployment/StatefulSet  schemas/core_minimal.json for the envelope, and the
-                          pod template against the CRD's PodTemplateSpec (the
-                          same k8s.io/api type, as controller-gen wrote it)
-  Service                 schemas/core_minimal.json
+  TrainJob, ClusterTrainingRuntime
+                          Kubeflow Trainer v2's CRDs (v1alpha1), verbatim
+  Deployment, StatefulSet, Service
+                          Kubernetes' own schemas (v1.32.2, standalone-strict
+                          JSON Schema, as yannh/kubernetes-json-schema writes
+                          them from the API's OpenAPI), verbatim; the pod
+                          templates are also checked against the JobSet CRD's
+                          PodTemplateSpec
 
 Unknown fields are errors, as under `kubectl apply --validate=strict`: every
 object schema with properties and no additionalProperties (and no
@@ -58,9 +62,21 @@ def load_schemas(root):
     jobset = strict(versions["v1alpha2"]["schema"]["openAPIV3Schema"])
     pod_template = (jobset["properties"]["spec"]["properties"]["replicatedJobs"]["items"]
                     ["properties"]["template"]["properties"]["spec"]["properties"]["template"])
-    with open(os.path.join(base, "core_minimal.json")) as f:
-        core = json.load(f)
+    core = {}
+    for kind, name in (("Deployment", "deployment-apps-v1"),
+                       ("StatefulSet", "statefulset-apps-v1"), ("Service", "service-v1")):
+        with open(os.path.join(base, f"{name}.json")) as f:
+            core[kind] = strict(json.load(f))
+    trainer = {}
+    for kind, name in (("TrainJob", "trainjobs"),
+                       ("ClusterTrainingRuntime", "clustertrainingruntimes")):
+        with open(os.path.join(base, f"trainer.kubeflow.org_{name}.yaml")) as f:
+            crd = yaml.safe_load(f)
+        versions = {v["name"]: v for v in crd["spec"]["versions"]}
+        trainer[("trainer.kubeflow.org/v1alpha1", kind)] = strict(
+            versions["v1alpha1"]["schema"]["openAPIV3Schema"])
     return {
+        **trainer,
         ("jobset.x-k8s.io/v1alpha2", "JobSet"): jobset,
         ("apps/v1", "Deployment"): core["Deployment"],
         ("apps/v1", "StatefulSet"): core["StatefulSet"],
@@ -93,17 +109,34 @@ def exit_codes_from_docs(root):
             for m in re.finditer(r"^\| `(\d+)` \| (.*) \|$", table, re.M)}
 
 
+def replicated_jobs(doc):
+    """The JobSet spec's replicatedJobs: a JobSet's own, or the one a
+    ClusterTrainingRuntime's template stamps out."""
+    spec = doc.get("spec", {})
+    if doc.get("kind") == "ClusterTrainingRuntime":
+        spec = spec.get("template", {}).get("spec", {})
+    return spec.get("replicatedJobs", [])
+
+
 def policy_problems(doc, where, documented):
     """podFailurePolicy: FailJob on the permanent codes (1, 2) only, Count on
-    retryable ones; every code named must be in docs/cli.md's table."""
+    retryable ones; every code named must be in docs/cli.md's table, and every
+    rule must name a container of the pod (else Kubernetes never applies it)."""
     out = []
-    for rj in doc.get("spec", {}).get("replicatedJobs", []):
-        rules = rj["template"]["spec"].get("podFailurePolicy", {}).get("rules", [])
+    for rj in replicated_jobs(doc):
+        job = rj["template"]["spec"]
+        rules = job.get("podFailurePolicy", {}).get("rules", [])
         if not rules:
             out.append(f"{where}: replicatedJob {rj['name']} has no podFailurePolicy")
+        containers = {c.get("name") for c in
+                      job.get("template", {}).get("spec", {}).get("containers", [])}
         fail = set()
         for r in rules:
             codes = set(r.get("onExitCodes", {}).get("values", []))
+            named = r.get("onExitCodes", {}).get("containerName")
+            if named is not None and named not in containers:
+                out.append(f"{where}: podFailurePolicy names container {named!r}, but the pod "
+                           f"has {sorted(containers)}")
             for c in codes:
                 if c not in documented and not 129 <= c <= 192:
                     out.append(f"{where}: exit code {c} is not in docs/cli.md's table")
@@ -126,7 +159,7 @@ def check(root, files):
             where = f"{os.path.relpath(path, root)}[{i}]"
             count += 1
             problems += problems_of(doc, where, schemas, pod_template)
-            if doc.get("kind") == "JobSet":
+            if doc.get("kind") in ("JobSet", "ClusterTrainingRuntime"):
                 problems += policy_problems(doc, where, documented)
     return problems, count
 
@@ -143,7 +176,8 @@ def main():
     for path in files:
         with open(path) as f:
             kinds |= {d["kind"] for d in yaml.safe_load_all(f) if d}
-    for needed in ("JobSet", "Deployment", "StatefulSet", "Service"):
+    for needed in ("JobSet", "Deployment", "StatefulSet", "Service", "TrainJob",
+                   "ClusterTrainingRuntime"):
         if needed not in kinds:
             print(f"configs/k8s/ has no {needed}")
             return 1
@@ -170,12 +204,52 @@ def main():
         if not policy_problems(retry_fails, "self-test", exit_codes_from_docs(root)):
             print("self-test: FailJob on the retryable exit code 3 passed")
             return 1
+        with open(os.path.join(root, "configs", "k8s", "trainjob.yaml")) as f:
+            runtime, trainjob = list(yaml.safe_load_all(f))
+        typo = copy.deepcopy(trainjob)
+        typo["spec"]["trainer"]["numNode"] = typo["spec"]["trainer"].pop("numNodes")
+        if not problems_of(typo, "self-test", schemas, pod_template):
+            print("self-test: a misspelt field in the TrainJob passed")
+            return 1
+        wrong_type = copy.deepcopy(runtime)
+        wrong_type["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"][
+            "backoffLimit"] = "three"
+        if not problems_of(wrong_type, "self-test", schemas, pod_template):
+            print("self-test: a wrong type in the ClusterTrainingRuntime passed")
+            return 1
+        retry_fails = copy.deepcopy(runtime)
+        job = retry_fails["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]
+        job["podFailurePolicy"]["rules"][0]["onExitCodes"]["values"].append(3)
+        if not policy_problems(retry_fails, "self-test", exit_codes_from_docs(root)):
+            print("self-test: the runtime's FailJob on the retryable exit code 3 passed")
+            return 1
+        other_container = copy.deepcopy(runtime)
+        job = other_container["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]
+        job["podFailurePolicy"]["rules"][0]["onExitCodes"]["containerName"] = "ddprun"
+        if not policy_problems(other_container, "self-test", exit_codes_from_docs(root)):
+            print("self-test: a podFailurePolicy naming no container of the pod passed")
+            return 1
         with open(os.path.join(root, "configs", "k8s", "ddprund.yaml")) as f:
             deployment = [d for d in yaml.safe_load_all(f) if d["kind"] == "Deployment"][0]
         deployment["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"][
             "paht"] = "/"
         if not problems_of(deployment, "self-test", schemas, pod_template):
             print("self-test: a misspelt probe field in the Deployment's pod passed")
+            return 1
+        # Kubernetes' own schemas, outside the pod template: a misspelt
+        # Service field and a wrong StatefulSet type.
+        with open(os.path.join(root, "configs", "k8s", "ddprund.yaml")) as f:
+            docs = [d for d in yaml.safe_load_all(f) if d]
+        service = copy.deepcopy([d for d in docs if d["kind"] == "Service"][0])
+        service["spec"]["clusterIp"] = service["spec"].pop("clusterIP", "None")
+        if not problems_of(service, "self-test", schemas, pod_template):
+            print("self-test: a misspelt field in the Service passed")
+            return 1
+        with open(os.path.join(root, "configs", "k8s", "etcd.yaml")) as f:
+            sts = [d for d in yaml.safe_load_all(f) if d and d["kind"] == "StatefulSet"][0]
+        sts["spec"]["podManagementPolicy"] = 3
+        if not problems_of(sts, "self-test", schemas, pod_template):
+            print("self-test: a wrong type in the StatefulSet passed")
             return 1
     print(f"{count} objects in {len(files)} files valid")
     return 0

@@ -24,6 +24,11 @@
 // includes waiting for the peers, as the CPU paths' does); the others a plain
 // end event, and the last measured duration of their op and size class.
 //
+// NCCL is loaded at run time (nccl_loader.h): every NCCL call goes through the
+// process's NcclApi table, loaded before the first device check; a missing
+// NCCL is one error of CreateNcclBackend. The CUDA runtime is linked
+// statically and private to the SDK (worker_sdk/CMakeLists.txt).
+//
 // Compression (the Reducer's f16/bf16 buckets): CompressF32/DecompressF32
 // launch the kernels of cuda_kernels.cu on the caller's stream, like Copy, so
 // they are ordered after the trainer's work and before the next collective.
@@ -44,6 +49,7 @@
 
 #include "cuda_kernels.h"
 #include "duration_sampler.h"
+#include "nccl_loader.h"
 #endif
 
 namespace ddp::detail {
@@ -65,26 +71,38 @@ namespace {
 using SteadyClock = std::chrono::steady_clock;
 
 std::string CudaErr(cudaError_t e) { return absl::StrCat(cudaGetErrorString(e), " (", e, ")"); }
-std::string NcclErr(ncclResult_t r) { return absl::StrCat(ncclGetErrorString(r), " (", r, ")"); }
+std::string NcclErr(const NcclApi& nccl, ncclResult_t r) {
+  return absl::StrCat(nccl.ncclGetErrorString(r), " (", r, ")");
+}
 
 ncclDataType_t NcclType(DType d) {
   switch (d) {
-    case DType::kFloat32: return ncclFloat32;
-    case DType::kFloat16: return ncclFloat16;
-    case DType::kBFloat16: return ncclBfloat16;
-    case DType::kFloat64: return ncclFloat64;
-    case DType::kInt32: return ncclInt32;
-    case DType::kInt64: return ncclInt64;
+    case DType::kFloat32:
+      return ncclFloat32;
+    case DType::kFloat16:
+      return ncclFloat16;
+    case DType::kBFloat16:
+      return ncclBfloat16;
+    case DType::kFloat64:
+      return ncclFloat64;
+    case DType::kInt32:
+      return ncclInt32;
+    case DType::kInt64:
+      return ncclInt64;
   }
   return ncclFloat32;
 }
 
 ncclRedOp_t NcclOp(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kAvg: return ncclAvg;
-    case ReduceOp::kMax: return ncclMax;
-    case ReduceOp::kMin: return ncclMin;
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kAvg:
+      return ncclAvg;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kMin:
+      return ncclMin;
   }
   return ncclSum;
 }
@@ -95,7 +113,9 @@ class NcclWork final : public WorkState {
  public:
   NcclWork(std::weak_ptr<NcclBackend> owner, std::string desc, cudaEvent_t done,
            Duration default_timeout)
-      : owner_(std::move(owner)), desc_(std::move(desc)), done_(done),
+      : owner_(std::move(owner)),
+        desc_(std::move(desc)),
+        done_(done),
         default_timeout_(default_timeout) {}
   ~NcclWork() override { cudaEventDestroy(done_); }
 
@@ -119,8 +139,8 @@ class NcclWork final : public WorkState {
 
 class NcclBackend final : public Backend, public std::enable_shared_from_this<NcclBackend> {
  public:
-  NcclBackend(WorkerInfo info, Duration timeout, int device)
-      : Backend(std::move(info), timeout), device_(device) {}
+  NcclBackend(WorkerInfo info, Duration timeout, int device, const NcclApi& nccl)
+      : Backend(std::move(info), timeout), device_(device), nccl_(nccl) {}
 
   ~NcclBackend() override {
     cudaSetDevice(device_);
@@ -129,10 +149,12 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
         // Already aborted in OnAbort.
       } else {
         // Flush, then destroy; a finalize that does not finish becomes an abort.
-        ncclResult_t r = ncclCommFinalize(comm_);
+        ncclResult_t r = nccl_.ncclCommFinalize(comm_);
         if (r == ncclSuccess || r == ncclInProgress) r = PollAsync(timeout());
-        if (r == ncclSuccess) ncclCommDestroy(comm_);
-        else ncclCommAbort(comm_);
+        if (r == ncclSuccess)
+          nccl_.ncclCommDestroy(comm_);
+        else
+          nccl_.ncclCommAbort(comm_);
       }
     }
     for (const InFlight& f : in_flight_) {
@@ -162,15 +184,16 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
     const std::string key = prefix + "nccl/unique_id";
     ncclUniqueId id;
     if (rank() == 0) {
-      ncclResult_t r = ncclGetUniqueId(&id);
+      ncclResult_t r = nccl_.ncclGetUniqueId(&id);
       if (r != ncclSuccess) return Nccl("ncclGetUniqueId", r);
       DDPRUN_RETURN_IF_ERROR(store->Set(key, std::string(id.internal, sizeof(id.internal))));
     } else {
       auto v = store->Get(key, timeout());
       if (!v.ok()) {
-        return absl::Status(v.status().code(),
-                            absl::StrCat(Fence(), "nccl bootstrap: waiting for rank 0's unique id: ",
-                                         v.status().message()));
+        return absl::Status(
+            v.status().code(),
+            absl::StrCat(Fence(),
+                         "nccl bootstrap: waiting for rank 0's unique id: ", v.status().message()));
       }
       if (v->size() != sizeof(id.internal)) {
         return absl::InternalError(absl::StrCat(Fence(), "nccl bootstrap: the unique id has ",
@@ -181,18 +204,18 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
     }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    ncclResult_t r = ncclCommInitRankConfig(&comm_, size(), id, rank(), &config);
+    ncclResult_t r = nccl_.ncclCommInitRankConfig(&comm_, size(), id, rank(), &config);
     if (r != ncclSuccess && r != ncclInProgress) return Nccl("ncclCommInitRankConfig", r);
     r = PollAsync(timeout());
     if (r == ncclInProgress) {
-      ncclCommAbort(comm_);
+      nccl_.ncclCommAbort(comm_);
       comm_ = nullptr;
       return absl::DeadlineExceededError(
           absl::StrCat(Fence(), "nccl bootstrap: ncclCommInitRankConfig did not finish within ",
                        timeout().count() / 1000.0, " s (a peer did not arrive); aborted"));
     }
     if (r != ncclSuccess) {
-      ncclCommAbort(comm_);
+      nccl_.ncclCommAbort(comm_);
       comm_ = nullptr;
       return Nccl("ncclCommInitRankConfig", r);
     }
@@ -209,11 +232,10 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
     DDPRUN_RETURN_IF_ERROR(CheckReduceOp(*this, "allreduce", op));
     if (count == 0) return Done();
     return Launch(OpDesc{"allreduce", count, dtype, ReduceOpName(op)}, [&] {
-      return ncclAllReduce(data, data, count, NcclType(dtype), NcclOp(op), comm_, stream_);
+      return nccl_.ncclAllReduce(data, data, count, NcclType(dtype), NcclOp(op), comm_, stream_);
     });
   }
-  absl::StatusOr<WorkPtr> Broadcast(void* data, std::size_t count, DType dtype,
-                                    int root) override {
+  absl::StatusOr<WorkPtr> Broadcast(void* data, std::size_t count, DType dtype, int root) override {
     DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "broadcast", data, count, dtype));
     if (root < 0 || root >= size()) {
       return absl::InvalidArgumentError(
@@ -221,7 +243,7 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
     }
     if (count == 0) return Done();
     return Launch(OpDesc{"broadcast", count, dtype}, [&] {
-      return ncclBroadcast(data, data, count, NcclType(dtype), root, comm_, stream_);
+      return nccl_.ncclBroadcast(data, data, count, NcclType(dtype), root, comm_, stream_);
     });
   }
   absl::StatusOr<WorkPtr> Allgather(const void* in, void* out, std::size_t count,
@@ -229,23 +251,24 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
     DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "allgather", in, count, dtype, "input"));
     DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "allgather", out, count, dtype, "output"));
     if (count == 0) return Done();
-    return Launch(OpDesc{"allgather", count, dtype},
-                  [&] { return ncclAllGather(in, out, count, NcclType(dtype), comm_, stream_); });
+    return Launch(OpDesc{"allgather", count, dtype}, [&] {
+      return nccl_.ncclAllGather(in, out, count, NcclType(dtype), comm_, stream_);
+    });
   }
-  absl::StatusOr<WorkPtr> ReduceScatter(const void* in, void* out, std::size_t count,
-                                        DType dtype, ReduceOp op) override {
+  absl::StatusOr<WorkPtr> ReduceScatter(const void* in, void* out, std::size_t count, DType dtype,
+                                        ReduceOp op) override {
     DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "reduce_scatter", in, count, dtype, "input"));
     DDPRUN_RETURN_IF_ERROR(CheckBuffer(*this, "reduce_scatter", out, count, dtype, "output"));
     DDPRUN_RETURN_IF_ERROR(CheckReduceOp(*this, "reduce_scatter", op));
     if (count == 0) return Done();
     return Launch(OpDesc{"reduce_scatter", count, dtype, ReduceOpName(op)}, [&] {
-      return ncclReduceScatter(in, out, count, NcclType(dtype), NcclOp(op), comm_, stream_);
+      return nccl_.ncclReduceScatter(in, out, count, NcclType(dtype), NcclOp(op), comm_, stream_);
     });
   }
   absl::StatusOr<WorkPtr> Barrier() override {
     if (aborted()) return AbortedStatus("barrier");
     return Launch(OpDesc::Bare("barrier"), [&] {
-      return ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_);
+      return nccl_.ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_);
     });
   }
 
@@ -284,8 +307,8 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
           absl::StrCat(Fence(), "compress: wire dtype ", DTypeName(wire), " is not f16/bf16"));
     }
     cudaSetDevice(device_);
-    const int e = cuda::LaunchCompressF32(src, dst, n, wire == DType::kBFloat16, scale,
-                                          user_stream_);
+    const int e =
+        cuda::LaunchCompressF32(src, dst, n, wire == DType::kBFloat16, scale, user_stream_);
     if (e != 0) return Cuda("compress kernel (f32 -> half)", static_cast<cudaError_t>(e));
     return absl::OkStatus();
   }
@@ -305,7 +328,7 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
     const auto deadline = SteadyClock::now() + timeout;
     ncclResult_t state = ncclInProgress;
     for (;;) {
-      ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+      ncclResult_t r = nccl_.ncclCommGetAsyncError(comm_, &state);
       if (r != ncclSuccess) return r;
       if (state != ncclInProgress) return state;
       if (SteadyClock::now() >= deadline) return ncclInProgress;
@@ -316,10 +339,11 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
   // The comm's asynchronous error (ncclSuccess or ncclInProgress = healthy).
   ncclResult_t AsyncError() {
     ncclResult_t state = ncclSuccess;
-    if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) return ncclInternalError;
+    if (nccl_.ncclCommGetAsyncError(comm_, &state) != ncclSuccess) return ncclInternalError;
     return state;
   }
   std::weak_ptr<NcclBackend> weak() { return weak_from_this(); }
+  const NcclApi& nccl() const { return nccl_; }
 
   // Records the end of every monitored collective whose end event has
   // completed (in issue order: one stream). Never blocks.
@@ -331,7 +355,7 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
  protected:
   void OnAbort() override {
     std::lock_guard<std::mutex> lock(launch_mu_);
-    if (comm_ != nullptr) ncclCommAbort(comm_);
+    if (comm_ != nullptr) nccl_.ncclCommAbort(comm_);
     comm_ = nullptr;
   }
 
@@ -340,7 +364,7 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
     return absl::InternalError(absl::StrCat(Fence(), what, ": ", CudaErr(e)));
   }
   absl::Status Nccl(const char* what, ncclResult_t r) const {
-    return absl::UnavailableError(absl::StrCat(Fence(), what, ": ", NcclErr(r)));
+    return absl::UnavailableError(absl::StrCat(Fence(), what, ": ", NcclErr(nccl_, r)));
   }
 
   static absl::StatusOr<WorkPtr> Done() { return WorkPtr(std::make_shared<DoneWork>()); }
@@ -414,8 +438,7 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
       } else {
         s = sampler_.Estimate(f.op, f.bytes);
       }
-      channel_->CollectiveEnd(f.op, f.bytes, s,
-                              BusBandwidthGbps(f.op.c_str(), f.bytes, s, size()),
+      channel_->CollectiveEnd(f.op, f.bytes, s, BusBandwidthGbps(f.op.c_str(), f.bytes, s, size()),
                               in_flight_.size() > 1);
       GiveBack(f);
       in_flight_.pop_front();
@@ -443,8 +466,8 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
     ncclResult_t r = call();
     if (r == ncclInProgress) r = PollAsync(timeout());
     if (r != ncclSuccess) {
-      const std::string why = r == ncclInProgress ? "did not enqueue within the timeout"
-                                                  : NcclErr(r);
+      const std::string why =
+          r == ncclInProgress ? "did not enqueue within the timeout" : NcclErr(nccl_, r);
       if (channel_ != nullptr) {  // never enqueued: ended, no duration
         GiveBack(rec);
         channel_->CollectiveEnd(rec.op, rec.bytes, 0, 0, !in_flight_.empty());
@@ -475,6 +498,7 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
   }
 
   int device_;
+  const NcclApi& nccl_;  // the process's (LoadNccl), never unloaded
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   cudaStream_t user_stream_ = nullptr;  // legacy default stream
@@ -482,10 +506,10 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
   void* scratch_ = nullptr;
   std::mutex launch_mu_;
   ddprun::rendezvous::ChannelWriter* const channel_ = MetricsChannel();  // null: not monitored
-  std::deque<InFlight> in_flight_;         // under launch_mu_, issue order
+  std::deque<InFlight> in_flight_;                // under launch_mu_, issue order
   std::vector<cudaEvent_t> spare_timing_events_;  // under launch_mu_: timing
-  std::vector<cudaEvent_t> spare_plain_events_;  // under launch_mu_: without timing
-  DurationSampler sampler_;                      // under launch_mu_
+  std::vector<cudaEvent_t> spare_plain_events_;   // under launch_mu_: without timing
+  DurationSampler sampler_;                       // under launch_mu_
 };
 
 absl::Status NcclWork::Wait(Duration timeout) {
@@ -503,25 +527,25 @@ absl::Status NcclWork::Wait(Duration timeout) {
     auto owner = owner_.lock();
     if (e != cudaErrorNotReady) {
       if (owner) owner->Fail(absl::StrCat(desc_, ": ", CudaErr(e)));
-      return absl::InternalError(absl::StrCat(owner ? owner->Fence() : "", desc_, ": ",
-                                              CudaErr(e)));
+      return absl::InternalError(
+          absl::StrCat(owner ? owner->Fence() : "", desc_, ": ", CudaErr(e)));
     }
     if (owner) {
       if (owner->aborted()) return owner->AbortedStatus(desc_);
       ncclResult_t r = owner->AsyncError();
       if (r != ncclSuccess && r != ncclInProgress) {
-        owner->Fail(absl::StrCat(desc_, ": ", NcclErr(r)));
-        return absl::UnavailableError(absl::StrCat(owner->Fence(), desc_,
-                                                   " failed: a peer died or a link broke (nccl: ",
-                                                   NcclErr(r), ")"));
+        owner->Fail(absl::StrCat(desc_, ": ", NcclErr(owner->nccl(), r)));
+        return absl::UnavailableError(absl::StrCat(
+            owner->Fence(), desc_,
+            " failed: a peer died or a link broke (nccl: ", NcclErr(owner->nccl(), r), ")"));
       }
     }
     if (SteadyClock::now() >= deadline) {
-      const std::string what = absl::StrCat(desc_, " did not complete within ",
-                                            timeout.count() / 1000.0, " s");
+      const std::string what =
+          absl::StrCat(desc_, " did not complete within ", timeout.count() / 1000.0, " s");
       if (owner) owner->Fail(what);  // ncclCommAbort
-      return absl::DeadlineExceededError(absl::StrCat(
-          owner ? owner->Fence() : "", what, "; the communicator was aborted"));
+      return absl::DeadlineExceededError(
+          absl::StrCat(owner ? owner->Fence() : "", what, "; the communicator was aborted"));
     }
     if (SteadyClock::now() < spin_until) {
       std::this_thread::yield();
@@ -557,6 +581,12 @@ int CudaDeviceCount() {
 absl::StatusOr<std::shared_ptr<Backend>> CreateNcclBackend(
     const WorkerInfo& info, const InitOptions& options,
     std::shared_ptr<ddprun::rendezvous::Store> store, const std::string& prefix) {
+  absl::StatusOr<const NcclApi*> nccl = LoadNccl();
+  if (!nccl.ok()) {
+    return absl::Status(nccl.status().code(), absl::StrCat(FenceOf(info), nccl.status().message()));
+  }
+  DDPRUN_DEBUG_LOG(kSdk) << FenceOf(info) << "NCCL " << NcclVersionText((*nccl)->version)
+                         << " from " << (*nccl)->path;
   const int n = CudaDeviceCount();
   if (n == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -564,7 +594,7 @@ absl::StatusOr<std::shared_ptr<Backend>> CreateNcclBackend(
   }
   // LOCAL_RANK's device, or the only one CUDA_VISIBLE_DEVICES leaves.
   const int device = n == 1 ? 0 : info.local_rank % n;
-  auto backend = std::make_shared<NcclBackend>(info, options.timeout, device);
+  auto backend = std::make_shared<NcclBackend>(info, options.timeout, device, **nccl);
   DDPRUN_RETURN_IF_ERROR(backend->Bootstrap(std::move(store), prefix));
   return std::shared_ptr<Backend>(backend);
 }

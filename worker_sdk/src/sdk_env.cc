@@ -74,6 +74,11 @@ absl::Status ShmHostId(const std::string& t, SdkEnv& out) {
   return absl::OkStatus();
 }
 
+absl::Status NcclLibrary(const std::string& t, SdkEnv& out) {
+  out.nccl_library = t;  // a path or a soname: dlopen says whether it loads (nccl_loader.cc)
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 SdkEnv::SdkEnv() : shm_chunk_bytes(kDefaultShmChunkBytes) {}
@@ -96,6 +101,10 @@ const std::vector<SdkEnvVar>& SdkEnvVars() {
        "bytes per rank per step of the shared memory path (tuning only)", ShmChunk},
       {"DDP_SHM_HOST_ID", "any text", "boot id, pid namespace, uid",
        "ranks share memory only with ranks of the same id", ShmHostId},
+      {"DDP_NCCL_LIBRARY", "a path to libnccl.so.2", "libnccl.so.2",
+       "the NCCL the NCCL backend loads (dlopen); by default the soname: the one PyTorch loaded, "
+       "else the library path",
+       NcclLibrary},
   };
   return kVars;
 }

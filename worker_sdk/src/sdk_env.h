@@ -38,6 +38,9 @@ struct SdkEnv {
   std::size_t shm_chunk_bytes;
   // DDP_SHM_HOST_ID: who shares memory; "" = this host's own identity.
   std::string shm_host_id;
+  // DDP_NCCL_LIBRARY: the NCCL the NCCL backend loads; "" = libnccl.so.2 by
+  // soname (nccl_loader.h).
+  std::string nccl_library;
 
   SdkEnv();  // every field at its default
 };

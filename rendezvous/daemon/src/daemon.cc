@@ -92,9 +92,13 @@ absl::Status Daemon::Serve(int port) {
     ho.listen_fix = opts_.dashboard_listen_fix;
     ho.on_refusal = MakeRefusalLog(opts_.log_prefix);
     MetricsHub* hub = hub_;
+    // The health probes answer without basic auth: a kubelet has none
+    // (docs/monitoring.md, Health probes).
+    ho.open_paths = {"/healthz", "/readyz"};
+    ReadinessProbe ready = [this] { return Ready(); };
     auto http = StartMonitoringServer(
         ho, opts_.dashboard_security,
-        [hub](const std::string& target) { return ServeMonitoring(*hub, target); });
+        [hub, ready](const std::string& target) { return ServeMonitoring(*hub, target, ready); });
     if (!http.ok()) {
       // Bad input (the flag names a port in use), not a rendezvous port
       // another agent holds: callers tell the two apart by kind.
@@ -124,6 +128,7 @@ absl::Status Daemon::Serve(int port) {
                 << "); this replica takes over if the leader goes" << std::endl;
     };
     election_ = std::make_unique<EtcdElection>(std::move(eo));
+    election_view_.store(election_.get());
   }
   return absl::OkStatus();
 }
@@ -227,6 +232,32 @@ void Daemon::Stop() {
   if (own_table_) own_table_->Shutdown();
 }
 
-void Daemon::StepDown() { election_.reset(); }
+void Daemon::StepDown() {
+  election_view_.store(nullptr);
+  election_.reset();
+}
+
+Readiness Daemon::Ready() const {
+  if (!etcd_) return {};
+  const EtcdElection* election = election_view_.load();
+  if (election == nullptr) return {false, "starting", "the election has not started yet"};
+  if (!election->LeaseAlive()) {
+    return {false, "etcd unreachable",
+            absl::StrCat("this replica's etcd lease is not renewed (--etcd_endpoints ",
+                         absl::StrJoin(opts_.etcd_endpoints, ",",
+                                       [](std::string* out, const HostPort& e) {
+                                         out->append(FormatHostPort(e));
+                                       }),
+                         "); it gets agents again once etcd answers")};
+  }
+  if (election->leading()) {
+    if (!serving_.load()) return {false, "leader", "elected; recovering the jobs from etcd"};
+    return {true, "leader", absl::StrCat(advertise_, " leads the control plane")};
+  }
+  const std::string leader = election->leader();
+  if (leader.empty()) return {false, "no leader", "no replica leads yet"};
+  return {true, "standby",
+          absl::StrCat("the leader is ", leader, "; agents sent here are told so")};
+}
 
 }  // namespace ddprun::rendezvous

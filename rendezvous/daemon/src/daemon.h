@@ -27,6 +27,7 @@
 #include "ddprun/rendezvous/monitoring/http_server.h"
 #include "ddprun/rendezvous/monitoring/hub_ticker.h"
 #include "ddprun/rendezvous/monitoring/metrics_hub.h"
+#include "ddprun/rendezvous/monitoring/monitoring_routes.h"
 #include "ddprun/rendezvous/rendezvous_services.h"
 
 namespace ddprun::rendezvous {
@@ -69,6 +70,10 @@ class Daemon final : public ServiceBackend {
   absl::Status StartEtcd();
   void OnElected(std::int64_t revision);
   void OnDeposed(const absl::Status& why);
+  // /readyz (monitoring_routes.h): without etcd always ready; with etcd ready
+  // while this replica leads, or stands by with its lease alive and a leader
+  // known; 503 otherwise.
+  Readiness Ready() const;
 
   ServerOptions opts_;
   const Clock& clock_;
@@ -82,6 +87,9 @@ class Daemon final : public ServiceBackend {
   std::unique_ptr<EtcdClient> etcd_;
   std::unique_ptr<EtcdJournal> etcd_journal_;
   std::unique_ptr<EtcdElection> election_;
+  // election_ for the HTTP thread's /readyz (set after the port serves,
+  // cleared before election_ goes).
+  std::atomic<const EtcdElection*> election_view_{nullptr};
   std::atomic<bool> serving_{true};
   std::unique_ptr<JobTable> own_table_;   // unless opts_.table is given
   JobTable* table_ = nullptr;             // own_table_ or opts_.table

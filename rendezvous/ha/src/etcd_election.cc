@@ -29,6 +29,11 @@ bool EtcdElection::MayLead() const {
   return leading_ && !lost_ && keeper_ && keeper_->Alive();
 }
 
+bool EtcdElection::LeaseAlive() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !lost_ && keeper_ && keeper_->Alive();
+}
+
 bool EtcdElection::leading() const {
   std::lock_guard<std::mutex> lock(mu_);
   return leading_;

@@ -90,6 +90,8 @@ function render(j) {
     chip("restarts", j.restart_count, "restarts"), chip("samples/s", fmt(j.samples_per_s, 1), "samples"),
     chip("steps/s", fmt(j.steps_per_s, 2), "steps"), chip("step time s", fmt(j.step_time_s, 4), "steptime"),
     chip("data age s", fmt(j.data_age_s, 1), "age"), chip("hang detection", j.hang_state + (j.hang_timeout_s > 0 ? " (" + j.hang_timeout_s + " s, " + j.on_hang + ")" : ""), "hang")];
+  const rec = j.last_recovery;  // docs/recovery.md
+  if (rec) chips.push(chip("last recovery", `round ${rec.round}: ${fmt(rec.first_step_ms, 0)} ms (stopped +${fmt(rec.stopped_ms, 0)}, round +${fmt(rec.round_ms, 0)}, started +${fmt(rec.started_ms, 0)}, first step +${fmt(rec.first_step_ms, 0)}; ${rec.cause})`, "recovery"));
   $("chips").innerHTML = chips.join("");
   $("hang").hidden = !j.hang_report; $("hang").textContent = j.hang_report || "";
   const f = j.failure || {failures: []};

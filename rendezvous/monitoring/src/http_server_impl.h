@@ -5,6 +5,7 @@
 // rendezvous/monitoring.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
@@ -145,7 +146,11 @@ inline std::shared_ptr<http::response<http::string_body>> Answer(
            "connect-src 'self'; img-src data:");
   const auto& authorize = server.options().authorize;
   const auto header = req[http::field::authorization];
-  if (authorize && !authorize(std::string_view(header.data(), header.size()))) {
+  std::string_view path(req.target().data(), req.target().size());
+  path = path.substr(0, path.find('?'));
+  const auto& open = server.options().open_paths;
+  const bool open_path = std::find(open.begin(), open.end(), path) != open.end();
+  if (authorize && !open_path && !authorize(std::string_view(header.data(), header.size()))) {
     res->result(http::status::unauthorized);
     res->set(http::field::www_authenticate, "Basic realm=\"ddprun\"");
     res->set(http::field::content_type, "application/json");

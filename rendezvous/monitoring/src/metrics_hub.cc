@@ -170,6 +170,11 @@ struct MetricsHub::Job {
   // When the job closed: views compute ages and rates as of then.
   std::optional<TimePoint> ended;
   TimePoint round_started{};
+  // Recovery budgets (docs/recovery.md): each node's record of the newest
+  // round that recovered, and how many rounds did.
+  std::int64_t recovery_round = 0;
+  std::map<std::string, RecoveryBudget> recovery_nodes;
+  std::int64_t recoveries = 0;
 };
 
 MetricsHub::MetricsHub(MetricsHubOptions options)
@@ -444,6 +449,21 @@ absl::StatusOr<MetricsReply> MetricsHub::Report(MetricsReport report) {
     node.last_report = now;
     const double unix_s =
         std::isfinite(report.unix_s) && report.unix_s > 0 ? report.unix_s : UnixNow();
+    if (report.recovery && report.recovery->outcome == "recovered" &&
+        report.recovery->round == job.round && job.round >= job.recovery_round) {
+      RecoveryBudget b = std::move(*report.recovery);
+      std::int64_t ignored = 0;  // a bad phase reads as not reached
+      for (double* ms : {&b.stopped_ms, &b.round_ms, &b.started_ms, &b.first_step_ms}) {
+        *ms = Clean(*ms, 0, kMaxStepSeconds * 1000, -1, &ignored);
+      }
+      b.cause = Cut(std::move(b.cause), kMaxEventBytes, &ignored);
+      if (job.recovery_nodes.empty() || job.round > job.recovery_round) {
+        job.recovery_round = job.round;
+        job.recovery_nodes.clear();
+        ++job.recoveries;
+      }
+      job.recovery_nodes[report.node_id] = std::move(b);
+    }
     bool progressed = false;
     std::set<int> done;
     for (auto& s : report.ranks) {
@@ -747,6 +767,21 @@ absl::StatusOr<JobView> MetricsHub::View(const std::string& job_id, bool with_hi
   }
   v.hang_report = job.hang_report;
   v.hangs = job.hangs;
+  v.recoveries = job.recoveries;
+  // The job's last recovery: each phase as its slowest node saw it; the
+  // cause a node named a worker for, else the first node's.
+  for (const auto& [node_id, b] : job.recovery_nodes) {
+    if (!v.last_recovery) {
+      v.last_recovery = b;
+      continue;
+    }
+    RecoveryBudget& m = *v.last_recovery;
+    m.stopped_ms = std::max(m.stopped_ms, b.stopped_ms);
+    m.round_ms = std::max(m.round_ms, b.round_ms);
+    m.started_ms = std::max(m.started_ms, b.started_ms);
+    m.first_step_ms = std::max(m.first_step_ms, b.first_step_ms);
+    if (m.cause.rfind("worker", 0) != 0 && b.cause.rfind("worker", 0) == 0) m.cause = b.cause;
+  }
   v.samples_per_s = a.samples_per_s;
   v.steps_per_s = a.steps_per_s;
   v.step_time_s = a.step_time_s;

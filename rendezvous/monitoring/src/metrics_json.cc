@@ -16,6 +16,19 @@ std::string Dump(const Json& j) {
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
+// The last recovery's budget (docs/recovery.md); null before the first. A
+// phase not reached is null.
+Json Recovery(const std::optional<RecoveryBudget>& r) {
+  if (!r) return nullptr;
+  return {{"failed_round", r->failed_round},
+          {"round", r->round},
+          {"cause", r->cause},
+          {"stopped_ms", Known(r->stopped_ms)},
+          {"round_ms", Known(r->round_ms)},
+          {"started_ms", Known(r->started_ms)},
+          {"first_step_ms", Known(r->first_step_ms)}};
+}
+
 Json Summary(const JobView& v) {
   return {{"job_id", v.job_id},
           {"round", v.round},
@@ -30,7 +43,9 @@ Json Summary(const JobView& v) {
           {"hang_timeout_s", v.hang_timeout_s},
           {"on_hang", v.on_hang},
           {"hang_state", Name(v.hang_state)},
-          {"hangs", v.hangs}};
+          {"hangs", v.hangs},
+          {"recoveries", v.recoveries},
+          {"last_recovery", Recovery(v.last_recovery)}};
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include "ddprun/rendezvous/monitoring/metrics_json.h"
 #include "ddprun/rendezvous/monitoring/prometheus_text.h"
+#include "nlohmann/json.hpp"
 
 namespace ddprun::rendezvous {
 namespace {
@@ -32,7 +33,14 @@ std::optional<std::string> Unescape(const std::string& s) {
 
 }  // namespace
 
-HttpResponse ServeMonitoring(const MetricsHub& hub, const std::string& target) {
+HttpResponse ServeMonitoring(const MetricsHub& hub, const std::string& target,
+                             const ReadinessProbe& readiness) {
+  if (target == "/healthz") return {200, "text/plain; charset=utf-8", "ok\n"};
+  if (target == "/readyz") {
+    const Readiness r = readiness ? readiness() : Readiness{};
+    nlohmann::ordered_json doc = {{"ready", r.ready}, {"state", r.state}, {"detail", r.detail}};
+    return {r.ready ? 200 : 503, kJson, doc.dump() + "\n"};
+  }
   if (target == "/" || target == "/index.html") {
     return {200, "text/html; charset=utf-8", kDashboardHtml};
   }
@@ -51,7 +59,9 @@ HttpResponse ServeMonitoring(const MetricsHub& hub, const std::string& target) {
     return {200, kJson, JobViewJson(*view) + "\n"};
   }
   return {404, kJson,
-          ErrorJson("no such page; try /, /api/v1/jobs, /api/v1/jobs/<job> or /metrics") + "\n"};
+          ErrorJson("no such page; try /, /api/v1/jobs, /api/v1/jobs/<job>, /metrics, /healthz "
+                    "or /readyz") +
+              "\n"};
 }
 
 }  // namespace ddprun::rendezvous

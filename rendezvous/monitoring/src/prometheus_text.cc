@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <utility>
 
 #include "ddprun/rendezvous/monitoring/monitoring_states.h"
 
@@ -129,6 +130,25 @@ constexpr Family kFamilies[] = {
      [](const Subject& s, Samples& out) { out.Add(s.job->world_size); }},
     {"ddprun_job_restarts_total", "counter", "Failure restarts of the job so far.", Scope::kJob,
      [](const Subject& s, Samples& out) { out.Add(s.job->restart_count); }},
+    {"ddprun_job_recoveries_total", "counter",
+     "Restarts the job recovered from: a step completed after them (docs/recovery.md).",
+     Scope::kJob,
+     [](const Subject& s, Samples& out) { out.Add(static_cast<double>(s.job->recoveries)); }},
+    {"ddprun_job_recovery_seconds", "gauge",
+     "The last recovery's phases in seconds from the failure's detection, as the slowest node "
+     "saw each (absent before the first recovery).",
+     Scope::kJob,
+     [](const Subject& s, Samples& out) {
+       if (!s.job->last_recovery) return;
+       const RecoveryBudget& b = *s.job->last_recovery;
+       const std::pair<const char*, double> phases[] = {{"stopped", b.stopped_ms},
+                                                        {"round", b.round_ms},
+                                                        {"started", b.started_ms},
+                                                        {"first_step", b.first_step_ms}};
+       for (const auto& [phase, ms] : phases) {
+         if (ms >= 0) out.Add(Label("phase", phase), ms / 1000.0);
+       }
+     }},
     {"ddprun_job_samples_per_second", "gauge",
      "Samples per second of all ranks together (absent when no rank knows its batch size).",
      Scope::kJob,

@@ -39,6 +39,7 @@ TEST_CASE("sdk env: nothing set, or set empty, leaves every default", "[unit]") 
     CHECK_FALSE(r->shared_memory.has_value());
     CHECK(r->shm_chunk_bytes == kDefaultShmChunkBytes);
     CHECK(r->shm_host_id.empty());
+    CHECK(r->nccl_library.empty());
   }
 }
 
@@ -47,13 +48,15 @@ TEST_CASE("sdk env: good values", "[unit]") {
                  {"DDP_BACKEND", "gloo"},
                  {"DDP_SHM", "0"},
                  {"DDP_SHM_CHUNK", "65536"},
-                 {"DDP_SHM_HOST_ID", "hostA"}});
+                 {"DDP_SHM_HOST_ID", "hostA"},
+                 {"DDP_NCCL_LIBRARY", "/opt/nccl/lib/libnccl.so.2"}});
   REQUIRE(r.ok());
   CHECK(r->timeout == Duration(2500));
   CHECK(r->backend == ddp::Backend::kGloo);
   CHECK(r->shared_memory == false);
   CHECK(r->shm_chunk_bytes == 65536);
   CHECK(r->shm_host_id == "hostA");
+  CHECK(r->nccl_library == "/opt/nccl/lib/libnccl.so.2");
   CHECK(Read({{"DDP_BACKEND", "nccl"}})->backend == ddp::Backend::kNccl);
   CHECK(Read({{"DDP_BACKEND", "auto"}})->backend == ddp::Backend::kAuto);
   CHECK(Read({{"DDP_SHM", "1"}})->shared_memory == true);

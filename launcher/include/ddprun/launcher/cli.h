@@ -180,4 +180,12 @@ std::string VersionString();
 // after VersionString().
 std::string BuildInfoString();
 
+// Where this machine's NCCL is, for `ddprun --version` in a build with the
+// NCCL backend (which loads NCCL at run time: worker_sdk/src/nccl_loader.h):
+// "NCCL: libnccl.so.2 2.28.9 at /path", or "NCCL: libnccl.so.2 not found
+// here: <why>; <how to get it>" (the same library the SDK would load:
+// DDP_NCCL_LIBRARY, else the soname). "" in a build without the backend.
+// Loads the library (dlopen, never closed) to ask its version.
+std::string NcclRuntimeString();
+
 }  // namespace ddprun::launcher

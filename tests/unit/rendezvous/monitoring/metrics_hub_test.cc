@@ -4,6 +4,7 @@
 #include "ddprun/rendezvous/monitoring/metrics_hub.h"
 
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <set>
 
 #include "ddprun/rendezvous/common/errors.h"
@@ -642,6 +643,59 @@ TEST_CASE("a closed job shows each rank's end state and stops ageing", "[metrics
     REQUIRE(v->state == JobState::kSucceeded);
     for (const auto& r : v->ranks) CHECK(r.state == RankState::kExited);
   }
+}
+
+}  // namespace
+}  // namespace ddprun::rendezvous
+
+namespace ddprun::rendezvous {
+namespace {
+
+// A node's recovery record for the fixture's round (docs/recovery.md).
+RecoveryBudget Recovered(std::int64_t round, double first_step_ms, std::string cause) {
+  RecoveryBudget b;
+  b.round = round;
+  b.outcome = "recovered";
+  b.cause = std::move(cause);
+  b.stopped_ms = 5;
+  b.round_ms = 8;
+  b.started_ms = 9;
+  b.first_step_ms = first_step_ms;
+  return b;
+}
+
+TEST_CASE("recovery budgets: the job's is each phase's slowest node; others are ignored",
+          "[metrics]") {
+  Fixture f;
+  auto last = [&f] { return f.hub->View("job1")->last_recovery; };
+  // No record yet; a record that did not recover, or of another round, is not the job's.
+  MetricsReport r = f.Report(0, 1, 0.1, 0);
+  REQUIRE(f.hub->Report(r).ok());
+  CHECK_FALSE(last());
+  r.recovery = Recovered(f.round, 100, "worker rank 1 exited with signal SIGKILL");
+  r.recovery->outcome = "superseded";
+  REQUIRE(f.hub->Report(r).ok());
+  r.recovery = Recovered(f.round + 1, 100, "x");
+  REQUIRE(f.hub->Report(r).ok());
+  CHECK_FALSE(last());
+  CHECK(f.hub->View("job1")->recoveries == 0);
+
+  // Two nodes: the slowest of each phase, the cause that names a worker.
+  r.recovery = Recovered(f.round, 900, "worker rank 1 exited with signal SIGKILL");
+  REQUIRE(f.hub->Report(r).ok());
+  MetricsReport other = f.Report(1, 1, 0.1, 0);
+  other.recovery = Recovered(f.round, 1200, "restarted: a worker failed on host0");
+  other.recovery->stopped_ms = 2;
+  other.recovery->started_ms = std::nan("");  // a bad value reads as not reached
+  REQUIRE(f.hub->Report(other).ok());
+  REQUIRE(f.hub->Report(other).ok());  // sent again with every report: counted once
+  auto b = last();
+  REQUIRE(b);
+  CHECK(b->stopped_ms == 5);
+  CHECK(b->started_ms == 9);
+  CHECK(b->first_step_ms == 1200);
+  CHECK(b->cause == "worker rank 1 exited with signal SIGKILL");
+  CHECK(f.hub->View("job1")->recoveries == 1);
 }
 
 }  // namespace

@@ -2,9 +2,9 @@
 // the real JobTable and MetricsHub): /metrics (PrometheusText), the job
 // document (JobViewJson) and the job list (JobListJson) against the files in
 // golden/. The jobs cover every branch the renderers take: a running job
-// with a published hang, GPU, collectives, scalars whose names need escaping
-// and a rank that exited; a failed job; a job without a progress source
-// whose rank sent an unknown state; a job still gathering.
+// with a published hang, GPU, collectives, scalars whose names need escaping,
+// a recovery budget from two nodes and a rank that exited; a failed job; a job without a progress
+// source whose rank sent an unknown state; a job still gathering.
 //
 // DDPRUN_UPDATE_GOLDEN=1 rewrites the files from the current output (only for
 // a deliberate change of the formats; review the diff).
@@ -144,6 +144,21 @@ TEST_CASE("/metrics and the JSON documents are byte-for-byte the golden files",
       REQUIRE(d.hub->Report(TrainReport(d, n, steps, t == 0 ? 0 : std::min(t - 1, 15))).ok());
     }
     d.hub->Tick();
+  }
+  // Both nodes report the round's recovery budget (docs/recovery.md): the
+  // job's is each phase's slowest node, the cause the one naming a worker.
+  for (int n = 0; n < 2; ++n) {
+    MetricsReport rr = TrainReport(d, n, 15, 15);
+    RecoveryBudget b;
+    b.outcome = "recovered";
+    b.cause = n == 0 ? "restarted: a worker failed on train-host1"
+                     : "worker rank 3 exited with signal SIGKILL";
+    b.stopped_ms = n == 0 ? 10 : 12.5;
+    b.round_ms = n == 0 ? 20 : 18;
+    b.started_ms = n == 0 ? 30 : 40;
+    b.first_step_ms = n == 0 ? 1000 : 900;
+    rr.recovery = b;
+    REQUIRE(d.hub->Report(rr).ok());
   }
   // Rank 3 exits; the view keeps it.
   MetricsReport exited = TrainReport(d, 1, 15, 15);

@@ -51,6 +51,9 @@ class EtcdElection {
   // Whether this replica leads and its lease is known to be alive.
   bool MayLead() const;
   bool leading() const;
+  // Whether this replica's current lease is alive (renewed within its TTL):
+  // etcd answers this replica, leader or standby.
+  bool LeaseAlive() const;
   // The leading replica's address as last seen ("" when unknown).
   std::string leader() const;
 

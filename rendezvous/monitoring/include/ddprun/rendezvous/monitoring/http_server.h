@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "ddprun/rendezvous/common/clock.h"
@@ -57,8 +58,13 @@ struct HttpServerOptions {
   // Authorization: the value of the request's Authorization header ("" when
   // absent) -> allowed. Null: every request is allowed. A refused request is
   // answered 401 with `WWW-Authenticate: Basic realm="ddprun"` and a body that
-  // says only that credentials are needed. Every route is behind it.
+  // says only that credentials are needed. Every route is behind it but
+  // open_paths.
   std::function<bool(std::string_view authorization)> authorize;
+  // Exact paths (no query) served without basic auth: ddprund's health
+  // probes (/healthz, /readyz), which a kubelet calls without credentials.
+  // TLS and client certificates still apply to them.
+  std::vector<std::string> open_paths;
   // Null: refusals are not logged.
   HttpRefusalLog on_refusal;
 };

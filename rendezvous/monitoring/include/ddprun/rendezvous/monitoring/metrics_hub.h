@@ -160,6 +160,10 @@ struct JobView {
   HangState hang_state = HangState::kOff;
   std::string hang_report;  // the latest published report
   std::int64_t hangs = 0;
+  // Rounds that recovered from a restart, and the newest one's budget
+  // (docs/recovery.md): each phase as the slowest node saw it.
+  std::int64_t recoveries = 0;
+  std::optional<RecoveryBudget> last_recovery;
   double samples_per_s = -1;
   double steps_per_s = 0;
   double step_time_s = -1;  // the slowest rank's median (the job's pace)

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,23 @@ struct StackDump {
 inline constexpr std::size_t kMaxStoreWaitKeys = 16;
 inline constexpr std::size_t kMaxStoreKeyBytes = 256;
 
+// One restart's recovery budget on one node (docs/recovery.md): the time
+// from the failure's detection to each phase, in milliseconds; < 0 = the
+// phase was not reached. The agent's RecoveryTracker fills it; job-wide and
+// (later) in-place restarts fill the same record.
+struct RecoveryBudget {
+  std::int64_t failed_round = 0;  // the round that failed
+  std::int64_t round = 0;         // the round it recovered into; 0 = none formed
+  std::string cause;              // "worker rank 1 exited with signal SIGKILL", a restart's reason
+  double stopped_ms = -1;         // the last local worker reaped
+  double round_ms = -1;           // the new round's assignment received
+  double started_ms = -1;         // every local worker spawned
+  double first_step_ms = -1;      // a step of any local rank of the new round completed
+  // "recovered" (first step seen), "pending" (still waiting), "superseded"
+  // (another failure first), "no first step" (the job ended first).
+  std::string outcome = "pending";
+};
+
 struct MetricsReport {
   std::string job_id;
   std::string node_id;
@@ -76,6 +94,8 @@ struct MetricsReport {
   // From the node hosting the round's store: the keys workers wait for there
   // that nobody has set yet.
   std::vector<std::string> store_waits;
+  // The node's latest finished recovery (sent until the next restart).
+  std::optional<RecoveryBudget> recovery;
 };
 
 struct MetricsReply {
