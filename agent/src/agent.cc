@@ -448,6 +448,22 @@ class Agent::Impl {
     mo.host = advertised_host_;
     mo.python_hook = options_.python_hook;
     mo.python_dir = options_.python_hook ? FindPythonHookDir() : "";
+    if (checkpoints_) {
+      // The newest committed snapshot of each worker, from its records (a
+      // pread each), and the memory it holds. checkpoints_ outlives
+      // monitoring_ (Finish resets monitoring_ first).
+      mo.checkpoints = [memory = checkpoints_.get()](std::vector<rdzv::RankSample>* ranks) {
+        for (rdzv::RankSample& r : *ranks) {
+          const std::vector<CommittedSnapshot> committed = memory->Committed(r.local_rank);
+          r.has_checkpoint = !committed.empty();
+          if (r.has_checkpoint) {
+            r.checkpoint_step = committed.front().step;
+            r.checkpoint_bytes = committed.front().size;
+          }
+          r.checkpoint_memory_bytes = memory->MemoryBytes(r.local_rank);
+        }
+      };
+    }
     monitoring_ = std::make_unique<Monitoring>(
         std::move(mo), *session_, clock_, [this](const std::string& m) { Log(m); },
         [this](const std::string& block) {

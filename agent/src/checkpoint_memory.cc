@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ddprun/agent/process_launcher.h"
+#include "ddprun/rendezvous/common/checkpoint_checksum.h"
 #include "ddprun/rendezvous/common/checkpoint_layout.h"
 #include "ddprun/rendezvous/common/worker_env_names.h"
 #include "zlib.h"
@@ -124,6 +126,7 @@ std::vector<CommittedSnapshot> CheckpointMemory::Committed(int local_rank) const
     s.world_size = Load<std::int32_t>(rec + layout::kWorldSizeOffset);
     s.slot = slot;
     s.crc = Load<std::uint32_t>(rec + layout::kCrcOffset);
+    s.checksum_kind = Load<std::uint32_t>(rec + layout::kChecksumKindOffset);
     s.generation = Load<std::uint64_t>(rec + layout::kGenerationOffset);
     if (s.size > limit_) continue;  // not a record this layout wrote
     found.emplace_back(s.generation, s);
@@ -180,14 +183,17 @@ absl::StatusOr<std::string> CheckpointMemory::ReadCommitted(int local_rank,
                                             local_rank, ": ", std::strerror(errno)));
   }
   // The record after the copy: the same generation, still committed, and
-  // the bytes' CRC-32 the one it recorded, or the worker saved over it.
+  // the bytes' checksum the one it recorded, or the worker saved over it.
   unsigned char rec[layout::kSlotRecordBytes];
   const bool same =
       PreadAll(f, rec, sizeof rec, static_cast<off_t>(layout::SlotRecordOffset(s.slot))) &&
       Load<std::uint32_t>(rec + layout::kStateOffset) == layout::kSlotCommitted &&
       Load<std::uint64_t>(rec + layout::kGenerationOffset) == s.generation;
-  const auto crc = static_cast<std::uint32_t>(
-      ::crc32_z(0, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size()));
+  const std::uint32_t crc =
+      s.checksum_kind == layout::kChecksumCrc32
+          ? static_cast<std::uint32_t>(
+                ::crc32_z(0, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size()))
+          : checkpoint_checksum::Crc32c(0, bytes.data(), bytes.size());
   if (!same || crc != s.crc) {
     return absl::UnavailableError(absl::StrCat("the snapshot of step ", s.step, " of local rank ",
                                                local_rank, " was saved over while read"));
@@ -213,8 +219,8 @@ absl::Status CheckpointMemory::Seed(int local_rank, std::int64_t step, int rank,
     return absl::ResourceExhaustedError(absl::StrCat("writing the checkpoint memory of local rank ",
                                                      local_rank, ": ", std::strerror(errno)));
   }
-  const auto crc = static_cast<std::uint32_t>(
-      ::crc32_z(0, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size()));
+  const std::uint32_t crc = checkpoint_checksum::Crc32c(0, bytes.data(), bytes.size());
+  const std::uint32_t kind = layout::kChecksumCrc32c;
   const std::uint32_t state = layout::kSlotCommitted;
   const std::uint64_t generation = 1;
   const std::uint64_t size = bytes.size();
@@ -225,12 +231,20 @@ absl::Status CheckpointMemory::Seed(int local_rank, std::int64_t step, int rank,
   std::memcpy(rec + layout::kSizeOffset, &size, sizeof size);
   std::memcpy(rec + layout::kRankOffset, &r, sizeof r);
   std::memcpy(rec + layout::kWorldSizeOffset, &w, sizeof w);
+  std::memcpy(rec + layout::kChecksumKindOffset, &kind, sizeof kind);
   std::memcpy(rec + layout::kStateOffset, &state, sizeof state);
   if (!PwriteAll(f, rec, sizeof rec, static_cast<off_t>(layout::SlotRecordOffset(0)))) {
     return absl::InternalError(absl::StrCat("writing the checkpoint memory of local rank ",
                                             local_rank, ": ", std::strerror(errno)));
   }
   return absl::OkStatus();
+}
+
+std::uint64_t CheckpointMemory::MemoryBytes(int local_rank) const {
+  const int f = fd(local_rank);
+  struct stat st;
+  if (f < 0 || ::fstat(f, &st) != 0) return 0;
+  return static_cast<std::uint64_t>(st.st_blocks) * 512;  // st_blocks counts 512-byte units
 }
 
 void CheckpointMemory::Clear(int local_rank) {

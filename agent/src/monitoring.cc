@@ -239,6 +239,7 @@ void Monitoring::Tick() {
     events_.clear();
   }
   for (const std::string& w : warnings) log_(w);
+  if (options_.checkpoints) options_.checkpoints(&report.ranks);
   report.stacks = std::move(stacks_);
   stacks_.clear();
   report.store_waits = session_.StoreWaitedKeys(rdzv::kMaxStoreWaitKeys);

@@ -48,6 +48,10 @@ class Monitoring {
     rendezvous::Duration interval = std::chrono::seconds(1);
     rendezvous::Duration report_timeout = std::chrono::seconds(2);
     rendezvous::Duration stack_budget = std::chrono::seconds(10);
+    // Fills each sample's checkpoint fields (RankSample::has_checkpoint and
+    // after) from the node's checkpoint memory; called on the reporter
+    // thread, outside the lock, before each report. Unset: none.
+    std::function<void(std::vector<rendezvous::RankSample>*)> checkpoints;
   };
   using Logger = std::function<void(const std::string&)>;
   // `print` writes a block (the hang report) to the console as it is.

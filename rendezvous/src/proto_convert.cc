@@ -338,6 +338,10 @@ void ToProto(const RankSample& r, pb::RankSample* p) {
   p->set_gpu_util_percent(r.gpu_util_percent);
   p->set_gpu_mem_bytes(r.gpu_mem_bytes);
   p->set_reached_store(r.reached_store);
+  p->set_has_checkpoint(r.has_checkpoint);
+  p->set_checkpoint_step(r.checkpoint_step);
+  p->set_checkpoint_bytes(r.checkpoint_bytes);
+  p->set_checkpoint_memory_bytes(r.checkpoint_memory_bytes);
 }
 
 void ToProto(const StackDump& d, pb::StackDump* p) {
@@ -428,6 +432,10 @@ MetricsReport FromProto(const pb::MetricsReport& p) {
     x.gpu_util_percent = s.gpu_util_percent();
     x.gpu_mem_bytes = s.gpu_mem_bytes();
     x.reached_store = s.reached_store();
+    x.has_checkpoint = s.has_checkpoint();
+    x.checkpoint_step = s.checkpoint_step();
+    x.checkpoint_bytes = s.checkpoint_bytes();
+    x.checkpoint_memory_bytes = s.checkpoint_memory_bytes();
     r.ranks.push_back(std::move(x));
   }
   for (int i = 0; i < p.stacks_size() && i < 64; ++i) {

@@ -10,6 +10,7 @@
 #include "ddp/metrics.h"
 #include "ddp/process_group.h"
 #include "ddp/reducer.h"
+#include "ddprun/rendezvous/common/checkpoint_checksum.h"
 
 struct ddp_group {
   std::shared_ptr<ddp::ProcessGroup> pg;
@@ -323,5 +324,11 @@ ddp_status_t ddp_checkpoint_find(const ddp_checkpoint_t* c, const char* name, co
 }
 
 void ddp_checkpoint_free(ddp_checkpoint_t* c) { delete c; }
+
+uint32_t ddp_checkpoint_copy_crc32c(void* dst, const void* src, size_t n, uint32_t crc) {
+  if (dst == nullptr) return ddprun::checkpoint_checksum::Crc32c(crc, src, n);
+  return ddprun::checkpoint_checksum::CopyCrc32c(crc, dst, src, n,
+                                                 ddprun::checkpoint_checksum::DefaultCopyThreads());
+}
 
 }  // extern "C"

@@ -30,6 +30,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "ddp/error.h"
+#include "ddprun/rendezvous/common/checkpoint_checksum.h"
 #include "ddprun/rendezvous/common/checkpoint_layout.h"
 #include "ddprun/rendezvous/common/errors.h"
 #include "ddprun/rendezvous/common/worker_env_names.h"
@@ -40,6 +41,7 @@ namespace ddp::checkpoint {
 namespace {
 
 namespace layout = ddprun::checkpoint_layout;
+namespace checkpoint_checksum = ddprun::checkpoint_checksum;
 using Json = nlohmann::ordered_json;
 
 std::string Env(const char* name, const char* fallback = "") {
@@ -77,8 +79,10 @@ std::uint64_t AlignUp(std::uint64_t n) {
   return (n + layout::kDataAlign - 1) / layout::kDataAlign * layout::kDataAlign;
 }
 
-// zlib's crc32 (as Python's zlib.crc32) over any length.
-std::uint32_t Crc32(const unsigned char* p, std::uint64_t n) {
+// The checksum of a record's kind over n bytes (zlib's CRC-32 for records
+// that Python wrote without this library).
+std::uint32_t Checksum(std::uint32_t kind, const unsigned char* p, std::uint64_t n) {
+  if (kind != layout::kChecksumCrc32) return checkpoint_checksum::Crc32c(0, p, n);
   uLong crc = crc32(0L, Z_NULL, 0);
   while (n > 0) {
     const uInt chunk = static_cast<uInt>(std::min<std::uint64_t>(n, 1u << 30));
@@ -98,6 +102,7 @@ struct Record {
   std::uint64_t size = 0;
   std::int32_t rank = 0;
   std::int32_t world_size = 0;
+  std::uint32_t checksum_kind = layout::kChecksumCrc32c;
 };
 
 // This worker's checkpoint memory, mapped once for the process (the
@@ -127,6 +132,7 @@ class Memory {
     std::memcpy(&rec.size, r + layout::kSizeOffset, 8);
     std::memcpy(&rec.rank, r + layout::kRankOffset, 4);
     std::memcpy(&rec.world_size, r + layout::kWorldSizeOffset, 4);
+    std::memcpy(&rec.checksum_kind, r + layout::kChecksumKindOffset, 4);
     return rec;
   }
 
@@ -138,6 +144,7 @@ class Memory {
     std::memcpy(r + layout::kStepOffset, &rec.step, 8);
     std::memcpy(r + layout::kSizeOffset, &rec.size, 8);
     std::memcpy(r + layout::kRankOffset, &rec.rank, 4);
+    std::memcpy(r + layout::kChecksumKindOffset, &rec.checksum_kind, 4);
     std::memcpy(r + layout::kWorldSizeOffset, &rec.world_size, 4);
   }
 
@@ -412,13 +419,22 @@ void Save(std::int64_t step, const std::vector<Span>& spans) {
   std::memcpy(base, &tree_len, 8);
   std::memcpy(base + 8, tree.data(), tree.size());
   const bool die = DieInSave(step);
+  // One pass: each span is checksummed as it is copied; the tree and the
+  // padding between spans (whatever the slot held) are read where they are.
+  const int threads = checkpoint_checksum::DefaultCopyThreads();
+  std::uint32_t crc = 0;
+  std::uint64_t pos = 0;
   for (std::size_t i = 0; i < spans.size(); ++i) {
-    if (spans[i].size) std::memcpy(base + data_start + offsets[i], spans[i].data, spans[i].size);
+    const std::uint64_t at = data_start + offsets[i];
+    crc = checkpoint_checksum::Crc32c(crc, base + pos, at - pos);
+    crc = checkpoint_checksum::CopyCrc32c(crc, base + at, spans[i].data, spans[i].size, threads);
+    pos = at + spans[i].size;
     if (die && offsets[i] + spans[i].size >= end / 2) ::raise(SIGKILL);
   }
   if (die) ::raise(SIGKILL);
   Record rec;
-  rec.crc = Crc32(base, total);
+  rec.crc = checkpoint_checksum::Crc32c(crc, base + pos, total - pos);
+  rec.checksum_kind = layout::kChecksumCrc32c;
   rec.generation = generation + 1;
   rec.step = step;
   rec.size = total;
@@ -462,7 +478,7 @@ std::optional<Snapshot> Load() {
   }
   const unsigned char* base = mem.slot_data(slot);
   if (rec.size < 8 || rec.size > mem.capacity()) Corrupt(step, "its recorded size is wrong");
-  const std::uint32_t crc = Crc32(base, rec.size);
+  const std::uint32_t crc = Checksum(rec.checksum_kind, base, rec.size);
   if (crc != rec.crc) {
     char text[96];
     std::snprintf(text, sizeof text, "(checksum %08x, recorded %08x)", crc, rec.crc);

@@ -48,9 +48,10 @@ std::string FormatTop(const std::string& job_json) {
       j.value("nodes", 0), j.value("restart_count", 0), Num(j["samples_per_s"], 1),
       Num(j["steps_per_s"], 2), Num(j["step_time_s"], 4), Num(j["data_age_s"], 1),
       j.value("hang_state", ""));
-  absl::StrAppendFormat(&out, "%5s %-16s %8s %-8s %8s %9s %9s %8s %10s %6s %7s %5s %7s %s\n",
-                        "RANK", "HOST", "PID", "STATE", "STEPS", "P50_S", "P90_S", "STEPS/S",
-                        "SAMPLES/S", "CPU%", "RSS_MB", "GPU%", "GPU_MB", "STRAGGLER");
+  absl::StrAppendFormat(
+      &out, "%5s %-16s %8s %-8s %8s %9s %9s %8s %10s %6s %7s %5s %7s %9s %7s %8s %s\n", "RANK",
+      "HOST", "PID", "STATE", "STEPS", "P50_S", "P90_S", "STEPS/S", "SAMPLES/S", "CPU%", "RSS_MB",
+      "GPU%", "GPU_MB", "CKPT_STEP", "CKPT_MB", "CKMEM_MB", "STRAGGLER");
   for (const auto& r : j["ranks"]) {
     std::string strag;
     if (r.value("straggler", false)) {
@@ -58,11 +59,13 @@ std::string FormatTop(const std::string& job_json) {
                               r.value("slowdown", 0.0));
     }
     absl::StrAppendFormat(
-        &out, "%5d %-16s %8d %-8s %8d %9s %9s %8s %10s %6s %7s %5s %7s %s\n", r.value("rank", -1),
-        r.value("host", "").substr(0, 16), r.value("pid", 0LL), r.value("state", ""),
-        r.value("steps", 0LL), Num(r["step_p50_s"], 4), Num(r["step_p90_s"], 4),
-        Num(r["steps_per_s"], 2), Num(r["samples_per_s"], 1), Num(r["cpu_percent"], 0),
-        Mib(r["rss_bytes"]), Num(r["gpu_util_percent"], 0), Mib(r["gpu_mem_bytes"]), strag);
+        &out, "%5d %-16s %8d %-8s %8d %9s %9s %8s %10s %6s %7s %5s %7s %9s %7s %8s %s\n",
+        r.value("rank", -1), r.value("host", "").substr(0, 16), r.value("pid", 0LL),
+        r.value("state", ""), r.value("steps", 0LL), Num(r["step_p50_s"], 4),
+        Num(r["step_p90_s"], 4), Num(r["steps_per_s"], 2), Num(r["samples_per_s"], 1),
+        Num(r["cpu_percent"], 0), Mib(r["rss_bytes"]), Num(r["gpu_util_percent"], 0),
+        Mib(r["gpu_mem_bytes"]), Num(r["checkpoint_step"], 0), Mib(r["checkpoint_bytes"]),
+        Mib(r["checkpoint_memory_bytes"]), strag);
   }
   const std::string hang = j.value("hang_report", "");
   if (!hang.empty()) absl::StrAppend(&out, "\n", hang);

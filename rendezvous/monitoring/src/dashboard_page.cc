@@ -52,7 +52,7 @@ pre.failure{background:#fff3e0;border:1px solid #e0a96d}
 <table id="ranks"><thead><tr>
 <th>rank</th><th class="l">host</th><th>pid</th><th class="l">state</th><th>steps</th>
 <th>p50 s</th><th>p90 s</th><th>steps/s</th><th>samples/s</th><th>CPU %</th><th>RSS MiB</th>
-<th>GPU %</th><th>GPU MiB</th><th>comm %</th><th>straggler</th><th>age s</th><th class="l">scalars</th>
+<th>GPU %</th><th>GPU MiB</th><th>comm %</th><th title="newest step in checkpoint memory">ckpt step</th><th>ckpt MiB</th><th title="checkpoint memory held">ckpt mem MiB</th><th>straggler</th><th>age s</th><th class="l">scalars</th>
 </tr></thead><tbody></tbody></table>
 <div id="events"></div>
 </main>
@@ -123,6 +123,9 @@ function render(j) {
       `<td class="sps">${fmt(r.steps_per_s, 2)}</td><td class="samples">${fmt(r.samples_per_s, 1)}</td><td>${fmt(r.cpu_percent, 0)}</td>` +
       `<td>${fmt(r.rss_bytes / 1048576, 0)}</td><td>${fmt(r.gpu_util_percent, 0)}</td>` +
       `<td>${r.gpu_mem_bytes === null ? "n/a" : fmt(r.gpu_mem_bytes / 1048576, 0)}</td><td>${comm}</td>` +
+      `<td class="ckpt">${r.checkpoint_step === null ? "" : r.checkpoint_step}</td>` +
+      `<td>${r.checkpoint_step === null ? "" : fmt(r.checkpoint_bytes / 1048576, 0)}</td>` +
+      `<td>${r.checkpoint_memory_bytes ? fmt(r.checkpoint_memory_bytes / 1048576, 0) : ""}</td>` +
       `<td class="strag">${r.straggler ? "+" + fmt(r.straggler_gap_s, 4) + " s" : r.slowdown ? "x" + fmt(r.slowdown, 2) : ""}</td>` +
       `<td>${fmt(r.age_s, 1)}</td><td class="l">${esc(sc)}</td></tr>`;
   });

@@ -398,6 +398,10 @@ bool Ingest(RankData& r, RankSample s, TimePoint now, double unix_s) {
   v.gpu_util_percent = Clean(s.gpu_util_percent, -1, 100, -1, &bad);
   if (v.gpu_util_percent < 0) v.gpu_util_percent = -1;
   v.gpu_mem_bytes = v.gpu_util_percent >= 0 ? std::min(s.gpu_mem_bytes, kMaxBytes) : 0;
+  v.has_checkpoint = s.has_checkpoint;
+  v.checkpoint_step = v.has_checkpoint ? s.checkpoint_step : 0;
+  v.checkpoint_bytes = v.has_checkpoint ? std::min(s.checkpoint_bytes, kMaxBytes) : 0;
+  v.checkpoint_memory_bytes = std::min(s.checkpoint_memory_bytes, kMaxBytes);
 
   r.rates.Add(now, static_cast<double>(v.steps), v.samples_total);
   r.seen = true;

@@ -211,6 +211,23 @@ constexpr Family kFamilies[] = {
      [](const Subject& s, Samples& out) { out.Add(s.rank->cpu_percent / 100.0); }},
     {"ddprun_rank_resident_memory_bytes", "gauge", "Resident set size of the worker.", Scope::kRank,
      [](const Subject& s, Samples& out) { out.Add(static_cast<double>(s.rank->rss_bytes)); }},
+    {"ddprun_rank_checkpoint_step", "gauge",
+     "Newest step committed to the worker's checkpoint memory (absent before its first save).",
+     Scope::kRank,
+     [](const Subject& s, Samples& out) {
+       if (s.rank->has_checkpoint) out.Add(static_cast<double>(s.rank->checkpoint_step));
+     }},
+    {"ddprun_rank_checkpoint_bytes", "gauge",
+     "Size of the worker's newest committed checkpoint (absent before its first save).",
+     Scope::kRank,
+     [](const Subject& s, Samples& out) {
+       if (s.rank->has_checkpoint) out.Add(static_cast<double>(s.rank->checkpoint_bytes));
+     }},
+    {"ddprun_rank_checkpoint_memory_bytes", "gauge",
+     "Memory the worker's checkpoint memory holds now (both slots' pages in use).", Scope::kRank,
+     [](const Subject& s, Samples& out) {
+       out.Add(static_cast<double>(s.rank->checkpoint_memory_bytes));
+     }},
     {"ddprun_rank_gpu_utilization_ratio", "gauge",
      "GPU utilisation from NVML, 0..1 (absent without a GPU).", Scope::kRank,
      [](const Subject& s, Samples& out) {

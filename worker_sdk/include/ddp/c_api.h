@@ -21,8 +21,9 @@ extern "C" {
 #endif
 
 /* 1: the first release; 2: ddp_work_test; 3: ddp_metrics_step, ddp_metrics_scalar;
- * 4: ddp_alloc_memory, ddp_free_memory; 5: ddp_checkpoint_*. */
-#define DDP_ABI_VERSION 5
+ * 4: ddp_alloc_memory, ddp_free_memory; 5: ddp_checkpoint_*;
+ * 6: ddp_checkpoint_copy_crc32c. */
+#define DDP_ABI_VERSION 6
 
 typedef enum {
   DDP_OK = 0,
@@ -175,6 +176,12 @@ ddp_status_t ddp_checkpoint_buffer(const ddp_checkpoint_t* c, size_t i, const ch
 ddp_status_t ddp_checkpoint_find(const ddp_checkpoint_t* c, const char* name, const void** data,
                                  size_t* size);
 void ddp_checkpoint_free(ddp_checkpoint_t* c);
+/* Copies n bytes from src to dst (not overlapping; dst NULL: no copy) and
+ * returns the CRC-32C of src's bytes continued from crc (0 to start), reading
+ * them once, with up to 4 threads for large copies: the checksum of
+ * checkpoint memory (docs/checkpoint.md, "Format"), through which Python's
+ * ddprun.checkpoint saves and loads. */
+uint32_t ddp_checkpoint_copy_crc32c(void* dst, const void* src, size_t n, uint32_t crc);
 
 #ifdef __cplusplus
 }

@@ -16,8 +16,10 @@ on the device they were saved from, with their dtype and shape. The format
 is this module's own (a JSON tree of key paths, dtypes, shapes and offsets,
 then the raw bytes), never pickle.
 
-Pure Python: PyTorch and numpy are imported only when the state holds
-their objects. Not thread-safe: call it from one thread of the worker.
+Python with ctypes: PyTorch and numpy are imported only when the state
+holds their objects; the bytes are copied and checksummed in one pass by
+libddprun_worker_sdk.so when it is found (else memmove and zlib.crc32).
+Not thread-safe: call it from one thread of the worker.
 """
 import collections
 import ctypes
@@ -34,13 +36,15 @@ __all__ = ["save", "load", "wait", "load_dir", "Error", "UnsupportedError"]
 
 # The layout (rendezvous/common/include/ddprun/rendezvous/common/checkpoint_layout.h).
 _MAGIC = b"DDPCKPT1"
-_VERSION = 1
+_VERSION = 2
 _HEADER_BYTES = 4096
 _CAPACITY_OFFSET = 16
 _LIMIT_OFFSET = 24
 _RECORDS_OFFSET = 64
 _RECORD_BYTES = 64
-_RECORD = struct.Struct("<IIQqQii")  # state, crc32, generation, step, size, rank, world size
+# state, checksum, generation, step, size, rank, world size, checksum kind
+_RECORD = struct.Struct("<IIQqQiiI")
+_CRC32, _CRC32C = 0, 1  # checksum kinds: zlib's CRC-32 (without the SDK library), CRC-32C
 _EMPTY, _WRITING, _COMMITTED = 0, 1, 2
 _ALIGN = 64
 _FORMAT = 1  # of the snapshot bytes: u64 tree length, the JSON tree, the data
@@ -48,6 +52,43 @@ _FORMAT = 1  # of the snapshot bytes: u64 tree length, the JSON tree, the data
 # Test hook (docs/checkpoint.md): "RANK:STEP" kills that rank with SIGKILL
 # halfway through copying that step's snapshot, on the first attempt only.
 _DIE_IN_SAVE = "DDPRUN_CKPT_TEST_DIE_IN_SAVE"
+
+
+def _find_copier():
+    """The SDK library's ddp_checkpoint_copy_crc32c (one pass that copies and
+    checksums, CRC-32C in hardware), or None: then save and load copy with
+    ctypes.memmove and checksum with zlib.crc32, a second pass. Looked for as
+    ddprun_sdk.py looks for the library: DDPRUN_SDK_LIB, then beside this
+    package (the wheel's ddprun/lib/, the build tree's python/ and lib/, an
+    install's lib/), then the system's library path."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    names = [os.environ["DDPRUN_SDK_LIB"]] if os.environ.get("DDPRUN_SDK_LIB") else []
+    for d in (os.path.join(here, "lib"), os.path.join(here, ".."),
+              os.path.join(here, "..", "..", "lib"), os.path.join(here, "..", "..", "..")):
+        names += [os.path.join(d, "libddprun_worker_sdk.so"),
+                  os.path.join(d, "libddprun_worker_sdk.so.0")]
+    names.append("libddprun_worker_sdk.so.0")
+    for name in names:
+        if os.path.sep in name and not os.path.exists(name):
+            continue
+        try:
+            f = ctypes.CDLL(name).ddp_checkpoint_copy_crc32c
+        except (OSError, AttributeError):
+            continue  # another build's library, or one without the function
+        f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint32]
+        f.restype = ctypes.c_uint32
+        return f
+    return None
+
+
+_copier = False  # not looked for yet
+
+
+def _copy_crc32c():
+    global _copier
+    if _copier is False:
+        _copier = _find_copier()
+    return _copier
 
 
 class Error(RuntimeError):
@@ -249,25 +290,38 @@ def save(state, step):
     mm[base + 8:base + 8 + len(tree)] = tree
     die = _die_in_save_hook(step)
     half = enc.end // 2
+    copier = _copy_crc32c()
+    crc, pos = 0, base  # with the copier: the CRC-32C of [base, pos), built as it copies
     for off, n, source, _ in enc.blobs:
         at = base + data_start + off
+        if copier is not None:
+            crc = copier(None, mem.address + pos, at - pos, crc)  # the tree, or padding
         if isinstance(source, bytes):
             mm[at:at + n] = source
+            if copier is not None:
+                crc = copier(None, mem.address + at, n, crc)
         elif n:
-            ctypes.memmove(mem.address + at, source, n)
+            if copier is not None:
+                crc = copier(mem.address + at, source, n, crc)
+            else:
+                ctypes.memmove(mem.address + at, source, n)
+        pos = at + n
         if die and off + n >= half:
             os.kill(os.getpid(), signal.SIGKILL)
     if die:
         os.kill(os.getpid(), signal.SIGKILL)
-    view = memoryview(mm)[base:base + total]
-    try:
-        crc = zlib.crc32(view)
-    finally:
-        view.release()
+    if copier is not None:
+        crc, kind = copier(None, mem.address + pos, base + total - pos, crc), _CRC32C
+    else:
+        view = memoryview(mm)[base:base + total]
+        try:
+            crc, kind = zlib.crc32(view), _CRC32
+        finally:
+            view.release()
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rec = _RECORDS_OFFSET + slot * _RECORD_BYTES
-    _RECORD.pack_into(mm, rec, _WRITING, crc, generation, step, total, rank, world)
+    _RECORD.pack_into(mm, rec, _WRITING, crc, generation, step, total, rank, world, kind)
     mem.set_state(slot, _COMMITTED)  # the commit: last, one aligned 4-byte store
     return True
 
@@ -311,7 +365,33 @@ def _agreed_steps(local):
     return common
 
 
+def _allocate(node, copies):
+    """Puts an empty CPU array of each tensor's and array's dtype and shape
+    in node["_cpu"] and appends (offset, nbytes, its address) to copies."""
+    t = node["t"]
+    if t == "dict":
+        for _, v in node["items"]:
+            _allocate(v, copies)
+    elif t in ("list", "tuple"):
+        for v in node["v"]:
+            _allocate(v, copies)
+    elif t == "torch":
+        import torch
+        x = torch.empty(node["shape"], dtype=getattr(torch, node["dtype"]))
+        node["_cpu"] = x
+        if node.get("n", 0):
+            copies.append((node["off"], node["n"], x.data_ptr()))
+    elif t == "numpy":
+        import numpy as np
+        a = np.empty(node["shape"], dtype=np.dtype(node["dtype"]))
+        node["_cpu"] = a
+        if node.get("n", 0):
+            copies.append((node["off"], node["n"], a.ctypes.data))
+
+
 def _decode(node, mem, base):
+    """The Python object of a tree node whose arrays _allocate made and
+    whose bytes were copied into them (bytes objects are read from mem)."""
     t = node["t"]
     if t == "v":
         return node["v"]
@@ -324,27 +404,31 @@ def _decode(node, mem, base):
         return [_decode(v, mem, base) for v in node["v"]]
     if t == "tuple":
         return tuple(_decode(v, mem, base) for v in node["v"])
-    at, n = base + node.get("off", 0), node.get("n", 0)
     if t in ("bytes", "bytearray"):
+        at, n = base + node.get("off", 0), node.get("n", 0)
         b = mem.mm[at:at + n]
         return bytes(b) if t == "bytes" else bytearray(b)  # bytes(bytes) does not copy
     if t == "torch":
-        import torch
-        x = torch.empty(node["shape"], dtype=getattr(torch, node["dtype"]))
-        if n:
-            ctypes.memmove(x.data_ptr(), mem.address + at, n)
+        x = node.pop("_cpu")
         if node["device"] != "cpu":
             x = x.to(node["device"])
         if node.get("parameter"):
+            import torch
             return torch.nn.Parameter(x, requires_grad=bool(node.get("requires_grad")))
         return x.requires_grad_(True) if node.get("requires_grad") else x
     if t == "numpy":
-        import numpy as np
-        a = np.empty(node["shape"], dtype=np.dtype(node["dtype"]))
-        if n:
-            ctypes.memmove(a.ctypes.data, mem.address + at, n)
+        a = node.pop("_cpu")
         return a[()] if node.get("scalar") else a
     raise Error("ddprun.checkpoint.load: unknown entry type %r in the snapshot" % t)
+
+
+def _restore(tree, mem, base):
+    """The state of a tree over data at mem.address + base, copied by memmove."""
+    copies = []
+    _allocate(tree, copies)
+    for off, n, dst in copies:
+        ctypes.memmove(dst, mem.address + base + off, n)
+    return _decode(tree, mem, base)
 
 
 def load():
@@ -366,20 +450,52 @@ def load():
         raise Error("ddprun.checkpoint.load: the snapshot of step %d is no longer in this worker's "
                     "memory (saved over since the worker started); call load() before save()" % step)
     _, slot, rec = max(found)
-    base, size = mem.data_offset(slot), rec[4]
-    view = memoryview(mem.mm)[base:base + size]
-    try:
-        crc = zlib.crc32(view)
-    finally:
-        view.release()
+    base, size, kind = mem.data_offset(slot), rec[4], rec[7]
+    if size < 8 or size > mem.capacity:
+        raise Error("ddprun.checkpoint.load: the snapshot of step %d in memory is corrupt (its "
+                    "recorded size is wrong); something other than ddprun.checkpoint wrote to "
+                    "DDPRUN_CKPT_FD" % step)
+    tree_len = struct.unpack_from("<Q", mem.mm, base)[0]
+    data_start = (8 + tree_len + _ALIGN - 1) // _ALIGN * _ALIGN
+    copier = _copy_crc32c()
+    if kind == _CRC32C and copier is not None and data_start <= size:
+        # One pass: each array's bytes are checksummed as they are copied
+        # out, the tree and padding where they are; nothing is returned
+        # unless the whole snapshot matches its record.
+        tree = json.loads(bytes(mem.mm[base + 8:base + 8 + tree_len]))
+        copies = []
+        _allocate(tree["state"], copies)
+        crc, pos = 0, base
+        for off, n, dst in sorted(copies):
+            at = base + data_start + off
+            if at < pos or at + n > base + size:
+                raise Error("ddprun.checkpoint.load: the snapshot of step %d in memory is corrupt "
+                            "(its tree places data outside it); something other than "
+                            "ddprun.checkpoint wrote to DDPRUN_CKPT_FD" % step)
+            crc = copier(None, mem.address + pos, at - pos, crc)
+            crc = copier(dst, mem.address + at, n, crc)
+            pos = at + n
+        crc = copier(None, mem.address + pos, base + size - pos, crc)
+        state = None
+    elif kind == _CRC32:
+        view = memoryview(mem.mm)[base:base + size]
+        try:
+            crc = zlib.crc32(view)
+        finally:
+            view.release()
+        tree, state = None, True
+    else:
+        raise Error("ddprun.checkpoint.load: the snapshot of step %d has checksum kind %d, which "
+                    "needs libddprun_worker_sdk.so and it was not found; set DDPRUN_SDK_LIB to it "
+                    "(the build's lib/ or the install's lib/)" % (step, kind))
     if crc != rec[1]:
         raise Error("ddprun.checkpoint.load: the snapshot of step %d in memory is corrupt (checksum "
                     "%08x, recorded %08x); something other than ddprun.checkpoint wrote to "
                     "DDPRUN_CKPT_FD" % (step, crc, rec[1]))
-    tree_len = struct.unpack_from("<Q", mem.mm, base)[0]
+    if state is None:
+        return step, _decode(tree["state"], mem, base + data_start)
     tree = json.loads(bytes(mem.mm[base + 8:base + 8 + tree_len]))
-    data_start = (8 + tree_len + _ALIGN - 1) // _ALIGN * _ALIGN
-    return step, _decode(tree["state"], mem, base + data_start)
+    return step, _restore(tree["state"], mem, base + data_start)
 
 
 # ------------------------------------------------------------------ --ckpt_dir
@@ -388,7 +504,7 @@ _MANIFEST_FORMAT = "ddprun-checkpoint-1"
 
 
 class _FileView:
-    """A persisted file's bytes with the address _decode copies from."""
+    """A persisted file's bytes with the address _restore copies from."""
 
     def __init__(self, data):
         self.mm = bytearray(data)
@@ -475,4 +591,4 @@ def load_dir(path, rank=None, map_location=None):
                 node["device"] = str(map_location)
 
     place(tree["state"])
-    return step, _decode(tree["state"], _FileView(data), 8 + n)
+    return step, _restore(tree["state"], _FileView(data), 8 + n)

@@ -37,8 +37,9 @@ struct CommittedSnapshot {
   int rank = 0;        // RANK of the worker that saved it
   int world_size = 0;  // WORLD_SIZE then
   int slot = 0;
-  std::uint32_t crc = 0;         // CRC-32 of the snapshot bytes
-  std::uint64_t generation = 0;  // higher is newer
+  std::uint32_t crc = 0;            // checksum of the snapshot bytes, of checksum_kind
+  std::uint32_t checksum_kind = 1;  // checkpoint_layout::ChecksumKind
+  std::uint64_t generation = 0;     // higher is newer
 };
 
 class CheckpointMemory {
@@ -75,7 +76,7 @@ class CheckpointMemory {
 
   // The bytes of a committed snapshot `s` (as Committed gave it) of a local
   // rank. kUnavailable when the worker saved over the slot meanwhile (the
-  // record changed or the CRC-32 does not match): try again later.
+  // record changed or the checksum does not match): try again later.
   absl::StatusOr<std::string> ReadCommitted(int local_rank, const CommittedSnapshot& s) const;
   // Writes `bytes` (a snapshot in format 1) into slot 0 of a local rank's
   // memory as committed step `step` of RANK `rank` in a job of `world_size`
@@ -86,6 +87,9 @@ class CheckpointMemory {
                     const std::string& bytes);
   // Empties both slots' records of a local rank: nothing loadable.
   void Clear(int local_rank);
+  // The bytes of memory a local rank's checkpoint memory holds now (its
+  // pages in use, as fstat counts them); 0 before Ensure.
+  std::uint64_t MemoryBytes(int local_rank) const;
 
  private:
   std::uint64_t limit_;     // --ckpt_shm_limit

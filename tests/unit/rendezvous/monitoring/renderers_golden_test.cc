@@ -103,6 +103,13 @@ MetricsReport TrainReport(Daemon& d, int n, std::int64_t steps, std::int64_t pre
     }
     s.cpu_percent = 95 + s.rank;
     s.rss_bytes = (1ull << 30) + static_cast<std::uint64_t>(s.rank);
+    // Rank 3 has checkpoint memory but has not saved yet (no step, no bytes).
+    s.has_checkpoint = s.rank != 3;
+    if (s.has_checkpoint) {
+      s.checkpoint_step = s.steps - s.steps % 5;
+      s.checkpoint_bytes = (1ull << 20) + static_cast<std::uint64_t>(s.rank);
+    }
+    s.checkpoint_memory_bytes = s.rank == 3 ? 4096 : (2ull << 20) + 4096;
     r.ranks.push_back(s);
   }
   if (n == 0) r.events.push_back("worker 1 \"started\"");

@@ -2,7 +2,8 @@
 // the contract between the agent, which creates it and reads its commit
 // records, and the worker side (worker_sdk/python/ddprun/checkpoint.py),
 // and the SDK's C++ and C API (worker_sdk/src/checkpoint.cc), which write
-// it. Version 1; every integer little-endian.
+// it. Version 2 (1 had no checksum kind: every record was zlib's CRC-32);
+// every integer little-endian.
 //
 //   [0, 4096)                        header: magic, version, slot capacity,
 //                                    two slot records
@@ -20,7 +21,7 @@
 namespace ddprun::checkpoint_layout {
 
 inline constexpr char kMagic[8] = {'D', 'D', 'P', 'C', 'K', 'P', 'T', '1'};
-inline constexpr std::uint32_t kVersion = 1;
+inline constexpr std::uint32_t kVersion = 2;
 inline constexpr std::uint64_t kHeaderBytes = 4096;
 inline constexpr int kSlots = 2;
 
@@ -33,13 +34,18 @@ inline constexpr std::uint64_t kSlotRecordsOffset = 64;  // kSlots records
 inline constexpr std::uint64_t kSlotRecordBytes = 64;
 
 // One slot record (offsets inside it).
-inline constexpr std::uint64_t kStateOffset = 0;       // u32: a SlotState
-inline constexpr std::uint64_t kCrcOffset = 4;         // u32: zlib crc32 of the bytes
-inline constexpr std::uint64_t kGenerationOffset = 8;  // u64: newer saves are higher
-inline constexpr std::uint64_t kStepOffset = 16;       // i64: the step given to save
-inline constexpr std::uint64_t kSizeOffset = 24;       // u64: bytes in the slot
-inline constexpr std::uint64_t kRankOffset = 32;       // i32: the saver's RANK
-inline constexpr std::uint64_t kWorldSizeOffset = 36;  // i32: the saver's WORLD_SIZE
+inline constexpr std::uint64_t kStateOffset = 0;          // u32: a SlotState
+inline constexpr std::uint64_t kCrcOffset = 4;            // u32: checksum of the bytes
+inline constexpr std::uint64_t kGenerationOffset = 8;     // u64: newer saves are higher
+inline constexpr std::uint64_t kStepOffset = 16;          // i64: the step given to save
+inline constexpr std::uint64_t kSizeOffset = 24;          // u64: bytes in the slot
+inline constexpr std::uint64_t kRankOffset = 32;          // i32: the saver's RANK
+inline constexpr std::uint64_t kWorldSizeOffset = 36;     // i32: the saver's WORLD_SIZE
+inline constexpr std::uint64_t kChecksumKindOffset = 40;  // u32: a ChecksumKind
+
+// What a record's checksum is. Writers use CRC-32C (checkpoint_checksum.h)
+// where they have it; Python without the SDK library writes zlib's.
+enum ChecksumKind : std::uint32_t { kChecksumCrc32 = 0, kChecksumCrc32c = 1 };
 
 enum SlotState : std::uint32_t { kSlotEmpty = 0, kSlotWriting = 1, kSlotCommitted = 2 };
 

@@ -120,6 +120,12 @@ struct RankView {
   std::uint64_t rss_bytes = 0;
   double gpu_util_percent = -1;
   std::uint64_t gpu_mem_bytes = 0;
+  // Checkpoints in the agent's memory (RankSample): the newest committed
+  // step and its bytes when has_checkpoint; the memory held in any case.
+  bool has_checkpoint = false;
+  std::int64_t checkpoint_step = 0;
+  std::uint64_t checkpoint_bytes = 0;
+  std::uint64_t checkpoint_memory_bytes = 0;
   bool straggler = false;
   double straggler_gap_s = 0;  // median step time minus the fastest rank's (DeepSpeed)
   double slowdown = 0;         // median step time / the fastest rank's (0: unknown)

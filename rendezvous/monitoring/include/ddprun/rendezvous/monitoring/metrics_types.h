@@ -44,6 +44,12 @@ struct RankSample {
   // The worker has a connection to its round's store: it reached
   // init_process_group (sticky for the round).
   bool reached_store = false;
+  // The worker's checkpoint memory (RankSample in ddprun.proto): the newest
+  // committed step and its bytes (when has_checkpoint), the memory held.
+  bool has_checkpoint = false;
+  std::int64_t checkpoint_step = 0;
+  std::uint64_t checkpoint_bytes = 0;
+  std::uint64_t checkpoint_memory_bytes = 0;
 };
 
 struct StackDump {
