@@ -16,7 +16,6 @@
 #include "ddprun/rendezvous/common/checkpoint_checksum.h"
 #include "ddprun/rendezvous/common/checkpoint_layout.h"
 #include "ddprun/rendezvous/common/worker_env_names.h"
-#include "zlib.h"
 
 namespace ddprun::agent {
 namespace {
@@ -190,10 +189,7 @@ absl::StatusOr<std::string> CheckpointMemory::ReadCommitted(int local_rank,
       Load<std::uint32_t>(rec + layout::kStateOffset) == layout::kSlotCommitted &&
       Load<std::uint64_t>(rec + layout::kGenerationOffset) == s.generation;
   const std::uint32_t crc =
-      s.checksum_kind == layout::kChecksumCrc32
-          ? static_cast<std::uint32_t>(
-                ::crc32_z(0, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size()))
-          : checkpoint_checksum::Crc32c(0, bytes.data(), bytes.size());
+      checkpoint_checksum::SnapshotChecksum(s.checksum_kind, bytes.data(), bytes.size());
   if (!same || crc != s.crc) {
     return absl::UnavailableError(absl::StrCat("the snapshot of step ", s.step, " of local rank ",
                                                local_rank, " was saved over while read"));

@@ -3,19 +3,26 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "ddprun/rendezvous/common/checkpoint_checksum.h"
+#include "ddprun/rendezvous/common/checkpoint_layout.h"
 
 namespace ddprun::agent {
 
 HeldReplica::HeldReplica(replica::Seat seat, std::int64_t step, std::vector<std::uint64_t> sizes,
-                         std::vector<std::uint32_t> crcs)
-    : seat_(seat), step_(step), sizes_(std::move(sizes)), crcs_(std::move(crcs)) {}
+                         std::vector<std::uint32_t> crcs, std::vector<std::uint32_t> kinds)
+    : seat_(seat),
+      step_(step),
+      sizes_(std::move(sizes)),
+      crcs_(std::move(crcs)),
+      kinds_(std::move(kinds)) {
+  kinds_.resize(sizes_.size(), checkpoint_layout::kChecksumCrc32);
+}
 
 HeldReplica::~HeldReplica() {
   for (std::size_t j = 0; j < maps_.size(); ++j) {
@@ -54,18 +61,18 @@ absl::StatusOr<std::string> HeldReplica::Read(int j) const {
   const auto i = static_cast<std::size_t>(j);
   std::string bytes(sizes_[i], '\0');
   if (sizes_[i] > 0) std::memcpy(bytes.data(), maps_[i], sizes_[i]);
-  const auto crc = static_cast<std::uint32_t>(
-      ::crc32_z(0, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size()));
+  const std::uint32_t crc =
+      checkpoint_checksum::SnapshotChecksum(kinds_[i], bytes.data(), bytes.size());
   if (crc != crcs_[i]) {
     return absl::DataLossError(
-        absl::StrFormat("the replica of step %d of rank %d has CRC-32 %08x, its record says %08x",
+        absl::StrFormat("the replica of step %d of rank %d has checksum %08x, its record says %08x",
                         step_, seat_.base_rank + j, crc, crcs_[i]));
   }
   return bytes;
 }
 
 absl::StatusOr<std::shared_ptr<HeldReplica>> ReplicaStore::Begin(const replica::Header& put) {
-  auto r = std::make_shared<HeldReplica>(put.seat, put.step, put.sizes, put.crcs);
+  auto r = std::make_shared<HeldReplica>(put.seat, put.step, put.sizes, put.crcs, put.kinds);
   if (absl::Status st = r->Allocate(); !st.ok()) return st;
   return r;
 }

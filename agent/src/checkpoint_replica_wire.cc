@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "ddprun/rendezvous/common/checkpoint_layout.h"
 
 namespace ddprun::agent::replica {
 namespace {
@@ -71,6 +72,7 @@ std::string EncodeRequest(const Header& h) {
     for (std::size_t j = 0; j < h.sizes.size(); ++j) {
       Put<std::uint64_t>(&body, h.sizes[j]);
       Put<std::uint32_t>(&body, j < h.crcs.size() ? h.crcs[j] : 0);
+      Put<std::uint32_t>(&body, j < h.kinds.size() ? h.kinds[j] : 0);
     }
   }
   std::string out(kMagic, sizeof kMagic);
@@ -115,9 +117,13 @@ absl::StatusOr<Header> ParseHeader(Op op, std::string_view body, std::uint64_t l
   if (op == Op::kPut) {
     for (int j = 0; j < local; ++j) {
       std::uint64_t size = 0;
-      std::uint32_t crc = 0;
-      if (!r.Get(&size) || !r.Get(&crc)) {
+      std::uint32_t crc = 0, kind = 0;
+      if (!r.Get(&size) || !r.Get(&crc) || !r.Get(&kind)) {
         return absl::InvalidArgumentError("a replica header that does not parse");
+      }
+      if (kind != checkpoint_layout::kChecksumCrc32 && kind != checkpoint_layout::kChecksumCrc32c) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("a replica header with an unknown checksum kind ", kind));
       }
       if (size > limit_bytes) {
         return absl::ResourceExhaustedError(absl::StrCat(
@@ -127,6 +133,7 @@ absl::StatusOr<Header> ParseHeader(Op op, std::string_view body, std::uint64_t l
       }
       h.sizes.push_back(size);
       h.crcs.push_back(crc);
+      h.kinds.push_back(kind);
     }
   }
   if (!r.done()) return absl::InvalidArgumentError("a replica header with trailing bytes");

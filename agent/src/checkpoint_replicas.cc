@@ -5,13 +5,13 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <cstring>
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "ddprun/rendezvous/common/checkpoint_checksum.h"
 #include "ddprun/rendezvous/common/checkpoint_layout.h"
 #include "ddprun/rendezvous/common/debug_log.h"
 #include "ddprun/rendezvous/common/errors.h"
@@ -295,6 +295,7 @@ void ReplicaService::Serve(int fd, std::string peer, std::uint64_t id) {
   put.step = held->step();
   put.sizes = held->sizes();
   put.crcs = held->crcs();
+  put.kinds = held->kinds();
   absl::Status st =
       net::SendAll(fd, replica::EncodeReply(true, "") + replica::EncodeRequest(put), deadline);
   for (int j = 0; st.ok() && j < put.seat.local_ranks; ++j) {
@@ -373,12 +374,12 @@ absl::StatusOr<FetchedReplica> ReplicaService::Fetch(const std::string& endpoint
         !st.ok()) {
       return st;
     }
-    const auto crc = static_cast<std::uint32_t>(
-        ::crc32_z(0, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size()));
+    const std::uint32_t crc =
+        checkpoint_checksum::SnapshotChecksum(h->kinds[i], bytes.data(), bytes.size());
     if (crc != h->crcs[i]) {
       return absl::DataLossError(absl::StrCat("the replica of step ", h->step, " of rank ",
                                               seat.base_rank + j, " from ", endpoint,
-                                              " does not match its CRC-32"));
+                                              " does not match its checksum"));
     }
     out.bytes.push_back(std::move(bytes));
   }
@@ -463,6 +464,7 @@ void ReplicaService::SendNewest() {
   for (const CommittedSnapshot& s : pick) {
     h.sizes.push_back(s.size);
     h.crcs.push_back(s.crc);
+    h.kinds.push_back(s.checksum_kind);
   }
   const auto deadline = Clock::now() + kIoTimeout;
   auto fd = Dial(successor, deadline);

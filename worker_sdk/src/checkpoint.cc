@@ -12,7 +12,6 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <atomic>
@@ -77,20 +76,6 @@ std::string SizeText(std::uint64_t n) {
 
 std::uint64_t AlignUp(std::uint64_t n) {
   return (n + layout::kDataAlign - 1) / layout::kDataAlign * layout::kDataAlign;
-}
-
-// The checksum of a record's kind over n bytes (zlib's CRC-32 for records
-// that Python wrote without this library).
-std::uint32_t Checksum(std::uint32_t kind, const unsigned char* p, std::uint64_t n) {
-  if (kind != layout::kChecksumCrc32) return checkpoint_checksum::Crc32c(0, p, n);
-  uLong crc = crc32(0L, Z_NULL, 0);
-  while (n > 0) {
-    const uInt chunk = static_cast<uInt>(std::min<std::uint64_t>(n, 1u << 30));
-    crc = crc32(crc, p, chunk);
-    p += chunk;
-    n -= chunk;
-  }
-  return static_cast<std::uint32_t>(crc);
 }
 
 // One slot record, as checkpoint_layout.h places it.
@@ -478,7 +463,8 @@ std::optional<Snapshot> Load() {
   }
   const unsigned char* base = mem.slot_data(slot);
   if (rec.size < 8 || rec.size > mem.capacity()) Corrupt(step, "its recorded size is wrong");
-  const std::uint32_t crc = Checksum(rec.checksum_kind, base, rec.size);
+  const std::uint32_t crc =
+      checkpoint_checksum::SnapshotChecksum(rec.checksum_kind, base, rec.size);
   if (crc != rec.crc) {
     char text[96];
     std::snprintf(text, sizeof text, "(checksum %08x, recorded %08x)", crc, rec.crc);

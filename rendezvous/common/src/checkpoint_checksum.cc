@@ -7,6 +7,7 @@
 #include "ddprun/rendezvous/common/checkpoint_checksum.h"
 
 #include <sched.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <array>
@@ -14,6 +15,8 @@
 #include <system_error>
 #include <thread>
 #include <vector>
+
+#include "ddprun/rendezvous/common/checkpoint_layout.h"
 
 #if defined(__x86_64__)
 #include <nmmintrin.h>
@@ -190,6 +193,11 @@ int DefaultCopyThreads() {
   CPU_ZERO(&set);
   int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
   return std::clamp(cpus, 1, 4);
+}
+
+std::uint32_t SnapshotChecksum(std::uint32_t kind, const void* p, std::size_t n) {
+  if (kind != checkpoint_layout::kChecksumCrc32) return Crc32c(0, p, n);
+  return static_cast<std::uint32_t>(::crc32_z(0, static_cast<const Bytef*>(p), n));
 }
 
 }  // namespace ddprun::checkpoint_checksum

@@ -12,6 +12,8 @@
 
 #include "ddprun/agent/checkpoint_replica_store.h"
 #include "ddprun/agent/checkpoint_replica_wire.h"
+#include "ddprun/rendezvous/common/checkpoint_checksum.h"
+#include "ddprun/rendezvous/common/checkpoint_layout.h"
 
 namespace ddprun::agent {
 namespace {
@@ -30,6 +32,7 @@ Header PutHeader(std::int64_t step = 7, std::uint64_t size = 100) {
   h.step = step;
   h.sizes = {size, size + 1};
   h.crcs = {11, 22};
+  h.kinds = {1, 0};
   return h;
 }
 
@@ -58,7 +61,14 @@ TEST_CASE("replica wire: a put and a get round-trip", "[unit][replica]") {
   CHECK(h->step == 7);
   CHECK(h->sizes == std::vector<std::uint64_t>{100, 101});
   CHECK(h->crcs == std::vector<std::uint32_t>{11, 22});
+  CHECK(h->kinds == std::vector<std::uint32_t>{1, 0});
   CHECK(h->data_bytes() == 201);
+
+  Header unknown_kind = PutHeader();
+  unknown_kind.kinds = {1, 7};
+  auto u = RoundTrip(replica::EncodeRequest(unknown_kind), 1 << 20);
+  REQUIRE_FALSE(u.ok());
+  CHECK_THAT(std::string(u.status().message()), Catch::Contains("unknown checksum kind 7"));
 
   Header get = PutHeader();
   get.op = Op::kGet;
@@ -137,9 +147,14 @@ std::shared_ptr<HeldReplica> Filled(ReplicaStore& store, Seat seat, std::int64_t
   h.seat = seat;
   h.sizes.clear();
   h.crcs.clear();
+  h.kinds.clear();
+  // Rank 0's checksum is CRC-32C (what the SDK library and the agent's
+  // seed write), the others' zlib's CRC-32 (Python without the library).
   for (const std::string& b : bytes) {
     h.sizes.push_back(b.size());
-    h.crcs.push_back(Crc(b));
+    const bool c = h.kinds.empty();
+    h.kinds.push_back(c ? checkpoint_layout::kChecksumCrc32c : checkpoint_layout::kChecksumCrc32);
+    h.crcs.push_back(c ? checkpoint_checksum::Crc32c(0, b.data(), b.size()) : Crc(b));
   }
   auto r = store.Begin(h);
   REQUIRE(r.ok());
@@ -179,17 +194,19 @@ TEST_CASE("replica store: complete replicas only, the newest step per seat", "[u
   CHECK(store.Find(Seat{0, 1, 1})->Read(0)->empty());
 }
 
-TEST_CASE("replica store: a byte changed after receipt fails its CRC-32 by rank",
+TEST_CASE("replica store: a byte changed after receipt fails its checksum by rank, either kind",
           "[unit][replica]") {
   ReplicaStore store;
   auto r = Filled(store, Seat{2, 2, 4}, 9, {"abcdef", "ghijkl"});
-  r->data(1)[2] ^= 1;
+  const int rank = GENERATE(0, 1);  // rank 0's checksum is CRC-32C, rank 1's CRC-32
+  r->data(rank)[2] ^= 1;
   store.Commit(r);
-  auto bad = store.Find(Seat{2, 2, 4})->Read(1);
+  auto bad = store.Find(Seat{2, 2, 4})->Read(rank);
   REQUIRE(absl::IsDataLoss(bad.status()));
-  CHECK(std::string(bad.status().message()).find("step 9 of rank 3 has CRC-32") !=
+  CHECK(std::string(bad.status().message())
+            .find("step 9 of rank " + std::to_string(2 + rank) + " has checksum") !=
         std::string::npos);
-  CHECK(store.Find(Seat{2, 2, 4})->Read(0).ok());
+  CHECK(store.Find(Seat{2, 2, 4})->Read(1 - rank).ok());
 }
 
 }  // namespace

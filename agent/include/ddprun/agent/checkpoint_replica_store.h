@@ -27,7 +27,7 @@ namespace ddprun::agent {
 class HeldReplica {
  public:
   HeldReplica(replica::Seat seat, std::int64_t step, std::vector<std::uint64_t> sizes,
-              std::vector<std::uint32_t> crcs);
+              std::vector<std::uint32_t> crcs, std::vector<std::uint32_t> kinds);
   ~HeldReplica();
   HeldReplica(const HeldReplica&) = delete;
   HeldReplica& operator=(const HeldReplica&) = delete;
@@ -39,6 +39,7 @@ class HeldReplica {
   std::int64_t step() const { return step_; }
   const std::vector<std::uint64_t>& sizes() const { return sizes_; }
   const std::vector<std::uint32_t>& crcs() const { return crcs_; }
+  const std::vector<std::uint32_t>& kinds() const { return kinds_; }
   // Local rank j's bytes (Allocate first); writable only before Commit.
   char* data(int j) const { return maps_[static_cast<std::size_t>(j)]; }
   // Local rank j's bytes, checked against their CRC-32: DataLoss names the
@@ -50,6 +51,7 @@ class HeldReplica {
   std::int64_t step_;
   std::vector<std::uint64_t> sizes_;
   std::vector<std::uint32_t> crcs_;
+  std::vector<std::uint32_t> kinds_;
   std::vector<int> fds_;
   std::vector<char*> maps_;
 };

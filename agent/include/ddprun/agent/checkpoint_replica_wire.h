@@ -4,10 +4,10 @@
 //
 // A request is a 16-byte prefix, a header, then (kPut) the data:
 //
-//   prefix   magic "DDPREPL1", u32 op (1 put, 2 get), u32 header length
+//   prefix   magic "DDPREPL2", u32 op (1 put, 2 get), u32 header length
 //   header   u32 n + job id, u32 n + token, i64 round,
 //            i32 base rank, i32 local ranks, i32 world size, i64 step,
-//            local ranks x (u64 size, u32 crc32)
+//            local ranks x (u64 size, u32 checksum, u32 its kind)
 //   data     the snapshots of the local ranks, back to back (kPut only)
 //
 // A reply is u32 status (0 ok, 1 refused), u32 n + a message (one line);
@@ -25,7 +25,7 @@
 
 namespace ddprun::agent::replica {
 
-inline constexpr char kMagic[8] = {'D', 'D', 'P', 'R', 'E', 'P', 'L', '1'};
+inline constexpr char kMagic[8] = {'D', 'D', 'P', 'R', 'E', 'P', 'L', '2'};
 inline constexpr std::size_t kPrefixBytes = 16;
 // Bounds on what a peer may claim before anything is allocated.
 inline constexpr std::uint32_t kMaxHeaderBytes = 64 * 1024;
@@ -52,7 +52,8 @@ struct Header {
   Seat seat;
   std::int64_t step = 0;             // kPut: the snapshots' step; kGet: 0
   std::vector<std::uint64_t> sizes;  // kPut: one per local rank
-  std::vector<std::uint32_t> crcs;   // kPut: CRC-32 of each, as its commit record says
+  std::vector<std::uint32_t> crcs;   // kPut: the checksum of each, as its commit record says
+  std::vector<std::uint32_t> kinds;  // kPut: its kind (checkpoint_layout::ChecksumKind)
   std::uint64_t data_bytes() const;
 };
 

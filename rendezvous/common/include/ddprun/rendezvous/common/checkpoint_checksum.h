@@ -26,6 +26,13 @@ std::uint32_t CopyCrc32c(std::uint32_t crc, void* dst, const void* src, std::siz
 // b's length.
 std::uint32_t Crc32cCombine(std::uint32_t crc_a, std::uint32_t crc_b, std::size_t len_b);
 
+// The checksum of `n` bytes of a snapshot as a commit record of `kind`
+// (checkpoint_layout::ChecksumKind) states it: zlib's CRC-32 for
+// kChecksumCrc32 (records Python wrote without the SDK library), CRC-32C for
+// every other kind. The one place both kinds are computed: the agent, its
+// replicas and the C++ SDK verify through it.
+std::uint32_t SnapshotChecksum(std::uint32_t kind, const void* p, std::size_t n);
+
 // The default of CopyCrc32c's `threads` for a worker: min(4, the CPUs this
 // process may run on).
 int DefaultCopyThreads();
