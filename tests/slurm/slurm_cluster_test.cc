@@ -302,11 +302,19 @@ TEST_CASE(
   const std::string text = JobOutput(c, job);
   INFO("job output:\n" << text);
   CHECK(state == "NODE_FAIL");
-  CHECK(c.JobField(job, "ExitCode") == "3:0");
   CHECK(text.find("rendezvous timed out after 10 s with 1 of 2 required nodes") !=
         std::string::npos);
+  // ddprun's exit code 3 reaches Slurm: srun reports it for the task.
   CHECK(text.find("srun: error: n1: task 0: Exited with exit code 3") != std::string::npos);
-  CHECK(text.find("srun-exit=3") != std::string::npos);
+  // srun itself returns only once slurmctld declares the dead node failed,
+  // and that same moment cancels the job (NODE_FAIL), batch script included:
+  // the script that prints srun's status and ends with it races the cancel.
+  // When the script wins, the job's ExitCode is 3:0; when the cancel wins,
+  // 0:15 (SIGTERM) and the 3 is in the task's line above (docs/schedulers.md).
+  const std::string exit_code = c.JobField(job, "ExitCode");
+  INFO("ExitCode=" << exit_code);
+  CHECK((exit_code == "3:0" || exit_code == "0:15"));
+  if (exit_code == "3:0") CHECK(text.find("srun-exit=3") != std::string::npos);
   const std::vector<MarkedProc> left = Marked(mark);
   INFO("left after the job ended:\n" << Describe(left));
   CHECK(left.empty());
