@@ -1,8 +1,9 @@
 # ddprun's front door.
 #   make        configure and build into build/ (executables in build/bin/)
 #   make test   install missing Debian packages, build, run every test tier
-#   make demo   install only the build packages, build only ddprun and ddprund
-#               (no tests, no benchmarks; in DEMO_BUILD_DIR), run a 4-worker job
+#   make demo   install only the build packages, build only ddprun (no tests, no
+#               benchmarks, no gRPC module; in DEMO_BUILD_DIR), run a 4-worker job
+#   make product  ddprun, ddprund, the gRPC module and the SDK (DEMO_BUILD_DIR)
 #   make wheel  dist/ddprun-<version>-py3-none-<platform>.whl (docs/install.md)
 #   make deb    dist/ddprun_<version>_amd64.deb with CPack (docs/install.md)
 # Knobs: BUILD_DIR, BUILD_TYPE, JOBS (default 2: the build machines are small),
@@ -11,11 +12,11 @@ BUILD_DIR ?= build
 BUILD_TYPE ?= RelWithDebInfo
 JOBS ?= 2
 CTEST_ARGS ?=
-# The product alone: what make demo, make wheel and make deb build.
+# The product alone: what make product, make wheel and make deb build (make demo: ddprun only).
 DEMO_BUILD_DIR ?= build-demo
-PRODUCT_TARGETS = ddprun ddprund ddprun_grpc ddprun_worker_sdk
+PRODUCT_TARGETS = ddprun ddprund ddprun_grpc ddprun_worker_sdk ddprun-bench-worker
 
-.PHONY: all build configure deps deps-build product test test-unit demo wheel deb clean
+.PHONY: all build configure deps deps-build product demo-build test test-unit demo wheel deb clean
 
 all: build
 
@@ -39,7 +40,7 @@ deps-build:
 DEMO_BUILD_FLAGS ?= -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG"
 $(DEMO_BUILD_DIR)/CMakeCache.txt:
 	cmake -S . -B $(DEMO_BUILD_DIR) $(DEMO_BUILD_FLAGS) -DCMAKE_INSTALL_PREFIX=/usr \
-	  -DDDPRUN_BUILD_TESTS=OFF -DDDPRUN_BUILD_BENCH=OFF
+	  -DDDPRUN_BUILD_TESTS=OFF -DDDPRUN_BUILD_BENCH=OFF -DDDPRUN_LAUNCHER_COMPANIONS=OFF
 
 product: deps-build $(DEMO_BUILD_DIR)/CMakeCache.txt
 	cmake --build $(DEMO_BUILD_DIR) -j$(JOBS) --target $(PRODUCT_TARGETS)
@@ -52,7 +53,13 @@ test: deps
 test-unit: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j$(JOBS) -L unit
 
-demo: product
+# The demo's single-node job runs bin/ddprun alone: it never loads the gRPC module, and the
+# module (protobuf, gRPC), ddprund, the SDK and the bench worker are most of the product's
+# compile (README).
+demo-build: deps-build $(DEMO_BUILD_DIR)/CMakeCache.txt
+	cmake --build $(DEMO_BUILD_DIR) -j$(JOBS) --target ddprun
+
+demo: demo-build
 	$(DEMO_BUILD_DIR)/bin/ddprun --nproc_per_node=4 examples/hello.sh
 
 wheel: product
