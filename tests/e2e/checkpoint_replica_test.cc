@@ -28,6 +28,7 @@ namespace {
 
 using namespace ddprun::test;
 using ddprun::test::checkpoint::kPython;
+using ddprun::test::checkpoint::NodeFlags;
 using ddprun::test::checkpoint::TorchAvailable;
 using ddprun::test::checkpoint::WorkerEnv;
 
@@ -153,13 +154,10 @@ Proc& ReplicaNode(Harness& h, const std::string& script, int port, const std::st
   EnvList env = WorkerEnv();
   env.insert(env.end(), extra.begin(), extra.end());
   env.push_back({"REPLICA_TEST_OUT", h.MakeDir(name + "_out")});
-  return h.StartDdprun(name,
-                       {"--nnodes=" + std::to_string(nnodes), "--nproc_per_node=1",
-                        "--local_addr=127.0.0." + std::to_string(idx),
-                        "--rdzv_endpoint=127.0.0.1:" + std::to_string(port), "--rdzv_id=" + id,
-                        "--rdzv_conf=join_timeout=60", "--max_restarts=3", "--ckpt_replicas", "1",
-                        script, std::to_string(kSteps)},
-                       env);
+  std::vector<std::string> args = NodeFlags(port, id, nnodes, idx);
+  args.insert(args.end(), {"--rdzv_conf=join_timeout=60", "--max_restarts=3", "--ckpt_replicas",
+                           "1", script, std::to_string(kSteps)});
+  return h.StartDdprun(name, args, env);
 }
 
 }  // namespace
@@ -177,16 +175,7 @@ TEST_CASE(
   Proc* daemon = nullptr;
   const int port = h.StartDaemon("ddprund", &daemon);
   auto node = [&](const std::string& name, int idx, const EnvList& extra) -> Proc& {
-    EnvList env = WorkerEnv();
-    env.insert(env.end(), extra.begin(), extra.end());
-    env.push_back({"REPLICA_TEST_OUT", h.MakeDir(name + "_out")});
-    return h.StartDdprun(
-        name,
-        {"--nnodes=2", "--nproc_per_node=1", "--local_addr=127.0.0." + std::to_string(idx),
-         "--rdzv_endpoint=127.0.0.1:" + std::to_string(port), "--rdzv_id=replicas",
-         "--rdzv_conf=join_timeout=60", "--max_restarts=3", "--ckpt_replicas", "1", script,
-         std::to_string(kSteps)},
-        env);
+    return ReplicaNode(h, script, port, "replicas", 2, name, idx, extra);
   };
   // A's agent says (DDPRUN_DEBUG=agent) when it holds a replica.
   Proc& a = node("A", 1, {{"DDPRUN_DEBUG", "agent"}});

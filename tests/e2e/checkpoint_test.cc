@@ -31,6 +31,7 @@ using ddprun::test::ReadFile;
 using ddprun::test::SkipCase;
 using ddprun::test::checkpoint::kPython;
 using ddprun::test::checkpoint::kTrainScript;
+using ddprun::test::checkpoint::NodeFlags;
 using ddprun::test::checkpoint::ReadLog;
 using ddprun::test::checkpoint::TorchAvailable;
 using ddprun::test::checkpoint::WorkerEnv;
@@ -232,16 +233,13 @@ TEST_CASE("checkpoint: two nodes agree through the round's store; rank 1 killed 
   const int port = h.StartDaemon("ddprund", &daemon);
   const std::string out = h.MakeDir("two_nodes");
   const std::string script = h.Script("train.py", kTrainScript);
-  auto node = [&](const std::string& name, const std::string& addr) -> Proc& {
-    return h.StartDdprun(
-        name,
-        {"--nnodes=2", "--nproc_per_node=1", "--max_restarts=1",
-         "--rdzv_endpoint=127.0.0.1:" + std::to_string(port), "--rdzv_id=ckpt-two-nodes",
-         "--local_addr=" + addr, script, out, "8", "5"},
-        WorkerEnv());
+  auto node = [&](const std::string& name, int idx) -> Proc& {
+    std::vector<std::string> args = NodeFlags(port, "ckpt-two-nodes", 2, idx);
+    args.insert(args.end(), {"--max_restarts=1", script, out, "8", "5"});
+    return h.StartDdprun(name, args, WorkerEnv());
   };
-  Proc& a = node("a", "127.0.0.1");
-  Proc& b = node("b", "127.0.0.2");
+  Proc& a = node("a", 1);
+  Proc& b = node("b", 2);
   const int ra = h.Wait(a, 240);
   const int rb = h.Wait(b, 240);
   INFO("node a:\n" << a.Err() << "\nnode b:\n" << b.Err());
