@@ -425,8 +425,10 @@ TEST_CASE("ckpt_every: save keeps multiples of N; a restart resumes from the new
           "[e2e][checkpoint]") {
   Harness h;
   const std::string out = h.MakeDir("out");
-  // Rank 1 dies at step 5 once rank 0 has saved step 3 (a deadline loop on
-  // rank 0's log, as DDP's steps keep ranks together).
+  // Rank 1 dies at step 5 once rank 0 has saved step 4 (a deadline loop on
+  // rank 0's log, as DDP's steps keep ranks together). Rank 0's log may not
+  // exist yet when rank 1 gets there (the ranks start independently): the
+  // loop waits for the file as for the line, under the same deadline.
   const std::string script = h.Script("every.py", R"(import os, signal, sys, time
 import ddprun.checkpoint as ckpt
 rank, attempt = int(os.environ["RANK"]), os.environ["TORCHELASTIC_RESTART_COUNT"]
@@ -440,7 +442,8 @@ if resumed is not None:
 for step in range(start, 8):
     if step == 5 and rank == 1 and attempt == "0":
         deadline = time.monotonic() + 60
-        while "save 4" not in open(os.path.join(out, "rank0.attempt0.txt")).read():
+        rank0 = os.path.join(out, "rank0.attempt0.txt")
+        while not (os.path.exists(rank0) and "save 4" in open(rank0).read()):
             assert time.monotonic() < deadline, "rank 0 did not save step 4"
             time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGKILL)

@@ -8,7 +8,6 @@
 // three nodes and the middle one killed, the ranks shift and every seat is
 // restored from the replica that holds it (one of them the node's own).
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -21,6 +20,7 @@
 #include <vector>
 
 #include "e2e/checkpoint_support.h"
+#include "support/job_processes.h"
 #include "support/process_helpers.h"
 #include "support/skip.h"
 
@@ -28,6 +28,7 @@ namespace {
 
 using namespace ddprun::test;
 using ddprun::test::checkpoint::kPython;
+using ddprun::test::checkpoint::NodeFlags;
 using ddprun::test::checkpoint::TorchAvailable;
 using ddprun::test::checkpoint::WorkerEnv;
 
@@ -119,27 +120,13 @@ void SendGarbage(const std::string& host, int port, const std::string& bytes) {
   ::close(fd);
 }
 
-// The processes holding a replica's memory (memfd "ddprun-replica").
-std::set<pid_t> ReplicaHolders() {
+// The test's own processes (support/job_processes.h) holding a replica's
+// memory (memfd "ddprun-replica").
+std::set<pid_t> ReplicaHolders(const Harness& h) {
   std::set<pid_t> holders;
-  DIR* proc = ::opendir("/proc");
-  if (proc == nullptr) return holders;
-  while (dirent* p = ::readdir(proc)) {
-    const int pid = std::atoi(p->d_name);
-    if (pid <= 0) continue;
-    const std::string fd_dir = std::string("/proc/") + p->d_name + "/fd";
-    DIR* fds = ::opendir(fd_dir.c_str());
-    if (fds == nullptr) continue;
-    while (dirent* f = ::readdir(fds)) {
-      char target[256] = {};
-      const ssize_t n = ::readlink((fd_dir + "/" + f->d_name).c_str(), target, sizeof target - 1);
-      if (n > 0 && std::string(target, n).find("memfd:ddprun-replica") != std::string::npos) {
-        holders.insert(pid);
-      }
-    }
-    ::closedir(fds);
+  for (const auto& [pid, targets] : DescriptorHoldersNaming(h.dir(), "memfd:ddprun-replica")) {
+    holders.insert(pid);
   }
-  ::closedir(proc);
   return holders;
 }
 
@@ -167,13 +154,10 @@ Proc& ReplicaNode(Harness& h, const std::string& script, int port, const std::st
   EnvList env = WorkerEnv();
   env.insert(env.end(), extra.begin(), extra.end());
   env.push_back({"REPLICA_TEST_OUT", h.MakeDir(name + "_out")});
-  return h.StartDdprun(name,
-                       {"--nnodes=" + std::to_string(nnodes), "--nproc_per_node=1",
-                        "--local_addr=127.0.0." + std::to_string(idx),
-                        "--rdzv_endpoint=127.0.0.1:" + std::to_string(port), "--rdzv_id=" + id,
-                        "--rdzv_conf=join_timeout=60", "--max_restarts=3", "--ckpt_replicas", "1",
-                        script, std::to_string(kSteps)},
-                       env);
+  std::vector<std::string> args = NodeFlags(port, id, nnodes, idx);
+  args.insert(args.end(), {"--rdzv_conf=join_timeout=60", "--max_restarts=3", "--ckpt_replicas",
+                           "1", script, std::to_string(kSteps)});
+  return h.StartDdprun(name, args, env);
 }
 
 }  // namespace
@@ -191,16 +175,7 @@ TEST_CASE(
   Proc* daemon = nullptr;
   const int port = h.StartDaemon("ddprund", &daemon);
   auto node = [&](const std::string& name, int idx, const EnvList& extra) -> Proc& {
-    EnvList env = WorkerEnv();
-    env.insert(env.end(), extra.begin(), extra.end());
-    env.push_back({"REPLICA_TEST_OUT", h.MakeDir(name + "_out")});
-    return h.StartDdprun(
-        name,
-        {"--nnodes=2", "--nproc_per_node=1", "--local_addr=127.0.0." + std::to_string(idx),
-         "--rdzv_endpoint=127.0.0.1:" + std::to_string(port), "--rdzv_id=replicas",
-         "--rdzv_conf=join_timeout=60", "--max_restarts=3", "--ckpt_replicas", "1", script,
-         std::to_string(kSteps)},
-        env);
+    return ReplicaNode(h, script, port, "replicas", 2, name, idx, extra);
   };
   // A's agent says (DDPRUN_DEBUG=agent) when it holds a replica.
   Proc& a = node("A", 1, {{"DDPRUN_DEBUG", "agent"}});
@@ -214,7 +189,7 @@ TEST_CASE(
   REQUIRE(holds);
   // The replica is in memory only A's agent holds (ddprun and its orphan
   // guard, which shares its descriptors), never a worker.
-  const std::set<pid_t> holders = ReplicaHolders();
+  const std::set<pid_t> holders = ReplicaHolders(h);
   CHECK(holders.count(a.pid) == 1);
   for (pid_t pid : holders) {
     const std::string cmd = ReadFile("/proc/" + std::to_string(pid) + "/cmdline");
@@ -265,7 +240,7 @@ TEST_CASE(
   CHECK(Field(a_log, "final") == final0);
   CHECK(Field(c_log, "final") == final0);
   // The replicas' memory went with the agents.
-  CHECK(ReplicaHolders().empty());
+  CHECK(ReplicaHolders(h).empty());
   // Garbage: dropped, at most one line a second (7 connections in well under 2 s).
   std::size_t dropped = 0;
   for (const std::string& line : Lines(a.Err())) {

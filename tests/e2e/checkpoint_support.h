@@ -1,12 +1,14 @@
 // What the checkpoint tests of the e2e tier share (checkpoint_test.cc,
-// checkpoint_persist_test.cc): Debian's python3 with torch, the workers'
-// environment, the DDP training script and its per-attempt logs.
+// checkpoint_persist_test.cc, checkpoint_replica_test.cc): Debian's python3
+// with torch, the workers' environment, the flags of one node of a job on
+// loopback, the DDP training script and its per-attempt logs.
 #pragma once
 
 #include <cstdlib>
 #include <map>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "support/process_helpers.h"
 
@@ -21,6 +23,16 @@ inline bool TorchAvailable() {
 }
 
 inline EnvList WorkerEnv() { return {{"PYTHON_EXEC", kPython}, {"PYTHONPATH", kPythonDir}}; }
+
+// The flags that make one ddprun a node of job `id`, `nnodes` nodes of one
+// worker each: it joins the test's ddprund at 127.0.0.1:<port> from
+// 127.0.0.<idx> (every loopback address is this host's, so each node has an
+// address of its own).
+inline std::vector<std::string> NodeFlags(int port, const std::string& id, int nnodes, int idx) {
+  return {"--nnodes=" + std::to_string(nnodes), "--nproc_per_node=1",
+          "--local_addr=127.0.0." + std::to_string(idx),
+          "--rdzv_endpoint=127.0.0.1:" + std::to_string(port), "--rdzv_id=" + id};
+}
 
 // Trains a small model with DDP for argv[2] steps, saving after every step;
 // rank 1 kills itself at the start of step argv[3] on the first attempt.

@@ -5,7 +5,6 @@
 // ends; a rank killed in the middle of save still loads its previous
 // snapshot; the state round-trips its types; bad input is named; and the
 // memory is gone with the job, also after kill -9 of ddprun.
-#include <dirent.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -17,11 +16,14 @@
 #include <vector>
 
 #include "e2e/checkpoint_support.h"
+#include "support/job_processes.h"
 #include "support/process_helpers.h"
 #include "support/skip.h"
 
 namespace {
 
+using ddprun::test::DescriptorHoldersNaming;
+using ddprun::test::DevShmOf;
 using ddprun::test::EnvList;
 using ddprun::test::Harness;
 using ddprun::test::Proc;
@@ -29,55 +31,22 @@ using ddprun::test::ReadFile;
 using ddprun::test::SkipCase;
 using ddprun::test::checkpoint::kPython;
 using ddprun::test::checkpoint::kTrainScript;
+using ddprun::test::checkpoint::NodeFlags;
 using ddprun::test::checkpoint::ReadLog;
 using ddprun::test::checkpoint::TorchAvailable;
 using ddprun::test::checkpoint::WorkerEnv;
 
-// The entries of /dev/shm a ddprun job could have left (names with "ddprun"
-// or "ckpt"; others belong to whatever else runs on the machine).
-std::set<std::string> DevShm() {
-  std::set<std::string> names;
-  if (DIR* d = ::opendir("/dev/shm")) {
-    while (dirent* e = ::readdir(d)) {
-      const std::string n = e->d_name;
-      if (n.find("ddprun") != std::string::npos || n.find("ckpt") != std::string::npos) {
-        names.insert(n);
-      }
-    }
-    ::closedir(d);
-  }
-  return names;
+// The holders of checkpoint memory among the test's own processes
+// (support/job_processes.h): pid -> the memory files it holds, distinct
+// ("/memfd:ddprun-ckpt-<local rank> (deleted)"; Python's mmap holds a duplicate).
+std::map<pid_t, std::set<std::string>> CheckpointMemoryHolders(const Harness& h) {
+  return DescriptorHoldersNaming(h.dir(), "memfd:ddprun-ckpt-");
 }
 
-// The processes that hold a descriptor of checkpoint memory: pid -> the
-// memory files it holds, distinct ("/memfd:ddprun-ckpt-<local rank> (deleted)";
-// Python's mmap holds a duplicate).
-std::map<int, std::set<std::string>> CheckpointMemoryHolders() {
-  std::map<int, std::set<std::string>> holders;
-  DIR* proc = ::opendir("/proc");
-  if (proc == nullptr) return holders;
-  while (dirent* p = ::readdir(proc)) {
-    const int pid = std::atoi(p->d_name);
-    if (pid <= 0) continue;
-    const std::string fd_dir = std::string("/proc/") + p->d_name + "/fd";
-    DIR* fds = ::opendir(fd_dir.c_str());
-    if (fds == nullptr) continue;
-    while (dirent* f = ::readdir(fds)) {
-      char target[256] = {};
-      const std::string link = fd_dir + "/" + f->d_name;
-      const ssize_t n = ::readlink(link.c_str(), target, sizeof target - 1);
-      if (n > 0 && std::string(target, n).find("memfd:ddprun-ckpt-") != std::string::npos) {
-        holders[pid].insert(std::string(target, n));
-      }
-    }
-    ::closedir(fds);
-  }
-  ::closedir(proc);
-  return holders;
-}
-
-// Runs the training script under ddprun; returns its output directory.
-std::string Train(Harness& h, const std::string& name, int kill_at, const EnvList& extra = {}) {
+// Runs the training script under ddprun; returns its output directory, and
+// the launcher's pid in *launcher when given.
+std::string Train(Harness& h, const std::string& name, int kill_at, const EnvList& extra = {},
+                  pid_t* launcher = nullptr) {
   const std::string out = h.MakeDir(name);
   const std::string script = h.Script("train.py", kTrainScript);
   EnvList env = WorkerEnv();
@@ -88,6 +57,7 @@ std::string Train(Harness& h, const std::string& name, int kill_at, const EnvLis
   const int rc = h.Wait(p, 240);
   INFO(name << " stdout:\n" << p.Out() << "\nstderr:\n" << p.Err());
   REQUIRE(rc == 0);
+  if (launcher != nullptr) *launcher = p.pid;
   return out;
 }
 
@@ -113,8 +83,8 @@ void CheckResumed(const std::string& out, int step, const std::string& final_dig
   CHECK(resumed.size() == 1);
 }
 
-std::string CleanFinal(Harness& h) {
-  const std::string clean = Train(h, "clean", -1);
+std::string CleanFinal(Harness& h, pid_t* launcher = nullptr) {
+  const std::string clean = Train(h, "clean", -1, {}, launcher);
   auto r0 = ReadLog(clean + "/rank0.attempt0.txt");
   auto r1 = ReadLog(clean + "/rank1.attempt0.txt");
   REQUIRE(r0["final"].size() == 64);
@@ -128,12 +98,14 @@ TEST_CASE("checkpoint: rank 1 killed at step 5 resumes at step 5 on every rank, 
           "[e2e][checkpoint]") {
   if (!TorchAvailable()) return SkipCase("e2e", kPython + " cannot import torch");
   Harness h;
-  const std::set<std::string> shm_before = DevShm();
-  const std::string final_digest = CleanFinal(h);
-  const std::string out = Train(h, "killed", /*kill_at=*/5);
+  pid_t clean = -1, killed = -1;
+  const std::string final_digest = CleanFinal(h, &clean);
+  const std::string out = Train(h, "killed", /*kill_at=*/5, {}, &killed);
   CheckResumed(out, 4, final_digest);  // the newest step both committed: 4
-  CHECK(DevShm() == shm_before);
-  CHECK(CheckpointMemoryHolders().empty());
+  // Nothing of either job is left: no directory of its agent in /dev/shm,
+  // no process of this test holding checkpoint memory.
+  CHECK(DevShmOf({clean, killed}).empty());
+  CHECK(CheckpointMemoryHolders(h).empty());
 }
 
 TEST_CASE("checkpoint: a rank killed in the middle of save loads its previous snapshot",
@@ -221,7 +193,6 @@ TEST_CASE("checkpoint: kill -9 of ddprun frees the memory; nothing in /dev/shm",
           "[e2e][checkpoint]") {
   if (!TorchAvailable()) return SkipCase("e2e", kPython + " cannot import torch");
   Harness h;
-  const std::set<std::string> shm_before = DevShm();
   const std::string out = h.MakeDir("out");
   const std::string pids = h.PidDir("pids");
   const std::string script = h.Script("hold.py", R"(import os, sys, time
@@ -235,7 +206,7 @@ time.sleep(120)  # until ddprun is killed (PDEATHSIG)
   REQUIRE(workers.size() == 2);
   // The memory exists while the job runs: the agent holds every local
   // rank's, each worker its own only (the other rank's is close-on-exec).
-  auto held = CheckpointMemoryHolders();
+  auto held = CheckpointMemoryHolders(h);
   REQUIRE(held.count(p.pid) == 1);
   CHECK(held[p.pid].size() == 2);
   std::set<std::string> of_workers;
@@ -249,8 +220,8 @@ time.sleep(120)  # until ddprun is killed (PDEATHSIG)
   ::kill(p.pid, SIGKILL);
   h.Wait(p, 10);
   h.RequireAllGone(workers, 10);
-  CHECK(CheckpointMemoryHolders().empty());
-  CHECK(DevShm() == shm_before);
+  CHECK(CheckpointMemoryHolders(h).empty());
+  CHECK(DevShmOf({p.pid}).empty());
 }
 
 TEST_CASE("checkpoint: two nodes agree through the round's store; rank 1 killed at step 5",
@@ -262,16 +233,13 @@ TEST_CASE("checkpoint: two nodes agree through the round's store; rank 1 killed 
   const int port = h.StartDaemon("ddprund", &daemon);
   const std::string out = h.MakeDir("two_nodes");
   const std::string script = h.Script("train.py", kTrainScript);
-  auto node = [&](const std::string& name, const std::string& addr) -> Proc& {
-    return h.StartDdprun(
-        name,
-        {"--nnodes=2", "--nproc_per_node=1", "--max_restarts=1",
-         "--rdzv_endpoint=127.0.0.1:" + std::to_string(port), "--rdzv_id=ckpt-two-nodes",
-         "--local_addr=" + addr, script, out, "8", "5"},
-        WorkerEnv());
+  auto node = [&](const std::string& name, int idx) -> Proc& {
+    std::vector<std::string> args = NodeFlags(port, "ckpt-two-nodes", 2, idx);
+    args.insert(args.end(), {"--max_restarts=1", script, out, "8", "5"});
+    return h.StartDdprun(name, args, WorkerEnv());
   };
-  Proc& a = node("a", "127.0.0.1");
-  Proc& b = node("b", "127.0.0.2");
+  Proc& a = node("a", 1);
+  Proc& b = node("b", 2);
   const int ra = h.Wait(a, 240);
   const int rb = h.Wait(b, 240);
   INFO("node a:\n" << a.Err() << "\nnode b:\n" << b.Err());

@@ -51,7 +51,9 @@ def copies():
 def save_load():
     state = {f"layer{i}.weight": torch.randn(GiB // 4 // 16, device="cuda") for i in range(16)}
     state["step"] = 7
-    path = "/dev/shm/recovery_baseline.pt" if os.path.isdir("/dev/shm") else "/tmp/recovery_baseline.pt"
+    # Named after this process: two runs on one machine do not share the file.
+    name = "recovery_baseline_%d.pt" % os.getpid()
+    path = os.path.join("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp", name)
     ts = best(lambda: torch.save(state, path))
     loaded = {}
     tl = best(lambda: loaded.update(torch.load(path, map_location="cuda")))

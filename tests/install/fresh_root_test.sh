@@ -36,9 +36,12 @@ cached_root() {
   if [[ ! -f "$tarball" ]]; then
     step "creating $tarball (once; minutes)" >&2
     mkdir -p "$cache"
-    mmdebstrap --quiet --variant=minbase --format=tar --include="$2" bookworm "$tarball.tmp" \
-      >"$tmp/mmdebstrap-$1.log" 2>&1 || { tail -20 "$tmp/mmdebstrap-$1.log" >&2; fail "mmdebstrap $1"; }
-    mv "$tarball.tmp" "$tarball"
+    # Written under a name of this run's, then renamed: another run making the
+    # same root at the same time (another checkout's) never reads half a file.
+    mmdebstrap --quiet --variant=minbase --format=tar --include="$2" bookworm "$tarball.$$.tmp" \
+      >"$tmp/mmdebstrap-$1.log" 2>&1 ||
+      { rm -f "$tarball.$$.tmp"; tail -20 "$tmp/mmdebstrap-$1.log" >&2; fail "mmdebstrap $1"; }
+    mv "$tarball.$$.tmp" "$tarball"
   fi
   echo "$tarball"
 }

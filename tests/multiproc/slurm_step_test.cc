@@ -2,7 +2,8 @@
 // ddprun processes are the two nodes of a fake `srun -N2 ddprun` step, each
 // given the variables srun sets in its task and no rendezvous flag at all;
 // they find each other through the first host of SLURM_STEP_NODELIST
-// (localhost, port 29400) and run one 2x2 job. What Slurm contradicts exits 2
+// (localhost, port 29400, in a network namespace of the test's own where it
+// can make one) and run one 2x2 job. What Slurm contradicts exits 2
 // at once with one line. Every wait is bounded and the Harness kills whatever
 // is left.
 #include <netinet/in.h>
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "support/net_pair.h"
 #include "support/process_helpers.h"
 #include "support/skip.h"
 
@@ -54,27 +56,42 @@ struct Node {
   std::string out, pids;
 };
 
+// A node: ddprun with args, run through `prefix` (a network namespace's
+// `ip netns exec`, or nothing).
 Node StartNode(Harness& h, const std::string& tag, const std::vector<std::string>& args,
-               EnvList env) {
+               EnvList env, const std::vector<std::string>& prefix = {}) {
   Node n;
   n.out = h.MakeDir(tag + "_out");
   n.pids = h.PidDir(tag + "_pids");
   env.push_back({"FIXTURE_OUT_DIR", n.out});
   env.push_back({"FIXTURE_PIDFILE_DIR", n.pids});
-  n.proc = &h.StartDdprun(tag, args, env);
+  std::vector<std::string> argv = prefix;
+  argv.push_back(Ddprun());
+  argv.insert(argv.end(), args.begin(), args.end());
+  n.proc = &h.Start(tag, argv, env);
   return n;
 }
 
 }  // namespace
 
 TEST_CASE("slurm: srun ddprun with zero rendezvous flags runs a two-node job", "[multiproc]") {
-  if (!PortFree(kSlurmRdzvPort)) {
+  // Port 29400 is fixed (the zero-flag default). Where network namespaces
+  // can be made (root), both nodes run in one of the test's own, whose
+  // loopback nothing else on the machine shares (parallel tests, other
+  // jobs); elsewhere on the host's, and the case skips while another
+  // process holds the port. Declared before the Harness: its processes are
+  // killed before the namespace goes.
+  NetPair net;
+  std::vector<std::string> in_ns;
+  if (net.ok()) {
+    in_ns = net.In(1);
+  } else if (!PortFree(kSlurmRdzvPort)) {
     return SkipCase("multiproc", "port 29400, the zero-flag Slurm default, is in use here");
   }
   Harness h;
   const std::vector<std::string> args = {"--nproc_per_node=2", FixtureWorker()};
-  Node n0 = StartNode(h, "slurm0", args, SrunTask(0));
-  Node n1 = StartNode(h, "slurm1", args, SrunTask(1));
+  Node n0 = StartNode(h, "slurm0", args, SrunTask(0), in_ns);
+  Node n1 = StartNode(h, "slurm1", args, SrunTask(1), in_ns);
   for (Node* n : {&n0, &n1}) {
     const int rc = h.Wait(*n->proc, 60);
     INFO(n->proc->name << " stderr:\n" << n->proc->Err());

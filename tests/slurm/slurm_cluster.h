@@ -9,13 +9,10 @@
 //         file in the temporary directory (slurm.conf's AuthInfo), which every
 //         namespace reaches
 //
-// Every process of the cluster runs through `nsenter --net=<ns> unshare
-// --mount --uts`, which binds the cluster's hosts file over /etc/hosts and
-// sets the hostname: the node names resolve in every namespace and nothing in
-// /etc changes. (`ip netns exec` is not used: it remounts /sys, which hides
-// the cgroup hierarchy slurmd insists on finding.) slurm.conf is generated in
-// the Harness's directory; client commands (sbatch, scontrol, ...) run in ctl
-// with SLURM_CONF pointing at it, and the jobs inherit it.
+// The namespaces are support/netns_hosts.h's; every process of the cluster
+// runs in its host's with the cluster's hosts file as /etc/hosts
+// (NetnsHosts::Enter()). slurm.conf is generated in the Harness's directory; client commands
+// (sbatch, scontrol, ...) run in ctl with SLURM_CONF pointing at it, and the jobs inherit it.
 //
 // Lifetime: the constructor only checks what is needed (ok(), why(): the test
 // skips); Up() builds the cluster and fails the test when it does not come up
@@ -39,6 +36,7 @@
 #include <vector>
 
 #include "support/net_pair.h"
+#include "support/netns_hosts.h"
 #include "support/process_helpers.h"
 
 namespace ddprun::test {
@@ -62,8 +60,11 @@ struct CommandResult {
 
 class SlurmCluster {
  public:
-  SlurmCluster(Harness& h, SlurmOptions o = {}) : h_(h), o_(o) {
-    ip_ = FindIp();
+  SlurmCluster(Harness& h, SlurmOptions o = {})
+      : h_(h),
+        o_(o),
+        ip_(FindIp()),
+        hosts_(ip_, {"ddpscc", "ddpsc", "dsc", "10.78", "the Slurm cluster"}, o.nodes) {
     if (::geteuid() != 0) {
       why_ = "needs root (network and UTS namespaces, slurmd)";
       return;
@@ -81,9 +82,7 @@ class SlurmCluster {
         return;
       }
     }
-    id_ = std::to_string(::getpid());
-    net_ = "10.78." + std::to_string(::getpid() % 250 + 1) + ".";
-    RemoveStale();
+    hosts_.RemoveStale();
     ok_ = true;
   }
 
@@ -97,12 +96,10 @@ class SlurmCluster {
   int nodes() const { return o_.nodes; }
   const std::string& conf() const { return conf_; }
   const std::string& dir() const { return h_.dir(); }
-  std::string node_name(int i) const { return "n" + std::to_string(i); }
-  std::string node_addr(int i) const { return net_ + std::to_string(i); }
+  std::string node_name(int i) const { return hosts_.node_name(i); }
+  std::string node_addr(int i) const { return hosts_.node_addr(i); }
   // The namespace of node i (1..nodes), or of the controller (0).
-  std::string ns(int i) const {
-    return i == 0 ? "ddpscc_" + id_ : "ddpsc" + std::to_string(i) + "_" + id_;
-  }
+  std::string ns(int i) const { return hosts_.ns(i); }
 
   // Builds the namespaces, the key, slurm.conf, munged, slurmctld and the
   // slurmds, and waits (timeout_s) until sinfo shows every node idle; fails
@@ -119,7 +116,7 @@ class SlurmCluster {
     REQUIRE(ok_);
     REQUIRE(o_.nodes >= 1);
     REQUIRE(o_.nodes <= 3);
-    BuildNetwork();
+    hosts_.Build();
     WriteFiles();
     const std::string munge_error = StartMunge();
     ctld_ = &h_.Start("slurmctld", InNs(0, {"/usr/sbin/slurmctld", "-D", "-i", "-f", conf_}));
@@ -148,20 +145,8 @@ class SlurmCluster {
   std::vector<std::string> InNs(int i, const std::vector<std::string>& argv,
                                 const EnvList& env = {}) const {
     const std::string host = i == 0 ? "ctl" : node_name(i);
-    std::vector<std::string> out{"/usr/bin/nsenter",
-                                 "--net=/run/netns/" + ns(i),
-                                 "/usr/bin/unshare",
-                                 "--mount",
-                                 "--uts",
-                                 "--propagation",
-                                 "private",
-                                 "/bin/sh",
-                                 "-c",
-                                 "mount --bind \"$0\" /etc/hosts && hostname \"$1\" && shift && "
-                                 "exec /usr/bin/env \"$@\"",
-                                 hosts_,
-                                 host,
-                                 "SLURM_CONF=" + conf_};
+    std::vector<std::string> out = hosts_.Enter(i, host, hosts_file_);
+    out.insert(out.end(), {"/usr/bin/env", "SLURM_CONF=" + conf_});
     for (const auto& [k, v] : env) out.push_back(k + "=" + v);
     out.insert(out.end(), argv.begin(), argv.end());
     return out;
@@ -274,17 +259,7 @@ class SlurmCluster {
   }
 
   // Live processes in namespace `name` (`ip netns pids`).
-  std::vector<pid_t> PidsIn(const std::string& name) const {
-    std::vector<pid_t> out;
-    const std::string cmd = "/usr/bin/timeout 10 " + ip_ + " netns pids " + name + " 2>/dev/null";
-    if (FILE* f = ::popen(cmd.c_str(), "r")) {
-      long p = 0;
-      while (std::fscanf(f, "%ld", &p) == 1)
-        if (IsAlive(static_cast<pid_t>(p))) out.push_back(static_cast<pid_t>(p));
-      ::pclose(f);
-    }
-    return out;
-  }
+  std::vector<pid_t> PidsIn(const std::string& name) const { return hosts_.PidsIn(name); }
 
  private:
   static std::string Quote(const std::string& s) {
@@ -301,43 +276,10 @@ class SlurmCluster {
     return out;
   }
 
-  void Step(const std::string& cmd) {
-    if (!Sh(cmd)) FAIL("setting up the Slurm cluster's network: `" << cmd << "` failed");
-  }
-
-  void BuildNetwork() {
-    made_ns_ = true;
-    const std::string c = ns(0);
-    Step(ip_ + " netns add " + c);
-    Step(ip_ + " -n " + c + " link set lo up");
-    Step(ip_ + " -n " + c + " link add br0 type bridge");
-    Step(ip_ + " -n " + c + " addr add " + net_ + "254/24 dev br0");
-    Step(ip_ + " -n " + c + " link set br0 up");
-    for (int i = 1; i <= o_.nodes; ++i) {
-      const std::string n = ns(i);
-      // Interface names: at most 15 characters; both ends leave the root
-      // namespace at once.
-      const std::string a = "dsc" + std::to_string(i) + "a_" + id_;
-      const std::string b = "dsc" + std::to_string(i) + "b_" + id_;
-      Step(ip_ + " netns add " + n);
-      Step(ip_ + " link add " + a + " type veth peer name " + b);
-      Step(ip_ + " link set " + a + " netns " + n);
-      Step(ip_ + " link set " + b + " netns " + c);
-      Step(ip_ + " -n " + c + " link set " + b + " master br0 up");
-      Step(ip_ + " -n " + n + " addr add " + node_addr(i) + "/24 dev " + a);
-      Step(ip_ + " -n " + n + " link set " + a + " up");
-      Step(ip_ + " -n " + n + " link set lo up");
-    }
-  }
-
   void WriteFiles() {
     const std::string d = h_.dir();
-    hosts_ = d + "/hosts";
-    {
-      std::ofstream f(hosts_);
-      f << "127.0.0.1 localhost\n" << net_ << "254 ctl\n";
-      for (int i = 1; i <= o_.nodes; ++i) f << node_addr(i) << " " << node_name(i) << "\n";
-    }
+    hosts_file_ = d + "/hosts";
+    hosts_.WriteHostsFile(hosts_file_, hosts_.hub_addr() + " ctl\n");
     key_ = d + "/munge.key";
     if (o_.munge_key) {
       std::ifstream rnd("/dev/urandom", std::ios::binary);
@@ -355,7 +297,7 @@ class SlurmCluster {
     const std::string last = std::to_string(o_.nodes);
     std::ofstream f(conf_);
     f << "ClusterName=ddprun\n"
-      << "SlurmctldHost=ctl(" << net_ << "254)\n"
+      << "SlurmctldHost=ctl(" << hosts_.hub_addr() << ")\n"
       << "AuthType=auth/munge\nCredType=cred/munge\n"
       << "AuthInfo=socket=" << socket_ << "\n"
       << "SlurmUser=root\nSlurmdUser=root\n"
@@ -374,7 +316,7 @@ class SlurmCluster {
       << "SchedulerType=sched/builtin\n"
       << "SelectType=select/cons_tres\nSelectTypeParameters=CR_CPU\n"
       << "SlurmdParameters=config_overrides\n"
-      << "NodeName=n[1-" << last << "] NodeAddr=" << net_ << "[1-" << last
+      << "NodeName=n[1-" << last << "] NodeAddr=" << hosts_.addr_prefix() << "[1-" << last
       << "] CPUs=2 State=UNKNOWN\n"
       << "PartitionName=main Nodes=n[1-" << last << "] Default=YES MaxTime=INFINITE State=UP\n";
   }
@@ -407,20 +349,7 @@ class SlurmCluster {
   void TearDown() {
     for (Proc* p : std::vector<Proc*>{ctld_}) Stop(p);
     for (Proc* p : slurmds_) Stop(p);
-    if (made_ns_) {
-      for (int i = 0; i <= o_.nodes; ++i) {
-        const auto t0 = Clock::now();
-        for (std::vector<pid_t> pids = PidsIn(ns(i)); !pids.empty() && SecondsSince(t0) < 5;
-             pids = PidsIn(ns(i))) {
-          for (pid_t p : pids) ::kill(p, SIGKILL);
-          ReapOrphans(Mine());
-          SleepMs(10);
-        }
-        Sh(ip_ + " netns del " + ns(i));
-      }
-      for (int i = 1; i <= o_.nodes; ++i)
-        Sh(ip_ + " link del dsc" + std::to_string(i) + "a_" + id_);
-    }
+    hosts_.TearDown(Mine());
     Stop(munged_);
     ReapOrphans(Mine());
   }
@@ -435,27 +364,13 @@ class SlurmCluster {
     p->exit = DecodeStatus(status);
   }
 
-  // Namespaces of earlier runs whose test process died without cleaning up:
-  // their processes are killed first.
-  void RemoveStale() const {
-    for (const std::string& n : ListDir("/run/netns")) {
-      if (n.rfind("ddpsc", 0) != 0) continue;
-      const std::size_t us = n.find('_');
-      if (us == std::string::npos) continue;
-      const std::string pid = n.substr(us + 1);
-      if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
-      if (::kill(static_cast<pid_t>(std::stol(pid)), 0) == 0) continue;
-      for (pid_t p : PidsIn(n)) ::kill(p, SIGKILL);
-      Sh(ip_ + " netns del " + n);
-    }
-  }
-
   Harness& h_;
   SlurmOptions o_;
-  std::string ip_, why_, id_, net_;
-  std::string hosts_, key_, socket_, conf_;
+  std::string ip_;
+  NetnsHosts hosts_;
+  std::string why_;
+  std::string hosts_file_, key_, socket_, conf_;
   bool ok_ = false;
-  bool made_ns_ = false;
   Proc* munged_ = nullptr;
   Proc* ctld_ = nullptr;
   std::vector<Proc*> slurmds_;
