@@ -39,8 +39,8 @@ test_packages=(
   slurmctld slurmd slurm-client munge
   # The real mpirun tier (tests/mpi/, label mpi_cluster): OpenMPI's mpirun
   # starting ddprun on namespaced hosts; it starts no service. Its headers
-  # too: with openmpi-bin's mpicc but no mpi.h, bench/'s find_package(MPI)
-  # fails the whole configure.
+  # too: the OpenMPI all-reduce benchmark, the peer of bench/allreduce, needs
+  # mpi.h (without it bench/allreduce_mpi.cmake says "not built" and goes on).
   openmpi-bin libopenmpi-dev
 )
 # Services that the packages above would start at boot; the tests start their own.
