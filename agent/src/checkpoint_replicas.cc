@@ -268,6 +268,7 @@ void ReplicaService::Serve(int fd, std::string peer, std::uint64_t id) {
         // partial replica is dropped, the seat's older one stays.
         DDPRUN_DEBUG_LOG(kAgent) << fence << "replica of step " << h->step << " from " << peer
                                  << " cut short: " << st.message();
+        store_.Abandon(*std::move(r));
         return done();
       }
     }
