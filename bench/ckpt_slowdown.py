@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Training steps slowed by the agent's background checkpoint work (issue 28).
 
-A training-like loop of fixed compute per step (single-threaded matmuls, no
-I/O) runs under ddprun and saves its state (--size of float32 tensors)
+A training-like loop of fixed compute per step (single-threaded matmuls,
+then a 64-byte all_reduce that keeps the workers in lockstep; no I/O) runs
+under ddprun and saves its state (--size of float32 tensors)
 every --every steps with ddprun.checkpoint.save. After each save the agent
 works in the background; the worker does not wait for it:
 
@@ -14,10 +15,13 @@ works in the background; the worker does not wait for it:
             the other; the work ends when both say they hold the other's
             replica of that step (DDPRUN_DEBUG=agent, read as it is written).
 
-Each step's start and duration are logged by the worker. A step that
-overlaps a background window counts as "during", one that overlaps none and
-does not contain a save as "without"; the slowdown is the ratio of the
-median step times, minus one. Both kinds come from the same run and the
+Each step's start and duration are logged by the worker. Two warm-up saves
+come first (the first save into each slot allocates its pages: the worker's
+own cost), and their windows are left out. A window runs from the moment
+every worker has saved that step to the end of its background work; a step
+that overlaps one counts as "during", one that overlaps none and no save of
+any worker as "without"; the slowdown is the ratio of the median step
+times, minus one. Both kinds come from the same run and the
 same processes, interleaved, so the machine's load affects both alike.
 
     python3 bench/ckpt_slowdown.py [--size 256MiB] [--saves 4] [--every 40] [--build build]
@@ -39,33 +43,44 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 WORKER = r'''
 import json, os, sys, time
-import torch
+import torch, torch.distributed as dist
 import ddprun.checkpoint as ckpt
 
 out, size, saves, every = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 rank = int(os.environ["RANK"])
 torch.set_num_threads(1)
+dist.init_process_group("gloo")  # the workers step in lockstep, as in data-parallel training
 chunk, state, i = 64 << 20, {}, 0
 while i * chunk < size:
     state["t%03d" % i] = torch.full((min(chunk, size - i * chunk) // 4,), float(rank))
     i += 1
 a = torch.randn(256, 256)
-def work():                      # the step: fixed compute, no I/O
+g = torch.ones(16)
+def work():                      # the step: fixed compute, then a small all_reduce
     for _ in range(24):
         a.matmul(a)
+    dist.all_reduce(g)
 for _ in range(5):
     work()                       # warm up
+# Warm-up saves 0 and 1: the first save into each slot allocates its pages
+# (seconds per GiB here), the worker's own cost, not the background's; their
+# background windows are left out of both kinds.
 steps, saved = [], []
+for step in (0, 1):
+    t = time.time()
+    ckpt.save(state, step)
+    saved.append((step, time.time(), t))
 for n in range((saves + 1) * every):
     t = time.time()
     work()
-    if n % every == every - 1 and len(saved) < saves:
+    if n % every == every - 1 and len(saved) < saves + 2:
         ckpt.save(state, len(saved))
-        saved.append((len(saved), time.time()))
+        saved.append((len(saved), time.time(), t))
         steps.append((t, time.time() - t, True))   # holds a save: neither kind
     else:
         steps.append((t, time.time() - t, False))
 json.dump({"steps": steps, "saved": saved}, open(os.path.join(out, "rank%d.json" % rank), "w"))
+dist.destroy_process_group()
 '''
 
 
@@ -113,17 +128,26 @@ def watch_log(path, ends, stop, want):
 
 
 def classify(results, ends):
-    saved = {}
+    """A step's kind. A window runs from the moment every worker has saved a
+    step to the end of that step's background work; a step overlapping the
+    time from the first worker's save starting to the last one's end (a
+    worker's own save, the other worker's save) or a warm-up step's window
+    is neither kind."""
+    first, last = {}, {}
     for r in results:
-        for step, t in r["saved"]:
-            saved[step] = min(saved.get(step, t), t)
-    windows = [(saved[s], ends[s]) for s in saved if s in ends]
+        for step, t_end, t_begin in r["saved"]:
+            first[step] = min(first.get(step, t_begin), t_begin)
+            last[step] = max(last.get(step, t_end), t_end)
+    windows = [(last[s], ends[s]) for s in last if s in ends and s >= 2]
+    excluded = [(first[s], last[s]) for s in last]
+    excluded += [(last[s], ends.get(s, last[s] + 60)) for s in last if s < 2]
     during, without = [], []
     for r in results:
         for t, dt, has_save in r["steps"]:
-            if has_save:
+            overlaps = lambda spans: any(t < e and t + dt > b for b, e in spans)
+            if has_save or overlaps(excluded):
                 continue
-            if any(t < e and t + dt > b for b, e in windows):
+            if overlaps(windows):
                 during.append(dt)
             else:
                 without.append(dt)
@@ -213,7 +237,8 @@ def main():
         finally:
             daemon.kill()
             daemon.wait()
-    print("fixed compute per step (24 single-threaded 256x256 matmuls); %s of state per worker, "
+    print("fixed compute per step (24 single-threaded 256x256 matmuls, a small all_reduce); "
+          "%s of state per worker, "
           "saved every %d steps, %d saves" % (args.size, args.every, args.saves))
     print("load average: %s" % open("/proc/loadavg").read().split()[:3])
     print("| background work | its duration (median) | steps during / without | median step during | "
