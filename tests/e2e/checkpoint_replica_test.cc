@@ -141,14 +141,19 @@ void SendGarbage(const std::string& host, int port, const std::string& bytes) {
   ::close(fd);
 }
 
-// The processes holding a replica's memory (memfd "ddprun-replica").
-std::set<pid_t> ReplicaHolders() {
+// The processes holding a replica's memory (memfd "ddprun-replica") that
+// run with `mine` (the test's folder) in their command line: this test's
+// agents, not another job running on the machine meanwhile.
+std::set<pid_t> ReplicaHolders(const std::string& mine) {
   std::set<pid_t> holders;
   DIR* proc = ::opendir("/proc");
   if (proc == nullptr) return holders;
   while (dirent* p = ::readdir(proc)) {
     const int pid = std::atoi(p->d_name);
     if (pid <= 0) continue;
+    if (ReadFile(std::string("/proc/") + p->d_name + "/cmdline").find(mine) == std::string::npos) {
+      continue;
+    }
     const std::string fd_dir = std::string("/proc/") + p->d_name + "/fd";
     DIR* fds = ::opendir(fd_dir.c_str());
     if (fds == nullptr) continue;
@@ -252,7 +257,7 @@ TEST_CASE(
   REQUIRE(holds);
   // The replica is in memory only A's agent holds (ddprun and its orphan
   // guard, which shares its descriptors), never a worker.
-  const std::set<pid_t> holders = ReplicaHolders();
+  const std::set<pid_t> holders = ReplicaHolders(h.dir());
   CHECK(holders.count(a.pid) == 1);
   for (pid_t pid : holders) {
     const std::string cmd = ReadFile("/proc/" + std::to_string(pid) + "/cmdline");
@@ -303,7 +308,7 @@ TEST_CASE(
   CHECK(Field(a_log, "final") == final0);
   CHECK(Field(c_log, "final") == final0);
   // The replicas' memory went with the agents.
-  CHECK(ReplicaHolders().empty());
+  CHECK(ReplicaHolders(h.dir()).empty());
   // Garbage: dropped, at most one line a second (7 connections in well under 2 s).
   std::size_t dropped = 0;
   for (const std::string& line : Lines(a.Err())) {

@@ -49,16 +49,38 @@ std::set<std::string> DevShm() {
   return names;
 }
 
-// The processes that hold a descriptor of checkpoint memory: pid -> the
-// memory files it holds, distinct ("/memfd:ddprun-ckpt-<local rank> (deleted)";
-// Python's mmap holds a duplicate).
-std::map<int, std::set<std::string>> CheckpointMemoryHolders() {
+// Whether process `pid` runs with `mine` (the test's folder) in its command
+// line: this test's ddprun, its workers and its orphan guard do; the jobs of
+// whatever else runs on the machine at the same time do not.
+bool Mine(int pid, const std::string& mine) {
+  std::string cmd = ReadFile("/proc/" + std::to_string(pid) + "/cmdline");
+  return cmd.find(mine) != std::string::npos;
+}
+
+// The entries of /dev/shm that are not in `before` and that this test's
+// processes could have left: a "ddprun_<pid>_..." entry of a live process of
+// another job (another ddprun running on the machine meanwhile) is not.
+std::set<std::string> NewDevShm(const std::set<std::string>& before, const std::string& mine) {
+  std::set<std::string> added;
+  for (const std::string& n : DevShm()) {
+    if (before.count(n) != 0) continue;
+    const int pid = n.rfind("ddprun_", 0) == 0 ? std::atoi(n.c_str() + 7) : 0;
+    if (pid > 0 && ::kill(pid, 0) == 0 && !Mine(pid, mine)) continue;
+    added.insert(n);
+  }
+  return added;
+}
+
+// The processes of this test (Mine) that hold a descriptor of checkpoint
+// memory: pid -> the memory files it holds, distinct
+// ("/memfd:ddprun-ckpt-<local rank> (deleted)"; Python's mmap holds a duplicate).
+std::map<int, std::set<std::string>> CheckpointMemoryHolders(const std::string& mine) {
   std::map<int, std::set<std::string>> holders;
   DIR* proc = ::opendir("/proc");
   if (proc == nullptr) return holders;
   while (dirent* p = ::readdir(proc)) {
     const int pid = std::atoi(p->d_name);
-    if (pid <= 0) continue;
+    if (pid <= 0 || !Mine(pid, mine)) continue;
     const std::string fd_dir = std::string("/proc/") + p->d_name + "/fd";
     DIR* fds = ::opendir(fd_dir.c_str());
     if (fds == nullptr) continue;
@@ -132,8 +154,8 @@ TEST_CASE("checkpoint: rank 1 killed at step 5 resumes at step 5 on every rank, 
   const std::string final_digest = CleanFinal(h);
   const std::string out = Train(h, "killed", /*kill_at=*/5);
   CheckResumed(out, 4, final_digest);  // the newest step both committed: 4
-  CHECK(DevShm() == shm_before);
-  CHECK(CheckpointMemoryHolders().empty());
+  CHECK(NewDevShm(shm_before, h.dir()).empty());
+  CHECK(CheckpointMemoryHolders(h.dir()).empty());
 }
 
 TEST_CASE("checkpoint: a rank killed in the middle of save loads its previous snapshot",
@@ -288,7 +310,7 @@ time.sleep(120)  # until ddprun is killed (PDEATHSIG)
   REQUIRE(workers.size() == 2);
   // The memory exists while the job runs: the agent holds every local
   // rank's, each worker its own only (the other rank's is close-on-exec).
-  auto held = CheckpointMemoryHolders();
+  auto held = CheckpointMemoryHolders(h.dir());
   REQUIRE(held.count(p.pid) == 1);
   CHECK(held[p.pid].size() == 2);
   std::set<std::string> of_workers;
@@ -302,8 +324,8 @@ time.sleep(120)  # until ddprun is killed (PDEATHSIG)
   ::kill(p.pid, SIGKILL);
   h.Wait(p, 10);
   h.RequireAllGone(workers, 10);
-  CHECK(CheckpointMemoryHolders().empty());
-  CHECK(DevShm() == shm_before);
+  CHECK(CheckpointMemoryHolders(h.dir()).empty());
+  CHECK(NewDevShm(shm_before, h.dir()).empty());
 }
 
 TEST_CASE("checkpoint: two nodes agree through the round's store; rank 1 killed at step 5",
