@@ -19,6 +19,8 @@ then the raw bytes), never pickle.
 Python with ctypes: PyTorch and numpy are imported only when the state
 holds their objects; the bytes are copied and checksummed in one pass by
 libddprun_worker_sdk.so when it is found (else memmove and zlib.crc32).
+With that library, load() returns CPU tensors of 1 MiB or more mapped
+copy-on-write from the snapshot instead of copied ("mapped tensors" below).
 Not thread-safe: call it from one thread of the worker.
 """
 import collections
@@ -522,7 +524,9 @@ def load():
     """Returns (step, state) of the newest step that every rank of the job
     committed, the same step on every rank, or None when there is none (a
     fresh start). Every rank must call it (a job over several nodes agrees
-    through the round's store). Call it at start, before the first save."""
+    through the round's store). Call it at start, before the first save.
+    Tensors of 1 MiB or more may be copy-on-write mappings of the snapshot:
+    the caller's own memory all the same (see "mapped tensors")."""
     mem = _mem()
     local = {int(s) for s in os.environ.get("DDPRUN_CKPT_STEPS", "").split(",") if s}
     steps = _agreed_steps(local)
