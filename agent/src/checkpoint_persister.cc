@@ -305,7 +305,7 @@ CheckpointPersister::Outcome CheckpointPersister::PersistNewest(bool flushing) {
   for (int j = 0; j < n; ++j) {
     const auto it = std::find_if(committed[j].begin(), committed[j].end(),
                                  [step](const CommittedSnapshot& s) { return s.step == step; });
-    absl::StatusOr<std::string> bytes = memory_->ReadCommitted(j, *it);
+    absl::StatusOr<std::string> bytes = memory_->ReadCommitted(j, *it, std::move(buffer_));
     if (absl::IsUnavailable(bytes.status())) return Outcome::kRetry;
     if (!bytes.ok()) return failed(std::string(bytes.status().message()));
     absl::StatusOr<CheckpointFilePlan> plan =
@@ -323,6 +323,7 @@ CheckpointPersister::Outcome CheckpointPersister::PersistNewest(bool flushing) {
       return failed(std::string(st.message()));
     }
     ranks[std::to_string(it->rank)] = {{"file", name}, {"size", size}, {"crc32", crc}};
+    buffer_ = *std::move(bytes);  // the next rank's or step's snapshot is read into it
     first = std::min(first, it->rank);
     last = std::max(last, it->rank);
     world = it->world_size;
