@@ -14,7 +14,9 @@ Two ranks under ddprun (--nproc_per_node=2 --max_restarts=1), each with
    after `echo 1 > /proc/sys/vm/drop_caches` (cold; said when not allowed).
 
 Each time is the slower rank's (both ranks work at once, as in a job), per
-GiB. The ratios are torch's time over ddprun's.
+GiB. The ratios are torch's time over ddprun's. After load, a write to
+every page of the loaded state is timed too: load maps tensors of 1 MiB
+and more copy-on-write, so that is where their pages are copied.
 
     python3 bench/checkpoint_bench.py [--size 256MiB] [--reps 3] [--build build] [--dir /tmp]
     python3 bench/checkpoint_bench.py --size 1GiB          # the docs' figure
@@ -69,6 +71,10 @@ res["load"], res["step"] = t, step
 # memmove then zlib.crc32 (a package without _copy_crc32c: before it existed).
 res["one_pass"] = getattr(ckpt, "_copy_crc32c", lambda: None)() is not None
 assert all(float(v[0]) == rank + int(k[1:]) for k, v in loaded.items())
+# load() maps large tensors copy-on-write: the first write to each page
+# costs a page copy then (docs/checkpoint.md). Shown, not hidden: a write
+# of every 4 KiB page of the loaded state, values unchanged.
+res["first_write"], _ = clock(lambda: [v.view(-1)[::1024].add_(0) for v in loaded.values()])
 path = os.path.join(folder, "torch_rank%d.pt" % rank)
 res["torch_save"], _ = clock(lambda: (torch.save(loaded, path), os.sync()))
 res["torch_load_warm"], _ = clock(lambda: torch.load(path))
@@ -133,6 +139,8 @@ def main():
         ("ddprun.checkpoint.save, median of %d later" % args.reps,
          per_gib([statistics.median(s["save"]) for s in saves])),
         ("ddprun.checkpoint.load after kill -9 of rank 1", per_gib([l["load"] for l in loads])),
+        ("  then a first write to every page of what it returned",
+         per_gib([l.get("first_write", 0) for l in loads])),
         ("torch.save to %s (+ sync)" % args.dir, per_gib([l["torch_save"] for l in loads])),
         ("torch.load, file in the page cache", per_gib([l["torch_load_warm"] for l in loads])),
         ("torch.load, file dropped from the page cache", per_gib([l["torch_load_cold"] for l in loads])),
@@ -147,10 +155,10 @@ def main():
         print("  %-60s %8.3f s/GiB" % (name, v))
     save, load = rows[1][1], rows[2][1]
     print("ratios (torch / ddprun): save %.1fx, load warm %.1fx, load cold %.1fx"
-          % (rows[3][1] / save, rows[4][1] / load, rows[5][1] / load))
+          % (rows[4][1] / save, rows[5][1] / load, rows[6][1] / load))
     print("goals: save <= 0.25 s/GiB: %s; load <= 0.5 s/GiB: %s; >= 5x torch: %s"
           % ("met" if save <= 0.25 else "not met", "met" if load <= 0.5 else "not met",
-             "met" if min(rows[3][1] / save, rows[4][1] / load, rows[5][1] / load) >= 5 else "not met"))
+             "met" if min(rows[4][1] / save, rows[5][1] / load, rows[6][1] / load) >= 5 else "not met"))
 
 
 if __name__ == "__main__":

@@ -170,12 +170,14 @@ void CheckpointMemory::AddToSpawn(int local_rank, const std::vector<std::int64_t
 }
 
 absl::StatusOr<std::string> CheckpointMemory::ReadCommitted(int local_rank,
-                                                            const CommittedSnapshot& s) const {
+                                                            const CommittedSnapshot& s,
+                                                            std::string reuse) const {
   const int f = fd(local_rank);
   if (f < 0 || s.slot < 0 || s.slot >= layout::kSlots || s.size > capacity_) {
     return absl::InvalidArgumentError(absl::StrCat("no snapshot of local rank ", local_rank));
   }
-  std::string bytes(s.size, '\0');
+  std::string bytes = std::move(reuse);
+  bytes.resize(s.size);  // the same size as last time: no pass over the bytes
   if (!PreadAll(f, bytes.data(), bytes.size(),
                 static_cast<off_t>(layout::SlotDataOffset(s.slot, capacity_)))) {
     return absl::InternalError(absl::StrCat("reading the checkpoint memory of local rank ",

@@ -18,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "ddprun/agent/background_priority.h"
 #include "ddprun/agent/checkpoint_file.h"
 #include "nlohmann/json.hpp"
 #include "zlib.h"
@@ -236,6 +237,7 @@ absl::Status CheckpointPersister::Start() {
 }
 
 void CheckpointPersister::Loop() {
+  LowerThreadPriority();  // background_priority.h: a flush, which the job waits for, asks for 0
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
     cv_.wait_for(lock, kPollInterval,
@@ -245,11 +247,13 @@ void CheckpointPersister::Loop() {
     const bool flushing = request > requests_served_;
     lock.unlock();
     cancel_ = false;
+    const bool raised = flushing && RestoreThreadPriority();
     Outcome o = PersistNewest(flushing);
     // A slot saved over while read: a flush tries again at once.
     for (int i = 0; flushing && o == Outcome::kRetry && i < 100 && !cancel_.load(); ++i) {
       o = PersistNewest(flushing);
     }
+    if (raised) LowerThreadPriority();
     lock.lock();
     if (flushing) {
       requests_served_ = request;
@@ -301,7 +305,7 @@ CheckpointPersister::Outcome CheckpointPersister::PersistNewest(bool flushing) {
   for (int j = 0; j < n; ++j) {
     const auto it = std::find_if(committed[j].begin(), committed[j].end(),
                                  [step](const CommittedSnapshot& s) { return s.step == step; });
-    absl::StatusOr<std::string> bytes = memory_->ReadCommitted(j, *it);
+    absl::StatusOr<std::string> bytes = memory_->ReadCommitted(j, *it, std::move(buffer_));
     if (absl::IsUnavailable(bytes.status())) return Outcome::kRetry;
     if (!bytes.ok()) return failed(std::string(bytes.status().message()));
     absl::StatusOr<CheckpointFilePlan> plan =
@@ -319,6 +323,7 @@ CheckpointPersister::Outcome CheckpointPersister::PersistNewest(bool flushing) {
       return failed(std::string(st.message()));
     }
     ranks[std::to_string(it->rank)] = {{"file", name}, {"size", size}, {"crc32", crc}};
+    buffer_ = *std::move(bytes);  // the next rank's or step's snapshot is read into it
     first = std::min(first, it->rank);
     last = std::max(last, it->rank);
     world = it->world_size;

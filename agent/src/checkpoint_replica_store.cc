@@ -31,7 +31,15 @@ HeldReplica::~HeldReplica() {
   for (int fd : fds_) ::close(fd);
 }
 
+bool HeldReplica::TakeMemory(HeldReplica& from) {
+  if (!fds_.empty() || from.sizes_ != sizes_ || from.fds_.size() != sizes_.size()) return false;
+  fds_.swap(from.fds_);
+  maps_.swap(from.maps_);
+  return true;
+}
+
 absl::Status HeldReplica::Allocate() {
+  if (!fds_.empty() || sizes_.empty()) return absl::OkStatus();  // TakeMemory gave it
   for (std::size_t j = 0; j < sizes_.size(); ++j) {
     const int fd = ::memfd_create("ddprun-replica", MFD_CLOEXEC);
     if (fd < 0) {
@@ -73,8 +81,33 @@ absl::StatusOr<std::string> HeldReplica::Read(int j) const {
 
 absl::StatusOr<std::shared_ptr<HeldReplica>> ReplicaStore::Begin(const replica::Header& put) {
   auto r = std::make_shared<HeldReplica>(put.seat, put.step, put.sizes, put.crcs, put.kinds);
+  std::shared_ptr<HeldReplica> spare;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = spare_.find(put.seat);
+    if (it != spare_.end()) {
+      spare = std::move(it->second);
+      spare_.erase(it);
+    }
+  }
+  if (spare != nullptr && r->TakeMemory(*spare)) return r;
+  spare.reset();  // other sizes: freed before the new memory is allocated
   if (absl::Status st = r->Allocate(); !st.ok()) return st;
   return r;
+}
+
+void ReplicaStore::KeepSpare(std::shared_ptr<HeldReplica> r) {
+  // Only the store's own reference (Find and All copy under mu_): no reader
+  // can be reading its bytes while they are overwritten.
+  if (r != nullptr && r.use_count() == 1 && spare_.count(r->seat()) == 0) {
+    const replica::Seat seat = r->seat();
+    spare_[seat] = std::move(r);
+  }
+}
+
+void ReplicaStore::Abandon(std::shared_ptr<HeldReplica> r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (held_.count(r->seat()) != 0) KeepSpare(std::move(r));
 }
 
 void ReplicaStore::Commit(std::shared_ptr<HeldReplica> r) {
@@ -82,7 +115,9 @@ void ReplicaStore::Commit(std::shared_ptr<HeldReplica> r) {
   auto it = held_.find(r->seat());
   if (it != held_.end() && it->second->step() > r->step()) return;  // a newer one arrived first
   const replica::Seat seat = r->seat();
+  std::shared_ptr<HeldReplica> replaced = std::move(held_[seat]);
   held_[seat] = std::move(r);
+  KeepSpare(std::move(replaced));
   received_at_[seat] = ++counter_;
   while (held_.size() > kMaxSeats) {
     auto oldest = received_at_.begin();
@@ -90,6 +125,7 @@ void ReplicaStore::Commit(std::shared_ptr<HeldReplica> r) {
       if (i->second < oldest->second) oldest = i;
     }
     held_.erase(oldest->first);
+    spare_.erase(oldest->first);
     received_at_.erase(oldest);
   }
 }

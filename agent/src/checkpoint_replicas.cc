@@ -11,6 +11,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "ddprun/agent/background_priority.h"
 #include "ddprun/rendezvous/common/checkpoint_checksum.h"
 #include "ddprun/rendezvous/common/checkpoint_layout.h"
 #include "ddprun/rendezvous/common/debug_log.h"
@@ -255,6 +256,7 @@ void ReplicaService::Serve(int fd, std::string peer, std::uint64_t id) {
     return done();
   }
   if (op == Op::kPut) {
+    LowerThreadPriority();  // a replica arriving is background work; a kGet (a restore) is not
     auto r = store_.Begin(*h);
     if (!r.ok()) {
       refuse(absl::StrCat(fence, r.status().message()), true);
@@ -268,6 +270,7 @@ void ReplicaService::Serve(int fd, std::string peer, std::uint64_t id) {
         // partial replica is dropped, the seat's older one stays.
         DDPRUN_DEBUG_LOG(kAgent) << fence << "replica of step " << h->step << " from " << peer
                                  << " cut short: " << st.message();
+        store_.Abandon(*std::move(r));
         return done();
       }
     }
@@ -410,6 +413,7 @@ absl::StatusOr<bool> ReplicaService::SendSlot(int fd, int local_rank, const Comm
 }
 
 void ReplicaService::SendLoop() {
+  LowerThreadPriority();
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
     cv_.wait_for(lock, kPollInterval);

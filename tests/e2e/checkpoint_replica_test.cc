@@ -10,10 +10,16 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <map>
 #include <regex>
 #include <set>
 #include <string>
@@ -34,8 +40,13 @@ using ddprun::test::checkpoint::WorkerEnv;
 
 // kTrainScript's DDP training, with one log per rank per node appended
 // across rounds, in $REPLICA_TEST_OUT ("resumed <step> <digest>", "saved <step> <digest>",
-// "final <digest>"), and, on the node given REPLICA_TEST_HOLD_AT=K, rank 1
-// holding after it saved step K (until the test kills its node).
+// "final <digest>"), and, on the node given REPLICA_TEST_HOLD_AT=K, rank
+// REPLICA_TEST_HOLD_RANK (default 1) holding after it saved step K (until the
+// test kills its node). With REPLICA_TEST_FLAT=1 the gradients are summed by
+// one all_reduce of their concatenation in parameter order instead of DDP's
+// buckets: the order of gloo's sums then depends only on the world size, so
+// a run with three ranks whose processes were replaced ends bit-identical
+// with one without the fault (DDP rebuilds its buckets in each new process).
 constexpr const char* kScript = R"(import faulthandler, hashlib, os, sys, time
 faulthandler.dump_traceback_later(180, exit=True)
 import torch, torch.distributed as dist
@@ -43,11 +54,13 @@ import ddprun.checkpoint as ckpt
 
 out, steps = os.environ["REPLICA_TEST_OUT"], int(sys.argv[1])
 hold_at = int(os.environ.get("REPLICA_TEST_HOLD_AT", "-1"))
+hold_rank = int(os.environ.get("REPLICA_TEST_HOLD_RANK", "1"))
+flat = os.environ.get("REPLICA_TEST_FLAT") == "1"
 rank = int(os.environ["RANK"])
 dist.init_process_group("gloo")
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
-ddp = torch.nn.parallel.DistributedDataParallel(model)
+ddp = model if flat else torch.nn.parallel.DistributedDataParallel(model)
 opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
 def digest():
@@ -72,10 +85,19 @@ for step in range(start, steps):
     x = torch.randn(16, 8, generator=g)
     opt.zero_grad()
     torch.nn.functional.mse_loss(ddp(x), x.sum(1, keepdim=True)).backward()
+    if flat:
+        params = list(model.parameters())
+        grads = torch.cat([p.grad.reshape(-1) for p in params])
+        dist.all_reduce(grads)
+        grads /= dist.get_world_size()
+        at = 0
+        for p in params:
+            p.grad.copy_(grads[at:at + p.numel()].view_as(p))
+            at += p.numel()
     opt.step()
     ckpt.save({"model": model.state_dict(), "opt": opt.state_dict()}, step)
     log.write("saved %d %s\n" % (step, digest()))
-    if step == hold_at and rank == 1:
+    if step == hold_at and rank == hold_rank:
         deadline = time.monotonic() + 120   # the test kills this node long before
         while time.monotonic() < deadline:
             time.sleep(0.05)
@@ -132,9 +154,11 @@ std::set<pid_t> ReplicaHolders(const Harness& h) {
 
 // The final digest of the same training without a fault, `ranks` ranks on
 // one node (every rank ends with the same parameters).
-std::string CleanFinal(Harness& h, const std::string& script, int ranks) {
+std::string CleanFinal(Harness& h, const std::string& script, int ranks,
+                       const EnvList& extra = {}) {
   const std::string clean = h.MakeDir("clean");
   EnvList env = WorkerEnv();
+  env.insert(env.end(), extra.begin(), extra.end());
   env.push_back({"REPLICA_TEST_OUT", clean});
   Proc& ref = h.StartDdprun(
       "clean", {"--nproc_per_node=" + std::to_string(ranks), script, std::to_string(kSteps)}, env);
@@ -150,14 +174,25 @@ std::string CleanFinal(Harness& h, const std::string& script, int ranks) {
 // One agent of job `id` with --ckpt_replicas 1 on 127.0.0.<idx>, one
 // worker, its log folder <name>_out.
 Proc& ReplicaNode(Harness& h, const std::string& script, int port, const std::string& id,
-                  int nnodes, const std::string& name, int idx, const EnvList& extra) {
+                  int nnodes, const std::string& name, int idx, const EnvList& extra,
+                  const std::string& ckpt_dir = "") {
   EnvList env = WorkerEnv();
   env.insert(env.end(), extra.begin(), extra.end());
   env.push_back({"REPLICA_TEST_OUT", h.MakeDir(name + "_out")});
   std::vector<std::string> args = NodeFlags(port, id, nnodes, idx);
-  args.insert(args.end(), {"--rdzv_conf=join_timeout=60", "--max_restarts=3", "--ckpt_replicas",
-                           "1", script, std::to_string(kSteps)});
+  args.insert(args.end(),
+              {"--rdzv_conf=join_timeout=60", "--max_restarts=3", "--ckpt_replicas", "1"});
+  if (!ckpt_dir.empty()) args.push_back("--ckpt_dir=" + ckpt_dir);
+  args.push_back(script);
+  args.push_back(std::to_string(kSteps));
   return h.StartDdprun(name, args, env);
+}
+
+// The last access time of `path` (nanoseconds), or -1 when it has none.
+std::int64_t AccessTimeNs(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return -1;
+  return static_cast<std::int64_t>(st.st_atim.tv_sec) * 1000000000 + st.st_atim.tv_nsec;
 }
 
 }  // namespace
@@ -346,5 +381,107 @@ TEST_CASE(
   CHECK(Field(c_rank1, "final") == final0);
   CHECK(Field(s_rank2, "final") == final0);
   CHECK(Field(s_rank2, "saved " + std::to_string(kHoldAt + 1)).size() == 64);
+  h.StopDaemon(*daemon);
+}
+
+// Three nodes with --ckpt_replicas 1 and --ckpt_dir, the last one (C, rank
+// 2) lost: a hot spare S (127.0.0.4, sorting after the survivors) takes its
+// seat and restores it from the replica A holds (A is C's successor), with
+// the same bytes; its own --ckpt_dir holds a complete copy of C's persisted
+// snapshots, which it must not read (the replica comes first): the files'
+// access times, on a tmpfs mounted with strictatime, do not move. Every rank
+// ends bit-identical with a run without the fault (gradients summed in one
+// fixed layout: REPLICA_TEST_FLAT).
+TEST_CASE(
+    "ckpt_replicas: three nodes, the last one killed; a hot spare restores its seat from the "
+    "replica, reads nothing from --ckpt_dir and ends bit-identical",
+    "[e2e][checkpoint][replicas]") {
+  if (!TorchAvailable()) return SkipCase("e2e", kPython + " cannot import torch");
+  Harness h;
+  const std::string dirs = h.MakeDir("dirs");
+  if (::mount("tmpfs", dirs.c_str(), "tmpfs", MS_STRICTATIME, "size=64m,mode=0700") != 0) {
+    return SkipCase("e2e", std::string("cannot mount a tmpfs with strictatime (") +
+                               std::strerror(errno) + "); needs root");
+  }
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { ::umount2(dir.c_str(), MNT_DETACH); }
+  } unmount{dirs};
+  const std::string script = h.Script("train.py", kScript);
+  const EnvList flat{{"REPLICA_TEST_FLAT", "1"}};
+  const std::string final0 = CleanFinal(h, script, 3, flat);
+
+  Proc* daemon = nullptr;
+  const int port = h.StartDaemon("ddprund", &daemon);
+  const std::string k = std::to_string(kHoldAt);
+  EnvList a_env = flat, c_env = flat;
+  a_env.push_back({"DDPRUN_DEBUG", "agent"});
+  c_env.push_back({"REPLICA_TEST_HOLD_AT", k});
+  c_env.push_back({"REPLICA_TEST_HOLD_RANK", "2"});
+  Proc& a = ReplicaNode(h, script, port, "spare3", 3, "A", 1, a_env, dirs + "/A");
+  Proc& b = ReplicaNode(h, script, port, "spare3", 3, "B", 2, flat, dirs + "/B");
+  Proc& c = ReplicaNode(h, script, port, "spare3", 3, "C", 3, c_env, dirs + "/C");
+  // C's rank 2 holds after saving step 3; A holds its replica, and C's
+  // directory its persisted files of step 3.
+  namespace fs = std::filesystem;
+  const fs::path c_step = fs::path(dirs) / "C" / ("step-" + k);
+  bool ready = WaitForErr(a, "holds the replica of step " + k + " of rank 2", 120);
+  for (int i = 0; ready && i < 1500 && !fs::exists(c_step / "rank-00002.safetensors"); ++i) {
+    SleepMs(20);
+  }
+  INFO("A stderr:\n" << a.Err() << "\nC stderr:\n" << c.Err());
+  REQUIRE(ready);
+  REQUIRE(fs::exists(c_step / "rank-00002.safetensors"));
+  // S's directory: a copy of C's, a resume S could read but must not; the
+  // files are also linked from `seen` so their access times outlive any
+  // clean-up of S's persister.
+  const fs::path s_dir = fs::path(dirs) / "S", seen = fs::path(dirs) / "seen";
+  fs::copy(fs::path(dirs) / "C", s_dir, fs::copy_options::recursive);
+  fs::create_directory(seen);
+  std::map<std::string, std::int64_t> atimes;
+  for (const auto& e : fs::recursive_directory_iterator(s_dir)) {
+    if (!e.is_regular_file()) continue;
+    const std::string name =
+        e.path().parent_path().filename().string() + "_" + e.path().filename().string();
+    fs::create_hard_link(e.path(), seen / name);
+    atimes[(seen / name).string()] = AccessTimeNs((seen / name).string());
+  }
+  REQUIRE(atimes.count((seen / ("step-" + k + "_rank-00002.safetensors")).string()) == 1);
+  Proc& s = ReplicaNode(h, script, port, "spare3", 3, "S", 4, flat, s_dir.string());
+  REQUIRE(::kill(c.pid, SIGKILL) == 0);
+  CHECK(h.Wait(c, 10) == 128 + SIGKILL);
+  for (Proc* p : {&a, &b, &s}) {
+    const int rc = h.Wait(*p, 180);
+    INFO(p->name << " stderr:\n" << p->Err());
+    CHECK(rc == 0);
+  }
+  INFO("S stderr:\n" << s.Err());
+  CHECK(s.Err().find("--ckpt_replicas: restored step " + k +
+                     " of rank 2 from the replica held by 127.0.0.1:") != std::string::npos);
+  const std::string dir = h.dir();
+  const std::string c_rank2 = ReadFile(dir + "/C_out/rank2.txt");
+  const std::string s_rank2 = ReadFile(dir + "/S_out/rank2.txt");
+  const std::string a_rank0 = ReadFile(dir + "/A_out/rank0.txt");
+  const std::string b_rank1 = ReadFile(dir + "/B_out/rank1.txt");
+  INFO("C rank 2:\n" << c_rank2 << "S rank 2:\n" << s_rank2 << "A rank 0:\n" << a_rank0);
+  REQUIRE_FALSE(Field(c_rank2, "saved " + k).empty());
+  CHECK(Field(s_rank2, "resumed " + k) == Field(c_rank2, "saved " + k));
+  CHECK(Field(a_rank0, "resumed " + k) == Field(a_rank0, "saved " + k));
+  CHECK(Field(b_rank1, "resumed " + k) == Field(b_rank1, "saved " + k));
+  // Bit-identical with the run without the fault, on every rank.
+  CHECK(Field(a_rank0, "final") == final0);
+  CHECK(Field(b_rank1, "final") == final0);
+  CHECK(Field(s_rank2, "final") == final0);
+  // Nothing S's directory held before it started was read.
+  for (const auto& [path, before] : atimes) {
+    INFO(path);
+    CHECK(AccessTimeNs(path) == before);
+  }
+  // (The access times do move on a read: the check above can fail.)
+  const std::string probe = (seen / ("step-" + k + "_rank-00002.safetensors")).string();
+  const std::int64_t unread = AccessTimeNs(probe);
+  SleepMs(10);
+  CHECK_FALSE(ReadFile(probe).empty());
+  CHECK(AccessTimeNs(probe) > unread);
   h.StopDaemon(*daemon);
 }

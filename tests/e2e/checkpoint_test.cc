@@ -189,6 +189,59 @@ print("ROUNDTRIP OK", flush=True)
                  "--ckpt_shm_limit") != std::string::npos);
 }
 
+TEST_CASE("checkpoint: a loaded tensor is the caller's own memory, also after later saves",
+          "[e2e][checkpoint]") {
+  if (!TorchAvailable()) return SkipCase("e2e", kPython + " cannot import torch");
+  Harness h;
+  // Tensors of 1 MiB and more come back mapped copy-on-write from the
+  // snapshot (docs/checkpoint.md, "How load returns tensors"): writing one
+  // must not change the snapshot, and saving over the slot it came from
+  // must not change a loaded tensor (or a view of one) still held.
+  const std::string script = h.Script("own.py", R"(import os, sys
+import torch
+import ddprun.checkpoint as ckpt
+
+def make(k):
+    return {"w": torch.arange(1 << 21, dtype=torch.float32) * k,           # 8 MiB
+            "b": torch.arange(3 << 20) % (k + 2) == 0,                        # 3 MiB of bool
+            "p": torch.nn.Parameter(torch.full((1 << 20,), float(k), dtype=torch.bfloat16)),
+            "small": torch.arange(10) * k}
+
+if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+    ckpt.save(make(1), 0)
+    sys.exit(3)  # a failure: the agent restarts the worker
+want = make(1)
+step, got = ckpt.load()
+assert step == 0, step
+for k, v in want.items():
+    assert got[k].dtype == v.dtype and got[k].shape == v.shape and torch.equal(got[k], v), k
+assert isinstance(got["p"], torch.nn.Parameter) and got["p"].requires_grad
+got["w"] += 1                                 # every page of a loaded tensor written
+with torch.no_grad():
+    got["p"].fill_(7)
+_, again = ckpt.load()                        # the snapshot itself is unchanged
+assert torch.equal(again["w"], want["w"]) and torch.equal(again["p"], want["p"]), "snapshot changed"
+view = again["w"][1000:1010]                  # only a view of an unwritten tensor is held
+del again
+ckpt.save(make(5), 1)
+ckpt.save(make(9), 2)                         # over the slot step 0 was loaded from
+assert torch.equal(view, want["w"][1000:1010]), view
+assert torch.equal(got["b"], want["b"]), "a loaded tensor changed with a later save"
+assert torch.equal(got["w"], want["w"] + 1) and bool((got["p"] == 7).all())
+got["b"][:] = True                            # still writable, still its own
+assert bool(got["b"].all())
+print("OWN MEMORY OK", flush=True)
+)");
+  Proc& p = h.StartDdprun(
+      "own", {"--nproc_per_node=1", "--max_restarts=1", "--ckpt_shm_limit=32MiB", script},
+      WorkerEnv());
+  const int rc = h.Wait(p, 120);
+  const std::string out = p.Out() + p.Err();
+  INFO(out);
+  REQUIRE(rc == 0);
+  CHECK(out.find("OWN MEMORY OK") != std::string::npos);
+}
+
 TEST_CASE("checkpoint: kill -9 of ddprun frees the memory; nothing in /dev/shm",
           "[e2e][checkpoint]") {
   if (!TorchAvailable()) return SkipCase("e2e", kPython + " cannot import torch");

@@ -326,7 +326,6 @@ ddp_status_t ddp_checkpoint_find(const ddp_checkpoint_t* c, const char* name, co
 void ddp_checkpoint_free(ddp_checkpoint_t* c) { delete c; }
 
 uint32_t ddp_checkpoint_copy_crc32c(void* dst, const void* src, size_t n, uint32_t crc) {
-  if (dst == nullptr) return ddprun::checkpoint_checksum::Crc32c(crc, src, n);
   return ddprun::checkpoint_checksum::CopyCrc32c(crc, dst, src, n,
                                                  ddprun::checkpoint_checksum::DefaultCopyThreads());
 }

@@ -170,9 +170,10 @@ std::uint32_t CopyCrc32c(std::uint32_t crc, void* dst, const void* src, std::siz
   for (std::size_t i = 1; i < parts; ++i) {
     const std::size_t off = i * part, len = i + 1 == parts ? n - off : part;
     try {
-      pool.emplace_back([&raw, i, d, s, off, len] { raw[i] = Raw(0, d + off, s + off, len); });
+      pool.emplace_back(
+          [&raw, i, d, s, off, len] { raw[i] = Raw(0, d ? d + off : nullptr, s + off, len); });
     } catch (const std::system_error&) {  // no thread to be had: this one does the part
-      raw[i] = Raw(0, d + off, s + off, len);
+      raw[i] = Raw(0, d ? d + off : nullptr, s + off, len);
     }
   }
   raw[0] = Raw(~crc, d, s, part);

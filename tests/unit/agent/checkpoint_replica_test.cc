@@ -194,6 +194,40 @@ TEST_CASE("replica store: complete replicas only, the newest step per seat", "[u
   CHECK(store.Find(Seat{0, 1, 1})->Read(0)->empty());
 }
 
+TEST_CASE("replica store: a replaced replica's memory is reused, never under a reader",
+          "[unit][replica]") {
+  ReplicaStore store;
+  const Seat seat{2, 2, 4};
+  const std::string a(8192, 'a'), b(8192, 'b');
+  store.Commit(Filled(store, seat, 1, {a, b}));
+  const char* first = store.Find(seat)->data(0);
+  store.Commit(Filled(store, seat, 2, {b, a}));  // step 1's memory: the seat's spare
+  auto r3 = Filled(store, seat, 3, {a, a});      // written into it
+  CHECK(r3->data(0) == first);
+  store.Commit(r3);
+  CHECK(*store.Find(seat)->Read(0) == a);
+  CHECK(*store.Find(seat)->Read(1) == a);
+
+  // A reader holds step 3 while step 4 replaces it: its bytes stay.
+  auto reader = store.Find(seat);
+  store.Commit(Filled(store, seat, 4, {b, b}));
+  auto r5 = Filled(store, seat, 5, {b, a});
+  CHECK(r5->data(0) != reader->data(0));
+  CHECK(*reader->Read(0) == a);
+  CHECK(*reader->Read(1) == a);
+
+  // An abandoned replica's memory (a transfer cut short) is the next one's.
+  const char* abandoned = r5->data(0);
+  store.Abandon(std::move(r5));
+  auto r6 = Filled(store, seat, 6, {a, b});
+  CHECK(r6->data(0) == abandoned);
+  store.Commit(r6);
+  // Other sizes get fresh memory of their own.
+  store.Commit(Filled(store, seat, 7, {"x", "y"}));
+  CHECK(*store.Find(seat)->Read(0) == "x");
+  CHECK(*store.Find(seat)->Read(1) == "y");
+}
+
 TEST_CASE("replica store: a byte changed after receipt fails its checksum by rank, either kind",
           "[unit][replica]") {
   ReplicaStore store;

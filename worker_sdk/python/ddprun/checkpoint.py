@@ -19,6 +19,8 @@ then the raw bytes), never pickle.
 Python with ctypes: PyTorch and numpy are imported only when the state
 holds their objects; the bytes are copied and checksummed in one pass by
 libddprun_worker_sdk.so when it is found (else memmove and zlib.crc32).
+With that library, load() returns CPU tensors of 1 MiB or more mapped
+copy-on-write from the snapshot instead of copied ("mapped tensors" below).
 Not thread-safe: call it from one thread of the worker.
 """
 import collections
@@ -30,6 +32,7 @@ import os
 import signal
 import struct
 import sys
+import weakref
 import zlib
 
 __all__ = ["save", "load", "wait", "load_dir", "Error", "UnsupportedError"]
@@ -126,6 +129,7 @@ class _Memory:
             raise Error("ddprun.checkpoint: DDPRUN_CKPT_FD=%s does not hold checkpoint memory of "
                         "version %d; use the ddprun this package came with" % (text, _VERSION))
         self.capacity, self.limit = struct.unpack_from("<QQ", self.mm, _CAPACITY_OFFSET)
+        self.fd = fd
         self._anchor = ctypes.c_char.from_buffer(self.mm)  # the mapping lives as long as the process
         self.address = ctypes.addressof(self._anchor)
 
@@ -283,6 +287,7 @@ def save(state, step):
     newest = max(committed, key=lambda s: records[s][2]) if committed else 1
     slot = 1 - newest
     generation = max([records[s][2] for s in committed] or [0]) + 1
+    _privatize(slot)  # loaded tensors still mapped over this slot keep what load returned
     mem.set_state(slot, _WRITING)  # from here the slot is not loadable until committed
     base = mem.data_offset(slot)
     mm = mem.mm
@@ -365,28 +370,105 @@ def _agreed_steps(local):
     return common
 
 
-def _allocate(node, copies):
+# ------------------------------------------------------------------ mapped tensors
+#
+# load() returns each CPU tensor of _MAP_MIN bytes or more as a private
+# (copy-on-write) mapping of its bytes in the checkpoint memory instead of a
+# copy: the pages are the snapshot's own, already in memory, so the restarted
+# worker pays no page faults of fresh memory before training resumes. The
+# tensor is still independent writable memory: a write to it copies the page
+# it touches into the process (the snapshot is never changed), and before a
+# later save() writes the slot the tensor was loaded from, _privatize copies
+# every page of each such mapping still alive into the process, so that the
+# tensor keeps the values load returned. Smaller tensors, numpy arrays and
+# snapshots checksummed without the SDK library are copied as before.
+
+_MAP_MIN = 1 << 20
+_PAGE = mmap.PAGESIZE
+_MADV_POPULATE_WRITE = 23  # Linux 5.14: write-fault every page of a range (breaks COW)
+_mapped = []  # (slot, weakref to the mmap) of load()'s mappings that may still be alive
+_madvise = False  # libc's madvise, not looked for yet; None where there is none
+
+
+def _address(buf):
+    """The address of a writable buffer's first byte (no reference kept)."""
+    anchor = ctypes.c_char.from_buffer(buf)
+    try:
+        return ctypes.addressof(anchor)
+    finally:
+        del anchor
+
+
+def _libc_madvise():
+    global _madvise
+    if _madvise is False:
+        try:
+            _madvise = ctypes.CDLL(None, use_errno=True).madvise
+            _madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            _madvise.restype = ctypes.c_int
+        except (OSError, AttributeError):
+            _madvise = None
+    return _madvise
+
+
+def _privatize(slot):
+    """Copies into this process every page of load()'s mappings of `slot`
+    that are still alive (a loaded tensor, or a view of one, still held), so
+    that writing the slot does not change them. One madvise per mapping
+    (MADV_POPULATE_WRITE); on a kernel without it, a write of each page's
+    first byte to itself does the same."""
+    keep = []
+    for s, ref in _mapped:
+        m = ref()
+        if m is None:
+            continue
+        if s != slot:
+            keep.append((s, ref))
+            continue
+        madvise = _libc_madvise()
+        if madvise is None or madvise(_address(m), len(m), _MADV_POPULATE_WRITE) != 0:
+            for i in range(0, len(m), _PAGE):
+                m[i] = m[i]
+    _mapped[:] = keep
+
+
+def _map(mem, slot, at, n):
+    """A private writable mapping of the pages holding bytes [at, at + n) of
+    the checkpoint memory, and the offset of byte `at` in it."""
+    start = at // _PAGE * _PAGE
+    m = mmap.mmap(mem.fd, at + n - start, flags=mmap.MAP_PRIVATE,
+                  prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=start)
+    _mapped.append((slot, weakref.ref(m)))
+    return m, at - start
+
+
+def _allocate(node, copies, map_min=None):
     """Puts an empty CPU array of each tensor's and array's dtype and shape
-    in node["_cpu"] and appends (offset, nbytes, its address) to copies."""
+    in node["_cpu"] and appends (offset, nbytes, its address, node) to
+    copies; a tensor of map_min bytes or more (None: none) gets no array and
+    None for its address: load maps it (see "mapped tensors")."""
     t = node["t"]
     if t == "dict":
         for _, v in node["items"]:
-            _allocate(v, copies)
+            _allocate(v, copies, map_min)
     elif t in ("list", "tuple"):
         for v in node["v"]:
-            _allocate(v, copies)
+            _allocate(v, copies, map_min)
     elif t == "torch":
         import torch
+        if map_min is not None and node.get("n", 0) >= map_min:
+            copies.append((node["off"], node["n"], None, node))
+            return
         x = torch.empty(node["shape"], dtype=getattr(torch, node["dtype"]))
         node["_cpu"] = x
         if node.get("n", 0):
-            copies.append((node["off"], node["n"], x.data_ptr()))
+            copies.append((node["off"], node["n"], x.data_ptr(), node))
     elif t == "numpy":
         import numpy as np
         a = np.empty(node["shape"], dtype=np.dtype(node["dtype"]))
         node["_cpu"] = a
         if node.get("n", 0):
-            copies.append((node["off"], node["n"], a.ctypes.data))
+            copies.append((node["off"], node["n"], a.ctypes.data, node))
 
 
 def _decode(node, mem, base):
@@ -409,7 +491,14 @@ def _decode(node, mem, base):
         b = mem.mm[at:at + n]
         return bytes(b) if t == "bytes" else bytearray(b)  # bytes(bytes) does not copy
     if t == "torch":
-        x = node.pop("_cpu")
+        if "_map" in node:
+            import torch
+            m, delta = node.pop("_map")
+            dtype = getattr(torch, node["dtype"])
+            count = node["n"] // torch.empty((), dtype=dtype).element_size()
+            x = torch.frombuffer(m, dtype=dtype, count=count, offset=delta).view(node["shape"])
+        else:
+            x = node.pop("_cpu")
         if node["device"] != "cpu":
             x = x.to(node["device"])
         if node.get("parameter"):
@@ -426,7 +515,7 @@ def _restore(tree, mem, base):
     """The state of a tree over data at mem.address + base, copied by memmove."""
     copies = []
     _allocate(tree, copies)
-    for off, n, dst in copies:
+    for off, n, dst, _ in copies:
         ctypes.memmove(dst, mem.address + base + off, n)
     return _decode(tree, mem, base)
 
@@ -435,7 +524,9 @@ def load():
     """Returns (step, state) of the newest step that every rank of the job
     committed, the same step on every rank, or None when there is none (a
     fresh start). Every rank must call it (a job over several nodes agrees
-    through the round's store). Call it at start, before the first save."""
+    through the round's store). Call it at start, before the first save.
+    Tensors of 1 MiB or more may be copy-on-write mappings of the snapshot:
+    the caller's own memory all the same (see "mapped tensors")."""
     mem = _mem()
     local = {int(s) for s in os.environ.get("DDPRUN_CKPT_STEPS", "").split(",") if s}
     steps = _agreed_steps(local)
@@ -464,16 +555,21 @@ def load():
         # unless the whole snapshot matches its record.
         tree = json.loads(bytes(mem.mm[base + 8:base + 8 + tree_len]))
         copies = []
-        _allocate(tree["state"], copies)
+        _allocate(tree["state"], copies, _MAP_MIN)
         crc, pos = 0, base
-        for off, n, dst in sorted(copies):
+        for off, n, dst, node in sorted(copies, key=lambda c: c[0]):
             at = base + data_start + off
             if at < pos or at + n > base + size:
                 raise Error("ddprun.checkpoint.load: the snapshot of step %d in memory is corrupt "
                             "(its tree places data outside it); something other than "
                             "ddprun.checkpoint wrote to DDPRUN_CKPT_FD" % step)
             crc = copier(None, mem.address + pos, at - pos, crc)
-            crc = copier(dst, mem.address + at, n, crc)
+            if dst is None:  # mapped: checksummed through the mapping, whose pages it maps
+                m, delta = _map(mem, slot, at, n)
+                node["_map"] = (m, delta)
+                crc = copier(None, _address(m) + delta, n, crc)
+            else:
+                crc = copier(dst, mem.address + at, n, crc)
             pos = at + n
         crc = copier(None, mem.address + pos, base + size - pos, crc)
         state = None

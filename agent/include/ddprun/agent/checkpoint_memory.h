@@ -76,8 +76,11 @@ class CheckpointMemory {
 
   // The bytes of a committed snapshot `s` (as Committed gave it) of a local
   // rank. kUnavailable when the worker saved over the slot meanwhile (the
-  // record changed or the checksum does not match): try again later.
-  absl::StatusOr<std::string> ReadCommitted(int local_rank, const CommittedSnapshot& s) const;
+  // record changed or the checksum does not match): try again later. The
+  // bytes are read into `reuse` (resized): a caller that hands back the
+  // previous result reads into memory already in use, not fresh pages.
+  absl::StatusOr<std::string> ReadCommitted(int local_rank, const CommittedSnapshot& s,
+                                            std::string reuse = {}) const;
   // Writes `bytes` (a snapshot in format 1) into slot 0 of a local rank's
   // memory as committed step `step` of RANK `rank` in a job of `world_size`
   // ranks, replacing whatever the memory held: the persisted snapshot a job

@@ -87,6 +87,9 @@ class CheckpointPersister {
   Outcome last_outcome_ = Outcome::kNothing;  // of the last served request, guarded by mu_
   std::int64_t reported_step_ = kNone;        // Flush's last line (the main thread's)
   std::atomic<bool> cancel_{false};           // abandons the write in progress
+  // The last snapshot read (the thread's own): the next one is read into its
+  // memory rather than into fresh pages, which cost the workers' cores here.
+  std::string buffer_;
   std::atomic<std::int64_t> persisted_step_{kNone};
   std::int64_t failed_step_ = kNone;       // the thread's own: not retried until a newer step
   std::int64_t previous_written_ = kNone;  // the thread's own: the step written before

@@ -17,7 +17,8 @@ namespace ddprun::checkpoint_checksum {
 std::uint32_t Crc32c(std::uint32_t crc, const void* p, std::size_t n);
 
 // Copies `n` bytes from `src` to `dst` (which must not overlap) and returns
-// Crc32c(crc, src, n), reading `src` once. Copies of 32 MiB and more are
+// Crc32c(crc, src, n), reading `src` once; a null `dst` only checksums (in
+// the same threads: a snapshot read where it lies). Copies of 32 MiB and more are
 // split over up to `threads` threads (1: none), one per 16 MiB at most,
 // whose results combine into the same value.
 std::uint32_t CopyCrc32c(std::uint32_t crc, void* dst, const void* src, std::size_t n, int threads);
