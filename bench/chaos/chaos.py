@@ -288,7 +288,7 @@ class Job:
         agent.killed = True
         agent.kill9()
         self.start_agent(agent.addr)
-        return "agent on %s (pid %d); a new agent there is the spare" % (agent.addr, agent.pid)
+        return "agent on %s (pid %d); a new agent started there" % (agent.addr, agent.pid)
 
     def log_lines(self, rank):
         try:
@@ -355,9 +355,16 @@ def make_schedule(args):
             for i, p in enumerate(picks)]
 
 
-def steps_lost(job, world):
-    """(lost, resumes): per restart of rank 0, the newest step every rank had
-    committed before it started minus the step it resumed from."""
+def steps_lost(job, world, faults):
+    """(lost, lag, resumes) over the starts of rank 0 after its first.
+
+    For each start at time t: C is the newest step every rank had committed
+    before t, L the step it resumed from. After a worker or replica fault
+    every committed step survives (the agent owns the memory): C - L steps
+    are lost. After an agent fault the lost node's newest commit may not have
+    reached its peer replica yet (asynchronous, docs/checkpoint.md): one step
+    re-done is that lag; more is lost. `faults` is [(ns, kind)].
+    """
     commits = []  # per rank: [(ns, step)]
     for r in range(world):
         c = []
@@ -366,20 +373,25 @@ def steps_lost(job, world):
             if len(f) == 3 and f[0] == "commit":
                 c.append((int(f[2]), int(f[1])))
         commits.append(c)
-    lost, resumes = [], 0
+    lost, lag, resumes = [], [], 0
     for line in job.log_lines(0):
         f = line.split()
         if len(f) != 4 or f[0] != "start":
             continue
         t, resumed = int(f[1]), int(f[3])
         newest = [max([s for ns, s in c if ns < t], default=-1) for c in commits]
-        common = min(newest)
         if max(newest) < 0:
             continue  # the first start
         resumes += 1
-        if common > resumed:
-            lost.append((common, resumed))
-    return lost, resumes
+        common = min(newest)
+        if common <= resumed:
+            continue
+        cause = max([f for f in faults if f[0] < t], default=(0, "none"))[1]
+        if cause == "agent" and common - resumed == 1:
+            lag.append((common, resumed))
+        else:
+            lost.append((common, resumed, cause))
+    return lost, lag, resumes
 
 
 def percentile(values, q):
@@ -439,8 +451,9 @@ def run_faulted(args, work, plane, schedule, t_start):
     extra = {}
     if args.corrupt_step is not None:
         extra["CHAOS_CORRUPT_STEP"] = str(args.corrupt_step)
-    job = Job(args, work, plane, "chaos-faults", True, extra)
+    job = Job(args, work, plane, "chaos-faults", args.spare == 1, extra)
     injected = {k: 0 for k in KINDS}
+    job.fault_log = []  # (monotonic ns, kind)
     step_s = args.step_ms / 1000.0
     try:
         last_fault_ns = 0
@@ -465,6 +478,7 @@ def run_faulted(args, work, plane, schedule, t_start):
             else:
                 what = plane.kill_replica(target)
             last_fault_ns = time.monotonic_ns()
+            job.fault_log.append((last_fault_ns, kind))
             if what is None:
                 raise ChaosError("fault %d (%s): nothing to kill" % (i + 1, kind))
             injected[kind] += 1
@@ -497,6 +511,10 @@ def main(argv=None):
     ap.add_argument("--step_ms", type=int, default=100, help="sleep after each step (default 100)")
     ap.add_argument("--nodes", type=int, default=2, help="agents running workers (default 2)")
     ap.add_argument("--nproc_per_node", type=int, default=2, help="workers per agent (default 2)")
+    ap.add_argument("--spare", type=int, choices=(0, 1), default=1,
+                    help="1 (default): one more agent waits as a hot spare and takes a seat "
+                         "when one is lost; 0: none, a killed agent's replacement re-joins "
+                         "into its seat")
     ap.add_argument("--ha", action="store_true",
                     help="3 ddprund replicas on a 3-member etcd (also enables the replica kind)")
     ap.add_argument("--restart_policy", choices=("job", "inplace"), default=None,
@@ -549,9 +567,10 @@ def main(argv=None):
     os.makedirs(work, exist_ok=True)
     by_kind = {k: sum(1 for s in schedule if s[2] == k) for k in args.kinds}
     say("seed %d: %d faults planned (%s) over %d steps of %d ms; %s trainer, %d nodes x %d "
-        "workers + 1 hot spare%s; --restart_policy %s; work dir %s" % (
+        "workers%s%s; --restart_policy %s; work dir %s" % (
             args.seed, len(schedule), ", ".join("%s %d" % kv for kv in by_kind.items()),
             args.steps, args.step_ms, args.trainer, args.nodes, args.nproc_per_node,
+            " + 1 hot spare" if args.spare else "",
             ", 3 ddprund replicas on etcd" if args.ha else "",
             args.restart_policy or "job (ddprun's default, not passed)", work))
     say("schedule: " + ", ".join("%s@%d" % (s[2], s[0]) for s in schedule))
@@ -563,7 +582,7 @@ def main(argv=None):
         plane = ControlPlane(args, work)
         job, injected = run_faulted(args, work, plane, schedule, t0)
         t_faulted = time.monotonic() - t0
-        lost, resumes = steps_lost(job, world)
+        lost, lag, resumes = steps_lost(job, world, job.fault_log)
         recoveries = job.recoveries()
         t1 = time.monotonic()
         clean = None
@@ -583,9 +602,11 @@ def main(argv=None):
         print("faults injected: %d (%s)" % (sum(injected.values()), ", ".join(
             "%s %d" % (k, injected[k]) for k in KINDS)))
         print("restarts resumed from a checkpoint: %d" % resumes)
-        print("steps lost: %d%s" % (sum(c - r for c, r in lost), "".join(
-            " (resumed from step %d while every rank had committed step %d)" % (r, c)
-            for c, r in lost)))
+        print("steps lost: %d%s" % (sum(c - r for c, r, _ in lost), "".join(
+            " (after a %s fault: resumed from step %d while every rank had committed step %d)"
+            % (k, r, c) for c, r, k in lost)))
+        print("replica lag: %d of %d agent faults re-did the lost node's newest step (its "
+              "replica was one save behind)" % (len(lag), injected["agent"]))
         if recoveries:
             print("recovery budget (ms from the failure; %d restarts, slowest node each): "
                   "p50 / p90 / max" % len(recoveries))
