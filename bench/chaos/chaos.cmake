@@ -31,3 +31,12 @@ set_tests_properties(chaos_detects_a_difference PROPERTIES PASS_REGULAR_EXPRESSI
   "final parameters: DIFFER: rank 0 tensor 'weights' \\(float32 \\[4096\\]\\) differs at element 0(.|\n)*chaos exit status 1")
 set_tests_properties(chaos_sdk chaos_torch chaos_detects_a_difference PROPERTIES
   LABELS chaos TIMEOUT 300 RUN_SERIAL TRUE)
+
+# With HA: 3 ddprund replicas on a 3-member etcd; 2 replica kills among 6
+# faults. Registered only where etcd is installed (scripts/install-deps.sh).
+find_program(_chaos_etcd etcd PATHS /usr/bin)
+if(_chaos_etcd)
+  add_test(NAME chaos_sdk_ha COMMAND ${_chaos} --trainer sdk --seed 29 --faults 6 --ha
+    --kinds worker,agent,replica --spare 0 --duration 12 --step_ms 50 --stall_timeout 60)
+  set_tests_properties(chaos_sdk_ha PROPERTIES LABELS chaos TIMEOUT 300 RUN_SERIAL TRUE)
+endif()

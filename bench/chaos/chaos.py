@@ -87,6 +87,7 @@ class Proc:
             self.popen = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                           env=env, preexec_fn=_die_with_parent)
         self.pid = self.popen.pid
+        self.started = time.monotonic()
 
     def alive(self):
         return self.popen.poll() is None
@@ -204,14 +205,31 @@ class ControlPlane:
             os.path.join(self.args.bin, "ddprund"), "--host", "127.0.0.1", "--port", str(port),
             "--dashboard_port", "off", "--quarantine_failures", "0"] + extra, self.work)
 
+    def leader(self):
+        """Index of the live replica that leads (the last to say so), or None."""
+        best = None
+        for i, r in enumerate(self.replicas):
+            if r.alive() and "leads the control plane" in r.text():
+                if best is None or r.started > self.replicas[best].started:
+                    best = i
+        return best
+
     def kill_replica(self, u):
-        """kill -9 of replica int(u * 3), then starts it again on its port."""
-        i = int(u * len(self.replicas))
+        """kill -9 of a replica, started again at once on its port (as
+        systemd's Restart=always does): the leader when u < 0.5, else the
+        standby int((u - 0.5) * 2 * standbys) in port order."""
+        lead = self.leader()
+        standbys = [i for i in range(len(self.replicas)) if i != lead]
+        if u < 0.5 and lead is not None:
+            i, role = lead, "the leader"
+        else:
+            i, role = standbys[min(len(standbys) - 1, int((u - 0.5) * 2 * len(standbys)))], \
+                "a standby"
         old = self.replicas[i]
         old.kill9()
         self.replicas[i] = self._ddprund(i, self.ports[i], self._ha_flags())
-        return "ddprund replica %d (127.0.0.1:%d, pid %d), started again" % (i, self.ports[i],
-                                                                            old.pid)
+        return "ddprund replica %d, %s (127.0.0.1:%d, pid %d), started again" % (
+            i, role, self.ports[i], old.pid)
 
     def stop(self):
         for p in self.replicas + self.etcd:
