@@ -84,8 +84,12 @@ class Proc:
         self.err_path = os.path.join(work, name + ".err")
         self.argv = argv
         with open(self.out_path, "ab") as out, open(self.err_path, "ab") as err:
-            self.popen = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                          env=env, preexec_fn=_die_with_parent)
+            try:
+                self.popen = subprocess.Popen(argv, stdout=out, stderr=err,
+                                              stdin=subprocess.DEVNULL, env=env,
+                                              preexec_fn=_die_with_parent)
+            except OSError as e:
+                raise ChaosError("cannot start %s (%s): %s" % (name, argv[0], e)) from e
         self.pid = self.popen.pid
         self.started = time.monotonic()
 
@@ -373,7 +377,7 @@ def make_schedule(args):
             for i, p in enumerate(picks)]
 
 
-def steps_lost(job, world, faults):
+def steps_lost(job, world, faults, spare):
     """(lost, lag, resumes) over the starts of rank 0 after its first.
 
     For each start at time t: C is the newest step every rank had committed
@@ -381,7 +385,9 @@ def steps_lost(job, world, faults):
     every committed step survives (the agent owns the memory): C - L steps
     are lost. After an agent fault the lost node's newest commit may not have
     reached its peer replica yet (asynchronous, docs/checkpoint.md): one step
-    re-done is that lag; more is lost. `faults` is [(ns, kind)].
+    re-done is that lag; more is lost. With a hot spare (`spare`) a worker
+    fault is the same case: the spare takes the failed node's seat and
+    restores it from the replica. `faults` is [(ns, kind)].
     """
     commits = []  # per rank: [(ns, step)]
     for r in range(world):
@@ -405,7 +411,7 @@ def steps_lost(job, world, faults):
         if common <= resumed:
             continue
         cause = max([f for f in faults if f[0] < t], default=(0, "none"))[1]
-        if cause == "agent" and common - resumed == 1:
+        if (cause == "agent" or (cause == "worker" and spare)) and common - resumed == 1:
             lag.append((common, resumed))
         else:
             lost.append((common, resumed, cause))
@@ -600,7 +606,7 @@ def main(argv=None):
         plane = ControlPlane(args, work)
         job, injected = run_faulted(args, work, plane, schedule, t0)
         t_faulted = time.monotonic() - t0
-        lost, lag, resumes = steps_lost(job, world, job.fault_log)
+        lost, lag, resumes = steps_lost(job, world, job.fault_log, args.spare == 1)
         recoveries = job.recoveries()
         t1 = time.monotonic()
         clean = None
@@ -623,8 +629,9 @@ def main(argv=None):
         print("steps lost: %d%s" % (sum(c - r for c, r, _ in lost), "".join(
             " (after a %s fault: resumed from step %d while every rank had committed step %d)"
             % (k, r, c) for c, r, k in lost)))
-        print("replica lag: %d of %d agent faults re-did the lost node's newest step (its "
-              "replica was one save behind)" % (len(lag), injected["agent"]))
+        print("replica lag: %d of %d restores from a peer replica re-did one step (the replica "
+              "was one save behind the lost seat)" % (len(lag), injected["agent"] + (
+                  injected["worker"] if args.spare else 0)))
         if recoveries:
             print("recovery budget (ms from the failure; %d restarts, slowest node each): "
                   "p50 / p90 / max" % len(recoveries))
