@@ -346,6 +346,15 @@ class Job:
         for p in self.agents:
             p.kill9()
 
+    def last_words(self):
+        """The last line of the first agent that exited non-zero, for an error."""
+        for p in self.agents:
+            if not p.killed and p.popen.poll() not in (None, 0):
+                lines = [l for l in p.text().splitlines() if l.strip()]
+                return "; %s (exit %d) said: %s" % (p.name, p.popen.returncode,
+                                                    lines[-1] if lines else "nothing")
+        return ""
+
     def recoveries(self):
         """[(round, {phase: ms})] of every "recovered in" line, the slowest node per round."""
         rounds = {}
@@ -488,8 +497,8 @@ def run_faulted(args, work, plane, schedule, t_start):
                 if c and c[0] >= step and c[1] > last_fault_ns:
                     return True
                 if not job.live_agents():
-                    raise ChaosError("every agent exited before fault %d (logs in %s)" % (
-                        i + 1, work))
+                    raise ChaosError("every agent exited before fault %d%s (logs in %s)" % (
+                        i + 1, job.last_words(), work))
                 return False
             wait_until(reached, args.stall_timeout,
                        "fault %d: the job committed no step >= %d (stuck after the previous "
@@ -512,7 +521,8 @@ def run_faulted(args, work, plane, schedule, t_start):
         codes = job.wait_done(args.stall_timeout)
         bad = {n: c for n, c in codes.items() if c != 0}
         if bad:
-            raise ChaosError("the job with faults failed: exit codes %s (logs in %s)" % (bad, work))
+            raise ChaosError("the job with faults failed: exit codes %s%s (logs in %s)" % (
+                bad, job.last_words(), work))
         return job, injected
     except BaseException:
         job.stop()
@@ -619,8 +629,8 @@ def main(argv=None):
                 clean.stop()
             bad = {n: c for n, c in codes.items() if c != 0}
             if bad:
-                raise ChaosError("the job without faults failed: exit codes %s (logs in %s)" % (
-                    bad, work))
+                raise ChaosError("the job without faults failed: exit codes %s%s (logs in %s)" % (
+                    bad, clean.last_words(), work))
         t_clean = time.monotonic() - t1
 
         print("faults injected: %d (%s)" % (sum(injected.values()), ", ".join(
