@@ -43,9 +43,12 @@ def ordered_sum_hook(_, bucket):
     parts = [torch.empty_like(t) for _ in range(world)]
     fut = dist.all_gather(parts, t, async_op=True).get_future()
 
-    def reduce(_):
-        # all_gather wrote into `parts` (the future's value differs across
-        # torch versions).
+    def reduce(f):
+        # f.value() raises when the all-gather failed (a peer died): without
+        # it the step would go on with a partial gather and the rank could
+        # commit a step its peers never reached. all_gather wrote into
+        # `parts` (the future's value differs across torch versions).
+        f.value()
         total = parts[0].clone()
         for p in parts[1:]:
             total += p

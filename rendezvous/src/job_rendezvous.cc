@@ -208,14 +208,15 @@ void JobRendezvous::Complete(std::vector<Delivery>* out) {
   std::sort(order.begin(), order.end(), [](const Entry& a, const Entry& b) {
     return std::tie(a.requested, a.host, a.pid) < std::tie(b.requested, b.host, b.pid);
   });
-  // Seats are kept: a member of the previous round (assigned_ids_ still
-  // holds it) keeps its group rank, hence its RANKs and the checkpoint
-  // memory its agent holds for them; newcomers (a promoted spare, a node
-  // that re-joined or scaled the job up) take the free seats in the order
-  // above. With requested node ranks the order above stands.
+  // Seats are kept when the job keeps its size: a member of the previous
+  // round (assigned_ids_ still holds it) keeps its group rank, hence its
+  // RANKs and the checkpoint memory its agent holds for them; newcomers (a
+  // promoted spare, a node that re-joined) take the free seats in the order
+  // above. A job that grew or shrank, or one with requested node ranks, takes
+  // the order above (its checkpoints no longer match seats anyway).
   const bool any_requested = std::any_of(
       order.begin(), order.end(), [](const Entry& e) { return e.requested != INT32_MAX; });
-  if (!any_requested && !assigned_ids_.empty()) {
+  if (!any_requested && assigned_ids_.size() == order.size()) {
     std::vector<std::optional<Entry>> seats(order.size());
     std::vector<Entry> newcomers;
     for (const Entry& e : order) {
