@@ -214,8 +214,8 @@ void JobRendezvous::Complete(std::vector<Delivery>* out) {
   // promoted spare, a node that re-joined) take the free seats in the order
   // above. A job that grew or shrank, or one with requested node ranks, takes
   // the order above (its checkpoints no longer match seats anyway).
-  const bool any_requested = std::any_of(
-      order.begin(), order.end(), [](const Entry& e) { return e.requested != INT32_MAX; });
+  const bool any_requested = std::any_of(order.begin(), order.end(),
+                                         [](const Entry& e) { return e.requested != INT32_MAX; });
   if (!any_requested && assigned_ids_.size() == order.size()) {
     std::vector<std::optional<Entry>> seats(order.size());
     std::vector<Entry> newcomers;
