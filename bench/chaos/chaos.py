@@ -9,9 +9,9 @@ faults; the final parameters must be the same bits.
 
 What it starts, all on loopback: one ddprund (or, with --ha, a 3-member etcd
 and 3 ddprund replicas on it), NODES agents (127.0.0.1 ..) of NPROC workers
-each plus one hot spare, with --ckpt_replicas 1. The trainer saves after
+each, with --ckpt_replicas 1. The trainer saves after
 every step with ddprun's checkpoint memory and logs each start and commit in
-CHAOS_OUT/rank<R>.log.
+CHAOS_OUT/rank<R>.log. (--spare 1 adds a hot spare.)
 
 The schedule is a function of --seed alone: fault i fires after the job has
 committed step S_i (seeded, increasing, at least 2 apart) plus a seeded delay
@@ -19,8 +19,9 @@ within one step, and kills a seeded choice among the candidates of its kind
 at that moment (sorted by rank or address):
   worker   kill -9 of one worker process (the job restarts)
   agent    kill -9 of one agent that runs workers (its workers die with it;
-           the spare takes the seat and restores it from the peer replica);
-           a new agent is started at the same address and becomes the spare
+           a new agent is started at once at the same address and takes the
+           seat, or with --spare 1 the spare takes it; the seat is restored
+           from the peer replica)
   replica  (--ha) kill -9 of one ddprund replica, started again at once
 
 At the end it prints faults injected by kind, steps lost (steps re-done
@@ -243,7 +244,7 @@ class ControlPlane:
 # ---------------------------------------------------------------- the job
 
 class Job:
-    """NODES agents and one hot spare running the trainer, logs in out_dir."""
+    """NODES agents (and a hot spare) running the trainer, logs in out_dir."""
 
     def __init__(self, args, work, plane, tag, spare, extra_env):
         self.args, self.work, self.plane, self.tag = args, work, plane, tag
@@ -545,10 +546,10 @@ def main(argv=None):
     ap.add_argument("--step_ms", type=int, default=100, help="sleep after each step (default 100)")
     ap.add_argument("--nodes", type=int, default=2, help="agents running workers (default 2)")
     ap.add_argument("--nproc_per_node", type=int, default=2, help="workers per agent (default 2)")
-    ap.add_argument("--spare", type=int, choices=(0, 1), default=1,
-                    help="1 (default): one more agent waits as a hot spare and takes a seat "
-                         "when one is lost; 0: none, a killed agent's replacement re-joins "
-                         "into its seat")
+    ap.add_argument("--spare", type=int, choices=(0, 1), default=0,
+                    help="0 (default): a killed agent's replacement re-joins into its seat; "
+                         "1: one more agent waits as a hot spare and takes the seat of a lost "
+                         "or failed node (docs/chaos.md: an open defect)")
     ap.add_argument("--ha", action="store_true",
                     help="3 ddprund replicas on a 3-member etcd (also enables the replica kind)")
     ap.add_argument("--restart_policy", choices=("job", "inplace"), default=None,
