@@ -53,3 +53,9 @@ add_test(NAME chaos_sdk_spare COMMAND ${_chaos} --trainer sdk --seed 5 --faults 
   --kinds worker,agent --spare 1 --duration 20 --step_ms 50 --stall_timeout 60)
 set_tests_properties(chaos_sdk_spare PROPERTIES LABELS chaos TIMEOUT 300 RUN_SERIAL TRUE
   DISABLED TRUE)
+
+# The tool's own logic without processes: seeded schedule, steps lost vs the
+# replica's lag, the first differing tensor named.
+add_test(NAME chaos_selftest COMMAND ${Python3_EXECUTABLE}
+  ${CMAKE_CURRENT_LIST_DIR}/chaos_selftest.py)
+set_tests_properties(chaos_selftest PROPERTIES LABELS unit TIMEOUT 60)
