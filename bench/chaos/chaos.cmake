@@ -17,7 +17,7 @@ add_custom_target(chaos_deps ALL DEPENDS ddprun ddprund ddprun_grpc chaos_sdk_tr
 # Worker and agent kills (5 each, seeded) on the SDK trainer: every step
 # survives and the final weights equal a run without faults.
 add_test(NAME chaos_sdk COMMAND ${_chaos} --trainer sdk --seed 29 --faults 10
-  --kinds worker,agent --spare 0 --duration 12 --step_ms 50 --stall_timeout 60)
+  --kinds worker,agent --spare 0 --duration 8 --step_ms 50 --stall_timeout 60)
 # The PyTorch DDP trainer: one worker and one agent kill.
 add_test(NAME chaos_torch COMMAND ${_chaos} --trainer torch --seed 29 --faults 2
   --kinds worker,agent --spare 0 --duration 8 --step_ms 50 --stall_timeout 90)
@@ -37,7 +37,7 @@ set_tests_properties(chaos_sdk chaos_torch chaos_detects_a_difference PROPERTIES
 find_program(_chaos_etcd etcd PATHS /usr/bin)
 if(_chaos_etcd)
   add_test(NAME chaos_sdk_ha COMMAND ${_chaos} --trainer sdk --seed 29 --faults 6 --ha
-    --kinds worker,agent,replica --spare 0 --duration 12 --step_ms 50 --stall_timeout 60)
+    --kinds worker,agent,replica --spare 0 --duration 8 --step_ms 50 --stall_timeout 60)
   set_tests_properties(chaos_sdk_ha PROPERTIES LABELS chaos TIMEOUT 300 RUN_SERIAL TRUE)
 endif()
 
