@@ -1,7 +1,7 @@
 # The chaos run (bench/chaos/chaos.py, docs/chaos.md) in its CI form, label
 # `chaos` (in `make test`, which runs every label; alone: ctest -L chaos).
-# About 2 minutes on 2 busy cores. Included from tests/CMakeLists.txt: it needs ddprun, ddprund, the gRPC
-# module and the SDK trainer fixture.
+# About 2 minutes on 2 busy cores. Included from tests/CMakeLists.txt: it
+# needs ddprun, ddprund, the gRPC module and the SDK trainer fixture.
 if(NOT TARGET ddprun_worker_sdk)
   return()
 endif()
