@@ -1,6 +1,7 @@
 #include "ddprun/rendezvous/job_rendezvous.h"
 
 #include <algorithm>
+#include <optional>
 #include <random>
 #include <set>
 #include <tuple>
@@ -207,6 +208,32 @@ void JobRendezvous::Complete(std::vector<Delivery>* out) {
   std::sort(order.begin(), order.end(), [](const Entry& a, const Entry& b) {
     return std::tie(a.requested, a.host, a.pid) < std::tie(b.requested, b.host, b.pid);
   });
+  // Seats are kept when the job keeps its size: a member of the previous
+  // round (assigned_ids_ still holds it) keeps its group rank, hence its
+  // RANKs and the checkpoint memory its agent holds for them; newcomers (a
+  // promoted spare, a node that re-joined) take the free seats in the order
+  // above. A job that grew or shrank, or one with requested node ranks, takes
+  // the order above (its checkpoints no longer match seats anyway).
+  const bool any_requested = std::any_of(order.begin(), order.end(),
+                                         [](const Entry& e) { return e.requested != INT32_MAX; });
+  if (!any_requested && assigned_ids_.size() == order.size()) {
+    std::vector<std::optional<Entry>> seats(order.size());
+    std::vector<Entry> newcomers;
+    for (const Entry& e : order) {
+      const auto prev = std::find(assigned_ids_.begin(), assigned_ids_.end(), e.id);
+      const auto seat = static_cast<std::size_t>(prev - assigned_ids_.begin());
+      if (prev != assigned_ids_.end() && seat < seats.size() && !seats[seat]) {
+        seats[seat] = e;
+      } else {
+        newcomers.push_back(e);
+      }
+    }
+    std::size_t next = 0;
+    for (auto& s : seats) {
+      if (!s) s = newcomers[next++];
+    }
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = *seats[i];
+  }
   assigned_.clear();
   int base = 0;
   for (std::size_t i = 0; i < order.size(); ++i) {

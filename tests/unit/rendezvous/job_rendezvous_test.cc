@@ -472,6 +472,60 @@ TEST_CASE("a hot spare takes the failed node's seat, whatever the re-join order"
   CHECK(ids == std::set<std::string>{a, c});
 }
 
+// The chaos run (bench/chaos, docs/chaos.md) lost every step when seats
+// moved: a survivor re-sorted into another group rank got other RANKs, whose
+// checkpoints its agent does not hold, and no step was common to all ranks.
+TEST_CASE("a survivor keeps its group rank; the promoted spare takes the free seat", "[unit]") {
+  Fixture f;
+  auto a = f.Join(Spec("h2", 2));
+  auto b = f.Join(Spec("h3", 3));
+  auto spare = f.Join(Spec("h1", 1));  // sorts before both members
+  f.out.clear();
+  // b (group rank 1) is lost: h1 is promoted; a must stay group rank 0.
+  f.job.NodeLost(b, &f.out);
+  f.out.clear();
+  f.Join(Spec("h2", 2));
+  auto as = Of<Assignment>(f.out);
+  REQUIRE(as.size() == 2);
+  std::map<std::string, Assignment> by;
+  for (auto& [id, x] : as) by[id] = x;
+  CHECK(by[a].group_rank == 0);
+  CHECK(by[a].base_rank == 0);
+  CHECK(by[spare].group_rank == 1);
+  CHECK(by[spare].base_rank == 4);
+  CHECK(by[a].master_addr == "h2");
+  // a (group rank 0) is lost next: a new node on h0 takes seat 0, the
+  // former spare keeps seat 1.
+  f.out.clear();
+  f.job.NodeLost(a, &f.out);
+  auto fresh = f.Join(Spec("h0", 9));
+  f.Join(Spec("h1", 1));
+  as = Of<Assignment>(f.out);
+  REQUIRE(as.size() == 2);
+  by.clear();
+  for (auto& [id, x] : as) by[id] = x;
+  CHECK(by[spare].group_rank == 1);
+  CHECK(by[fresh].group_rank == 0);
+}
+
+TEST_CASE("a worker failure with a spare: the survivor keeps its seat, the spare takes the other",
+          "[unit]") {
+  Fixture f;
+  auto a = f.Join(Spec("h2", 2));
+  auto b = f.Join(Spec("h3", 3));
+  auto c = f.Join(Spec("h1", 1));  // the spare sorts before both
+  f.out.clear();
+  REQUIRE(f.job.Report(b, 0, Outcome::kFailed, {}, &f.out).ok());
+  f.out.clear();
+  f.Join(Spec("h2", 2));
+  auto as = Of<Assignment>(f.out);
+  REQUIRE(as.size() == 2);
+  std::map<std::string, Assignment> by;
+  for (auto& [id, x] : as) by[id] = x;
+  CHECK(by[a].group_rank == 0);  // before: re-sorted to 1 behind h1's spare
+  CHECK(by[c].group_rank == 1);
+}
+
 TEST_CASE("without a spare the failed node keeps its seat (no early completion)", "[unit]") {
   Fixture f;
   auto a = f.Join(Spec("h1", 1, 1, 2));
