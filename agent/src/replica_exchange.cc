@@ -1,5 +1,6 @@
 #include "replica_exchange.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -58,7 +59,13 @@ void ExchangeReplicas(ReplicaService& service, CheckpointMemory& memory,
                       const std::function<void(const std::string&)>& log) {
   service.SetRound(a.round, a.store_token, "");
   const replica::Seat mine{a.base_rank, a.local_world_size, a.world_size};
-  const bool need = memory.CommonSteps(a.local_world_size, a.base_rank, a.world_size).empty();
+  // This seat's newest step in the node's own memory (-1: none). A replica of
+  // the seat newer than it wins: a node promoted back into a seat it held
+  // rounds ago (a spare since) holds that seat's old steps, which no other
+  // rank of the job still has.
+  const std::vector<std::int64_t> own =
+      memory.CommonSteps(a.local_world_size, a.base_rank, a.world_size);
+  const std::int64_t own_newest = own.empty() ? -1 : *std::max_element(own.begin(), own.end());
   std::string successor;
   std::vector<Offer> offers;
   if (a.group_world_size > 1) {
@@ -89,11 +96,16 @@ void ExchangeReplicas(ReplicaService& service, CheckpointMemory& memory,
           offers[static_cast<std::size_t>((a.group_rank + 1) % a.group_world_size)].endpoint;
     }
   }
-  if (need) {
-    // The newest replica of this seat: this node's own, else another's.
+  {
+    // The newest replica of this seat newer than the node's own memory: the
+    // one this node holds, else another's.
     std::shared_ptr<const HeldReplica> local = service.store().Find(mine);
-    std::int64_t best = local ? local->step() : -1;
-    std::string holder = local ? service.endpoint() : "";
+    std::int64_t best = own_newest;
+    std::string holder;
+    if (local && local->step() > best) {
+      best = local->step();
+      holder = service.endpoint();
+    }
     for (std::size_t g = 0; g < offers.size(); ++g) {
       if (static_cast<int>(g) == a.group_rank) continue;
       for (const auto& [seat, step] : offers[g].held) {
@@ -129,7 +141,11 @@ void ExchangeReplicas(ReplicaService& service, CheckpointMemory& memory,
       }
       if (st.ok()) {
         log(absl::StrCat("--ckpt_replicas: restored step ", step, " of ", RanksText(mine),
-                         " from the replica held by ", holder, " (nothing read from storage)"));
+                         " from the replica held by ", holder, " (nothing read from storage",
+                         own_newest >= 0 ? absl::StrCat("; this node's own memory held step ",
+                                                        own_newest, " of them, older")
+                                         : "",
+                         ")"));
       } else {
         for (int j = 0; j < mine.local_ranks; ++j) memory.Clear(j);
         log(absl::StrCat("--ckpt_replicas: cannot restore ", RanksText(mine),

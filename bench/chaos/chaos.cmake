@@ -41,18 +41,14 @@ if(_chaos_etcd)
   set_tests_properties(chaos_sdk_ha PROPERTIES LABELS chaos TIMEOUT 300 RUN_SERIAL TRUE)
 endif()
 
-# Known defect, reproduced here and disabled until fixed (docs/chaos.md,
-# "Findings"): with a hot spare, a node whose worker failed becomes the spare
-# and keeps its old snapshots; promoted back into its former seat later (the
-# node that took it was lost), its agent resumes from that stale memory
-# instead of the newer peer replica of the seat (agent/src/replica_exchange.cc
-# restores only when the node holds no step for its ranks), no step is common
-# to all ranks and the job starts over: "steps lost" > 0, exit 1.
-# Run it by hand (the same command) or remove DISABLED once it passes.
+# With a hot spare (a defect found by this run, fixed): a node whose worker
+# failed becomes the spare and keeps its old snapshots; promoted back into its
+# former seat later, its agent restores the seat's newer peer replica
+# (agent/src/replica_exchange.cc) instead of resuming from that stale memory,
+# which lost 735 steps before the fix (docs/chaos.md, "Findings").
 add_test(NAME chaos_sdk_spare COMMAND ${_chaos} --trainer sdk --seed 5 --faults 16
   --kinds worker,agent --spare 1 --duration 20 --step_ms 50 --stall_timeout 60)
-set_tests_properties(chaos_sdk_spare PROPERTIES LABELS chaos TIMEOUT 300 RUN_SERIAL TRUE
-  DISABLED TRUE)
+set_tests_properties(chaos_sdk_spare PROPERTIES LABELS chaos TIMEOUT 300 RUN_SERIAL TRUE)
 
 # The tool's own logic without processes: seeded schedule, steps lost vs the
 # replica's lag, the first differing tensor named.
