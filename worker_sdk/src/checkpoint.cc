@@ -22,7 +22,9 @@
 #include <memory>
 #include <set>
 #include <string_view>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -257,6 +259,7 @@ std::set<std::int64_t> AgreedSteps(const std::set<std::int64_t>& local) {
                                        s.message()));
   }
   std::set<std::int64_t> common = local;
+  std::vector<std::string> held;  // "node <g>: <steps>", for the line below
   for (std::int64_t node = 0; node < nodes; ++node) {
     absl::StatusOr<std::string> text = (*client)->Get(absl::StrCat(prefix, node), timeout);
     if (absl::IsDeadlineExceeded(text.status())) {
@@ -268,6 +271,7 @@ std::set<std::int64_t> AgreedSteps(const std::set<std::int64_t>& local) {
       throw ConnectionError(absl::StrCat(Fence(), "ddp::checkpoint::Load: cannot read node ", node,
                                          "'s steps: ", text.status().message()));
     }
+    held.push_back(absl::StrCat("node ", node, ": ", text->empty() ? "none" : *text));
     std::set<std::int64_t> theirs;
     for (absl::string_view s : absl::StrSplit(*text, ',', absl::SkipEmpty())) {
       std::int64_t v = 0;
@@ -277,6 +281,19 @@ std::set<std::int64_t> AgreedSteps(const std::set<std::int64_t>& local) {
     std::set_intersection(common.begin(), common.end(), theirs.begin(), theirs.end(),
                           std::inserter(both, both.end()));
     common = std::move(both);
+  }
+  // Steps exist but none is held by every node (a node restored from a peer
+  // replica that was behind the others, say): the job starts over, which
+  // must not pass in silence. Said once per node.
+  if (common.empty() && EnvInt("LOCAL_RANK", 0) == 0 &&
+      std::any_of(held.begin(), held.end(),
+                  [](const std::string& h) { return !absl::EndsWith(h, ": none"); })) {
+    std::fprintf(stderr, "%s\n",
+                 absl::StrCat(Fence(), "ddp::checkpoint::Load: no step is held by every node (",
+                              absl::StrJoin(held, "; "),
+                              "); starting without a checkpoint (docs/checkpoint.md, \"No step "
+                              "in common\")")
+                     .c_str());
   }
   return common;
 }

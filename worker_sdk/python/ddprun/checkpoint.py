@@ -338,6 +338,12 @@ def wait():
 
 # ------------------------------------------------------------------ loading
 
+def _fence():
+    """The job's fence, as every ddprun message starts: "[job <id> round <n>] "."""
+    return "[job %s round %s] " % (os.environ.get("DDPRUN_JOB_ID", "none"),
+                                   os.environ.get("DDPRUN_ROUND", "0"))
+
+
 def _agreed_steps(local):
     """The steps every node's ranks all committed: this node's from the agent
     (DDPRUN_CKPT_STEPS), the others' through the round's TCPStore."""
@@ -358,6 +364,7 @@ def _agreed_steps(local):
     prefix = "ddprun_ckpt/%s/%s/" % (os.environ.get("DDPRUN_JOB_ID", ""), os.environ.get("DDPRUN_ROUND", ""))
     store.set(prefix + os.environ.get("GROUP_RANK", "0"), ",".join(str(s) for s in sorted(local)))
     common = set(local)
+    held = []  # "node <g>: <steps>", for the line below
     for node in range(nodes):
         key = prefix + str(node)
         try:
@@ -366,7 +373,16 @@ def _agreed_steps(local):
             raise Error("ddprun.checkpoint.load: node %d did not publish its checkpoint steps within "
                         "%g s; every rank must call load() at start" % (node, timeout)) from None
         text = store.get(key).decode()
+        held.append("node %d: %s" % (node, text or "none"))
         common &= {int(s) for s in text.split(",") if s}
+    # Steps exist but none is held by every node (a node restored from a peer
+    # replica that was behind the others, say): the job starts over, which
+    # must not pass in silence. Said once per node.
+    if not common and os.environ.get("LOCAL_RANK", "0") == "0" and \
+            any(not h.endswith(": none") for h in held):
+        sys.stderr.write("%sddprun.checkpoint.load: no step is held by every node (%s); starting "
+                         "without a checkpoint (docs/checkpoint.md, \"No step in common\")\n"
+                         % (_fence(), "; ".join(held)))
     return common
 
 
