@@ -213,3 +213,35 @@ TEST_CASE(
   CHECK(ReadFile(out + "/params.bin") == clean);
   h.StopDaemon(*daemon);
 }
+
+TEST_CASE(
+    "inplace: a hung rank under --on_hang=restart is the only worker replaced; the ranks "
+    "waiting for it re-form in their processes",
+    "[e2e][inplace][hang]") {
+  if (!TorchAvailable()) return SkipCase("e2e", kPython + " cannot import torch");
+  Harness h;
+  const std::string clean = CleanParams(h);
+  // Rank 1 blocks in C (os.read) before step 5; the others wait for it in
+  // the step's all-reduce.
+  const Run run = Train(
+      h, "hang1",
+      {"--restart_policy=inplace", "--max_restarts=2", "--on_hang=restart", "--hang_timeout=25"},
+      {{"HANG_RANK", "1"}, {"HANG_AT", "5"}});
+  INFO(run.console);
+  for (int rank = 0; rank < kRanks; ++rank) {
+    const std::vector<Attempt> a = Attempts(run.out, rank);
+    INFO("rank " << rank << ":\n"
+                 << ReadFile(run.out + "/rank" + std::to_string(rank) + ".attempts"));
+    REQUIRE(a.size() == 2);
+    CHECK(a[1].start == 5);
+    if (rank == 1) {
+      CHECK(a[1].pid != a[0].pid);
+    } else {
+      CHECK(a[1].pid == a[0].pid);
+    }
+  }
+  CHECK_THAT(run.console, Catch::Contains("hung: no progress for --hang_timeout"));
+  CHECK_THAT(run.console, Catch::Contains("in place: worker rank 1 (pid"));
+  CHECK_THAT(run.console, Catch::Contains("wait inside a PyTorch collective"));
+  CHECK(ReadFile(run.out + "/params.bin") == clean);
+}
