@@ -6,9 +6,12 @@
 // parameters are bit-identical to a run without the failure. An unchanged
 // script is restarted as processes, with one line per worker; a second
 // failure during the recovery converges.
+#include <signal.h>
+
 #include <catch2/catch.hpp>
 #include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -244,4 +247,60 @@ TEST_CASE(
   CHECK_THAT(run.console, Catch::Contains("in place: worker rank 1 (pid"));
   CHECK_THAT(run.console, Catch::Contains("wait inside a PyTorch collective"));
   CHECK(ReadFile(run.out + "/params.bin") == clean);
+}
+
+TEST_CASE(
+    "inplace, a lost node: an elastic job re-forms at the smaller size with the other node's "
+    "workers in their processes, and their steps count for the recovery budget",
+    "[e2e][inplace]") {
+  if (!TorchAvailable()) return SkipCase("e2e", kPython + " cannot import torch");
+  Harness h;
+  Proc* daemon = nullptr;
+  const int port = h.StartDaemon("ddprund", &daemon);
+  const std::string out = h.MakeDir("lost");
+  std::vector<Proc*> nodes;
+  for (int i = 0; i < 2; ++i) {
+    const EnvList env{{"PYTHON_EXEC", kPython},
+                      {"PYTHONPATH", kPythonDir},
+                      {"OUT_DIR", out},
+                      {"STEPS", "300"},
+                      {"EVENTS", "1"}};
+    nodes.push_back(
+        &h.StartDdprun("node" + std::to_string(i),
+                       {"--nnodes=1:2", "--nproc_per_node=2", "--node_rank=" + std::to_string(i),
+                        "--local_addr=127.0.0." + std::to_string(i + 1),
+                        "--rdzv_endpoint=127.0.0.1:" + std::to_string(port), "--rdzv_id=lost1",
+                        "--rdzv_conf=join_timeout=60,last_call_timeout=5",
+                        "--restart_policy=inplace", "--max_restarts=1", kScript},
+                       env));
+  }
+  // Once every rank completed step 3, the second node's agent is killed.
+  const auto t0 = Clock::now();
+  auto steps_done = [&] {
+    std::set<std::string> ranks;
+    std::istringstream in(ReadFile(out + "/events"));
+    std::string t, rank, name, restart, step;
+    while (in >> t >> rank >> name >> restart >> step) {
+      if (name == "step" && std::stoi(step) >= 3) ranks.insert(rank);
+    }
+    return ranks.size() == 4;
+  };
+  while (!steps_done() && SecondsSince(t0) < 120) SleepMs(50);
+  REQUIRE(steps_done());
+  REQUIRE(::kill(nodes[1]->pid, SIGKILL) == 0);
+  const int rc = h.Wait(*nodes[0], 240);
+  const std::string console = nodes[0]->Out() + nodes[0]->Err();
+  INFO(console);
+  CHECK(rc == 0);
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::vector<Attempt> a = Attempts(out, rank);
+    REQUIRE(a.size() == 2);
+    CHECK(a[1].pid == a[0].pid);  // the surviving node's workers kept their processes
+  }
+  CHECK_THAT(console, Catch::Contains("in place: rank(s) 0,1 keep their processes"));
+  // Only survivors ran the new round: their steps closed the budget.
+  CHECK(std::regex_search(console, std::regex("\\[job lost1 round [0-9]+\\] recovered in [0-9]+ "
+                                              "ms: .*\\(in place: ")));
+  (void)h.Wait(*nodes[1], 10);
+  h.StopDaemon(*daemon);
 }

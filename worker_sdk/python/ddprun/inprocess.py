@@ -222,6 +222,19 @@ def _destroy_process_group():
     gc.collect()  # the group's last references (a DDP module of fn's frame) go now
 
 
+def _restart_step_counting():
+    """ddprun's start-up hook counts the steps of the first optimizer that
+    steps (ddprun_hook/sitecustomize.py); fn's next call makes a new one, so
+    the hook picks again. Without it the agent would see no progress from
+    this process after the re-form (no first step, and a false hang)."""
+    metrics = sys.modules.get("ddprun_metrics")
+    state = getattr(metrics, "_hook_state", None) if metrics is not None else None
+    if state is not None:
+        state.optimizer = None
+        state.pending_samples = 0
+        state.saw_forward = False
+
+
 def _wait_ready(block):
     timeout = _seconds(_ENV_READY_TIMEOUT, _DEFAULT_READY_TIMEOUT)
     deadline = time.monotonic() + timeout
@@ -269,6 +282,7 @@ def run(fn, *args, **kwargs):
         _destroy_process_group()
         new_generation, rnd, env = _wait_ready(block)
         os.environ.update(env)
+        _restart_step_counting()
         block.set_ack(new_generation)
         sys.stderr.write("ddprun.inprocess: %s rank %s re-formed in place into round %d in %d ms\n"
                          % (_fence(), os.environ.get("RANK", "?"), rnd,
