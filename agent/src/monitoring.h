@@ -61,7 +61,10 @@ class Monitoring {
   ~Monitoring();
 
   // A round starts with these workers (one channel and stack file each).
-  void BeginRound(const rendezvous::Assignment& assignment);
+  // `keep`: the local ranks whose processes go on from the previous round
+  // (--restart_policy=inplace): their channel and stack files are kept (the
+  // process holds them), and MaxSteps counts their steps from now.
+  void BeginRound(const rendezvous::Assignment& assignment, const std::set<int>& keep = {});
   // The variables that name a worker's channel and stack file, and the
   // Python hook on PYTHONPATH (after BeginRound).
   void AddWorkerEnv(int local_rank, std::map<std::string, std::string>* env) const;
@@ -70,10 +73,18 @@ class Monitoring {
   // A membership or restart event for the next report ("worker 3 exited 1").
   void Event(std::string event);
   // The round's workers are gone: reporting stops until the next round.
-  void EndRound();
+  // keep_files: the processes go on into the next round (an in-place
+  // restart's survivors): their channel and stack files stay open for
+  // BeginRound's `keep`.
+  void EndRound(bool keep_files = false);
   // The most steps any worker of the round has completed (its channel's
   // counter, read now: a few preads, no lock held by the reporter).
   std::int64_t MaxSteps() const;
+  // The stack of local rank j's process `pid` now (stack_capture.h), within
+  // `budget`; for the agent's own decisions (--restart_policy=inplace). Only
+  // a worker whose metrics channel was sampled (it says how to ask for the
+  // stack); otherwise an empty dump with its reason, nothing signalled.
+  rendezvous::StackDump CaptureLocal(int local_rank, pid_t pid, rendezvous::Duration budget);
   // The node's latest finished recovery, sent with every report from now on
   // (the hub keeps it per round and node); BeginRound clears it.
   void SetRecovery(rendezvous::RecoveryBudget recovery);
@@ -88,6 +99,7 @@ class Monitoring {
   struct Files {
     int channel_fd = -1;
     int stack_fd = -1;
+    std::int64_t base_steps = 0;  // the channel's steps when the round began
   };
   void Run();
   void Tick();
