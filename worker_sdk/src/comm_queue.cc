@@ -10,6 +10,7 @@ QueuedWork::QueuedWork(std::weak_ptr<Backend> owner, std::string desc, Duration 
 void QueuedWork::Complete(absl::Status s) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (done_) return;  // an abort completed it first
     done_ = true;
     status_ = std::move(s);
   }
@@ -70,6 +71,11 @@ void CommQueue::Push(std::string desc, std::function<void()> run,
   state_->cv.notify_one();
 }
 
+std::shared_ptr<QueuedWork> CommQueue::Running() {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->running;
+}
+
 std::deque<QueuedTask> CommQueue::TakeQueued() {
   std::deque<QueuedTask> taken;
   std::lock_guard<std::mutex> lock(state_->mu);
@@ -117,6 +123,7 @@ void CommQueue::Loop(std::shared_ptr<State> state, std::shared_ptr<void> keep_al
       task = std::move(state->queue.front());
       state->queue.pop_front();
       state->busy = true;
+      state->running = task.work;
     }
     absl::Status status;
     try {
@@ -127,6 +134,7 @@ void CommQueue::Loop(std::shared_ptr<State> state, std::shared_ptr<void> keep_al
     {
       std::lock_guard<std::mutex> lock(state->mu);
       state->busy = false;
+      state->running.reset();
     }
     task.work->Complete(std::move(status));
   }

@@ -28,7 +28,8 @@ class QueuedWork final : public WorkState {
  public:
   QueuedWork(std::weak_ptr<Backend> owner, std::string desc, Duration default_timeout);
 
-  // Called once, by the queue's thread or by an abort.
+  // The first call wins: the queue's thread, or an abort that fails the
+  // work before the thread is done with it (a lost peer: fail fast).
   void Complete(absl::Status s);
 
   absl::Status Wait(Duration timeout) override;
@@ -72,6 +73,8 @@ class CommQueue {
 
   // Queues `run` (nullptr: nothing to do, but completes after earlier work).
   void Push(std::string desc, std::function<void()> run, std::shared_ptr<QueuedWork> work);
+  // The work of the task the thread runs now (null when idle).
+  std::shared_ptr<QueuedWork> Running();
   // Removes every task not started yet (an abort completes their works).
   std::deque<QueuedTask> TakeQueued();
 
@@ -92,6 +95,7 @@ class CommQueue {
     bool stop = false;
     bool busy = false;
     bool claimed = false;  // a caller runs a collective (TryClaim)
+    std::shared_ptr<QueuedWork> running;
     ErrorHandler on_error;
   };
   static void Loop(std::shared_ptr<State> state, std::shared_ptr<void> keep_alive);
