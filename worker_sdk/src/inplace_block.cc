@@ -44,6 +44,22 @@ InplaceBlock::InplaceBlock(char* base)
       env_bytes_(At<std::uint32_t>(base, layout::kEnvBytesOffset)),
       round_(At<std::uint64_t>(base, layout::kRoundOffset)) {}
 
+InplaceBlock::~InplaceBlock() { ::munmap(base_, layout::kBlockBytes); }
+
+absl::StatusOr<std::unique_ptr<InplaceBlock>> InplaceBlock::Map(int fd, const std::string& name) {
+  void* p = ::mmap(nullptr, layout::kBlockBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return BadBlock(name, absl::StrCat("mmap: ", std::strerror(errno)));
+  char* base = static_cast<char*>(p);
+  std::uint32_t version = 0;
+  std::memcpy(&version, base + layout::kVersionOffset, sizeof version);
+  if (std::memcmp(base + layout::kMagicOffset, layout::kMagic, sizeof layout::kMagic) != 0 ||
+      version != layout::kVersion) {
+    ::munmap(p, layout::kBlockBytes);
+    return BadBlock(name, absl::StrCat("no magic DDPINPL1 version ", layout::kVersion, " there"));
+  }
+  return std::unique_ptr<InplaceBlock>(new InplaceBlock(base));
+}
+
 absl::StatusOr<InplaceBlock*> InplaceBlock::Get() {
   static std::mutex mu;
   static InplaceBlock* block = nullptr;
@@ -54,17 +70,9 @@ absl::StatusOr<InplaceBlock*> InplaceBlock::Get() {
   const std::string text = v;
   int fd = -1;
   if (!absl::SimpleAtoi(text, &fd) || fd < 0) return BadBlock(text, "not a descriptor number");
-  void* p = ::mmap(nullptr, layout::kBlockBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) return BadBlock(text, absl::StrCat("mmap: ", std::strerror(errno)));
-  char* base = static_cast<char*>(p);
-  std::uint32_t version = 0;
-  std::memcpy(&version, base + layout::kVersionOffset, sizeof version);
-  if (std::memcmp(base + layout::kMagicOffset, layout::kMagic, sizeof layout::kMagic) != 0 ||
-      version != layout::kVersion) {
-    ::munmap(p, layout::kBlockBytes);
-    return BadBlock(text, absl::StrCat("no magic DDPINPL1 version ", layout::kVersion, " there"));
-  }
-  block = new InplaceBlock(base);  // lives as long as the process
+  auto mapped = Map(fd, text);
+  if (!mapped.ok()) return mapped.status();
+  block = mapped->release();  // lives as long as the process
   return block;
 }
 

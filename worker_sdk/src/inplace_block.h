@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,6 +27,12 @@ class InplaceBlock {
   // (not a descriptor, wrong magic or version) is an InvalidArgument error
   // naming it.
   static absl::StatusOr<InplaceBlock*> Get();
+  // Maps the block at descriptor `fd` (Get's work; tests map their own).
+  // `name` is what errors call the descriptor.
+  static absl::StatusOr<std::unique_ptr<InplaceBlock>> Map(int fd, const std::string& name);
+  ~InplaceBlock();
+  InplaceBlock(const InplaceBlock&) = delete;
+  InplaceBlock& operator=(const InplaceBlock&) = delete;
 
   // worker_pid = this process, then kFlagCanReform in worker_flags.
   void Register();
