@@ -98,6 +98,10 @@ constexpr auto kCallerYield = std::chrono::microseconds(50);
 // How long a rank that saw a connection close without knowing whose waits
 // for another rank's record of the lost rank (Core::AgreeOnLost).
 constexpr auto kLostLookup = std::chrono::milliseconds(200);
+// How long a TCP group's watcher, told by the agent that the group is
+// broken, waits for a rank to record which peer was lost before it fails
+// the group without a name.
+constexpr auto kNameWait = std::chrono::milliseconds(20);
 // How often a TCP group's watcher reads the in-place control block's
 // generation (WatchBreaks): a tenth of the 100 ms fail-fast goal.
 constexpr auto kBreakPoll = std::chrono::milliseconds(5);
@@ -153,6 +157,14 @@ class Core {
     }
     return -1;
   }
+  // The lost rank a rank recorded (AgreeOnLost), or -1; does not wait.
+  int RecordedLost() const {
+    if (!store) return -1;
+    auto recorded = store->Get(key_prefix + "lost", Duration::zero());
+    int lost = -1;
+    if (recorded.ok() && absl::SimpleAtoi(*recorded, &lost)) return lost;
+    return -1;
+  }
   // Records `candidate` as the group's lost rank unless a rank recorded one
   // first, and returns the recorded one (the first observer of a death
   // records it before it closes its connections, so ranks that only see
@@ -196,7 +208,21 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
       while (!watch_stop_) {
         if (generation->load(std::memory_order_acquire) > formed) {
           lock.unlock();
-          Fail("the agent reports this group broken (a peer failed)", -1);
+          // Name the rank when a rank that saw its connection close recorded
+          // it (Core::AgreeOnLost), or when this rank's own collective fails
+          // naming it meanwhile; the agent's word alone after kNameWait.
+          const auto until = std::chrono::steady_clock::now() + kNameWait;
+          int lost = -1;
+          while (!aborted() && lost < 0 && std::chrono::steady_clock::now() < until) {
+            lost = core_->RecordedLost();
+            if (lost < 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+          }
+          if (lost >= 0) {
+            Fail(absl::StrCat("rank ", lost, " is gone (the agent reports this group broken)"),
+                 lost);
+          } else {
+            Fail("the agent reports this group broken (a peer failed)", -1);
+          }
           return;
         }
         watch_cv_.wait_for(lock, kBreakPoll);

@@ -577,6 +577,42 @@ TEST_CASE("survivors of a peer killed with SIGKILL get PeerLostError at once", "
   std::_Exit(3);
 }
 
+TEST_CASE("survivors re-form in place with ddp::Reconfigure; a replacement joins with Init",
+          "[reform]") {
+  // tests/sdk/reform_sdk_test.cc plays the agent (the in-place control
+  // block). Round 0: every rank all-reduces in a loop (after writing
+  // <SDK_RESULT_FILE>.ready.<rank>) until a peer is lost; then Reconfigure.
+  // A replacement starts in round 1 directly. In round 1 every rank
+  // all-reduces rank + 1 and reports pid, round, rank and the sum.
+  const std::string out = std::getenv("SDK_RESULT_FILE");
+  std::string lost = "none";
+  if (Group()->info().round == 0) {
+    std::ofstream(out + ".ready." + std::to_string(Group()->rank())) << ::getpid() << "\n";
+    std::vector<float> v(1024, 1.0f);
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60)) {
+        Group()->Allreduce(std::span<float>(v)).Wait();
+      }
+      FAIL("no peer was lost within 60 s");
+    } catch (const ddp::PeerLostError& e) {
+      std::int64_t killed = 0;
+      std::ifstream(out + ".killed") >> killed;
+      lost =
+          std::to_string(e.rank()) + " lost_ms=" + std::to_string((MonotonicNs() - killed) / 1e6);
+    }
+    auto broken = std::move(Group());
+    Group() = ddp::Reconfigure(std::move(broken));
+  }
+  auto& pg = Group();
+  std::vector<float> x(1000, static_cast<float>(pg->rank() + 1));
+  pg->Allreduce(std::span<float>(x)).Wait();
+  std::ofstream(out + "." + std::to_string(pg->rank()))
+      << "pid=" << ::getpid() << " round=" << pg->info().round << " size=" << pg->size()
+      << " sum=" << x[0] << " lost=" << lost << "\n";
+  pg->Barrier().Wait();
+}
+
 TEST_CASE("a hung peer is a timeout error", "[hang]") {
   ::signal(SIGTERM, SIG_IGN);
   auto& pg = Group();
