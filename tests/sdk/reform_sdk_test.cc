@@ -76,7 +76,8 @@ TEST_CASE("Reconfigure: survivors of a kill -9 re-form in their own processes wi
       const std::string out = h.dir() + "/result";
       const EnvList common = {{ddprun::kEnvJobId, kJob},       {ddprun::kEnvToken, kToken},
                               {ddprun::kEnvHost, "127.0.0.1"}, {"DDP_SHM", shm},
-                              {"DDP_TIMEOUT_SEC", "30"},       {"SDK_RESULT_FILE", out}};
+                              {"DDP_TIMEOUT_SEC", "30"},       {"DDPRUN_DEBUG", "sdk"},
+                              {"SDK_RESULT_FILE", out}};
       std::vector<std::unique_ptr<AgentBlock>> blocks;
       std::vector<Proc*> procs;
       for (int r = 0; r < kWorld; ++r) {
@@ -105,18 +106,31 @@ TEST_CASE("Reconfigure: survivors of a kill -9 re-form in their own processes wi
       std::ofstream(out + ".killed") << MonotonicNs() << "\n";
       REQUIRE(::kill(procs[kVictim]->pid, SIGKILL) == 0);
       REQUIRE(h.Wait(*procs[kVictim], 30) != 0);
-      // The agent's part: break, publish round 1, start the replacement.
+      // The agent's part: break the survivors' blocks, start the
+      // replacement in round 1, and once it is ready (in ddp::Init: its
+      // hello key is in round 1's store) publish round 1 to the survivors,
+      // so that their formed_ms is the re-form after the replacement is
+      // ready (bench/sdk_recovery.sh reads the printed figures).
       for (int r = 0; r < kWorld; ++r) {
-        if (r == kVictim) continue;
-        blocks[r]->Break();
-        EnvList round1 = RoundEnv(r, 1, store);
-        blocks[r]->Publish(
-            std::vector<std::pair<std::string, std::string>>(round1.begin(), round1.end()), 1);
+        if (r != kVictim) blocks[r]->Break();
       }
       auto fresh = std::make_unique<AgentBlock>();
       EnvList env = Join(common, RoundEnv(kVictim, 1, store));
       env.push_back(fresh->EnvEntry());
       Proc& replacement = h.Start("replacement", CatchRun(Bin("sdk_worker"), "[reform]"), env);
+      const std::string hello = ddprun::rendezvous::SdkStoreScope(kToken, 1) + "/ddp/pg0/hello/" +
+                                std::to_string(kVictim);
+      while (!(*server)->engine().Get(hello)) {
+        INFO("the replacement never reached ddp::Init: " << replacement.Err());
+        REQUIRE(std::chrono::steady_clock::now() < deadline);
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      for (int r = 0; r < kWorld; ++r) {
+        if (r == kVictim) continue;
+        EnvList round1 = RoundEnv(r, 1, store);
+        blocks[r]->Publish(
+            std::vector<std::pair<std::string, std::string>>(round1.begin(), round1.end()), 1);
+      }
       for (int r = 0; r < kWorld; ++r) {
         Proc& p = r == kVictim ? replacement : *procs[r];
         INFO("rank " << r << " stdout:\n" << p.Out() << "\nstderr:\n" << p.Err());
@@ -134,6 +148,12 @@ TEST_CASE("Reconfigure: survivors of a kill -9 re-form in their own processes wi
           std::printf("re-form (%s): rank %d's PeerLostError %.1f ms after the kill\n",
                       std::string(shm) == "1" ? "shm" : "tcp", r, lost_ms);
           REQUIRE(lost_ms < 2000);
+          const std::string err = ReadFile(procs[r]->err_path);
+          const std::size_t at = err.find("formed_ms=");
+          INFO("stderr: " << err);
+          REQUIRE(at != std::string::npos);
+          std::printf("re-form (%s): rank %d formed round 1's group %.1f ms after it was ready\n",
+                      std::string(shm) == "1" ? "shm" : "tcp", r, std::stod(err.substr(at + 10)));
           REQUIRE(blocks[r]->At<std::uint64_t>(layout::kWorkerAckOffset).load() == 1);
         }
       }
