@@ -10,6 +10,11 @@
 #          group formed (goal <= 100 ms), Reconfigure's formed_ms (DDPRUN_DEBUG=sdk);
 #          it includes waiting for the replacement process to reach ddp::Init;
 #   wait   the same survivors' wait for the agent's new round (waited_ms).
+# And, with the agent played by a test (tests/sdk/reform_sdk_test.cc: the
+# replacement is started first, the round published once it is in ddp::Init),
+# RUNS runs of both transports:
+#   form*  from the round published, with the replacement ready, to the
+#          survivors' new group formed (Reconfigure's formed_ms; goal <= 100 ms).
 #   bench/sdk_recovery.sh [build-dir]     (default: build; RUNS=5)
 # Prints one line per transport and figure: n, median, p90, max in ms.
 set -eu
@@ -43,4 +48,13 @@ for shm in 1 0; do
   else
     echo "$name form:  SKIPPED: this ddprun has no --restart_policy (the in-place agent)"
   fi
+done
+
+: >"$out/reform.log"
+for run in $(seq "$RUNS"); do
+  "$B/bin/sdk_tests" "Reconfigure: survivors*" >>"$out/reform.log" 2>&1 || echo "reform run $run failed" >&2
+done
+for name in shm tcp; do
+  echo "$name form*: $(grep "re-form ($name).*formed" "$out/reform.log" |
+    sed 's/.*group \([0-9.]*\) ms.*/\1/' | stats)"
 done
