@@ -17,8 +17,8 @@
 //   TRAINER_STEPS      steps to train (default 200)
 //   TRAINER_COUNT      parameters (floats, default 4096)
 //   TRAINER_KILL_RANK  the rank that SIGKILLs itself at step TRAINER_KILL_STEP
-//   TRAINER_KILL_STEP  in its first process only (TORCHELASTIC_RESTART_COUNT
-//                      unset or 0 at its start): kill -9 in the middle of the job
+//   TRAINER_KILL_STEP  in its first process only (before <out>.killed exists; the
+//                      victim writes it): kill -9 in the middle of the job
 // Output lines "lost: ... lost_ms=<PeerLostError after the kill>" and
 // "reform: ... reconfigure_ms=<Reconfigure, wait included>" (and, with
 // DDPRUN_DEBUG=sdk, Reconfigure's waited_ms/formed_ms line) are what
@@ -70,8 +70,9 @@ int main() {
   const std::size_t count = std::stoul(Env("TRAINER_COUNT", "4096"));
   const int kill_rank = std::stoi(Env("TRAINER_KILL_RANK", "-1"));
   const std::int64_t kill_step = std::stoll(Env("TRAINER_KILL_STEP", "-1"));
-  const bool first_life = std::stoi(Env("TORCHELASTIC_RESTART_COUNT", "0")) == 0;
   const std::string killed_file = out + ".killed";
+  // The victim dies once: its replacement finds the file it wrote.
+  const bool first_life = !std::ifstream(killed_file).good();
   try {
     auto pg = ddp::Init();
     const int start_rank = pg->rank();
