@@ -23,6 +23,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -34,6 +35,7 @@
 #include "ddprun/agent/failure_report.h"
 #include "ddprun/agent/file_timer.h"
 #include "ddprun/agent/host.h"
+#include "ddprun/agent/inplace_blocks.h"
 #include "ddprun/agent/recovery_budget.h"
 #include "ddprun/agent/worker_env.h"
 #include "ddprun/agent/worker_group.h"
@@ -95,6 +97,13 @@ constexpr Duration kStatusTimeout = seconds(2);
 // a round's first spawns do not share the cores with them. A client that
 // connects earlier waits in the listening socket's backlog (docs/launch.md).
 constexpr Duration kServicesDelay = milliseconds(100);
+// --restart_policy=inplace: how long a survivor has, from the new round's
+// publish, to acknowledge it (inplace_layout.h) before it is restarted as a
+// process. A survivor out of its failed collective takes milliseconds; one
+// stuck in a call nothing interrupts never acknowledges.
+constexpr Duration kInplaceAckTimeout = seconds(10);
+// How often the agent looks at the survivors' acknowledgements meanwhile.
+constexpr Duration kInplaceAckPoll = milliseconds(10);
 
 double SecondsOf(Duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -494,13 +503,28 @@ class Agent::Impl {
   }
 
   // Spawns every local worker. Returns false if one could not be started.
+  // --restart_policy=inplace: the previous round's registered survivors are
+  // kept instead, and get the round's environment through their blocks.
   bool SpawnWorkers() {
-    workers_.Clear();
     const rdzv::Assignment& a = *assignment_;
-    logs_->BeginRound(a.restart_count);
+    workers_.Poll();
+    std::vector<std::optional<Worker>> survivors = ChooseSurvivors(workers_.TakeWorkers(), a);
+    std::set<int> kept;
+    for (int j = 0; j < a.local_world_size; ++j) {
+      if (survivors[j]) kept.insert(j);
+    }
+    logs_->BeginRound(a.restart_count, kept);
     exit_seen_.assign(a.local_world_size, false);
-    if (monitoring_) monitoring_->BeginRound(a);
-    WorkerEnvInputs in;
+    if (monitoring_) monitoring_->BeginRound(a, kept);
+    if (InplacePolicy()) {
+      if (!inplace_) inplace_ = std::make_unique<InplaceBlocks>();
+      if (absl::Status st = inplace_->Ensure(a.local_world_size); !st.ok()) {
+        Log(std::string(st.message()));
+        return false;
+      }
+    }
+    WorkerEnvInputs& in = spawn_in_;
+    in = WorkerEnvInputs{};
     in.options = &options_;
     in.assignment = &a;
     in.store_endpoint = session_->endpoint();
@@ -521,8 +545,11 @@ class Agent::Impl {
       return false;
     }
     if (options_.numa_binding != NumaBinding::kNone) *plan = PlanNumaBinding(a.local_world_size);
-    // Checkpoint memory: read between rounds, when no worker runs.
-    std::vector<std::int64_t> ckpt_steps;
+    spawn_plan_ = *std::move(plan);
+    // Checkpoint memory: read between rounds, when no worker runs (the
+    // survivors of an in-place restart wait for the round's publish).
+    std::vector<std::int64_t>& ckpt_steps = spawn_ckpt_steps_;
+    ckpt_steps.clear();
     if (checkpoints_) {
       if (absl::Status st = checkpoints_->Ensure(a.local_world_size); !st.ok()) {
         Log(std::string(st.message()));
@@ -549,35 +576,212 @@ class Agent::Impl {
                 : " (the newest step every worker committed)"));
       }
     }
+    worker_env_.resize(static_cast<std::size_t>(a.local_world_size));
+    ack_due_.reset();
+    awaiting_ack_.clear();
+    std::vector<int> restarted;
     for (int j = 0; j < a.local_world_size; ++j) {
-      SpawnSpec spec;
-      std::string error_file;
-      absl::Status prepared = logs_->Prepare(j, a.base_rank + j, &spec, &error_file);
-      in.error_file = error_file;
-      spec.argv = SubstituteLocalRank(options_.command, j);
-      spec.env = BuildWorkerEnv(base_env_, in, j);
-      if (monitoring_) monitoring_->AddWorkerEnv(j, &spec.env);
-      if (checkpoints_) {
-        checkpoints_->AddToSpawn(j, ckpt_steps, &spec);
-        spec.env[kEnvCkptEvery] = std::to_string(options_.ckpt_every);
-      } else {
-        RemoveCheckpointEnv(&spec.env);
-      }
-      if (!plan->empty()) spec.cpus = (*plan)[static_cast<std::size_t>(j)];
-      absl::Status st = workers_.Spawn(j, a.base_rank + j, spec, std::move(error_file), prepared);
-      if (monitoring_ && st.ok() && workers_.workers().back().child) {
-        monitoring_->WorkerStarted(j, workers_.workers().back().child->pid());
-      }
-      logs_->AfterSpawn(j);
-      if (!st.ok()) {
-        Log(std::string(st.message()));
-        return false;
-      }
+      if (survivors[j] && KeepInPlace(j, std::move(*survivors[j]))) continue;
+      if (!SpawnOne(j)) return false;
+      if (!kept.empty() || a.restart_count > 0) restarted.push_back(a.base_rank + j);
+    }
+    if (!awaiting_ack_.empty()) {
+      ack_due_ = clock_.Now() + kInplaceAckTimeout;
+      std::vector<int> ranks;
+      for (int j : awaiting_ack_) ranks.push_back(a.base_rank + j);
+      Log(absl::StrCat("in place: rank(s) ", absl::StrJoin(ranks, ","),
+                       " keep their processes and re-form into this round",
+                       restarted.empty()
+                           ? ""
+                           : absl::StrCat("; started rank(s) ", absl::StrJoin(restarted, ","))));
     }
     UpdateTimerPids();
     DDPRUN_DEBUG_LOG(kAgent) << rdzv::Fence(options_.job_id, round_) << "spawned "
-                             << a.local_world_size << " worker(s)";
+                             << a.local_world_size - awaiting_ack_.size() << " worker(s), kept "
+                             << awaiting_ack_.size();
     return true;
+  }
+
+  // The environment of local rank j in this round (the spawn's, without its
+  // stdout/stderr and descriptors).
+  SpawnSpec RoundSpec(int j, const std::string& error_file) {
+    SpawnSpec spec;
+    spawn_in_.error_file = error_file;
+    spec.argv = SubstituteLocalRank(options_.command, j);
+    spec.env = BuildWorkerEnv(base_env_, spawn_in_, j);
+    if (monitoring_) monitoring_->AddWorkerEnv(j, &spec.env);
+    if (checkpoints_) {
+      checkpoints_->AddToSpawn(j, spawn_ckpt_steps_, &spec);
+      spec.env[kEnvCkptEvery] = std::to_string(options_.ckpt_every);
+    } else {
+      RemoveCheckpointEnv(&spec.env);
+    }
+    RemoveInplaceEnv(&spec.env);
+    if (!spawn_plan_.empty()) spec.cpus = spawn_plan_[static_cast<std::size_t>(j)];
+    return spec;
+  }
+
+  // Starts a fresh process of local rank j in this round (appended to the
+  // group). False, said on the console, when it could not be started.
+  bool SpawnOne(int j) {
+    const rdzv::Assignment& a = *assignment_;
+    SpawnSpec prepared_spec;
+    std::string error_file;
+    absl::Status prepared = logs_->Prepare(j, a.base_rank + j, &prepared_spec, &error_file);
+    SpawnSpec spec = RoundSpec(j, error_file);
+    spec.stdout_path = prepared_spec.stdout_path;
+    spec.stderr_path = prepared_spec.stderr_path;
+    spec.stdout_fd = prepared_spec.stdout_fd;
+    spec.stderr_fd = prepared_spec.stderr_fd;
+    if (inplace_ && InplacePolicy()) inplace_->AddToSpawn(j, &spec);
+    if (static_cast<std::size_t>(j) < worker_env_.size()) worker_env_[j] = spec.env;
+    absl::Status st = workers_.Spawn(j, a.base_rank + j, spec, std::move(error_file), prepared);
+    if (monitoring_ && st.ok() && workers_.workers().back().child) {
+      monitoring_->WorkerStarted(j, workers_.workers().back().child->pid());
+    }
+    logs_->AfterSpawn(j);
+    if (!st.ok()) {
+      Log(std::string(st.message()));
+      return false;
+    }
+    return true;
+  }
+
+  // ------------------------------------------------------------ in place
+
+  // Whether the job restarts only failed workers: the job's policy (the
+  // first node's) once this node has an assignment, else its own.
+  bool InplacePolicy() const {
+    const rdzv::JobPolicy& policy =
+        assignment_ && assignment_->policy ? *assignment_->policy : options_.policy;
+    return policy.restart_policy == rdzv::RestartPolicy::kInplace;
+  }
+
+  // A failure broke the round (this node's worker, or a restart decided by
+  // the rendezvous): every live worker's block says so at once
+  // (inplace_layout.h, step 3), so that its collectives can fail fast; the
+  // processes keep running until the next round is formed.
+  void BreakSurvivors() {
+    if (monitoring_) monitoring_->EndRound();
+    if (replicas_) replicas_->ClearSuccessor();
+    workers_.Poll();
+    ack_due_.reset();
+    awaiting_ack_.clear();
+    for (const Worker& w : workers_.workers()) {
+      if (w.child && !w.exit && inplace_) inplace_->Break(w.local_rank);
+    }
+    UpdateTimerPids();
+  }
+
+  // The previous round's live workers, by local rank, that may go on in
+  // their processes: those that registered in their block (inplace_layout.h,
+  // step 2). The others are stopped here, each with one line saying why.
+  // Under --restart_policy=job none is alive here; every seat is empty.
+  std::vector<std::optional<Worker>> ChooseSurvivors(std::vector<Worker> previous,
+                                                     const rdzv::Assignment& a) {
+    std::vector<std::optional<Worker>> out(static_cast<std::size_t>(a.local_world_size));
+    std::vector<Worker> doomed;
+    for (Worker& w : previous) {
+      if (!w.child || w.exit) continue;
+      const pid_t pid = w.child->pid();
+      if (!InplacePolicy() || w.local_rank >= a.local_world_size) {
+        doomed.push_back(std::move(w));
+      } else if (!inplace_ || !inplace_->Registered(w.local_rank, pid)) {
+        Log(absl::StrCat("in place: worker rank ", w.global_rank, " (pid ", pid,
+                         ") never registered to re-form in its process (ddprun.inprocess.run, "
+                         "or the SDK's ddp::Init); restarting it as a process"));
+        doomed.push_back(std::move(w));
+      } else {
+        out[static_cast<std::size_t>(w.local_rank)] = std::move(w);
+      }
+    }
+    StopProcesses(std::move(doomed));
+    return out;
+  }
+
+  // Stops these workers (SIGTERM, the grace period, SIGKILL), the others
+  // untouched.
+  void StopProcesses(std::vector<Worker> ws) {
+    if (ws.empty()) return;
+    WorkerGroup group(*launcher_, clock_);
+    for (Worker& w : ws) {
+      const int rank = w.global_rank;
+      group.Adopt(std::move(w), rank);
+    }
+    group.Stop(
+        SIGTERM, grace_period_, [this](TimePoint d) { return WaitWhileStopping(d); },
+        [this](const std::string& msg) { Log(msg); });
+  }
+
+  // Keeps survivor `w` as local rank j of this round: the variables that
+  // changed go to its block, then kReady (inplace_layout.h, step 4). False
+  // when they could not be published (it is stopped, to be started again).
+  bool KeepInPlace(int j, Worker w) {
+    const rdzv::Assignment& a = *assignment_;
+    SpawnSpec spec = RoundSpec(j, w.error_file);
+    const Env changed = ChangedVariables(worker_env_[j], spec.env);
+    if (absl::Status st = inplace_->Publish(j, changed, round_); !st.ok()) {
+      Log(absl::StrCat("in place: worker rank ", w.global_rank, ": ", st.message(),
+                       "; restarting it as a process"));
+      std::vector<Worker> one;
+      one.push_back(std::move(w));
+      StopProcesses(std::move(one));
+      return false;
+    }
+    worker_env_[j] = std::move(spec.env);
+    const pid_t pid = w.child->pid();
+    workers_.Adopt(std::move(w), a.base_rank + j);
+    if (monitoring_) monitoring_->WorkerStarted(j, pid);
+    awaiting_ack_.insert(j);
+    return true;
+  }
+
+  // While survivors owe their acknowledgement: those that gave it are done;
+  // past kInplaceAckTimeout, the others are restarted as processes into the
+  // same round, each with one line.
+  void CheckAcks() {
+    if (!ack_due_ || !inplace_) return;
+    for (auto it = awaiting_ack_.begin(); it != awaiting_ack_.end();) {
+      if (inplace_->Acked(*it)) {
+        inplace_->SetRunning(*it);
+        it = awaiting_ack_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (awaiting_ack_.empty()) {
+      ack_due_.reset();
+      return;
+    }
+    if (clock_.Now() < *ack_due_) return;
+    ack_due_.reset();
+    std::vector<Worker> all = workers_.TakeWorkers();
+    std::vector<Worker> doomed;
+    std::vector<std::optional<Worker>> by_rank(all.size());
+    for (Worker& w : all) {
+      const int j = w.local_rank;
+      if (awaiting_ack_.count(j) != 0 && w.child && !w.exit) {
+        Log(absl::StrCat("in place: worker rank ", w.global_rank, " (pid ", w.child->pid(),
+                         ") did not re-form within ", SecondsOf(kInplaceAckTimeout),
+                         " s (stuck in a call that cannot be interrupted?); restarting it as a "
+                         "process"));
+        doomed.push_back(std::move(w));
+      } else if (j >= 0 && static_cast<std::size_t>(j) < by_rank.size()) {
+        by_rank[static_cast<std::size_t>(j)] = std::move(w);
+      }
+    }
+    awaiting_ack_.clear();
+    StopProcesses(std::move(doomed));
+    for (std::size_t j = 0; j < by_rank.size(); ++j) {
+      if (by_rank[j]) {
+        const int rank = by_rank[j]->global_rank;
+        workers_.Adopt(std::move(*by_rank[j]), rank);
+      } else {
+        if (j < exit_seen_.size()) exit_seen_[j] = false;
+        (void)SpawnOne(static_cast<int>(j));  // a failed spawn is a failure the loop sees
+      }
+    }
+    UpdateTimerPids();
   }
 
   // The WorkerGroup's wait: the event queue until `deadline`. A terminating
@@ -602,6 +806,7 @@ class Agent::Impl {
   // A restart's recovery begins: a new budget record (recovery_budget.h);
   // one it supersedes (a failure during recovery) is said on the console.
   void BeginRecovery(std::string cause, std::optional<TimePoint> detected_at = std::nullopt) {
+    if (InplacePolicy()) cause = "in place: " + cause;
     if (auto old = recovery_.Failure(round_, std::move(cause), detected_at)) {
       Say(FormatRecovery(options_.job_id, *old));
     }
@@ -772,7 +977,12 @@ class Agent::Impl {
     StartMonitoring();
     while (true) {
       std::optional<int> rc = RunOneRound();
-      if (rc) return *rc;
+      if (!rc) continue;
+      // --restart_policy=inplace keeps survivors across the re-join: no
+      // path out of the loop leaves one running.
+      workers_.Poll();
+      if (workers_.AnyAlive()) StopWorkers(SIGTERM);
+      return *rc;
     }
   }
 
@@ -1021,10 +1231,13 @@ class Agent::Impl {
       if (services_due_) wake = std::min(wake, *services_due_);
       const bool step_due = recovery_.WaitingForStep();
       if (step_due) wake = std::min(wake, clock_.Now() + recovery_.StepPollInterval());
+      const bool ack_due = ack_due_.has_value();
+      if (ack_due) wake = std::min(wake, clock_.Now() + kInplaceAckPoll);
       auto e = NextEvent(wake);
       StartServicesIfDue();
       CheckFirstStep();
-      if (!e && step_due && clock_.Now() < poll_at) continue;  // only the step poll
+      CheckAcks();
+      if (!e && (step_due || ack_due) && clock_.Now() < poll_at) continue;  // only the polls
       if (!e || std::holds_alternative<ChildrenChanged>(*e)) {
         workers_.Poll();
         UpdateMonitoredWorkers();
@@ -1047,9 +1260,14 @@ class Agent::Impl {
           StopWorkers(SIGTERM);
           return kExitRendezvousError;
         }
-        Log(absl::StrCat("restarting the workers: ", r->reason));
         BeginRecovery(r->reason);
-        StopWorkers(SIGTERM);
+        if (InplacePolicy()) {
+          Log(absl::StrCat("re-forming in place (--restart_policy=inplace): ", r->reason));
+          BreakSurvivors();
+        } else {
+          Log(absl::StrCat("restarting the workers: ", r->reason));
+          StopWorkers(SIGTERM);
+        }
         recovery_.Stopped();
         OnRestart(*r);
         return std::nullopt;
@@ -1198,12 +1416,19 @@ class Agent::Impl {
       BeginRecovery("a worker could not be started");
     }
     std::vector<rdzv::WorkerFailure> failures = Failures();
+    const bool in_place = InplacePolicy() && !LastAttempt();
     for (const auto& f : failures) {
       DDPRUN_DEBUG_LOG(kAgent) << rdzv::Fence(options_.job_id, round_)
                                << "worker exit: " << DescribeFailure(f);
-      Log(DescribeFailure(f) + "; stopping the node's other workers");
+      Log(DescribeFailure(f) + (in_place ? "; the node's other workers keep their processes "
+                                           "(--restart_policy=inplace)"
+                                         : "; stopping the node's other workers"));
     }
-    StopWorkers(SIGTERM);
+    if (in_place) {
+      BreakSurvivors();
+    } else {
+      StopWorkers(SIGTERM);
+    }
     recovery_.Stopped();
     if (session_->has_replicas()) {
       ReportToReplicas(rdzv::Outcome::kFailed, failures);
@@ -1214,6 +1439,7 @@ class Agent::Impl {
     while (true) {
       auto e = NextEvent(deadline);
       if (!e) {
+        if (in_place) StopWorkers(SIGTERM);
         PrintJobFailure(absl::StrCat("no decision from the rendezvous within ",
                                      SecondsOf(kDecisionTimeout), " s of reporting the failure"),
                         failures);
@@ -1222,21 +1448,24 @@ class Agent::Impl {
       if (auto* s = std::get_if<SignalEvent>(&*e)) {
         if (!Terminates(s->signo)) continue;
         Log(absl::StrCat("received ", SignalName(s->signo), "; leaving"));
+        if (in_place) StopWorkers(s->signo);
         ReportBestEffort(rdzv::Outcome::kLeaving, {});
         return ExitForSignal(s->signo);
       }
       rdzv::RoundEvent* ev = CurrentStreamEvent(*e);
       if (ev == nullptr) continue;
       if (auto* r = std::get_if<rdzv::RestartRound>(ev)) {
-        Log(absl::StrCat("restarting: ", r->reason));
+        Log(absl::StrCat(in_place ? "restarting in place: " : "restarting: ", r->reason));
         OnRestart(*r);
         return std::nullopt;
       }
       if (auto* c = std::get_if<rdzv::JobClosed>(ev)) {
+        if (in_place) StopWorkers(SIGTERM);
         PrintJobFailure(c->reason, c->failures.empty() ? failures : c->failures);
         return kExitWorkerFailed;
       }
       if (auto* st = std::get_if<absl::Status>(ev)) {
+        if (in_place) StopWorkers(SIGTERM);
         PrintJobFailure(absl::StrCat("lost the rendezvous after a worker failure: ", st->message()),
                         failures);
         return kExitWorkerFailed;
@@ -1369,6 +1598,19 @@ class Agent::Impl {
   // --ckpt_replicas 1; after checkpoints_, which its sender reads.
   std::unique_ptr<ReplicaService> replicas_;
   std::atomic<std::int64_t> persist_round_{0};  // the persister's fence
+  // --restart_policy=inplace: the workers' control blocks (inplace_layout.h),
+  // for the agent's whole life, like the checkpoint memory.
+  std::unique_ptr<InplaceBlocks> inplace_;
+  // The round's spawn inputs, kept for a worker started later in the round.
+  WorkerEnvInputs spawn_in_;
+  std::vector<std::vector<int>> spawn_plan_;
+  std::vector<std::int64_t> spawn_ckpt_steps_;
+  // The environment each local rank's process has now (its spawn's, or the
+  // last one published to it): what an in-place publish compares with.
+  std::vector<Env> worker_env_;
+  // Survivors that have not acknowledged the round yet, and until when.
+  std::set<int> awaiting_ack_;
+  std::optional<TimePoint> ack_due_;
 };
 
 Agent::Agent(AgentOptions options, std::unique_ptr<ProcessLauncher> launcher)

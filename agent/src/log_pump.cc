@@ -102,9 +102,10 @@ bool LogPump::Sync(std::chrono::milliseconds timeout) {
   return cv_.wait_for(lock, timeout, [&] { return sync_done_ >= req; });
 }
 
-void LogPump::CloseAll(std::chrono::milliseconds timeout) {
+void LogPump::CloseAll(std::chrono::milliseconds timeout, const std::set<int>& keep) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!thread_.joinable()) return;
+  close_keep_ = keep;
   const std::uint64_t req = ++close_requested_;
   lock.unlock();
   Wake();
@@ -134,18 +135,22 @@ void LogPump::Loop() {
   while (true) {
     std::uint64_t sync_req = 0, close_req = 0;
     bool stop = false;
+    std::set<int> keep;
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (auto& s : pending_) streams_.push_back(std::move(s));
       pending_.clear();
       sync_req = sync_requested_;
       close_req = close_requested_;
+      if (close_req > close_done_) keep = close_keep_;
       stop = stop_;
     }
     if (sync_req > sync_done_ || close_req > close_done_ || stop) {
       for (auto& s : streams_) Drain(*s, kSyncBudget);
       if (close_req > close_done_ || stop) {
-        for (auto& s : streams_) Finish(*s);
+        for (auto& s : streams_) {
+          if (stop || keep.count(s->id) == 0) Finish(*s);
+        }
       }
       {
         std::lock_guard<std::mutex> lock(mu_);

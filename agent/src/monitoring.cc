@@ -61,6 +61,18 @@ int MakeFile(const std::string& name, std::string_view content, std::size_t size
   return fd;
 }
 
+// A channel's step counter (0 when unreadable).
+std::int64_t ChannelSteps(int channel_fd) {
+  constexpr off_t kStepsAt =
+      offsetof(rdzv::ChannelLayout, progress) + offsetof(rdzv::ProgressSection, steps);
+  std::int64_t steps = 0;
+  if (channel_fd < 0 ||
+      ::pread(channel_fd, &steps, sizeof(steps), kStepsAt) != static_cast<ssize_t>(sizeof(steps))) {
+    return 0;
+  }
+  return steps;
+}
+
 std::string FdPath(int fd) { return absl::StrCat("/proc/", ::getpid(), "/fd/", fd); }
 
 double UnixNow() {
@@ -125,8 +137,15 @@ void Monitoring::CloseFiles() {
   files_.clear();
 }
 
-void Monitoring::BeginRound(const rdzv::Assignment& a) {
+void Monitoring::BeginRound(const rdzv::Assignment& a, const std::set<int>& keep) {
   std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Files> kept(static_cast<std::size_t>(std::max(a.local_world_size, 0)));
+  for (int j : keep) {
+    if (j < 0 || j >= static_cast<int>(files_.size()) || j >= a.local_world_size) continue;
+    kept[j] = files_[j];
+    kept[j].base_steps = ChannelSteps(kept[j].channel_fd);
+    files_[j] = Files{};  // not closed below
+  }
   CloseFiles();
   round_ = a;
   recovery_.reset();
@@ -136,10 +155,12 @@ void Monitoring::BeginRound(const rdzv::Assignment& a) {
   const std::string initial = rdzv::InitialChannelBytes();
   const std::string_view header(initial.data(), initial.find_last_not_of('\0') + 1);
   for (int j = 0; j < a.local_world_size; ++j) {
-    Files f;
-    f.channel_fd =
-        MakeFile(absl::StrCat("ddprun-metrics-rank", a.base_rank + j), header, initial.size());
-    f.stack_fd = MakeFile(absl::StrCat("ddprun-stack-rank", a.base_rank + j), {}, 0);
+    Files f = kept[j];
+    if (f.channel_fd < 0) {
+      f.channel_fd =
+          MakeFile(absl::StrCat("ddprun-metrics-rank", a.base_rank + j), header, initial.size());
+      f.stack_fd = MakeFile(absl::StrCat("ddprun-stack-rank", a.base_rank + j), {}, 0);
+    }
     files_.push_back(f);
     MonitoredWorker w;
     w.rank = a.base_rank + j;
@@ -183,16 +204,7 @@ void Monitoring::Event(std::string event) {
 std::int64_t Monitoring::MaxSteps() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::int64_t most = 0;
-  constexpr off_t kStepsAt =
-      offsetof(rdzv::ChannelLayout, progress) + offsetof(rdzv::ProgressSection, steps);
-  for (const Files& f : files_) {
-    std::int64_t steps = 0;
-    if (f.channel_fd < 0 || ::pread(f.channel_fd, &steps, sizeof(steps), kStepsAt) !=
-                                static_cast<ssize_t>(sizeof(steps))) {
-      continue;
-    }
-    most = std::max(most, steps);
-  }
+  for (const Files& f : files_) most = std::max(most, ChannelSteps(f.channel_fd) - f.base_steps);
   return most;
 }
 

@@ -61,7 +61,10 @@ class Monitoring {
   ~Monitoring();
 
   // A round starts with these workers (one channel and stack file each).
-  void BeginRound(const rendezvous::Assignment& assignment);
+  // `keep`: the local ranks whose processes go on from the previous round
+  // (--restart_policy=inplace): their channel and stack files are kept (the
+  // process holds them), and MaxSteps counts their steps from now.
+  void BeginRound(const rendezvous::Assignment& assignment, const std::set<int>& keep = {});
   // The variables that name a worker's channel and stack file, and the
   // Python hook on PYTHONPATH (after BeginRound).
   void AddWorkerEnv(int local_rank, std::map<std::string, std::string>* env) const;
@@ -88,6 +91,7 @@ class Monitoring {
   struct Files {
     int channel_fd = -1;
     int stack_fd = -1;
+    std::int64_t base_steps = 0;  // the channel's steps when the round began
   };
   void Run();
   void Tick();

@@ -43,6 +43,17 @@ absl::Status WorkerGroup::Spawn(int local_rank, int global_rank, const SpawnSpec
   return result;
 }
 
+std::vector<Worker> WorkerGroup::TakeWorkers() {
+  std::vector<Worker> out = std::move(workers_);
+  workers_.clear();
+  return out;
+}
+
+void WorkerGroup::Adopt(Worker w, int global_rank) {
+  w.global_rank = global_rank;
+  workers_.push_back(std::move(w));
+}
+
 void WorkerGroup::Poll() {
   for (Worker& w : workers_) {
     if (w.exit || !w.child) continue;

@@ -159,8 +159,13 @@ absl::Status WorkerLogs::MakeRunDir() {
                                                  "; give a writable --log_dir"));
 }
 
-void WorkerLogs::BeginRound(std::int64_t attempt) {
-  pump_.CloseAll(kSyncTimeout);
+void WorkerLogs::BeginRound(std::int64_t attempt, const std::set<int>& keep) {
+  std::set<int> streams;
+  for (int j : keep) {
+    streams.insert(StreamId(j, StdStream::kStdout));
+    streams.insert(StreamId(j, StdStream::kStderr));
+  }
+  pump_.CloseAll(kSyncTimeout, streams);
   CloseFilteredFiles();
   attempt_ = attempt;
 }

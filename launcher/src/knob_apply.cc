@@ -73,6 +73,8 @@ absl::Status ApplyKnobValue(const Knob& knob, const KnobValue& v, ParsedCommand&
       return Put(knob, v, out, ParseStartMethod(text));
     case ValueType::kOnHang:
       return Put(knob, v, out, ParseOnHang(text));
+    case ValueType::kRestartPolicy:
+      return Put(knob, v, out, ParseRestartPolicy(text));
     case ValueType::kStreams:
       return Put(knob, v, out, ParseStreams(text));
     case ValueType::kRankList:

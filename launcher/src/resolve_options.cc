@@ -593,10 +593,25 @@ GracePeriodSource ChooseGracePeriod(const std::function<KnobValue(const std::str
   return s;
 }
 
+// --restart_policy=inplace restarts a failed worker into its rank, which is
+// a restart counted against --max_restarts: with none allowed the first
+// failure ends the job, so the pair is refused rather than silently meant.
+absl::Status CheckRestartPolicy(const FlagTable& flags, const agent::AgentOptions& o) {
+  if (o.policy.restart_policy != rendezvous::RestartPolicy::kInplace || o.policy.max_restarts > 0) {
+    return absl::OkStatus();
+  }
+  return UsageError(absl::StrCat(
+      flags.Get("restart_policy").Name("--restart_policy"), "=inplace needs ",
+      flags.Get("max_restarts").Name("--max_restarts"),
+      " >= 1 (each in-place restart counts against it); pass --max_restarts=N, or drop "
+      "--restart_policy"));
+}
+
 absl::Status ResolveOptions(const ResolveContext& ctx, ParsedCommand& out) {
   // The knobs whose rows name their field (knobs.h); what follows spans
   // several knobs.
   DDPRUN_RETURN_IF_ERROR(ApplyKnobDests(ctx.flags, out));
+  DDPRUN_RETURN_IF_ERROR(CheckRestartPolicy(ctx.flags, out.options));
   DDPRUN_RETURN_IF_ERROR(ResolveShape(ctx, out));
   DDPRUN_RETURN_IF_ERROR(ResolveOutput(ctx, out));
   return ResolveRendezvous(ctx, out);

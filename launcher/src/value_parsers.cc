@@ -330,6 +330,15 @@ absl::StatusOr<rendezvous::OnHang> ParseOnHang(absl::string_view text) {
   return *on_hang;
 }
 
+absl::StatusOr<rendezvous::RestartPolicy> ParseRestartPolicy(absl::string_view text) {
+  std::optional<rendezvous::RestartPolicy> policy;
+  if (!text.empty()) {
+    policy = rendezvous::ParseRestartPolicy(std::string_view(text.data(), text.size()));
+  }
+  if (!policy) return Bad(absl::StrCat("must be job or inplace, got '", text, "'"));
+  return *policy;
+}
+
 absl::StatusOr<std::string> ParseCpuBind(absl::string_view text) {
   if (!agent::CpuBindFromName(text)) {
     return Bad(absl::StrCat("must be ", agent::kCpuBindChoices, ", got '", text, "'"));
@@ -419,6 +428,10 @@ absl::StatusOr<std::string> NormalizeKnobValue(const Knob& knob, absl::string_vi
     case ValueType::kOnHang: {
       DDPRUN_ASSIGN_OR_RETURN(rendezvous::OnHang on_hang, ParseOnHang(text));
       return std::string(rendezvous::OnHangName(on_hang));
+    }
+    case ValueType::kRestartPolicy: {
+      DDPRUN_ASSIGN_OR_RETURN(rendezvous::RestartPolicy policy, ParseRestartPolicy(text));
+      return std::string(rendezvous::RestartPolicyName(policy));
     }
     case ValueType::kCpuBind:
       return ParseCpuBind(text);

@@ -81,6 +81,9 @@ JobPolicy FromProto(const pb::JobPolicy& p) {
       s.on_hang = OnHang::kReport;
       break;
   }
+  // RESTART_POLICY_JOB, or a value this version does not know: job.
+  s.restart_policy = p.restart_policy() == pb::RESTART_POLICY_INPLACE ? RestartPolicy::kInplace
+                                                                      : RestartPolicy::kJob;
   return s;
 }
 
@@ -100,6 +103,8 @@ void ToProto(const JobPolicy& s, pb::JobPolicy* p) {
       p->set_on_hang(pb::ON_HANG_ABORT);
       break;
   }
+  p->set_restart_policy(s.restart_policy == RestartPolicy::kInplace ? pb::RESTART_POLICY_INPLACE
+                                                                    : pb::RESTART_POLICY_JOB);
 }
 
 JoinSpec FromProto(const pb::JoinRequest& p) {

@@ -36,6 +36,16 @@ std::optional<OnHang> ParseOnHang(std::string_view text) {
   return std::nullopt;
 }
 
+const char* RestartPolicyName(RestartPolicy policy) {
+  return policy == RestartPolicy::kInplace ? "inplace" : "job";
+}
+
+std::optional<RestartPolicy> ParseRestartPolicy(std::string_view text) {
+  if (text.empty() || text == "job") return RestartPolicy::kJob;
+  if (text == "inplace") return RestartPolicy::kInplace;
+  return std::nullopt;
+}
+
 std::vector<PolicyDifference> PolicyDifferences(const JobPolicy& asked, const JobPolicy& job) {
   std::vector<PolicyDifference> out;
   if (asked.last_call_timeout_s != job.last_call_timeout_s) {
@@ -48,6 +58,10 @@ std::vector<PolicyDifference> PolicyDifferences(const JobPolicy& asked, const Jo
   }
   if (asked.on_hang != job.on_hang) {
     out.push_back({"on_hang", OnHangName(asked.on_hang), OnHangName(job.on_hang)});
+  }
+  if (asked.restart_policy != job.restart_policy) {
+    out.push_back({"restart_policy", RestartPolicyName(asked.restart_policy),
+                   RestartPolicyName(job.restart_policy)});
   }
   return out;
 }

@@ -1164,4 +1164,29 @@ TEST_CASE("a flag that took the script as its value; a directory as the script",
 }
 
 }  // namespace
+TEST_CASE("--restart_policy: job by default, inplace needs --max_restarts", "[unit]") {
+  CHECK(Ok({S().Path("train.py")}).options.policy.restart_policy ==
+        rendezvous::RestartPolicy::kJob);
+  CHECK(Ok({"--restart_policy=inplace", "--max_restarts=2", S().Path("train.py")})
+            .options.policy.restart_policy == rendezvous::RestartPolicy::kInplace);
+  CHECK(Ok({"--restart-policy", "job", S().Path("train.py")}).options.policy.restart_policy ==
+        rendezvous::RestartPolicy::kJob);
+  Env env = BaseEnv();
+  env["PET_RESTART_POLICY"] = "inplace";
+  env["PET_MAX_RESTARTS"] = "1";
+  CHECK(Ok({S().Path("train.py")}, env).options.policy.restart_policy ==
+        rendezvous::RestartPolicy::kInplace);
+  // An unknown value names the choices; so does the variable.
+  CHECK_THAT(Err({"--restart_policy=in-place", S().Path("train.py")}),
+             Contains("must be job or inplace, got 'in-place'"));
+  Env bad = BaseEnv();
+  bad["PET_RESTART_POLICY"] = "node";
+  CHECK_THAT(Err({S().Path("train.py")}, bad), Contains("PET_RESTART_POLICY"));
+  // inplace restarts count against --max_restarts: none allowed is refused.
+  CHECK_THAT(Err({"--restart_policy=inplace", S().Path("train.py")}),
+             Contains("--restart_policy=inplace needs --max_restarts >= 1"));
+  CHECK_THAT(Err({"--restart_policy=inplace", "--max_restarts=0", S().Path("train.py")}),
+             Contains("pass --max_restarts=N"));
+}
+
 }  // namespace ddprun::launcher

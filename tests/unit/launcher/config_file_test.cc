@@ -178,7 +178,8 @@ const BadFile kBadFiles[] = {
      "eth0 indented below it"},
     {"section is a scalar", "restart: 3\n",
      "job.yaml:1:10: restart: must be a mapping of keys, got a value; write its keys "
-     "(max_restarts, grace_period, signals_to_handle, forward_signals) indented below it"},
+     "(max_restarts, policy, grace_period, signals_to_handle, forward_signals) indented below "
+     "it"},
     {"job id with a space", "job:\n  id: has space\n",
      "job.yaml:2:7: job.id: is not a valid job id: the job id 'has space' contains a space; use "
      "1-256 letters, digits and '-', '_', '.', ':', '@', '+', not starting with '-' or '.'"},
@@ -312,7 +313,8 @@ TEST_CASE("job file: missing, a directory, huge, binary, not a regular file", "[
   auto r = LoadJobConfig(missing);
   REQUIRE_FALSE(r.ok());
   CHECK(std::string(r.status().message()) ==
-        missing + ": cannot read the config file: No such file or directory; check the --config path");
+        missing +
+            ": cannot read the config file: No such file or directory; check the --config path");
 
   r = LoadJobConfig(d.Path(""));
   REQUIRE_FALSE(r.ok());
@@ -323,8 +325,9 @@ TEST_CASE("job file: missing, a directory, huge, binary, not a regular file", "[
   r = LoadJobConfig(huge);
   REQUIRE_FALSE(r.ok());
   CHECK(std::string(r.status().message()) ==
-        huge + ": is 1048577 bytes, over the 1048576-byte limit for a job file; keep data out of "
-               "it; a job file is a few hundred bytes");
+        huge +
+            ": is 1048577 bytes, over the 1048576-byte limit for a job file; keep data out of "
+            "it; a job file is a few hundred bytes");
 
   const std::string bin = d.Write("bin.yaml", std::string("a: 1\n\0\0", 7));
   r = LoadJobConfig(bin);

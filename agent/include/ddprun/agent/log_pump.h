@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -60,7 +61,9 @@ class LogPump {
 
   // Drains every stream, then closes them all (partial lines are flushed);
   // data written after that is lost (EPIPE for the writer).
-  void CloseAll(std::chrono::milliseconds timeout);
+  // Streams whose id is in `keep` stay open (the processes of an in-place
+  // restart's survivors go on writing to them).
+  void CloseAll(std::chrono::milliseconds timeout, const std::set<int>& keep = {});
 
  private:
   struct Stream;
@@ -84,6 +87,7 @@ class LogPump {
   bool stop_ = false;
   std::uint64_t sync_requested_ = 0, sync_done_ = 0;
   std::uint64_t close_requested_ = 0, close_done_ = 0;
+  std::set<int> close_keep_;                      // the ids the newest CloseAll keeps open
   std::vector<std::unique_ptr<Stream>> pending_;  // added, not yet seen by the thread
   std::vector<std::unique_ptr<Stream>> streams_;  // owned by the thread
   std::map<int, TailState> tails_;                // under mu_

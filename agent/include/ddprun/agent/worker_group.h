@@ -56,6 +56,13 @@ class WorkerGroup {
   absl::Status Spawn(int local_rank, int global_rank, const SpawnSpec& spec, std::string error_file,
                      const absl::Status& prepared);
 
+  // --restart_policy=inplace: hands over every worker (the group is then
+  // empty), so that the survivors can be adopted into the next round.
+  std::vector<Worker> TakeWorkers();
+  // Adds a running worker of an earlier round as this round's, under its
+  // global rank in this round.
+  void Adopt(Worker w, int global_rank);
+
   // Reaps the workers that exited (non-blocking).
   void Poll();
   bool AnyAlive() const;

@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -62,8 +63,10 @@ class WorkerLogs {
   bool holds_only_error_files() const { return temporary_ && !o_.spec.WritesFiles(); }
 
   // Starts the round whose TORCHELASTIC_RESTART_COUNT is `attempt`; the
-  // previous round's streams are drained and closed.
-  void BeginRound(std::int64_t attempt);
+  // previous round's streams are drained and closed, but those of the local
+  // ranks in `keep` (an in-place restart's survivors, which keep writing to
+  // them; their files stay in the attempt they started in).
+  void BeginRound(std::int64_t attempt, const std::set<int>& keep = {});
   // <log_dir>/<run_id>_<suffix> of the tree layout; "" for the flat one.
   const std::string& run_dir() const { return run_dir_; }
   // Prepares one worker of the round: its directory (stale files removed),

@@ -34,7 +34,8 @@ auto& FieldAt(ParsedCommand& c) {
 // bytes to a std::uint64_t (knobs_test checks every row).
 using KnobDest =
     std::variant<std::monostate, FieldOf<int>, FieldOf<double>, FieldOf<bool>, FieldOf<std::string>,
-                 FieldOf<rendezvous::OnHang>, FieldOf<agent::StdStreams>, FieldOf<std::vector<int>>,
+                 FieldOf<rendezvous::OnHang>, FieldOf<rendezvous::RestartPolicy>,
+                 FieldOf<agent::StdStreams>, FieldOf<std::vector<int>>,
                  FieldOf<std::chrono::duration<double>>, FieldOf<std::uint64_t>>;
 
 // Shorthands for the table's rows.

@@ -46,6 +46,7 @@ enum class ValueType {
   kSignals,          // SIG,... of the forwarded set
   kStartMethod,      // spawn, fork or forkserver
   kOnHang,           // report, restart or abort
+  kRestartPolicy,    // job or inplace
   kCpuBind,          // auto, none, core or numa (agent/cpu_binding.h)
   kScheduler,        // auto, slurm, mpi or none (placement.h)
   kBytes,            // N[K|M|G|T][iB|B]: a number of bytes, binary multiples
@@ -185,6 +186,14 @@ inline constexpr Knob kKnobs[] = {
      .help = "Restarts of the whole job after worker failures before giving up", .min = 0,
      .max = 1'000'000, .what = "a non-negative integer",
      .dest = kInPolicy<&rendezvous::JobPolicy::max_restarts>},
+    {.name = "restart_policy", .yaml_key = "restart.policy", .type = ValueType::kRestartPolicy,
+     .default_value = rendezvous::kDefaultRestartPolicy,
+     .default_text = rendezvous::kDefaultRestartPolicy, .metavar = "job|inplace",
+     .group = kGroupJob,
+     .help = "What a worker failure restarts: every worker of the job (job), or only the failed "
+             "workers while the others re-form in their own processes (inplace; needs "
+             "--max_restarts >= 1; docs/recovery.md)",
+     .dest = kInPolicy<&rendezvous::JobPolicy::restart_policy>},
     {.name = "grace_period", .yaml_key = "restart.grace_period", .type = ValueType::kSeconds,
      .default_value = agent::kDefaultGracePeriod,
      .default_text = agent::kDefaultGracePeriod, .metavar = "SECONDS", .group = kGroupJob,

@@ -115,6 +115,8 @@ absl::StatusOr<std::string> ParseStartMethod(absl::string_view text);
 
 // kOnHang: report, restart or abort.
 absl::StatusOr<rendezvous::OnHang> ParseOnHang(absl::string_view text);
+// kRestartPolicy: job or inplace.
+absl::StatusOr<rendezvous::RestartPolicy> ParseRestartPolicy(absl::string_view text);
 
 // kCpuBind: auto, none, core or numa (the names are agent/cpu_binding.h's).
 absl::StatusOr<std::string> ParseCpuBind(absl::string_view text);

@@ -14,6 +14,29 @@ TEST_CASE("on_hang has one parser and one namer", "[job_policy]") {
   CHECK_FALSE(ParseOnHang("kill").has_value());
 }
 
+TEST_CASE("restart_policy has one parser and one namer", "[job_policy]") {
+  for (RestartPolicy a : {RestartPolicy::kJob, RestartPolicy::kInplace}) {
+    REQUIRE(ParseRestartPolicy(RestartPolicyName(a)) == a);
+  }
+  CHECK(JobPolicy{}.restart_policy == RestartPolicy::kJob);
+  CHECK(ParseRestartPolicy("") == RestartPolicy::kJob);
+  CHECK_FALSE(ParseRestartPolicy("in-place").has_value());
+  CHECK_FALSE(ParseRestartPolicy("Inplace").has_value());
+}
+
+TEST_CASE("a node that asks for another restart_policy is told", "[job_policy]") {
+  JobPolicy asked;
+  asked.restart_policy = RestartPolicy::kInplace;
+  const std::vector<PolicyDifference> d = PolicyDifferences(asked, JobPolicy{});
+  REQUIRE(d.size() == 1);
+  CHECK(d[0].field == "restart_policy");
+  CHECK(d[0].asked == "inplace");
+  CHECK(d[0].job == "job");
+  CHECK(PolicyWarning("this node", asked, JobPolicy{}) ==
+        "this node asked restart_policy=inplace, the job runs with job (the first node's); pass "
+        "the same --restart_policy on every node");
+}
+
 TEST_CASE("the same policy differs in nothing", "[job_policy]") {
   CHECK(PolicyDifferences(JobPolicy{}, JobPolicy{}).empty());
   CHECK(PolicyWarning("this node", JobPolicy{}, JobPolicy{}).empty());

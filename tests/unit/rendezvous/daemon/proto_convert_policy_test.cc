@@ -16,6 +16,7 @@ TEST_CASE("JobPolicy survives the proto both ways", "[proto_convert][job_policy]
   s.policy.last_call_timeout_s = 3;
   s.policy.hang_timeout_s = 0;
   s.policy.on_hang = OnHang::kAbort;
+  s.policy.restart_policy = RestartPolicy::kInplace;
   pb::JoinRequest p = ToProto(s);
   REQUIRE(p.has_policy());
   CHECK(FromProto(p).policy == s.policy);

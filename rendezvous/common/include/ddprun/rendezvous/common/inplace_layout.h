@@ -29,9 +29,10 @@
 //      compares it with the pid it started).
 //   3. Break. When the group is broken (a peer failed, the round is being
 //      re-formed), the agent stores state = kBroken and then increments
-//      generation (release). A worker may poll state alone (one atomic load)
-//      to fail a blocked collective fast: any value but kRunning means
-//      "stop talking to the old group".
+//      generation (release). The group a worker re-formed into (its
+//      worker_ack) is broken when state is kBroken or generation >
+//      worker_ack: polling state alone (one atomic load) is enough to fail a
+//      blocked collective fast.
 //   4. Publish. Once the new round is formed, the agent writes the blob,
 //      env_bytes and round, then stores state = kReady (release).
 //   5. Re-form. A worker reads generation g (acquire), then state; if state is
@@ -40,8 +41,9 @@
 //      kReady (otherwise a newer break came in: wait again). It applies the
 //      blob to its environment, forms the new group, then stores
 //      worker_ack = g (release).
-//   6. Ack deadline. A survivor whose worker_ack does not reach the
-//      generation within the agent's deadline is restarted as a process.
+//   6. Ack. Once worker_ack reaches the generation the agent stores
+//      state = kRunning again. A survivor whose worker_ack does not reach
+//      the generation within the agent's deadline is restarted as a process.
 // A worker that has not registered (worker_flags bit 0 clear) when its group
 // breaks is restarted as a process; the agent says why on the console.
 #pragma once

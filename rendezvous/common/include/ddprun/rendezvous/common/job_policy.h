@@ -31,6 +31,16 @@ const char* OnHangName(OnHang on_hang);
 // "report", "restart" or "abort" ("" is "report"); nullopt for anything else.
 std::optional<OnHang> ParseOnHang(std::string_view text);
 
+// What a worker failure restarts (docs/recovery.md).
+enum class RestartPolicy {
+  kJob,      // every worker of the job stops and starts again
+  kInplace,  // only the failed workers; the survivors re-form in their processes
+};
+// "job" or "inplace".
+const char* RestartPolicyName(RestartPolicy policy);
+// "job" or "inplace" ("" is "job"); nullopt for anything else.
+std::optional<RestartPolicy> ParseRestartPolicy(std::string_view text);
+
 // The policy's defaults, each written once, as the text that --help, the
 // docs and the knob table (launcher/knobs.h) show; JobPolicy's initialisers
 // are parsed from the same text at compile time.
@@ -39,12 +49,19 @@ inline constexpr char kDefaultJoinTimeout[] = "600";
 inline constexpr char kDefaultLastCallTimeout[] = "30";
 inline constexpr char kDefaultHangTimeout[] = "300";
 inline constexpr char kDefaultOnHang[] = "report";
+inline constexpr char kDefaultRestartPolicy[] = "job";
 
 consteval OnHang DefaultOnHang(std::string_view text) {
   if (text == "report") return OnHang::kReport;
   if (text == "restart") return OnHang::kRestart;
   if (text == "abort") return OnHang::kAbort;
   throw "on_hang's default must be report, restart or abort";
+}
+
+consteval RestartPolicy DefaultRestartPolicy(std::string_view text) {
+  if (text == "job") return RestartPolicy::kJob;
+  if (text == "inplace") return RestartPolicy::kInplace;
+  throw "restart_policy's default must be job or inplace";
 }
 
 struct JobPolicy {
@@ -61,6 +78,9 @@ struct JobPolicy {
   // checkpoint without optimizer steps; far below PyTorch's 10-30 min.
   double hang_timeout_s = DefaultNumber(kDefaultHangTimeout);
   OnHang on_hang = DefaultOnHang(kDefaultOnHang);
+  // What a restart restarts: the whole job, or only the failed workers while
+  // the others re-form in place (--restart_policy, docs/recovery.md).
+  RestartPolicy restart_policy = DefaultRestartPolicy(kDefaultRestartPolicy);
 
   bool operator==(const JobPolicy&) const = default;
 };

@@ -1,0 +1,235 @@
+// --restart_policy=inplace in the agent's round loop, in simulated time
+// (agent_fakes.h): the fake workers "register" and "acknowledge" through the
+// real control blocks (the memfd the agent hands them, mapped here), as
+// ddprun.inprocess.run does. A registered survivor is kept (never
+// signalled) and gets the new round in its block; one that never registered,
+// or that does not acknowledge within the deadline, is restarted as a
+// process, each with its line. The same with real processes and PyTorch:
+// tests/e2e/inplace_test.cc.
+#include <sys/mman.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <string>
+
+#include "agent_fakes.h"
+#include "ddprun/agent/agent.h"
+#include "ddprun/agent/inplace_blocks.h"
+#include "ddprun/rendezvous/common/exit_codes.h"
+#include "ddprun/rendezvous/common/inplace_layout.h"
+#include "support/capture_stderr.h"
+
+namespace ddprun::agent {
+namespace {
+
+using namespace testing;  // NOLINT: the fakes
+using ::ddprun::test::CaptureStderr;
+namespace layout = ::ddprun::inplace_layout;
+
+AgentOptions Options(int nproc) {
+  AgentOptions o;
+  o.job_id = "ip" + std::to_string(::getpid());
+  o.mode = RendezvousMode::kEmbedded;
+  o.rdzv_host = "127.0.0.1";
+  o.rdzv_port = 0;
+  o.nproc_per_node = nproc;
+  o.policy.max_restarts = 2;
+  o.policy.join_timeout_s = 10;
+  o.policy.restart_policy = rendezvous::RestartPolicy::kInplace;
+  o.grace_period_s = 2;
+  o.command = {"train"};
+  return o;
+}
+
+// A worker's view of its block: the descriptor the spawn passed, mapped.
+class WorkerBlock {
+ public:
+  explicit WorkerBlock(const SpawnSpec& spec) {
+    const int fd = std::stoi(spec.env.at(layout::kEnvFd));
+    void* p = ::mmap(nullptr, layout::kBlockBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    REQUIRE(p != MAP_FAILED);
+    base_ = static_cast<unsigned char*>(p);
+  }
+  ~WorkerBlock() { ::munmap(base_, layout::kBlockBytes); }
+  template <class T>
+  T Get(std::uint64_t off) const {
+    T v;
+    std::memcpy(&v, base_ + off, sizeof v);
+    return v;
+  }
+  template <class T>
+  void Set(std::uint64_t off, T v) {
+    std::memcpy(base_ + off, &v, sizeof v);
+  }
+  void Register(pid_t pid) {
+    Set<std::uint32_t>(layout::kWorkerPidOffset, static_cast<std::uint32_t>(pid));
+    Set<std::uint32_t>(layout::kWorkerFlagsOffset, layout::kFlagCanReform);
+  }
+  std::string Env() const {
+    const auto n = Get<std::uint32_t>(layout::kEnvBytesOffset);
+    return std::string(reinterpret_cast<const char*>(base_ + layout::kEnvOffset), n);
+  }
+
+ private:
+  unsigned char* base_ = nullptr;
+};
+
+struct Result {
+  int rc;
+  std::string err;
+};
+
+Result RunAgent(SimWorld& world, AgentOptions o) {
+  BlockAgentSignals();
+  auto session = std::make_unique<InProcessSession>(o.job_id, world.clock, world.queue);
+  CaptureStderr cap;
+  int rc;
+  {
+    AgentDeps deps;
+    deps.launcher = std::make_unique<LauncherRef>(world.launcher);
+    deps.session = std::move(session);
+    deps.clock = &world.clock;
+    deps.events = &world.queue;
+    Agent agent(std::move(o), std::move(deps));
+    rc = agent.Run();
+  }
+  return Result{rc, cap.text()};
+}
+
+// What a survivor saw of its block after the failure.
+struct Seen {
+  std::uint64_t generation = 0;  // one break
+  std::uint32_t state_after_publish = 99;
+  std::string env;
+};
+
+}  // namespace
+
+TEST_CASE("Agent inplace: a registered survivor keeps its process and gets the new round",
+          "[unit][agent][inplace]") {
+  SimWorld world;
+  Seen seen;
+  // Spawn 0 (local rank 0) registers at once and survives; spawn 1 (local
+  // rank 1) exits 3 at 100 ms; its replacement (spawn 2) exits 0 later.
+  world.script = [&](int index, int local, int restart) -> absl::StatusOr<Behaviour> {
+    if (index == 0) {
+      auto block = std::make_shared<WorkerBlock>(world.rec.spawns[0]);
+      world.queue.After(milliseconds(10), [block] { block->Register(100000); });
+      // Once re-formed (the simulated rendezvous forms the round at once):
+      // one break, the round's variables ready.
+      world.queue.After(milliseconds(300), [block, &seen] {
+        seen.generation = block->Get<std::uint64_t>(layout::kGenerationOffset);
+        seen.state_after_publish = block->Get<std::uint32_t>(layout::kStateOffset);
+        seen.env = block->Env();
+        block->Set<std::uint64_t>(layout::kWorkerAckOffset,
+                                  block->Get<std::uint64_t>(layout::kGenerationOffset));
+      });
+      return ExitsAfter(600, 0);
+    }
+    if (restart == 0) return local == 1 ? ExitsAfter(100, 3) : Runs();
+    return ExitsAfter(100, 0);
+  };
+  auto r = RunAgent(world, Options(2));
+  INFO(r.err);
+  CHECK(r.rc == kExitSuccess);
+  REQUIRE(world.rec.spawns.size() == 3);  // local rank 1 twice, local rank 0 once
+  CHECK(world.rec.spawns[2].env.at("LOCAL_RANK") == "1");
+  CHECK(world.rec.spawns[2].env.at("TORCHELASTIC_RESTART_COUNT") == "1");
+  CHECK(world.rec.signals[0].empty());  // the survivor was never signalled
+  CHECK(seen.generation == 1);
+  CHECK(seen.state_after_publish == layout::kReady);
+  // Only what changed: the restart count and the round, never RANK.
+  const std::string blob = std::string(1, '\0') + seen.env;
+  CHECK(blob.find(std::string("\0TORCHELASTIC_RESTART_COUNT=1\0", 30)) != std::string::npos);
+  CHECK(blob.find(std::string("\0DDPRUN_ROUND=", 14)) != std::string::npos);
+  CHECK(blob.find(std::string("\0RANK=", 6)) == std::string::npos);
+  CHECK_THAT(r.err, Catch::Contains("in place: rank(s) 0 keep their processes and re-form into "
+                                    "this round; started rank(s) 1"));
+  CHECK_THAT(r.err, Catch::Contains("(in place: worker rank 1 exited with exit code 3)"));
+}
+
+TEST_CASE("Agent inplace: a survivor that never registered is restarted as a process, said once",
+          "[unit][agent][inplace]") {
+  SimWorld world;
+  world.script = [](int, int local, int restart) -> absl::StatusOr<Behaviour> {
+    if (restart == 0) return local == 1 ? ExitsAfter(100, 3) : Runs();
+    return ExitsAfter(100, 0);
+  };
+  AgentOptions o = Options(2);
+  const std::string job = o.job_id;
+  auto r = RunAgent(world, o);
+  INFO(r.err);
+  CHECK(r.rc == kExitSuccess);
+  REQUIRE(world.rec.spawns.size() == 4);
+  CHECK(world.rec.signals[0] == std::vector<int>{SIGTERM});
+  CHECK_THAT(r.err, Catch::Contains("ddprun: [job " + job +
+                                    " round 1] in place: worker rank 0 (pid 100000) never "
+                                    "registered to re-form in its process"));
+}
+
+TEST_CASE(
+    "Agent inplace: a registered survivor that does not acknowledge within the deadline is "
+    "restarted as a process",
+    "[unit][agent][inplace]") {
+  SimWorld world;
+  world.script = [&](int index, int local, int restart) -> absl::StatusOr<Behaviour> {
+    if (index == 0) {
+      auto block = std::make_shared<WorkerBlock>(world.rec.spawns[0]);
+      world.queue.After(milliseconds(10), [block] { block->Register(100000); });
+      return Runs();  // stuck: never acknowledges
+    }
+    if (restart == 0) return local == 1 ? ExitsAfter(100, 3) : Runs();
+    return ExitsAfter(20'000, 0);
+  };
+  auto r = RunAgent(world, Options(2));
+  INFO(r.err);
+  CHECK(r.rc == kExitSuccess);
+  REQUIRE(world.rec.spawns.size() == 4);
+  CHECK(world.rec.signals[0] == std::vector<int>{SIGTERM});
+  CHECK(world.rec.spawns[3].env.at("LOCAL_RANK") == "0");
+  CHECK(world.rec.spawns[3].env.at("TORCHELASTIC_RESTART_COUNT") == "1");
+  CHECK_THAT(r.err, Catch::Contains("in place: worker rank 0 (pid 100000) did not re-form within "
+                                    "10 s"));
+}
+
+TEST_CASE("InplaceBlocks: spawn, register, break, publish, ack", "[unit][agent][inplace]") {
+  InplaceBlocks blocks;
+  REQUIRE(blocks.Ensure(2).ok());
+  SpawnSpec spec;
+  blocks.AddToSpawn(1, &spec);
+  REQUIRE(spec.inherit_fds.size() == 1);
+  WorkerBlock w(spec);
+  CHECK(w.Get<std::uint32_t>(layout::kVersionOffset) == layout::kVersion);
+  CHECK_FALSE(blocks.Registered(1, 42));
+  w.Register(42);
+  CHECK(blocks.Registered(1, 42));
+  CHECK_FALSE(blocks.Registered(1, 43));  // another process's registration
+  CHECK(blocks.Acked(1));                 // a fresh process is in the current generation
+  blocks.Break(1);
+  CHECK(blocks.Broken(1));
+  CHECK_FALSE(blocks.Acked(1));
+  CHECK(w.Get<std::uint64_t>(layout::kGenerationOffset) == 1);
+  REQUIRE(blocks.Publish(1, {{"RANK", "3"}, {"MASTER_PORT", "29501"}}, 7).ok());
+  CHECK(w.Get<std::uint32_t>(layout::kStateOffset) == layout::kReady);
+  CHECK(w.Get<std::uint64_t>(layout::kRoundOffset) == 7);
+  CHECK(w.Env() == std::string("MASTER_PORT=29501\0RANK=3\0", 25));
+  w.Set<std::uint64_t>(layout::kWorkerAckOffset, 1);
+  CHECK(blocks.Acked(1));
+  // A blob larger than the block is refused, the block untouched.
+  CHECK_FALSE(blocks.Publish(1, {{"BIG", std::string(layout::kEnvCapacity, 'x')}}, 8).ok());
+  CHECK(w.Get<std::uint64_t>(layout::kRoundOffset) == 7);
+  // A new process in the seat starts unregistered.
+  SpawnSpec again;
+  blocks.AddToSpawn(1, &again);
+  CHECK_FALSE(blocks.Registered(1, 42));
+  CHECK(w.Get<std::uint32_t>(layout::kStateOffset) == layout::kRunning);
+}
+
+TEST_CASE("ChangedVariables: only what was added or changed", "[unit][agent][inplace]") {
+  const std::map<std::string, std::string> now{{"A", "1"}, {"B", "2"}, {"GONE", "x"}};
+  const std::map<std::string, std::string> next{{"A", "1"}, {"B", "3"}, {"NEW", "4"}};
+  CHECK(ChangedVariables(now, next) ==
+        std::map<std::string, std::string>{{"B", "3"}, {"NEW", "4"}});
+}
+
+}  // namespace ddprun::agent
