@@ -76,6 +76,11 @@ std::shared_ptr<QueuedWork> CommQueue::Running() {
   return state_->running;
 }
 
+bool CommQueue::OnQueueThread() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->loop_thread == std::this_thread::get_id();
+}
+
 std::deque<QueuedTask> CommQueue::TakeQueued() {
   std::deque<QueuedTask> taken;
   std::lock_guard<std::mutex> lock(state_->mu);
@@ -113,6 +118,10 @@ void CommQueue::Release(QueuedTask rest) {
 }
 
 void CommQueue::Loop(std::shared_ptr<State> state, std::shared_ptr<void> keep_alive) {
+  {
+    std::lock_guard<std::mutex> lock(state->mu);
+    state->loop_thread = std::this_thread::get_id();
+  }
   for (;;) {
     QueuedTask task;
     {

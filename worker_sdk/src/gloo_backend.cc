@@ -463,9 +463,11 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
                        "; ddp::Reconfigure gives the new round's group"),
           *lost);
     };
-    if (lost) {
+    // (On the queue's thread the failure is its own task's: it completes it
+    // with the classified status, which names the operation and the cause.)
+    if (lost && !queue_.OnQueueThread()) {
       if (std::shared_ptr<QueuedWork> running = queue_.Running()) {
-        running->Complete(lost_status("the collective in progress"));
+        running->Complete(lost_status(running->desc()));
       }
     }
     // Fail what is queued; what runs finishes or times out inside Gloo.
@@ -575,9 +577,9 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
       const std::string who =
           lost >= 0 ? absl::StrCat("rank ", lost, " is gone") : std::string("a peer is gone");
       self->Fail(absl::StrCat(desc, ": ", who, " (gloo: ", what, ")"), lost);
-      return PeerLostStatus(
-          absl::StrCat(fence, desc, " failed: ", who, " (its connection closed; gloo: ", what, ")"),
-          lost);
+      return PeerLostStatus(absl::StrCat(fence, desc, " failed: ", who,
+                                         " (the group's connections closed; gloo: ", what, ")"),
+                            lost);
     }
     if (self) self->Fail(absl::StrCat(desc, ": ", what));
     std::string msg = absl::StrCat(fence, desc, timed_out ? " timed out" : " failed",
