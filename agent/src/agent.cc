@@ -48,6 +48,7 @@
 #include "ddprun/rendezvous/common/status_macros.h"
 #include "ddprun/rendezvous/common/wait_notice.h"
 #include "ddprun/rendezvous/common/worker_env_names.h"
+#include "ddprun/rendezvous/monitoring/hang_report.h"
 #include "ddprun/rendezvous/store/c10d_store_server.h"
 #include "monitoring.h"
 #include "replica_exchange.h"
@@ -578,6 +579,7 @@ class Agent::Impl {
     }
     worker_env_.resize(static_cast<std::size_t>(a.local_world_size));
     ack_due_.reset();
+    ack_retry_ = false;
     awaiting_ack_.clear();
     std::vector<int> restarted;
     for (int j = 0; j < a.local_world_size; ++j) {
@@ -662,10 +664,11 @@ class Agent::Impl {
   // (inplace_layout.h, step 3), so that its collectives can fail fast; the
   // processes keep running until the next round is formed.
   void BreakSurvivors() {
-    if (monitoring_) monitoring_->EndRound();
+    if (monitoring_) monitoring_->EndRound(/*keep_files=*/true);
     if (replicas_) replicas_->ClearSuccessor();
     workers_.Poll();
     ack_due_.reset();
+    ack_retry_ = false;
     awaiting_ack_.clear();
     for (const Worker& w : workers_.workers()) {
       if (w.child && !w.exit && inplace_) inplace_->Break(w.local_rank);
@@ -699,9 +702,24 @@ class Agent::Impl {
     return out;
   }
 
-  // Stops these workers (SIGTERM, the grace period, SIGKILL), the others
+  // Of the local ranks `js`, those whose Python stack is not inside a
+  // PyTorch collective (hang_report.h's rule), taken now; all of them when
+  // no stack is to be had or none is inside one (nobody waits on another).
+  std::set<int> StuckInOwnCode(const std::set<int>& js) {
+    if (!monitoring_ || js.empty()) return js;
+    std::set<int> own;
+    for (const Worker& w : workers_.workers()) {
+      if (js.count(w.local_rank) == 0 || !w.child || w.exit) continue;
+      const rdzv::StackDump d = monitoring_->CaptureLocal(w.local_rank, w.child->pid(), seconds(5));
+      if (d.kind != "python" || !rdzv::InPyTorchCollective(d.text)) own.insert(w.local_rank);
+    }
+    if (own.size() == js.size()) return js;
+    return own;
+  }
+
+  // Stops these workers (`sig`, the grace period, SIGKILL), the others
   // untouched.
-  void StopProcesses(std::vector<Worker> ws) {
+  void StopProcesses(std::vector<Worker> ws, int sig = SIGTERM) {
     if (ws.empty()) return;
     WorkerGroup group(*launcher_, clock_);
     for (Worker& w : ws) {
@@ -709,7 +727,7 @@ class Agent::Impl {
       group.Adopt(std::move(w), rank);
     }
     group.Stop(
-        SIGTERM, grace_period_, [this](TimePoint d) { return WaitWhileStopping(d); },
+        sig, grace_period_, [this](TimePoint d) { return WaitWhileStopping(d); },
         [this](const std::string& msg) { Log(msg); });
   }
 
@@ -755,23 +773,41 @@ class Agent::Impl {
     }
     if (clock_.Now() < *ack_due_) return;
     ack_due_.reset();
+    // Who to restart now: at the first deadline, the unacknowledged workers
+    // whose Python stack is not inside a PyTorch collective (a hung worker,
+    // stuck in its own code); those waiting inside one get one more deadline,
+    // since their collective fails once the worker they wait for is gone.
+    // At the second deadline, or without stacks, every one left.
+    const std::set<int> now = ack_retry_ ? awaiting_ack_ : StuckInOwnCode(awaiting_ack_);
     std::vector<Worker> all = workers_.TakeWorkers();
     std::vector<Worker> doomed;
     std::vector<std::optional<Worker>> by_rank(all.size());
     for (Worker& w : all) {
       const int j = w.local_rank;
-      if (awaiting_ack_.count(j) != 0 && w.child && !w.exit) {
+      if (now.count(j) != 0 && w.child && !w.exit) {
         Log(absl::StrCat("in place: worker rank ", w.global_rank, " (pid ", w.child->pid(),
                          ") did not re-form within ", SecondsOf(kInplaceAckTimeout),
                          " s (stuck in a call that cannot be interrupted?); restarting it as a "
                          "process"));
         doomed.push_back(std::move(w));
+        awaiting_ack_.erase(j);
       } else if (j >= 0 && static_cast<std::size_t>(j) < by_rank.size()) {
         by_rank[static_cast<std::size_t>(j)] = std::move(w);
       }
     }
-    awaiting_ack_.clear();
-    StopProcesses(std::move(doomed));
+    if (!awaiting_ack_.empty() && !ack_retry_) {
+      ack_retry_ = true;
+      ack_due_ = clock_.Now() + kInplaceAckTimeout;
+      std::vector<int> ranks;
+      for (int j : awaiting_ack_) ranks.push_back(assignment_->base_rank + j);
+      Log(absl::StrCat("in place: rank(s) ", absl::StrJoin(ranks, ","),
+                       " wait inside a PyTorch collective; giving them another ",
+                       SecondsOf(kInplaceAckTimeout), " s to re-form"));
+    } else {
+      awaiting_ack_.clear();
+    }
+    // Stuck in a call: SIGTERM's handler would never run, so no grace period.
+    StopProcesses(std::move(doomed), SIGKILL);
     for (std::size_t j = 0; j < by_rank.size(); ++j) {
       if (by_rank[j]) {
         const int rank = by_rank[j]->global_rank;
@@ -1611,6 +1647,7 @@ class Agent::Impl {
   // Survivors that have not acknowledged the round yet, and until when.
   std::set<int> awaiting_ack_;
   std::optional<TimePoint> ack_due_;
+  bool ack_retry_ = false;  // the second deadline runs (CheckAcks)
 };
 
 Agent::Agent(AgentOptions options, std::unique_ptr<ProcessLauncher> launcher)

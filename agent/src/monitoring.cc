@@ -208,16 +208,41 @@ std::int64_t Monitoring::MaxSteps() const {
   return most;
 }
 
+rdzv::StackDump Monitoring::CaptureLocal(int local_rank, pid_t pid, rdzv::Duration budget) {
+  StackTarget t;
+  t.pid = pid;
+  t.host = options_.host;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (round_) t.rank = round_->base_rank + local_rank;
+    if (local_rank >= 0 && local_rank < static_cast<int>(files_.size())) {
+      t.channel = collector_.LastChannel(local_rank);
+      t.stack_fd = files_[local_rank].stack_fd >= 0
+                       ? ::fcntl(files_[local_rank].stack_fd, F_DUPFD_CLOEXEC, 0)
+                       : -1;
+    }
+  }
+  if (!t.channel) {  // no sample of the worker's channel yet: nothing says how to ask it
+    if (t.stack_fd >= 0) ::close(t.stack_fd);
+    rdzv::StackDump d;
+    d.error = "no metrics channel sample of this worker yet";
+    return d;
+  }
+  rdzv::StackDump d = CaptureStack(t, budget);
+  if (t.stack_fd >= 0) ::close(t.stack_fd);
+  return d;
+}
+
 void Monitoring::SetRecovery(rdzv::RecoveryBudget recovery) {
   std::lock_guard<std::mutex> lock(mu_);
   recovery_ = std::move(recovery);
 }
 
-void Monitoring::EndRound() {
+void Monitoring::EndRound(bool keep_files) {
   std::lock_guard<std::mutex> lock(mu_);
   round_.reset();
   collector_.Reset({});
-  CloseFiles();
+  if (!keep_files) CloseFiles();
   events_.clear();
 }
 

@@ -73,10 +73,18 @@ class Monitoring {
   // A membership or restart event for the next report ("worker 3 exited 1").
   void Event(std::string event);
   // The round's workers are gone: reporting stops until the next round.
-  void EndRound();
+  // keep_files: the processes go on into the next round (an in-place
+  // restart's survivors): their channel and stack files stay open for
+  // BeginRound's `keep`.
+  void EndRound(bool keep_files = false);
   // The most steps any worker of the round has completed (its channel's
   // counter, read now: a few preads, no lock held by the reporter).
   std::int64_t MaxSteps() const;
+  // The stack of local rank j's process `pid` now (stack_capture.h), within
+  // `budget`; for the agent's own decisions (--restart_policy=inplace). Only
+  // a worker whose metrics channel was sampled (it says how to ask for the
+  // stack); otherwise an empty dump with its reason, nothing signalled.
+  rendezvous::StackDump CaptureLocal(int local_rank, pid_t pid, rendezvous::Duration budget);
   // The node's latest finished recovery, sent with every report from now on
   // (the hub keeps it per round and node); BeginRound clears it.
   void SetRecovery(rendezvous::RecoveryBudget recovery);

@@ -132,8 +132,6 @@ HangVerdict FindStartupCulprits(const std::vector<HangRank>& ranks,
   return v;
 }
 
-namespace {
-
 // A Python frame of faulthandler's format ('  File "PATH", line N in F') whose
 // path is inside torch's autograd or its distributed package.
 bool InPyTorchCollective(const std::string& stack) {
@@ -152,8 +150,6 @@ bool InPyTorchCollective(const std::string& stack) {
   }
   return false;
 }
-
-}  // namespace
 
 void RefineHangWithStacks(HangVerdict& verdict, const std::map<int, StackDump>& stacks) {
   if (!verdict.waiting.empty() || verdict.culprits.size() < 2) return;

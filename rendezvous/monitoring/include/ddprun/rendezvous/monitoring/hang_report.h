@@ -57,6 +57,12 @@ HangVerdict FindStartupCulprits(const std::vector<HangRank>& ranks,
 // only on "python" stacks of every culprit; otherwise it stays as it is.
 void RefineHangWithStacks(HangVerdict& verdict, const std::map<int, StackDump>& stacks);
 
+// Whether a Python stack (faulthandler's format) has a frame inside torch's
+// autograd or its distributed package: the rank waits in a collective. The
+// one rule of RefineHangWithStacks, also used by the agent's in-place
+// restart to tell a stuck worker from the ones waiting for it.
+bool InPyTorchCollective(const std::string& stack);
+
 // "0-3,5,7-8" for sorted ranks.
 std::string RankList(const std::vector<int>& sorted_ranks);
 

@@ -1,0 +1,247 @@
+// --restart_policy=inplace end to end (docs/recovery.md): a real 4-rank
+// PyTorch DDP job (gloo) under ddprun.inprocess.run, checkpointed with
+// ddprun.checkpoint every step (tests/fixtures/inplace_ddp.py). A SIGKILLed
+// rank is restarted alone: the survivors keep their processes (pids checked
+// per attempt), every rank resumes at the same step, and the final
+// parameters are bit-identical to a run without the failure. An unchanged
+// script is restarted as processes, with one line per worker; a second
+// failure during the recovery converges.
+#include <catch2/catch.hpp>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "support/process_helpers.h"
+#include "support/skip.h"
+
+using namespace ddprun::test;
+
+namespace {
+
+const std::string kPython = "/usr/bin/python3";  // Debian's torch lives here
+const std::string kPythonDir = std::string(DDPRUN_BIN_DIR) + "/../python";
+const std::string kScript = std::string(DDPRUN_SOURCE_DIR) + "/tests/fixtures/inplace_ddp.py";
+constexpr int kRanks = 4;
+
+bool TorchAvailable() {
+  return std::system((kPython + " -c 'import torch.distributed' >/dev/null 2>&1").c_str()) == 0;
+}
+
+// One call of train(): "<restart count> <pid> <first step>".
+struct Attempt {
+  int restart = 0;
+  long pid = 0;
+  int start = 0;
+};
+
+std::vector<Attempt> Attempts(const std::string& out, int rank) {
+  std::vector<Attempt> v;
+  std::istringstream in(ReadFile(out + "/rank" + std::to_string(rank) + ".attempts"));
+  Attempt a;
+  while (in >> a.restart >> a.pid >> a.start) v.push_back(a);
+  return v;
+}
+
+struct Run {
+  std::string out;
+  std::string console;
+};
+
+Run Train(Harness& h, const std::string& name, const std::vector<std::string>& flags,
+          const EnvList& extra) {
+  Run r;
+  r.out = h.MakeDir(name);
+  EnvList env{{"PYTHON_EXEC", kPython}, {"PYTHONPATH", kPythonDir}, {"OUT_DIR", r.out}};
+  env.insert(env.end(), extra.begin(), extra.end());
+  std::vector<std::string> args{"--nproc_per_node=" + std::to_string(kRanks), "--rdzv_id=" + name};
+  args.insert(args.end(), flags.begin(), flags.end());
+  args.push_back(kScript);
+  Proc& p = h.StartDdprun(name, args, env);
+  const int rc = h.Wait(p, 240);
+  r.console = p.Out() + p.Err();
+  INFO(name << ":\n" << r.console);
+  REQUIRE(rc == 0);
+  return r;
+}
+
+// The final parameters of a run without faults (once per test program).
+std::string CleanParams(Harness& h) {
+  static std::string params;
+  if (!params.empty()) return params;
+  const Run clean = Train(h, "clean", {"--restart_policy=inplace", "--max_restarts=1"}, {});
+  params = ReadFile(clean.out + "/params.bin");
+  REQUIRE(params.size() == (16 * 4 + 4) * 4);
+  return params;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "inplace: a SIGKILLed rank is restarted alone; the survivors keep their pids, every rank "
+    "resumes at the same step, and the parameters equal a run without the failure",
+    "[e2e][inplace]") {
+  if (!TorchAvailable()) return SkipCase("e2e", kPython + " cannot import torch");
+  Harness h;
+  const std::string clean = CleanParams(h);
+  const Run run = Train(h, "inplace1", {"--restart_policy=inplace", "--max_restarts=2"},
+                        {{"KILL_RANK", "1"}, {"KILL_AT", "5"}});
+  INFO(run.console);
+  for (int rank = 0; rank < kRanks; ++rank) {
+    const std::vector<Attempt> a = Attempts(run.out, rank);
+    INFO("rank " << rank << ":\n"
+                 << ReadFile(run.out + "/rank" + std::to_string(rank) + ".attempts"));
+    REQUIRE(a.size() == 2);
+    CHECK(a[0].restart == 0);
+    CHECK(a[0].start == 0);
+    CHECK(a[1].restart == 1);
+    // Every rank resumes from step 4, the newest step all four committed.
+    CHECK(a[1].start == 5);
+    if (rank == 1) {
+      CHECK(a[1].pid != a[0].pid);  // the failed rank: a new process
+    } else {
+      CHECK(a[1].pid == a[0].pid);  // a survivor: the same process
+    }
+  }
+  CHECK(ReadFile(run.out + "/params.bin") == clean);
+  // The survivors' lines, and the budget's "in place".
+  CHECK_THAT(run.console, Catch::Contains("in place: rank(s) 0,2,3 keep their processes"));
+  CHECK_THAT(run.console, Catch::Contains("re-formed in place into round 1"));
+  CHECK(std::regex_search(run.console,
+                          std::regex("\\[job inplace1 round 1\\] recovered in [0-9]+ ms: .*"
+                                     "\\(in place: worker rank 1 exited with signal SIGKILL")));
+  CHECK(run.console.find("never registered") == std::string::npos);
+}
+
+TEST_CASE(
+    "inplace: an unchanged script (no ddprun.inprocess.run) is restarted as processes, one line "
+    "per survivor, and still ends with the same parameters",
+    "[e2e][inplace]") {
+  if (!TorchAvailable()) return SkipCase("e2e", kPython + " cannot import torch");
+  Harness h;
+  const std::string clean = CleanParams(h);
+  const Run run = Train(h, "plain1", {"--restart_policy=inplace", "--max_restarts=2"},
+                        {{"KILL_RANK", "1"}, {"KILL_AT", "5"}, {"INPROCESS", "0"}});
+  INFO(run.console);
+  for (int rank = 0; rank < kRanks; ++rank) {
+    const std::vector<Attempt> a = Attempts(run.out, rank);
+    REQUIRE(a.size() == 2);
+    CHECK(a[1].pid != a[0].pid);
+    CHECK(a[1].start == 5);
+    if (rank != 1) {
+      CHECK_THAT(run.console,
+                 Catch::Contains("[job plain1 round 1] in place: worker rank " +
+                                 std::to_string(rank) + " (pid " + std::to_string(a[0].pid) +
+                                 ") never registered to re-form in its process"));
+    }
+  }
+  CHECK(ReadFile(run.out + "/params.bin") == clean);
+}
+
+TEST_CASE(
+    "inplace: a second worker that dies while the job re-forms converges: no deadlock, no rank "
+    "twice, the same parameters",
+    "[e2e][inplace]") {
+  if (!TorchAvailable()) return SkipCase("e2e", kPython + " cannot import torch");
+  Harness h;
+  const std::string clean = CleanParams(h);
+  const Run run = Train(h, "second1", {"--restart_policy=inplace", "--max_restarts=3"},
+                        {{"KILL_RANK", "1"}, {"KILL_AT", "4"}, {"KILL2_RANK", "2"}});
+  INFO(run.console);
+  std::map<int, long> last_pid;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    const std::vector<Attempt> a = Attempts(run.out, rank);
+    REQUIRE(a.size() >= 2);
+    // One process per rank and attempt: restart counts never repeat.
+    for (std::size_t i = 1; i < a.size(); ++i) CHECK(a[i].restart > a[i - 1].restart);
+    last_pid[rank] = a.back().pid;
+    CHECK(a.back().start <= 4);
+  }
+  // Rank 0 and 3 never failed: one process throughout.
+  for (int rank : {0, 3}) {
+    const std::vector<Attempt> a = Attempts(run.out, rank);
+    CHECK(a.front().pid == a.back().pid);
+  }
+  CHECK(ReadFile(run.out + "/params.bin") == clean);
+}
+
+TEST_CASE(
+    "inplace across nodes: ddprund and two agents; a worker killed on one node is restarted "
+    "alone, the other node's workers keep their processes",
+    "[e2e][inplace]") {
+  if (!TorchAvailable()) return SkipCase("e2e", kPython + " cannot import torch");
+  Harness h;
+  const std::string clean = CleanParams(h);
+  Proc* daemon = nullptr;
+  const int port = h.StartDaemon("ddprund", &daemon);
+  const std::string out = h.MakeDir("nodes");
+  std::vector<Proc*> nodes;
+  for (int i = 0; i < 2; ++i) {
+    const EnvList env{{"PYTHON_EXEC", kPython},
+                      {"PYTHONPATH", kPythonDir},
+                      {"OUT_DIR", out},
+                      {"KILL_RANK", "1"},
+                      {"KILL_AT", "5"}};
+    nodes.push_back(&h.StartDdprun(
+        "node" + std::to_string(i),
+        {"--nnodes=2", "--nproc_per_node=2", "--node_rank=" + std::to_string(i),
+         "--local_addr=127.0.0." + std::to_string(i + 1),
+         "--rdzv_endpoint=127.0.0.1:" + std::to_string(port), "--rdzv_id=nodes1",
+         "--rdzv_conf=join_timeout=60", "--restart_policy=inplace", "--max_restarts=2", kScript},
+        env));
+  }
+  for (Proc* p : nodes) {
+    const int rc = h.Wait(*p, 240);
+    INFO(p->name << ":\n" << p->Out() << p->Err());
+    CHECK(rc == 0);
+  }
+  for (int rank = 0; rank < kRanks; ++rank) {
+    const std::vector<Attempt> a = Attempts(out, rank);
+    INFO("rank " << rank << ":\n" << ReadFile(out + "/rank" + std::to_string(rank) + ".attempts"));
+    REQUIRE(a.size() == 2);
+    CHECK(a[1].start == 5);
+    if (rank == 1) {
+      CHECK(a[1].pid != a[0].pid);
+    } else {
+      CHECK(a[1].pid == a[0].pid);  // ranks 2 and 3 run on the other node
+    }
+  }
+  // The node without the failure heard of it from the rendezvous and kept its workers.
+  CHECK_THAT(nodes[1]->Err(), Catch::Contains("re-forming in place (--restart_policy=inplace)"));
+  CHECK_THAT(nodes[1]->Err(), Catch::Contains("in place: rank(s) 2,3 keep their processes"));
+  CHECK(ReadFile(out + "/params.bin") == clean);
+  h.StopDaemon(*daemon);
+}
+
+TEST_CASE(
+    "inplace: a hung rank under --on_hang=restart is the only worker replaced; the ranks "
+    "waiting for it re-form in their processes",
+    "[e2e][inplace][hang]") {
+  if (!TorchAvailable()) return SkipCase("e2e", kPython + " cannot import torch");
+  Harness h;
+  const std::string clean = CleanParams(h);
+  // Rank 1 blocks in C (os.read) before step 5; the others wait for it in
+  // the step's all-reduce.
+  const Run run = Train(
+      h, "hang1",
+      {"--restart_policy=inplace", "--max_restarts=2", "--on_hang=restart", "--hang_timeout=25"},
+      {{"HANG_RANK", "1"}, {"HANG_AT", "5"}});
+  INFO(run.console);
+  for (int rank = 0; rank < kRanks; ++rank) {
+    const std::vector<Attempt> a = Attempts(run.out, rank);
+    INFO("rank " << rank << ":\n"
+                 << ReadFile(run.out + "/rank" + std::to_string(rank) + ".attempts"));
+    REQUIRE(a.size() == 2);
+    CHECK(a[1].start == 5);
+    if (rank == 1) {
+      CHECK(a[1].pid != a[0].pid);
+    } else {
+      CHECK(a[1].pid == a[0].pid);
+    }
+  }
+  CHECK_THAT(run.console, Catch::Contains("hung: no progress for --hang_timeout"));
+  CHECK_THAT(run.console, Catch::Contains("in place: worker rank 1 (pid"));
+  CHECK_THAT(run.console, Catch::Contains("wait inside a PyTorch collective"));
+  CHECK(ReadFile(run.out + "/params.bin") == clean);
+}
