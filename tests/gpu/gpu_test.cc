@@ -43,11 +43,10 @@ int VisibleGpus() {
 void RunRanks(int n, const std::string& filter, double timeout_s = 300) {
   Harness h;
   // CatchRun: a filter that matches no case fails the job.
-  Proc& p = h.StartDdprun(
-      "ddprun",
-      Concat({"--nproc_per_node=" + std::to_string(n), "--no_python"},
-             CatchRun(Bin("gpu_worker"), filter)),
-      {{"DDP_TIMEOUT_SEC", "60"}, {"DDP_BACKEND", "nccl"}});
+  Proc& p = h.StartDdprun("ddprun",
+                          Concat({"--nproc_per_node=" + std::to_string(n), "--no_python"},
+                                 CatchRun(Bin("gpu_worker"), filter)),
+                          {{"DDP_TIMEOUT_SEC", "60"}, {"DDP_BACKEND", "nccl"}});
   const int rc = h.Wait(p, timeout_s);
   INFO("world size " << n << ", filter " << filter << "\nstdout:\n"
                      << p.Out() << "\nstderr:\n"
@@ -87,4 +86,37 @@ TEST_CASE("GPU: NCCL collectives show up in the worker's metrics channel", "[gpu
 
 TEST_CASE("GPU: an aborted NCCL group refuses every later call", "[gpu]") {
   RunOnGpus("[gpu-abort]");
+}
+
+TEST_CASE(
+    "GPU: under --restart_policy=inplace, survivors of a peer killed with SIGKILL get "
+    "PeerLostError within 5 s",
+    "[gpu]") {
+  const int gpus = VisibleGpus();
+  if (gpus == 0) return;
+  if (gpus < 2) {
+    return SkipCase("gpu",
+                    "a peer to kill needs 2 CUDA devices; " + std::to_string(gpus) + " visible");
+  }
+  Harness h;
+  Proc& help = h.StartDdprun("help", {"--help"});
+  h.Wait(help, 30);
+  if (help.Out().find("--restart_policy") == std::string::npos) {
+    return SkipCase("gpu", "this ddprun has no --restart_policy (the in-place agent)");
+  }
+  const int n = std::min(gpus, 4);
+  const std::string result = h.dir() + "/result";
+  Proc& p = h.StartDdprun(
+      "ddprun",
+      Concat({"--nproc_per_node=" + std::to_string(n), "--no_python", "--restart_policy=inplace",
+              "--max_restarts=1", "--grace_period=20"},
+             CatchRun(Bin("gpu_worker"), "[gpu-peer-lost]")),
+      {{"DDP_TIMEOUT_SEC", "60"}, {"DDP_BACKEND", "nccl"}, {"GPU_RESULT_FILE", result}});
+  h.Wait(p, 180);
+  for (int r = 0; r + 1 < n; ++r) {
+    const std::string report = ReadFile(result + "." + std::to_string(r));
+    INFO("rank " << r << ": " << report << "\nddprun stderr:\n" << p.Err());
+    REQUIRE(report.rfind("peer lost after ", 0) == 0);
+    REQUIRE(std::stod(report.substr(16)) < 5.0);
+  }
 }

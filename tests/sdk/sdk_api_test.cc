@@ -28,9 +28,9 @@ std::string CheckScript() {
 // The environment of a Python worker: the build's module (which finds the
 // build's library itself: DDPRUN_SDK_LIB is cleared), host buffers on Gloo.
 EnvList PythonEnv(const std::string& shm = "1") {
-  return {{"PYTHON_EXEC", kPython},         {"PYTHONPATH", DDPRUN_PYTHON_DIR},
-          {"DDPRUN_SDK_LIB", ""},           {"DDP_BACKEND", "gloo"},
-          {"DDP_TIMEOUT_SEC", "30"},        {"DDP_SHM", shm},
+  return {{"PYTHON_EXEC", kPython},        {"PYTHONPATH", DDPRUN_PYTHON_DIR},
+          {"DDPRUN_SDK_LIB", ""},          {"DDP_BACKEND", "gloo"},
+          {"DDP_TIMEOUT_SEC", "30"},       {"DDP_SHM", shm},
           {"PYTHONDONTWRITEBYTECODE", "1"}};
 }
 
@@ -38,8 +38,7 @@ EnvList PythonEnv(const std::string& shm = "1") {
 // (support/skip.h: every [python] case needs numpy, and they run as their own
 // CTest test, sdk_python_tests).
 bool HaveNumpy() {
-  static const bool ok =
-      std::system((kPython + " -c 'import numpy' >/dev/null 2>&1").c_str()) == 0;
+  static const bool ok = std::system((kPython + " -c 'import numpy' >/dev/null 2>&1").c_str()) == 0;
   if (!ok) SkipCase("sdk", kPython + " cannot import numpy; install python3-numpy");
   return ok;
 }
@@ -63,8 +62,8 @@ TEST_CASE("Python module under ddprun: collectives, Reducer, torch tensors, bad 
       EnvList env = PythonEnv(c.shm);
       env.push_back({"SDK_CHECK_DIR", h.dir()});
       env.push_back({"SDK_EXPECT_TCPSTORE", "1"});  // one node: ddprun's TCPStore, no gRPC
-      Proc& p = h.StartDdprun("ddprun", {"--nproc_per_node=" + std::to_string(c.ranks), CheckScript()},
-                              env);
+      Proc& p = h.StartDdprun("ddprun",
+                              {"--nproc_per_node=" + std::to_string(c.ranks), CheckScript()}, env);
       const int rc = h.Wait(p, 120);
       const std::string out = p.Out();
       INFO("stdout:\n" << out << "\nstderr:\n" << p.Err());
@@ -76,6 +75,40 @@ TEST_CASE("Python module under ddprun: collectives, Reducer, torch tensors, bad 
         WARN("the torch part was skipped: " << kPython << " cannot import torch");
       } else {
         REQUIRE(Contains(out, "rank 0: torch "));
+      }
+    }
+  }
+}
+
+TEST_CASE(
+    "Python module under --restart_policy=inplace: PeerLostError, then reconfigure(pg) "
+    "in the same process",
+    "[sdk][python]") {
+  if (!HaveNumpy()) return;
+  for (const char* shm : {"1", "0"}) {
+    DYNAMIC_SECTION((std::string(shm) == "1" ? "shm" : "tcp")) {
+      Harness h;
+      EnvList env = PythonEnv(shm);
+      const std::string out = h.dir() + "/reform";
+      env.push_back({"REFORM_OUT", out});
+      Proc& p =
+          h.StartDdprun("ddprun",
+                        {"--nproc_per_node=4", "--restart_policy=inplace", "--max_restarts=3",
+                         std::string(DDPRUN_SOURCE_DIR) + "/tests/sdk/python/reform_check.py"},
+                        env);
+      const int rc = h.Wait(p, 180);
+      INFO("stdout:\n" << p.Out() << "\nstderr:\n" << p.Err());
+      REQUIRE(rc == 0);
+      for (int r = 0; r < 4; ++r) {
+        const std::string report = ReadFile(out + "." + std::to_string(r));
+        INFO("rank " << r << ": " << report);
+        REQUIRE(Contains(report, " sum=10 "));
+        REQUIRE_FALSE(Contains(report, " round=0 "));
+        if (r != 2) {
+          REQUIRE(Contains(report, "lost=8 "));  // PeerLostError's code
+          const double ms = std::stod(report.substr(report.find("lost=8 ") + 7));
+          REQUIRE(ms < 2000);
+        }
       }
     }
   }
@@ -97,8 +130,7 @@ TEST_CASE("Python module outside ddprun: init() names DDPRUN_STORE_ADDR", "[sdk]
   REQUIRE(Contains(out, "outside ddprun: all checks passed"));
 }
 
-TEST_CASE("examples/train_mlp_sdk.py at 2 ranks: the loss falls, replicas agree",
-          "[sdk][python]") {
+TEST_CASE("examples/train_mlp_sdk.py at 2 ranks: the loss falls, replicas agree", "[sdk][python]") {
   if (!HaveNumpy()) return;
   Harness h;
   Proc& p = h.StartDdprun(

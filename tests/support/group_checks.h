@@ -9,9 +9,12 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <span>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "ddp/ddp.h"
@@ -287,6 +290,70 @@ inline void CheckReducerAveragingAndViews(ThreadRanks& ranks) {
           return want / world;
         });
       }
+    }
+  }
+}
+
+// ---- A lost peer ----
+
+// The agent breaks the group (the in-place control block's generation moves
+// past the one the group was formed in, Backend::WatchBreaks) while every
+// rank but the last waits in an all-reduce the last never joins: each
+// waiting rank gets PeerLostError (rank unknown: -1) within 2 s of the break,
+// far below the group's 30 s timeout, and its later calls are refused. At
+// each of `counts` (floats: small ones take the caller-run and sync paths).
+inline void CheckAgentBreakFailsFast(int world, ddp::InitOptions options,
+                                     const std::vector<std::size_t>& counts) {
+  using Clock = std::chrono::steady_clock;
+  options.timeout = std::chrono::seconds(30);
+  for (std::size_t count : counts) {
+    ThreadRanks ranks(world, options);
+    std::atomic<std::uint64_t> generation{0};
+    for (int r = 0; r < world; ++r) ranks.group(r)->backend_impl().WatchBreaks(&generation, 0);
+    std::atomic<std::int64_t> broke_at{0};
+    struct Seen {
+      std::string error;
+      int lost_rank = -2;
+      Clock::time_point at;
+      bool refused_after = false;
+    };
+    std::thread breaker([&] {
+      // The waiting ranks are blocked by now, or block right after: either
+      // way the error must follow the break.
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      broke_at = Clock::now().time_since_epoch().count();
+      generation.store(1, std::memory_order_release);
+    });
+    std::vector<Seen> seen = ranks.Run([&](int r) {
+      Seen s;
+      if (r == world - 1) return s;  // never joins
+      std::vector<float> v(count, 1.0f);
+      try {
+        ranks.group(r)->Allreduce(std::span<float>(v)).Wait();
+        s.error = "no error";
+      } catch (const ddp::PeerLostError& e) {
+        s.at = Clock::now();
+        s.error = e.what();
+        s.lost_rank = e.rank();
+        try {
+          ranks.group(r)->Barrier().Wait();
+        } catch (const ddp::StateError&) {
+          s.refused_after = true;
+        }
+      } catch (const std::exception& e) {
+        s.error = std::string("another error: ") + e.what();
+      }
+      return s;
+    });
+    breaker.join();
+    for (int r = 0; r + 1 < world; ++r) {
+      INFO(count << " floats, rank " << r << ": " << seen[r].error);
+      REQUIRE(seen[r].lost_rank == -1);
+      REQUIRE(seen[r].error.find("broken") != std::string::npos);
+      const auto after = seen[r].at - Clock::time_point(Clock::duration(broke_at.load()));
+      REQUIRE(after >= Clock::duration::zero());
+      REQUIRE(after < std::chrono::seconds(2));
+      REQUIRE(seen[r].refused_after);
     }
   }
 }

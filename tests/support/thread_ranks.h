@@ -45,6 +45,12 @@ class ThreadRanks {
   int size() const { return static_cast<int>(groups_.size()); }
   const std::shared_ptr<ddp::ProcessGroup>& group(int rank) const { return groups_[rank]; }
   ddprun::rendezvous::Store& store() { return *store_; }
+  // Drops this harness's reference to rank's group: a rank that leaves (its
+  // connections close, as a dead process's do). Thread-safe.
+  void Drop(int rank) {
+    std::lock_guard<std::mutex> lock(mu_);
+    groups_[rank].reset();
+  }
 
   // Runs fn(rank) on one thread per rank and returns what each returned
   // (T default-constructible). When a rank throws, every group is aborted (so

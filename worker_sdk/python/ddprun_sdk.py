@@ -22,12 +22,12 @@ import ctypes
 import os
 import sys
 
-__all__ = ["init", "step", "scalar", "ProcessGroup", "Reducer", "Work", "Error", "TimeoutError_", "DTYPES", "OPS"]
+__all__ = ["init", "step", "scalar", "ProcessGroup", "Reducer", "Work", "Error", "TimeoutError_", "PeerLostError", "reconfigure", "DTYPES", "OPS"]
 
 DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2, "float64": 3, "int32": 4, "int64": 5}
 OPS = {"sum": 0, "avg": 1, "max": 2, "min": 3}
 _CODES = {1: "invalid argument", 2: "timeout", 3: "connection", 4: "auth", 5: "state",
-          6: "unsupported", 7: "internal"}
+          6: "unsupported", 7: "internal", 8: "peer lost"}
 
 
 class Error(RuntimeError):
@@ -41,6 +41,12 @@ class Error(RuntimeError):
 
 class TimeoutError_(Error):
     pass
+
+
+class PeerLostError(Error):
+    """A peer of the group is gone (code 8): the collective failed at once and
+    the group is aborted. Under --restart_policy=inplace, reconfigure(pg)
+    gives the new round's group in this process."""
 
 
 def _load():
@@ -75,6 +81,7 @@ for name, args, res in [
     ("ddp_rank", [_P], _I), ("ddp_world_size", [_P], _I), ("ddp_local_rank", [_P], _I),
     ("ddp_backend", [_P], _I), ("ddp_round", [_P], _c.c_int64),
     ("ddp_abort", [_P, _c.c_char_p], _I),
+    ("ddp_reconfigure", [_P, _P], _I),
     ("ddp_allreduce", [_P, _P, _SZ, _I, _I, _c.POINTER(_P)], _I),
     ("ddp_broadcast", [_P, _P, _SZ, _I, _I, _c.POINTER(_P)], _I),
     ("ddp_allgather", [_P, _P, _P, _SZ, _I, _c.POINTER(_P)], _I),
@@ -104,7 +111,7 @@ for name, args, res in [
 def _check(status):
     if status != 0:
         msg = _lib.ddp_last_error().decode("utf-8", "replace")
-        raise (TimeoutError_ if status == 2 else Error)(status, msg)
+        raise {2: TimeoutError_, 8: PeerLostError}.get(status, Error)(status, msg)
 
 
 def _choice(table, key, what):
@@ -335,6 +342,17 @@ class Reducer:
         if getattr(self, "_h", None):
             _lib.ddp_reducer_destroy(self._h)
             self._h = None
+
+
+def reconfigure(pg):
+    """ddp_reconfigure: under --restart_policy=inplace, after a PeerLostError,
+    replaces pg's broken group by the new round's in this process and returns
+    pg (rank, size and round are the new round's). Reducers of the old group
+    must be made again. Error (code 5) without the in-place control block."""
+    if _lib is None:
+        raise _load_error
+    _check(_lib.ddp_reconfigure(pg._h, ctypes.byref(pg._opts)))
+    return pg
 
 
 def init(backend="auto", timeout=0.0):

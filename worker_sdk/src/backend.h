@@ -12,6 +12,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -129,22 +130,50 @@ class Backend {
   // Aborts the group with `reason` (the first reason wins). Thread-safe.
   // Every failed collective of every backend comes here: the sdk debug
   // channel's one line per failure.
-  void Fail(const std::string& reason) {
+  // `lost_rank`: the failure is a peer that is gone (its job rank, -1 when
+  // unknown: the agent broke the group); OnAbort then fails the collective
+  // in progress at once with a PeerLost status instead of letting it wait.
+  void Fail(const std::string& reason, std::optional<int> lost_rank = std::nullopt) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (aborted_.load()) return;
       abort_reason_ = reason;
+      lost_rank_ = lost_rank;
       aborted_.store(true);
     }
     DDPRUN_DEBUG_LOG(kSdk) << Fence() << "group aborted: " << reason;
     OnAbort();
   }
   bool aborted() const { return aborted_.load(); }
+  // The first failure's reason (empty while the group runs).
+  std::string abort_reason() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return abort_reason_;
+  }
+  // The lost peer of the abort (see Fail); nullopt for other failures.
+  std::optional<int> lost_rank() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return lost_rank_;
+  }
+
+  // Under --restart_policy=inplace (inplace_block.h): the group was formed in
+  // generation `formed` of the agent's control block; once *generation is
+  // past it, the agent has broken the group and collectives in progress fail
+  // fast with a PeerLost status. `generation` outlives the backend. Called
+  // once, after the group is formed.
+  virtual void WatchBreaks(const std::atomic<std::uint64_t>* generation, std::uint64_t formed) {}
+  // Releases what the group holds that can go now (connections, segments,
+  // communicators) after an abort, for ddp::Reconfigure; the rest goes with
+  // the last reference. Default: nothing beyond the abort.
+  virtual void Teardown() {}
   // FailedPrecondition naming the first failure, for calls after an abort.
   absl::Status AbortedStatus(const std::string& op) const {
     std::lock_guard<std::mutex> lock(mu_);
-    return absl::FailedPreconditionError(Fence() + op + ": the communicator was aborted (" +
-                                         abort_reason_ + "); exit so that ddprun restarts the job");
+    return absl::FailedPreconditionError(
+        Fence() + op + ": the communicator was aborted (" + abort_reason_ +
+        (lost_rank_ ? "); under --restart_policy=inplace call ddp::Reconfigure for the new "
+                      "round's group, else exit so that ddprun restarts the job"
+                    : "); exit so that ddprun restarts the job"));
   }
 
   const WorkerInfo& info() const { return info_; }
@@ -163,6 +192,7 @@ class Backend {
   mutable std::mutex mu_;
   std::atomic<bool> aborted_{false};
   std::string abort_reason_;
+  std::optional<int> lost_rank_;
 };
 
 // Argument checks shared by the backends.

@@ -87,20 +87,39 @@ const char* ddp_status_name(ddp_status_t status) {
   return ddp::ErrorCodeName(static_cast<ddp::ErrorCode>(status));
 }
 
+namespace {
+// ddp_init_options_t (NULL: defaults) as InitOptions; `fn` names the caller.
+ddp_status_t ToInitOptions(const ddp_init_options_t* options, const std::string& fn,
+                           ddp::InitOptions* o) {
+  if (options == nullptr) return DDP_OK;
+  DDP_REQUIRE(options->backend >= 0 && options->backend <= 2,
+              fn + ": invalid backend (DDP_BACKEND_AUTO, _GLOO, _NCCL)");
+  o->backend = static_cast<ddp::Backend>(options->backend);
+  DDP_REQUIRE(options->timeout_sec >= 0, fn + ": timeout_sec is negative");
+  if (options->timeout_sec > 0) {
+    o->timeout = ddp::Duration(static_cast<std::int64_t>(options->timeout_sec * 1000));
+  }
+  return DDP_OK;
+}
+}  // namespace
+
 ddp_status_t ddp_init(const ddp_init_options_t* options, ddp_group_t** out) {
   DDP_REQUIRE(out != nullptr, "ddp_init: out is a null pointer");
   *out = nullptr;
   ddp::InitOptions o;
-  if (options != nullptr) {
-    DDP_REQUIRE(options->backend >= 0 && options->backend <= 2,
-                "ddp_init: invalid backend (DDP_BACKEND_AUTO, _GLOO, _NCCL)");
-    o.backend = static_cast<ddp::Backend>(options->backend);
-    DDP_REQUIRE(options->timeout_sec >= 0, "ddp_init: timeout_sec is negative");
-    if (options->timeout_sec > 0) {
-      o.timeout = ddp::Duration(static_cast<std::int64_t>(options->timeout_sec * 1000));
-    }
-  }
+  if (ddp_status_t s = ToInitOptions(options, "ddp_init", &o); s != DDP_OK) return s;
   return Guard([&] { *out = new ddp_group{ddp::Init(o)}; });
+}
+
+ddp_status_t ddp_reconfigure(ddp_group_t* g, const ddp_init_options_t* options) {
+  DDP_REQUIRE(g != nullptr, "ddp_reconfigure: group is a null pointer");
+  ddp::InitOptions o;
+  if (ddp_status_t s = ToInitOptions(options, "ddp_reconfigure", &o); s != DDP_OK) return s;
+  return Guard([&] {
+    // The handle's reference goes to Reconfigure only once it returned.
+    std::shared_ptr<ddp::ProcessGroup> next = ddp::Reconfigure(g->pg, o);
+    g->pg = std::move(next);
+  });
 }
 
 void ddp_group_destroy(ddp_group_t* group) { delete group; }

@@ -10,6 +10,7 @@ QueuedWork::QueuedWork(std::weak_ptr<Backend> owner, std::string desc, Duration 
 void QueuedWork::Complete(absl::Status s) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (done_) return;  // an abort completed it first
     done_ = true;
     status_ = std::move(s);
   }
@@ -70,6 +71,16 @@ void CommQueue::Push(std::string desc, std::function<void()> run,
   state_->cv.notify_one();
 }
 
+std::shared_ptr<QueuedWork> CommQueue::Running() {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->running;
+}
+
+bool CommQueue::OnQueueThread() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->loop_thread == std::this_thread::get_id();
+}
+
 std::deque<QueuedTask> CommQueue::TakeQueued() {
   std::deque<QueuedTask> taken;
   std::lock_guard<std::mutex> lock(state_->mu);
@@ -107,6 +118,10 @@ void CommQueue::Release(QueuedTask rest) {
 }
 
 void CommQueue::Loop(std::shared_ptr<State> state, std::shared_ptr<void> keep_alive) {
+  {
+    std::lock_guard<std::mutex> lock(state->mu);
+    state->loop_thread = std::this_thread::get_id();
+  }
   for (;;) {
     QueuedTask task;
     {
@@ -117,6 +132,7 @@ void CommQueue::Loop(std::shared_ptr<State> state, std::shared_ptr<void> keep_al
       task = std::move(state->queue.front());
       state->queue.pop_front();
       state->busy = true;
+      state->running = task.work;
     }
     absl::Status status;
     try {
@@ -127,6 +143,7 @@ void CommQueue::Loop(std::shared_ptr<State> state, std::shared_ptr<void> keep_al
     {
       std::lock_guard<std::mutex> lock(state->mu);
       state->busy = false;
+      state->running.reset();
     }
     task.work->Complete(std::move(status));
   }

@@ -28,9 +28,11 @@ class QueuedWork final : public WorkState {
  public:
   QueuedWork(std::weak_ptr<Backend> owner, std::string desc, Duration default_timeout);
 
-  // Called once, by the queue's thread or by an abort.
+  // The first call wins: the queue's thread, or an abort that fails the
+  // work before the thread is done with it (a lost peer: fail fast).
   void Complete(absl::Status s);
 
+  const std::string& desc() const { return desc_; }
   absl::Status Wait(Duration timeout) override;
   absl::StatusOr<bool> IsCompleted() override;
   absl::Status Synchronize(void*) override { return WaitDefault(); }
@@ -72,6 +74,10 @@ class CommQueue {
 
   // Queues `run` (nullptr: nothing to do, but completes after earlier work).
   void Push(std::string desc, std::function<void()> run, std::shared_ptr<QueuedWork> work);
+  // The work of the task the thread runs now (null when idle).
+  std::shared_ptr<QueuedWork> Running();
+  // Whether the caller is the queue's thread (which completes its own task).
+  bool OnQueueThread() const;
   // Removes every task not started yet (an abort completes their works).
   std::deque<QueuedTask> TakeQueued();
 
@@ -92,6 +98,8 @@ class CommQueue {
     bool stop = false;
     bool busy = false;
     bool claimed = false;  // a caller runs a collective (TryClaim)
+    std::shared_ptr<QueuedWork> running;
+    std::thread::id loop_thread;
     ErrorHandler on_error;
   };
   static void Loop(std::shared_ptr<State> state, std::shared_ptr<void> keep_alive);

@@ -35,13 +35,20 @@
 // are started by the caller itself and finished there when the peers are
 // already waiting (CallerRuns): no thread handoff on the latency path.
 #include <algorithm>
+#include <cctype>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "backend.h"
 #include "comm_queue.h"
 #include "cpu_topology.h"
@@ -60,6 +67,7 @@
 #include "sdk_env.h"
 #include "shared_buffers.h"
 #include "shm_group.h"
+#include "status.h"
 
 namespace ddp::detail {
 namespace {
@@ -87,6 +95,16 @@ ShmGroup::Clock::time_point DeadlineIn(Duration t) { return ShmGroup::Clock::now
 // yielding 25 us, 0.5-2 us then yielding (50 us-1 ms) 14-19 us; pinned 1.6 us.
 constexpr auto kCallerSpin = std::chrono::microseconds(2);
 constexpr auto kCallerYield = std::chrono::microseconds(50);
+// How long a rank that saw a connection close without knowing whose waits
+// for another rank's record of the lost rank (Core::AgreeOnLost).
+constexpr auto kLostLookup = std::chrono::milliseconds(200);
+// How long a TCP group's watcher, told by the agent that the group is
+// broken, waits for a rank to record which peer was lost before it fails
+// the group without a name.
+constexpr auto kNameWait = std::chrono::milliseconds(20);
+// How often a TCP group's watcher reads the in-place control block's
+// generation (WatchBreaks): a tenth of the 100 ms fail-fast goal.
+constexpr auto kBreakPoll = std::chrono::milliseconds(5);
 
 // What the group's collectives use; the communication thread keeps it alive.
 class Core {
@@ -107,6 +125,66 @@ class Core {
   std::shared_ptr<gloo::rendezvous::Context> leaders_sync;
   // Reused scratch for reduce-scatter (first-touch page faults are slow).
   std::vector<char> scratch;
+  // A lost peer (docs/sdk.md, "Errors"): the store and the group's key
+  // prefix, where the first rank that sees a peer gone records which one
+  // (first wins), and every Gloo pair's listening address -> the job rank
+  // that owns it (Gloo's messages name the peer by address).
+  std::shared_ptr<rdzv::Store> store;
+  std::string key_prefix;
+  std::map<std::string, int> rank_of_address;
+
+  // Closes every Gloo connection of this rank (hard close: the peers' reads
+  // fail at once), so that a failure reaches every rank of the group instead
+  // of only the dead peer's neighbours. Only on a thread that is not inside
+  // Gloo on these pairs (the communication thread after a task failed, or a
+  // caller that holds the queue's claim): sync-mode pairs hold their lock
+  // while they read.
+  void CloseConnections() {
+    for (auto* ctx : {&context, &sync_context, &leaders, &leaders_sync}) {
+      if (*ctx) (*ctx)->closeConnections();
+    }
+  }
+  // The job rank whose Gloo address `what` names, or -1.
+  int RankNamedIn(const std::string& what) const {
+    for (const auto& [addr, rank] : rank_of_address) {
+      for (std::size_t at = what.find(addr); at != std::string::npos;
+           at = what.find(addr, at + 1)) {
+        const std::size_t end = at + addr.size();
+        if (end >= what.size() || !std::isdigit(static_cast<unsigned char>(what[end]))) {
+          return rank;
+        }
+      }
+    }
+    return -1;
+  }
+  // The lost rank a rank recorded (AgreeOnLost), or -1; does not wait.
+  int RecordedLost() const {
+    if (!store) return -1;
+    auto recorded = store->Get(key_prefix + "lost", Duration::zero());
+    int lost = -1;
+    if (recorded.ok() && absl::SimpleAtoi(*recorded, &lost)) return lost;
+    return -1;
+  }
+  // Records `candidate` as the group's lost rank unless a rank recorded one
+  // first, and returns the recorded one (the first observer of a death
+  // records it before it closes its connections, so ranks that only see
+  // those closes learn the real one). Without the store: `candidate`.
+  int AgreeOnLost(int candidate) const {
+    if (!store) return candidate;
+    if (candidate < 0) {
+      // This rank cannot tell who: take what a rank that could recorded.
+      auto recorded = store->Get(key_prefix + "lost", kLostLookup);
+      int agreed = -1;
+      if (recorded.ok() && absl::SimpleAtoi(*recorded, &agreed)) return agreed;
+      return candidate;
+    }
+    std::string current;
+    auto swapped =
+        store->CompareSet(key_prefix + "lost", std::nullopt, std::to_string(candidate), &current);
+    int agreed = candidate;
+    if (swapped.ok() && !*swapped && absl::SimpleAtoi(current, &agreed)) return agreed;
+    return candidate;
+  }
 };
 
 class GlooBackend final : public Backend, public std::enable_shared_from_this<GlooBackend> {
@@ -115,7 +193,42 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
       : Backend(std::move(info), timeout), core_(std::move(core)) {}
 
   // A thread stuck in Gloo on an aborted group finishes on its own.
-  ~GlooBackend() override { queue_.Stop(/*detach_if_busy=*/aborted()); }
+  ~GlooBackend() override {
+    StopWatcher();
+    queue_.Stop(/*detach_if_busy=*/aborted());
+  }
+
+  void WatchBreaks(const std::atomic<std::uint64_t>* generation, std::uint64_t formed) override {
+    if (core_->shm) core_->shm->WatchBreaks(generation, formed);
+    // Shared memory waits poll the word themselves; a rank inside Gloo
+    // (sockets) cannot, so a watcher fails the group for it.
+    if (!core_->context && !core_->leaders) return;
+    watcher_ = std::thread([this, generation, formed] {
+      std::unique_lock<std::mutex> lock(watch_mu_);
+      while (!watch_stop_) {
+        if (generation->load(std::memory_order_acquire) > formed) {
+          lock.unlock();
+          // Name the rank when a rank that saw its connection close recorded
+          // it (Core::AgreeOnLost), or when this rank's own collective fails
+          // naming it meanwhile; the agent's word alone after kNameWait.
+          const auto until = std::chrono::steady_clock::now() + kNameWait;
+          int lost = -1;
+          while (!aborted() && lost < 0 && std::chrono::steady_clock::now() < until) {
+            lost = core_->RecordedLost();
+            if (lost < 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+          }
+          if (lost >= 0) {
+            Fail(absl::StrCat("rank ", lost, " is gone (the agent reports this group broken)"),
+                 lost);
+          } else {
+            Fail("the agent reports this group broken (a peer failed)", -1);
+          }
+          return;
+        }
+        watch_cv_.wait_for(lock, kBreakPoll);
+      }
+    });
+  }
 
   void Start() {
     queue_.Start(
@@ -331,10 +444,36 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
 
  protected:
   void OnAbort() override {
+    const std::optional<int> lost = lost_rank();
     // Wakes a shared-memory collective in progress (and tells the peers).
-    if (core_->shm) core_->shm->Abort();
+    if (core_->shm) {
+      if (lost) {
+        core_->shm->AbortPeerLost(*lost);
+      } else {
+        core_->shm->Abort();
+      }
+    }
+    // A lost peer: the collective in progress fails now, whether or not the
+    // thread is still inside Gloo (it finishes or times out there alone).
+    // So do the ones issued before the abort and still queued.
+    auto lost_status = [&](const std::string& desc) {
+      return PeerLostStatus(
+          absl::StrCat(Fence(), desc, " failed: ",
+                       *lost >= 0 ? absl::StrCat("rank ", *lost, " is gone") : abort_reason(),
+                       "; ddp::Reconfigure gives the new round's group"),
+          *lost);
+    };
+    // (On the queue's thread the failure is its own task's: it completes it
+    // with the classified status, which names the operation and the cause.)
+    if (lost && !queue_.OnQueueThread()) {
+      if (std::shared_ptr<QueuedWork> running = queue_.Running()) {
+        running->Complete(lost_status(running->desc()));
+      }
+    }
     // Fail what is queued; what runs finishes or times out inside Gloo.
-    for (QueuedTask& t : queue_.TakeQueued()) t.work->Complete(AbortedStatus(t.desc));
+    for (QueuedTask& t : queue_.TakeQueued()) {
+      t.work->Complete(lost ? lost_status(t.desc) : AbortedStatus(t.desc));
+    }
   }
 
  private:
@@ -405,44 +544,86 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
     }
   }
 
-  // A Gloo exception as a Status: timeouts are DeadlineExceeded, everything
-  // else (a closed connection: a dead peer) Unavailable. Aborts the group.
+  // A Gloo exception as a Status: timeouts are DeadlineExceeded; a closed or
+  // reset connection is a lost peer (PeerLost, naming the rank the group
+  // agreed on: Core::AgreeOnLost), after which this rank closes its own
+  // connections so that every rank learns it at once; anything else is
+  // Unavailable. Aborts the group. Runs on the communication thread.
   static absl::Status ClassifyGloo(const std::string& desc, const std::string& what,
                                    const std::weak_ptr<GlooBackend>& weak) {
     std::string fence;
     auto self = weak.lock();
     if (self) fence = self->Fence();
-    if (self) self->Fail(absl::StrCat(desc, ": ", what));
     // A peer sent more than this rank's buffer holds: Gloo's size check.
     if (what.find("op.buf->size_") != std::string::npos) {
+      if (self) self->Fail(absl::StrCat(desc, ": ", what));
       return absl::InvalidArgumentError(absl::StrCat(
           fence, desc, " failed: a peer issued a collective of another size (every rank must ",
           "issue the same collectives with the same sizes, in the same order; gloo: ", what, ")"));
     }
     const bool timed_out =
         what.find("imed out") != std::string::npos || what.find("imeout") != std::string::npos;
+    const bool closed = !timed_out && (what.find("Connection closed") != std::string::npos ||
+                                       what.find("Read error") != std::string::npos ||
+                                       what.find("Write error") != std::string::npos ||
+                                       what.find("reset by peer") != std::string::npos ||
+                                       what.find("Broken pipe") != std::string::npos);
+    if (closed && self) {
+      Core& core = *self->core_;
+      const int named = core.RankNamedIn(what);
+      if (named < 0) DDPRUN_DEBUG_LOG(kSdk) << fence << "no rank owns the address in: " << what;
+      const int lost = core.AgreeOnLost(named);
+      core.CloseConnections();
+      const std::string who =
+          lost >= 0 ? absl::StrCat("rank ", lost, " is gone") : std::string("a peer is gone");
+      self->Fail(absl::StrCat(desc, ": ", who, " (gloo: ", what, ")"), lost);
+      return PeerLostStatus(absl::StrCat(fence, desc, " failed: ", who,
+                                         " (the group's connections closed; gloo: ", what, ")"),
+                            lost);
+    }
+    if (self) self->Fail(absl::StrCat(desc, ": ", what));
     std::string msg = absl::StrCat(fence, desc, timed_out ? " timed out" : " failed",
                                    ": a peer died, hung or left the job (gloo: ", what, ")");
     return timed_out ? absl::DeadlineExceededError(msg) : absl::UnavailableError(msg);
   }
 
   // A failed shared-memory collective (its message names the peer): fenced,
-  // and the group aborted.
+  // and the group aborted. A lost peer is recorded for the other hosts and
+  // this rank's Gloo connections closed (see ClassifyGloo).
   static absl::Status ClassifyShm(const std::string& desc, const absl::Status& s,
                                   const std::weak_ptr<GlooBackend>& weak) {
     std::string fence;
     auto self = weak.lock();
+    std::optional<int> lost = LostRankOf(s);
     if (self) {
       fence = self->Fence();
-      self->Fail(absl::StrCat(desc, ": ", s.message()));
+      if (lost && (self->core_->context || self->core_->leaders)) {
+        lost = self->core_->AgreeOnLost(*lost);
+        self->core_->CloseConnections();
+      }
+      self->Fail(absl::StrCat(desc, ": ", s.message()), lost);
     }
-    return absl::Status(s.code(),
-                        absl::StrCat(fence, desc, " failed (shared memory): ", s.message()));
+    return WithMessage(s, absl::StrCat(fence, desc, " failed (shared memory): ", s.message()));
+  }
+
+  void StopWatcher() {
+    if (!watcher_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(watch_mu_);
+      watch_stop_ = true;
+    }
+    watch_cv_.notify_all();
+    watcher_.join();
   }
 
   std::shared_ptr<Core> core_;
   CommQueue queue_;  // stopped by the destructor
   std::uint32_t tag_ = 0;
+  // WatchBreaks' thread (TCP paths only).
+  std::thread watcher_;
+  std::mutex watch_mu_;
+  std::condition_variable watch_cv_;
+  bool watch_stop_ = false;
 };
 
 }  // namespace
@@ -545,6 +726,38 @@ absl::StatusOr<std::shared_ptr<Backend>> CreateGlooBackend(const WorkerInfo& inf
     DDPRUN_ASSIGN_OR_RETURN(core->sync_context,
                             connect("gloo-sync/", info.rank, info.world_size, /*sync=*/true));
   }
+  // Which job rank owns each Gloo address (Core::RankNamedIn): every rank
+  // publishes its pairs' listening addresses and reads everyone's.
+  {
+    std::vector<std::string> mine;
+    auto list = [&mine](const std::shared_ptr<gloo::rendezvous::Context>& ctx) {
+      for (int i = 0; ctx && i < ctx->size; ++i) {
+        if (i != ctx->rank) mine.push_back(ctx->getPair(i)->address().str());
+      }
+    };
+    for (const auto* ctx :
+         {&core->context, &core->sync_context, &core->leaders, &core->leaders_sync}) {
+      list(*ctx);
+    }
+    const std::string key = key_prefix + "gloo-addrs/";
+    DDPRUN_RETURN_IF_ERROR(store->Set(key + std::to_string(info.rank), absl::StrJoin(mine, "\n")));
+    std::vector<std::string> keys;
+    for (int r = 0; r < info.world_size; ++r) keys.push_back(key + std::to_string(r));
+    auto all = store->MultiGet(keys, options.timeout);
+    if (!all.ok()) {
+      return absl::Status(
+          all.status().code(),
+          absl::StrCat(fence, "gloo addresses through the store: ", all.status().message()));
+    }
+    for (int r = 0; r < info.world_size; ++r) {
+      if (r == info.rank) continue;
+      for (absl::string_view a : absl::StrSplit((*all)[r], '\n', absl::SkipEmpty())) {
+        core->rank_of_address[std::string(a)] = r;
+      }
+    }
+  }
+  core->store = store;
+  core->key_prefix = key_prefix;
   auto backend = std::make_shared<GlooBackend>(info, options.timeout, core);
   backend->Start();
   return std::shared_ptr<Backend>(backend);

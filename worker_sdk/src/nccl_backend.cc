@@ -34,6 +34,7 @@
 // they are ordered after the trainer's work and before the next collective.
 #include "absl/strings/str_cat.h"
 #include "backend.h"
+#include "status.h"
 #include "ddprun/rendezvous/store/store.h"
 #include "metrics.h"
 
@@ -345,6 +346,19 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
   std::weak_ptr<NcclBackend> weak() { return weak_from_this(); }
   const NcclApi& nccl() const { return nccl_; }
 
+  // Under --restart_policy=inplace: a wait polls the control block's
+  // generation (one atomic) and fails fast once the agent broke the group.
+  // NCCL does not see a dead peer on every transport (P2P and SHM kernels
+  // just wait), so this is the GPU path's fail-fast signal.
+  void WatchBreaks(const std::atomic<std::uint64_t>* generation, std::uint64_t formed) override {
+    break_generation_ = generation;
+    formed_generation_ = formed;
+  }
+  bool BrokenByAgent() const {
+    return break_generation_ != nullptr &&
+           break_generation_->load(std::memory_order_acquire) > formed_generation_;
+  }
+
   // Records the end of every monitored collective whose end event has
   // completed (in issue order: one stream). Never blocks.
   void Reap() {
@@ -500,6 +514,8 @@ class NcclBackend final : public Backend, public std::enable_shared_from_this<Nc
   int device_;
   const NcclApi& nccl_;  // the process's (LoadNccl), never unloaded
   ncclComm_t comm_ = nullptr;
+  const std::atomic<std::uint64_t>* break_generation_ = nullptr;
+  std::uint64_t formed_generation_ = 0;
   cudaStream_t stream_ = nullptr;
   cudaStream_t user_stream_ = nullptr;  // legacy default stream
   cudaEvent_t ready_ = nullptr;
@@ -532,6 +548,13 @@ absl::Status NcclWork::Wait(Duration timeout) {
     }
     if (owner) {
       if (owner->aborted()) return owner->AbortedStatus(desc_);
+      if (owner->BrokenByAgent()) {
+        const std::string why = "the agent reports this group broken (a peer failed)";
+        owner->Fail(absl::StrCat(desc_, ": ", why), -1);  // ncclCommAbort
+        return PeerLostStatus(absl::StrCat(owner->Fence(), desc_, " failed: ", why,
+                                           "; ddp::Reconfigure gives the new round's group"),
+                              -1);
+      }
       ncclResult_t r = owner->AsyncError();
       if (r != ncclSuccess && r != ncclInProgress) {
         owner->Fail(absl::StrCat(desc_, ": ", NcclErr(owner->nccl(), r)));

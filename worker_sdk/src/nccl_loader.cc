@@ -63,6 +63,7 @@ absl::StatusOr<NcclApi> LoadNcclLibrary(const std::string& library, const std::s
   if (api.name == nullptr) return MissingFunction(api.path, named, from, #name);
   DDP_NCCL_FUNCTIONS(DDP_NCCL_LOAD)
 #undef DDP_NCCL_LOAD
+  api.ncclCommShrink = dlsym(handle, "ncclCommShrink");  // optional: null before NCCL 2.27
   if (ncclResult_t r = api.ncclGetVersion(&api.version); r != ncclSuccess) {
     return absl::FailedPreconditionError(
         absl::StrCat("the NCCL backend needs ", kNcclSoname, ": ncclGetVersion of ", api.path,

@@ -44,6 +44,11 @@ struct NcclApi {
 #define DDP_NCCL_MEMBER(name) decltype(&::name) name = nullptr;
   DDP_NCCL_FUNCTIONS(DDP_NCCL_MEMBER)
 #undef DDP_NCCL_MEMBER
+  // Optional: NCCL >= 2.27's ncclCommShrink (a communicator without some
+  // ranks), null when the library has none. Resolved untyped (older nccl.h
+  // do not declare it); the in-place re-form does not call it (the new
+  // round's replacement must join, which a shrink cannot add: docs/sdk.md).
+  void* ncclCommShrink = nullptr;
   std::string path;  // the file the dynamic loader opened, e.g. /usr/lib/.../libnccl.so.2
   int version = 0;   // ncclGetVersion's code, as NCCL_VERSION_CODE (22809 = 2.28.9)
 };

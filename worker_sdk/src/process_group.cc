@@ -21,10 +21,12 @@
 #include "ddprun/rendezvous/common/debug_log.h"
 #include "ddprun/rendezvous/common/errors.h"
 #include "ddprun/rendezvous/common/host_port.h"
+#include "ddprun/rendezvous/common/inplace_layout.h"
 #include "ddprun/rendezvous/common/worker_env_names.h"
 #include "ddprun/rendezvous/store/c10d_store_client.h"
 #include "ddprun/rendezvous/store/sdk_store_scope.h"
 #include "group_factory.h"
+#include "inplace_block.h"
 #include "sdk_env.h"
 #include "status.h"
 
@@ -278,6 +280,21 @@ absl::StatusOr<std::shared_ptr<Backend>> ConnectBackend(const WorkerInfo& info,
   return backend;
 }
 
+absl::StatusOr<std::chrono::duration<double>> ReadyTimeout() {
+  namespace layout = ddprun::inplace_layout;
+  const char* v = std::getenv(layout::kEnvReadyTimeout);
+  if (v == nullptr || *v == '\0') {
+    return std::chrono::duration<double>(layout::kDefaultReadyTimeoutSeconds);
+  }
+  double s = 0;
+  if (!absl::SimpleAtod(v, &s) || !(s > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        layout::kEnvReadyTimeout, "='", v, "' is not a number of seconds > 0; write seconds, or ",
+        "unset it for the default, ", layout::kDefaultReadyTimeoutSeconds));
+  }
+  return std::chrono::duration<double>(s);
+}
+
 absl::StatusOr<std::shared_ptr<Backend>> InitBackend(const InitOptions& in) {
   DDPRUN_ASSIGN_OR_RETURN(const WorkerInfo info, ParseEnvironment());
   IgnoreSigpipeIfDefault();
@@ -291,14 +308,26 @@ absl::StatusOr<std::shared_ptr<Backend>> InitBackend(const InitOptions& in) {
   DDPRUN_ASSIGN_OR_RETURN(const rdzv::HostPort addr, StoreAddress(info.store_addr));
   const char* token = std::getenv(ddprun::kEnvToken);
   // Every group of this process gets its own key space within the round;
-  // every rank creates its groups in the same order.
-  static std::atomic<int> next_group{0};
+  // every rank creates its groups in the same order. Counted per round: a
+  // survivor re-forming in place (Reconfigure) and a replacement process
+  // starting fresh both name the new round's first group pg0.
+  static std::mutex group_mu;
+  static std::int64_t counted_round = -1;
+  static int groups_in_round = 0;
+  auto next_prefix = [&info] {
+    std::lock_guard<std::mutex> lock(group_mu);
+    if (info.round != counted_round) {
+      counted_round = info.round;
+      groups_in_round = 0;
+    }
+    return absl::StrCat("ddp/pg", groups_in_round++, "/");
+  };
 
   // Which store: the launcher says (docs/sdk.md, "Which store").
   if (const char* tcp = std::getenv(ddprun::kEnvTcpStoreAddr); tcp != nullptr && *tcp) {
     DDPRUN_ASSIGN_OR_RETURN(std::shared_ptr<rdzv::Store> store,
                             ConnectTcpStore(info, tcp, token ? token : "", options.timeout));
-    const std::string prefix = absl::StrCat("ddp/pg", next_group++, "/");
+    const std::string prefix = next_prefix();
     DDPRUN_RETURN_IF_ERROR(Hello(*store, info, prefix));
     return ConnectBackend(info, options, std::move(store), prefix);
   }
@@ -349,7 +378,7 @@ absl::StatusOr<std::shared_ptr<Backend>> InitBackend(const InitOptions& in) {
     return absl::Status(st.code(), absl::StrCat(fence, st.message()));
   }
 
-  const std::string prefix = absl::StrCat("ddp/pg", next_group++, "/");
+  const std::string prefix = next_prefix();
   DDPRUN_RETURN_IF_ERROR(Hello(*store, info, prefix));
   if (replicas.size() > 1) {
     std::lock_guard<std::mutex> lock(preferred_mu);
@@ -426,7 +455,57 @@ void ProcessGroup::Abort(const std::string& reason) {
 bool ProcessGroup::aborted() const { return backend_->aborted(); }
 
 std::shared_ptr<ProcessGroup> Init(const InitOptions& options) {
+  // Under --restart_policy=inplace: the group belongs to the generation the
+  // process was started in; the process tells the agent it can re-form.
+  detail::InplaceBlock* block = detail::ValueOrThrow(detail::InplaceBlock::Get());
+  const std::uint64_t formed = block ? block->generation() : 0;
   auto backend = detail::ValueOrThrow(detail::InitBackend(options));
+  if (block) {
+    backend->WatchBreaks(block->generation_word(), formed);
+    block->Register();
+  }
+  return std::make_shared<ProcessGroup>(std::move(backend));
+}
+
+std::shared_ptr<ProcessGroup> Reconfigure(std::shared_ptr<ProcessGroup> broken,
+                                          const InitOptions& options) {
+  const std::string fence = broken ? broken->Fence() : std::string();
+  detail::InplaceBlock* block = detail::ValueOrThrow(detail::InplaceBlock::Get());
+  if (block == nullptr) {
+    throw StateError(fence + "ddp::Reconfigure: this worker has no in-place control block (" +
+                     ddprun::inplace_layout::kEnvFd +
+                     " is unset): run the job with --restart_policy=inplace to re-form in "
+                     "this process; otherwise exit, and ddprun restarts the job's workers");
+  }
+  // Tear the old group down first: its collectives fail, its connections,
+  // segments and communicator go (what a Reducer still holds goes with it).
+  if (broken) {
+    detail::Backend& old = broken->backend_impl();
+    old.Fail("the group is being re-formed (ddp::Reconfigure)");
+    old.Teardown();
+    broken.reset();
+  }
+  const std::chrono::duration<double> ready_timeout = detail::ValueOrThrow(detail::ReadyTimeout());
+  const auto wait_start = std::chrono::steady_clock::now();
+  auto round = block->WaitReady(
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(ready_timeout));
+  if (!round.ok()) {
+    detail::ThrowIfError(detail::WithMessage(
+        round.status(), fence + "ddp::Reconfigure: " + std::string(round.status().message())));
+  }
+  // The new round's worker environment, then the path of ddp::Init.
+  const auto ready = std::chrono::steady_clock::now();
+  for (const auto& [key, value] : round->env) ::setenv(key.c_str(), value.c_str(), 1);
+  auto backend = detail::ValueOrThrow(detail::InitBackend(options));
+  backend->WatchBreaks(block->generation_word(), round->generation);
+  block->Ack(round->generation);
+  // bench/sdk_recovery.sh reads this line: the wait for the agent's round,
+  // and the group's forming once the round (and so the replacement) is ready.
+  auto ms = [](auto d) { return std::chrono::duration<double, std::milli>(d).count(); };
+  DDPRUN_DEBUG_LOG(kSdk) << backend->Fence() << "re-formed in place into generation "
+                         << round->generation << " (round " << round->round
+                         << "): waited_ms=" << ms(ready - wait_start)
+                         << " formed_ms=" << ms(std::chrono::steady_clock::now() - ready);
   return std::make_shared<ProcessGroup>(std::move(backend));
 }
 

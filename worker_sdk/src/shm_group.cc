@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -27,6 +28,7 @@
 #include "elementwise.h"
 #include "sdk_env.h"
 #include "shared_buffers.h"
+#include "status.h"
 
 namespace ddp::detail {
 
@@ -170,9 +172,13 @@ ShmGroup::ShmGroup(void* base, std::size_t bytes, int rank, bool owns_mapping)
       owns_(owns_mapping) {
   ranks_[rank_].pid.store(static_cast<std::int32_t>(::getpid()));
   peers_.resize(static_cast<std::size_t>(size_));
+  pidfds_.assign(static_cast<std::size_t>(size_), -1);
 }
 
 ShmGroup::~ShmGroup() {
+  for (int fd : pidfds_) {
+    if (fd >= 0) ::close(fd);
+  }
   for (auto& maps : peers_) {
     for (PeerMapping& m : maps) ::munmap(m.base, m.bytes);
   }
@@ -186,6 +192,19 @@ char* ShmGroup::Slot(int buffer, int rank) const {
 char* ShmGroup::Result(int buffer) const { return Slot(buffer, size_); }
 
 void ShmGroup::Abort() { AbortFor(AbortKind::kAborted, -1, 0); }
+
+void ShmGroup::AbortPeerLost(int lost_rank) { AbortFor(AbortKind::kPeerLost, lost_rank, 0); }
+
+bool ShmGroup::PeerExited(int r, std::int32_t pid) {
+  if (pid <= 0 || pid == static_cast<std::int32_t>(::getpid())) return false;  // threads as ranks
+  int& fd = pidfds_[static_cast<std::size_t>(r)];
+  if (fd < 0) fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  if (fd >= 0) {
+    pollfd p{fd, POLLIN, 0};
+    return ::poll(&p, 1, 0) == 1;
+  }
+  return ::kill(pid, 0) != 0 && errno == ESRCH;
+}
 
 void ShmGroup::AbortFor(AbortKind kind, int subject, std::int32_t pid) {
   std::uint32_t none = 0;
@@ -206,8 +225,17 @@ absl::Status ShmGroup::AbortedStatus(const char* op) const {
   const int subject = header_->abort_subject;
   switch (static_cast<AbortKind>(header_->abort_kind)) {
     case AbortKind::kPeerDied:
-      return absl::UnavailableError(
-          absl::StrCat(op, ": rank ", Name(subject), " (pid ", header_->abort_pid, ") died"));
+      return PeerLostStatus(
+          absl::StrCat(op, ": rank ", Name(subject), " (pid ", header_->abort_pid, ") died"),
+          Name(subject));
+    case AbortKind::kPeerLost:
+      if (subject < 0) {
+        return PeerLostStatus(absl::StrCat(op,
+                                           ": the agent reports this group broken (a peer "
+                                           "failed); ddp::Reconfigure gives the new round's group"),
+                              -1);
+      }
+      return PeerLostStatus(absl::StrCat(op, ": rank ", subject, " is gone"), subject);
     case AbortKind::kTimedOut:
       if (subject < 0) break;
       return absl::DeadlineExceededError(
@@ -401,12 +429,16 @@ absl::Status ShmGroup::Wait(std::uint32_t target, const char* op, Clock::time_po
     if (reached(header_->arrived.load(std::memory_order_acquire))) return absl::OkStatus();
     for (int r = 0; r < size_; ++r) {
       const std::int32_t pid = ranks_[r].pid.load();
-      if (r != rank_ && pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) {
+      if (r != rank_ && PeerExited(r, pid)) {
         if (reached(header_->arrived.load())) return absl::OkStatus();
         AbortFor(AbortKind::kPeerDied, r, pid);
-        return absl::UnavailableError(
-            absl::StrCat(op, ": rank ", Name(r), " (pid ", pid, ") died"));
+        return AbortedStatus(op);
       }
+    }
+    if (BrokenByAgent()) {
+      if (reached(header_->arrived.load())) return absl::OkStatus();
+      AbortFor(AbortKind::kPeerLost, -1, 0);
+      return AbortedStatus(op);
     }
     if (auto s = AbortedStatus(op); !s.ok()) {
       if (reached(header_->arrived.load())) return absl::OkStatus();

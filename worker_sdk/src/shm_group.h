@@ -55,11 +55,13 @@
 // e*W (mod 2^32). Waiters spin (2 us, or up to 50 us while no missing peer
 // last ran on the waiter's CPU), spin yielding the CPU, then sleep on
 // the counter with FUTEX_WAIT in slices, checking between slices for peers
-// that died (their pid is gone), a failure another rank published (the first
-// failing rank writes its cause: a dead peer, a timeout, an Abort(); then
-// wakes everyone) and the deadline. Nothing waits without a deadline.
+// that died (their pidfd polls readable: no wait for the agent to reap
+// them), the agent's word that the group is broken (WatchBreaks), a failure another rank published
+// (the first failing rank writes its cause: a dead peer, a timeout, an Abort(); then wakes
+// everyone) and the deadline. Nothing waits without a deadline.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -160,6 +162,17 @@ class ShmGroup {
   // Marks the group aborted for every rank and wakes the waiting ones.
   // Thread-safe; the first abort wins.
   void Abort();
+  // The same, because job rank `lost_rank` (-1: unknown) is gone: every
+  // rank's waiting collective fails with a PeerLost status (status.h).
+  void AbortPeerLost(int lost_rank);
+  // Waiting collectives also fail (PeerLost, rank unknown) once *generation
+  // is past `formed` (the in-place control block's generation: the agent
+  // broke the group). Checked at every sleep slice, like the peers' pids.
+  // Set before the first collective; `generation` outlives the group.
+  void WatchBreaks(const std::atomic<std::uint64_t>* generation, std::uint64_t formed) {
+    break_generation_ = generation;
+    formed_generation_ = formed;
+  }
 
   // All-reduces that took the direct path (for tests and the debug log).
   std::uint64_t direct_allreduces() const { return direct_; }
@@ -191,7 +204,8 @@ class ShmGroup {
     kAborted = 0,
     kPeerDied = 1,
     kTimedOut = 2,
-    kMismatch = 3
+    kMismatch = 3,
+    kPeerLost = 4,  // subject: a job rank (-1: the agent broke the group)
   };
   // Every collective announces what it is; after its first barrier each rank
   // compares (CheckSame), so mismatched collectives fail instead of mixing data.
@@ -206,6 +220,14 @@ class ShmGroup {
   void AbortFor(AbortKind kind, int subject, std::int32_t pid);
   absl::Status AbortedStatus(const char* op) const;
   std::vector<int> Missing() const;  // members that did not reach this barrier
+  // Whether member r's process (pid) has exited: its pidfd polls readable
+  // (an exited process that is not reaped yet counts), or, where pidfds are
+  // not available, kill(pid, 0) says ESRCH.
+  bool PeerExited(int r, std::int32_t pid);
+  bool BrokenByAgent() const {
+    return break_generation_ != nullptr &&
+           break_generation_->load(std::memory_order_acquire) > formed_generation_;
+  }
   // Whether a member that did not reach this barrier last ran on this CPU.
   bool PeerSharesCpu() const;
   int Name(int member) const {
@@ -227,10 +249,13 @@ class ShmGroup {
   std::uint64_t collective_ = 0;  // collectives this rank issued (sig slot)
   bool check_pending_ = false;
   std::vector<int> names_;
-  std::vector<char> packed_;  // a small all-reduce of several buffers, packed
+  std::vector<char> packed_;                     // a small all-reduce of several buffers, packed
   std::vector<std::vector<PeerMapping>> peers_;  // by member: their buffers mapped here
   std::vector<char> fold_;                       // the direct path's fold, in cache
   std::uint64_t direct_ = 0;
+  std::vector<int> pidfds_;  // by member: -1 until opened (this rank's own stays -1)
+  const std::atomic<std::uint64_t>* break_generation_ = nullptr;
+  std::uint64_t formed_generation_ = 0;
 };
 
 // Which ranks share a host. Hosts are numbered in the order of their lowest

@@ -1,5 +1,7 @@
 #include "status.h"
 
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "ddp/types.h"
 
 namespace ddp {
@@ -14,6 +16,7 @@ const char* ErrorCodeName(ErrorCode code) {
     case ErrorCode::kState: return "state";
     case ErrorCode::kUnsupported: return "unsupported";
     case ErrorCode::kInternal: return "internal";
+    case ErrorCode::kPeerLost: return "peer lost";
   }
   return "unknown";
 }
@@ -66,7 +69,30 @@ bool IsValidReduceOp(int op) { return op >= 0 && op <= 3; }
 
 namespace detail {
 
+absl::Status PeerLostStatus(const std::string& message, int lost_rank) {
+  absl::Status s = absl::UnavailableError(message);
+  s.SetPayload(kPeerLostPayload, absl::Cord(std::to_string(lost_rank)));
+  return s;
+}
+
+std::optional<int> LostRankOf(const absl::Status& status) {
+  if (status.code() != absl::StatusCode::kUnavailable) return std::nullopt;
+  auto p = status.GetPayload(kPeerLostPayload);
+  if (!p) return std::nullopt;
+  int rank = -1;
+  if (!absl::SimpleAtoi(std::string(*p), &rank)) rank = -1;
+  return rank;
+}
+
+absl::Status WithMessage(const absl::Status& status, const std::string& message) {
+  absl::Status out(status.code(), message);
+  status.ForEachPayload(
+      [&out](absl::string_view key, const absl::Cord& value) { out.SetPayload(key, value); });
+  return out;
+}
+
 ErrorCode CodeOf(const absl::Status& status) {
+  if (LostRankOf(status)) return ErrorCode::kPeerLost;
   switch (status.code()) {
     case absl::StatusCode::kOk: return ErrorCode::kOk;
     case absl::StatusCode::kDeadlineExceeded: return ErrorCode::kTimeout;
@@ -98,6 +124,7 @@ void ThrowIfError(const absl::Status& status) {
     case ErrorCode::kState: throw StateError(msg);
     case ErrorCode::kUnsupported: throw UnsupportedError(msg);
     case ErrorCode::kInternal: throw Error(ErrorCode::kInternal, msg);
+    case ErrorCode::kPeerLost: throw PeerLostError(msg, *LostRankOf(status));
   }
 }
 

@@ -11,6 +11,7 @@
 // References are computed on the host in double.
 #include <cuda_runtime.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -19,6 +20,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -741,6 +743,39 @@ TEST_CASE("nccl: an aborted group refuses every later call", "[gpu-abort]") {
   reducer.reset();
   pg2.reset();  // destroying an aborted group does not hang
   pg->Barrier().Wait();  // the first group is untouched
+}
+
+TEST_CASE("nccl: survivors of a peer killed with SIGKILL get PeerLostError at once",
+          "[gpu-peer-lost]") {
+  // Under --restart_policy=inplace: every rank all-reduces device memory in a
+  // loop, the last rank SIGKILLs itself after 50 iterations; the agent breaks
+  // the group in the control block and every survivor's wait fails with
+  // PeerLostError (communicator aborted) well before DDP_TIMEOUT_SEC.
+  ::signal(SIGTERM, SIG_IGN);
+  auto& pg = Group();
+  REQUIRE(pg->size() >= 2);
+  DevBuf d(4 * 1024);
+  std::vector<float> h(1024, 1.0f);
+  d.Upload(h.data(), h.size() * 4);
+  const int victim = pg->size() - 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string report = "no error";
+  try {
+    for (int i = 0; std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60); ++i) {
+      if (pg->rank() == victim && i == 50) ::kill(::getpid(), SIGKILL);
+      pg->Allreduce(d.p, h.size(), DType::kFloat32).Wait();
+    }
+  } catch (const ddp::PeerLostError& e) {
+    report = std::string("peer lost after ") +
+             std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()) +
+             " s: " + e.what();
+    REQUIRE(pg->aborted());
+    REQUIRE_THROWS_AS(pg->Barrier(), ddp::StateError);
+  }
+  if (const char* path = std::getenv("GPU_RESULT_FILE")) {
+    std::ofstream(std::string(path) + "." + std::to_string(pg->rank())) << report << "\n";
+  }
+  std::_Exit(3);
 }
 
 // ---- monitoring ----

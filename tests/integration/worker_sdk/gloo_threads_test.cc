@@ -80,3 +80,56 @@ TEST_CASE("thread ranks: a group of one needs no peer", "[integration][threads]"
   CheckAllreduce(ranks, {0, 5});
   CheckBarrier(ranks, 2);
 }
+
+TEST_CASE("gloo over threads: the agent's break fails a blocked collective fast",
+          "[integration][threads]") {
+  CheckAgentBreakFailsFast(3, TcpOptions(), {1024, 1 << 20});
+}
+
+TEST_CASE(
+    "gloo over threads: a rank that leaves mid-collective is PeerLostError on every other "
+    "rank, naming it",
+    "[integration][threads]") {
+  // Rank 2's connections close (its group is destroyed, as a killed
+  // process's sockets close) while ranks 0, 1 and 3 all-reduce: its
+  // neighbours see the close, record rank 2 in the store and close theirs,
+  // so every survivor fails at once, naming rank 2, well within the 30 s
+  // timeout. Small (sync ring) and large (async) all-reduces.
+  using Clock = std::chrono::steady_clock;
+  for (std::size_t count : {std::size_t(1024), std::size_t(1) << 20}) {
+    ddp::InitOptions o = TcpOptions();
+    o.timeout = 30s;
+    ThreadRanks ranks(4, o);
+    struct Seen {
+      int lost_rank = -2;
+      std::string error;
+      Clock::duration took{};
+    };
+    const auto t0 = Clock::now();
+    std::vector<Seen> seen = ranks.Run([&](int r) {
+      Seen s;
+      if (r == 2) {
+        ranks.Drop(2);
+        return s;
+      }
+      std::vector<float> v(count, 1.0f);
+      try {
+        ranks.group(r)->Allreduce(std::span<float>(v)).Wait();
+        s.error = "no error";
+      } catch (const ddp::PeerLostError& e) {
+        s.lost_rank = e.rank();
+        s.error = e.what();
+      } catch (const std::exception& e) {
+        s.error = std::string("another error: ") + e.what();
+      }
+      s.took = Clock::now() - t0;
+      return s;
+    });
+    for (int r : {0, 1, 3}) {
+      INFO(count << " floats, rank " << r << ": " << seen[r].error);
+      REQUIRE(seen[r].lost_rank == 2);
+      REQUIRE(seen[r].error.find("rank 2 is gone") != std::string::npos);
+      REQUIRE(seen[r].took < 5s);
+    }
+  }
+}

@@ -559,6 +559,11 @@ def abort_checks(pg):
         r2.mark_ready(0)
         r2.finish()
     expect_error(reducer_step, "", "Reducer step on an aborted group", code=5)
+    # Re-forming in place needs --restart_policy=inplace; a lost peer is code 8.
+    expect_error(lambda: ddp.reconfigure(pg2), "--restart_policy=inplace",
+                 "reconfigure outside --restart_policy=inplace", code=5)
+    check(issubclass(ddp.PeerLostError, ddp.Error), "PeerLostError is not an Error")
+    check(ddp.PeerLostError(8, "x").kind == "peer lost", "code 8's kind")
     del r2, pg2
     pg.barrier()  # the first group is untouched
 

@@ -427,6 +427,11 @@ static void AbortChecks(ddp_group_t* g, int world) {
   CHECK(s == DDP_ERR_STATE, "a reducer step on an aborted group: %s: %s", ddp_status_name(s),
         ddp_last_error());
   ddp_reducer_destroy(r);
+  /* Re-forming in place needs --restart_policy=inplace; the handle keeps its group. */
+  FAILS(ddp_reconfigure(g2, NULL), DDP_ERR_STATE, "--restart_policy=inplace");
+  CHECK(ddp_rank(g2) == ddp_rank(g), "the handle lost its group after a refused reconfigure");
+  CHECK(strcmp(ddp_status_name(DDP_ERR_PEER_LOST), "peer lost") == 0, "%s",
+        ddp_status_name(DDP_ERR_PEER_LOST));
   ddp_group_destroy(g2);
   OK(ddp_barrier(g, NULL)); /* the first group is untouched */
 }

@@ -532,6 +532,87 @@ TEST_CASE("a peer killed mid-collective is an error within the timeout", "[kill]
   std::_Exit(3);
 }
 
+// Nanoseconds of the machine's monotonic clock (steady_clock is
+// CLOCK_MONOTONIC: the same clock in every process of the host).
+std::int64_t MonotonicNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+TEST_CASE("survivors of a peer killed with SIGKILL get PeerLostError at once", "[peer-lost]") {
+  // Every rank all-reduces SDK_KILL_COUNT floats in a loop; rank
+  // SDK_VICTIM writes the monotonic time to SDK_RESULT_FILE.killed and
+  // SIGKILLs itself after 50 iterations. Every survivor reports its error,
+  // the rank it names, and the time from the kill to the error.
+  ::signal(SIGTERM, SIG_IGN);  // outlive the agent's stop long enough to report
+  auto& pg = Group();
+  REQUIRE(pg->size() >= 3);
+  const char* count = std::getenv("SDK_KILL_COUNT");
+  const char* victim_text = std::getenv("SDK_VICTIM");
+  const int victim = victim_text ? std::atoi(victim_text) : 2;
+  const std::string killed_file = std::string(std::getenv("SDK_RESULT_FILE")) + ".killed";
+  std::vector<float> v(count ? std::stoul(count) : 1024, 1.0f);
+  pg->Allreduce(std::span<float>(v)).Wait();
+  pg->Barrier().Wait();
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    for (int i = 0; std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60); ++i) {
+      if (pg->rank() == victim && i == 50) {
+        std::ofstream(killed_file) << MonotonicNs() << "\n";
+        ::kill(::getpid(), SIGKILL);
+      }
+      pg->Allreduce(std::span<float>(v)).Wait();
+    }
+    WriteResult("no error");
+  } catch (const ddp::PeerLostError& e) {
+    const std::int64_t now = MonotonicNs();
+    std::int64_t killed = 0;
+    std::ifstream(killed_file) >> killed;
+    WriteResult(ErrorReport(e, t0) + "\nlost_rank=" + std::to_string(e.rank()) +
+                "\nlatency_ms=" + std::to_string((now - killed) / 1e6));
+  } catch (const ddp::Error& e) {
+    WriteResult(ErrorReport(e, t0));
+  }
+  std::_Exit(3);
+}
+
+TEST_CASE("survivors re-form in place with ddp::Reconfigure; a replacement joins with Init",
+          "[reform]") {
+  // tests/sdk/reform_sdk_test.cc plays the agent (the in-place control
+  // block). Round 0: every rank all-reduces in a loop (after writing
+  // <SDK_RESULT_FILE>.ready.<rank>) until a peer is lost; then Reconfigure.
+  // A replacement starts in round 1 directly. In round 1 every rank
+  // all-reduces rank + 1 and reports pid, round, rank and the sum.
+  const std::string out = std::getenv("SDK_RESULT_FILE");
+  std::string lost = "none";
+  if (Group()->info().round == 0) {
+    std::ofstream(out + ".ready." + std::to_string(Group()->rank())) << ::getpid() << "\n";
+    std::vector<float> v(1024, 1.0f);
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60)) {
+        Group()->Allreduce(std::span<float>(v)).Wait();
+      }
+      FAIL("no peer was lost within 60 s");
+    } catch (const ddp::PeerLostError& e) {
+      std::int64_t killed = 0;
+      std::ifstream(out + ".killed") >> killed;
+      lost =
+          std::to_string(e.rank()) + " lost_ms=" + std::to_string((MonotonicNs() - killed) / 1e6);
+    }
+    auto broken = std::move(Group());
+    Group() = ddp::Reconfigure(std::move(broken));
+  }
+  auto& pg = Group();
+  std::vector<float> x(1000, static_cast<float>(pg->rank() + 1));
+  pg->Allreduce(std::span<float>(x)).Wait();
+  std::ofstream(out + "." + std::to_string(pg->rank()))
+      << "pid=" << ::getpid() << " round=" << pg->info().round << " size=" << pg->size()
+      << " sum=" << x[0] << " lost=" << lost << "\n";
+  pg->Barrier().Wait();
+}
+
 TEST_CASE("a hung peer is a timeout error", "[hang]") {
   ::signal(SIGTERM, SIG_IGN);
   auto& pg = Group();

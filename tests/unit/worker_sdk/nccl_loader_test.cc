@@ -40,6 +40,9 @@ TEST_CASE("nccl loader: the toolkit's libnccl.so.2 loads; ncclGetVersion is the 
   // A function of the table answers as NCCL does, with no device.
   CHECK(std::string(api->ncclGetErrorString(ncclInvalidArgument)).find("invalid") !=
         std::string::npos);
+  // The optional ncclCommShrink is there exactly from NCCL 2.27 on, and its
+  // absence never fails the load.
+  CHECK((api->ncclCommShrink != nullptr) == (api->version >= 22700));
 }
 
 TEST_CASE("nccl loader: a library that is not NCCL names the missing function and the library",

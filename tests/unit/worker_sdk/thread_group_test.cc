@@ -125,3 +125,10 @@ TEST_CASE("GlooStoreAdapter: prefixed keys, bounded waits, the first error kept"
   CHECK_THROWS(adapter.get("also-missing"));
   CHECK(adapter.error() == first);
 }
+
+TEST_CASE("ConnectBackend: the agent's break fails a blocked shared memory collective fast",
+          "[unit][threads]") {
+  ddp::InitOptions o;
+  o.shared_memory = true;
+  CheckAgentBreakFailsFast(3, o, {1024, 1 << 20});
+}

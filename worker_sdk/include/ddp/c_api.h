@@ -22,8 +22,8 @@ extern "C" {
 
 /* 1: the first release; 2: ddp_work_test; 3: ddp_metrics_step, ddp_metrics_scalar;
  * 4: ddp_alloc_memory, ddp_free_memory; 5: ddp_checkpoint_*;
- * 6: ddp_checkpoint_copy_crc32c. */
-#define DDP_ABI_VERSION 6
+ * 6: ddp_checkpoint_copy_crc32c; 7: DDP_ERR_PEER_LOST, ddp_reconfigure. */
+#define DDP_ABI_VERSION 7
 
 typedef enum {
   DDP_OK = 0,
@@ -33,7 +33,8 @@ typedef enum {
   DDP_ERR_AUTH = 4,
   DDP_ERR_STATE = 5,
   DDP_ERR_UNSUPPORTED = 6,
-  DDP_ERR_INTERNAL = 7
+  DDP_ERR_INTERNAL = 7,
+  DDP_ERR_PEER_LOST = 8 /* a peer of the group is gone: the group is aborted; ddp_reconfigure */
 } ddp_status_t;
 
 typedef enum {
@@ -83,6 +84,12 @@ int ddp_local_rank(const ddp_group_t* group);
 int ddp_backend(const ddp_group_t* group);
 int64_t ddp_round(const ddp_group_t* group);
 ddp_status_t ddp_abort(ddp_group_t* group, const char* reason);
+/* Under --restart_policy=inplace: replaces the (broken) group of `group` by
+ * the new round's, in this process (ddp::Reconfigure). The handle stays
+ * valid; reducers made from the old group must be destroyed and made again.
+ * DDP_ERR_STATE without the in-place control block, DDP_ERR_TIMEOUT when no
+ * new round comes in time; on failure the handle keeps the old group. */
+ddp_status_t ddp_reconfigure(ddp_group_t* group, const ddp_init_options_t* options);
 
 /* Collectives. `work` may be NULL: the call then blocks until done.
  * Otherwise *work receives a handle to pass to ddp_work_wait (which frees it). */

@@ -3,7 +3,8 @@
 // rendezvous layer's convention) and converts it once, in src/status.cc:
 //
 //   DeadlineExceeded                 -> TimeoutError
-//   Unavailable, Aborted (peer lost) -> ConnectionError
+//   Unavailable + kPeerLostPayload   -> PeerLostError (a ConnectionError)
+//   Unavailable, Aborted             -> ConnectionError
 //   PermissionDenied, Unauthenticated-> AuthError
 //   InvalidArgument, OutOfRange, ... -> InvalidArgumentError
 //   FailedPrecondition               -> StateError (wrong order, aborted group)
@@ -28,14 +29,18 @@ enum class ErrorCode : int {
   kState = 5,            // wrong call order, or a communicator that was aborted
   kUnsupported = 6,      // not available in this build or on this backend
   kInternal = 7,
+  // A collective could not complete because a peer process of the group is
+  // gone (it died, or the agent reports the group broken). The group is
+  // aborted; under --restart_policy=inplace, ddp::Reconfigure gives the new
+  // round's group in this process.
+  kPeerLost = 8,
 };
 
 const char* ErrorCodeName(ErrorCode code);
 
 class Error : public std::runtime_error {
  public:
-  Error(ErrorCode code, const std::string& message)
-      : std::runtime_error(message), code_(code) {}
+  Error(ErrorCode code, const std::string& message) : std::runtime_error(message), code_(code) {}
   ErrorCode code() const { return code_; }
 
  private:
@@ -53,6 +58,22 @@ class TimeoutError : public Error {
 class ConnectionError : public Error {
  public:
   explicit ConnectionError(const std::string& m) : Error(ErrorCode::kConnection, m) {}
+
+ protected:
+  ConnectionError(ErrorCode code, const std::string& m) : Error(code, m) {}
+};
+// A peer of the group is gone: the collective failed at once (no timeout
+// wait). rank() is the job rank that was lost, or -1 when the SDK only knows
+// that the group is broken (the agent said so). Catching ConnectionError
+// catches it too.
+class PeerLostError : public ConnectionError {
+ public:
+  PeerLostError(const std::string& m, int rank)
+      : ConnectionError(ErrorCode::kPeerLost, m), rank_(rank) {}
+  int rank() const { return rank_; }
+
+ private:
+  int rank_;
 };
 class AuthError : public Error {
  public:

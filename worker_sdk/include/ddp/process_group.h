@@ -17,8 +17,10 @@
 // in the order they were issued, and every rank must issue the same ones in
 // the same order (as with NCCL and Gloo). A failed or timed-out collective
 // aborts the group: the error names the operation, the round and the peer
-// when known, and every later call throws StateError. The worker should then
-// exit non-zero so that the agent restarts the job.
+// when known, and every later call throws StateError. A peer that is gone
+// is a PeerLostError at once (no timeout wait). The worker should then exit
+// non-zero so that the agent restarts the job, or, under
+// --restart_policy=inplace, call Reconfigure for the new round's group.
 //
 // Thread-safety: a ProcessGroup may be shared between threads; calls that
 // issue collectives are serialised internally.
@@ -90,11 +92,16 @@ struct WorkerInfo {
 
 template <class T>
 constexpr DType DTypeOf() {
-  if constexpr (std::is_same_v<T, float>) return DType::kFloat32;
-  else if constexpr (std::is_same_v<T, double>) return DType::kFloat64;
-  else if constexpr (std::is_same_v<T, std::int32_t>) return DType::kInt32;
-  else if constexpr (std::is_same_v<T, std::int64_t>) return DType::kInt64;
-  else static_assert(sizeof(T) == 0, "use the (void*, count, DType) overload for this type");
+  if constexpr (std::is_same_v<T, float>)
+    return DType::kFloat32;
+  else if constexpr (std::is_same_v<T, double>)
+    return DType::kFloat64;
+  else if constexpr (std::is_same_v<T, std::int32_t>)
+    return DType::kInt32;
+  else if constexpr (std::is_same_v<T, std::int64_t>)
+    return DType::kInt64;
+  else
+    static_assert(sizeof(T) == 0, "use the (void*, count, DType) overload for this type");
 }
 
 class ProcessGroup {
@@ -165,6 +172,22 @@ class ProcessGroup {
 // under ddprun) when the environment is missing or garbled, AuthError on a
 // wrong token, TimeoutError when peers do not arrive within the timeout.
 std::shared_ptr<ProcessGroup> Init(const InitOptions& options = {});
+
+// Under --restart_policy=inplace (docs/sdk.md, "Re-forming in place"): after
+// a collective threw PeerLostError (or any failure that aborted `broken`),
+// gives this process the new round's group without restarting it. It aborts
+// `broken` and releases the caller's reference (Reducers and Work handles of
+// the old group must go too: their calls throw StateError), waits for the
+// agent to publish the new round in the control block (at most
+// DDPRUN_INPLACE_READY_TIMEOUT seconds, default 300: TimeoutError), takes
+// that round's environment (RANK, WORLD_SIZE, DDPRUN_ROUND, the store, ...)
+// into the process environment, forms the group the way Init does, and tells
+// the agent it did. Every survivor and the replacement (which calls Init)
+// meet in the new group. Without the control block (not under
+// --restart_policy=inplace) it throws StateError saying so. `broken` may be
+// null.
+std::shared_ptr<ProcessGroup> Reconfigure(std::shared_ptr<ProcessGroup> broken,
+                                          const InitOptions& options = {});
 
 // Parses the environment only (no connection). Throws like Init.
 WorkerInfo ReadWorkerEnvironment();
