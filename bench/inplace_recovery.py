@@ -1,22 +1,38 @@
 #!/usr/bin/env python3
-"""Kill -9 of one rank to the next completed step: --restart_policy=job vs inplace (issue 29).
+"""Kill -9 of one rank to the next completed step: ddprun inplace vs job vs torchrun (issue 29).
 
-A 4-rank PyTorch DDP script on gloo (tests/fixtures/inplace_ddp.py: every step
-saved with ddprun.checkpoint, resumed with load(); under ddprun.inprocess.run)
-whose rank 1 SIGKILLs itself before step KILL_AT of the first attempt. The two
-policies alternate in one run, --reps each. From the script's own event log
+A 4-rank PyTorch DDP script on gloo (tests/fixtures/inplace_ddp.py) whose rank 1
+SIGKILLs itself before step KILL_AT of the first attempt, under each of:
+
+  inplace    ddprun --restart_policy=inplace; the script under
+             ddprun.inprocess.run, every step saved with ddprun.checkpoint
+             (memory), resumed with load()
+  job        ddprun --restart_policy=job (the default): the same script
+  torchrun   torch 1.13's torch.distributed.run (through bench/torchrun_compat.py,
+             rendezvous c10d on 127.0.0.1:0), --max_restarts=1, once per
+             --torchrun-monitor-intervals value (5 s is torchrun's default):
+             the same script with CKPT_FILE, so rank 0 torch.save()s the
+             state to a file after every step (write, then rename) and every
+             rank torch.load()s it at start
+
+The rows alternate in one run, --reps each. From the script's own event log
 (epoch seconds, one clock):
 
   kill -> step     the kill to the first step a survivor (rank 0, 2 or 3)
                    completes after it: what the job lost
-  ready -> step    the replacement's "ready" (its interpreter started, torch
-                   imported, the group formed, the checkpoint loaded) to that
-                   step: what is left once the replacement is there
+  kill -> ready    the kill to the replacement's "ready" (its interpreter
+                   started, torch imported, the group formed, the checkpoint
+                   loaded)
+  ready -> step    the replacement's "ready" to that step: what is left once
+                   the replacement is there
   survivor pids    whether ranks 0, 2, 3 kept their processes
 
-and the agent's recovery budget line. Medians of --reps.
+and ddprun's recovery budget line. Medians of --reps, the ratios of inplace's
+kill -> step to each other row's, and whether every run ended with the same
+final parameters (the script is deterministic).
 
     python3 bench/inplace_recovery.py [--reps 3] [--build build] [--python /usr/bin/python3]
+        [--torchrun-monitor-intervals 5,0.1]
 """
 import argparse
 import os
@@ -29,20 +45,31 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SCRIPT = os.path.join(ROOT, "tests", "fixtures", "inplace_ddp.py")
+TORCHRUN = os.path.join(HERE, "torchrun_compat.py")
 
 
-def run_once(build, python, policy, rep, steps, kill_at):
+def command(build, python, row, job, out):
+    """The launcher's argv and extra environment for a row ("job", "inplace", "torchrun:<s>")."""
+    if row.startswith("torchrun:"):
+        return ([python, TORCHRUN, "--nproc_per_node=4", "--max_restarts=1",
+                 "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:0", "--rdzv_id=" + job,
+                 "--monitor_interval=" + row.split(":", 1)[1], SCRIPT],
+                {"CKPT_FILE": os.path.join(out, "ckpt.pt")})
+    return ([os.path.join(build, "bin", "ddprun"), "--nproc_per_node=4", "--rdzv_id=" + job,
+             "--restart_policy=" + row, "--max_restarts=1", SCRIPT],
+            {"PYTHON_EXEC": python, "PYTHONPATH": os.path.join(build, "python")})
+
+
+def run_once(build, python, row, rep, steps, kill_at):
     out = tempfile.mkdtemp(prefix="inplace-bench-")
-    env = dict(os.environ, PYTHON_EXEC=python, PYTHONPATH=os.path.join(build, "python"),
-               OUT_DIR=out, KILL_RANK="1", KILL_AT=str(kill_at), STEPS=str(steps), EVENTS="1",
-               STEP_S="0.02")
-    job = "bench-%s-%d" % (policy, rep)
-    cmd = [os.path.join(build, "bin", "ddprun"), "--nproc_per_node=4", "--rdzv_id=" + job,
-           "--restart_policy=" + policy, "--max_restarts=1", SCRIPT]
+    job = "bench-%s-%d" % (row.replace(":", "-"), rep)
+    cmd, extra = command(build, python, row, job, out)
+    env = dict(os.environ, OUT_DIR=out, KILL_RANK="1", KILL_AT=str(kill_at), STEPS=str(steps),
+               EVENTS="1", STEP_S="0.02", **extra)
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        timeout=300)
     if p.returncode != 0:
-        sys.exit("%s run %d failed (%d):\n%s" % (policy, rep, p.returncode, p.stdout[-4000:]))
+        sys.exit("%s run %d failed (%d):\n%s" % (row, rep, p.returncode, p.stdout[-4000:]))
     kill = ready = None
     steps_after = []
     with open(os.path.join(out, "events")) as f:
@@ -61,9 +88,24 @@ def run_once(build, python, policy, rep, steps, kill_at):
         with open(os.path.join(out, "rank%d.attempts" % rank)) as f:
             pids[rank] = [line.split()[1] for line in f]
     kept = all(len(set(pids[r])) == 1 for r in (0, 2, 3))
+    with open(os.path.join(out, "params.bin"), "rb") as f:
+        params = f.read()
     budget = re.search(r"recovered in .*", p.stdout)
-    return {"kill_to_step": (first - kill) * 1000, "ready_to_step": (first - ready) * 1000,
-            "kept": kept, "budget": budget.group(0) if budget else "(no recovery line)"}
+    if budget:
+        budget = budget.group(0)
+    elif row.startswith("torchrun:"):
+        budget = "(torchrun prints no recovery budget)"
+    else:
+        budget = "(no recovery line)"
+    return {"kill_to_step": (first - kill) * 1000, "kill_to_ready": (ready - kill) * 1000,
+            "ready_to_step": (first - ready) * 1000, "kept": kept, "params": params,
+            "budget": budget}
+
+
+def label(row):
+    if row.startswith("torchrun:"):
+        return "torchrun --monitor_interval=%s" % row.split(":", 1)[1]
+    return "ddprun --restart_policy=%s" % row
 
 
 def main():
@@ -73,24 +115,38 @@ def main():
     ap.add_argument("--python", default="/usr/bin/python3", help="the workers' (with torch)")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--kill-at", type=int, default=4)
+    ap.add_argument("--torchrun-monitor-intervals", default="5,0.1",
+                    help="one torchrun row per value (seconds); empty: no torchrun rows")
     a = ap.parse_args()
-    results = {"job": [], "inplace": []}
+    rows = ["inplace", "job"] + ["torchrun:" + v for v in a.torchrun_monitor_intervals.split(",")
+                                 if v]
+    results = {row: [] for row in rows}
     for rep in range(a.reps):
-        for policy in ("job", "inplace"):
-            r = run_once(a.build, a.python, policy, rep, a.steps, a.kill_at)
-            results[policy].append(r)
-            print("%-8s rep %d: kill->step %6.0f ms, replacement ready->step %5.0f ms, "
-                  "survivors kept: %s; %s" % (policy, rep, r["kill_to_step"], r["ready_to_step"],
-                                             r["kept"], r["budget"]), flush=True)
+        for row in rows:
+            r = run_once(a.build, a.python, row, rep, a.steps, a.kill_at)
+            results[row].append(r)
+            print("%-34s rep %d: kill->step %6.0f ms, kill->ready %6.0f ms, ready->step %5.0f ms, "
+                  "survivors kept: %s; %s" % (label(row), rep, r["kill_to_step"], r["kill_to_ready"],
+                                             r["ready_to_step"], r["kept"], r["budget"]),
+                  flush=True)
+    median = {row: statistics.median(r["kill_to_step"] for r in rs) for row, rs in results.items()}
     print()
-    print("| policy | kill -> next step on a survivor (median) | replacement ready -> that step | "
+    print("| kill -9 of rank 1, 4 ranks | kill -> next step on a survivor (median) | "
+          "kill -> replacement ready | replacement ready -> that step | inplace faster by | "
           "survivors kept their processes |")
-    print("|---|---|---|---|")
-    for policy, rs in results.items():
-        print("| `%s` | %.0f ms | %.0f ms | %s |" % (
-            policy, statistics.median(r["kill_to_step"] for r in rs),
-            statistics.median(r["ready_to_step"] for r in rs),
+    print("|---|---|---|---|---|---|")
+    for row, rs in results.items():
+        ratio = "-" if row == "inplace" else "%.1fx" % (median[row] / median["inplace"])
+        print("| `%s` | %.0f ms | %.0f ms | %.0f ms | %s | %s |" % (
+            label(row), median[row], statistics.median(r["kill_to_ready"] for r in rs),
+            statistics.median(r["ready_to_step"] for r in rs), ratio,
             "yes" if all(r["kept"] for r in rs) else "no"))
+    print()
+    for row in rows[1:]:
+        print("inplace/%s (kill -> step, medians): %.2f" % (row, median["inplace"] / median[row]))
+    same = len({r["params"] for rs in results.values() for r in rs}) == 1
+    print("final parameters identical in all %d runs: %s" % (len(rows) * a.reps,
+                                                            "yes" if same else "NO"))
 
 
 if __name__ == "__main__":
