@@ -37,6 +37,7 @@ final parameters (the script is deterministic).
 import argparse
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -90,6 +91,7 @@ def run_once(build, python, row, rep, steps, kill_at):
     kept = all(len(set(pids[r])) == 1 for r in (0, 2, 3))
     with open(os.path.join(out, "params.bin"), "rb") as f:
         params = f.read()
+    shutil.rmtree(out)  # kept when the run fails (sys.exit above), for its logs
     budget = re.search(r"recovered in .*", p.stdout)
     if budget:
         budget = budget.group(0)
