@@ -11,6 +11,12 @@ interrupted.
   however DDP lays out its buckets (the first step after a start uses another
   layout than the rest, and a resumed run starts at any step).
 
+Under --restart_policy=inplace (the worker has DDPRUN_INPLACE_FD) train()
+runs inside ddprun.inprocess.run: when a peer fails, a survivor destroys its
+group and calls train() again in its own process, which builds the model
+again (seed 1234), resumes with load() and logs a new start line (same pid).
+Under job (no DDPRUN_INPLACE_FD) run() calls train() once, as before.
+
 Environment (set by bench/chaos/chaos.py):
   CHAOS_OUT      directory for rank<R>.log (start and commit lines) and,
                  at the end, final_rank<R>.json (every parameter's bytes)
@@ -29,6 +35,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddprun.checkpoint as ckpt
+import ddprun.inprocess
 
 
 def log(f, line):
@@ -66,45 +73,45 @@ def final_params(model):
     return out
 
 
-def main():
-    faulthandler.dump_traceback_later(int(os.environ.get("CHAOS_SCRIPT_TIMEOUT_S", "900")),
-                                      exit=True)
+def train():
+    """One attempt: the model, load(), the loop, the final parameters. Every
+    value that a re-form may change (RANK, the checkpoint steps) is read here."""
     out_dir = os.environ["CHAOS_OUT"]
     steps = int(os.environ["CHAOS_STEPS"])
     step_s = int(os.environ.get("CHAOS_STEP_MS", "100")) / 1000.0
     corrupt = int(os.environ.get("CHAOS_CORRUPT_STEP", "-1"))
     rank = int(os.environ["RANK"])
-    logf = open(os.path.join(out_dir, "rank%d.log" % rank), "a")
+    with open(os.path.join(out_dir, "rank%d.log" % rank), "a") as logf:
+        torch.manual_seed(1234)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(),
+                                    torch.nn.Linear(64, 8))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        start = 0
+        resumed = ckpt.load()
+        if resumed is not None:
+            step, state = resumed
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["opt"])
+            start = step + 1
+        log(logf, "start %d %d %d" % (time.monotonic_ns(), os.getpid(), start - 1))
 
-    torch.manual_seed(1234)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    start = 0
-    resumed = ckpt.load()
-    if resumed is not None:
-        step, state = resumed
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        start = step + 1
-    log(logf, "start %d %d %d" % (time.monotonic_ns(), os.getpid(), start - 1))
-
-    dist.init_process_group("gloo")
-    ddp = DDP(model)
-    ddp.register_comm_hook(None, ordered_sum_hook)
-    for step in range(start, steps):
-        g = torch.Generator().manual_seed(step * 1009 + rank)
-        x = torch.randn(16, 32, generator=g)
-        y = torch.randn(16, 8, generator=g)
-        loss = torch.nn.functional.mse_loss(ddp(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if step == corrupt:
-            with torch.no_grad():
-                next(model.parameters()).view(-1)[0] += 1e-3
-        ckpt.save({"model": model.state_dict(), "opt": opt.state_dict()}, step)
-        log(logf, "commit %d %d" % (step, time.monotonic_ns()))
-        time.sleep(step_s)
+        dist.init_process_group("gloo")
+        ddp = DDP(model)
+        ddp.register_comm_hook(None, ordered_sum_hook)
+        for step in range(start, steps):
+            g = torch.Generator().manual_seed(step * 1009 + rank)
+            x = torch.randn(16, 32, generator=g)
+            y = torch.randn(16, 8, generator=g)
+            loss = torch.nn.functional.mse_loss(ddp(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if step == corrupt:
+                with torch.no_grad():
+                    next(model.parameters()).view(-1)[0] += 1e-3
+            ckpt.save({"model": model.state_dict(), "opt": opt.state_dict()}, step)
+            log(logf, "commit %d %d" % (step, time.monotonic_ns()))
+            time.sleep(step_s)
 
     with open(os.path.join(out_dir, "final_rank%d.json.tmp" % rank), "w") as f:
         json.dump({"step": steps - 1, "tensors": final_params(model)}, f)
@@ -115,6 +122,12 @@ def main():
     del ddp
     dist.barrier()
     dist.destroy_process_group()
+
+
+def main():
+    faulthandler.dump_traceback_later(int(os.environ.get("CHAOS_SCRIPT_TIMEOUT_S", "900")),
+                                      exit=True)
+    ddprun.inprocess.run(train)
 
 
 if __name__ == "__main__":
