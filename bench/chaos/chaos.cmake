@@ -1,6 +1,6 @@
 # The chaos run (bench/chaos/chaos.py, docs/chaos.md) in its CI form, label
 # `chaos` (in `make test`, which runs every label; alone: ctest -L chaos).
-# About 2 minutes on 2 busy cores. Included from tests/CMakeLists.txt: it
+# About 2.5 minutes on 2 busy cores. Included from tests/CMakeLists.txt: it
 # needs ddprun, ddprund, the gRPC module and the SDK trainer fixture.
 if(NOT TARGET ddprun_worker_sdk)
   return()
@@ -21,6 +21,11 @@ add_test(NAME chaos_sdk COMMAND ${_chaos} --trainer sdk --seed 29 --faults 10
 # The PyTorch DDP trainer: one worker and one agent kill.
 add_test(NAME chaos_torch COMMAND ${_chaos} --trainer torch --seed 29 --faults 2
   --kinds worker,agent --spare 0 --duration 8 --step_ms 50 --stall_timeout 90)
+# The same under --restart_policy=inplace: the survivors re-form in their
+# processes (chaos_ddp.py runs its training function in ddprun.inprocess.run).
+add_test(NAME chaos_torch_inplace COMMAND ${_chaos} --trainer torch --seed 29 --faults 2
+  --kinds worker,agent --spare 0 --duration 8 --step_ms 50 --stall_timeout 90
+  --restart_policy inplace)
 # The tool fails when the parameters differ: one corrupted step in the run
 # with faults must exit 1 and name the tensor.
 add_test(NAME chaos_detects_a_difference COMMAND sh -c
@@ -29,7 +34,8 @@ add_test(NAME chaos_detects_a_difference COMMAND sh -c
   --stall_timeout 60)
 set_tests_properties(chaos_detects_a_difference PROPERTIES PASS_REGULAR_EXPRESSION
   "final parameters: DIFFER: rank 0 tensor 'weights' \\(float32 \\[4096\\]\\) differs at element 0(.|\n)*chaos exit status 1")
-set_tests_properties(chaos_sdk chaos_torch chaos_detects_a_difference PROPERTIES
+set_tests_properties(chaos_sdk chaos_torch chaos_torch_inplace chaos_detects_a_difference
+  PROPERTIES
   LABELS chaos TIMEOUT 300 RUN_SERIAL TRUE)
 
 # With HA: 3 ddprund replicas on a 3-member etcd; 2 replica kills among 6

@@ -428,6 +428,35 @@ def steps_lost(job, world, faults, spare):
     return lost, lag, resumes
 
 
+def in_place(job, world, faults, nproc_per_node):
+    """(kept, fresh, survivors, victims): how the restarts' processes came.
+
+    kept: starts of a rank in a process that had started that rank before
+    (a survivor re-formed in place); fresh: starts in a new process, after
+    each rank's first. Each fault's victims must start fresh (a worker
+    fault: its worker; an agent fault: the node's nproc_per_node workers)
+    and under --restart_policy inplace every other rank is a survivor that
+    re-forms in place; a replica fault restarts nothing. `faults` is
+    [(ns, kind)].
+    """
+    kept = fresh = 0
+    for r in range(world):
+        pids = []
+        for line in job.log_lines(r):
+            f = line.split()
+            if len(f) == 4 and f[0] == "start":
+                if pids:
+                    if f[2] in pids:
+                        kept += 1
+                    else:
+                        fresh += 1
+                pids.append(f[2])
+    lost = {"worker": 1, "agent": nproc_per_node, "replica": 0}
+    victims = sum(lost[k] for _, k in faults)
+    survivors = sum(world - lost[k] for _, k in faults if k != "replica")
+    return kept, fresh, survivors, victims
+
+
 def percentile(values, q):
     """Nearest-rank percentile of a non-empty list."""
     v = sorted(values)
@@ -653,6 +682,20 @@ def main(argv=None):
         else:
             print("recovery budget: no \"recovered in\" line")
         ok = sum(injected.values()) == len(schedule) and not lost
+        if args.restart_policy == "inplace":
+            kept, fresh, survivors, victims = in_place(job, world, job.fault_log,
+                                                       args.nproc_per_node)
+            print("in place: %d of %d survivors re-formed in their processes; %d processes "
+                  "started anew (%d killed)%s" % (
+                      kept, survivors, fresh, victims,
+                      " (the SDK trainer does not call ddp::Reconfigure: its survivors exit "
+                      "and are restarted as processes)" if args.trainer == "sdk" else ""))
+            # The PyTorch trainer re-forms in place (ddprun.inprocess.run); a
+            # survivor restarted as a process is a failure of the policy. With
+            # a spare the seats move (the failed node becomes the spare).
+            if args.trainer == "torch" and not args.spare and (kept < survivors or
+                                                               fresh > victims):
+                ok = False
         if clean is not None:
             diff = compare(job.out_dir, clean.out_dir, world)
             if diff is None:

@@ -1,6 +1,7 @@
 """The chaos tool's own logic, without processes (CTest chaos_selftest, label
 unit): the schedule is a function of the seed, steps lost and the replica's
-lag are told apart, and the comparison names the first differing tensor."""
+lag are told apart, survivors re-formed in place are counted, and the
+comparison names the first differing tensor."""
 import json
 import os
 import struct
@@ -76,6 +77,25 @@ class StepsLostTest(unittest.TestCase):
     def test_fresh_start_after_an_agent_fault_is_lost(self):
         self.assertEqual(chaos.steps_lost(self.logs(-1), 2, [(900, "agent")], False),
                          ([(5, -1, "agent")], [], 1))
+
+
+class InPlaceTest(unittest.TestCase):
+    # Four ranks, two per node; a worker fault kills rank 1, then an agent
+    # fault the node of ranks 2 and 3. Each start line: "start <ns> <pid> <step>".
+    def job(self, rank0_pids):
+        pids = [rank0_pids, ["11", "12", "12"], ["21", "21", "22"], ["31", "31", "32"]]
+        return FakeJob([["start %d %s 0" % (i, p) for i, p in enumerate(ps)] for ps in pids])
+
+    def test_survivors_kept_their_processes(self):
+        got = chaos.in_place(self.job(["1", "1", "1"]), 4, [(5, "worker"), (9, "agent")], 2)
+        self.assertEqual(got, (5, 3, 5, 3))
+
+    def test_a_survivor_restarted_as_a_process_is_seen(self):
+        kept, fresh, survivors, victims = chaos.in_place(
+            self.job(["1", "1", "2"]), 4, [(5, "worker"), (9, "agent")], 2)
+        self.assertLess(kept, survivors)
+        self.assertGreater(fresh, victims)
+        self.assertEqual(chaos.in_place(FakeJob([[]] * 4), 4, [(5, "replica")], 2), (0, 0, 0, 0))
 
 
 class CompareTest(unittest.TestCase):
