@@ -29,8 +29,10 @@ beyond the last checkpoint every rank had committed when the job restarted:
 expected 0), the recovery budget's percentiles (the agents' "recovered in"
 lines), the final comparison and the wall time. It exits 0 when every
 planned fault was injected, both runs succeeded, no step was lost and the
-final parameters are identical; 1 otherwise (the first differing tensor is
-named); 2 for bad usage.
+final parameters are identical (and, for the PyTorch trainer under
+--restart_policy inplace without a spare, every survivor of a fault re-formed
+in its own process: the "in place:" line); 1 otherwise (the first differing
+tensor is named); 2 for bad usage.
 
 Python 3 standard library only.
 """
@@ -685,16 +687,19 @@ def main(argv=None):
         if args.restart_policy == "inplace":
             kept, fresh, survivors, victims = in_place(job, world, job.fault_log,
                                                        args.nproc_per_node)
+            # The PyTorch trainer re-forms in place (ddprun.inprocess.run); a
+            # survivor restarted as a process is a failure of the policy. With
+            # a spare the seats move (the failed node becomes the spare).
+            failed = args.trainer == "torch" and not args.spare and (kept < survivors or
+                                                                     fresh > victims)
             print("in place: %d of %d survivors re-formed in their processes; %d processes "
                   "started anew (%d killed)%s" % (
                       kept, survivors, fresh, victims,
                       " (the SDK trainer does not call ddp::Reconfigure: its survivors exit "
-                      "and are restarted as processes)" if args.trainer == "sdk" else ""))
-            # The PyTorch trainer re-forms in place (ddprun.inprocess.run); a
-            # survivor restarted as a process is a failure of the policy. With
-            # a spare the seats move (the failed node becomes the spare).
-            if args.trainer == "torch" and not args.spare and (kept < survivors or
-                                                               fresh > victims):
+                      "and are restarted as processes)" if args.trainer == "sdk" else
+                      ": FAILED, every survivor should have kept its process (the agents' "
+                      "\"in place:\" lines say why not)" if failed else ""))
+            if failed:
                 ok = False
         if clean is not None:
             diff = compare(job.out_dir, clean.out_dir, world)
