@@ -105,6 +105,9 @@ constexpr Duration kServicesDelay = milliseconds(100);
 constexpr Duration kInplaceAckTimeout = seconds(10);
 // How often the agent looks at the survivors' acknowledgements meanwhile.
 constexpr Duration kInplaceAckPoll = milliseconds(10);
+// --restart_policy=inplace: how often a re-joining agent that kept survivors
+// asks whether the job runs without it (StopSurvivorsOfSpare).
+constexpr Duration kSpareCheckInterval = milliseconds(500);
 
 double SecondsOf(Duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -1022,6 +1025,27 @@ class Agent::Impl {
     }
   }
 
+  // --restart_policy=inplace: survivors kept across the re-join wait in
+  // their processes for the next round's seat. When the job runs again
+  // without this node (it became the hot spare: a spare took the seat of the
+  // node whose worker failed), they have none: they are stopped, with one
+  // line, instead of waiting until their ready timeout or the job's end.
+  void StopSurvivorsOfSpare() {
+    if (!InplacePolicy()) return;
+    workers_.Poll();
+    if (!workers_.AnyAlive()) return;
+    auto status = session_->JobStatus(kStatusTimeout);
+    if (!status.ok() || status->state != "running") return;
+    const std::int64_t self = ::getpid();
+    for (const rdzv::NodeInfo& n : status->nodes) {
+      if (n.pid == self) return;  // still a member: the assignment is on its way
+    }
+    Log(absl::StrCat("in place: the job runs round ", status->round,
+                     " without this node (it is a spare now); stopping the workers it kept, "
+                     "which have no seat"));
+    StopWorkers(SIGTERM);
+  }
+
   // A fixed-size job re-forming after a member left: say what the round
   // waits for and until when (the join timeout, then exit 3).
   void AnnounceReplacementWait(TimePoint joined_at) {
@@ -1098,9 +1122,15 @@ class Agent::Impl {
     rdzv::WaitNotice notice(
         clock_, [&] { return DescribeJoinWait(joined_at, min_reached); },
         [this](const std::string& line) { Log(line); });
+    TimePoint spare_check = joined_at + kSpareCheckInterval;
     while (!assignment_) {
       if (announced) notice.Poll();
       TimePoint wake = std::min(deadline, notice.due());
+      if (clock_.Now() >= spare_check) {
+        StopSurvivorsOfSpare();
+        spare_check = clock_.Now() + kSpareCheckInterval;
+      }
+      if (InplacePolicy() && workers_.AnyAlive()) wake = std::min(wake, spare_check);
       if (!announced) wake = std::min(wake, joined_at + kReplacementNotice);
       auto e = NextEvent(wake);
       if (!e && !announced && clock_.Now() < deadline) {

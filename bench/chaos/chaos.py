@@ -29,7 +29,9 @@ beyond the last checkpoint every rank had committed when the job restarted:
 expected 0), the recovery budget's percentiles (the agents' "recovered in"
 lines), the final comparison and the wall time. It exits 0 when every
 planned fault was injected, both runs succeeded, no step was lost and the
-final parameters are identical (and, for the PyTorch trainer under
+final parameters are identical, no rank ran in two processes 5 s after
+the job trained again following a fault (a worker left outside the job),
+(and, for the PyTorch trainer under
 --restart_policy inplace without a spare, every survivor of a fault re-formed
 in its own process: the "in place:" line); 1 otherwise (the first differing
 tensor is named); 2 for bad usage.
@@ -297,6 +299,14 @@ class Job:
                     found.append((int(env["RANK"]), pid, agent))
         return sorted(found, key=lambda w: (w[0], w[1]))
 
+    def duplicate_ranks(self):
+        """{rank: [pids]} of the ranks that run in more than one process: a
+        worker left running outside the job (a stray) beside its seat's."""
+        by_rank = {}
+        for rank, pid, _ in self.workers():
+            by_rank.setdefault(rank, []).append(pid)
+        return {r: p for r, p in by_rank.items() if len(p) > 1}
+
     def kill_worker(self, u):
         ws = self.workers()
         if not ws:
@@ -512,6 +522,35 @@ def describe_final(a_dir, world):
 
 # ---------------------------------------------------------------- the run
 
+def no_strays(job, after, fault_step, stall_s, work):
+    """Once the job trains again after a fault (rank 0 committed two steps
+    past the newest it had committed at the fault: the step in flight then
+    may still complete, the next needs the re-formed group), every rank runs
+    in one process: a worker of the old round left running beside its
+    seat's new one (on a node that became the spare, say) fails the run. The
+    stopping of the old round's workers may still be under way: 5 s to
+    finish it. A job that ends first is not checked."""
+    def trains_again():
+        c = job.newest_commit()
+        return bool(c and c[0] >= fault_step + 2) or not job.live_agents()
+    wait_until(trains_again, stall_s, "after %s the job committed no step past %d (logs in %s)" % (
+        after, fault_step + 1, work))
+    if not job.live_agents():
+        return
+    deadline = time.monotonic() + 5
+    while True:
+        dup = job.duplicate_ranks()
+        if not dup:
+            return
+        if time.monotonic() > deadline:
+            raise ChaosError("after %s the job trains again, but rank(s) %s run in two processes "
+                             "(pids %s): a worker left outside the job (logs in %s)" % (
+                                 after, ",".join(str(r) for r in sorted(dup)),
+                                 "; ".join("%d: %s" % (r, ",".join(str(p) for p in dup[r]))
+                                           for r in sorted(dup)), work))
+        time.sleep(0.1)
+
+
 def run_faulted(args, work, plane, schedule, t_start):
     extra = {}
     if args.corrupt_step is not None:
@@ -535,7 +574,11 @@ def run_faulted(args, work, plane, schedule, t_start):
             wait_until(reached, args.stall_timeout,
                        "fault %d: the job committed no step >= %d (stuck after the previous "
                        "fault; logs in %s)" % (i + 1, step, work))
+            if i > 0:
+                no_strays(job, "fault %d" % i, last_fault_step, args.stall_timeout, work)
             time.sleep(delay * step_s)
+            c = job.newest_commit()
+            last_fault_step = c[0] if c else 0
             if kind == "worker":
                 what = job.kill_worker(target)
             elif kind == "agent":
@@ -550,6 +593,8 @@ def run_faulted(args, work, plane, schedule, t_start):
             say("fault %d/%d at step %d (+%.0f ms, %.1f s): kill -9 %s" % (
                 i + 1, len(schedule), step, delay * args.step_ms, time.monotonic() - t_start,
                 what))
+        if schedule:
+            no_strays(job, "fault %d" % len(schedule), last_fault_step, args.stall_timeout, work)
         codes = job.wait_done(args.stall_timeout)
         bad = {n: c for n, c in codes.items() if c != 0}
         if bad:
