@@ -823,6 +823,43 @@ class Agent::Impl {
     UpdateTimerPids();
   }
 
+  // --restart_policy=inplace: a survivor kept into this round that exits
+  // before acknowledging it (an SDK program that ends on PeerLostError
+  // instead of calling ddp::Reconfigure, say) is a casualty of the failure
+  // being recovered from, not a new one: it is started again as a process
+  // into this round, with one line, and spends no restart.
+  void RespawnUnackedExits() {
+    if (awaiting_ack_.empty()) return;
+    bool any = false;
+    for (const Worker& w : workers_.workers()) {
+      any = any || (w.exit && awaiting_ack_.count(w.local_rank) != 0);
+    }
+    if (!any) return;
+    std::vector<Worker> all = workers_.TakeWorkers();
+    std::vector<int> respawn;
+    for (Worker& w : all) {
+      const int j = w.local_rank;
+      if (w.exit && awaiting_ack_.count(j) != 0) {
+        Log(absl::StrCat("in place: worker rank ", w.global_rank, " exited with ",
+                         w.exit->Describe(),
+                         " before it re-formed into this round (a program that does not call "
+                         "ddp::Reconfigure or run under ddprun.inprocess.run); starting it as a "
+                         "process, within the same recovery"));
+        awaiting_ack_.erase(j);
+        respawn.push_back(j);
+      } else {
+        const int rank = w.global_rank;
+        workers_.Adopt(std::move(w), rank);
+      }
+    }
+    if (awaiting_ack_.empty()) ack_due_.reset();
+    for (int j : respawn) {
+      if (static_cast<std::size_t>(j) < exit_seen_.size()) exit_seen_[j] = false;
+      (void)SpawnOne(j);  // a failed spawn is a failure the loop sees
+    }
+    UpdateTimerPids();
+  }
+
   // The WorkerGroup's wait: the event queue until `deadline`. A terminating
   // signal escalates the stop (and is deferred for the caller's loop).
   bool WaitWhileStopping(TimePoint deadline) {
@@ -1306,6 +1343,7 @@ class Agent::Impl {
       if (!e && (step_due || ack_due) && clock_.Now() < poll_at) continue;  // only the polls
       if (!e || std::holds_alternative<ChildrenChanged>(*e)) {
         workers_.Poll();
+        RespawnUnackedExits();
         UpdateMonitoredWorkers();
         UpdateTimerPids();
         if (workers_.AnyFailed()) return OnWorkerFailure();

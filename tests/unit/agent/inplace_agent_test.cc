@@ -193,6 +193,40 @@ TEST_CASE(
                                     "10 s"));
 }
 
+// The chaos run's SDK trainer (docs/chaos.md, Findings): it registers through
+// ddp::Init but ends on PeerLostError instead of calling ddp::Reconfigure.
+// Its exit after it was kept into the new round belongs to the failure being
+// recovered from: it is started again into the same round and spends no
+// restart (before: a second restart, the first recovery "superseded").
+TEST_CASE(
+    "Agent inplace: a survivor that exits before acknowledging is started again into the same "
+    "round, spending no restart",
+    "[unit][agent][inplace]") {
+  SimWorld world;
+  world.script = [&](int index, int local, int restart) -> absl::StatusOr<Behaviour> {
+    if (index == 0) {
+      auto block = std::make_shared<WorkerBlock>(world.rec.spawns[0]);
+      world.queue.After(milliseconds(10), [block] { block->Register(100000); });
+      return ExitsAfter(300, 1);  // after the re-form, never acknowledged
+    }
+    if (restart == 0) return local == 1 ? ExitsAfter(100, 3) : Runs();
+    return ExitsAfter(200, 0);
+  };
+  AgentOptions o = Options(2);
+  o.policy.max_restarts = 1;  // a second restart would fail the job
+  auto r = RunAgent(world, o);
+  INFO(r.err);
+  CHECK(r.rc == kExitSuccess);
+  REQUIRE(world.rec.spawns.size() == 4);
+  CHECK(world.rec.spawns[2].env.at("LOCAL_RANK") == "1");
+  CHECK(world.rec.spawns[2].env.at("TORCHELASTIC_RESTART_COUNT") == "1");
+  CHECK(world.rec.spawns[3].env.at("LOCAL_RANK") == "0");
+  CHECK(world.rec.spawns[3].env.at("TORCHELASTIC_RESTART_COUNT") == "1");
+  CHECK_THAT(r.err, Catch::Contains("in place: worker rank 0 exited with exit code 1 before it "
+                                    "re-formed into this round"));
+  CHECK_THAT(r.err, !Catch::Contains("superseded"));
+}
+
 TEST_CASE("InplaceBlocks: spawn, register, break, publish, ack", "[unit][agent][inplace]") {
   InplaceBlocks blocks;
   REQUIRE(blocks.Ensure(2).ok());
