@@ -35,6 +35,8 @@ import sys
 import weakref
 import zlib
 
+from ddprun._fence import fence as _fence
+
 __all__ = ["save", "load", "wait", "load_dir", "Error", "UnsupportedError"]
 
 # The layout (rendezvous/common/include/ddprun/rendezvous/common/checkpoint_layout.h).
@@ -338,12 +340,6 @@ def wait():
 
 # ------------------------------------------------------------------ loading
 
-def _fence():
-    """The job's fence, as every ddprun message starts: "[job <id> round <n>] "."""
-    return "[job %s round %s] " % (os.environ.get("DDPRUN_JOB_ID", "none"),
-                                   os.environ.get("DDPRUN_ROUND", "0"))
-
-
 def _agreed_steps(local):
     """The steps every node's ranks all committed: this node's from the agent
     (DDPRUN_CKPT_STEPS), the others' through the round's TCPStore."""
@@ -380,7 +376,7 @@ def _agreed_steps(local):
     # must not pass in silence. Said once per node.
     if not common and os.environ.get("LOCAL_RANK", "0") == "0" and \
             any(not h.endswith(": none") for h in held):
-        sys.stderr.write("%sddprun.checkpoint.load: no step is held by every node (%s); starting "
+        sys.stderr.write("%s ddprun.checkpoint.load: no step is held by every node (%s); starting "
                          "without a checkpoint (docs/checkpoint.md, \"No step in common\")\n"
                          % (_fence(), "; ".join(held)))
     return common

@@ -48,6 +48,8 @@ import sys
 import threading
 import time
 
+from ddprun._fence import fence as _fence
+
 __all__ = ["run", "PeerFailure", "Error"]
 
 # The layout (rendezvous/common/include/ddprun/rendezvous/common/inplace_layout.h).
@@ -185,11 +187,6 @@ def _seconds(name, default):
     except ValueError:
         raise Error("ddprun.inprocess: %s=%r is not a number of seconds; unset it or give e.g. 30"
                     % (name, text)) from None
-
-
-def _fence():
-    return "[job %s round %s]" % (os.environ.get("DDPRUN_JOB_ID", os.environ.get(
-        "TORCHELASTIC_RUN_ID", "?")), os.environ.get("DDPRUN_ROUND", "?"))
 
 
 def _peer_failed(block, generation, exc):
