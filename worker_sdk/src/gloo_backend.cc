@@ -182,7 +182,11 @@ class Core {
   // Records `candidate` as the group's lost rank unless a rank recorded one
   // first, and returns the recorded one (the first observer of a death
   // records it before it closes its connections, so ranks that only see
-  // those closes learn the real one). Without the store: `candidate`.
+  // those closes learn the real one). Without the store: `candidate`. When
+  // the store does not answer, -1: the round's store is gone when the agent
+  // has already formed the next round (a one-node job's TCPStore), and by
+  // then the connection that closed on this rank may be a survivor's that
+  // gave up its group, not the lost rank's.
   int AgreeOnLost(int candidate) const {
     if (!store) return candidate;
     if (candidate < 0) {
@@ -195,8 +199,14 @@ class Core {
     std::string current;
     auto swapped =
         store->CompareSet(key_prefix + "lost", std::nullopt, std::to_string(candidate), &current);
+    if (!swapped.ok()) {
+      DDPRUN_DEBUG_LOG(kSdk) << "cannot record rank " << candidate
+                             << " as lost in the group's store (" << swapped.status().message()
+                             << "): naming no rank";
+      return -1;
+    }
     int agreed = candidate;
-    if (swapped.ok() && !*swapped && absl::SimpleAtoi(current, &agreed)) return agreed;
+    if (!*swapped && absl::SimpleAtoi(current, &agreed)) return agreed;
     return candidate;
   }
 };
