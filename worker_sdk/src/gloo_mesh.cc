@@ -17,7 +17,6 @@
 #include "absl/strings/str_split.h"
 #include "backend.h"
 #include "ddprun/rendezvous/common/debug_log.h"
-#include "ddprun/rendezvous/common/status_macros.h"
 #include "ddprun/rendezvous/store/store.h"
 #include "gloo/transport/context.h"
 #include "gloo/transport/pair.h"
@@ -154,7 +153,7 @@ absl::StatusOr<Meshes> ConnectMeshes(const WorkerInfo& info, const std::vector<M
   std::vector<int> index(specs.size(), -1);  // this rank's index in each mesh
   std::optional<tcp::Address> base;
   std::map<int, std::vector<std::uint16_t>> my_ports;
-  bool exchange = false;  // the same answer on every rank: the specs are
+  bool exchange = false;  // any mesh of two members or more: the same on every rank
   try {
     for (std::size_t m = 0; m < specs.size(); ++m) {
       const std::vector<int>& members = specs[m].members;
@@ -189,14 +188,16 @@ absl::StatusOr<Meshes> ConnectMeshes(const WorkerInfo& info, const std::vector<M
   if (!exchange) return out;
 
   const double listening_ms = ms_since(t0);
-  DDPRUN_RETURN_IF_ERROR(store.Set(absl::StrCat(key, info.rank), Encode(base, my_ports)));
+  auto store_error = [](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat("gloo addresses through the store: ", s.message()));
+  };
+  if (absl::Status s = store.Set(absl::StrCat(key, info.rank), Encode(base, my_ports)); !s.ok()) {
+    return store_error(s);
+  }
   std::vector<std::string> keys;
   for (int r = 0; r < info.world_size; ++r) keys.push_back(absl::StrCat(key, r));
   absl::StatusOr<std::vector<std::string>> all = store.MultiGet(keys, timeout);
-  if (!all.ok()) {
-    return absl::Status(all.status().code(),
-                        absl::StrCat("gloo addresses through the store: ", all.status().message()));
-  }
+  if (!all.ok()) return store_error(all.status());
   const double exchanged_ms = ms_since(t0);
   std::vector<Record> records(info.world_size);
   for (int r = 0; r < info.world_size; ++r) {
@@ -258,14 +259,13 @@ absl::StatusOr<Meshes> ConnectMeshes(const WorkerInfo& info, const std::vector<M
   // point where every rank's pairs are connected).
   std::vector<std::string> ends;
   for (const Link& l : links) ends.push_back(l.pair->address().str());
-  DDPRUN_RETURN_IF_ERROR(
-      store.Set(absl::StrCat(key, "ends/", info.rank), absl::StrJoin(ends, "\n")));
+  if (absl::Status s = store.Set(absl::StrCat(key, "ends/", info.rank), absl::StrJoin(ends, "\n"));
+      !s.ok()) {
+    return store_error(s);
+  }
   for (int r = 0; r < info.world_size; ++r) keys[r] = absl::StrCat(key, "ends/", r);
   all = store.MultiGet(keys, timeout);
-  if (!all.ok()) {
-    return absl::Status(all.status().code(),
-                        absl::StrCat("gloo addresses through the store: ", all.status().message()));
-  }
+  if (!all.ok()) return store_error(all.status());
   for (int r = 0; r < info.world_size; ++r) {
     if (r == info.rank) continue;
     for (absl::string_view a : absl::StrSplit((*all)[r], '\n', absl::SkipEmpty())) {
