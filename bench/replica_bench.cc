@@ -155,8 +155,9 @@ int main(int argc, char** argv) {
   std::printf("replica transfer on loopback, %d ranks x %llu MiB, median of %d:\n", ranks,
               static_cast<unsigned long long>(mib), reps);
   std::printf("  put     %.2f GB/s  (Put from memory into the receiver's memfds)\n", Median(put));
-  std::printf("  sender  %.2f GB/s  (background sender: committed slots sent straight from memory)\n",
-              Median(sender));
+  std::printf(
+      "  sender  %.2f GB/s  (background sender: committed slots sent straight from memory)\n",
+      Median(sender));
   std::printf("  fetch   %.2f GB/s  (restore's Fetch into checkpoint memory, %s checked)\n",
               Median(fetch), zlib_crc ? "CRC-32" : "CRC-32C");
   return 0;
