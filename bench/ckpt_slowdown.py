@@ -14,6 +14,10 @@ works in the background; the worker does not wait for it:
             each, --ckpt_replicas 1: each agent sends its node's snapshot to
             the other; the work ends when both say they hold the other's
             replica of that step (DDPRUN_DEBUG=agent, read as it is written).
+            save returns only once its replica is acknowledged, so the
+            transfer is inside save; the job runs again with
+            DDPRUN_CKPT_REPLICA_WAIT=0 (the asynchronous replica) to compare.
+            Each row also gives how long save itself blocked (median).
 
 Each step's start and duration are logged by the worker. Two warm-up saves
 come first (the first save into each slot allocates its pages: the worker's
