@@ -782,21 +782,16 @@ class Agent::Impl {
     // since their collective fails once the worker they wait for is gone.
     // At the second deadline, or without stacks, every one left.
     const std::set<int> now = ack_retry_ ? awaiting_ack_ : StuckInOwnCode(awaiting_ack_);
-    std::vector<Worker> all = workers_.TakeWorkers();
-    std::vector<Worker> doomed;
-    std::vector<std::optional<Worker>> by_rank(all.size());
-    for (Worker& w : all) {
+    std::set<int> late;  // of `now`, those still running
+    for (const Worker& w : workers_.workers()) {
       const int j = w.local_rank;
-      if (now.count(j) != 0 && w.child && !w.exit) {
-        Log(absl::StrCat("in place: worker rank ", w.global_rank, " (pid ", w.child->pid(),
-                         ") did not re-form within ", SecondsOf(kInplaceAckTimeout),
-                         " s (stuck in a call that cannot be interrupted?); restarting it as a "
-                         "process"));
-        doomed.push_back(std::move(w));
-        awaiting_ack_.erase(j);
-      } else if (j >= 0 && static_cast<std::size_t>(j) < by_rank.size()) {
-        by_rank[static_cast<std::size_t>(j)] = std::move(w);
-      }
+      if (now.count(j) == 0 || !w.child || w.exit) continue;
+      Log(absl::StrCat("in place: worker rank ", w.global_rank, " (pid ", w.child->pid(),
+                       ") did not re-form within ", SecondsOf(kInplaceAckTimeout),
+                       " s (stuck in a call that cannot be interrupted?); restarting it as a "
+                       "process"));
+      late.insert(j);
+      awaiting_ack_.erase(j);
     }
     if (!awaiting_ack_.empty() && !ack_retry_) {
       ack_retry_ = true;
@@ -810,15 +805,29 @@ class Agent::Impl {
       awaiting_ack_.clear();
     }
     // Stuck in a call: SIGTERM's handler would never run, so no grace period.
-    StopProcesses(std::move(doomed), SIGKILL);
-    for (std::size_t j = 0; j < by_rank.size(); ++j) {
-      if (by_rank[j]) {
-        const int rank = by_rank[j]->global_rank;
-        workers_.Adopt(std::move(*by_rank[j]), rank);
+    RestartAsProcesses(late, SIGKILL);
+  }
+
+  // Local ranks `js` of this round start again as fresh processes (the
+  // caller said why, one line each): those still running are stopped first
+  // (`sig`, the grace period, SIGKILL), the node's other workers are kept as
+  // they are. A spawn that fails is a failure the round loop sees.
+  void RestartAsProcesses(const std::set<int>& js, int sig) {
+    if (js.empty()) return;
+    std::vector<Worker> all = workers_.TakeWorkers();
+    std::vector<Worker> doomed;
+    for (Worker& w : all) {
+      if (js.count(w.local_rank) != 0) {
+        if (w.child && !w.exit) doomed.push_back(std::move(w));
       } else {
-        if (j < exit_seen_.size()) exit_seen_[j] = false;
-        (void)SpawnOne(static_cast<int>(j));  // a failed spawn is a failure the loop sees
+        const int rank = w.global_rank;
+        workers_.Adopt(std::move(w), rank);
       }
+    }
+    StopProcesses(std::move(doomed), sig);
+    for (int j : js) {
+      if (j >= 0 && static_cast<std::size_t>(j) < exit_seen_.size()) exit_seen_[j] = false;
+      (void)SpawnOne(j);
     }
     UpdateTimerPids();
   }
@@ -830,34 +839,18 @@ class Agent::Impl {
   // into this round, with one line, and spends no restart.
   void RespawnUnackedExits() {
     if (awaiting_ack_.empty()) return;
-    bool any = false;
+    std::set<int> exited;
     for (const Worker& w : workers_.workers()) {
-      any = any || (w.exit && awaiting_ack_.count(w.local_rank) != 0);
-    }
-    if (!any) return;
-    std::vector<Worker> all = workers_.TakeWorkers();
-    std::vector<int> respawn;
-    for (Worker& w : all) {
-      const int j = w.local_rank;
-      if (w.exit && awaiting_ack_.count(j) != 0) {
-        Log(absl::StrCat("in place: worker rank ", w.global_rank, " exited with ",
-                         w.exit->Describe(),
-                         " before it re-formed into this round (a program that does not call "
-                         "ddp::Reconfigure or run under ddprun.inprocess.run); starting it as a "
-                         "process, within the same recovery"));
-        awaiting_ack_.erase(j);
-        respawn.push_back(j);
-      } else {
-        const int rank = w.global_rank;
-        workers_.Adopt(std::move(w), rank);
-      }
+      if (!w.exit || awaiting_ack_.count(w.local_rank) == 0) continue;
+      Log(absl::StrCat("in place: worker rank ", w.global_rank, " exited with ", w.exit->Describe(),
+                       " before it re-formed into this round (a program that does not call "
+                       "ddp::Reconfigure or run under ddprun.inprocess.run); starting it as a "
+                       "process, within the same recovery"));
+      exited.insert(w.local_rank);
+      awaiting_ack_.erase(w.local_rank);
     }
     if (awaiting_ack_.empty()) ack_due_.reset();
-    for (int j : respawn) {
-      if (static_cast<std::size_t>(j) < exit_seen_.size()) exit_seen_[j] = false;
-      (void)SpawnOne(j);  // a failed spawn is a failure the loop sees
-    }
-    UpdateTimerPids();
+    RestartAsProcesses(exited, SIGTERM);
   }
 
   // The WorkerGroup's wait: the event queue until `deadline`. A terminating
