@@ -105,6 +105,13 @@ constexpr Duration kServicesDelay = milliseconds(100);
 constexpr Duration kInplaceAckTimeout = seconds(10);
 // How often the agent looks at the survivors' acknowledgements meanwhile.
 constexpr Duration kInplaceAckPoll = milliseconds(10);
+// --restart_policy=inplace, a job of several nodes: how long a registered
+// worker's exit with an exit code waits for a restart decided elsewhere
+// before the agent reports it as this node's failure (AwaitRestartForExits).
+// A peer's failure reaches the other agents through the rendezvous within
+// milliseconds; a survivor that does not catch its failed collective (an SDK
+// program ending on PeerLostError) can exit sooner than that.
+constexpr Duration kCasualtyWindow = milliseconds(500);
 // --restart_policy=inplace: how often a re-joining agent that kept survivors
 // asks whether the job runs without it (StopSurvivorsOfSpare).
 constexpr Duration kSpareCheckInterval = milliseconds(500);
@@ -581,6 +588,7 @@ class Agent::Impl {
       }
     }
     worker_env_.resize(static_cast<std::size_t>(a.local_world_size));
+    exit_window_.reset();
     ack_due_.reset();
     ack_retry_ = false;
     awaiting_ack_.clear();
@@ -851,6 +859,45 @@ class Agent::Impl {
     }
     if (awaiting_ack_.empty()) ack_due_.reset();
     RestartAsProcesses(exited, SIGTERM);
+  }
+
+  // --restart_policy=inplace, a job of several nodes: whether the failed
+  // exits seen now may wait for a restart decided elsewhere, up to
+  // kCasualtyWindow from the first (docs/recovery.md). Only when every one
+  // of them is a worker that registered to re-form in its process and
+  // exited with an exit code: such a worker may have ended on its failed
+  // collective (a peer on another node failed or was lost) before this agent
+  // heard of it. If the restart comes, the exit is part of that recovery
+  // (Monitor); if not, it is this node's failure. A worker killed by a
+  // signal, one that never registered, or the job's last attempt: at once.
+  bool AwaitRestartForExits() {
+    if (!InplacePolicy() || !inplace_ || !assignment_ || assignment_->group_world_size < 2 ||
+        LastAttempt()) {
+      return false;
+    }
+    for (const Worker& w : workers_.workers()) {
+      if (!w.exit || w.exit->ok() || w.stopped_by_agent) continue;
+      if (w.exit->signal != 0 || !w.child || !inplace_->Registered(w.local_rank, w.child->pid())) {
+        return false;
+      }
+    }
+    if (!exit_window_) exit_window_ = clock_.Now() + kCasualtyWindow;
+    return clock_.Now() < *exit_window_;
+  }
+
+  // The restart `reason` came while AwaitRestartForExits waited: the exits
+  // it held belong to this recovery. One line each; the workers start again
+  // as processes into the next round (they are not alive to keep).
+  void SayFoldedExits(const std::string& reason) {
+    if (!exit_window_) return;
+    exit_window_.reset();
+    for (const Worker& w : workers_.workers()) {
+      if (!w.exit || w.exit->ok() || w.stopped_by_agent) continue;
+      Log(absl::StrCat("in place: worker rank ", w.global_rank, " exited with ", w.exit->Describe(),
+                       " as the job restarts (", reason,
+                       "); it is part of that recovery and starts again as a process, spending "
+                       "no restart of its own"));
+    }
   }
 
   // The WorkerGroup's wait: the event queue until `deadline`. A terminating
@@ -1329,17 +1376,24 @@ class Agent::Impl {
       if (step_due) wake = std::min(wake, clock_.Now() + recovery_.StepPollInterval());
       const bool ack_due = ack_due_.has_value();
       if (ack_due) wake = std::min(wake, clock_.Now() + kInplaceAckPoll);
+      if (exit_window_) wake = std::min(wake, *exit_window_);
       auto e = NextEvent(wake);
       StartServicesIfDue();
       CheckFirstStep();
       CheckAcks();
-      if (!e && (step_due || ack_due) && clock_.Now() < poll_at) continue;  // only the polls
+      const bool window_over = exit_window_ && clock_.Now() >= *exit_window_;
+      if (!e && (step_due || ack_due) && clock_.Now() < poll_at && !window_over) {
+        continue;  // only the polls
+      }
       if (!e || std::holds_alternative<ChildrenChanged>(*e)) {
         workers_.Poll();
         RespawnUnackedExits();
         UpdateMonitoredWorkers();
         UpdateTimerPids();
-        if (workers_.AnyFailed()) return OnWorkerFailure();
+        if (workers_.AnyFailed()) {
+          if (AwaitRestartForExits()) continue;
+          return OnWorkerFailure();
+        }
         if (!workers_.AnyAlive()) return OnSuccess();
         continue;
       }
@@ -1360,6 +1414,7 @@ class Agent::Impl {
         BeginRecovery(r->reason);
         if (InplacePolicy()) {
           Log(absl::StrCat("re-forming in place (--restart_policy=inplace): ", r->reason));
+          SayFoldedExits(r->reason);
           BreakSurvivors();
         } else {
           Log(absl::StrCat("restarting the workers: ", r->reason));
@@ -1709,6 +1764,9 @@ class Agent::Impl {
   std::set<int> awaiting_ack_;
   std::optional<TimePoint> ack_due_;
   bool ack_retry_ = false;  // the second deadline runs (CheckAcks)
+  // Until when failed exits wait for a restart decided elsewhere
+  // (AwaitRestartForExits); set from the first such exit of the round.
+  std::optional<TimePoint> exit_window_;
 };
 
 Agent::Agent(AgentOptions options, std::unique_ptr<ProcessLauncher> launcher)
