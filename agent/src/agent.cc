@@ -112,8 +112,9 @@ constexpr Duration kInplaceAckPoll = milliseconds(10);
 // milliseconds; a survivor that does not catch its failed collective (an SDK
 // program ending on PeerLostError) can exit sooner than that.
 constexpr Duration kCasualtyWindow = milliseconds(500);
-// --restart_policy=inplace: how often a re-joining agent that kept survivors
-// asks whether the job runs without it (StopSurvivorsOfSpare).
+// How often a re-joining agent with an open recovery record or, under
+// --restart_policy=inplace, kept survivors asks whether the job runs without
+// it (CheckBecameSpare).
 constexpr Duration kSpareCheckInterval = milliseconds(500);
 
 double SecondsOf(Duration d) { return std::chrono::duration<double>(d).count(); }
@@ -1102,21 +1103,28 @@ class Agent::Impl {
     }
   }
 
-  // --restart_policy=inplace: survivors kept across the re-join wait in
-  // their processes for the next round's seat. When the job runs again
-  // without this node (it became the hot spare: a spare took the seat of the
-  // node whose worker failed), they have none: they are stopped, with one
-  // line, instead of waiting until their ready timeout or the job's end.
-  void StopSurvivorsOfSpare() {
-    if (!InplacePolicy()) return;
+  // While this node re-joins after a restart: whether the job runs again
+  // without it (it became the hot spare: a spare took the seat of the node
+  // whose worker failed). Then its open recovery record ends there, saying
+  // so (no first step will come here), and under --restart_policy=inplace
+  // the survivors it kept, which have no seat, are stopped with one line
+  // instead of waiting until their ready timeout or the job's end. Asks the
+  // rendezvous only while there is a record or a survivor to settle.
+  void CheckBecameSpare() {
     workers_.Poll();
-    if (!workers_.AnyAlive()) return;
+    const bool kept = InplacePolicy() && workers_.AnyAlive();
+    if (!kept && !recovery_.open()) return;
     auto status = session_->JobStatus(kStatusTimeout);
     if (!status.ok() || status->state != "running") return;
     const std::int64_t self = ::getpid();
     for (const rdzv::NodeInfo& n : status->nodes) {
       if (n.pid == self) return;  // still a member: the assignment is on its way
     }
+    if (auto r = recovery_.BecameSpare()) {
+      Say(FormatRecovery(options_.job_id, *r));
+      became_spare_ = true;
+    }
+    if (!kept) return;
     Log(absl::StrCat("in place: the job runs round ", status->round,
                      " without this node (it is a spare now); stopping the workers it kept, "
                      "which have no seat"));
@@ -1204,10 +1212,12 @@ class Agent::Impl {
       if (announced) notice.Poll();
       TimePoint wake = std::min(deadline, notice.due());
       if (clock_.Now() >= spare_check) {
-        StopSurvivorsOfSpare();
+        CheckBecameSpare();
         spare_check = clock_.Now() + kSpareCheckInterval;
       }
-      if (InplacePolicy() && workers_.AnyAlive()) wake = std::min(wake, spare_check);
+      if (recovery_.open() || (InplacePolicy() && workers_.AnyAlive())) {
+        wake = std::min(wake, spare_check);
+      }
       if (!announced) wake = std::min(wake, joined_at + kReplacementNotice);
       auto e = NextEvent(wake);
       if (!e && !announced && clock_.Now() < deadline) {
@@ -1289,6 +1299,12 @@ class Agent::Impl {
       }
     }
     round_ = assignment_->round;
+    if (became_spare_) {
+      // Promoted back into a seat: this node's part of that recovery, from
+      // its assignment (the failure that freed the seat was another node's).
+      became_spare_ = false;
+      BeginRecovery(absl::StrCat("this node, a hot spare, took a seat in round ", round_));
+    }
     recovery_.RoundFormed(round_);
     membership_changed_ = false;
     const rdzv::Assignment& a = *assignment_;
@@ -1727,6 +1743,8 @@ class Agent::Impl {
   // The last restart was a membership change (a node left or was lost),
   // not a worker failure.
   bool membership_changed_ = false;
+  // This node's last recovery record ended as "spare" (CheckBecameSpare).
+  bool became_spare_ = false;
   WorkerGroup workers_;
   std::unique_ptr<WorkerLogs> logs_;        // set by Run()
   std::unique_ptr<Monitoring> monitoring_;  // set once the session is open

@@ -307,6 +307,45 @@ TEST_CASE(
   CHECK_THAT(r.err, Catch::Contains("restarting in place: worker failure on"));
 }
 
+// Issue 29: a node whose worker failed, when a hot spare takes its seat,
+// becomes the spare itself. Its recovery record used to stay open until the
+// job's end and then say "saw no first step"; it ends when the node finds
+// the job running without it, and says why. The survivor it kept is stopped.
+TEST_CASE(
+    "Agent inplace: a node that becomes the hot spare ends its recovery record saying so and "
+    "stops the survivors it kept",
+    "[unit][agent][inplace]") {
+  SimWorld world;
+  AgentOptions o = Options(2);
+  o.min_nodes = o.max_nodes = 2;
+  world.script = [&](int index, int local, int) -> absl::StatusOr<Behaviour> {
+    if (index == 0) {
+      auto block = std::make_shared<WorkerBlock>(world.rec.spawns[0]);
+      world.queue.After(milliseconds(10), [block] { block->Register(100000); });
+      return Runs();
+    }
+    return local == 1 ? ExitsAfter(500, 3) : Runs();
+  };
+  std::string other;
+  auto r = RunAgent(world, o, [&](InProcessSession& s) {
+    other = s.PhantomJoin(o, "10.0.0.8");
+    // A hot spare joins the running job; the other node re-joins after the
+    // failure, and the spare takes this node's seat.
+    world.queue.After(milliseconds(100), [&s, &o] { s.PhantomJoin(o, "10.0.0.9"); });
+    world.queue.After(milliseconds(600), [&s, &o] { s.PhantomJoin(o, "10.0.0.8"); });
+  });
+  INFO(r.err);
+  CHECK(r.rc == kExitRendezvousError);  // a spare until the join timeout
+  CHECK(world.rec.signals[0] == std::vector<int>{SIGTERM});
+  CHECK_THAT(r.err, Catch::Contains(
+                        "recovery from round 0 (in place: worker rank 3 exited with exit code 3) "
+                        "ended: this node became the hot spare, the job runs on without it: "
+                        "detected +0, stopped +0\n"));
+  CHECK_THAT(r.err, Catch::Contains("without this node (it is a spare now); stopping the workers "
+                                    "it kept"));
+  CHECK_THAT(r.err, !Catch::Contains("saw no first step"));
+}
+
 TEST_CASE("InplaceBlocks: spawn, register, break, publish, ack", "[unit][agent][inplace]") {
   InplaceBlocks blocks;
   REQUIRE(blocks.Ensure(2).ok());
