@@ -210,13 +210,13 @@ void JobRendezvous::Complete(std::vector<Delivery>* out) {
   });
   // Seats are kept when the job keeps its size: a member of the previous
   // round (assigned_ids_ still holds it) keeps its group rank, hence its
-  // RANKs and the checkpoint memory its agent holds for them; newcomers (a
-  // promoted spare, a node that re-joined) take the free seats in the order
-  // above. A job that grew or shrank, or one with requested node ranks, takes
-  // the order above (its checkpoints no longer match seats anyway).
-  const bool any_requested = std::any_of(order.begin(), order.end(),
-                                         [](const Entry& e) { return e.requested != INT32_MAX; });
-  if (!any_requested && assigned_ids_.size() == order.size()) {
+  // RANKs and the checkpoint memory its agent holds for them (also when it
+  // asked for another with --node_rank: a preference, honoured in the round
+  // it joined). Newcomers (a promoted spare, a node that re-joined) take the
+  // free seat they asked for, then the free seats in the order above. A job
+  // that grew or shrank takes the order above (its checkpoints no longer
+  // match seats anyway).
+  if (assigned_ids_.size() == order.size()) {
     std::vector<std::optional<Entry>> seats(order.size());
     std::vector<Entry> newcomers;
     for (const Entry& e : order) {
@@ -228,9 +228,18 @@ void JobRendezvous::Complete(std::vector<Delivery>* out) {
         newcomers.push_back(e);
       }
     }
+    std::vector<Entry> unplaced;
+    for (const Entry& e : newcomers) {
+      const auto want = static_cast<std::size_t>(e.requested);
+      if (e.requested != INT32_MAX && want < seats.size() && !seats[want]) {
+        seats[want] = e;
+      } else {
+        unplaced.push_back(e);
+      }
+    }
     std::size_t next = 0;
     for (auto& s : seats) {
-      if (!s) s = newcomers[next++];
+      if (!s) s = unplaced[next++];
     }
     for (std::size_t i = 0; i < order.size(); ++i) order[i] = *seats[i];
   }
