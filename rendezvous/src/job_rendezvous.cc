@@ -321,7 +321,13 @@ void JobRendezvous::OpenNextRound(const std::string& reason, bool counts_as_fail
   // A hot spare takes the failed node's seat: the round does not wait for
   // the failed node, which becomes a spare if it comes back to a full round.
   if (!failed_node.empty() && !spares_.empty()) expected_.erase(failed_node);
-  // Promote spares into the seats not held for returning members.
+  // Promoted spares do not join again: when nobody else is awaited (the
+  // failed or lost node was the only one) they form the round now.
+  if (PromoteSpares()) MaybeComplete(out);
+}
+
+bool JobRendezvous::PromoteSpares() {
+  // Into the seats not held for returning members.
   bool promoted = false;
   while (!spares_.empty() &&
          static_cast<int>(members_.size() + expected_.size()) < shape_.max_nodes) {
@@ -331,9 +337,7 @@ void JobRendezvous::OpenNextRound(const std::string& reason, bool counts_as_fail
     spares_.erase(it);
     promoted = true;
   }
-  // Promoted spares do not join again: when nobody else is awaited (the
-  // failed or lost node was the only one) they form the round now.
-  if (promoted) MaybeComplete(out);
+  return promoted;
 }
 
 void JobRendezvous::Close(bool success, const std::string& reason, std::vector<Delivery>* out) {
@@ -447,13 +451,21 @@ void JobRendezvous::NodeLost(const std::string& node_id, std::vector<Delivery>* 
   if (state_ == State::kClosed) return;
   expected_.erase(node_id);
   if (spares_.erase(node_id) > 0) return;
+  // While a round gathers, the seat held for a lost node (a member of the
+  // previous round that had not re-joined yet, or one that had) goes to a
+  // spare waiting: a node that re-joined while the seats were all held
+  // waits as a spare, and would otherwise wait until the join timeout.
   auto it = members_.find(node_id);
   if (it == members_.end()) {
-    if (state_ == State::kGathering) MaybeComplete(out);
+    if (state_ == State::kGathering) {
+      PromoteSpares();
+      MaybeComplete(out);
+    }
     return;
   }
   if (state_ == State::kGathering) {
     members_.erase(it);
+    PromoteSpares();
     MaybeComplete(out);
     return;
   }

@@ -3,6 +3,7 @@
 
 #include <catch2/catch.hpp>
 #include <map>
+#include <set>
 
 namespace ddprun::rendezvous {
 namespace {
@@ -552,6 +553,31 @@ TEST_CASE(
   for (auto& [id, x] : as) by[id] = x;
   CHECK(by[b].group_rank == 1);
   CHECK(by[fresh].group_rank == 0);
+}
+
+// Found by chaos_sdk_spare on a loaded machine: b's worker died of a's
+// death (a shared-memory peer) and b reported it before a's agent was seen
+// lost. The spare s took b's seat, the seat held for a stayed held, and b,
+// re-joining into a full round, waited as a spare. Then a was lost: its seat
+// was freed but nobody was promoted into it, so the round waited for the
+// join timeout with one member and a spare.
+TEST_CASE("a node lost while the round gathers frees its seat for a waiting spare", "[unit]") {
+  Fixture f;
+  auto a = f.Join(Spec("h1", 1));
+  auto b = f.Join(Spec("h2", 2));
+  auto s = f.Join(Spec("h3", 3));
+  f.out.clear();
+  REQUIRE(f.job.Report(b, 0, Outcome::kFailed, {}, &f.out).ok());  // s takes b's seat
+  f.Join(Spec("h2", 2));  // b is back: the seats are s's and a's; b waits as a spare
+  CHECK(Of<Assignment>(f.out).empty());
+  f.out.clear();
+  f.job.NodeLost(a, &f.out);
+  auto as = Of<Assignment>(f.out);
+  REQUIRE(as.size() == 2);
+  std::set<std::string> ids;
+  for (auto& [id, x] : as) ids.insert(id);
+  CHECK(ids == std::set<std::string>{b, s});
+  CHECK(f.job.state() == JobRendezvous::State::kRunning);
 }
 
 TEST_CASE("a worker failure with a spare: the survivor keeps its seat, the spare takes the other",
