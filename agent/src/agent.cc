@@ -105,8 +105,16 @@ constexpr Duration kServicesDelay = milliseconds(100);
 constexpr Duration kInplaceAckTimeout = seconds(10);
 // How often the agent looks at the survivors' acknowledgements meanwhile.
 constexpr Duration kInplaceAckPoll = milliseconds(10);
-// --restart_policy=inplace: how often a re-joining agent that kept survivors
-// asks whether the job runs without it (StopSurvivorsOfSpare).
+// --restart_policy=inplace, a job of several nodes: how long a registered
+// worker's exit with an exit code waits for a restart decided elsewhere
+// before the agent reports it as this node's failure (AwaitRestartForExits).
+// A peer's failure reaches the other agents through the rendezvous within
+// milliseconds; a survivor that does not catch its failed collective (an SDK
+// program ending on PeerLostError) can exit sooner than that.
+constexpr Duration kCasualtyWindow = milliseconds(500);
+// How often a re-joining agent with an open recovery record or, under
+// --restart_policy=inplace, kept survivors asks whether the job runs without
+// it (CheckBecameSpare).
 constexpr Duration kSpareCheckInterval = milliseconds(500);
 
 double SecondsOf(Duration d) { return std::chrono::duration<double>(d).count(); }
@@ -581,6 +589,7 @@ class Agent::Impl {
       }
     }
     worker_env_.resize(static_cast<std::size_t>(a.local_world_size));
+    exit_window_.reset();
     ack_due_.reset();
     ack_retry_ = false;
     awaiting_ack_.clear();
@@ -782,21 +791,16 @@ class Agent::Impl {
     // since their collective fails once the worker they wait for is gone.
     // At the second deadline, or without stacks, every one left.
     const std::set<int> now = ack_retry_ ? awaiting_ack_ : StuckInOwnCode(awaiting_ack_);
-    std::vector<Worker> all = workers_.TakeWorkers();
-    std::vector<Worker> doomed;
-    std::vector<std::optional<Worker>> by_rank(all.size());
-    for (Worker& w : all) {
+    std::set<int> late;  // of `now`, those still running
+    for (const Worker& w : workers_.workers()) {
       const int j = w.local_rank;
-      if (now.count(j) != 0 && w.child && !w.exit) {
-        Log(absl::StrCat("in place: worker rank ", w.global_rank, " (pid ", w.child->pid(),
-                         ") did not re-form within ", SecondsOf(kInplaceAckTimeout),
-                         " s (stuck in a call that cannot be interrupted?); restarting it as a "
-                         "process"));
-        doomed.push_back(std::move(w));
-        awaiting_ack_.erase(j);
-      } else if (j >= 0 && static_cast<std::size_t>(j) < by_rank.size()) {
-        by_rank[static_cast<std::size_t>(j)] = std::move(w);
-      }
+      if (now.count(j) == 0 || !w.child || w.exit) continue;
+      Log(absl::StrCat("in place: worker rank ", w.global_rank, " (pid ", w.child->pid(),
+                       ") did not re-form within ", SecondsOf(kInplaceAckTimeout),
+                       " s (stuck in a call that cannot be interrupted?); restarting it as a "
+                       "process"));
+      late.insert(j);
+      awaiting_ack_.erase(j);
     }
     if (!awaiting_ack_.empty() && !ack_retry_) {
       ack_retry_ = true;
@@ -810,15 +814,29 @@ class Agent::Impl {
       awaiting_ack_.clear();
     }
     // Stuck in a call: SIGTERM's handler would never run, so no grace period.
-    StopProcesses(std::move(doomed), SIGKILL);
-    for (std::size_t j = 0; j < by_rank.size(); ++j) {
-      if (by_rank[j]) {
-        const int rank = by_rank[j]->global_rank;
-        workers_.Adopt(std::move(*by_rank[j]), rank);
+    RestartAsProcesses(late, SIGKILL);
+  }
+
+  // Local ranks `js` of this round start again as fresh processes (the
+  // caller said why, one line each): those still running are stopped first
+  // (`sig`, the grace period, SIGKILL), the node's other workers are kept as
+  // they are. A spawn that fails is a failure the round loop sees.
+  void RestartAsProcesses(const std::set<int>& js, int sig) {
+    if (js.empty()) return;
+    std::vector<Worker> all = workers_.TakeWorkers();
+    std::vector<Worker> doomed;
+    for (Worker& w : all) {
+      if (js.count(w.local_rank) != 0) {
+        if (w.child && !w.exit) doomed.push_back(std::move(w));
       } else {
-        if (j < exit_seen_.size()) exit_seen_[j] = false;
-        (void)SpawnOne(static_cast<int>(j));  // a failed spawn is a failure the loop sees
+        const int rank = w.global_rank;
+        workers_.Adopt(std::move(w), rank);
       }
+    }
+    StopProcesses(std::move(doomed), sig);
+    for (int j : js) {
+      if (j >= 0 && static_cast<std::size_t>(j) < exit_seen_.size()) exit_seen_[j] = false;
+      (void)SpawnOne(j);
     }
     UpdateTimerPids();
   }
@@ -830,34 +848,57 @@ class Agent::Impl {
   // into this round, with one line, and spends no restart.
   void RespawnUnackedExits() {
     if (awaiting_ack_.empty()) return;
-    bool any = false;
+    std::set<int> exited;
     for (const Worker& w : workers_.workers()) {
-      any = any || (w.exit && awaiting_ack_.count(w.local_rank) != 0);
-    }
-    if (!any) return;
-    std::vector<Worker> all = workers_.TakeWorkers();
-    std::vector<int> respawn;
-    for (Worker& w : all) {
-      const int j = w.local_rank;
-      if (w.exit && awaiting_ack_.count(j) != 0) {
-        Log(absl::StrCat("in place: worker rank ", w.global_rank, " exited with ",
-                         w.exit->Describe(),
-                         " before it re-formed into this round (a program that does not call "
-                         "ddp::Reconfigure or run under ddprun.inprocess.run); starting it as a "
-                         "process, within the same recovery"));
-        awaiting_ack_.erase(j);
-        respawn.push_back(j);
-      } else {
-        const int rank = w.global_rank;
-        workers_.Adopt(std::move(w), rank);
-      }
+      if (!w.exit || awaiting_ack_.count(w.local_rank) == 0) continue;
+      Log(absl::StrCat("in place: worker rank ", w.global_rank, " exited with ", w.exit->Describe(),
+                       " before it re-formed into this round (a program that does not call "
+                       "ddp::Reconfigure or run under ddprun.inprocess.run); starting it as a "
+                       "process, within the same recovery"));
+      exited.insert(w.local_rank);
+      awaiting_ack_.erase(w.local_rank);
     }
     if (awaiting_ack_.empty()) ack_due_.reset();
-    for (int j : respawn) {
-      if (static_cast<std::size_t>(j) < exit_seen_.size()) exit_seen_[j] = false;
-      (void)SpawnOne(j);  // a failed spawn is a failure the loop sees
+    RestartAsProcesses(exited, SIGTERM);
+  }
+
+  // --restart_policy=inplace, a job of several nodes: whether the failed
+  // exits seen now may wait for a restart decided elsewhere, up to
+  // kCasualtyWindow from the first (docs/recovery.md). Only when every one
+  // of them is a worker that registered to re-form in its process and
+  // exited with an exit code: such a worker may have ended on its failed
+  // collective (a peer on another node failed or was lost) before this agent
+  // heard of it. If the restart comes, the exit is part of that recovery
+  // (Monitor); if not, it is this node's failure. A worker killed by a
+  // signal, one that never registered, or the job's last attempt: at once.
+  bool AwaitRestartForExits() {
+    if (!InplacePolicy() || !inplace_ || !assignment_ || assignment_->group_world_size < 2 ||
+        LastAttempt()) {
+      return false;
     }
-    UpdateTimerPids();
+    for (const Worker& w : workers_.workers()) {
+      if (!w.exit || w.exit->ok() || w.stopped_by_agent) continue;
+      if (w.exit->signal != 0 || !w.child || !inplace_->Registered(w.local_rank, w.child->pid())) {
+        return false;
+      }
+    }
+    if (!exit_window_) exit_window_ = clock_.Now() + kCasualtyWindow;
+    return clock_.Now() < *exit_window_;
+  }
+
+  // The restart `reason` came while AwaitRestartForExits waited: the exits
+  // it held belong to this recovery. One line each; the workers start again
+  // as processes into the next round (they are not alive to keep).
+  void SayFoldedExits(const std::string& reason) {
+    if (!exit_window_) return;
+    exit_window_.reset();
+    for (const Worker& w : workers_.workers()) {
+      if (!w.exit || w.exit->ok() || w.stopped_by_agent) continue;
+      Log(absl::StrCat("in place: worker rank ", w.global_rank, " exited with ", w.exit->Describe(),
+                       " as the job restarts (", reason,
+                       "); it is part of that recovery and starts again as a process, spending "
+                       "no restart of its own"));
+    }
   }
 
   // The WorkerGroup's wait: the event queue until `deadline`. A terminating
@@ -1062,21 +1103,28 @@ class Agent::Impl {
     }
   }
 
-  // --restart_policy=inplace: survivors kept across the re-join wait in
-  // their processes for the next round's seat. When the job runs again
-  // without this node (it became the hot spare: a spare took the seat of the
-  // node whose worker failed), they have none: they are stopped, with one
-  // line, instead of waiting until their ready timeout or the job's end.
-  void StopSurvivorsOfSpare() {
-    if (!InplacePolicy()) return;
+  // While this node re-joins after a restart: whether the job runs again
+  // without it (it became the hot spare: a spare took the seat of the node
+  // whose worker failed). Then its open recovery record ends there, saying
+  // so (no first step will come here), and under --restart_policy=inplace
+  // the survivors it kept, which have no seat, are stopped with one line
+  // instead of waiting until their ready timeout or the job's end. Asks the
+  // rendezvous only while there is a record or a survivor to settle.
+  void CheckBecameSpare() {
     workers_.Poll();
-    if (!workers_.AnyAlive()) return;
+    const bool kept = InplacePolicy() && workers_.AnyAlive();
+    if (!kept && !recovery_.open()) return;
     auto status = session_->JobStatus(kStatusTimeout);
     if (!status.ok() || status->state != "running") return;
     const std::int64_t self = ::getpid();
     for (const rdzv::NodeInfo& n : status->nodes) {
       if (n.pid == self) return;  // still a member: the assignment is on its way
     }
+    if (auto r = recovery_.BecameSpare()) {
+      Say(FormatRecovery(options_.job_id, *r));
+      became_spare_ = true;
+    }
+    if (!kept) return;
     Log(absl::StrCat("in place: the job runs round ", status->round,
                      " without this node (it is a spare now); stopping the workers it kept, "
                      "which have no seat"));
@@ -1164,10 +1212,12 @@ class Agent::Impl {
       if (announced) notice.Poll();
       TimePoint wake = std::min(deadline, notice.due());
       if (clock_.Now() >= spare_check) {
-        StopSurvivorsOfSpare();
+        CheckBecameSpare();
         spare_check = clock_.Now() + kSpareCheckInterval;
       }
-      if (InplacePolicy() && workers_.AnyAlive()) wake = std::min(wake, spare_check);
+      if (recovery_.open() || (InplacePolicy() && workers_.AnyAlive())) {
+        wake = std::min(wake, spare_check);
+      }
       if (!announced) wake = std::min(wake, joined_at + kReplacementNotice);
       auto e = NextEvent(wake);
       if (!e && !announced && clock_.Now() < deadline) {
@@ -1249,6 +1299,12 @@ class Agent::Impl {
       }
     }
     round_ = assignment_->round;
+    if (became_spare_) {
+      // Promoted back into a seat: this node's part of that recovery, from
+      // its assignment (the failure that freed the seat was another node's).
+      became_spare_ = false;
+      BeginRecovery(absl::StrCat("this node, a hot spare, took a seat in round ", round_));
+    }
     recovery_.RoundFormed(round_);
     membership_changed_ = false;
     const rdzv::Assignment& a = *assignment_;
@@ -1336,17 +1392,24 @@ class Agent::Impl {
       if (step_due) wake = std::min(wake, clock_.Now() + recovery_.StepPollInterval());
       const bool ack_due = ack_due_.has_value();
       if (ack_due) wake = std::min(wake, clock_.Now() + kInplaceAckPoll);
+      if (exit_window_) wake = std::min(wake, *exit_window_);
       auto e = NextEvent(wake);
       StartServicesIfDue();
       CheckFirstStep();
       CheckAcks();
-      if (!e && (step_due || ack_due) && clock_.Now() < poll_at) continue;  // only the polls
+      const bool window_over = exit_window_ && clock_.Now() >= *exit_window_;
+      if (!e && (step_due || ack_due) && clock_.Now() < poll_at && !window_over) {
+        continue;  // only the polls
+      }
       if (!e || std::holds_alternative<ChildrenChanged>(*e)) {
         workers_.Poll();
         RespawnUnackedExits();
         UpdateMonitoredWorkers();
         UpdateTimerPids();
-        if (workers_.AnyFailed()) return OnWorkerFailure();
+        if (workers_.AnyFailed()) {
+          if (AwaitRestartForExits()) continue;
+          return OnWorkerFailure();
+        }
         if (!workers_.AnyAlive()) return OnSuccess();
         continue;
       }
@@ -1367,6 +1430,7 @@ class Agent::Impl {
         BeginRecovery(r->reason);
         if (InplacePolicy()) {
           Log(absl::StrCat("re-forming in place (--restart_policy=inplace): ", r->reason));
+          SayFoldedExits(r->reason);
           BreakSurvivors();
         } else {
           Log(absl::StrCat("restarting the workers: ", r->reason));
@@ -1679,6 +1743,8 @@ class Agent::Impl {
   // The last restart was a membership change (a node left or was lost),
   // not a worker failure.
   bool membership_changed_ = false;
+  // This node's last recovery record ended as "spare" (CheckBecameSpare).
+  bool became_spare_ = false;
   WorkerGroup workers_;
   std::unique_ptr<WorkerLogs> logs_;        // set by Run()
   std::unique_ptr<Monitoring> monitoring_;  // set once the session is open
@@ -1716,6 +1782,9 @@ class Agent::Impl {
   std::set<int> awaiting_ack_;
   std::optional<TimePoint> ack_due_;
   bool ack_retry_ = false;  // the second deadline runs (CheckAcks)
+  // Until when failed exits wait for a restart decided elsewhere
+  // (AwaitRestartForExits); set from the first such exit of the round.
+  std::optional<TimePoint> exit_window_;
 };
 
 Agent::Agent(AgentOptions options, std::unique_ptr<ProcessLauncher> launcher)

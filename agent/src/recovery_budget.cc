@@ -83,6 +83,13 @@ std::optional<rdzv::RecoveryBudget> RecoveryTracker::FirstStep() {
   return current();
 }
 
+std::optional<rdzv::RecoveryBudget> RecoveryTracker::BecameSpare() {
+  if (!open_) return std::nullopt;
+  current().outcome = "spare";
+  open_ = false;
+  return current();
+}
+
 std::optional<rdzv::RecoveryBudget> RecoveryTracker::Finish() {
   if (!open_) return std::nullopt;
   current().outcome = "no first step";
@@ -102,6 +109,11 @@ std::string FormatRecovery(const std::string& job_id, const rdzv::RecoveryBudget
   }
   if (r.outcome == "superseded") {
     return absl::StrCat(fence, "recovery", from, " superseded by another failure: ", phases);
+  }
+  if (r.outcome == "spare") {
+    return absl::StrCat(
+        fence, "recovery", from,
+        " ended: this node became the hot spare, the job runs on without it: ", phases);
   }
   if (r.outcome == "no first step") {
     return absl::StrCat(fence, "recovery", from,

@@ -210,13 +210,13 @@ void JobRendezvous::Complete(std::vector<Delivery>* out) {
   });
   // Seats are kept when the job keeps its size: a member of the previous
   // round (assigned_ids_ still holds it) keeps its group rank, hence its
-  // RANKs and the checkpoint memory its agent holds for them; newcomers (a
-  // promoted spare, a node that re-joined) take the free seats in the order
-  // above. A job that grew or shrank, or one with requested node ranks, takes
-  // the order above (its checkpoints no longer match seats anyway).
-  const bool any_requested = std::any_of(order.begin(), order.end(),
-                                         [](const Entry& e) { return e.requested != INT32_MAX; });
-  if (!any_requested && assigned_ids_.size() == order.size()) {
+  // RANKs and the checkpoint memory its agent holds for them (also when it
+  // asked for another with --node_rank: a preference, honoured in the round
+  // it joined). Newcomers (a promoted spare, a node that re-joined) take the
+  // free seat they asked for, then the free seats in the order above. A job
+  // that grew or shrank takes the order above (its checkpoints no longer
+  // match seats anyway).
+  if (assigned_ids_.size() == order.size()) {
     std::vector<std::optional<Entry>> seats(order.size());
     std::vector<Entry> newcomers;
     for (const Entry& e : order) {
@@ -228,9 +228,18 @@ void JobRendezvous::Complete(std::vector<Delivery>* out) {
         newcomers.push_back(e);
       }
     }
+    std::vector<Entry> unplaced;
+    for (const Entry& e : newcomers) {
+      const auto want = static_cast<std::size_t>(e.requested);
+      if (e.requested != INT32_MAX && want < seats.size() && !seats[want]) {
+        seats[want] = e;
+      } else {
+        unplaced.push_back(e);
+      }
+    }
     std::size_t next = 0;
     for (auto& s : seats) {
-      if (!s) s = newcomers[next++];
+      if (!s) s = unplaced[next++];
     }
     for (std::size_t i = 0; i < order.size(); ++i) order[i] = *seats[i];
   }
@@ -312,7 +321,13 @@ void JobRendezvous::OpenNextRound(const std::string& reason, bool counts_as_fail
   // A hot spare takes the failed node's seat: the round does not wait for
   // the failed node, which becomes a spare if it comes back to a full round.
   if (!failed_node.empty() && !spares_.empty()) expected_.erase(failed_node);
-  // Promote spares into the seats not held for returning members.
+  // Promoted spares do not join again: when nobody else is awaited (the
+  // failed or lost node was the only one) they form the round now.
+  if (PromoteSpares()) MaybeComplete(out);
+}
+
+bool JobRendezvous::PromoteSpares() {
+  // Into the seats not held for returning members.
   bool promoted = false;
   while (!spares_.empty() &&
          static_cast<int>(members_.size() + expected_.size()) < shape_.max_nodes) {
@@ -322,9 +337,7 @@ void JobRendezvous::OpenNextRound(const std::string& reason, bool counts_as_fail
     spares_.erase(it);
     promoted = true;
   }
-  // Promoted spares do not join again: when nobody else is awaited (the
-  // failed or lost node was the only one) they form the round now.
-  if (promoted) MaybeComplete(out);
+  return promoted;
 }
 
 void JobRendezvous::Close(bool success, const std::string& reason, std::vector<Delivery>* out) {
@@ -438,13 +451,21 @@ void JobRendezvous::NodeLost(const std::string& node_id, std::vector<Delivery>* 
   if (state_ == State::kClosed) return;
   expected_.erase(node_id);
   if (spares_.erase(node_id) > 0) return;
+  // While a round gathers, the seat held for a lost node (a member of the
+  // previous round that had not re-joined yet, or one that had) goes to a
+  // spare waiting: a node that re-joined while the seats were all held
+  // waits as a spare, and would otherwise wait until the join timeout.
   auto it = members_.find(node_id);
   if (it == members_.end()) {
-    if (state_ == State::kGathering) MaybeComplete(out);
+    if (state_ == State::kGathering) {
+      PromoteSpares();
+      MaybeComplete(out);
+    }
     return;
   }
   if (state_ == State::kGathering) {
     members_.erase(it);
+    PromoteSpares();
     MaybeComplete(out);
     return;
   }

@@ -47,6 +47,18 @@ std::vector<Attempt> Attempts(const std::string& out, int rank) {
   return v;
 }
 
+// Whether every rank logged a step >= `step` in attempt `restart`
+// (EVENTS=1: "<t> <rank> step <restart> <step>" lines in OUT_DIR/events).
+bool AllRanksPast(const std::string& out, int restart, int step) {
+  std::set<std::string> ranks;
+  std::istringstream in(ReadFile(out + "/events"));
+  std::string t, rank, name, r, st;
+  while (in >> t >> rank >> name >> r >> st) {
+    if (name == "step" && std::stoi(r) == restart && std::stoi(st) >= step) ranks.insert(rank);
+  }
+  return ranks.size() == kRanks;
+}
+
 struct Run {
   std::string out;
   std::string console;
@@ -171,7 +183,8 @@ TEST_CASE(
 
 TEST_CASE(
     "inplace across nodes: ddprund and two agents; a worker killed on one node is restarted "
-    "alone, the other node's workers keep their processes",
+    "alone, the other node's workers keep their processes; then a lost node of this fixed-size "
+    "job is replaced by a new agent at its address and the surviving node keeps its workers",
     "[e2e][inplace]") {
   if (!TorchAvailable()) return SkipCase("e2e", kPython + " cannot import torch");
   Harness h;
@@ -179,40 +192,70 @@ TEST_CASE(
   Proc* daemon = nullptr;
   const int port = h.StartDaemon("ddprund", &daemon);
   const std::string out = h.MakeDir("nodes");
+  // Slower steps (the parameters do not depend on them): room for the
+  // second fault before the job ends.
+  const EnvList env{{"PYTHON_EXEC", kPython}, {"PYTHONPATH", kPythonDir}, {"OUT_DIR", out},
+                    {"KILL_RANK", "1"},       {"KILL_AT", "5"},           {"STEP_S", "0.3"},
+                    {"EVENTS", "1"}};
+  auto node_args = [&](int i) {
+    return std::vector<std::string>{"--nnodes=2",
+                                    "--nproc_per_node=2",
+                                    "--node_rank=" + std::to_string(i),
+                                    "--local_addr=127.0.0." + std::to_string(i + 1),
+                                    "--rdzv_endpoint=127.0.0.1:" + std::to_string(port),
+                                    "--rdzv_id=nodes1",
+                                    "--rdzv_conf=join_timeout=60",
+                                    "--restart_policy=inplace",
+                                    "--max_restarts=2",
+                                    "--ckpt_replicas=1",
+                                    kScript};
+  };
   std::vector<Proc*> nodes;
-  for (int i = 0; i < 2; ++i) {
-    const EnvList env{{"PYTHON_EXEC", kPython},
-                      {"PYTHONPATH", kPythonDir},
-                      {"OUT_DIR", out},
-                      {"KILL_RANK", "1"},
-                      {"KILL_AT", "5"}};
-    nodes.push_back(&h.StartDdprun(
-        "node" + std::to_string(i),
-        {"--nnodes=2", "--nproc_per_node=2", "--node_rank=" + std::to_string(i),
-         "--local_addr=127.0.0." + std::to_string(i + 1),
-         "--rdzv_endpoint=127.0.0.1:" + std::to_string(port), "--rdzv_id=nodes1",
-         "--rdzv_conf=join_timeout=60", "--restart_policy=inplace", "--max_restarts=2", kScript},
-        env));
-  }
-  for (Proc* p : nodes) {
+  for (int i = 0; i < 2; ++i)
+    nodes.push_back(&h.StartDdprun("node" + std::to_string(i), node_args(i), env));
+  // Recovered from the worker kill: every rank stepped past step 6 in attempt 1.
+  const auto t0 = Clock::now();
+  while (!AllRanksPast(out, 1, 6) && SecondsSince(t0) < 120) SleepMs(50);
+  REQUIRE(AllRanksPast(out, 1, 6));
+  // The second fault: node 1's agent is killed (its workers die with it),
+  // and a new agent takes its seat at the same address.
+  REQUIRE(::kill(nodes[1]->pid, SIGKILL) == 0);
+  (void)h.Wait(*nodes[1], 10);
+  Proc& replacement = h.StartDdprun("node1b", node_args(1), env);
+  for (Proc* p : {nodes[0], &replacement}) {
     const int rc = h.Wait(*p, 240);
     INFO(p->name << ":\n" << p->Out() << p->Err());
     CHECK(rc == 0);
   }
+  std::set<int> resumed;
   for (int rank = 0; rank < kRanks; ++rank) {
     const std::vector<Attempt> a = Attempts(out, rank);
     INFO("rank " << rank << ":\n" << ReadFile(out + "/rank" + std::to_string(rank) + ".attempts"));
-    REQUIRE(a.size() == 2);
+    REQUIRE(a.size() == 3);
     CHECK(a[1].start == 5);
+    resumed.insert(a[2].start);
     if (rank == 1) {
       CHECK(a[1].pid != a[0].pid);
     } else {
       CHECK(a[1].pid == a[0].pid);  // ranks 2 and 3 run on the other node
     }
+    if (rank < 2) {
+      CHECK(a[2].pid == a[1].pid);  // node 0 survived the loss of node 1 in its processes
+    } else {
+      CHECK(a[2].pid != a[1].pid);  // node 1's ranks: the replacement's new processes
+    }
   }
+  // Every rank resumed from the same step, past the first recovery (node
+  // 1's seat restored from its replica on node 0).
+  REQUIRE(resumed.size() == 1);
+  CHECK(*resumed.begin() > 5);
   // The node without the failure heard of it from the rendezvous and kept its workers.
   CHECK_THAT(nodes[1]->Err(), Catch::Contains("re-forming in place (--restart_policy=inplace)"));
   CHECK_THAT(nodes[1]->Err(), Catch::Contains("in place: rank(s) 2,3 keep their processes"));
+  CHECK_THAT(nodes[0]->Err(), Catch::Contains("was lost"));
+  CHECK(std::regex_search(nodes[0]->Err(),
+                          std::regex("\\[job nodes1 round 2\\] in place: rank\\(s\\) 0,1 keep "
+                                     "their processes")));
   CHECK(ReadFile(out + "/params.bin") == clean);
   h.StopDaemon(*daemon);
 }
@@ -276,17 +319,8 @@ TEST_CASE(
   }
   // Once every rank completed step 3, the second node's agent is killed.
   const auto t0 = Clock::now();
-  auto steps_done = [&] {
-    std::set<std::string> ranks;
-    std::istringstream in(ReadFile(out + "/events"));
-    std::string t, rank, name, restart, step;
-    while (in >> t >> rank >> name >> restart >> step) {
-      if (name == "step" && std::stoi(step) >= 3) ranks.insert(rank);
-    }
-    return ranks.size() == 4;
-  };
-  while (!steps_done() && SecondsSince(t0) < 120) SleepMs(50);
-  REQUIRE(steps_done());
+  while (!AllRanksPast(out, 0, 3) && SecondsSince(t0) < 120) SleepMs(50);
+  REQUIRE(AllRanksPast(out, 0, 3));
   REQUIRE(::kill(nodes[1]->pid, SIGKILL) == 0);
   const int rc = h.Wait(*nodes[0], 240);
   const std::string console = nodes[0]->Out() + nodes[0]->Err();
@@ -303,4 +337,31 @@ TEST_CASE(
                                               "ms: .*\\(in place: ")));
   (void)h.Wait(*nodes[1], 10);
   h.StopDaemon(*daemon);
+}
+
+TEST_CASE(
+    "inplace: fn returning normally while its group is broken is run again after the re-form; "
+    "an intact return ends run() with fn's result",
+    "[e2e][inplace]") {
+  // The wrapper alone (no torch): tests/fixtures/inprocess_return.py plays
+  // the agent's side of the control block on a real memfd.
+  Harness h;
+  const std::string fixture =
+      std::string(DDPRUN_SOURCE_DIR) + "/tests/fixtures/inprocess_return.py";
+  for (const std::string mode : {"broken", "intact"}) {
+    Proc& p = h.Start("return_" + mode, {"python3", fixture},
+                      {{"MODE", mode}, {"PYTHONPATH", kPythonDir}});
+    const int rc = h.Wait(p, 60);
+    INFO(mode << ":\n" << p.Out() << p.Err());
+    CHECK(rc == 0);
+    if (mode == "broken") {
+      CHECK_THAT(p.Out(), Catch::Contains("calls=2 result=call2 rank=5"));
+      CHECK_THAT(p.Err(), Catch::Contains("rank 0: fn returned while a peer had failed; re-forming "
+                                          "in place to run it again with the job"));
+      CHECK_THAT(p.Err(), Catch::Contains("rank 5 re-formed in place into round 1"));
+    } else {
+      CHECK_THAT(p.Out(), Catch::Contains("calls=1 result=call1 rank=0"));
+      CHECK(p.Err().find("re-forming") == std::string::npos);
+    }
+  }
 }

@@ -256,6 +256,7 @@ class InProcessSession final : public RendezvousSession {
     spec.policy.max_restarts = o.policy.max_restarts;
     spec.policy.join_timeout_s = o.policy.join_timeout_s;
     spec.policy.last_call_timeout_s = o.policy.last_call_timeout_s;
+    spec.policy.restart_policy = o.policy.restart_policy;
     spec.command = absl::StrJoin(o.command, " ");
     std::vector<rendezvous::Delivery> out;
     auto id = job_.Join(spec, &out);

@@ -10,6 +10,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <functional>
 #include <string>
 
 #include "agent_fakes.h"
@@ -79,9 +80,11 @@ struct Result {
   std::string err;
 };
 
-Result RunAgent(SimWorld& world, AgentOptions o) {
+Result RunAgent(SimWorld& world, AgentOptions o,
+                const std::function<void(InProcessSession&)>& setup = {}) {
   BlockAgentSignals();
   auto session = std::make_unique<InProcessSession>(o.job_id, world.clock, world.queue);
+  if (setup) setup(*session);
   CaptureStderr cap;
   int rc;
   {
@@ -225,6 +228,122 @@ TEST_CASE(
   CHECK_THAT(r.err, Catch::Contains("in place: worker rank 0 exited with exit code 1 before it "
                                     "re-formed into this round"));
   CHECK_THAT(r.err, !Catch::Contains("superseded"));
+}
+
+// Issue 29: a survivor on this node that exits (an uncaught PeerLostError,
+// a collective that failed) before its agent has heard of the failure that
+// caused it (here: the other node lost 5 ms later, the rendezvous' restart
+// still on its way) belongs to that failure's recovery. Before, the agent
+// reported it as a failure of its own: the lost node's re-form (which spends
+// no restart) became "restart 1 of 1", and the job's one genuine failure
+// later found the budget spent.
+TEST_CASE(
+    "Agent inplace: a registered survivor that exits before the rendezvous' restart reaches its "
+    "agent is folded into that recovery and spends no restart",
+    "[unit][agent][inplace]") {
+  SimWorld world;
+  AgentOptions o = Options(1);
+  o.min_nodes = 1;
+  o.max_nodes = 2;
+  o.policy.last_call_timeout_s = 1;
+  o.policy.max_restarts = 1;
+  std::string phantom;
+  world.script = [&](int index, int, int) -> absl::StatusOr<Behaviour> {
+    if (index == 0) {
+      auto block = std::make_shared<WorkerBlock>(world.rec.spawns[0]);
+      world.queue.After(milliseconds(10), [block] { block->Register(100000); });
+      return ExitsAfter(1000, 1);  // its peer on the other node is gone
+    }
+    if (index == 1) {  // the next round: a failure of its own (killed)
+      return Behaviour{milliseconds(500), ExitStatus{0, SIGKILL}, false};
+    }
+    return ExitsAfter(100, 0);
+  };
+  auto r = RunAgent(world, o, [&](InProcessSession& s) {
+    phantom = s.PhantomJoin(o, "10.0.0.9");
+    // The other node's agent is lost 5 ms after this node's worker exited.
+    world.queue.After(milliseconds(1005), [&s, &phantom] { s.PhantomLost(phantom); });
+  });
+  INFO(r.err);
+  CHECK(r.rc == kExitSuccess);
+  REQUIRE(world.rec.spawns.size() == 3);
+  // The lost node's re-form spent nothing; the kill spent the one restart.
+  CHECK(world.rec.spawns[1].env.at("TORCHELASTIC_RESTART_COUNT") == "0");
+  CHECK(world.rec.spawns[2].env.at("TORCHELASTIC_RESTART_COUNT") == "1");
+  // Worker rank 1: this node was node 1 of 2 in round 0.
+  CHECK_THAT(r.err, Catch::Contains("in place: worker rank 1 exited with exit code 1 as the job "
+                                    "restarts (agent " +
+                                    phantom + " was lost); it is part of that recovery"));
+  CHECK_THAT(r.err,
+             Catch::Contains("recovery from round 0 (in place: agent " + phantom + " was lost)"));
+  CHECK_THAT(r.err, !Catch::Contains("worker rank 1 (local rank 0) on 127.0.0.1 exited with exit "
+                                     "code 1"));  // never reported as a failure
+}
+
+// The other side of the same rule: a registered worker's exit that no
+// restart follows within the window is this node's failure, reported then.
+TEST_CASE(
+    "Agent inplace: a registered worker's own failed exit is reported once no restart comes "
+    "within the window",
+    "[unit][agent][inplace]") {
+  SimWorld world;
+  AgentOptions o = Options(1);
+  o.min_nodes = 1;
+  o.max_nodes = 2;
+  o.policy.last_call_timeout_s = 1;
+  world.script = [&](int index, int, int) -> absl::StatusOr<Behaviour> {
+    if (index == 0) {
+      auto block = std::make_shared<WorkerBlock>(world.rec.spawns[0]);
+      world.queue.After(milliseconds(10), [block] { block->Register(100000); });
+      return ExitsAfter(1000, 1);
+    }
+    return ExitsAfter(100, 0);
+  };
+  // The other node never re-joins: the elastic job goes on without it.
+  auto r = RunAgent(world, o, [&](InProcessSession& s) { s.PhantomJoin(o, "10.0.0.9"); });
+  INFO(r.err);
+  REQUIRE(world.rec.spawns.size() >= 2);
+  CHECK(world.rec.spawns[1].env.at("TORCHELASTIC_RESTART_COUNT") == "1");
+  CHECK_THAT(r.err, Catch::Contains("restarting in place: worker failure on"));
+}
+
+// Issue 29: a node whose worker failed, when a hot spare takes its seat,
+// becomes the spare itself. Its recovery record used to stay open until the
+// job's end and then say "saw no first step"; it ends when the node finds
+// the job running without it, and says why. The survivor it kept is stopped.
+TEST_CASE(
+    "Agent inplace: a node that becomes the hot spare ends its recovery record saying so and "
+    "stops the survivors it kept",
+    "[unit][agent][inplace]") {
+  SimWorld world;
+  AgentOptions o = Options(2);
+  o.min_nodes = o.max_nodes = 2;
+  world.script = [&](int index, int local, int) -> absl::StatusOr<Behaviour> {
+    if (index == 0) {
+      auto block = std::make_shared<WorkerBlock>(world.rec.spawns[0]);
+      world.queue.After(milliseconds(10), [block] { block->Register(100000); });
+      return Runs();
+    }
+    return local == 1 ? ExitsAfter(500, 3) : Runs();
+  };
+  std::string other;
+  auto r = RunAgent(world, o, [&](InProcessSession& s) {
+    other = s.PhantomJoin(o, "10.0.0.8");
+    // A hot spare joins the running job; the other node re-joins after the
+    // failure, and the spare takes this node's seat.
+    world.queue.After(milliseconds(100), [&s, &o] { s.PhantomJoin(o, "10.0.0.9"); });
+    world.queue.After(milliseconds(600), [&s, &o] { s.PhantomJoin(o, "10.0.0.8"); });
+  });
+  INFO(r.err);
+  CHECK(r.rc == kExitRendezvousError);  // a spare until the join timeout
+  CHECK(world.rec.signals[0] == std::vector<int>{SIGTERM});
+  CHECK_THAT(r.err, Catch::Contains(
+                        "recovery from round 0 (in place: worker rank 3 exited with exit code 3) "
+                        "ended: this node became the hot spare, the job runs on without it: "
+                        "detected +0, stopped +0\n"));
+  CHECK_THAT(r.err, Catch::Contains("without this node (it is a spare now); stopping the workers "
+                                    "it kept"));
+  CHECK_THAT(r.err, !Catch::Contains("saw no first step"));
 }
 
 TEST_CASE("InplaceBlocks: spawn, register, break, publish, ack", "[unit][agent][inplace]") {

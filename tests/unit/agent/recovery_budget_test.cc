@@ -130,6 +130,17 @@ TEST_CASE(
     CHECK(t.records().back().stopped_ms == 4);
     CHECK(t.records().back().outcome == "pending");
   }
+  SECTION("the node becoming the hot spare closes it as spare, not as no first step") {
+    auto r = t.BecameSpare();
+    REQUIRE(r);
+    CHECK(r->outcome == "spare");
+    CHECK(FormatRecovery("j", *r) ==
+          "[job j round 2] recovery from round 1 (worker rank 0 exited with exit code 1) ended: "
+          "this node became the hot spare, the job runs on without it: detected +0, stopped +10, "
+          "round +10, started +20");
+    CHECK_FALSE(t.Finish());
+    CHECK_FALSE(t.BecameSpare());
+  }
   SECTION("the job's end closes it as no first step") {
     auto r = t.Finish();
     REQUIRE(r);

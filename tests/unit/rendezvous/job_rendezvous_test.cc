@@ -3,6 +3,7 @@
 
 #include <catch2/catch.hpp>
 #include <map>
+#include <set>
 
 namespace ddprun::rendezvous {
 namespace {
@@ -506,6 +507,77 @@ TEST_CASE("a survivor keeps its group rank; the promoted spare takes the free se
   for (auto& [id, x] : as) by[id] = x;
   CHECK(by[spare].group_rank == 1);
   CHECK(by[fresh].group_rank == 0);
+}
+
+// Issue 29 (found with --restart_policy=inplace): nodes started with
+// --node_rank keep their seats too. Before, requested ranks re-sorted every
+// round: node 0 lost, the survivor (which asked for 1) sorted before the
+// promoted spare (which asked for none) and moved to seat 0, so its RANKs
+// changed under the checkpoint memory its agent held, and the job resumed
+// from nothing.
+TEST_CASE(
+    "with requested node ranks, a survivor keeps its seat; the promoted spare takes the "
+    "free one",
+    "[unit]") {
+  Fixture f;
+  auto s0 = Spec("h1", 1);
+  s0.requested_rank = 0;
+  auto s1 = Spec("h2", 2);
+  s1.requested_rank = 1;
+  auto a = f.Join(s0);
+  auto b = f.Join(s1);
+  auto spare = f.Join(Spec("h3", 3));
+  f.out.clear();
+  f.job.NodeLost(a, &f.out);  // seat 0
+  f.out.clear();
+  f.Join(s1);
+  auto as = Of<Assignment>(f.out);
+  REQUIRE(as.size() == 2);
+  std::map<std::string, Assignment> by;
+  for (auto& [id, x] : as) by[id] = x;
+  CHECK(by[b].group_rank == 1);
+  CHECK(by[b].base_rank == 4);
+  CHECK(by[spare].group_rank == 0);
+  CHECK(by[spare].master_addr == "h3");
+  // A newcomer that asks for the free seat gets it: a new agent at the
+  // lost node's address with its --node_rank.
+  f.out.clear();
+  f.job.NodeLost(spare, &f.out);
+  auto again = Spec("h1", 5);
+  again.requested_rank = 0;
+  auto fresh = f.Join(again);
+  f.Join(s1);
+  as = Of<Assignment>(f.out);
+  REQUIRE(as.size() == 2);
+  by.clear();
+  for (auto& [id, x] : as) by[id] = x;
+  CHECK(by[b].group_rank == 1);
+  CHECK(by[fresh].group_rank == 0);
+}
+
+// Found by chaos_sdk_spare on a loaded machine: b's worker died of a's
+// death (a shared-memory peer) and b reported it before a's agent was seen
+// lost. The spare s took b's seat, the seat held for a stayed held, and b,
+// re-joining into a full round, waited as a spare. Then a was lost: its seat
+// was freed but nobody was promoted into it, so the round waited for the
+// join timeout with one member and a spare.
+TEST_CASE("a node lost while the round gathers frees its seat for a waiting spare", "[unit]") {
+  Fixture f;
+  auto a = f.Join(Spec("h1", 1));
+  auto b = f.Join(Spec("h2", 2));
+  auto s = f.Join(Spec("h3", 3));
+  f.out.clear();
+  REQUIRE(f.job.Report(b, 0, Outcome::kFailed, {}, &f.out).ok());  // s takes b's seat
+  f.Join(Spec("h2", 2));  // b is back: the seats are s's and a's; b waits as a spare
+  CHECK(Of<Assignment>(f.out).empty());
+  f.out.clear();
+  f.job.NodeLost(a, &f.out);
+  auto as = Of<Assignment>(f.out);
+  REQUIRE(as.size() == 2);
+  std::set<std::string> ids;
+  for (auto& [id, x] : as) ids.insert(id);
+  CHECK(ids == std::set<std::string>{b, s});
+  CHECK(f.job.state() == JobRendezvous::State::kRunning);
 }
 
 TEST_CASE("a worker failure with a spare: the survivor keeps its seat, the spare takes the other",

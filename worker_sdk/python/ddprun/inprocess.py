@@ -39,6 +39,14 @@ DDPRUN_INPLACE_BREAK_WAIT seconds (default 5) of it; anything else
 propagates, and the process exits non-zero as without run(). Outside ddprun,
 or under --restart_policy=job (no DDPRUN_INPLACE_FD), run(fn) calls fn()
 once.
+
+fn returning normally ends run() with its result, unless the agent broke the
+block while fn ran (a peer failed before fn's end, e.g. after the last
+collective both completed): then the job restarts every rank from its
+newest checkpoint, as torchrun restarts finished ranks with the others, and
+run() re-forms and calls fn() again here, returning that call's result. A
+peer that fails after fn returned finds this process gone; the agent starts
+it again as a process.
 """
 import ctypes
 import mmap
@@ -249,7 +257,8 @@ def _wait_ready(block):
 def run(fn, *args, **kwargs):
     """Calls fn(*args, **kwargs) and returns its result; under
     --restart_policy=inplace calls it again in this process after each
-    failure of a peer (the module's docstring). Call it from the main thread."""
+    failure of a peer, also one that broke the group while fn ran and
+    returned (the module's docstring). Call it from the main thread."""
     text = os.environ.get(_ENV_FD, "")
     if not text:
         return fn(*args, **kwargs)
@@ -262,9 +271,20 @@ def run(fn, *args, **kwargs):
         try:
             watchdog.arm(generation)
             try:
-                return fn(*args, **kwargs)
+                result = fn(*args, **kwargs)
             finally:
                 watchdog.disarm()
+            if not block.broken_since(generation):
+                return result
+            result = None  # it may hold the broken group (a DDP module)
+            # fn returned, but a peer failed while it ran (its last
+            # collectives completed first, or the watchdog's exception had
+            # not reached it yet): the job restarts every rank from the
+            # newest checkpoint, as torchrun would; this one in its process.
+            failed_at = time.monotonic()
+            sys.stderr.write("ddprun.inprocess: %s rank %s: fn returned while a peer had failed; "
+                             "re-forming in place to run it again with the job\n"
+                             % (_fence(), os.environ.get("RANK", "?")))
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as e:

@@ -7,7 +7,8 @@
 //
 // Each phase is timed once, in milliseconds from Failure. A Failure while a
 // record is open (a second failure during recovery) closes it as
-// "superseded" and opens a new one; Finish (the job's end) closes an open
+// "superseded" and opens a new one; BecameSpare (the job runs on without
+// this node) closes it as "spare"; Finish (the job's end) closes an open
 // record as "no first step". A phase reported with no record open (the first
 // round) is ignored. Not thread-safe: the agent's main thread owns it.
 #pragma once
@@ -46,6 +47,10 @@ class RecoveryTracker {
   // A local rank of the new round completed a step: the record closes as
   // "recovered" and is returned (nullopt when none waits for a step).
   std::optional<rendezvous::RecoveryBudget> FirstStep();
+  // The job runs on without this node (it became the hot spare): an open
+  // record closes as "spare" and is returned. Its workers have no seat, so
+  // no first step comes; the job's budget is that of the nodes that run it.
+  std::optional<rendezvous::RecoveryBudget> BecameSpare();
   // The job ends: an open record closes as "no first step" and is returned.
   std::optional<rendezvous::RecoveryBudget> Finish();
 

@@ -163,6 +163,9 @@ class JobRendezvous {
   // failed_node and a hot spare waiting, the spare takes the failed seat.
   void OpenNextRound(const std::string& reason, bool counts_as_failure, std::vector<Delivery>* out,
                      const std::string& failed_node = "");
+  // Moves spares into the seats neither taken nor held for a returning
+  // member (up to max_nodes); true when it moved one.
+  bool PromoteSpares();
   // Completes the gathering round if its conditions hold (or arms the last call).
   void MaybeComplete(std::vector<Delivery>* out);
   // A running member left or was lost: the rest re-rendezvous without it.
