@@ -124,6 +124,19 @@ def _become(sections, fds, held, sock_fd):
         runpy.run_path(rest[0], run_name="__main__")
 
 
+def _run(sections, fds, held, sock_fd):
+    try:
+        _become(sections, fds, held, sock_fd)
+    except Exception as e:
+        # As Python would print it for a cold start: from the script's first
+        # frame on, without this program's and runpy's.
+        tb = e.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename in ("<string>", "<frozen runpy>"):
+            tb = tb.tb_next
+        sys.excepthook(type(e), e.with_traceback(tb), tb)
+        raise SystemExit(1)
+
+
 def _main():
     import socket
     sock_fd = int(sys.argv[1])
@@ -132,11 +145,14 @@ def _main():
     sock = socket.socket(fileno=sock_fd)
     sock.set_inheritable(False)
     failed = _imports(modules)
-    sock.sendall(b"R" + ",".join(failed).encode(errors="replace") + b"\n")
+    try:
+        sock.sendall(b"R" + ",".join(failed).encode(errors="replace") + b"\n")
+    except OSError:
+        pass  # the agent handed a rank over before the imports were done, and closed its end
     sections, fds = _receive(sock)
     sock.detach()
     del sock
-    _become(sections, fds, held, sock_fd)
+    _run(sections, fds, held, sock_fd)
 
 
 _main()

@@ -29,8 +29,8 @@ constexpr std::chrono::seconds kReapTimeout{5};
 // or at import: a standby started with other values than the rank's would
 // not be what a cold start of the rank is.
 bool ReadAtStart(const std::string& name) {
-  for (const char* prefix : {"PYTHON", "LD_", "OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "LC_",
-                             "MALLOC_"}) {
+  for (const char* prefix :
+       {"PYTHON", "LD_", "OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "LC_", "MALLOC_"}) {
     if (absl::StartsWith(name, prefix)) return true;
   }
   return name == "LANG" || name == "TMPDIR" || name == "GLIBC_TUNABLES";
@@ -53,13 +53,14 @@ void CloseFd(int& fd) {
 // give it (boost_process_launcher.cc): the caller's pipe, else the log file
 // opened for appending, else the agent's own.
 absl::StatusOr<int> OutputFd(int given, const std::string& path, int own) {
-  const int fd = given >= 0           ? ::fcntl(given, F_DUPFD_CLOEXEC, 3)
-                 : !path.empty()      ? ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)
-                                      : ::fcntl(own, F_DUPFD_CLOEXEC, 3);
+  const int fd = given >= 0 ? ::fcntl(given, F_DUPFD_CLOEXEC, 3)
+                 : !path.empty()
+                     ? ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)
+                     : ::fcntl(own, F_DUPFD_CLOEXEC, 3);
   if (fd < 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot open the worker's output", path.empty() ? "" : absl::StrCat(" '", path, "'"), ": ",
-        std::strerror(errno)));
+    return absl::UnavailableError(absl::StrCat("cannot open the worker's output",
+                                               path.empty() ? "" : absl::StrCat(" '", path, "'"),
+                                               ": ", std::strerror(errno)));
   }
   return fd;
 }
@@ -90,8 +91,13 @@ absl::Status WarmStandby::Start(const SpawnSpec& like, const std::set<int>& rese
     return absl::UnavailableError(absl::StrCat("socketpair: ", std::strerror(errno)));
   }
   SpawnSpec spec;
-  spec.argv = {like.argv[0], "-u", "-c", kWarmBootstrap, std::to_string(fds[1]),
-               absl::StrJoin(reserved, ","), modules_};
+  spec.argv = {like.argv[0],
+               "-u",
+               "-c",
+               kWarmBootstrap,
+               std::to_string(fds[1]),
+               absl::StrJoin(reserved, ","),
+               modules_};
   spec.env = like.env;
   // Not a rank's: no rank's metrics channel, stack file, checkpoint memory
   // or control block (the start-up hook stays off until it has a rank).
@@ -211,8 +217,8 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> WarmStandby::Activate(const SpawnS
   AddSection(&body, "cpus", cpus);
   AddSection(&body, "fds", targets);
   const std::uint32_t n = static_cast<std::uint32_t>(body.size());
-  std::string msg{static_cast<char>(n >> 24), static_cast<char>(n >> 16),
-                  static_cast<char>(n >> 8), static_cast<char>(n)};
+  std::string msg{static_cast<char>(n >> 24), static_cast<char>(n >> 16), static_cast<char>(n >> 8),
+                  static_cast<char>(n)};
   msg += body;
 
   // The descriptors ride on the first byte; the rest follows on the stream.
@@ -238,8 +244,8 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> WarmStandby::Activate(const SpawnS
                                 : ::send(sock_, msg.data() + sent, msg.size() - sent, MSG_NOSIGNAL);
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) {
-      st = absl::UnavailableError(absl::StrCat("cannot hand the rank to the warm standby: ",
-                                               std::strerror(errno)));
+      st = absl::UnavailableError(
+          absl::StrCat("cannot hand the rank to the warm standby: ", std::strerror(errno)));
       break;
     }
     sent += static_cast<std::size_t>(w);

@@ -85,7 +85,7 @@ class WarmStandby {
   std::string line_;
   bool ready_ = false;
   int failures_ = 0;
-  std::vector<std::string> interpreter_;  // argv[0], "-u"
+  std::vector<std::string> interpreter_;            // argv[0], "-u"
   std::map<std::string, std::string> startup_env_;  // the variables Mismatch compares
   std::set<int> reserved_;
 };
