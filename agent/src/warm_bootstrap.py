@@ -77,6 +77,25 @@ def _receive(sock):
     return sections, list(fds)
 
 
+def _show_environ(items):
+    """Writes the rank's environment over the one the standby was started
+    with, in the area the kernel shows as /proc/<pid>/environ (as
+    setproctitle does for the command line), so that tools reading it see
+    the rank's, as for a cold start. The agent's DDPRUN_WARM_ROOM made room;
+    nothing refers to the old strings once os.environ was replaced."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[47]), int(fields[48])  # env_start, env_end: fields 50 and 51
+        data = b"".join(item + b"\0" for item in items)
+        if not 0 < len(data) <= end - start:
+            return
+        import ctypes
+        ctypes.memmove(start, data + b"\0" * (end - start - len(data)), end - start)
+    except Exception:
+        pass  # only what other processes read changes
+
+
 def _become(sections, fds, held, sock_fd):
     # Output first: whatever the rank prints goes where a cold start's would.
     sys.stdout.flush()
@@ -102,6 +121,7 @@ def _become(sections, fds, held, sock_fd):
     for item in sections["env"]:
         key, _, value = item.partition(b"=")
         os.environb[key] = value
+    _show_environ(sections["env"])
     argv = [os.fsdecode(a) for a in sections["argv"]]
     # ddprun's start-up hook (ddprun_hook/sitecustomize.py) found no metrics
     # file at the standby's start; with the rank's it installs now, and

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -24,6 +25,9 @@ namespace {
 constexpr char kMagic[] = "ddprun-warm-1";
 // After SIGKILL, how long Stop() waits for the kernel to reap the standby.
 constexpr std::chrono::seconds kReapTimeout{5};
+// The most room the standby's environment keeps for a rank's (one string
+// under the kernel's MAX_ARG_STRLEN, 128 KiB).
+constexpr std::size_t kMaxRoom = 120 * 1024;
 
 // Variables the interpreter or the libraries it loads read once, at start
 // or at import: a standby started with other values than the rank's would
@@ -105,6 +109,15 @@ absl::Status WarmStandby::Start(const SpawnSpec& like, const std::set<int>& rese
   spec.env.erase(kEnvStackFile);
   RemoveCheckpointEnv(&spec.env);
   RemoveInplaceEnv(&spec.env);
+  // No rank either: a tool that reads /proc/<pid>/environ must not take the
+  // standby for local rank 0's worker.
+  for (const char* name : {"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK"}) spec.env.erase(name);
+  // Room for the rank's environment in the area the kernel shows as
+  // /proc/<pid>/environ (the bootstrap writes the rank's there): as large
+  // again as the environment, within one string's limit (MAX_ARG_STRLEN).
+  std::size_t bytes = 0;
+  for (const auto& [k, v] : like.env) bytes += k.size() + v.size() + 2;
+  spec.env[kEnvWarmRoom] = std::string(std::min<std::size_t>(bytes + 1024, kMaxRoom), '.');
   spec.stdout_path = "/dev/null";
   spec.stderr_path = "/dev/null";
   spec.inherit_fds = {fds[1]};

@@ -180,7 +180,8 @@ TEST_CASE(
 
 TEST_CASE(
     "inplace: a warm replacement starts with what a cold one does: environment, argv, sys.path, "
-    "__main__, its own process group, the inherited descriptors, the start-up hook",
+    "__main__, its own process group, /proc/<pid>/environ, the inherited descriptors, the start-up "
+    "hook",
     "[e2e][inplace]") {
   if (!TorchAvailable()) return SkipCase("e2e", kPython + " cannot import torch");
   Harness h;
@@ -192,6 +193,7 @@ TEST_CASE(
   CHECK_THAT(warm.start_dump, Catch::Contains("env TORCHELASTIC_RESTART_COUNT=1\n"));
   CHECK_THAT(warm.start_dump, Catch::Contains("hook_counts_steps True\n"));
   CHECK_THAT(warm.start_dump, Catch::Contains("inherited DDPRUN_INPLACE_FD True\n"));
+  CHECK_THAT(warm.start_dump, Catch::Contains("proc_environ_is_os_environ True\n"));
   CHECK(warm.start_dump == cold.start_dump);
   CHECK(warm.params == cold.params);
 }

@@ -74,11 +74,13 @@ TEST_CASE("WarmStandby's own spawn holds no rank's descriptors, files or output"
   CHECK(s.inherit_fds == std::vector<int>{std::stoi(s.argv[4])});  // its socket, nothing else
   CHECK(s.argv[5] == "9,10,11,12");
   CHECK(s.argv[6] == "torch,numpy");
+  // No rank's: a tool reading /proc/<pid>/environ must not take it for a worker.
   for (const char* name : {"DDPRUN_METRICS_FILE", "DDPRUN_STACK_FILE", "DDPRUN_CKPT_FD",
-                           "DDPRUN_CKPT_STEPS", "DDPRUN_INPLACE_FD"}) {
+                           "DDPRUN_CKPT_STEPS", "DDPRUN_INPLACE_FD", "RANK", "LOCAL_RANK"}) {
     CHECK(s.env.count(name) == 0);
   }
   CHECK(s.env.at("PYTHONPATH") == "/hook:/job");
+  CHECK(s.env.at(kEnvWarmRoom).size() > 1024);  // room for a rank's environment
   CHECK(s.stdout_path == "/dev/null");
   CHECK(s.stderr_path == "/dev/null");
   CHECK(standby.Alive());

@@ -33,6 +33,12 @@
 
 namespace ddprun::agent {
 
+// Filler in the standby's environment at exec, so that the area the kernel
+// shows as /proc/<pid>/environ can take a rank's environment once the
+// standby becomes that rank's worker (warm_bootstrap.py writes it there).
+// Never in a worker's os.environ.
+inline constexpr char kEnvWarmRoom[] = "DDPRUN_WARM_ROOM";
+
 class WarmStandby {
  public:
   using Logger = std::function<void(const std::string&)>;
