@@ -163,7 +163,9 @@ bool WarmStandby::Ready() {
   const std::size_t nl = line_.find('\n');
   if (nl == std::string::npos || line_.empty() || line_[0] != 'R') return false;
   ready_ = true;
-  if (nl > 1) {
+  // The default (torch) is skipped silently by interpreters without it; a
+  // module named with --warm_modules is said once.
+  if (nl > 1 && modules_ != kDefaultWarmModules) {
     log_(absl::StrCat("warm standby (pid ", pid(), "): could not import ", line_.substr(1, nl - 1),
                       "; replacements import it themselves (check --warm_modules)"));
   }

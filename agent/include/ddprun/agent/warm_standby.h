@@ -64,7 +64,8 @@ class WarmStandby {
   // Whether a standby process is alive (reaps one that exited, with a line).
   bool Alive();
   // Whether its imports are done (reads its line; says once which modules
-  // it could not import).
+  // it could not import, unless they are the default's: an interpreter
+  // without torch simply has nothing to import ahead).
   bool Ready();
   pid_t pid() const;
   // How many standbys exited before they were used (each said on the console).
