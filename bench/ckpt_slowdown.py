@@ -14,6 +14,10 @@ works in the background; the worker does not wait for it:
             each, --ckpt_replicas 1: each agent sends its node's snapshot to
             the other; the work ends when both say they hold the other's
             replica of that step (DDPRUN_DEBUG=agent, read as it is written).
+            save returns only once its replica is acknowledged, so the
+            transfer is inside save; the job runs again with
+            DDPRUN_CKPT_REPLICA_WAIT=0 (the asynchronous replica) to compare.
+            Each row also gives how long save itself blocked (median).
 
 Each step's start and duration are logged by the worker. Two warm-up saves
 come first (the first save into each slot allocates its pages: the worker's
@@ -69,13 +73,14 @@ steps, saved = [], []
 for step in (0, 1):
     t = time.time()
     ckpt.save(state, step)
-    saved.append((step, time.time(), t))
+    saved.append((step, time.time(), t, time.time() - t))
 for n in range((saves + 1) * every):
     t = time.time()
     work()
     if n % every == every - 1 and len(saved) < saves + 2:
+        t_save = time.time()
         ckpt.save(state, len(saved))
-        saved.append((len(saved), time.time(), t))
+        saved.append((len(saved), time.time(), t, time.time() - t_save))
         steps.append((t, time.time() - t, True))   # holds a save: neither kind
     else:
         steps.append((t, time.time() - t, False))
@@ -135,7 +140,7 @@ def classify(results, ends):
     is neither kind."""
     first, last = {}, {}
     for r in results:
-        for step, t_end, t_begin in r["saved"]:
+        for step, t_end, t_begin, _ in r["saved"]:
             first[step] = min(first.get(step, t_begin), t_begin)
             last[step] = max(last.get(step, t_end), t_end)
     windows = [(last[s], ends[s]) for s in last if s in ends and s >= 2]
@@ -151,7 +156,9 @@ def classify(results, ends):
                 during.append(dt)
             else:
                 without.append(dt)
-    return during, without, [e - b for b, e in windows]
+    # How long save() itself blocked, past the warm-up saves.
+    blocked = [secs for r in results for step, _, _, secs in r["saved"] if step >= 2]
+    return during, without, [e - b for b, e in windows], blocked
 
 
 def run_job(name, cmds, env, out, watch):
@@ -232,8 +239,18 @@ def main():
                 for step in set(per[0]) & set(per[1]):
                     ends.setdefault(step, max(per[0][step], per[1][step]))
 
-            rows.append(("replica (--ckpt_replicas 1, 2 nodes)",) + run_job(
-                "replica", cmds, renv, out, watch))
+            rows.append(("replica (--ckpt_replicas 1, 2 nodes; save waits for its replica)",) +
+                        run_job("replica", cmds, renv, out, watch))
+            # The same without the wait (docs/checkpoint.md, "Replica lag"):
+            # the replica is asynchronous, as before the wait existed.
+            out = os.path.join(tmp, "replica_async")
+            os.mkdir(out)
+            wargs[1] = out
+            cmds = [c[:-len(wargs)] + wargs for c in cmds]
+            cmds = [[a.replace("slowdown", "slowdown2") for a in c] for c in cmds]
+            logs[:] = [os.path.join(out, "agent%d.log" % i) for i in (0, 1)]
+            rows.append(("replica, DDPRUN_CKPT_REPLICA_WAIT=0 (asynchronous)",) + run_job(
+                "replica_async", cmds, dict(renv, DDPRUN_CKPT_REPLICA_WAIT="0"), out, watch))
         finally:
             daemon.kill()
             daemon.wait()
@@ -241,19 +258,20 @@ def main():
           "%s of state per worker, "
           "saved every %d steps, %d saves" % (args.size, args.every, args.saves))
     print("load average: %s" % open("/proc/loadavg").read().split()[:3])
-    print("| background work | its duration (median) | steps during / without | median step during | "
-          "median step without | slowdown |")
-    print("|---|---|---|---|---|---|")
-    for name, during, without, windows in rows:
+    print("| background work | its duration (median) | save blocks (median) | steps during / "
+          "without | median step during | median step without | slowdown |")
+    print("|---|---|---|---|---|---|---|")
+    for name, during, without, windows, blocked in rows:
+        held = "%.3f s" % statistics.median(blocked) if blocked else "-"
         if not during or not without:
-            print("| %s | %s | %d / %d | - | - | (no steps to compare) |"
-                  % (name, "%.2f s" % statistics.median(windows) if windows else "-",
+            print("| %s | %s | %s | %d / %d | - | - | (no steps to compare) |"
+                  % (name, "%.2f s" % statistics.median(windows) if windows else "-", held,
                      len(during), len(without)))
             continue
         d, w = statistics.median(during), statistics.median(without)
-        print("| %s | %.2f s | %d / %d | %.1f ms | %.1f ms | %+.1f %% |"
-              % (name, statistics.median(windows), len(during), len(without), d * 1e3, w * 1e3,
-                 (d / w - 1) * 100))
+        print("| %s | %.2f s | %s | %d / %d | %.1f ms | %.1f ms | %+.1f %% |"
+              % (name, statistics.median(windows), held, len(during), len(without), d * 1e3,
+                 w * 1e3, (d / w - 1) * 100))
 
 
 if __name__ == "__main__":

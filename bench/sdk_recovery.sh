@@ -9,7 +9,10 @@
 #          agent's new round in the control block (state ready) to the new
 #          group formed (goal <= 100 ms), Reconfigure's formed_ms (DDPRUN_DEBUG=sdk);
 #          it includes waiting for the replacement process to reach ddp::Init;
-#   wait   the same survivors' wait for the agent's new round (waited_ms).
+#   wait   the same survivors' wait for the agent's new round (waited_ms);
+#   init   the first ddp::Init of round 0's workers: each rank's group
+#          bootstrap (ConnectBackend's "connected after", DDPRUN_DEBUG=sdk),
+#          which includes waiting for the last rank to start.
 # And, with the agent played by a test (tests/sdk/reform_sdk_test.cc: the
 # replacement is started first, the round published once it is in ddp::Init),
 # RUNS runs of both transports:
@@ -41,6 +44,8 @@ for shm in 1 0; do
       "$B/bin/ddprun" --nproc_per_node=4 --grace_period=20 "${policy[@]}" --no_python \
       "$B/bin/inplace_trainer" >>"$out/$name.log" 2>&1 || true
   done
+  echo "$name init:  $(grep 'round 0 rank [0-9]*\] group ddp/pg0/: connected after' "$out/$name.log" |
+    sed 's/.*connected after \([0-9.]*\) ms.*/\1/' | stats)"
   echo "$name lost:  $(grep -o 'lost_ms=[0-9.]*' "$out/$name.log" | cut -d= -f2 | stats)"
   if [[ ${#policy[@]} -gt 0 ]]; then
     echo "$name form:  $(grep -o 'formed_ms=[0-9.]*' "$out/$name.log" | cut -d= -f2 | stats)"

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <set>
@@ -63,6 +64,7 @@ CheckpointMemory::CheckpointMemory(std::uint64_t limit_bytes)
     : limit_(limit_bytes), capacity_((limit_bytes + kPage - 1) / kPage * kPage) {}
 
 CheckpointMemory::~CheckpointMemory() {
+  for (void* h : headers_) ::munmap(h, layout::kHeaderBytes);
   for (int fd : fds_) ::close(fd);
 }
 
@@ -97,7 +99,11 @@ absl::Status CheckpointMemory::Ensure(int local_ranks) {
     if (::fcntl(fd, F_ADD_SEALS, F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) != 0) {
       return fail("sealing", fd);
     }
+    void* h = ::mmap(nullptr, layout::kHeaderBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (h == MAP_FAILED) return fail("mapping the header", fd);
     fds_.push_back(fd);
+    headers_.push_back(h);
+    epochs_.push_back(0);
   }
   return absl::OkStatus();
 }
@@ -201,39 +207,69 @@ absl::StatusOr<std::string> CheckpointMemory::ReadCommitted(int local_rank,
 
 absl::Status CheckpointMemory::Seed(int local_rank, std::int64_t step, int rank, int world_size,
                                     const std::string& bytes) {
-  const int f = fd(local_rank);
-  if (f < 0)
-    return absl::InvalidArgumentError(absl::StrCat("no memory for local rank ", local_rank));
   if (bytes.size() > limit_) {
     return absl::ResourceExhaustedError(absl::StrCat("the snapshot of step ", step, " needs ",
                                                      bytes.size(),
                                                      " bytes, more than --ckpt_shm_limit (", limit_,
                                                      " bytes per worker); raise --ckpt_shm_limit"));
   }
-  Clear(local_rank);  // first, so a failure below leaves nothing loadable
-  unsigned char rec[layout::kSlotRecordBytes] = {};
-  if (!PwriteAll(f, bytes.data(), bytes.size(),
-                 static_cast<off_t>(layout::SlotDataOffset(0, capacity_)))) {
-    return absl::ResourceExhaustedError(absl::StrCat("writing the checkpoint memory of local rank ",
-                                                     local_rank, ": ", std::strerror(errno)));
+  auto slot = BeginSeed(local_rank, bytes.size());
+  if (!slot.ok()) return slot.status();
+  const std::uint32_t crc = checkpoint_checksum::CopyCrc32c(
+      0, slot->data(), bytes.data(), bytes.size(), checkpoint_checksum::DefaultCopyThreads());
+  return slot->Commit(step, rank, world_size, crc, layout::kChecksumCrc32c);
+}
+
+absl::StatusOr<CheckpointMemory::SeedSlot> CheckpointMemory::BeginSeed(int local_rank,
+                                                                       std::uint64_t size) {
+  const int f = fd(local_rank);
+  if (f < 0)
+    return absl::InvalidArgumentError(absl::StrCat("no memory for local rank ", local_rank));
+  if (size > limit_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("a snapshot of ", size, " bytes is more than --ckpt_shm_limit (", limit_,
+                     " bytes per worker); raise "
+                     "--ckpt_shm_limit"));
   }
-  const std::uint32_t crc = checkpoint_checksum::Crc32c(0, bytes.data(), bytes.size());
-  const std::uint32_t kind = layout::kChecksumCrc32c;
+  Clear(local_rank);  // first, so a failure below leaves nothing loadable
+  if (size == 0) return SeedSlot(f, nullptr, 0);
+  const off_t at = static_cast<off_t>(layout::SlotDataOffset(0, capacity_));
+  auto fail = [&](const char* what) {
+    return absl::ResourceExhaustedError(absl::StrCat(what, " the checkpoint memory of local rank ",
+                                                     local_rank, ": ", std::strerror(errno)));
+  };
+  if (::fallocate(f, 0, at, static_cast<off_t>(size)) != 0) return fail("allocating");
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, f, at);
+  if (p == MAP_FAILED) return fail("mapping");
+  return SeedSlot(f, static_cast<char*>(p), size);
+}
+
+CheckpointMemory::SeedSlot::SeedSlot(SeedSlot&& o) noexcept
+    : fd_(o.fd_), data_(o.data_), size_(o.size_) {
+  o.data_ = nullptr;
+}
+
+CheckpointMemory::SeedSlot::~SeedSlot() {
+  if (data_ != nullptr) ::munmap(data_, size_);
+}
+
+absl::Status CheckpointMemory::SeedSlot::Commit(std::int64_t step, int rank, int world_size,
+                                                std::uint32_t crc, std::uint32_t checksum_kind) {
+  unsigned char rec[layout::kSlotRecordBytes] = {};
   const std::uint32_t state = layout::kSlotCommitted;
   const std::uint64_t generation = 1;
-  const std::uint64_t size = bytes.size();
   const std::int32_t r = rank, w = world_size;
   std::memcpy(rec + layout::kCrcOffset, &crc, sizeof crc);
   std::memcpy(rec + layout::kGenerationOffset, &generation, sizeof generation);
   std::memcpy(rec + layout::kStepOffset, &step, sizeof step);
-  std::memcpy(rec + layout::kSizeOffset, &size, sizeof size);
+  std::memcpy(rec + layout::kSizeOffset, &size_, sizeof size_);
   std::memcpy(rec + layout::kRankOffset, &r, sizeof r);
   std::memcpy(rec + layout::kWorldSizeOffset, &w, sizeof w);
-  std::memcpy(rec + layout::kChecksumKindOffset, &kind, sizeof kind);
+  std::memcpy(rec + layout::kChecksumKindOffset, &checksum_kind, sizeof checksum_kind);
   std::memcpy(rec + layout::kStateOffset, &state, sizeof state);
-  if (!PwriteAll(f, rec, sizeof rec, static_cast<off_t>(layout::SlotRecordOffset(0)))) {
-    return absl::InternalError(absl::StrCat("writing the checkpoint memory of local rank ",
-                                            local_rank, ": ", std::strerror(errno)));
+  if (!PwriteAll(fd_, rec, sizeof rec, static_cast<off_t>(layout::SlotRecordOffset(0)))) {
+    return absl::InternalError(
+        absl::StrCat("writing a checkpoint memory's record: ", std::strerror(errno)));
   }
   return absl::OkStatus();
 }
@@ -252,6 +288,47 @@ void CheckpointMemory::Clear(int local_rank) {
   for (int slot = 0; slot < layout::kSlots; ++slot) {
     (void)PwriteAll(f, rec, sizeof rec, static_cast<off_t>(layout::SlotRecordOffset(slot)));
   }
+  std::lock_guard<std::mutex> lock(mu_);
+  ++epochs_[static_cast<std::size_t>(local_rank)];
+  std::atomic_ref<std::uint64_t> word(*GateWord(local_rank));
+  if (word.load() != 0) word.store(1, std::memory_order_release);  // closed, nothing acknowledged
+}
+
+std::uint64_t* CheckpointMemory::GateWord(int local_rank) const {
+  return reinterpret_cast<std::uint64_t*>(
+      static_cast<unsigned char*>(headers_[static_cast<std::size_t>(local_rank)]) +
+      layout::kReplicaGateOffset);
+}
+
+std::uint64_t CheckpointMemory::epoch(int local_rank) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (local_rank < 0 || local_rank >= static_cast<int>(epochs_.size())) return 0;
+  return epochs_[static_cast<std::size_t>(local_rank)];
+}
+
+void CheckpointMemory::SetReplicaGate(int local_rank, bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (local_rank < 0 || local_rank >= static_cast<int>(headers_.size())) return;
+  std::atomic_ref<std::uint64_t>(*GateWord(local_rank))
+      .store(on ? 1 : 0, std::memory_order_release);
+}
+
+bool CheckpointMemory::SetReplicaAcked(int local_rank, std::uint64_t epoch,
+                                       std::uint64_t generation) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (local_rank < 0 || local_rank >= static_cast<int>(headers_.size()) ||
+      epochs_[static_cast<std::size_t>(local_rank)] != epoch) {
+    return false;
+  }
+  std::atomic_ref<std::uint64_t>(*GateWord(local_rank))
+      .store(generation + 1, std::memory_order_release);
+  return true;
+}
+
+std::uint64_t CheckpointMemory::ReplicaGate(int local_rank) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (local_rank < 0 || local_rank >= static_cast<int>(headers_.size())) return 0;
+  return std::atomic_ref<std::uint64_t>(*GateWord(local_rank)).load(std::memory_order_acquire);
 }
 
 void RemoveCheckpointEnv(std::map<std::string, std::string>* env) {

@@ -7,8 +7,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
+#include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "ddprun/agent/background_priority.h"
@@ -25,6 +28,10 @@ namespace {
 namespace net = ::ddprun::rendezvous::net;
 using replica::Header;
 using replica::Op;
+
+// Fetch receives and checksums a replica in pieces of this size (the
+// socket buffer's: one piece is checked while the next one arrives).
+constexpr std::uint64_t kFetchPiece = 4 << 20;
 
 // Socket buffers of kSocketBuffer bytes each way: a replica is one long
 // stream, and the defaults (~200 KiB on loopback) cost a wakeup per chunk.
@@ -73,8 +80,12 @@ std::string Ranks(const replica::Seat& s) {
 
 }  // namespace
 
-ReplicaService::ReplicaService(Options options, const CheckpointMemory* memory, LogFn log)
-    : options_(std::move(options)), memory_(memory), log_(std::move(log)) {}
+ReplicaService::ReplicaService(Options options, CheckpointMemory* memory, LogFn log)
+    : options_(std::move(options)), memory_(memory), log_(std::move(log)) {
+  if (const char* ms = std::getenv(checkpoint_layout::kEnvTestReplicaDelayMs); ms != nullptr) {
+    test_delay_ = std::chrono::milliseconds(std::strtol(ms, nullptr, 10));
+  }
+}
 
 ReplicaService::~ReplicaService() { Stop(); }
 
@@ -98,6 +109,7 @@ void ReplicaService::Stop() {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_ && conn_threads_.empty() && !accept_thread_.joinable()) return;
     stop_ = true;
+    SetGatesLocked(false);
     for (int fd : open_fds_) ::shutdown(fd, SHUT_RDWR);
     cv_.notify_all();
   }
@@ -122,6 +134,11 @@ void ReplicaService::SetRound(std::int64_t round, const std::string& token,
   std::lock_guard<std::mutex> lock(mu_);
   round_ = round;
   token_ = token;
+  // Closed with nothing acknowledged until the sender, on its next poll,
+  // restores what this successor acknowledged before (the same successor,
+  // the same memory contents) or sends it the newest step.
+  SetGatesLocked(!successor.empty());
+  reassert_ = !successor.empty();
   successor_ = successor;
   cv_.notify_all();
 }
@@ -129,6 +146,12 @@ void ReplicaService::SetRound(std::int64_t round, const std::string& token,
 void ReplicaService::ClearSuccessor() {
   std::lock_guard<std::mutex> lock(mu_);
   successor_.clear();
+  SetGatesLocked(false);
+}
+
+void ReplicaService::SetGatesLocked(bool closed) {
+  if (memory_ == nullptr) return;
+  for (int j = 0; j < memory_->size(); ++j) memory_->SetReplicaGate(j, closed);
 }
 
 void ReplicaService::LogLimited(const std::string& msg) {
@@ -337,6 +360,20 @@ absl::StatusOr<FetchedReplica> ReplicaService::Fetch(const std::string& endpoint
                                                      const replica::Seat& seat,
                                                      std::uint64_t limit_bytes,
                                                      Clock::time_point deadline) {
+  std::vector<std::string> bytes(static_cast<std::size_t>(std::max(seat.local_ranks, 0)));
+  auto out = Fetch(endpoint, job_id, token, round, seat, limit_bytes, deadline,
+                   [&](int j, std::uint64_t size) -> absl::StatusOr<char*> {
+                     bytes[static_cast<std::size_t>(j)].resize(size);
+                     return bytes[static_cast<std::size_t>(j)].data();
+                   });
+  if (out.ok()) out->bytes = std::move(bytes);
+  return out;
+}
+
+absl::StatusOr<FetchedReplica> ReplicaService::Fetch(
+    const std::string& endpoint, const std::string& job_id, const std::string& token,
+    std::int64_t round, const replica::Seat& seat, std::uint64_t limit_bytes,
+    Clock::time_point deadline, const FetchSink& sink) {
   auto fd = Dial(endpoint, deadline);
   if (!fd.ok()) return fd.status();
   Header get;
@@ -370,21 +407,30 @@ absl::StatusOr<FetchedReplica> ReplicaService::Fetch(const std::string& endpoint
   }
   FetchedReplica out;
   out.step = h->step;
+  out.sizes = h->sizes;
+  out.crcs = h->crcs;
+  out.kinds = h->kinds;
   for (int j = 0; j < seat.local_ranks; ++j) {
     const auto i = static_cast<std::size_t>(j);
-    std::string bytes(h->sizes[i], '\0');
-    if (absl::Status st = net::RecvExact(fd->get(), bytes.data(), bytes.size(), deadline);
-        !st.ok()) {
-      return st;
+    const std::uint64_t n = h->sizes[i];
+    absl::StatusOr<char*> dst = sink(j, n);
+    if (!dst.ok()) return dst.status();
+    // Received in pieces, each checksummed while it is still in the cache;
+    // the socket buffer keeps filling meanwhile.
+    std::uint32_t crc = 0;
+    for (std::uint64_t at = 0; at < n;) {
+      const std::uint64_t piece = std::min<std::uint64_t>(kFetchPiece, n - at);
+      if (absl::Status st = net::RecvExact(fd->get(), *dst + at, piece, deadline); !st.ok()) {
+        return st;
+      }
+      crc = checkpoint_checksum::SnapshotChecksumUpdate(h->kinds[i], crc, *dst + at, piece);
+      at += piece;
     }
-    const std::uint32_t crc =
-        checkpoint_checksum::SnapshotChecksum(h->kinds[i], bytes.data(), bytes.size());
     if (crc != h->crcs[i]) {
       return absl::DataLossError(absl::StrCat("the replica of step ", h->step, " of rank ",
                                               seat.base_rank + j, " from ", endpoint,
                                               " does not match its checksum"));
     }
-    out.bytes.push_back(std::move(bytes));
   }
   return out;
 }
@@ -427,17 +473,25 @@ void ReplicaService::SendLoop() {
 void ReplicaService::SendNewest() {
   std::int64_t round = 0;
   std::string token, successor;
+  bool reassert = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     round = round_;
     token = token_;
     successor = successor_;
+    reassert = std::exchange(reassert_, false);
   }
   const int n = memory_->size();
   if (successor.empty() || n == 0) return;
-  // The newest step every local rank committed, as one seat's ranks.
+  // The newest step every local rank committed, as one seat's ranks. Each
+  // memory's epoch is read first: an ack is not recorded over contents
+  // replaced meanwhile (CheckpointMemory::SetReplicaAcked).
+  std::vector<std::uint64_t> epochs(static_cast<std::size_t>(n));
   std::vector<std::vector<CommittedSnapshot>> committed(static_cast<std::size_t>(n));
-  for (int j = 0; j < n; ++j) committed[j] = memory_->Committed(j);
+  for (int j = 0; j < n; ++j) {
+    epochs[j] = memory_->epoch(j);
+    committed[j] = memory_->Committed(j);
+  }
   std::vector<CommittedSnapshot> pick;
   for (const CommittedSnapshot& s0 : committed[0]) {  // newest first
     pick.assign(1, s0);
@@ -453,11 +507,28 @@ void ReplicaService::SendNewest() {
   }
   if (pick.empty()) return;
   const std::int64_t step = pick[0].step;
-  if (successor == sent_to_ && (step == sent_step_.load() || step == refused_step_)) return;
   if (successor != sent_to_) {
     sent_step_ = -1;
     refused_step_ = -1;
+    acked_.clear();
   }
+  if (reassert && !acked_.empty()) {
+    // A new round with the same successor: what it acknowledged still
+    // holds, unless the contents were replaced since (the epoch refuses it).
+    std::lock_guard<std::mutex> lock(mu_);
+    if (successor_ == successor) {
+      for (std::size_t j = 0; j < acked_.size() && static_cast<int>(j) < n; ++j) {
+        (void)memory_->SetReplicaAcked(static_cast<int>(j), acked_[j].first, acked_[j].second);
+      }
+    }
+  }
+  bool held = acked_.size() == pick.size();
+  for (std::size_t j = 0; held && j < pick.size(); ++j) {
+    held = acked_[j] == std::make_pair(epochs[j], pick[j].generation);
+  }
+  if (held || (successor == sent_to_ && step == refused_step_)) return;
+  if (successor == sent_to_ && Clock::now() < retry_at_) return;
+  if (test_delay_.count() > 0) std::this_thread::sleep_for(test_delay_);
   Header h;
   h.op = Op::kPut;
   h.job_id = options_.job_id;
@@ -496,21 +567,41 @@ void ReplicaService::SendNewest() {
   if (st.ok()) {
     sent_step_ = step;
     send_failing_ = false;
+    acked_.clear();
+    for (std::size_t j = 0; j < pick.size(); ++j)
+      acked_.emplace_back(epochs[j], pick[j].generation);
+    {
+      // Saves waiting on the gate go on (unless the round moved on meanwhile).
+      std::lock_guard<std::mutex> lock(mu_);
+      if (successor_ == successor) {
+        for (int j = 0; j < n; ++j)
+          (void)memory_->SetReplicaAcked(j, epochs[j], pick[j].generation);
+      }
+    }
     DDPRUN_DEBUG_LOG(kAgent) << fence << "replica of step " << step << " sent to " << successor;
     return;
   }
+  {
+    // Saves do not wait on a successor that cannot take the replica.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (successor_ == successor) SetGatesLocked(false);
+  }
+  acked_.clear();
   if (absl::IsFailedPrecondition(st)) {
     refused_step_ = step;  // not sent again; a newer step is
     if (!send_failing_) {
       log_(absl::StrCat("--ckpt_replicas: ", successor, " refused the replica of step ", step, ": ",
-                        st.message()));
+                        st.message(), "; saves do not wait for the replica meanwhile"));
     }
     send_failing_ = true;
     return;
   }
+  retry_at_ = Clock::now() + kRetryInterval;
   if (!send_failing_) {
     log_(absl::StrCat("--ckpt_replicas: cannot send the replica of step ", step, " to ", successor,
-                      ": ", st.message(), "; trying again (said once until a send succeeds)"));
+                      ": ", st.message(),
+                      "; trying again, and saves do not wait for the replica meanwhile (said once "
+                      "until a send succeeds)"));
   }
   send_failing_ = true;
 }

@@ -116,28 +116,38 @@ void ExchangeReplicas(ReplicaService& service, CheckpointMemory& memory,
       }
     }
     if (!holder.empty()) {
-      std::vector<std::string> bytes;
       std::int64_t step = best;
       absl::Status st;
       if (holder == service.endpoint()) {
+        std::vector<std::string> bytes;
         for (int j = 0; st.ok() && j < mine.local_ranks; ++j) {
           auto b = local->Read(j);
           st = b.status();
           if (b.ok()) bytes.push_back(*std::move(b));
         }
+        for (int j = 0; st.ok() && j < mine.local_ranks; ++j) {
+          st = memory.Seed(j, step, a.base_rank + j, a.world_size,
+                           bytes[static_cast<std::size_t>(j)]);
+        }
       } else {
+        // Received straight into each rank's memory, committed once checked.
+        std::vector<CheckpointMemory::SeedSlot> slots;
         auto fetched =
             ReplicaService::Fetch(holder, job_id, a.store_token, a.round, mine, memory.limit(),
-                                  ReplicaService::Clock::now() + ReplicaService::kIoTimeout);
+                                  ReplicaService::Clock::now() + ReplicaService::kIoTimeout,
+                                  [&](int j, std::uint64_t size) -> absl::StatusOr<char*> {
+                                    auto slot = memory.BeginSeed(j, size);
+                                    if (!slot.ok()) return slot.status();
+                                    slots.push_back(*std::move(slot));
+                                    return slots.back().data();
+                                  });
         st = fetched.status();
-        if (fetched.ok()) {
-          step = fetched->step;
-          bytes = std::move(fetched->bytes);
+        if (fetched.ok()) step = fetched->step;
+        for (int j = 0; st.ok() && j < mine.local_ranks; ++j) {
+          const auto i = static_cast<std::size_t>(j);
+          st = slots[i].Commit(step, a.base_rank + j, a.world_size, fetched->crcs[i],
+                               fetched->kinds[i]);
         }
-      }
-      for (int j = 0; st.ok() && j < mine.local_ranks; ++j) {
-        st =
-            memory.Seed(j, step, a.base_rank + j, a.world_size, bytes[static_cast<std::size_t>(j)]);
       }
       if (st.ok()) {
         log(absl::StrCat("--ckpt_replicas: restored step ", step, " of ", RanksText(mine),

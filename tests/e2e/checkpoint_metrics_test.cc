@@ -47,18 +47,6 @@ for step in range(7):
 await_file("done")
 )";
 
-std::string AwaitOutput(Proc& p, const std::regex& re, double timeout_s) {
-  const auto t0 = Clock::now();
-  while (SecondsSince(t0) < timeout_s) {
-    std::smatch m;
-    const std::string text = p.Out() + p.Err();
-    if (std::regex_search(text, m, re)) return m[1];
-    SleepMs(50);
-  }
-  FAIL("no match for the expected line in " << timeout_s << " s:\n" << p.Out() << p.Err());
-  return "";
-}
-
 // The job document once `ready` holds for it (60 s at most).
 template <typename Ready>
 json AwaitDocument(int port, const std::string& job, Ready ready) {

@@ -1,9 +1,11 @@
 // --ckpt_replicas 1 with real processes (issue 28 part 3): two agents as two
 // nodes on loopback addresses under a real ddprund, a torch DDP (gloo)
-// script saving every step; node B is killed with -9 while the replica of
-// its newest step is on node A; a hot spare C takes B's seat, restores B's
-// snapshot from A's replica (there is no --ckpt_dir at all) and both ranks
-// resume at that step, ending bit-identical with a run without the fault. A
+// script saving every step; node B, whose replica sender is slowed by the
+// test hook, is killed with -9 right after its newest save; a hot spare C
+// takes B's seat, restores B's snapshot from A's replica (there is no
+// --ckpt_dir at all), which B's save of that step waited for, and both
+// ranks resume at that step, ending bit-identical with a run without the
+// fault. A
 // peer sending garbage to A's replica port meanwhile changes nothing. With
 // three nodes and the middle one killed, the ranks shift and every seat is
 // restored from the replica that holds it (one of them the node's own).
@@ -108,6 +110,9 @@ dist.destroy_process_group()
 
 constexpr int kSteps = 8;
 constexpr int kHoldAt = 3;
+// The slow sender of the two-node case: longer than B's first four steps
+// take, so without the save's wait nothing of B's reaches A before B's loss.
+constexpr int kSlowSendMs = 1000;
 
 // The value after "<word> <step> " in a rank's log (the last such line).
 std::string Field(const std::string& log, const std::string& key) {
@@ -198,8 +203,8 @@ std::int64_t AccessTimeNs(const std::string& path) {
 }  // namespace
 
 TEST_CASE(
-    "ckpt_replicas: kill -9 of a node; a hot spare restores its seat from the peer "
-    "replica and both ranks resume bit-identical",
+    "ckpt_replicas: kill -9 of a node whose replica sender is slow; a hot spare restores its "
+    "seat from the peer replica and both ranks resume bit-identical",
     "[e2e][checkpoint][replicas]") {
   if (!TorchAvailable()) return SkipCase("e2e", kPython + " cannot import torch");
   Harness h;
@@ -212,16 +217,27 @@ TEST_CASE(
   auto node = [&](const std::string& name, int idx, const EnvList& extra) -> Proc& {
     return ReplicaNode(h, script, port, "replicas", 2, name, idx, extra);
   };
-  // A's agent says (DDPRUN_DEBUG=agent) when it holds a replica.
+  // A's agent says (DDPRUN_DEBUG=agent) when it holds a replica. B's
+  // sender is slow (the test hook: each replica waits kSlowSendMs before it
+  // goes), as a loaded link would be: B's saves outrun it unless each
+  // returns only once its step is replicated (docs/checkpoint.md, "Replica
+  // lag"); without that wait A held no replica of B's at B's loss, and the
+  // job started over.
   Proc& a = node("A", 1, {{"DDPRUN_DEBUG", "agent"}});
-  Proc& b = node("B", 2, {{"REPLICA_TEST_HOLD_AT", std::to_string(kHoldAt)}});
+  Proc& b = node("B", 2,
+                 {{"REPLICA_TEST_HOLD_AT", std::to_string(kHoldAt)},
+                  {"DDPRUN_CKPT_TEST_REPLICA_DELAY_MS", std::to_string(kSlowSendMs)}});
   const std::string a_out = h.dir() + "/A_out", b_out = h.dir() + "/B_out",
                     c_out = h.dir() + "/C_out";
-  // B's rank 1 holds after saving step 3; A holds the replica of it.
-  const std::string held = "holds the replica of step " + std::to_string(kHoldAt) + " of rank 1";
-  const bool holds = WaitForErr(a, held, 60);
+  // B's rank 1 holds after saving step 3; A holds its replica already.
+  const std::string saved = "saved " + std::to_string(kHoldAt) + " ";
+  const auto t_hold = Clock::now();
+  while (ReadFile(b_out + "/rank1.txt").find(saved) == std::string::npos &&
+         SecondsSince(t_hold) < 60 && !b.exit) {
+    SleepMs(20);
+  }
   INFO("A stderr:\n" << a.Err() << "\nB stderr:\n" << b.Err());
-  REQUIRE(holds);
+  REQUIRE(ReadFile(b_out + "/rank1.txt").find(saved) != std::string::npos);
   // The replica is in memory only A's agent holds (ddprun and its orphan
   // guard, which shares its descriptors), never a worker.
   const std::set<pid_t> holders = ReplicaHolders(h);
@@ -231,8 +247,15 @@ TEST_CASE(
     INFO("holder " << pid << ": " << cmd);
     CHECK(cmd.rfind(Ddprun(), 0) == 0);
   }
-  // A spare joins the running round.
+  // A spare joins the running round, and B is lost while the replica of
+  // its step 3 is still on its way.
   Proc& c = node("C", 3, {});
+
+  // C joins as a hot spare of the full round, or, if B's loss is seen
+  // first, as the node the re-forming round waits for: C takes B's seat
+  // either way (group ranks follow the hosts: 127.0.0.1, then 127.0.0.3).
+  REQUIRE(::kill(b.pid, SIGKILL) == 0);
+  CHECK(h.Wait(b, 10) == 128 + SIGKILL);
 
   // Garbage on A's replica port: each connection dropped, at most a line a
   // second, and the job goes on.
@@ -244,12 +267,6 @@ TEST_CASE(
   SendGarbage("127.0.0.1", replica_port, std::string("DDPREPL1\x01\0\0\0\xff\xff\xff\x7f", 16));
   REQUIRE(WaitForErr(a, "--ckpt_replicas: dropped a connection from 127.0.0.1:", 10));
 
-  // C joins as a hot spare of the full round, or, if B's loss is seen
-  // first, as the node the re-forming round waits for: C takes B's seat
-  // either way (group ranks follow the hosts: 127.0.0.1, then 127.0.0.3).
-  REQUIRE(::kill(b.pid, SIGKILL) == 0);
-  CHECK(h.Wait(b, 10) == 128 + SIGKILL);
-
   for (Proc* p : {&a, &c}) {
     const int rc = h.Wait(*p, 180);
     INFO(p->name << " stderr:\n" << p->Err());
@@ -257,15 +274,20 @@ TEST_CASE(
   }
   INFO("A stderr:\n" << a.Err() << "\nC stderr:\n" << c.Err());
   // C restored B's seat from A's replica; no --ckpt_dir was given at all.
-  CHECK(
-      c.Err().find("--ckpt_replicas: restored step " + std::to_string(kHoldAt) +
-                   " of rank 1 from the replica held by 127.0.0.1:" + std::to_string(replica_port) +
-                   " (nothing read from storage)") != std::string::npos);
+  // B's save of step 3 returned only once A held its replica: step 3.
+  const std::string c_err = c.Err();
+  REQUIRE(std::regex_search(
+      c_err, m,
+      std::regex("--ckpt_replicas: restored step (\\d+) of rank 1 from the replica held by "
+                 "127\\.0\\.0\\.1:" +
+                 std::to_string(replica_port) + " \\(nothing read from storage\\)")));
+  const int restored = std::stoi(m[1]);
+  CHECK(restored == kHoldAt);
   const std::string a_log = ReadFile(a_out + "/rank0.txt");
   const std::string b_log = ReadFile(b_out + "/rank1.txt");
   const std::string c_log = ReadFile(c_out + "/rank1.txt");
   INFO("A rank 0:\n" << a_log << "B rank 1:\n" << b_log << "C rank 1:\n" << c_log);
-  const std::string k = std::to_string(kHoldAt);
+  const std::string k = std::to_string(restored);
   // Both resume at the step B had replicated, with what was saved there.
   REQUIRE_FALSE(Field(b_log, "saved " + k).empty());
   CHECK(Field(c_log, "resumed " + k) == Field(b_log, "saved " + k));

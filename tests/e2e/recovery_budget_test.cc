@@ -32,21 +32,6 @@ double PhaseSeconds(const std::string& metrics, const std::string& phase) {
   return std::regex_search(metrics, m, re) ? std::stod(m[1]) : -1;
 }
 
-// The dashboard port from ddprund's "dashboard at" line, waiting for it.
-int DashboardPort(Proc& daemon) {
-  const auto t0 = Clock::now();
-  while (SecondsSince(t0) < 10) {
-    std::smatch m;
-    const std::string text = daemon.Out() + daemon.Err();
-    if (std::regex_search(text, m, std::regex("dashboard at http://[0-9.]+:([0-9]+)/"))) {
-      return std::stoi(m[1]);
-    }
-    SleepMs(20);
-  }
-  FAIL("ddprund printed no dashboard line: " << daemon.Out() << daemon.Err());
-  return -1;
-}
-
 }  // namespace
 
 TEST_CASE(

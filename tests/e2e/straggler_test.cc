@@ -41,19 +41,6 @@ EnvList SlowEnv(int slow_rank) {
           {"STEPS", "45"}};
 }
 
-// The first match of `re`'s group 1 in proc's output, waiting for it.
-std::string AwaitOutput(Proc& p, const std::regex& re, double timeout_s) {
-  const auto t0 = Clock::now();
-  while (SecondsSince(t0) < timeout_s) {
-    std::smatch m;
-    const std::string text = p.Out() + p.Err();
-    if (std::regex_search(text, m, re)) return m[1];
-    SleepMs(50);
-  }
-  FAIL("no match for the expected line in " << timeout_s << " s:\n" << p.Out() << p.Err());
-  return "";
-}
-
 // Polls the job document until the slow rank has kMarkedWithinSteps steps;
 // that document must mark it (and only it) as the straggler.
 void CheckDocument(int dashboard_port, const std::string& job, int slow_rank, int world) {

@@ -45,7 +45,7 @@ struct Lines {
 };
 
 std::unique_ptr<ReplicaService> Serve(Lines& lines, std::uint64_t limit,
-                                      const CheckpointMemory* memory = nullptr) {
+                                      CheckpointMemory* memory = nullptr) {
   ReplicaService::Options o;
   o.job_id = "job1";
   o.host = "127.0.0.1";
@@ -86,6 +86,20 @@ absl::StatusOr<FetchedReplica> FetchSeat(const std::string& endpoint, std::int64
                                          const std::string& token = "tok") {
   return ReplicaService::Fetch(endpoint, "job1", token, round, Seat{2, 2, 4}, 1 << 20,
                                Clock::now() + std::chrono::seconds(10));
+}
+
+// A loopback port nothing listens on (bound, then closed).
+int UnusedPort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  socklen_t len = sizeof a;
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  ::close(fd);
+  return ntohs(a.sin_port);
 }
 
 int PortOf(const std::string& endpoint) {
@@ -204,11 +218,15 @@ TEST_CASE("replica service: the sender streams the newest committed step to the 
   REQUIRE(memory.Seed(1, 5, 3, 4, std::string(200000, '3')).ok());
   auto receiver = Serve(lines, 1 << 20);
   auto sender = Serve(lines, 1 << 20, &memory);
+  // The replica gate (checkpoint_layout.h): open without a successor.
+  CHECK(memory.ReplicaGate(0) == 0);
   sender->SetRound(2, "tok", receiver->endpoint());
   REQUIRE(Eventually([&] {
     auto r = receiver->store().Find(Seat{2, 2, 4});
     return r != nullptr && r->step() == 5;
   }));
+  // Closed up to the acknowledged snapshot (Seed writes generation 1).
+  CHECK(Eventually([&] { return memory.ReplicaGate(0) == 2 && memory.ReplicaGate(1) == 2; }));
   auto held = receiver->store().Find(Seat{2, 2, 4});
   CHECK(*held->Read(0) == "rank 2 at step 5");
   CHECK(*held->Read(1) == std::string(200000, '3'));
@@ -217,10 +235,28 @@ TEST_CASE("replica service: the sender streams the newest committed step to the 
   REQUIRE(memory.Seed(0, 6, 2, 4, "rank 2 at step 6").ok());
   std::this_thread::sleep_for(3 * ReplicaService::kPollInterval);
   CHECK(receiver->store().Find(Seat{2, 2, 4})->step() == 5);
+  // New contents: nothing of them acknowledged, the gate stays closed.
+  CHECK(memory.ReplicaGate(0) == 1);
   REQUIRE(memory.Seed(1, 6, 3, 4, "rank 3 at step 6").ok());
   REQUIRE(Eventually([&] { return receiver->store().Find(Seat{2, 2, 4})->step() == 6; }));
   CHECK(*receiver->store().Find(Seat{2, 2, 4})->Read(1) == "rank 3 at step 6");
+  CHECK(Eventually([&] { return memory.ReplicaGate(0) == 2 && memory.ReplicaGate(1) == 2; }));
   CHECK(lines.Get().empty());
+  // No successor: saves do not wait.
+  sender->ClearSuccessor();
+  CHECK(memory.ReplicaGate(0) == 0);
+  CHECK(memory.ReplicaGate(1) == 0);
+  // The same successor in the next round: what it acknowledged still holds.
+  sender->SetRound(3, "tok", receiver->endpoint());
+  CHECK(Eventually([&] { return memory.ReplicaGate(0) == 2 && memory.ReplicaGate(1) == 2; }));
+  // A successor that is gone: closed, then opened by the failed send, with
+  // the sender's line saying so.
+  sender->ClearSuccessor();
+  receiver.reset();
+  sender->SetRound(4, "tok", "127.0.0.1:" + std::to_string(UnusedPort()));
+  REQUIRE(Eventually([&] { return !lines.Get().empty(); }));
+  CHECK(memory.ReplicaGate(0) == 0);
+  CHECK(lines.Get()[0].find("saves do not wait for the replica meanwhile") != std::string::npos);
 }
 
 }  // namespace

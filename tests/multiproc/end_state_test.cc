@@ -14,21 +14,6 @@ using nlohmann::json;
 
 namespace {
 
-// The dashboard port from ddprund's "dashboard at" line, waiting for it.
-int DashboardPort(Proc& daemon) {
-  const auto t0 = Clock::now();
-  while (SecondsSince(t0) < 10) {
-    std::smatch m;
-    const std::string text = daemon.Out() + daemon.Err();
-    if (std::regex_search(text, m, std::regex("dashboard at http://[0-9.]+:([0-9]+)/"))) {
-      return std::stoi(m[1]);
-    }
-    SleepMs(20);
-  }
-  FAIL("ddprund printed no dashboard line: " << daemon.Out() << daemon.Err());
-  return -1;
-}
-
 // The job's document once the job has ended (the job's own state is right
 // before this fix too; the ranks are what is checked).
 json EndedJob(int dashboard, const std::string& job) {

@@ -15,21 +15,6 @@ using namespace ddprun::test;
 
 namespace {
 
-// The dashboard port from ddprund's "dashboard at" line, waiting for it.
-int MonitoringPort(Proc& daemon) {
-  const auto t0 = Clock::now();
-  while (SecondsSince(t0) < 10) {
-    std::smatch m;
-    const std::string text = daemon.Out() + daemon.Err();
-    if (std::regex_search(text, m, std::regex("dashboard at http://[0-9.]+:([0-9]+)/"))) {
-      return std::stoi(m[1]);
-    }
-    SleepMs(20);
-  }
-  FAIL("ddprund printed no dashboard line: " << daemon.Out() << daemon.Err());
-  return -1;
-}
-
 // Polls /readyz until its status is `want` and its state `state`; the last
 // answer.
 std::pair<int, std::string> WaitReady(int port, int want, const std::string& state,
@@ -53,7 +38,7 @@ TEST_CASE("ddprund without etcd: /healthz and /readyz answer 200 while it serves
   Harness h;
   Proc* d = nullptr;
   h.StartDaemon("ddprund", &d);
-  const int port = MonitoringPort(*d);
+  const int port = DashboardPort(*d);
   const auto live = Http(port, "/healthz");
   CHECK(live.first == 200);
   CHECK(live.second == "ok\n");
@@ -76,8 +61,8 @@ TEST_CASE(
   REQUIRE(leader >= 0);
   const Replica& lead = replicas[leader];
   const Replica& standby = replicas[1 - leader];
-  const int lead_port = MonitoringPort(*lead.proc);
-  const int standby_port = MonitoringPort(*standby.proc);
+  const int lead_port = DashboardPort(*lead.proc);
+  const int standby_port = DashboardPort(*standby.proc);
 
   const auto l = WaitReady(lead_port, 200, "leader", 10);
   INFO("leader /readyz: " << l.second);

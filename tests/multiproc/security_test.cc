@@ -39,20 +39,6 @@ std::string Bcrypt(const std::string& password) {
   return h;
 }
 
-// The monitoring port from ddprund's "ddprund dashboard at SCHEME://H:P/" line.
-int DashboardPort(const Proc& d) {
-  static const std::regex line(R"(ddprund dashboard at https?://[^ ]*:(\d+)/)");
-  const auto t0 = Clock::now();
-  while (SecondsSince(t0) < 10) {
-    std::smatch m;
-    const std::string err = d.Err();
-    if (std::regex_search(err, m, line)) return std::stoi(m[1]);
-    SleepMs(10);
-  }
-  FAIL("no dashboard line in ddprund's stderr:\n" << d.Err());
-  return -1;
-}
-
 struct Curl {
   int rc = -1;
   int code = 0;

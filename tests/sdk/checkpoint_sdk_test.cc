@@ -45,7 +45,7 @@ std::map<std::string, std::string> ReadLog(const std::string& path) {
 }
 
 // A trainer (ckpt_worker train, or ckpt_c_worker) under --nproc_per_node=2
-// --max_restarts=1 for 8 steps, rank 1 killed at the start of `kill_at`;
+// --max_restarts=1 for 8 steps, rank 1 killed in step `kill_at` after its all-reduce;
 // returns the log dir (the trainers' "resumed/saved/final" lines per rank
 // and attempt). `out_p`, if given, receives the job's stdout.
 std::string Train(Harness& h, const std::string& name, const std::vector<std::string>& worker,
@@ -104,8 +104,9 @@ TEST_CASE("C++ checkpoint: rank 1 killed at step 5; both ranks resume from step 
   Harness h;
   const std::vector<std::string> worker = {Bin("ckpt_worker"), "train"};
   const std::string final_digest = CleanFinal(h, worker);
-  // Step 4 is the newest both committed: rank 1 died before saving 5, and
-  // rank 0 waited in step 5's all-reduce.
+  // Step 4 is the newest both committed: rank 1 died after step 5's
+  // all-reduce (which rank 0 entered only once it had saved 4), before
+  // saving 5; rank 0 may have saved 5 too, which rank 1 lacks.
   CheckResumed(Train(h, "killed", worker, 5), 4, final_digest);
 }
 

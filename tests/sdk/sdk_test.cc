@@ -141,7 +141,7 @@ TEST_CASE("a peer killed with SIGKILL: every survivor gets PeerLostError naming 
   // 4 ranks all-reduce in a loop and rank 2 SIGKILLs itself. Every survivor
   // must get PeerLostError naming rank 2 well before the 30 s group timeout:
   // within 2 s of the kill here (a loaded 2-core machine; the figure, goal
-  // 100 ms, is bench/sdk_peer_lost_bench's). Small all-reduces (the
+  // 100 ms, is bench/sdk_recovery.sh's). Small all-reduces (the
   // caller-run and sync-ring paths) and chunked ones, on both transports.
   struct Case {
     const char* shm;

@@ -34,6 +34,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -232,6 +233,26 @@ struct Proc {
   std::string Err() const { return ReadFile(err_path); }
   double Seconds() const { return std::chrono::duration<double>(ended - started).count(); }
 };
+
+// The first match of `re`'s group 1 in p's stdout and stderr, polled every
+// 50 ms; FAILs with the output after timeout_s.
+inline std::string AwaitOutput(const Proc& p, const std::regex& re, double timeout_s) {
+  const auto t0 = Clock::now();
+  while (SecondsSince(t0) < timeout_s) {
+    std::smatch m;
+    const std::string text = p.Out() + p.Err();
+    if (std::regex_search(text, m, re)) return m[1];
+    SleepMs(50);
+  }
+  FAIL("no match for the expected line in " << timeout_s << " s:\n" << p.Out() << p.Err());
+  return "";
+}
+
+// The monitoring port from a "dashboard at http[s]://HOST:PORT/" line (ddprund's
+// or ddprun's), waiting up to timeout_s for it.
+inline int DashboardPort(const Proc& p, double timeout_s = 10) {
+  return std::stoi(AwaitOutput(p, std::regex("dashboard at https?://[^ /]*:([0-9]+)/"), timeout_s));
+}
 
 // What one fixture worker saw: the key=value pairs of its FIXTURE line, and
 // the round from its file name (rank<R>.round<N>.txt). Incomplete files

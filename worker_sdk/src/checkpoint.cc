@@ -16,12 +16,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <set>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -135,6 +137,14 @@ class Memory {
     std::memcpy(r + layout::kWorldSizeOffset, &rec.world_size, 4);
   }
 
+  // The agent's replica gate word (checkpoint_layout.h): 0 open, else 1 +
+  // the generation whose replica the next node acknowledged.
+  std::uint64_t ReplicaGate() const {
+    return std::atomic_ref<std::uint64_t>(
+               *reinterpret_cast<std::uint64_t*>(base_ + layout::kReplicaGateOffset))
+        .load(std::memory_order_acquire);
+  }
+
   // One aligned 4-byte store, after every write before it (the commit).
   void SetState(int slot, std::uint32_t state) {
     std::atomic_ref<std::uint32_t>(*StateWord(slot)).store(state, std::memory_order_release);
@@ -201,6 +211,55 @@ class Memory {
 
 // The test hook: this rank dies (SIGKILL) halfway through copying `step`,
 // on the first attempt only.
+// With --ckpt_replicas 1, returns once the next node acknowledged the
+// replica of the snapshot just committed (`generation`, `step`) or a newer
+// one, or the agent opened the gate (no successor, or it cannot send to
+// it), or DDPRUN_CKPT_REPLICA_WAIT passed (then one line on stderr says so;
+// docs/checkpoint.md, "Replica lag").
+void AwaitReplica(const Memory& mem, std::uint64_t generation, std::int64_t step) {
+  auto done = [&] {
+    const std::uint64_t gate = mem.ReplicaGate();
+    return gate == 0 || gate - 1 >= generation;
+  };
+  if (done()) return;
+  double limit_s = layout::kDefaultReplicaWaitSeconds;
+  if (const std::string t = Env(layout::kEnvReplicaWait);
+      !t.empty() && (!absl::SimpleAtod(t, &limit_s) || !(limit_s >= 0))) {
+    throw InvalidArgumentError(
+        absl::StrCat(Fence(), "ddp::checkpoint::Save: ", layout::kEnvReplicaWait, "='", t,
+                     "' is not a number of seconds >= 0; unset it (default ",
+                     layout::kDefaultReplicaWaitSeconds, ") or fix it"));
+  }
+  if (limit_s == 0) return;  // the user chose not to wait
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  auto pause = std::chrono::microseconds(200);
+  bool noticed = false;
+  for (;;) {
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(2000));
+    if (done()) return;
+    const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (waited >= limit_s) {
+      std::fprintf(stderr,
+                   "%sddp::checkpoint::Save: the replica of step %lld was not acknowledged by "
+                   "the next node within %s=%g s; returning without it, so a loss of this node "
+                   "now may leave no step in common (docs/checkpoint.md, \"Replica lag\"); "
+                   "check the next node or raise %s\n",
+                   Fence().c_str(), static_cast<long long>(step), layout::kEnvReplicaWait, limit_s,
+                   layout::kEnvReplicaWait);
+      return;
+    }
+    if (!noticed && waited >= layout::kReplicaWaitNoticeSeconds) {
+      noticed = true;
+      std::fprintf(stderr,
+                   "%sddp::checkpoint::Save: step %lld is saved here and waits for its replica "
+                   "to reach the next node (up to %s=%g s)\n",
+                   Fence().c_str(), static_cast<long long>(step), layout::kEnvReplicaWait, limit_s);
+    }
+  }
+}
+
 bool DieInSave(std::int64_t step) {
   const std::string spec = Env(layout::kEnvTestDieInSave);
   if (spec.empty() || Env("TORCHELASTIC_RESTART_COUNT", "0") != "0") return false;
@@ -444,6 +503,7 @@ void Save(std::int64_t step, const std::vector<Span>& spans) {
   rec.world_size = static_cast<std::int32_t>(EnvInt("WORLD_SIZE", 1));
   mem.WriteRecord(slot, rec);
   mem.SetState(slot, layout::kSlotCommitted);  // the commit: last
+  AwaitReplica(mem, rec.generation, step);
 }
 
 std::optional<Snapshot> Load() {

@@ -59,10 +59,11 @@
 #include "gloo/allreduce.h"
 #include "gloo/barrier.h"
 #include "gloo/broadcast.h"
-#include "gloo/rendezvous/context.h"
+#include "gloo/context.h"
 #include "gloo/transport/tcp/device.h"
+#include "gloo_loop_ticker.h"
+#include "gloo_mesh.h"
 #include "gloo_ops.h"
-#include "gloo_store_adapter.h"
 #include "metrics.h"
 #include "sdk_env.h"
 #include "shared_buffers.h"
@@ -107,12 +108,16 @@ constexpr auto kNameWait = std::chrono::milliseconds(20);
 constexpr auto kBreakPoll = std::chrono::milliseconds(5);
 
 // What the group's collectives use; the communication thread keeps it alive.
+// It is the only owner of the contexts and the device (tasks reach them
+// through it), so that the device and its loop are gone when it is.
 class Core {
  public:
-  std::shared_ptr<gloo::rendezvous::Context> context;
+  // Declared first, destroyed last: after the device's loop (see ~Core).
+  std::unique_ptr<LoopTicker> ticker;
+  std::shared_ptr<gloo::Context> context;
   // Pairs in sync mode, for small all-reduces (see the top of this file);
   // null for a group of one.
-  std::shared_ptr<gloo::rendezvous::Context> sync_context;
+  std::shared_ptr<gloo::Context> sync_context;
   std::size_t sync_max_bytes = 0;  // net.core.wmem_max
   std::shared_ptr<gloo::transport::Device> device;
   // The ranks of this host, when some host has more than one. With one host
@@ -121,8 +126,8 @@ class Core {
   // each host's first rank only), then an shm broadcast.
   std::unique_ptr<ShmGroup> shm;
   bool leader = false;
-  std::shared_ptr<gloo::rendezvous::Context> leaders;
-  std::shared_ptr<gloo::rendezvous::Context> leaders_sync;
+  std::shared_ptr<gloo::Context> leaders;
+  std::shared_ptr<gloo::Context> leaders_sync;
   // Reused scratch for reduce-scatter (first-touch page faults are slow).
   std::vector<char> scratch;
   // A lost peer (docs/sdk.md, "Errors"): the store and the group's key
@@ -140,10 +145,19 @@ class Core {
   // caller that holds the queue's claim): sync-mode pairs hold their lock
   // while they read.
   void CloseConnections() {
+    LoopTicker::Ticking ticking(ticker.get());  // each async pair leaves the loop
     for (auto* ctx : {&context, &sync_context, &leaders, &leaders_sync}) {
       if (*ctx) (*ctx)->closeConnections();
     }
   }
+  // Closing the pairs and the device waits for turns of the device's loop:
+  // ticked (gloo_loop_ticker.h).
+  ~Core() {
+    LoopTicker::Ticking ticking(ticker.get());
+    for (auto* ctx : {&context, &sync_context, &leaders, &leaders_sync}) ctx->reset();
+    device.reset();
+  }
+
   // The job rank whose Gloo address `what` names, or -1.
   int RankNamedIn(const std::string& what) const {
     for (const auto& [addr, rank] : rank_of_address) {
@@ -168,7 +182,11 @@ class Core {
   // Records `candidate` as the group's lost rank unless a rank recorded one
   // first, and returns the recorded one (the first observer of a death
   // records it before it closes its connections, so ranks that only see
-  // those closes learn the real one). Without the store: `candidate`.
+  // those closes learn the real one). Without the store: `candidate`. When
+  // the store does not answer, -1: the round's store is gone when the agent
+  // has already formed the next round (a one-node job's TCPStore), and by
+  // then the connection that closed on this rank may be a survivor's that
+  // gave up its group, not the lost rank's.
   int AgreeOnLost(int candidate) const {
     if (!store) return candidate;
     if (candidate < 0) {
@@ -181,8 +199,14 @@ class Core {
     std::string current;
     auto swapped =
         store->CompareSet(key_prefix + "lost", std::nullopt, std::to_string(candidate), &current);
+    if (!swapped.ok()) {
+      DDPRUN_DEBUG_LOG(kSdk) << "cannot record rank " << candidate
+                             << " as lost in the group's store (" << swapped.status().message()
+                             << "): naming no rank";
+      return -1;
+    }
     int agreed = candidate;
-    if (swapped.ok() && !*swapped && absl::SimpleAtoi(current, &agreed)) return agreed;
+    if (!*swapped && absl::SimpleAtoi(current, &agreed)) return agreed;
     return candidate;
   }
 };
@@ -322,8 +346,8 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
         ThrowIfFailed(shm->Broadcast(data, count * DTypeSize(dtype), root, DeadlineIn(t)));
       });
     }
-    return Enqueue(desc, [=, ctx = core_->context, tag = NextTag()] {
-      gloo::BroadcastOptions opts(ctx);
+    return Enqueue(desc, [=, core = core_.get(), tag = NextTag()] {
+      gloo::BroadcastOptions opts(core->context);
       WithElementType(dtype,
                       [&](auto e) { opts.setOutput(static_cast<decltype(e)*>(data), count); });
       opts.setRoot(root);
@@ -350,8 +374,8 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
     if (ShmGroup* shm = OneHostShm()) {
       return Enqueue(desc, [=] { ThrowIfFailed(shm->Allgather(in, out, bytes, DeadlineIn(t))); });
     }
-    return Enqueue(desc, [=, ctx = core_->context, tag = NextTag()] {
-      gloo::AllgatherOptions opts(ctx);
+    return Enqueue(desc, [=, core = core_.get(), tag = NextTag()] {
+      gloo::AllgatherOptions opts(core->context);
       WithElementType(dtype, [&](auto e) {
         using E = decltype(e);
         opts.setInput(const_cast<E*>(static_cast<const E*>(in)), count);
@@ -406,8 +430,8 @@ class GlooBackend final : public Backend, public std::enable_shared_from_this<Gl
       return CallerRuns(OpDesc::Bare("barrier"), shm, nullptr,
                         [=](ShmGroup::Posted* p) { return shm->PostBarrier(p); });
     }
-    return Enqueue(OpDesc::Bare("barrier"), [=, ctx = core_->context, tag = NextTag()] {
-      gloo::BarrierOptions opts(ctx);
+    return Enqueue(OpDesc::Bare("barrier"), [=, core = core_.get(), tag = NextTag()] {
+      gloo::BarrierOptions opts(core->context);
       opts.setTag(tag);
       opts.setTimeout(t);
       gloo::barrier(opts);
@@ -680,82 +704,40 @@ absl::StatusOr<std::shared_ptr<Backend>> CreateGlooBackend(const WorkerInfo& inf
     gloo::transport::tcp::attr attr;
     attr.hostname = host.empty() ? "127.0.0.1" : host;
     core->device = gloo::transport::tcp::CreateDevice(attr);
+    core->ticker = LoopTicker::Attach(core->device);
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(fence, "gloo: cannot use address '", host,
                                                    "' (DDPRUN_HOST) for TCP: ", e.what()));
   }
-  // One full mesh of Gloo pairs between `size` members, bootstrapped through
-  // our store under prefix.
-  auto connect = [&](const std::string& prefix, int rank, int size,
-                     bool sync) -> absl::StatusOr<std::shared_ptr<gloo::rendezvous::Context>> {
-    auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
-    ctx->setTimeout(options.timeout);
-    if (size == 1) return ctx;
-    GlooStoreAdapter adapter(store, key_prefix + prefix, options.timeout);
-    try {
-      ctx->connectFullMesh(adapter, core->device);
-      for (int i = 0; sync && i < size; ++i) {
-        if (i != rank) ctx->getPair(i)->setSync(true, false);
-      }
-    } catch (const std::exception& e) {
-      if (!adapter.error().ok()) {
-        const absl::Status& s = adapter.error();
-        return absl::Status(s.code(),
-                            absl::StrCat(fence, "gloo bootstrap through the store: ", s.message()));
-      }
-      return absl::UnavailableError(absl::StrCat(fence, "gloo bootstrap: connecting to the other ",
-                                                 size - 1, " ranks failed: ", e.what()));
-    }
-    return ctx;
-  };
-  DDPRUN_ASSIGN_OR_RETURN(core->context,
-                          connect("gloo/", info.rank, info.world_size, /*sync=*/false));
-  core->sync_max_bytes = WmemMax();
+  // The meshes, from one exchange through the store (gloo_mesh.h): every
+  // rank's (the sync-mode twin serves small all-reduces,
+  // SyncAllreduceMaxBytes); with several hosts and shared memory, the hosts'
+  // first ranks (leaders) all-reduce the hosts' sums among themselves instead.
+  std::vector<int> everyone(info.world_size);
+  for (int r = 0; r < info.world_size; ++r) everyone[r] = r;
+  std::vector<MeshSpec> specs{{everyone, /*sync=*/false}};
   if (path == CpuPath::kHierarchical) {
-    // Hierarchical all-reduce: the hosts' first ranks (leaders) all-reduce
-    // the hosts' sums among themselves.
-    core->leader = layout.local_index == 0;
-    if (core->leader) {
-      DDPRUN_ASSIGN_OR_RETURN(
-          core->leaders, connect("gloo-leaders/", layout.host, layout.num_hosts, /*sync=*/false));
-      DDPRUN_ASSIGN_OR_RETURN(core->leaders_sync, connect("gloo-leaders-sync/", layout.host,
-                                                          layout.num_hosts, /*sync=*/true));
-    }
+    specs.push_back({layout.leaders, /*sync=*/false});
+    specs.push_back({layout.leaders, /*sync=*/true});
   } else if (info.world_size > 1) {
-    // The sync-mode mesh serves small all-reduces (SyncAllreduceMaxBytes).
-    DDPRUN_ASSIGN_OR_RETURN(core->sync_context,
-                            connect("gloo-sync/", info.rank, info.world_size, /*sync=*/true));
+    specs.push_back({everyone, /*sync=*/true});
   }
-  // Which job rank owns each Gloo address (Core::RankNamedIn): every rank
-  // publishes its pairs' listening addresses and reads everyone's.
-  {
-    std::vector<std::string> mine;
-    auto list = [&mine](const std::shared_ptr<gloo::rendezvous::Context>& ctx) {
-      for (int i = 0; ctx && i < ctx->size; ++i) {
-        if (i != ctx->rank) mine.push_back(ctx->getPair(i)->address().str());
-      }
-    };
-    for (const auto* ctx :
-         {&core->context, &core->sync_context, &core->leaders, &core->leaders_sync}) {
-      list(*ctx);
-    }
-    const std::string key = key_prefix + "gloo-addrs/";
-    DDPRUN_RETURN_IF_ERROR(store->Set(key + std::to_string(info.rank), absl::StrJoin(mine, "\n")));
-    std::vector<std::string> keys;
-    for (int r = 0; r < info.world_size; ++r) keys.push_back(key + std::to_string(r));
-    auto all = store->MultiGet(keys, options.timeout);
-    if (!all.ok()) {
-      return absl::Status(
-          all.status().code(),
-          absl::StrCat(fence, "gloo addresses through the store: ", all.status().message()));
-    }
-    for (int r = 0; r < info.world_size; ++r) {
-      if (r == info.rank) continue;
-      for (absl::string_view a : absl::StrSplit((*all)[r], '\n', absl::SkipEmpty())) {
-        core->rank_of_address[std::string(a)] = r;
-      }
-    }
+  LoopTicker::Ticking ticking(core->ticker.get());  // connect and setSync leave the loop
+  absl::StatusOr<Meshes> meshes =
+      ConnectMeshes(info, specs, core->device, *store, key_prefix + "gloo/", options.timeout);
+  if (!meshes.ok()) {
+    return absl::Status(meshes.status().code(), absl::StrCat(fence, meshes.status().message()));
   }
+  core->context = meshes->contexts[0];
+  if (path == CpuPath::kHierarchical) {
+    core->leader = layout.local_index == 0;
+    core->leaders = meshes->contexts[1];
+    core->leaders_sync = meshes->contexts[2];
+  } else if (specs.size() > 1) {
+    core->sync_context = meshes->contexts[1];
+  }
+  core->rank_of_address = std::move(meshes->rank_of_address);
+  core->sync_max_bytes = WmemMax();
   core->store = store;
   core->key_prefix = key_prefix;
   auto backend = std::make_shared<GlooBackend>(info, options.timeout, core);

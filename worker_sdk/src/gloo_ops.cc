@@ -99,10 +99,10 @@ void RunSyncAllreduce(const std::shared_ptr<gloo::Context>& ctx, void* data, std
   }
 }
 
-void TcpAllreduce(const std::shared_ptr<gloo::rendezvous::Context>& ctx,
-                  const std::shared_ptr<gloo::rendezvous::Context>& sync_ctx,
-                  std::size_t wmem_max, void* data, std::size_t count, DType dtype, ReduceOp op,
-                  std::uint32_t tag, Duration timeout) {
+void TcpAllreduce(const std::shared_ptr<gloo::Context>& ctx,
+                  const std::shared_ptr<gloo::Context>& sync_ctx, std::size_t wmem_max, void* data,
+                  std::size_t count, DType dtype, ReduceOp op, std::uint32_t tag,
+                  Duration timeout) {
   if (ctx->size == 1) return;
   if (sync_ctx && count * DTypeSize(dtype) <= SyncAllreduceMaxBytes(wmem_max, ctx->size)) {
     RunSyncAllreduce(sync_ctx, data, count, dtype, op);

@@ -8,7 +8,7 @@
 #include <memory>
 
 #include "ddp/types.h"
-#include "gloo/rendezvous/context.h"
+#include "gloo/context.h"
 
 namespace ddp::detail {
 
@@ -31,9 +31,8 @@ void RunSyncAllreduce(const std::shared_ptr<gloo::Context>& ctx, void* data, std
 // An all-reduce (kAvg not divided) over a Gloo context: on its sync-mode twin
 // `sync_ctx` (may be null) when the message is small enough
 // (SyncAllreduceMaxBytes of cpu_topology.h), else Gloo's async all-reduce.
-void TcpAllreduce(const std::shared_ptr<gloo::rendezvous::Context>& ctx,
-                  const std::shared_ptr<gloo::rendezvous::Context>& sync_ctx,
-                  std::size_t wmem_max, void* data, std::size_t count, DType dtype, ReduceOp op,
-                  std::uint32_t tag, Duration timeout);
+void TcpAllreduce(const std::shared_ptr<gloo::Context>& ctx,
+                  const std::shared_ptr<gloo::Context>& sync_ctx, std::size_t wmem_max, void* data,
+                  std::size_t count, DType dtype, ReduceOp op, std::uint32_t tag, Duration timeout);
 
 }  // namespace ddp::detail

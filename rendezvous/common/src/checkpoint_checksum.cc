@@ -197,8 +197,13 @@ int DefaultCopyThreads() {
 }
 
 std::uint32_t SnapshotChecksum(std::uint32_t kind, const void* p, std::size_t n) {
-  if (kind != checkpoint_layout::kChecksumCrc32) return Crc32c(0, p, n);
-  return static_cast<std::uint32_t>(::crc32_z(0, static_cast<const Bytef*>(p), n));
+  return SnapshotChecksumUpdate(kind, 0, p, n);
+}
+
+std::uint32_t SnapshotChecksumUpdate(std::uint32_t kind, std::uint32_t crc, const void* p,
+                                     std::size_t n) {
+  if (kind != checkpoint_layout::kChecksumCrc32) return Crc32c(crc, p, n);
+  return static_cast<std::uint32_t>(::crc32_z(crc, static_cast<const Bytef*>(p), n));
 }
 
 }  // namespace ddprun::checkpoint_checksum

@@ -4,8 +4,8 @@
  *   ckpt_c_worker OUT STEPS KILL_AT
  *
  * A synchronous "training" (an all-reduced update of a weight vector) that
- * saves every step; rank 1 kills itself (SIGKILL) at the start of step
- * KILL_AT on the first attempt. Each rank writes "resumed S D", "saved S D"
+ * saves every step; rank 1 kills itself (SIGKILL) in step KILL_AT, after
+ * its all-reduce, on the first attempt. Each rank writes "resumed S D", "saved S D"
  * and "final D" (D: FNV-1a of the weights) to OUT/rank<r>.attempt<a>.txt.
  * On the first attempt, rank 0 also prints "ERROR <case>: <status>: <message>"
  * for each bad input before its first save. Compiled as C (C11). */
@@ -91,9 +91,10 @@ int main(int argc, char** argv) {
   }
   if (rank == 0 && strcmp(attempt, "0") == 0) BadInput();
   for (int64_t step = start; step < steps; ++step) {
-    if (step == kill_at && rank == 1 && strcmp(attempt, "0") == 0) raise(SIGKILL);
     for (int i = 0; i < N; ++i) grad[i] = (float)((i * 3 + step * 11 + rank * 17) % 97) / 97.0f;
     if (ddp_allreduce(g, grad, N, DDP_FLOAT32, DDP_AVG, NULL) != DDP_OK) return 1;
+    /* After the all-reduce: rank 0 has committed the previous step. */
+    if (step == kill_at && rank == 1 && strcmp(attempt, "0") == 0) raise(SIGKILL);
     for (int i = 0; i < N; ++i) w[i] = 0.9f * w[i] + 0.1f * grad[i];
     ddp_checkpoint_span_t spans[] = {{"w", w, sizeof w}};
     if (ddp_checkpoint_save(step, spans, 1) != DDP_OK) {

@@ -2,8 +2,8 @@
 // tests/sdk/checkpoint_sdk_test.cc, run under ddprun:
 //   ckpt_worker train OUT STEPS KILL_AT  a synchronous "training" (an
 //       all-reduced update of weights and momentum) that saves every step;
-//       rank 1 kills itself (SIGKILL) at the start of step KILL_AT on the
-//       first attempt. Each rank logs "resumed S D", "saved S D", "final D"
+//       rank 1 kills itself (SIGKILL) in step KILL_AT, after its all-reduce,
+//       on the first attempt. Each rank logs "resumed S D", "saved S D", "final D"
 //       (D: FNV-1a of the state) to OUT/rank<r>.attempt<a>.txt.
 //   ckpt_worker bad      prints "ERROR <case>: <message>" for each bad input.
 //   ckpt_worker save     saves kInterop (step 7) for Python to load.
@@ -60,11 +60,13 @@ int Train(const std::string& out, int steps, int kill_at) {
     log << "resumed " << snap->step << " " << Digest({&weights, &momentum}) << std::endl;
   }
   for (std::int64_t step = start; step < steps; ++step) {
-    if (step == kill_at && rank == 1 && attempt == "0") ::raise(SIGKILL);
     for (std::size_t i = 0; i < kN; ++i) {
       grad[i] = static_cast<float>((i * 7 + step * 13 + rank * 29) % 101) / 101.0f - weights[i];
     }
     pg->Allreduce(grad.data(), kN, ddp::DType::kFloat32, ddp::ReduceOp::kAvg).Wait();
+    // After the all-reduce: the other rank has left its save of the
+    // previous step to enter it, so that step is committed on both ranks.
+    if (step == kill_at && rank == 1 && attempt == "0") ::raise(SIGKILL);
     for (std::size_t i = 0; i < kN; ++i) {
       momentum[i] = 0.9f * momentum[i] + grad[i];
       weights[i] += 0.05f * momentum[i];

@@ -88,6 +88,46 @@ TEST_CASE("checkpoint memory: committed snapshots, newest first; a save cut shor
   CHECK(mem.Committed(0).empty());
 }
 
+TEST_CASE(
+    "checkpoint memory: a snapshot written in place (the restore's path) commits with the "
+    "checksum it was sent with; the replica gate forgets what was acknowledged when the contents "
+    "change",
+    "[unit]") {
+  CheckpointMemory mem(1 << 20);
+  REQUIRE(mem.Ensure(1).ok());
+  const std::string bytes(300000, 'r');
+  auto slot = mem.BeginSeed(0, bytes.size());
+  REQUIRE(slot.ok());
+  CHECK(mem.Committed(0).empty());  // nothing loadable until the commit
+  std::memcpy(slot->data(), bytes.data(), bytes.size());
+  REQUIRE(slot->Commit(12, 3, 4, 0xabcd, layout::kChecksumCrc32).ok());
+  auto c = mem.Committed(0);
+  REQUIRE(c.size() == 1);
+  CHECK(c[0].step == 12);
+  CHECK(c[0].rank == 3);
+  CHECK(c[0].size == bytes.size());
+  CHECK(c[0].crc == 0xabcd);
+  CHECK(c[0].checksum_kind == layout::kChecksumCrc32);
+  CHECK_FALSE(mem.BeginSeed(0, (1 << 20) + 1).ok());  // over --ckpt_shm_limit
+  // The gate: open (0), closed with nothing acknowledged (1), acknowledged
+  // up to a generation (1 + it); new contents (Clear, Seed) keep it closed
+  // but forget the acknowledgement, and one recorded for the old contents'
+  // epoch is refused.
+  CHECK(mem.ReplicaGate(0) == 0);
+  mem.SetReplicaGate(0, true);
+  CHECK(mem.ReplicaGate(0) == 1);
+  const std::uint64_t epoch = mem.epoch(0);
+  CHECK(mem.SetReplicaAcked(0, epoch, 5));
+  CHECK(mem.ReplicaGate(0) == 6);
+  REQUIRE(mem.Seed(0, 13, 3, 4, "new").ok());
+  CHECK(mem.ReplicaGate(0) == 1);
+  CHECK_FALSE(mem.SetReplicaAcked(0, epoch, 7));
+  CHECK(mem.ReplicaGate(0) == 1);
+  mem.SetReplicaGate(0, false);
+  mem.Clear(0);
+  CHECK(mem.ReplicaGate(0) == 0);
+}
+
 TEST_CASE("checkpoint memory: the steps every local rank committed as its rank", "[unit]") {
   CheckpointMemory mem(1 << 20);
   REQUIRE(mem.Ensure(2).ok());

@@ -7,7 +7,6 @@
 
 #include "cpu_topology.h"
 #include "ddprun/rendezvous/store/store.h"
-#include "gloo_store_adapter.h"
 #include "support/group_checks.h"
 
 using namespace ddprun::test;
@@ -106,24 +105,6 @@ TEST_CASE("cpu topology: the sync ring's size limit by world size and wmem_max",
   CHECK(SyncAllreduceMaxBytes(212992, 2) == 212992);
   CHECK(SyncAllreduceMaxBytes(212992, 3) == 212992);
   CHECK(ddp::detail::WmemMax() > 0);
-}
-
-TEST_CASE("GlooStoreAdapter: prefixed keys, bounded waits, the first error kept", "[unit]") {
-  auto store = std::make_shared<ddprun::rendezvous::InMemoryStore>();
-  ddp::detail::GlooStoreAdapter adapter(store, "ddp/pg0/gloo/", 200ms);
-  adapter.set("k", {'a', 'b'});
-  CHECK(*store->Get("ddp/pg0/gloo/k", 0ms) == "ab");
-  CHECK(adapter.get("k") == std::vector<char>{'a', 'b'});
-  adapter.wait({"k"});
-  CHECK(adapter.error().ok());
-  // Gloo asks for long waits; the adapter gives up after its own timeout.
-  const auto t0 = std::chrono::steady_clock::now();
-  CHECK_THROWS(adapter.wait({"missing"}, std::chrono::milliseconds(60000)));
-  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
-  REQUIRE(adapter.error().code() == absl::StatusCode::kDeadlineExceeded);
-  const absl::Status first = adapter.error();
-  CHECK_THROWS(adapter.get("also-missing"));
-  CHECK(adapter.error() == first);
 }
 
 TEST_CASE("ConnectBackend: the agent's break fails a blocked shared memory collective fast",

@@ -17,8 +17,10 @@
 // Save returns once the bytes are committed in the agent's memory for this
 // worker (DDPRUN_CKPT_FD): they survive the worker's death, and the worker
 // that replaces it finds them. The previous snapshot is not touched while
-// the new one is written. Load returns the newest step that every rank of
-// the job committed, the same step on every rank; every rank must call it,
+// the new one is written. With --ckpt_replicas 1, Save returns once the next
+// node also holds the replica of this step (at most DDPRUN_CKPT_REPLICA_WAIT
+// seconds; docs/checkpoint.md, "Replica lag"). Load returns the newest
+// step that every rank of the job committed, the same step on every rank; every rank must call it,
 // at start, before its first Save. A snapshot saved here loads in Python as
 // a dict of `bytes`, and a Python snapshot whose top level is a dict of
 // tensors, arrays or bytes loads here as their raw bytes.
@@ -26,7 +28,8 @@
 // Errors are ddp::Error (ddp/error.h): InvalidArgumentError for bad spans
 // (empty or duplicate name, null data, a snapshot over --ckpt_shm_limit) and
 // a Python snapshot this API cannot read; StateError when the worker has no
-// checkpoint memory or the snapshot is gone or corrupt; TimeoutError or
+// checkpoint memory or the snapshot is gone or corrupt (InvalidArgumentError
+// also for a DDPRUN_CKPT_REPLICA_WAIT that is not seconds >= 0); TimeoutError or
 // ConnectionError when the nodes cannot agree on a step. Not thread-safe:
 // call it from one thread of the worker.
 #pragma once

@@ -32,6 +32,7 @@ import os
 import signal
 import struct
 import sys
+import time
 import weakref
 import zlib
 
@@ -45,6 +46,7 @@ _VERSION = 2
 _HEADER_BYTES = 4096
 _CAPACITY_OFFSET = 16
 _LIMIT_OFFSET = 24
+_REPLICA_GATE_OFFSET = 32  # u64, written by the agent: 0 open, else 1 + the acknowledged generation
 _RECORDS_OFFSET = 64
 _RECORD_BYTES = 64
 # state, checksum, generation, step, size, rank, world size, checksum kind
@@ -57,6 +59,12 @@ _FORMAT = 1  # of the snapshot bytes: u64 tree length, the JSON tree, the data
 # Test hook (docs/checkpoint.md): "RANK:STEP" kills that rank with SIGKILL
 # halfway through copying that step's snapshot, on the first attempt only.
 _DIE_IN_SAVE = "DDPRUN_CKPT_TEST_DIE_IN_SAVE"
+
+# How long a save waits for the replica of the snapshot it keeps (the layout's
+# kEnvReplicaWait, kDefaultReplicaWaitSeconds, kReplicaWaitNoticeSeconds).
+_REPLICA_WAIT = "DDPRUN_CKPT_REPLICA_WAIT"
+_REPLICA_WAIT_DEFAULT = 60.0
+_REPLICA_WAIT_NOTICE = 5.0
 
 
 def _find_copier():
@@ -137,6 +145,13 @@ class _Memory:
 
     def record(self, slot):
         return _RECORD.unpack_from(self.mm, _RECORDS_OFFSET + slot * _RECORD_BYTES)
+
+    def replica_gate(self):
+        """The agent's replica gate word (read until two reads agree: one 8-byte store)."""
+        while True:
+            a = struct.unpack_from("<Q", self.mm, _REPLICA_GATE_OFFSET)[0]
+            if struct.unpack_from("<Q", self.mm, _REPLICA_GATE_OFFSET)[0] == a:
+                return a
 
     def set_state(self, slot, state):
         struct.pack_into("<I", self.mm, _RECORDS_OFFSET + slot * _RECORD_BYTES, state)
@@ -254,12 +269,62 @@ def _every():
         return 1
 
 
+def _replica_wait_seconds():
+    text = os.environ.get(_REPLICA_WAIT, "")
+    try:
+        seconds = float(text) if text else _REPLICA_WAIT_DEFAULT
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise Error("ddprun.checkpoint.save: %s=%r is not a number of seconds >= 0; unset it "
+                    "(default %g) or fix it" % (_REPLICA_WAIT, text, _REPLICA_WAIT_DEFAULT))
+    return seconds
+
+
+def _await_replica(mem, generation, step):
+    """With --ckpt_replicas 1, returns once the next node acknowledged the
+    replica of the snapshot just committed (`generation`, `step`) or a newer
+    one, or the agent opened the gate (no successor, or it cannot send to
+    it), or DDPRUN_CKPT_REPLICA_WAIT passed (then one line says so)."""
+    gate = mem.replica_gate()
+    if gate == 0 or gate - 1 >= generation:
+        return
+    limit = _replica_wait_seconds()
+    if limit == 0:
+        return  # the user chose not to wait (docs/checkpoint.md, "Replica lag")
+    t0 = time.monotonic()
+    noticed = False
+    pause = 0.0002
+    while True:
+        time.sleep(pause)
+        pause = min(pause * 2, 0.002)
+        gate = mem.replica_gate()
+        if gate == 0 or gate - 1 >= generation:
+            return
+        waited = time.monotonic() - t0
+        if waited >= limit:
+            print("%s ddprun.checkpoint.save: the replica of step %d was not acknowledged by the "
+                  "next node within %s=%g s; returning without it, so a loss of this node now "
+                  "may leave no step in common (docs/checkpoint.md, \"Replica lag\"); check the "
+                  "next node or raise %s" % (_fence(), step, _REPLICA_WAIT, limit, _REPLICA_WAIT),
+                  file=sys.stderr, flush=True)
+            return
+        if not noticed and waited >= _REPLICA_WAIT_NOTICE:
+            noticed = True
+            print("%s ddprun.checkpoint.save: step %d is saved here and waits for its replica to "
+                  "reach the next node (up to %s=%g s)" % (_fence(), step, _REPLICA_WAIT, limit),
+                  file=sys.stderr, flush=True)
+
+
 def save(state, step):
     """Copies `state` into this worker's checkpoint memory as `step`.
 
     Returns True once the copy is committed: the snapshot then survives this
     process's death. The slot of the previous snapshot is not touched, so a
-    save cut short leaves it loadable. With --ckpt_every N, a step that is
+    save cut short leaves it loadable. With --ckpt_replicas 1 it returns once
+    the next node also holds the replica of this step (at most
+    DDPRUN_CKPT_REPLICA_WAIT seconds; docs/checkpoint.md, "Replica lag").
+    With --ckpt_every N, a step that is
     not a multiple of N is not saved: save returns False at once, without
     looking at `state`. Raises UnsupportedError naming the key path of an
     object it does not hold, Error when the snapshot is larger than
@@ -330,6 +395,7 @@ def save(state, step):
     rec = _RECORDS_OFFSET + slot * _RECORD_BYTES
     _RECORD.pack_into(mm, rec, _WRITING, crc, generation, step, total, rank, world, kind)
     mem.set_state(slot, _COMMITTED)  # the commit: last, one aligned 4-byte store
+    _await_replica(mem, generation, step)
     return True
 
 

@@ -88,8 +88,45 @@ class CheckpointMemory {
   // size and --ckpt_shm_limit when it does not fit.
   absl::Status Seed(int local_rank, std::int64_t step, int rank, int world_size,
                     const std::string& bytes);
+
+  // Seed without the copy: slot 0 of a local rank's memory, cleared (nothing
+  // loadable) and mapped for the snapshot's `size` bytes to be written in
+  // place (a replica received straight into it), then committed with the
+  // checksum its sender stated, already checked by the writer. Its pages are
+  // allocated and mapped up front, so writing them takes no page faults.
+  class SeedSlot {
+   public:
+    SeedSlot(SeedSlot&& o) noexcept;
+    SeedSlot& operator=(SeedSlot&&) = delete;
+    ~SeedSlot();
+    char* data() const { return data_; }
+    absl::Status Commit(std::int64_t step, int rank, int world_size, std::uint32_t crc,
+                        std::uint32_t checksum_kind);
+
+   private:
+    friend class CheckpointMemory;
+    SeedSlot(int fd, char* data, std::uint64_t size) : fd_(fd), data_(data), size_(size) {}
+    int fd_;
+    char* data_;  // null for an empty snapshot
+    std::uint64_t size_;
+  };
+  absl::StatusOr<SeedSlot> BeginSeed(int local_rank, std::uint64_t size);
   // Empties both slots' records of a local rank: nothing loadable.
   void Clear(int local_rank);
+
+  // The replica gate of a local rank's memory (checkpoint_layout.h,
+  // kReplicaGateOffset; docs/checkpoint.md, "Replica lag"), for the replica
+  // sender. SetReplicaGate opens it (on = false: saves do not wait) or closes
+  // it with nothing acknowledged. SetReplicaAcked records that the replica
+  // of the snapshot of `generation` is acknowledged, closing the gate up to
+  // it, unless the memory's contents were replaced (Seed, Clear) since
+  // `epoch` was read; it returns whether it did. Seed and Clear leave the
+  // gate open or closed and forget what was acknowledged.
+  std::uint64_t epoch(int local_rank) const;
+  void SetReplicaGate(int local_rank, bool on);
+  bool SetReplicaAcked(int local_rank, std::uint64_t epoch, std::uint64_t generation);
+  // The gate word as workers read it (0: open; else 1 + the acknowledged generation).
+  std::uint64_t ReplicaGate(int local_rank) const;
   // The bytes of memory a local rank's checkpoint memory holds now (its
   // pages in use, as fstat counts them); 0 before Ensure.
   std::uint64_t MemoryBytes(int local_rank) const;
@@ -97,8 +134,13 @@ class CheckpointMemory {
  private:
   std::uint64_t limit_;     // --ckpt_shm_limit
   std::uint64_t capacity_;  // bytes per slot: the limit rounded up to a page
-  mutable std::mutex mu_;   // guards fds_
+  // The gate word of each local rank's memory, in a mapping of its header.
+  std::uint64_t* GateWord(int local_rank) const;
+
+  mutable std::mutex mu_;  // guards fds_, gates_ and epochs_
   std::vector<int> fds_;
+  std::vector<void*> headers_;         // each memory's header page, mapped
+  std::vector<std::uint64_t> epochs_;  // bumped by Clear (and so Seed)
 };
 
 // Without checkpoint memory (--ckpt_shm_limit 0): the variables are erased,

@@ -13,7 +13,12 @@
 //    successor holds, streams the snapshots there, one local rank at a time
 //    (straight from the slot; its record is checked after the bytes are
 //    sent, so a slot saved over meanwhile aborts the send and the next poll
-//    tries again; the CRC-32 is checked by the fetching node).
+//    tries again; the CRC-32 is checked by the fetching node). It keeps
+//    each local rank's replica gate (CheckpointMemory::SetReplicaAcked):
+//    closed while a successor is set, up to the newest acknowledged
+//    snapshot, so a save returns only once its step is replicated; open
+//    while there is no successor or sending to it fails (docs/checkpoint.md,
+//    "Replica lag").
 //  - Fetch: the client side of kGet, for the restore before a round's
 //    workers start.
 //
@@ -46,14 +51,22 @@ namespace ddprun::agent {
 // CRC-32.
 struct FetchedReplica {
   std::int64_t step = 0;
-  std::vector<std::string> bytes;  // one per local rank of the seat
+  std::vector<std::string> bytes;  // one per local rank of the seat (Fetch into strings)
+  // Per local rank, as the holder stated them (and checked).
+  std::vector<std::uint64_t> sizes;
+  std::vector<std::uint32_t> crcs;
+  std::vector<std::uint32_t> kinds;
 };
 
 class ReplicaService {
  public:
   using LogFn = std::function<void(const std::string&)>;  // one line, from any thread
   using Clock = std::chrono::steady_clock;
-  static constexpr std::chrono::milliseconds kPollInterval{50};
+  // A save may wait on the sender (the gate): a short poll keeps that wait
+  // near the transfer itself. Each poll reads two records per local rank.
+  static constexpr std::chrono::milliseconds kPollInterval{5};
+  // After a send that failed in transport, the next try waits this long.
+  static constexpr std::chrono::milliseconds kRetryInterval{200};
   // The whole exchange of one connection (a replica of many GiB fits).
   static constexpr std::chrono::seconds kIoTimeout{120};
   // A request's prefix and header (a peer that connects and says nothing).
@@ -67,7 +80,7 @@ class ReplicaService {
   };
 
   // `memory` (may be null: serve only) outlives this object.
-  ReplicaService(Options options, const CheckpointMemory* memory, LogFn log);
+  ReplicaService(Options options, CheckpointMemory* memory, LogFn log);
   ~ReplicaService();  // Stop()
   ReplicaService(const ReplicaService&) = delete;
   ReplicaService& operator=(const ReplicaService&) = delete;
@@ -83,7 +96,8 @@ class ReplicaService {
   // The round's fence (requests of another round, job or token are
   // refused) and where this node's snapshots go ("": nowhere).
   void SetRound(std::int64_t round, const std::string& token, const std::string& successor);
-  // Stops sending (the round is over; the next one names its successor).
+  // Stops sending (the round is over; the next one names its successor)
+  // and opens the replica gates.
   void ClearSuccessor();
   // The newest step the current successor acknowledged (-1: none yet).
   std::int64_t sent_step() const { return sent_step_.load(); }
@@ -101,6 +115,16 @@ class ReplicaService {
                                               std::int64_t round, const replica::Seat& seat,
                                               std::uint64_t limit_bytes,
                                               Clock::time_point deadline);
+  // Where Fetch puts local rank j's `size` bytes: memory valid until Fetch
+  // returns (the restore's: the rank's checkpoint memory, so the bytes are
+  // received in place, checked piece by piece as they arrive, and never
+  // copied again). An error ends the fetch with it.
+  using FetchSink = std::function<absl::StatusOr<char*>(int local_rank, std::uint64_t size)>;
+  static absl::StatusOr<FetchedReplica> Fetch(const std::string& endpoint,
+                                              const std::string& job_id, const std::string& token,
+                                              std::int64_t round, const replica::Seat& seat,
+                                              std::uint64_t limit_bytes, Clock::time_point deadline,
+                                              const FetchSink& sink);
 
  private:
   void AcceptLoop();
@@ -111,11 +135,14 @@ class ReplicaService {
   // slot no longer holds that commit afterwards (saved over meanwhile).
   absl::StatusOr<bool> SendSlot(int fd, int local_rank, const CommittedSnapshot& s,
                                 Clock::time_point deadline) const;
+  // Every local rank's gate open (false) or closed with nothing
+  // acknowledged; the caller holds mu_.
+  void SetGatesLocked(bool closed);
   // At most one line per second; the others are counted into the next.
   void LogLimited(const std::string& msg);
 
   const Options options_;
-  const CheckpointMemory* memory_;
+  CheckpointMemory* memory_;
   LogFn log_;
   ReplicaStore store_;
   std::string endpoint_;
@@ -138,10 +165,15 @@ class ReplicaService {
   Clock::time_point last_line_{};
   int suppressed_ = 0;
   bool refused_large_ = false;  // a too large replica: said once until one fits
+  bool reassert_ = false;       // SetRound closed the gates; the sender restores them
 
   // The sender's own.
   std::string sent_to_;
   std::int64_t refused_step_ = -1;
+  // What sent_to_ acknowledged, per local rank: (memory epoch, generation).
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> acked_;
+  std::chrono::milliseconds test_delay_{0};  // kEnvTestReplicaDelayMs
+  Clock::time_point retry_at_{};
   bool send_failing_ = false;
   std::atomic<std::int64_t> sent_step_{-1};
 };

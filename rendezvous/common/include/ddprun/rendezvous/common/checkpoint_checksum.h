@@ -33,6 +33,10 @@ std::uint32_t Crc32cCombine(std::uint32_t crc_a, std::uint32_t crc_b, std::size_
 // every other kind. The one place both kinds are computed: the agent, its
 // replicas and the C++ SDK verify through it.
 std::uint32_t SnapshotChecksum(std::uint32_t kind, const void* p, std::size_t n);
+// SnapshotChecksum continued from `crc` (0 for the first piece), for bytes
+// checked piece by piece as they arrive.
+std::uint32_t SnapshotChecksumUpdate(std::uint32_t kind, std::uint32_t crc, const void* p,
+                                     std::size_t n);
 
 // The default of CopyCrc32c's `threads` for a worker: min(4, the CPUs this
 // process may run on).

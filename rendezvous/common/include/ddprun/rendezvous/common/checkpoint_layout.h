@@ -30,6 +30,7 @@ inline constexpr std::uint64_t kMagicOffset = 0;         // char[8]
 inline constexpr std::uint64_t kVersionOffset = 8;       // u32
 inline constexpr std::uint64_t kCapacityOffset = 16;     // u64: bytes per slot
 inline constexpr std::uint64_t kLimitOffset = 24;        // u64: --ckpt_shm_limit, as given
+inline constexpr std::uint64_t kReplicaGateOffset = 32;  // u64: the replica gate, below
 inline constexpr std::uint64_t kSlotRecordsOffset = 64;  // kSlots records
 inline constexpr std::uint64_t kSlotRecordBytes = 64;
 
@@ -56,6 +57,19 @@ inline constexpr std::uint64_t SlotDataOffset(int slot, std::uint64_t capacity) 
   return kHeaderBytes + static_cast<std::uint64_t>(slot) * capacity;
 }
 
+// The replica gate (--ckpt_replicas 1; docs/checkpoint.md, "Replica lag"),
+// written by the agent with one aligned 8-byte store, read by a save after
+// its commit. 0: saves do not wait (no successor, or sending to it fails).
+// Otherwise 1 + the generation of this rank's newest snapshot whose replica
+// the successor acknowledged (1: none yet). A save returns once the gate
+// reaches the generation it committed or opens, or after
+// DDPRUN_CKPT_REPLICA_WAIT seconds (default below; then one line says so):
+// so a node enters its next step only with its newest step replicated.
+inline constexpr double kDefaultReplicaWaitSeconds = 60;
+inline constexpr const char* kEnvReplicaWait = "DDPRUN_CKPT_REPLICA_WAIT";
+// After this long a waiting save says once that it waits, and for what.
+inline constexpr double kReplicaWaitNoticeSeconds = 5;
+
 // The snapshot bytes of a slot (format 1): a u64 length, a JSON tree of
 // that length ({"format": 1, "state": node}), then the data, each blob at
 // an offset that is a multiple of kDataAlign from the data's start, which
@@ -73,5 +87,8 @@ inline constexpr const char* kAgreeKeyPrefix = "ddprun_ckpt/";
 inline constexpr double kDefaultAgreeTimeoutSeconds = 300;
 inline constexpr const char* kEnvAgreeTimeout = "DDPRUN_CKPT_AGREE_TIMEOUT";
 inline constexpr const char* kEnvTestDieInSave = "DDPRUN_CKPT_TEST_DIE_IN_SAVE";
+// Test hook read by the agent's replica sender (docs/checkpoint.md, "Test
+// hook"): milliseconds it sleeps before each replica it sends, a slow link.
+inline constexpr const char* kEnvTestReplicaDelayMs = "DDPRUN_CKPT_TEST_REPLICA_DELAY_MS";
 
 }  // namespace ddprun::checkpoint_layout
