@@ -6,7 +6,11 @@ SIGKILLs itself before step KILL_AT of the first attempt, under each of:
 
   inplace    ddprun --restart_policy=inplace; the script under
              ddprun.inprocess.run, every step saved with ddprun.checkpoint
-             (memory), resumed with load()
+             (memory), resumed with load(); the replacement starts warm, in
+             the node's standby interpreter that imported torch (the default
+             --warm_modules=torch; docs/recovery.md, "Warm start")
+  inplace-cold  the same with --warm_modules=none: the replacement is a
+             fresh interpreter that imports torch itself
   job        ddprun --restart_policy=job (the default): the same script
   torchrun   torch 1.13's torch.distributed.run (through bench/torchrun_compat.py,
              rendezvous c10d on 127.0.0.1:0), --max_restarts=1, once per
@@ -27,7 +31,9 @@ The rows alternate in one run, --reps each. From the script's own event log
                    the replacement is there
   survivor pids    whether ranks 0, 2, 3 kept their processes
 
-and ddprun's recovery budget line. Medians of --reps, the ratios of inplace's
+and ddprun's recovery budget line. The kill comes at step --kill-at (50: about
+a second of training, so that the standby has imported torch, as it has in a
+job that trains for longer than its start-up; whether it had is printed). Medians of --reps, the ratios of inplace's
 kill -> step to each other row's, and whether every run ended with the same
 final parameters (the script is deterministic).
 
@@ -56,8 +62,10 @@ def command(build, python, row, job, out):
                  "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:0", "--rdzv_id=" + job,
                  "--monitor_interval=" + row.split(":", 1)[1], SCRIPT],
                 {"CKPT_FILE": os.path.join(out, "ckpt.pt")})
+    policy = ["--restart_policy=inplace", "--warm_modules=none"] if row == "inplace-cold" \
+        else ["--restart_policy=" + row]
     return ([os.path.join(build, "bin", "ddprun"), "--nproc_per_node=4", "--rdzv_id=" + job,
-             "--restart_policy=" + row, "--max_restarts=1", SCRIPT],
+             "--max_restarts=1"] + policy + [SCRIPT],
             {"PYTHON_EXEC": python, "PYTHONPATH": os.path.join(build, "python")})
 
 
@@ -99,6 +107,8 @@ def run_once(build, python, row, rep, steps, kill_at):
         budget = "(torchrun prints no recovery budget)"
     else:
         budget = "(no recovery line)"
+    warm = re.search(r"starts warm, in the standby \(pid [0-9]+, ([a-z ]+)\)", p.stdout)
+    budget += "; replacement: " + ("warm, " + warm.group(1) if warm else "cold")
     return {"kill_to_step": (first - kill) * 1000, "kill_to_ready": (ready - kill) * 1000,
             "ready_to_step": (first - ready) * 1000, "kept": kept, "params": params,
             "budget": budget}
@@ -107,6 +117,8 @@ def run_once(build, python, row, rep, steps, kill_at):
 def label(row):
     if row.startswith("torchrun:"):
         return "torchrun --monitor_interval=%s" % row.split(":", 1)[1]
+    if row == "inplace-cold":
+        return "ddprun --restart_policy=inplace --warm_modules=none"
     return "ddprun --restart_policy=%s" % row
 
 
@@ -115,12 +127,12 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--python", default="/usr/bin/python3", help="the workers' (with torch)")
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--kill-at", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=56)
+    ap.add_argument("--kill-at", type=int, default=50)
     ap.add_argument("--torchrun-monitor-intervals", default="5,0.1",
                     help="one torchrun row per value (seconds); empty: no torchrun rows")
     a = ap.parse_args()
-    rows = ["inplace", "job"] + ["torchrun:" + v for v in a.torchrun_monitor_intervals.split(",")
+    rows = ["inplace", "inplace-cold", "job"] + ["torchrun:" + v for v in a.torchrun_monitor_intervals.split(",")
                                  if v]
     results = {row: [] for row in rows}
     for rep in range(a.reps):

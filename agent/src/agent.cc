@@ -37,6 +37,7 @@
 #include "ddprun/agent/host.h"
 #include "ddprun/agent/inplace_blocks.h"
 #include "ddprun/agent/recovery_budget.h"
+#include "ddprun/agent/warm_standby.h"
 #include "ddprun/agent/worker_env.h"
 #include "ddprun/agent/worker_group.h"
 #include "ddprun/agent/worker_logs.h"
@@ -116,6 +117,13 @@ constexpr Duration kCasualtyWindow = milliseconds(500);
 // --restart_policy=inplace, kept survivors asks whether the job runs without
 // it (CheckBecameSpare).
 constexpr Duration kSpareCheckInterval = milliseconds(500);
+// --restart_policy=inplace, warm start (warm_standby.h): after a replacement
+// took the standby, the next one starts once the recovery saw its first step
+// (so that its imports do not slow the recovery down), or this long after
+// when no step is seen (no monitoring).
+constexpr Duration kStandbyRestartDelay = seconds(5);
+// A node stops starting standbys after this many exited unused.
+constexpr int kStandbyMaxFailures = 3;
 
 double SecondsOf(Duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -250,6 +258,7 @@ class Agent::Impl {
   void Finish() {
     file_timer_.reset();  // removes the FIFO
     if (logs_) logs_->Finish();
+    warm_.reset();  // the standby is killed and reaped: it never outlives the agent
     monitoring_.reset();
     stream_id_ = 0;  // anything still queued from the Join is stale
     session_->Leave();
@@ -649,7 +658,17 @@ class Agent::Impl {
     spec.stderr_fd = prepared_spec.stderr_fd;
     if (inplace_ && InplacePolicy()) inplace_->AddToSpawn(j, &spec);
     if (static_cast<std::size_t>(j) < worker_env_.size()) worker_env_[j] = spec.env;
-    absl::Status st = workers_.Spawn(j, a.base_rank + j, spec, std::move(error_file), prepared);
+    worker_fds_.insert(spec.inherit_fds.begin(), spec.inherit_fds.end());
+    absl::Status st = absl::OkStatus();
+    if (std::unique_ptr<ChildProcess> warm = TakeStandby(j, spec, prepared)) {
+      Worker w;
+      w.local_rank = j;
+      w.child = std::move(warm);
+      w.error_file = std::move(error_file);
+      workers_.Adopt(std::move(w), a.base_rank + j);
+    } else {
+      st = workers_.Spawn(j, a.base_rank + j, spec, std::move(error_file), prepared);
+    }
     if (monitoring_ && st.ok() && workers_.workers().back().child) {
       monitoring_->WorkerStarted(j, workers_.workers().back().child->pid());
     }
@@ -659,6 +678,59 @@ class Agent::Impl {
       return false;
     }
     return true;
+  }
+
+  // ------------------------------------------------------------ warm start
+
+  // Whether this node keeps a warm standby (warm_standby.h): in-place
+  // restarts of a Python entrypoint, --warm_modules not none.
+  bool WarmStart() const {
+    return !warm_off_ && InplacePolicy() && options_.warm_modules != kWarmModulesOff &&
+           WarmStandby::Supports(options_.command);
+  }
+
+  // Local rank j's replacement from the standby (the standby's process, now
+  // the worker), or null to start it cold: no standby, the job's first
+  // start, or a spec the standby cannot run (said in one line).
+  std::unique_ptr<ChildProcess> TakeStandby(int j, const SpawnSpec& spec,
+                                            const absl::Status& prepared) {
+    if (!warm_ || !prepared.ok() || assignment_->restart_count == 0 || !warm_->Alive()) {
+      return nullptr;
+    }
+    const pid_t pid = warm_->pid();
+    const bool ready = warm_->Ready();
+    const int rank = assignment_->base_rank + j;
+    auto child = warm_->Activate(spec);
+    if (!child.ok()) {
+      Log(absl::StrCat("warm standby (pid ", pid, ") cannot become worker rank ", rank, ": ",
+                       child.status().message(), "; starting it cold"));
+      return nullptr;
+    }
+    Log(absl::StrCat("in place: worker rank ", rank, " starts warm, in the standby (pid ", pid,
+                     ready ? ", modules imported)" : ", still importing)"));
+    standby_due_ = clock_.Now() + kStandbyRestartDelay;
+    return *std::move(child);
+  }
+
+  // Starts the node's standby when it has none: once the round's workers
+  // were spawned, and after a replacement took it, once the recovery saw
+  // its first step (or kStandbyRestartDelay). Environment: local rank 0's.
+  void MaybeStartStandby() {
+    if (!assignment_ || worker_env_.empty() || !WarmStart()) return;
+    if (!warm_) {
+      warm_ = std::make_unique<WarmStandby>(*launcher_, options_.warm_modules,
+                                            [this](const std::string& m) { Log(m); });
+    }
+    if (warm_->failures() >= kStandbyMaxFailures || warm_->Alive()) return;
+    if (recovery_.WaitingForStep() && clock_.Now() < standby_due_) return;
+    SpawnSpec like;
+    like.argv = SubstituteLocalRank(options_.command, 0);
+    like.env = worker_env_[0];
+    if (absl::Status st = warm_->Start(like, worker_fds_); !st.ok()) {
+      Log(absl::StrCat("cannot start the warm standby: ", st.message(),
+                       "; replacements start cold"));
+      warm_off_ = true;
+    }
   }
 
   // ------------------------------------------------------------ in place
@@ -1395,6 +1467,7 @@ class Agent::Impl {
       if (exit_window_) wake = std::min(wake, *exit_window_);
       auto e = NextEvent(wake);
       StartServicesIfDue();
+      MaybeStartStandby();
       CheckFirstStep();
       CheckAcks();
       const bool window_over = exit_window_ && clock_.Now() >= *exit_window_;
@@ -1771,6 +1844,13 @@ class Agent::Impl {
   // --restart_policy=inplace: the workers' control blocks (inplace_layout.h),
   // for the agent's whole life, like the checkpoint memory.
   std::unique_ptr<InplaceBlocks> inplace_;
+  // --restart_policy=inplace: the warm standby (warm_standby.h), started by
+  // MaybeStartStandby, not before standby_due_ while a recovery waits for
+  // its first step; the descriptor numbers workers inherit, which it holds.
+  std::unique_ptr<WarmStandby> warm_;
+  TimePoint standby_due_{};
+  bool warm_off_ = false;  // a standby could not be started: none again
+  std::set<int> worker_fds_;
   // The round's spawn inputs, kept for a worker started later in the round.
   WorkerEnvInputs spawn_in_;
   std::vector<std::vector<int>> spawn_plan_;

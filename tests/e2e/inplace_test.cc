@@ -5,7 +5,8 @@
 // per attempt), every rank resumes at the same step, and the final
 // parameters are bit-identical to a run without the failure. An unchanged
 // script is restarted as processes, with one line per worker; a second
-// failure during the recovery converges.
+// failure during the recovery converges. The replacement starts warm
+// (--warm_modules, warm_standby.h) and sees what a cold start sees.
 #include <signal.h>
 
 #include <catch2/catch.hpp>
@@ -91,6 +92,60 @@ std::string CleanParams(Harness& h) {
   return params;
 }
 
+// What train() started with (tests/fixtures/inplace_ddp.py, ENV_DUMP), with
+// what differs between any two runs masked: the run's directory and job,
+// the agent's pid in paths, the ports and the store token drawn per run.
+std::string StartDump(const Run& run, const std::string& job, const std::string& file) {
+  std::string text = ReadFile(run.out + "/" + file);
+  auto replace_all = [&text](const std::string& from, const std::string& to) {
+    for (std::size_t at = text.find(from); at != std::string::npos; at = text.find(from, at)) {
+      text.replace(at, from.size(), to);
+      at += to.size();
+    }
+  };
+  replace_all(run.out, "OUT");
+  replace_all(job, "JOB");
+  text = std::regex_replace(text, std::regex("/proc/[0-9]+/"), "/proc/AGENT/");
+  text = std::regex_replace(text, std::regex("ddprun_[0-9]+_[A-Za-z0-9]+"), "ddprun_AGENT_TMP");
+  text = std::regex_replace(
+      text, std::regex("env (MASTER_PORT|DDPRUN_STORE_ADDR|DDPRUN_TCPSTORE_ADDR|DDPRUN_TOKEN)=.*"),
+      "env $1=(per run)");
+  return text;
+}
+
+// The kill of rank 1 before step 5, every call of train() dumping what it
+// starts with (ENV_DUMP), kept by value (a Harness removes its directories
+// at the end of its test case).
+struct KillRun {
+  std::string console;
+  std::vector<std::vector<Attempt>> attempts;  // by rank
+  std::string attempts_text;
+  std::string params;
+  std::string start_dump;  // rank 1's second call of train(), StartDump
+};
+
+KillRun RunKill(Harness& h, const std::string& name, const std::vector<std::string>& extra_flags) {
+  std::vector<std::string> flags{"--restart_policy=inplace", "--max_restarts=2"};
+  flags.insert(flags.end(), extra_flags.begin(), extra_flags.end());
+  const Run run = Train(h, name, flags, {{"KILL_RANK", "1"}, {"KILL_AT", "5"}, {"ENV_DUMP", "1"}});
+  KillRun k;
+  k.console = run.console;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    k.attempts.push_back(Attempts(run.out, rank));
+    k.attempts_text += ReadFile(run.out + "/rank" + std::to_string(rank) + ".attempts");
+  }
+  k.params = ReadFile(run.out + "/params.bin");
+  k.start_dump = StartDump(run, name, "rank1.env1");
+  return k;
+}
+
+// The run with the replacement started warm (the default --warm_modules),
+// once per test program.
+const KillRun& WarmKill(Harness& h) {
+  static const KillRun run = RunKill(h, "inplace1", {});
+  return run;
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -100,13 +155,12 @@ TEST_CASE(
   if (!TorchAvailable()) return SkipCase("e2e", kPython + " cannot import torch");
   Harness h;
   const std::string clean = CleanParams(h);
-  const Run run = Train(h, "inplace1", {"--restart_policy=inplace", "--max_restarts=2"},
-                        {{"KILL_RANK", "1"}, {"KILL_AT", "5"}});
+  const KillRun& run = WarmKill(h);
   INFO(run.console);
+  INFO(run.attempts_text);
   for (int rank = 0; rank < kRanks; ++rank) {
-    const std::vector<Attempt> a = Attempts(run.out, rank);
-    INFO("rank " << rank << ":\n"
-                 << ReadFile(run.out + "/rank" + std::to_string(rank) + ".attempts"));
+    const std::vector<Attempt>& a = run.attempts[rank];
+    INFO("rank " << rank);
     REQUIRE(a.size() == 2);
     CHECK(a[0].restart == 0);
     CHECK(a[0].start == 0);
@@ -119,7 +173,7 @@ TEST_CASE(
       CHECK(a[1].pid == a[0].pid);  // a survivor: the same process
     }
   }
-  CHECK(ReadFile(run.out + "/params.bin") == clean);
+  CHECK(run.params == clean);
   // The survivors' lines, and the budget's "in place".
   CHECK_THAT(run.console, Catch::Contains("in place: rank(s) 0,2,3 keep their processes"));
   CHECK_THAT(run.console, Catch::Contains("re-formed in place into round 1"));
@@ -127,6 +181,33 @@ TEST_CASE(
                           std::regex("\\[job inplace1 round 1\\] recovered in [0-9]+ ms: .*"
                                      "\\(in place: worker rank 1 exited with signal SIGKILL")));
   CHECK(run.console.find("never registered") == std::string::npos);
+  // The replacement ran in the warm standby: its pid is the standby's.
+  std::smatch warm;
+  REQUIRE(std::regex_search(
+      run.console, warm,
+      std::regex("\\[job inplace1 round 1\\] in place: worker rank 1 starts warm, in the standby "
+                 "\\(pid ([0-9]+), (modules imported|still importing)\\)")));
+  CHECK(run.attempts[1][1].pid == std::stol(warm[1].str()));
+}
+
+TEST_CASE(
+    "inplace: a warm replacement starts with what a cold one does: environment, argv, sys.path, "
+    "__main__, its own process group, /proc/<pid>/environ, the inherited descriptors, the start-up "
+    "hook",
+    "[e2e][inplace]") {
+  if (!TorchAvailable()) return SkipCase("e2e", kPython + " cannot import torch");
+  Harness h;
+  const KillRun& warm = WarmKill(h);
+  const KillRun cold = RunKill(h, "inplace_cold", {"--warm_modules=none"});
+  INFO("warm:\n" << warm.console << "\ncold:\n" << cold.console);
+  REQUIRE_THAT(warm.console, Catch::Contains("worker rank 1 starts warm"));
+  CHECK(cold.console.find("starts warm") == std::string::npos);
+  CHECK_THAT(warm.start_dump, Catch::Contains("env TORCHELASTIC_RESTART_COUNT=1\n"));
+  CHECK_THAT(warm.start_dump, Catch::Contains("hook_counts_steps True\n"));
+  CHECK_THAT(warm.start_dump, Catch::Contains("inherited DDPRUN_INPLACE_FD True\n"));
+  CHECK_THAT(warm.start_dump, Catch::Contains("proc_environ_is_os_environ True\n"));
+  CHECK(warm.start_dump == cold.start_dump);
+  CHECK(warm.params == cold.params);
 }
 
 TEST_CASE(

@@ -178,8 +178,8 @@ const BadFile kBadFiles[] = {
      "eth0 indented below it"},
     {"section is a scalar", "restart: 3\n",
      "job.yaml:1:10: restart: must be a mapping of keys, got a value; write its keys "
-     "(max_restarts, policy, grace_period, signals_to_handle, forward_signals) indented below "
-     "it"},
+     "(max_restarts, policy, warm_modules, grace_period, signals_to_handle, forward_signals) "
+     "indented below it"},
     {"job id with a space", "job:\n  id: has space\n",
      "job.yaml:2:7: job.id: is not a valid job id: the job id 'has space' contains a space; use "
      "1-256 letters, digits and '-', '_', '.', ':', '@', '+', not starting with '-' or '.'"},

@@ -22,6 +22,10 @@ namespace ddprun::agent {
 inline constexpr char kDefaultGracePeriod[] = "30";
 inline constexpr double kDefaultGracePeriodS = rendezvous::DefaultNumber(kDefaultGracePeriod);
 inline constexpr char kDefaultRole[] = "default";
+// --warm_modules: what the warm standby of in-place replacements imports
+// (warm_standby.h); "none" turns the warm start off.
+inline constexpr char kDefaultWarmModules[] = "torch";
+inline constexpr char kWarmModulesOff[] = "none";
 // --signals_to_handle's default (torchrun 2.x's).
 inline constexpr char kDefaultSignalsToHandle[] = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
 // --log_dir that means "no log files", as torchrun compares it with os.devnull.
@@ -120,6 +124,11 @@ struct AgentOptions {
   // settings). They override the inherited environment; ddprun's own
   // variables (RANK, MASTER_ADDR, ...) override them.
   std::map<std::string, std::string> extra_env;
+
+  // --warm_modules (warm_standby.h): under --restart_policy=inplace with a
+  // Python entrypoint, the modules (comma-separated) a standby interpreter
+  // imports ahead of a replacement; kWarmModulesOff ("none"): no standby.
+  std::string warm_modules = kDefaultWarmModules;
 
   // Monitoring (docs/monitoring-sources.md); hang detection is in policy.
   // --python_hook: ddprun's start-up hook on the workers' PYTHONPATH.

@@ -194,6 +194,14 @@ inline constexpr Knob kKnobs[] = {
              "workers while the others re-form in their own processes (inplace; needs "
              "--max_restarts >= 1; docs/recovery.md)",
      .dest = kInPolicy<&rendezvous::JobPolicy::restart_policy>},
+    {.name = "warm_modules", .yaml_key = "restart.warm_modules", .type = ValueType::kText,
+     .default_value = agent::kDefaultWarmModules, .default_text = agent::kDefaultWarmModules,
+     .metavar = "MODULE,...|none", .group = kGroupJob,
+     .help = "With --restart_policy=inplace and a Python script or module: each node keeps one "
+             "interpreter that has imported these modules, and the next replacement worker runs "
+             "in it instead of a fresh interpreter (a warm start; docs/recovery.md); none: "
+             "replacements start cold",
+     .dest = kInOptions<&agent::AgentOptions::warm_modules>},
     {.name = "grace_period", .yaml_key = "restart.grace_period", .type = ValueType::kSeconds,
      .default_value = agent::kDefaultGracePeriod,
      .default_text = agent::kDefaultGracePeriod, .metavar = "SECONDS", .group = kGroupJob,
