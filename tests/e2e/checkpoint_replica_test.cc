@@ -171,17 +171,18 @@ std::string CleanFinal(Harness& h, const std::string& script, int ranks,
   return final0;
 }
 
-// One agent of job `id` with --ckpt_replicas 1 on 127.0.0.<idx>, one
-// worker, its log folder <name>_out.
+// One agent of job `id` with --ckpt_replicas 1 (`ask_replicas` false: the
+// flag not given, the job's value applies) on 127.0.0.<idx>, one worker, its
+// log folder <name>_out.
 Proc& ReplicaNode(Harness& h, const std::string& script, int port, const std::string& id,
                   int nnodes, const std::string& name, int idx, const EnvList& extra,
-                  const std::string& ckpt_dir = "") {
+                  const std::string& ckpt_dir = "", bool ask_replicas = true) {
   EnvList env = WorkerEnv();
   env.insert(env.end(), extra.begin(), extra.end());
   env.push_back({"REPLICA_TEST_OUT", h.MakeDir(name + "_out")});
   std::vector<std::string> args = NodeFlags(port, id, nnodes, idx);
-  args.insert(args.end(),
-              {"--rdzv_conf=join_timeout=60", "--max_restarts=3", "--ckpt_replicas", "1"});
+  args.insert(args.end(), {"--rdzv_conf=join_timeout=60", "--max_restarts=3"});
+  if (ask_replicas) args.insert(args.end(), {"--ckpt_replicas", "1"});
   if (!ckpt_dir.empty()) args.push_back("--ckpt_dir=" + ckpt_dir);
   args.push_back(script);
   args.push_back(std::to_string(kSteps));
@@ -209,8 +210,9 @@ TEST_CASE(
 
   Proc* daemon = nullptr;
   const int port = h.StartDaemon("ddprund", &daemon);
-  auto node = [&](const std::string& name, int idx, const EnvList& extra) -> Proc& {
-    return ReplicaNode(h, script, port, "replicas", 2, name, idx, extra);
+  auto node = [&](const std::string& name, int idx, const EnvList& extra,
+                  bool ask_replicas = true) -> Proc& {
+    return ReplicaNode(h, script, port, "replicas", 2, name, idx, extra, "", ask_replicas);
   };
   // A's agent says (DDPRUN_DEBUG=agent) when it holds a replica.
   Proc& a = node("A", 1, {{"DDPRUN_DEBUG", "agent"}});
@@ -231,8 +233,9 @@ TEST_CASE(
     INFO("holder " << pid << ": " << cmd);
     CHECK(cmd.rfind(Ddprun(), 0) == 0);
   }
-  // A spare joins the running round.
-  Proc& c = node("C", 3, {});
+  // A spare joins the running round, without --ckpt_replicas: the job's
+  // (JobPolicy, the first node's) holds for it, and it is told so.
+  Proc& c = node("C", 3, {}, /*ask_replicas=*/false);
 
   // Garbage on A's replica port: each connection dropped, at most a line a
   // second, and the job goes on.
@@ -256,6 +259,8 @@ TEST_CASE(
     CHECK(rc == 0);
   }
   INFO("A stderr:\n" << a.Err() << "\nC stderr:\n" << c.Err());
+  CHECK(c.Err().find("this node asked ckpt_replicas=0, the job runs with 1 (the first node's); "
+                     "pass the same --ckpt_replicas on every node") != std::string::npos);
   // C restored B's seat from A's replica; no --ckpt_dir was given at all.
   CHECK(
       c.Err().find("--ckpt_replicas: restored step " + std::to_string(kHoldAt) +

@@ -1189,4 +1189,13 @@ TEST_CASE("--restart_policy: job by default, inplace needs --max_restarts", "[un
              Contains("pass --max_restarts=N"));
 }
 
+TEST_CASE("--ckpt_replicas is a JobPolicy field: 0 by default", "[unit]") {
+  CHECK(Ok({S().Path("train.py")}).options.policy.ckpt_replicas == 0);
+  CHECK(Ok({"--ckpt_replicas", "1", S().Path("train.py")}).options.policy.ckpt_replicas == 1);
+  Env env = BaseEnv();
+  env["PET_CKPT_REPLICAS"] = "1";
+  CHECK(Ok({S().Path("train.py")}, env).options.policy.ckpt_replicas == 1);
+  CHECK_THAT(Err({"--ckpt_replicas", "2", S().Path("train.py")}), Contains("0 or 1"));
+}
+
 }  // namespace ddprun::launcher

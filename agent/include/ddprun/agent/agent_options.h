@@ -135,10 +135,7 @@ struct AgentOptions {
   // --ckpt_every: save keeps steps that are multiples of it (the workers'
   // DDPRUN_CKPT_EVERY; its default is the knob table's).
   int ckpt_every = 1;
-  // --ckpt_replicas 1: each node's newest committed snapshot goes to the
-  // next node's agent, which restores it to the node that takes a lost
-  // node's seat (checkpoint_replicas.h; its default is the knob table's).
-  int ckpt_replicas = 0;
+  // --ckpt_replicas is job-wide: policy.ckpt_replicas.
 };
 
 }  // namespace ddprun::agent
