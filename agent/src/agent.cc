@@ -149,12 +149,14 @@ class Agent::Impl {
         // Fenced by the round the workers were last spawned in: it logs
         // from its own thread.
         persister_ = std::make_unique<CheckpointPersister>(
-            options_.ckpt_dir, checkpoints_.get(), [this](const std::string& msg) {
+            options_.ckpt_dir, checkpoints_.get(),
+            [this](const std::string& msg) {
               std::string line = absl::StrCat(
                   "ddprun: ", rdzv::Fence(options_.job_id, persist_round_.load()), msg, "\n");
               std::fputs(line.c_str(), stderr);
               std::fflush(stderr);
-            });
+            },
+            options_.ckpt_bandwidth);
       }
     }
   }
@@ -446,6 +448,7 @@ class Agent::Impl {
     ro.job_id = options_.job_id;
     ro.host = advertised_host_;
     ro.limit_bytes = options_.ckpt_shm_limit;
+    ro.bandwidth = options_.ckpt_bandwidth;
     // Fenced by the round the workers were last spawned in, like the
     // persister: it logs from its own threads.
     replicas_ = std::make_unique<ReplicaService>(

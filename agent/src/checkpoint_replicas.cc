@@ -27,6 +27,9 @@ namespace net = ::ddprun::rendezvous::net;
 using replica::Header;
 using replica::Op;
 
+// Under --ckpt_bandwidth: bytes per send, each after its time at the rate.
+constexpr std::size_t kPacedChunk = 4 << 20;
+
 // Socket buffers of kSocketBuffer bytes each way: a replica is one long
 // stream, and the defaults (~200 KiB on loopback) cost a wakeup per chunk.
 constexpr int kSocketBuffer = 4 << 20;
@@ -109,7 +112,10 @@ std::string Ranks(const replica::Seat& s) {
 }  // namespace
 
 ReplicaService::ReplicaService(Options options, const CheckpointMemory* memory, LogFn log)
-    : options_(std::move(options)), memory_(memory), log_(std::move(log)) {}
+    : options_(std::move(options)),
+      memory_(memory),
+      log_(std::move(log)),
+      send_pace_(options_.bandwidth) {}
 
 ReplicaService::~ReplicaService() { Stop(); }
 
@@ -133,6 +139,7 @@ void ReplicaService::Stop() {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_ && conn_threads_.empty() && !accept_thread_.joinable()) return;
     stop_ = true;
+    send_pace_.Lift(true);  // a paced send stops waiting at its next chunk
     for (int fd : open_fds_) ::shutdown(fd, SHUT_RDWR);
     cv_.notify_all();
   }
@@ -474,7 +481,7 @@ absl::StatusOr<FetchedReplica> ReplicaService::Fetch(const std::string& endpoint
 // ------------------------------------------------------------------ sender
 
 absl::StatusOr<bool> ReplicaService::SendSlot(int fd, int local_rank, const CommittedSnapshot& s,
-                                              Clock::time_point deadline) const {
+                                              Clock::time_point deadline) {
   if (s.size == 0) return true;
   const int mem = memory_->fd(local_rank);
   const off_t offset =
@@ -484,8 +491,14 @@ absl::StatusOr<bool> ReplicaService::SendSlot(int fd, int local_rank, const Comm
     return absl::InternalError(absl::StrCat("mmap of local rank ", local_rank,
                                             "'s checkpoint memory: ", std::strerror(errno)));
   }
-  absl::Status st =
-      net::SendAll(fd, std::string_view(static_cast<const char*>(p), s.size), deadline);
+  // Under --ckpt_bandwidth, in chunks each sent after its time at the rate.
+  const std::size_t chunk = options_.bandwidth > 0 ? kPacedChunk : s.size;
+  absl::Status st;
+  for (std::size_t off = 0; st.ok() && off < s.size; off += chunk) {
+    const std::size_t len = std::min(chunk, s.size - off);
+    send_pace_.Take(len);
+    st = net::SendAll(fd, std::string_view(static_cast<const char*>(p) + off, len), deadline);
+  }
   ::munmap(p, s.size);
   if (!st.ok()) return st;
   for (const CommittedSnapshot& now : memory_->Committed(local_rank)) {

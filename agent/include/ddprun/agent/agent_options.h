@@ -136,6 +136,10 @@ struct AgentOptions {
   // DDPRUN_CKPT_EVERY; its default is the knob table's).
   int ckpt_every = 1;
   // --ckpt_replicas is job-wide: policy.ckpt_replicas.
+  // --ckpt_bandwidth: bytes per second of the background checkpoint I/O
+  // (the --ckpt_dir persister's writes, the replica sender's sends;
+  // bandwidth_limit.h); 0: no limit. Its default is the knob table's.
+  std::uint64_t ckpt_bandwidth = 0;
 };
 
 }  // namespace ddprun::agent

@@ -36,6 +36,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "ddprun/agent/bandwidth_limit.h"
 #include "ddprun/agent/checkpoint_memory.h"
 #include "ddprun/agent/checkpoint_replica_store.h"
 #include "ddprun/agent/checkpoint_replica_wire.h"
@@ -64,6 +65,7 @@ class ReplicaService {
     std::string job_id;
     std::string host;               // the advertised address to bind
     std::uint64_t limit_bytes = 0;  // --ckpt_shm_limit: the largest snapshot held
+    std::uint64_t bandwidth = 0;    // --ckpt_bandwidth: the sender's bytes/s (0: no limit)
   };
 
   // `memory` (may be null: serve only) outlives this object.
@@ -110,7 +112,7 @@ class ReplicaService {
   // Sends local rank's committed slot `s` from its memory; false when the
   // slot no longer holds that commit afterwards (saved over meanwhile).
   absl::StatusOr<bool> SendSlot(int fd, int local_rank, const CommittedSnapshot& s,
-                                Clock::time_point deadline) const;
+                                Clock::time_point deadline);
   // At most one line per second; the others are counted into the next.
   void LogLimited(const std::string& msg);
 
@@ -140,6 +142,7 @@ class ReplicaService {
   bool refused_large_ = false;  // a too large replica: said once until one fits
 
   // The sender's own.
+  BandwidthLimit send_pace_;  // options_.bandwidth
   std::string sent_to_;
   std::int64_t refused_step_ = -1;
   bool send_failing_ = false;

@@ -326,6 +326,13 @@ inline constexpr Knob kKnobs[] = {
              "(job-wide: the first node's value holds, another node's is told so)",
      .min = 0, .max = 1, .what = "0 or 1",
      .dest = kInPolicy<&rendezvous::JobPolicy::ckpt_replicas>},
+    {.name = "ckpt_bandwidth", .yaml_key = "checkpoint.bandwidth", .type = ValueType::kBytes,
+     .default_value = "0", .default_text = "0", .metavar = "BYTES",
+     .group = kGroupJob,
+     .help = "Bytes per second the agent's background checkpoint work may move (--ckpt_dir "
+             "writes, --ckpt_replicas sends), as 256MiB; 0: no limit. A flush on SIGTERM or at "
+             "the job's end is never limited",
+     .dest = kInOptions<&agent::AgentOptions::ckpt_bandwidth>},
     {.name = "standalone", .type = ValueType::kBool, .default_text = "off", .group = kGroupRdzv,
      .help = "Single-node job with its own private rendezvous; ignores --rdzv_backend, "
              "--rdzv_endpoint and --rdzv_id"},
