@@ -29,6 +29,7 @@ times, minus one. Both kinds come from the same run and the
 same processes, interleaved, so the machine's load affects both alike.
 
     python3 bench/ckpt_slowdown.py [--size 256MiB] [--saves 4] [--every 40] [--build build]
+                                   [--ckpt_bandwidth 64MiB]
 """
 import argparse
 import glob
@@ -185,12 +186,19 @@ def main():
     ap.add_argument("--saves", type=int, default=4, help="saves per job (default 4)")
     ap.add_argument("--every", type=int, default=40, help="steps between saves (default 40)")
     ap.add_argument("--build", default=os.path.join(HERE, "..", "build"))
+    ap.add_argument("--ckpt_bandwidth", default=None,
+                    help="passed to every ddprun as --ckpt_bandwidth=VALUE (default: not "
+                         "passed, ddprun's default)")
     args = ap.parse_args()
     size = parse_size(args.size)
     build = os.path.abspath(args.build)
     python = os.environ.get("PYTHON_EXEC", "/usr/bin/python3")
     ddprun = os.path.join(build, "bin", "ddprun")
     limit = "--ckpt_shm_limit=%dMiB" % ((size >> 20) + 64)
+    if args.ckpt_bandwidth is not None:
+        limit = [limit, "--ckpt_bandwidth=" + args.ckpt_bandwidth]
+    else:
+        limit = [limit]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         script = os.path.join(tmp, "worker.py")
@@ -203,7 +211,7 @@ def main():
         os.mkdir(out)
         folder = os.path.join(tmp, "ckpt")
         wargs[1] = out
-        cmd = [ddprun, "--nproc_per_node=1", limit, "--ckpt_dir=" + folder] + wargs
+        cmd = [ddprun, "--nproc_per_node=1"] + limit + ["--ckpt_dir=" + folder] + wargs
         rows.append(("persist (--ckpt_dir)",) + run_job(
             "persist", [cmd], env, out, lambda ends, stop: watch_dir(folder, ends, stop)))
 
@@ -217,8 +225,8 @@ def main():
         daemon.stdout.readline()
         try:
             cmds = [[ddprun, "--nnodes=2", "--nproc_per_node=1", "--local_addr=" + addr,
-                     "--rdzv_endpoint=127.0.0.1:%d" % port, "--rdzv_id=slowdown", limit,
-                     "--ckpt_replicas", "1"] + wargs for addr in ("127.0.0.1", "127.0.0.2")]
+                     "--rdzv_endpoint=127.0.0.1:%d" % port, "--rdzv_id=slowdown"] + limit +
+                    ["--ckpt_replicas", "1"] + wargs for addr in ("127.0.0.1", "127.0.0.2")]
             renv = dict(env, DDPRUN_DEBUG="agent")
             logs = [os.path.join(out, "agent%d.log" % i) for i in (0, 1)]
 
@@ -256,7 +264,8 @@ def main():
             daemon.wait()
     print("fixed compute per step (24 single-threaded 256x256 matmuls, a small all_reduce); "
           "%s of state per worker, "
-          "saved every %d steps, %d saves" % (args.size, args.every, args.saves))
+          "saved every %d steps, %d saves; --ckpt_bandwidth %s" % (
+              args.size, args.every, args.saves, args.ckpt_bandwidth or "not passed"))
     print("load average: %s" % open("/proc/loadavg").read().split()[:3])
     print("| background work | its duration (median) | save blocks (median) | steps during / "
           "without | median step during | median step without | slowdown |")

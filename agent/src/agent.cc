@@ -165,12 +165,14 @@ class Agent::Impl {
         // Fenced by the round the workers were last spawned in: it logs
         // from its own thread.
         persister_ = std::make_unique<CheckpointPersister>(
-            options_.ckpt_dir, checkpoints_.get(), [this](const std::string& msg) {
+            options_.ckpt_dir, checkpoints_.get(),
+            [this](const std::string& msg) {
               std::string line = absl::StrCat(
                   "ddprun: ", rdzv::Fence(options_.job_id, persist_round_.load()), msg, "\n");
               std::fputs(line.c_str(), stderr);
               std::fflush(stderr);
-            });
+            },
+            options_.ckpt_bandwidth);
       }
     }
   }
@@ -194,7 +196,7 @@ class Agent::Impl {
       Log("--ckpt_dir needs checkpoint memory; drop --ckpt_shm_limit 0");
       return kExitUsage;
     }
-    if (options_.ckpt_replicas > 0 && !checkpoints_) {
+    if (options_.policy.ckpt_replicas > 0 && !checkpoints_) {
       Log("--ckpt_replicas 1 needs checkpoint memory; drop --ckpt_shm_limit 0");
       return kExitUsage;
     }
@@ -439,11 +441,21 @@ class Agent::Impl {
 
   // ------------------------------------------------------------ replicas
 
-  // --ckpt_replicas 1: this node's replica server on its advertised address
+  // --ckpt_replicas 1, the job's (its policy: the first node's), at its
+  // first assignment: this node's replica server on its advertised address
   // (replica_exchange.h publishes it each round) and its sender. Replicas
   // travel through the agent's TCPStore, so not when worker rank 0 hosts it.
+  // A node without checkpoint memory in a job that replicates is an error.
   absl::Status StartReplicas() {
-    if (options_.ckpt_replicas == 0 || !checkpoints_) return absl::OkStatus();
+    if (replicas_checked_) return absl::OkStatus();
+    replicas_checked_ = true;
+    if (JobPolicyNow().ckpt_replicas == 0) return absl::OkStatus();
+    if (!checkpoints_) {
+      return absl::FailedPreconditionError(
+          "the job runs with --ckpt_replicas 1 (the first node's) and this node has no "
+          "checkpoint memory (--ckpt_shm_limit 0); drop --ckpt_shm_limit 0 or run every node "
+          "with --ckpt_replicas 0");
+    }
     if (workers_host_store_) {
       Log(absl::StrCat("--ckpt_replicas: off, since ", kEnvDisableSharedStore,
                        "=1 leaves the agents no store to find each other through"));
@@ -453,6 +465,7 @@ class Agent::Impl {
     ro.job_id = options_.job_id;
     ro.host = advertised_host_;
     ro.limit_bytes = options_.ckpt_shm_limit;
+    ro.bandwidth = options_.ckpt_bandwidth;
     // Fenced by the round the workers were last spawned in, like the
     // persister: it logs from its own threads.
     replicas_ = std::make_unique<ReplicaService>(
@@ -735,12 +748,15 @@ class Agent::Impl {
 
   // ------------------------------------------------------------ in place
 
-  // Whether the job restarts only failed workers: the job's policy (the
-  // first node's) once this node has an assignment, else its own.
+  // The job's policy (the first node's) once this node has an assignment,
+  // else its own.
+  const rdzv::JobPolicy& JobPolicyNow() const {
+    return assignment_ && assignment_->policy ? *assignment_->policy : options_.policy;
+  }
+
+  // Whether the job restarts only failed workers.
   bool InplacePolicy() const {
-    const rdzv::JobPolicy& policy =
-        assignment_ && assignment_->policy ? *assignment_->policy : options_.policy;
-    return policy.restart_policy == rdzv::RestartPolicy::kInplace;
+    return JobPolicyNow().restart_policy == rdzv::RestartPolicy::kInplace;
   }
 
   // A failure broke the round (this node's worker, or a restart decided by
@@ -1159,10 +1175,6 @@ class Agent::Impl {
       return rdzv::IsUsageMistake(st) ? kExitUsage : kExitRendezvousError;
     }
     advertised_host_ = session_->advertised_host();
-    if (absl::Status st = StartReplicas(); !st.ok()) {
-      Log(std::string(st.message()));
-      return kExitUsage;
-    }
     StartMonitoring();
     while (true) {
       std::optional<int> rc = RunOneRound();
@@ -1403,6 +1415,10 @@ class Agent::Impl {
       warned_policy_ = true;
       const std::string warning = rdzv::PolicyWarning("this node", options_.policy, *a.policy);
       if (!warning.empty()) Log(warning);
+    }
+    if (absl::Status st = StartReplicas(); !st.ok()) {
+      Log(std::string(st.message()));
+      return kExitUsage;
     }
     if (a.group_rank == 0) {  // this agent's store serves every worker of the job
       const std::string warning =
@@ -1840,6 +1856,7 @@ class Agent::Impl {
   std::unique_ptr<CheckpointPersister> persister_;
   // --ckpt_replicas 1; after checkpoints_, which its sender reads.
   std::unique_ptr<ReplicaService> replicas_;
+  bool replicas_checked_ = false;               // StartReplicas ran (at the first assignment)
   std::atomic<std::int64_t> persist_round_{0};  // the persister's fence
   // --restart_policy=inplace: the workers' control blocks (inplace_layout.h),
   // for the agent's whole life, like the checkpoint memory.

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "ddprun/agent/background_priority.h"
+#include "ddprun/agent/bandwidth_limit.h"
 #include "ddprun/agent/checkpoint_file.h"
 #include "nlohmann/json.hpp"
 #include "zlib.h"
@@ -30,6 +31,8 @@ using Json = nlohmann::json;
 
 constexpr const char* kManifestFormat = "ddprun-checkpoint-1";
 constexpr std::size_t kChunk = 64 << 20;  // bytes per write(2), between cancel checks
+// Under --ckpt_bandwidth: bytes per write(2), each after its time at the rate.
+constexpr std::size_t kPacedChunk = 4 << 20;
 
 std::string StepDir(const std::string& dir, std::int64_t step) {
   return absl::StrCat(dir, "/step-", step);
@@ -139,13 +142,14 @@ std::map<std::int64_t, StepInfo> ScanDir(const std::string& dir,
 }
 
 // Writes `head` then the pieces of `bytes` to `path` through a temporary
-// file: fsync, rename, fsync of the folder. *crc and *size describe what
-// was written. An error names the path and the cause; nothing is left.
+// file: fsync, rename, fsync of the folder, each write after its time at
+// `pace` (null: at once, in larger writes). *crc and *size describe what was written. An
+// error names the path and the cause; nothing is left.
 absl::Status WriteAtomically(const std::string& folder, const std::string& name,
                              const std::string& head, const std::string& bytes,
                              const std::vector<CheckpointFilePlan::Piece>& pieces,
-                             const std::atomic<bool>& cancel, std::uint32_t* crc,
-                             std::uint64_t* size) {
+                             const std::atomic<bool>& cancel, BandwidthLimit* pace,
+                             std::uint32_t* crc, std::uint64_t* size) {
   const std::string path = absl::StrCat(folder, "/", name);
   const std::string tmp = absl::StrCat(folder, "/.", name, ".tmp-", ::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -166,7 +170,8 @@ absl::Status WriteAtomically(const std::string& folder, const std::string& name,
         errno = ECANCELED;
         return false;
       }
-      const std::size_t len = std::min(n, kChunk);
+      const std::size_t len = std::min(n, pace != nullptr ? kPacedChunk : kChunk);
+      if (pace != nullptr) pace->Take(len);
       const ssize_t w = ::write(fd, p, len);
       if (w < 0 && errno == EINTR) continue;
       if (w <= 0) {
@@ -217,8 +222,9 @@ absl::Status MakeDir(const std::string& path) {
 
 }  // namespace
 
-CheckpointPersister::CheckpointPersister(std::string dir, const CheckpointMemory* memory, LogFn log)
-    : dir_(std::move(dir)), memory_(memory), log_(std::move(log)) {}
+CheckpointPersister::CheckpointPersister(std::string dir, const CheckpointMemory* memory, LogFn log,
+                                         std::uint64_t bandwidth)
+    : dir_(std::move(dir)), memory_(memory), log_(std::move(log)), pace_(bandwidth) {}
 
 CheckpointPersister::~CheckpointPersister() {
   {
@@ -226,6 +232,7 @@ CheckpointPersister::~CheckpointPersister() {
     stop_ = true;
   }
   cancel_ = true;
+  pace_.Lift(true);  // a paced write's sleep ends at its next chunk
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
 }
@@ -257,6 +264,7 @@ void CheckpointPersister::Loop() {
     lock.lock();
     if (flushing) {
       requests_served_ = request;
+      if (flush_requests_ == requests_served_) pace_.Lift(false);
       last_outcome_ = o;
       cv_.notify_all();
     }
@@ -317,8 +325,8 @@ CheckpointPersister::Outcome CheckpointPersister::PersistNewest(bool flushing) {
     std::uint32_t crc = 0;
     std::uint64_t size = 0;
     const std::string name = RankFile(it->rank);
-    if (absl::Status st =
-            WriteAtomically(folder, name, plan->head, *bytes, plan->pieces, cancel_, &crc, &size);
+    if (absl::Status st = WriteAtomically(folder, name, plan->head, *bytes, plan->pieces, cancel_,
+                                          &pace_, &crc, &size);
         !st.ok()) {
       return failed(std::string(st.message()));
     }
@@ -335,7 +343,7 @@ CheckpointPersister::Outcome CheckpointPersister::PersistNewest(bool flushing) {
   std::uint64_t size = 0;
   if (absl::Status st =
           WriteAtomically(folder, absl::StrCat("manifest-", first, "-", last, ".json"), text, "",
-                          {}, cancel_, &crc, &size);
+                          {}, cancel_, nullptr, &crc, &size);
       !st.ok()) {
     return failed(std::string(st.message()));
   }
@@ -379,6 +387,7 @@ void CheckpointPersister::Prune(std::int64_t complete_step) {
 void CheckpointPersister::RequestFlush() {
   std::lock_guard<std::mutex> lock(mu_);
   ++flush_requests_;
+  pace_.Lift(true);  // a background write in progress finishes at full speed
   cv_.notify_all();
 }
 
@@ -386,6 +395,7 @@ void CheckpointPersister::Flush(Clock::time_point deadline, const std::string& w
   std::unique_lock<std::mutex> lock(mu_);
   if (!thread_.joinable()) return;
   const std::uint64_t request = ++flush_requests_;
+  pace_.Lift(true);  // a background write in progress finishes at full speed
   cv_.notify_all();
   if (!cv_.wait_until(lock, deadline, [&] { return requests_served_ >= request || stop_; })) {
     cancel_ = true;

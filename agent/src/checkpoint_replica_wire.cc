@@ -1,9 +1,11 @@
 #include "ddprun/agent/checkpoint_replica_wire.h"
 
 #include <cstring>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "ddprun/rendezvous/common/checkpoint_layout.h"
+#include "ddprun/rendezvous/common/sha256.h"
 
 namespace ddprun::agent::replica {
 namespace {
@@ -59,10 +61,59 @@ std::uint64_t Header::data_bytes() const {
   return total;
 }
 
+std::string NewNonce() {
+  std::random_device rd;  // the kernel's random source (as the job's store token)
+  std::string n(kNonceBytes, '\0');
+  for (std::size_t i = 0; i < n.size(); i += 4) {
+    const std::uint32_t v = rd();
+    std::memcpy(n.data() + i, &v, 4);
+  }
+  return n;
+}
+
+std::string EncodeChallenge(std::string_view server_nonce) {
+  return std::string(kChallengeMagic, sizeof kChallengeMagic) + std::string(server_nonce);
+}
+
+absl::StatusOr<std::string> ParseChallenge(std::string_view bytes) {
+  if (bytes.size() != kChallengeBytes ||
+      std::memcmp(bytes.data(), kChallengeMagic, sizeof kChallengeMagic) != 0) {
+    return absl::InvalidArgumentError("not a ddprun replica server (no challenge)");
+  }
+  return std::string(bytes.substr(sizeof kChallengeMagic));
+}
+
+std::string Proof(std::string_view role, std::string_view token, std::string_view job_id,
+                  std::string_view server_nonce, std::string_view client_nonce) {
+  std::string msg = "ddprun replica " + std::string(role);
+  msg.push_back('\0');
+  PutString(&msg, job_id);
+  PutString(&msg, server_nonce);
+  PutString(&msg, client_nonce);
+  const rendezvous::Sha256Digest mac = rendezvous::HmacSha256(token, msg);
+  return std::string(reinterpret_cast<const char*>(mac.data()), mac.size());
+}
+
+std::string EncodeHello(std::string_view client_nonce, std::string_view proof) {
+  return std::string(kMagic, sizeof kMagic) + std::string(client_nonce) + std::string(proof);
+}
+
+absl::Status ParseHello(std::string_view bytes, std::string* client_nonce, std::string* proof) {
+  if (bytes.size() != kHelloBytes || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) {
+    return absl::InvalidArgumentError("not a ddprun replica client of this version (bad magic)");
+  }
+  *client_nonce = std::string(bytes.substr(sizeof kMagic, kNonceBytes));
+  *proof = std::string(bytes.substr(sizeof kMagic + kNonceBytes));
+  return absl::OkStatus();
+}
+
+bool ProofHolds(std::string_view want, std::string_view got) {
+  return rendezvous::DigestsEqual(want, got);
+}
+
 std::string EncodeRequest(const Header& h) {
   std::string body;
   PutString(&body, h.job_id);
-  PutString(&body, h.token);
   Put<std::int64_t>(&body, h.round);
   Put<std::int32_t>(&body, h.seat.base_rank);
   Put<std::int32_t>(&body, h.seat.local_ranks);
@@ -104,8 +155,8 @@ absl::StatusOr<Header> ParseHeader(Op op, std::string_view body, std::uint64_t l
   h.op = op;
   Reader r(body);
   std::int32_t base = 0, local = 0, world = 0;
-  if (!r.GetString(&h.job_id, kMaxIdBytes) || !r.GetString(&h.token, kMaxIdBytes) ||
-      !r.Get(&h.round) || !r.Get(&base) || !r.Get(&local) || !r.Get(&world) || !r.Get(&h.step)) {
+  if (!r.GetString(&h.job_id, kMaxIdBytes) || !r.Get(&h.round) || !r.Get(&base) || !r.Get(&local) ||
+      !r.Get(&world) || !r.Get(&h.step)) {
     return absl::InvalidArgumentError("a replica header that does not parse");
   }
   if (local < 1 || local > kMaxLocalRanks || base < 0 || world < 1 ||

@@ -21,6 +21,7 @@
 #include "ddprun/rendezvous/common/errors.h"
 #include "ddprun/rendezvous/common/host_port.h"
 #include "ddprun/rendezvous/common/socket_util.h"
+#include "ddprun/rendezvous/common/status_macros.h"
 
 namespace ddprun::agent {
 namespace {
@@ -33,30 +34,15 @@ using replica::Op;
 // socket buffer's: one piece is checked while the next one arrives).
 constexpr std::uint64_t kFetchPiece = 4 << 20;
 
+// Under --ckpt_bandwidth: bytes per send, each after its time at the rate.
+constexpr std::size_t kPacedChunk = 4 << 20;
+
 // Socket buffers of kSocketBuffer bytes each way: a replica is one long
 // stream, and the defaults (~200 KiB on loopback) cost a wakeup per chunk.
 constexpr int kSocketBuffer = 4 << 20;
 void WideBuffers(int fd) {
   (void)::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &kSocketBuffer, sizeof kSocketBuffer);
   (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &kSocketBuffer, sizeof kSocketBuffer);
-}
-
-absl::StatusOr<net::UniqueFd> Dial(const std::string& endpoint,
-                                   ReplicaService::Clock::time_point deadline) {
-  auto hp = rendezvous::ParseHostPort(endpoint);
-  if (!hp.ok()) return hp.status();
-  auto addrs = net::ResolveTcp(hp->host, hp->port);
-  if (!addrs.ok()) return addrs.status();
-  absl::Status last = absl::UnavailableError("no address");
-  for (const net::SocketAddress& a : *addrs) {
-    auto fd = net::ConnectTcp(a, deadline);
-    if (fd.ok()) {
-      WideBuffers(fd->get());
-      return fd;
-    }
-    last = fd.status();
-  }
-  return last;
 }
 
 // The reply's status and message.
@@ -72,6 +58,58 @@ absl::Status ReadReply(int fd, ReplicaService::Clock::time_point deadline) {
   return absl::OkStatus();
 }
 
+// The client's side of the handshake (checkpoint_replica_wire.h): proves
+// the job's secret and checks the server's proof before anything else is
+// sent. A refusal is FailedPrecondition with the server's line; a server
+// without the secret is PermissionDenied.
+absl::Status ProveToServer(int fd, const std::string& endpoint, const std::string& job_id,
+                           const std::string& token, ReplicaService::Clock::time_point deadline) {
+  char challenge[replica::kChallengeBytes];
+  if (absl::Status st = net::RecvExact(fd, challenge, sizeof challenge, deadline); !st.ok()) {
+    return st;
+  }
+  auto server_nonce = replica::ParseChallenge(std::string_view(challenge, sizeof challenge));
+  if (!server_nonce.ok()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(endpoint, " is ", server_nonce.status().message()));
+  }
+  const std::string client_nonce = replica::NewNonce();
+  const std::string hello = replica::EncodeHello(
+      client_nonce, replica::Proof("client", token, job_id, *server_nonce, client_nonce));
+  if (absl::Status st = net::SendAll(fd, hello, deadline); !st.ok()) return st;
+  if (absl::Status st = ReadReply(fd, deadline); !st.ok()) return st;
+  char proof[replica::kProofBytes];
+  if (absl::Status st = net::RecvExact(fd, proof, sizeof proof, deadline); !st.ok()) return st;
+  if (!replica::ProofHolds(replica::Proof("server", token, job_id, *server_nonce, client_nonce),
+                           std::string_view(proof, sizeof proof))) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(endpoint, " did not prove this job's secret (not an agent of job ", job_id,
+                     "); nothing was sent to it"));
+  }
+  return absl::OkStatus();
+}
+
+// Connects to `endpoint` and proves the job's secret (ProveToServer).
+absl::StatusOr<net::UniqueFd> Dial(const std::string& endpoint, const std::string& job_id,
+                                   const std::string& token,
+                                   ReplicaService::Clock::time_point deadline) {
+  auto hp = rendezvous::ParseHostPort(endpoint);
+  if (!hp.ok()) return hp.status();
+  auto addrs = net::ResolveTcp(hp->host, hp->port);
+  if (!addrs.ok()) return addrs.status();
+  absl::Status last = absl::UnavailableError("no address");
+  for (const net::SocketAddress& a : *addrs) {
+    auto fd = net::ConnectTcp(a, deadline);
+    if (fd.ok()) {
+      WideBuffers(fd->get());
+      DDPRUN_RETURN_IF_ERROR(ProveToServer(fd->get(), endpoint, job_id, token, deadline));
+      return fd;
+    }
+    last = fd.status();
+  }
+  return last;
+}
+
 std::string Ranks(const replica::Seat& s) {
   return s.local_ranks == 1
              ? absl::StrCat("rank ", s.base_rank)
@@ -81,7 +119,10 @@ std::string Ranks(const replica::Seat& s) {
 }  // namespace
 
 ReplicaService::ReplicaService(Options options, CheckpointMemory* memory, LogFn log)
-    : options_(std::move(options)), memory_(memory), log_(std::move(log)) {
+    : options_(std::move(options)),
+      memory_(memory),
+      log_(std::move(log)),
+      send_pace_(options_.bandwidth) {
   if (const char* ms = std::getenv(checkpoint_layout::kEnvTestReplicaDelayMs); ms != nullptr) {
     test_delay_ = std::chrono::milliseconds(std::strtol(ms, nullptr, 10));
   }
@@ -110,6 +151,7 @@ void ReplicaService::Stop() {
     if (stop_ && conn_threads_.empty() && !accept_thread_.joinable()) return;
     stop_ = true;
     SetGatesLocked(false);
+    send_pace_.Lift(true);  // a paced send stops waiting at its next chunk
     for (int fd : open_fds_) ::shutdown(fd, SHUT_RDWR);
     cv_.notify_all();
   }
@@ -233,6 +275,50 @@ void ReplicaService::Serve(int fd, std::string peer, std::uint64_t id) {
     finished_.push_back(id);
     --active_;
   };
+  // The handshake (checkpoint_replica_wire.h): nothing is read or held for
+  // a peer that does not prove the job's secret.
+  const std::string server_nonce = replica::NewNonce();
+  if (absl::Status st = net::SendAll(fd, replica::EncodeChallenge(server_nonce), header_deadline);
+      !st.ok()) {
+    refuse(std::string(st.message()), false);
+    return done();
+  }
+  char hello[replica::kHelloBytes];
+  if (absl::Status st = net::RecvExact(fd, hello, sizeof hello, header_deadline); !st.ok()) {
+    refuse(std::string(st.message()), false);
+    return done();
+  }
+  std::string client_nonce, proof;
+  if (absl::Status st =
+          replica::ParseHello(std::string_view(hello, sizeof hello), &client_nonce, &proof);
+      !st.ok()) {
+    refuse(std::string(st.message()), false);
+    return done();
+  }
+  if (token.empty()) {  // before this node's first round (SetRound)
+    (void)net::SendAll(
+        fd, replica::EncodeReply(false, absl::StrCat(fence, "this node is in no round yet")),
+        header_deadline);
+    return done();
+  }
+  if (!replica::ProofHolds(
+          replica::Proof("client", token, options_.job_id, server_nonce, client_nonce), proof)) {
+    const std::string why =
+        absl::StrCat(fence, "not an agent of this job (it did not prove the job's secret)");
+    (void)net::SendAll(fd, replica::EncodeReply(false, why), header_deadline);
+    LogLimited(absl::StrCat("--ckpt_replicas: refused a connection from ", peer,
+                            ": it did not prove the job's secret (not an agent of this job)"));
+    return done();
+  }
+  if (absl::Status st = net::SendAll(
+          fd,
+          replica::EncodeReply(true, "") +
+              replica::Proof("server", token, options_.job_id, server_nonce, client_nonce),
+          header_deadline);
+      !st.ok()) {
+    refuse(std::string(st.message()), false);
+    return done();
+  }
   char prefix[replica::kPrefixBytes];
   Op op = Op::kPut;
   absl::StatusOr<std::uint32_t> len = absl::UnavailableError("");
@@ -270,8 +356,8 @@ void ReplicaService::Serve(int fd, std::string peer, std::uint64_t id) {
     }
     return done();
   }
-  if (h->job_id != options_.job_id || h->token != token) {
-    refuse(absl::StrCat(fence, "not a replica of this job (its job id or token differs)"), true);
+  if (h->job_id != options_.job_id) {
+    refuse(absl::StrCat(fence, "not a replica of this job (its job id differs)"), true);
     return done();
   }
   if (h->round != round) {
@@ -339,7 +425,7 @@ void ReplicaService::Serve(int fd, std::string peer, std::uint64_t id) {
 absl::Status ReplicaService::Put(const std::string& endpoint, const Header& h,
                                  const std::vector<std::string_view>& data,
                                  Clock::time_point deadline) {
-  auto fd = Dial(endpoint, deadline);
+  auto fd = Dial(endpoint, h.job_id, h.token, deadline);
   if (!fd.ok()) return fd.status();
   if (absl::Status st = net::SendAll(fd->get(), replica::EncodeRequest(h), deadline); !st.ok()) {
     return st;
@@ -374,8 +460,11 @@ absl::StatusOr<FetchedReplica> ReplicaService::Fetch(
     const std::string& endpoint, const std::string& job_id, const std::string& token,
     std::int64_t round, const replica::Seat& seat, std::uint64_t limit_bytes,
     Clock::time_point deadline, const FetchSink& sink) {
-  auto fd = Dial(endpoint, deadline);
-  if (!fd.ok()) return fd.status();
+  auto fd = Dial(endpoint, job_id, token, deadline);
+  if (!fd.ok()) {
+    if (absl::IsFailedPrecondition(fd.status())) return absl::NotFoundError(fd.status().message());
+    return fd.status();
+  }
   Header get;
   get.op = Op::kGet;
   get.job_id = job_id;
@@ -438,7 +527,7 @@ absl::StatusOr<FetchedReplica> ReplicaService::Fetch(
 // ------------------------------------------------------------------ sender
 
 absl::StatusOr<bool> ReplicaService::SendSlot(int fd, int local_rank, const CommittedSnapshot& s,
-                                              Clock::time_point deadline) const {
+                                              Clock::time_point deadline) {
   if (s.size == 0) return true;
   const int mem = memory_->fd(local_rank);
   const off_t offset =
@@ -448,8 +537,14 @@ absl::StatusOr<bool> ReplicaService::SendSlot(int fd, int local_rank, const Comm
     return absl::InternalError(absl::StrCat("mmap of local rank ", local_rank,
                                             "'s checkpoint memory: ", std::strerror(errno)));
   }
-  absl::Status st =
-      net::SendAll(fd, std::string_view(static_cast<const char*>(p), s.size), deadline);
+  // Under --ckpt_bandwidth, in chunks each sent after its time at the rate.
+  const std::size_t chunk = options_.bandwidth > 0 ? kPacedChunk : s.size;
+  absl::Status st;
+  for (std::size_t off = 0; st.ok() && off < s.size; off += chunk) {
+    const std::size_t len = std::min(chunk, s.size - off);
+    send_pace_.Take(len);
+    st = net::SendAll(fd, std::string_view(static_cast<const char*>(p) + off, len), deadline);
+  }
   ::munmap(p, s.size);
   if (!st.ok()) return st;
   for (const CommittedSnapshot& now : memory_->Committed(local_rank)) {
@@ -542,7 +637,7 @@ void ReplicaService::SendNewest() {
     h.kinds.push_back(s.checksum_kind);
   }
   const auto deadline = Clock::now() + kIoTimeout;
-  auto fd = Dial(successor, deadline);
+  auto fd = Dial(successor, options_.job_id, token, deadline);
   absl::Status st =
       fd.ok() ? net::SendAll(fd->get(), replica::EncodeRequest(h), deadline) : fd.status();
   // One local rank at a time, sent straight from its slot, which must still

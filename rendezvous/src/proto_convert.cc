@@ -84,6 +84,7 @@ JobPolicy FromProto(const pb::JobPolicy& p) {
   // RESTART_POLICY_JOB, or a value this version does not know: job.
   s.restart_policy = p.restart_policy() == pb::RESTART_POLICY_INPLACE ? RestartPolicy::kInplace
                                                                       : RestartPolicy::kJob;
+  s.ckpt_replicas = p.ckpt_replicas();
   return s;
 }
 
@@ -105,6 +106,7 @@ void ToProto(const JobPolicy& s, pb::JobPolicy* p) {
   }
   p->set_restart_policy(s.restart_policy == RestartPolicy::kInplace ? pb::RESTART_POLICY_INPLACE
                                                                     : pb::RESTART_POLICY_JOB);
+  p->set_ckpt_replicas(s.ckpt_replicas);
 }
 
 JoinSpec FromProto(const pb::JoinRequest& p) {

@@ -208,8 +208,12 @@ for step in range(100000):
     log.write("saved %d\n" % step)
     time.sleep(0.02)
 )");
-  Proc& p = h.StartDdprun("sigterm", {"--nproc_per_node=2", "--ckpt_dir=" + dir, script, out},
-                          WorkerEnv());
+  // --ckpt_bandwidth 1 (a byte a second): the background writes stall
+  // after their first chunk, and the flush on SIGTERM is never paced, even
+  // the write it catches waiting.
+  Proc& p = h.StartDdprun(
+      "sigterm", {"--nproc_per_node=2", "--ckpt_dir=" + dir, "--ckpt_bandwidth=1", script, out},
+      WorkerEnv());
   // Until both ranks saved a few steps (a deadline loop).
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
   auto lines = [&](int rank) {

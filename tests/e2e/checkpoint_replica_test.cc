@@ -176,17 +176,18 @@ std::string CleanFinal(Harness& h, const std::string& script, int ranks,
   return final0;
 }
 
-// One agent of job `id` with --ckpt_replicas 1 on 127.0.0.<idx>, one
-// worker, its log folder <name>_out.
+// One agent of job `id` with --ckpt_replicas 1 (`ask_replicas` false: the
+// flag not given, the job's value applies) on 127.0.0.<idx>, one worker, its
+// log folder <name>_out.
 Proc& ReplicaNode(Harness& h, const std::string& script, int port, const std::string& id,
                   int nnodes, const std::string& name, int idx, const EnvList& extra,
-                  const std::string& ckpt_dir = "") {
+                  const std::string& ckpt_dir = "", bool ask_replicas = true) {
   EnvList env = WorkerEnv();
   env.insert(env.end(), extra.begin(), extra.end());
   env.push_back({"REPLICA_TEST_OUT", h.MakeDir(name + "_out")});
   std::vector<std::string> args = NodeFlags(port, id, nnodes, idx);
-  args.insert(args.end(),
-              {"--rdzv_conf=join_timeout=60", "--max_restarts=3", "--ckpt_replicas", "1"});
+  args.insert(args.end(), {"--rdzv_conf=join_timeout=60", "--max_restarts=3"});
+  if (ask_replicas) args.insert(args.end(), {"--ckpt_replicas", "1"});
   if (!ckpt_dir.empty()) args.push_back("--ckpt_dir=" + ckpt_dir);
   args.push_back(script);
   args.push_back(std::to_string(kSteps));
@@ -214,8 +215,9 @@ TEST_CASE(
 
   Proc* daemon = nullptr;
   const int port = h.StartDaemon("ddprund", &daemon);
-  auto node = [&](const std::string& name, int idx, const EnvList& extra) -> Proc& {
-    return ReplicaNode(h, script, port, "replicas", 2, name, idx, extra);
+  auto node = [&](const std::string& name, int idx, const EnvList& extra,
+                  bool ask_replicas = true) -> Proc& {
+    return ReplicaNode(h, script, port, "replicas", 2, name, idx, extra, "", ask_replicas);
   };
   // A's agent says (DDPRUN_DEBUG=agent) when it holds a replica. B's
   // sender is slow (the test hook: each replica waits kSlowSendMs before it
@@ -247,9 +249,10 @@ TEST_CASE(
     INFO("holder " << pid << ": " << cmd);
     CHECK(cmd.rfind(Ddprun(), 0) == 0);
   }
-  // A spare joins the running round, and B is lost while the replica of
-  // its step 3 is still on its way.
-  Proc& c = node("C", 3, {});
+  // A spare joins the running round, without --ckpt_replicas (the job's
+  // value, the first node's, holds for it, and it is told so), and B is lost
+  // while the replica of its step 3 is still on its way.
+  Proc& c = node("C", 3, {}, /*ask_replicas=*/false);
 
   // C joins as a hot spare of the full round, or, if B's loss is seen
   // first, as the node the re-forming round waits for: C takes B's seat
@@ -273,6 +276,8 @@ TEST_CASE(
     CHECK(rc == 0);
   }
   INFO("A stderr:\n" << a.Err() << "\nC stderr:\n" << c.Err());
+  CHECK(c.Err().find("this node asked ckpt_replicas=0, the job runs with 1 (the first node's); "
+                     "pass the same --ckpt_replicas on every node") != std::string::npos);
   // C restored B's seat from A's replica; no --ckpt_dir was given at all.
   // B's save of step 3 returned only once A held its replica: step 3.
   const std::string c_err = c.Err();

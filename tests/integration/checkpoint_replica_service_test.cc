@@ -1,9 +1,10 @@
 // The replica transport (checkpoint_replicas.h) over real loopback sockets:
 // put and fetch round-trip; requests of another job, token or round are
-// refused; a replica larger than the receiver's --ckpt_shm_limit is refused
-// in one line; garbage connections are dropped with at most one line a
-// second and the server goes on; the sender thread streams a node's newest
-// committed step from its checkpoint memory to its successor.
+// refused; a client or a server that does not prove the job's secret gets
+// nothing (the handshake, docs/security.md); a replica larger than the receiver's --ckpt_shm_limit
+// is refused in one line; garbage connections are dropped with at most one line a second and the
+// server goes on; the sender thread streams a node's newest committed step from its checkpoint
+// memory to its successor.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -145,7 +146,7 @@ TEST_CASE("replica service: put, fetch and the fence", "[integration][replica]")
     absl::Status st = PutAll(server->endpoint(), h, data);
     CHECK(absl::IsFailedPrecondition(st));
     CHECK(std::string(st.message()) ==
-          "[job job1 round 2] not a replica of this job (its job id or token differs)");
+          "[job job1 round 2] not an agent of this job (it did not prove the job's secret)");
     h = PutOf(data, 6);
     h.job_id = "job2";
     CHECK(absl::IsFailedPrecondition(PutAll(server->endpoint(), h, data)));
@@ -156,7 +157,7 @@ TEST_CASE("replica service: put, fetch and the fence", "[integration][replica]")
     CHECK(server->store().Find(Seat{2, 2, 4})->step() == 5);
     auto wrong = FetchSeat(server->endpoint(), 2, "other");
     CHECK(absl::IsNotFound(wrong.status()));
-    CHECK(std::string(wrong.status().message()).find("its job id or token differs") !=
+    CHECK(std::string(wrong.status().message()).find("did not prove the job's secret") !=
           std::string::npos);
     auto stale = FetchSeat(server->endpoint(), 3);
     CHECK(std::string(stale.status().message()) ==
@@ -169,6 +170,123 @@ TEST_CASE("replica service: put, fetch and the fence", "[integration][replica]")
     CHECK(std::string(none.status().message()) ==
           "[job job1 round 2] no replica of ranks 0-1 here");
   }
+}
+
+// A raw connection to `port` (the forged peer's side).
+int Connect(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  timeval tv{10, 0};  // every read below has a deadline
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+// Reads until `n` bytes or the end of the stream (or the 10 s timeout).
+std::string ReadUpTo(int fd, std::size_t n) {
+  std::string out;
+  char buf[4096];
+  while (out.size() < n) {
+    const ssize_t r = ::read(fd, buf, std::min(sizeof buf, n - out.size()));
+    if (r <= 0) break;
+    out.append(buf, static_cast<std::size_t>(r));
+  }
+  return out;
+}
+
+TEST_CASE(
+    "replica service: a client without the job's secret is refused naming the peer, and the "
+    "real replica still works",
+    "[integration][replica][security]") {
+  Lines lines;
+  auto server = Serve(lines, 1 << 20);
+  const std::vector<std::string> data{"real one", "real two"};
+  REQUIRE(PutAll(server->endpoint(), PutOf(data), data).ok());
+  const int port = PortOf(server->endpoint());
+
+  // A forged client answers the challenge with a proof it made up, then
+  // tries to push a replica.
+  const int fd = Connect(port);
+  const std::string challenge = ReadUpTo(fd, replica::kChallengeBytes);
+  REQUIRE(replica::ParseChallenge(challenge).ok());
+  const std::string forged = replica::EncodeHello(replica::NewNonce(), std::string(32, 'f'));
+  Header h = PutOf({"forged", "forged"}, 9);
+  const std::string request = forged + replica::EncodeRequest(h) + "forgedforged";
+  REQUIRE(::write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size()));
+  const std::string reply = ReadUpTo(fd, 1 << 16);
+  ::close(fd);
+  bool ok = true;
+  REQUIRE(reply.size() >= replica::kReplyFixedBytes);
+  REQUIRE(replica::ParseReplyFixed(reply.substr(0, replica::kReplyFixedBytes), &ok).ok());
+  CHECK_FALSE(ok);
+  CHECK(reply.substr(replica::kReplyFixedBytes) ==
+        "[job job1 round 2] not an agent of this job (it did not prove the job's secret)");
+  // A client that guessed another token: refused the same way.
+  Header other = PutOf(data, 10);
+  other.token = "guessed";
+  CHECK(absl::IsFailedPrecondition(PutAll(server->endpoint(), other, data)));
+  // One line per refusal (at most one a second), naming the peer.
+  REQUIRE(Eventually([&] { return !lines.Get().empty(); }));
+  for (const std::string& line : lines.Get()) {
+    CHECK(line.rfind("--ckpt_replicas: refused a connection from 127.0.0.1:", 0) == 0);
+    CHECK(line.find("it did not prove the job's secret (not an agent of this job)") !=
+          std::string::npos);
+  }
+  // The held replica is the real one, and the real agents go on.
+  auto held = FetchSeat(server->endpoint(), 2);
+  REQUIRE(held.ok());
+  CHECK(held->step == 5);
+  CHECK(held->bytes == data);
+  REQUIRE(PutAll(server->endpoint(), PutOf(data, 11), data).ok());
+  CHECK(server->store().Find(Seat{2, 2, 4})->step() == 11);
+}
+
+TEST_CASE("replica service: a server without the job's secret gets no snapshot",
+          "[integration][replica][security]") {
+  // A forged server: it challenges, then answers with an ok and a made-up
+  // proof, and records everything the sender sends.
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(listener >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(listener, 4) == 0);
+  socklen_t len = sizeof a;
+  REQUIRE(::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  const std::string endpoint = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  std::string received;
+  std::thread forged([&] {
+    const int c = ::accept(listener, nullptr, nullptr);
+    if (c < 0) return;
+    timeval tv{10, 0};
+    ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    const std::string challenge = replica::EncodeChallenge(replica::NewNonce());
+    (void)!::write(c, challenge.data(), challenge.size());
+    received = ReadUpTo(c, replica::kHelloBytes);
+    const std::string answer = replica::EncodeReply(true, "") + std::string(32, 's');
+    (void)!::write(c, answer.data(), answer.size());
+    received += ReadUpTo(c, 1 << 20);  // until the sender closes
+    ::close(c);
+  });
+  const std::vector<std::string> data{"secret snapshot", "of two ranks"};
+  absl::Status st = PutAll(endpoint, PutOf(data), data);
+  forged.join();
+  ::close(listener);
+  CHECK(absl::IsPermissionDenied(st));
+  CHECK(std::string(st.message()) ==
+        endpoint +
+            " did not prove this job's secret (not an agent of job job1); nothing was "
+            "sent to it");
+  // It got the sender's hello (a nonce and a proof it cannot reuse), and no
+  // header, token or snapshot byte.
+  CHECK(received.size() == replica::kHelloBytes);
+  CHECK(received.find("tok") == std::string::npos);
+  CHECK(received.find("secret snapshot") == std::string::npos);
 }
 
 TEST_CASE("replica service: a replica over the receiver's limit is refused in one line",

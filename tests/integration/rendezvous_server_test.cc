@@ -178,6 +178,7 @@ TEST_CASE("a node that asks for another policy joins, and its assignment names t
   WaitForMembers(*server, "job-p", 1);
   JoinSpec second = Spec("job-p", 12);
   second.policy.hang_timeout_s = 60;
+  second.policy.ckpt_replicas = 1;
   auto s2 = c2->Join(second);
   Assignment a1 = NextAssignment(*s1);
   Assignment a2 = NextAssignment(*s2);
@@ -188,8 +189,9 @@ TEST_CASE("a node that asks for another policy joins, and its assignment names t
   CHECK(*a2.policy == first.policy);
   // What the second node's agent prints (Agent: PolicyWarning, once).
   CHECK(PolicyWarning("this node", second.policy, *a2.policy) ==
-        "this node asked hang_timeout=60s, on_hang=report, the job runs with 300s, restart (the "
-        "first node's); pass the same --hang_timeout and --on_hang on every node");
+        "this node asked hang_timeout=60s, on_hang=report, ckpt_replicas=1, the job runs with "
+        "300s, restart, 0 (the first node's); pass the same --hang_timeout and --on_hang and "
+        "--ckpt_replicas on every node");
   CHECK(PolicyWarning("this node", first.policy, *a1.policy).empty());
 }
 

@@ -32,8 +32,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "ddprun/agent/host.h"
-#include "ddprun/launcher/check/sha256.h"
 #include "ddprun/launcher/cli.h"
+#include "ddprun/rendezvous/common/sha256.h"
 
 extern char** environ;
 
@@ -254,7 +254,7 @@ class RealProbe final : public SystemProbe {
       if (err == ENOENT) return absl::NotFoundError("no such file");
       return absl::PermissionDeniedError(Errno(err));
     }
-    Sha256 sha;
+    rendezvous::Sha256 sha;
     char buf[1 << 16];
     while (in.read(buf, sizeof buf) || in.gcount() > 0) sha.Update(buf, in.gcount());
     return sha.HexDigest();

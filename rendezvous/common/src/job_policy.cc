@@ -63,6 +63,10 @@ std::vector<PolicyDifference> PolicyDifferences(const JobPolicy& asked, const Jo
     out.push_back({"restart_policy", RestartPolicyName(asked.restart_policy),
                    RestartPolicyName(job.restart_policy)});
   }
+  if (asked.ckpt_replicas != job.ckpt_replicas) {
+    out.push_back(
+        {"ckpt_replicas", std::to_string(asked.ckpt_replicas), std::to_string(job.ckpt_replicas)});
+  }
   return out;
 }
 

@@ -55,7 +55,7 @@ TEST_CASE("replica wire: a put and a get round-trip", "[unit][replica]") {
   REQUIRE(h.ok());
   CHECK(h->op == Op::kPut);
   CHECK(h->job_id == "job1");
-  CHECK(h->token == "tok");
+  CHECK(h->token.empty());  // the key of the handshake, never on the wire
   CHECK(h->round == 3);
   CHECK(h->seat == Seat{2, 2, 4});
   CHECK(h->step == 7);
@@ -63,6 +63,8 @@ TEST_CASE("replica wire: a put and a get round-trip", "[unit][replica]") {
   CHECK(h->crcs == std::vector<std::uint32_t>{11, 22});
   CHECK(h->kinds == std::vector<std::uint32_t>{1, 0});
   CHECK(h->data_bytes() == 201);
+
+  CHECK(replica::EncodeRequest(PutHeader()).find("tok") == std::string::npos);
 
   Header unknown_kind = PutHeader();
   unknown_kind.kinds = {1, 7};
@@ -79,6 +81,42 @@ TEST_CASE("replica wire: a put and a get round-trip", "[unit][replica]") {
   CHECK(g->sizes.empty());
 }
 
+TEST_CASE("replica wire: the handshake proves the job's secret without sending it",
+          "[unit][replica][security]") {
+  const std::string ns = replica::NewNonce(), nc = replica::NewNonce();
+  CHECK(ns.size() == replica::kNonceBytes);
+  CHECK(ns != nc);  // 128 random bits each
+  auto back = replica::ParseChallenge(replica::EncodeChallenge(ns));
+  REQUIRE(back.ok());
+  CHECK(*back == ns);
+  CHECK_FALSE(replica::ParseChallenge("HTTP/1.1 200 OK\r\n\r\n1234").ok());
+
+  const std::string client = replica::Proof("client", "tok", "job1", ns, nc);
+  CHECK(client.size() == replica::kProofBytes);
+  const std::string hello = replica::EncodeHello(nc, client);
+  REQUIRE(hello.size() == replica::kHelloBytes);
+  CHECK(hello.find("tok") == std::string::npos);
+  std::string got_nonce, got_proof;
+  REQUIRE(replica::ParseHello(hello, &got_nonce, &got_proof).ok());
+  CHECK(got_nonce == nc);
+  CHECK(replica::ProofHolds(client, got_proof));
+  // Each input changes the proof: another token, job, role or nonce.
+  for (const std::string& other :
+       {replica::Proof("client", "tok2", "job1", ns, nc),
+        replica::Proof("client", "tok", "job2", ns, nc),
+        replica::Proof("server", "tok", "job1", ns, nc),
+        replica::Proof("client", "tok", "job1", nc, ns),
+        replica::Proof("client", "tok", "job1", ns, replica::NewNonce())}) {
+    CHECK_FALSE(replica::ProofHolds(client, other));
+  }
+  CHECK_FALSE(replica::ProofHolds(client, client.substr(1)));
+  // An older client (DDPREPL2) or garbage is not a hello.
+  std::string old = hello;
+  old[7] = '2';
+  CHECK_THAT(std::string(replica::ParseHello(old, &got_nonce, &got_proof).message()),
+             Catch::Contains("bad magic"));
+  CHECK_FALSE(replica::ParseHello(hello.substr(1), &got_nonce, &got_proof).ok());
+}
 TEST_CASE("replica wire: garbage and lies are refused by name", "[unit][replica]") {
   Op op = Op::kPut;
   SECTION("bad magic") {

@@ -1189,4 +1189,24 @@ TEST_CASE("--restart_policy: job by default, inplace needs --max_restarts", "[un
              Contains("pass --max_restarts=N"));
 }
 
+TEST_CASE("--ckpt_replicas is a JobPolicy field: 0 by default", "[unit]") {
+  CHECK(Ok({S().Path("train.py")}).options.policy.ckpt_replicas == 0);
+  CHECK(Ok({"--ckpt_replicas", "1", S().Path("train.py")}).options.policy.ckpt_replicas == 1);
+  Env env = BaseEnv();
+  env["PET_CKPT_REPLICAS"] = "1";
+  CHECK(Ok({S().Path("train.py")}, env).options.policy.ckpt_replicas == 1);
+  CHECK_THAT(Err({"--ckpt_replicas", "2", S().Path("train.py")}), Contains("0 or 1"));
+}
+
+TEST_CASE("--ckpt_bandwidth: bytes per second, 0 (no limit) by default", "[unit]") {
+  CHECK(Ok({S().Path("train.py")}).options.ckpt_bandwidth == 0);
+  CHECK(Ok({"--ckpt_bandwidth", "256MiB", S().Path("train.py")}).options.ckpt_bandwidth ==
+        std::uint64_t{256} << 20);
+  Env env = BaseEnv();
+  env["PET_CKPT_BANDWIDTH"] = "1GiB";
+  CHECK(Ok({S().Path("train.py")}, env).options.ckpt_bandwidth == std::uint64_t{1} << 30);
+  CHECK_THAT(Err({"--ckpt_bandwidth", "fast", S().Path("train.py")}),
+             Contains("--ckpt_bandwidth"));
+}
+
 }  // namespace ddprun::launcher

@@ -144,10 +144,11 @@ struct AgentOptions {
   // --ckpt_every: save keeps steps that are multiples of it (the workers'
   // DDPRUN_CKPT_EVERY; its default is the knob table's).
   int ckpt_every = 1;
-  // --ckpt_replicas 1: each node's newest committed snapshot goes to the
-  // next node's agent, which restores it to the node that takes a lost
-  // node's seat (checkpoint_replicas.h; its default is the knob table's).
-  int ckpt_replicas = 0;
+  // --ckpt_replicas is job-wide: policy.ckpt_replicas.
+  // --ckpt_bandwidth: bytes per second of the background checkpoint I/O
+  // (the --ckpt_dir persister's writes, the replica sender's sends;
+  // bandwidth_limit.h); 0: no limit. Its default is the knob table's.
+  std::uint64_t ckpt_bandwidth = 0;
 };
 
 }  // namespace ddprun::agent

@@ -31,6 +31,7 @@
 #include <string>
 #include <thread>
 
+#include "ddprun/agent/bandwidth_limit.h"
 #include "ddprun/agent/checkpoint_memory.h"
 
 namespace ddprun::agent {
@@ -41,8 +42,11 @@ class CheckpointPersister {
   using LogFn = std::function<void(const std::string&)>;  // one line, from any thread
   static constexpr std::chrono::milliseconds kPollInterval{200};
 
-  // `memory` outlives this object.
-  CheckpointPersister(std::string dir, const CheckpointMemory* memory, LogFn log);
+  // `memory` outlives this object. `bandwidth`: the background writes'
+  // bytes per second (--ckpt_bandwidth; 0: no limit); from a Flush or
+  // RequestFlush until it is served nothing is paced.
+  CheckpointPersister(std::string dir, const CheckpointMemory* memory, LogFn log,
+                      std::uint64_t bandwidth = 0);
   ~CheckpointPersister();  // stops the thread; a write in progress is abandoned
   CheckpointPersister(const CheckpointPersister&) = delete;
   CheckpointPersister& operator=(const CheckpointPersister&) = delete;
@@ -78,6 +82,7 @@ class CheckpointPersister {
   const std::string dir_;
   const CheckpointMemory* memory_;
   LogFn log_;
+  BandwidthLimit pace_;  // Take: the thread's; Lift: under mu_
   std::thread thread_;
   std::mutex mu_;
   std::condition_variable cv_;

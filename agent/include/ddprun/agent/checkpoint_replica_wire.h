@@ -2,10 +2,24 @@
 // "Peer replicas"): the bytes only, no sockets, so that every check on what
 // a peer sends is unit-tested (checkpoint_replicas.h is the transport).
 //
-// A request is a 16-byte prefix, a header, then (kPut) the data:
+// Every connection opens with a handshake in which each side proves that it
+// knows the job's secret (the job's store token: 128 random bits the
+// rendezvous gives every agent of the job) without sending it
+// (docs/security.md):
 //
-//   prefix   magic "DDPREPL2", u32 op (1 put, 2 get), u32 header length
-//   header   u32 n + job id, u32 n + token, i64 round,
+//   server   "DDPRAUTH", nonce Ns (16 random bytes)            on accept
+//   client   "DDPREPL3", nonce Nc, Proof("client", ...)        32 bytes
+//   server   a reply: refused (one line), or ok and Proof("server", ...)
+//
+// Proof(role) is HMAC-SHA256(token, "ddprun replica " role, job id, Ns,
+// Nc). The client sends its request only once the server's proof holds, so
+// a stranger's server learns nothing and gets no snapshot; a stranger's
+// client is refused before it can push or read a replica.
+//
+// A request is then a 16-byte prefix, a header, then (kPut) the data:
+//
+//   prefix   magic "DDPREPL3", u32 op (1 put, 2 get), u32 header length
+//   header   u32 n + job id, i64 round,
 //            i32 base rank, i32 local ranks, i32 world size, i64 step,
 //            local ranks x (u64 size, u32 checksum, u32 its kind)
 //   data     the snapshots of the local ranks, back to back (kPut only)
@@ -13,7 +27,7 @@
 // A reply is u32 status (0 ok, 1 refused), u32 n + a message (one line);
 // an ok reply to a kGet is followed by a kPut request's prefix, header and
 // data: the replica. Every integer is little-endian. Every message is fenced
-// by the job id and the round; the token is the job's store token.
+// by the job id and the round.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +39,12 @@
 
 namespace ddprun::agent::replica {
 
-inline constexpr char kMagic[8] = {'D', 'D', 'P', 'R', 'E', 'P', 'L', '2'};
+inline constexpr char kMagic[8] = {'D', 'D', 'P', 'R', 'E', 'P', 'L', '3'};
+inline constexpr char kChallengeMagic[8] = {'D', 'D', 'P', 'R', 'A', 'U', 'T', 'H'};
+inline constexpr std::size_t kNonceBytes = 16;
+inline constexpr std::size_t kProofBytes = 32;
+inline constexpr std::size_t kChallengeBytes = 8 + kNonceBytes;
+inline constexpr std::size_t kHelloBytes = 8 + kNonceBytes + kProofBytes;
 inline constexpr std::size_t kPrefixBytes = 16;
 // Bounds on what a peer may claim before anything is allocated.
 inline constexpr std::uint32_t kMaxHeaderBytes = 64 * 1024;
@@ -47,6 +66,8 @@ struct Seat {
 struct Header {
   Op op = Op::kPut;
   std::string job_id;
+  // The job's store token: the key the connection's handshake proves
+  // (Proof); never on the wire, so "" after ParseHeader.
   std::string token;
   std::int64_t round = 0;
   Seat seat;
@@ -56,6 +77,22 @@ struct Header {
   std::vector<std::uint32_t> kinds;  // kPut: its kind (checkpoint_layout::ChecksumKind)
   std::uint64_t data_bytes() const;
 };
+
+// The handshake (above). A nonce: kNonceBytes from the kernel's random source.
+std::string NewNonce();
+// The server's first bytes, and its nonce back from them (InvalidArgument:
+// not a replica server).
+std::string EncodeChallenge(std::string_view server_nonce);
+absl::StatusOr<std::string> ParseChallenge(std::string_view bytes);
+// What `role` ("client" or "server") proves: HMAC-SHA256 under the token.
+std::string Proof(std::string_view role, std::string_view token, std::string_view job_id,
+                  std::string_view server_nonce, std::string_view client_nonce);
+// The client's answer to a challenge, and its nonce and proof back from
+// kHelloBytes (InvalidArgument: not a replica client, e.g. an older ddprun).
+std::string EncodeHello(std::string_view client_nonce, std::string_view proof);
+absl::Status ParseHello(std::string_view bytes, std::string* client_nonce, std::string* proof);
+// Whether `got` is the proof `want`, in constant time.
+bool ProofHolds(std::string_view want, std::string_view got);
 
 // The prefix and header of a request (the data follows it on the wire).
 std::string EncodeRequest(const Header& h);

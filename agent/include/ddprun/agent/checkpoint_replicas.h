@@ -41,6 +41,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "ddprun/agent/bandwidth_limit.h"
 #include "ddprun/agent/checkpoint_memory.h"
 #include "ddprun/agent/checkpoint_replica_store.h"
 #include "ddprun/agent/checkpoint_replica_wire.h"
@@ -77,6 +78,7 @@ class ReplicaService {
     std::string job_id;
     std::string host;               // the advertised address to bind
     std::uint64_t limit_bytes = 0;  // --ckpt_shm_limit: the largest snapshot held
+    std::uint64_t bandwidth = 0;    // --ckpt_bandwidth: the sender's bytes/s (0: no limit)
   };
 
   // `memory` (may be null: serve only) outlives this object.
@@ -134,7 +136,7 @@ class ReplicaService {
   // Sends local rank's committed slot `s` from its memory; false when the
   // slot no longer holds that commit afterwards (saved over meanwhile).
   absl::StatusOr<bool> SendSlot(int fd, int local_rank, const CommittedSnapshot& s,
-                                Clock::time_point deadline) const;
+                                Clock::time_point deadline);
   // Every local rank's gate open (false) or closed with nothing
   // acknowledged; the caller holds mu_.
   void SetGatesLocked(bool closed);
@@ -168,6 +170,7 @@ class ReplicaService {
   bool reassert_ = false;       // SetRound closed the gates; the sender restores them
 
   // The sender's own.
+  BandwidthLimit send_pace_;  // options_.bandwidth
   std::string sent_to_;
   std::int64_t refused_step_ = -1;
   // What sent_to_ acknowledged, per local rank: (memory epoch, generation).

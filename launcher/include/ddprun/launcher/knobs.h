@@ -307,7 +307,8 @@ inline constexpr Knob kKnobs[] = {
     {.yaml_key = "environment.pass", .type = ValueType::kFileOnly},
     {.yaml_key = "nccl.NCCL_*", .type = ValueType::kFileOnly},
     // Command line only.
-    // Checkpoints in memory (docs/checkpoint.md); per node, so no JobPolicy field.
+    // Checkpoints in memory (docs/checkpoint.md); per node but --ckpt_replicas
+    // (a JobPolicy field).
     {.name = "ckpt_shm_limit", .type = ValueType::kBytes, .default_value = "16GiB",
      .default_text = "16GiB", .metavar = "BYTES", .group = kGroupJob,
      .help = "Largest checkpoint one worker may save with ddprun.checkpoint.save (memory the "
@@ -326,12 +327,20 @@ inline constexpr Knob kKnobs[] = {
      .min = 1, .max = 1'000'000'000, .what = "a positive integer",
      .dest = kInOptions<&agent::AgentOptions::ckpt_every>},
     {.name = "ckpt_replicas", .yaml_key = "checkpoint.replicas", .type = ValueType::kCount,
-     .default_value = "0", .default_text = "0", .metavar = "0|1", .group = kGroupJob,
+     .default_value = rendezvous::kDefaultCkptReplicas,
+     .default_text = rendezvous::kDefaultCkptReplicas, .metavar = "0|1", .group = kGroupJob,
      .help = "1: each node's newest committed checkpoint is copied to the next node's agent in "
              "the background, and a node that takes a lost node's seat restores it from there "
-             "(every node of the job gives the same value)",
+             "(job-wide: the first node's value holds, another node's is told so)",
      .min = 0, .max = 1, .what = "0 or 1",
-     .dest = kInOptions<&agent::AgentOptions::ckpt_replicas>},
+     .dest = kInPolicy<&rendezvous::JobPolicy::ckpt_replicas>},
+    {.name = "ckpt_bandwidth", .yaml_key = "checkpoint.bandwidth", .type = ValueType::kBytes,
+     .default_value = "0", .default_text = "0", .metavar = "BYTES",
+     .group = kGroupJob,
+     .help = "Bytes per second the agent's background checkpoint work may move (--ckpt_dir "
+             "writes, --ckpt_replicas sends), as 256MiB; 0: no limit. A flush on SIGTERM or at "
+             "the job's end is never limited",
+     .dest = kInOptions<&agent::AgentOptions::ckpt_bandwidth>},
     {.name = "standalone", .type = ValueType::kBool, .default_text = "off", .group = kGroupRdzv,
      .help = "Single-node job with its own private rendezvous; ignores --rdzv_backend, "
              "--rdzv_endpoint and --rdzv_id"},

@@ -37,6 +37,20 @@ TEST_CASE("a node that asks for another restart_policy is told", "[job_policy]")
         "the same --restart_policy on every node");
 }
 
+TEST_CASE("a node that asks for another ckpt_replicas is told", "[job_policy]") {
+  CHECK(JobPolicy{}.ckpt_replicas == 0);
+  JobPolicy asked;
+  asked.ckpt_replicas = 1;
+  const std::vector<PolicyDifference> d = PolicyDifferences(asked, JobPolicy{});
+  REQUIRE(d.size() == 1);
+  CHECK(d[0].field == "ckpt_replicas");
+  CHECK(d[0].asked == "1");
+  CHECK(d[0].job == "0");
+  CHECK(PolicyWarning("this node", JobPolicy{}, asked) ==
+        "this node asked ckpt_replicas=0, the job runs with 1 (the first node's); pass "
+        "the same --ckpt_replicas on every node");
+}
+
 TEST_CASE("the same policy differs in nothing", "[job_policy]") {
   CHECK(PolicyDifferences(JobPolicy{}, JobPolicy{}).empty());
   CHECK(PolicyWarning("this node", JobPolicy{}, JobPolicy{}).empty());

@@ -17,6 +17,7 @@ TEST_CASE("JobPolicy survives the proto both ways", "[proto_convert][job_policy]
   s.policy.hang_timeout_s = 0;
   s.policy.on_hang = OnHang::kAbort;
   s.policy.restart_policy = RestartPolicy::kInplace;
+  s.policy.ckpt_replicas = 1;
   pb::JoinRequest p = ToProto(s);
   REQUIRE(p.has_policy());
   CHECK(FromProto(p).policy == s.policy);

@@ -1,9 +1,10 @@
 // The job-wide policy: how often a job restarts, how long a round waits for
-// its nodes, and what a hang does. Every node sends its own in its join
-// request; the first joiner's holds for the job (a later node that asks for
-// another one is told once, PolicyWarning). Each default is written here
-// and nowhere else: the launcher's knob table, the agent, the rendezvous,
-// the job table and the metrics hub hold a JobPolicy, and
+// its nodes, what a hang does, and whether checkpoints are replicated. Every
+// node sends its own in its join request; the first joiner's holds for the
+// job (a later node that asks for another one is told once, PolicyWarning).
+// Each default is written here and nowhere else: the launcher's knob table,
+// the agent, the rendezvous, the job table and the metrics hub hold a
+// JobPolicy, and
 // proto_convert.cc is the one place that maps it to and from the wire.
 //
 // A new job-wide knob is a field here (with its default), a row of
@@ -50,6 +51,7 @@ inline constexpr char kDefaultLastCallTimeout[] = "30";
 inline constexpr char kDefaultHangTimeout[] = "300";
 inline constexpr char kDefaultOnHang[] = "report";
 inline constexpr char kDefaultRestartPolicy[] = "job";
+inline constexpr char kDefaultCkptReplicas[] = "0";
 
 consteval OnHang DefaultOnHang(std::string_view text) {
   if (text == "report") return OnHang::kReport;
@@ -81,6 +83,10 @@ struct JobPolicy {
   // What a restart restarts: the whole job, or only the failed workers while
   // the others re-form in place (--restart_policy, docs/recovery.md).
   RestartPolicy restart_policy = DefaultRestartPolicy(kDefaultRestartPolicy);
+  // --ckpt_replicas: 1, each node's newest committed checkpoint is copied
+  // to the next node's agent (docs/checkpoint.md, "Peer replicas"); 0, off.
+  // Job-wide, since a node sends to and restores from its neighbours.
+  int ckpt_replicas = static_cast<int>(DefaultNumber(kDefaultCkptReplicas));
 
   bool operator==(const JobPolicy&) const = default;
 };

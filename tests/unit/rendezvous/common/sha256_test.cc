@@ -1,14 +1,14 @@
-// The self-contained SHA-256 of `ddprun check` (launcher/check/src/sha256.cc)
+// The self-contained SHA-256 (rendezvous/common/src/sha256.cc; `ddprun check`)
 // against FIPS 180-4's examples, the million-'a' vector, every padding edge
 // (55/56/63/64/65/119/120 bytes; digests from Python's hashlib) and the same
 // bytes fed in uneven pieces.
-#include "ddprun/launcher/check/sha256.h"
+#include "ddprun/rendezvous/common/sha256.h"
 
 #include <catch2/catch.hpp>
 #include <string>
 
-using ddprun::launcher::Sha256;
-using ddprun::launcher::Sha256Hex;
+using ddprun::rendezvous::Sha256;
+using ddprun::rendezvous::Sha256Hex;
 
 TEST_CASE("Sha256: FIPS 180-4 examples", "[sha256]") {
   CHECK(Sha256Hex("") == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
@@ -50,4 +50,33 @@ TEST_CASE("Sha256: pieces of any size give the one-shot digest", "[sha256]") {
     }
     CHECK(sha.HexDigest() == want);
   }
+}
+
+TEST_CASE("HmacSha256: RFC 4231's test cases 1, 2 and 6", "[sha256]") {
+  auto hex = [](const ddprun::rendezvous::Sha256Digest& d) {
+    static constexpr char kHex[] = "0123456789abcdef";
+    std::string out;
+    for (std::uint8_t v : d) {
+      out += kHex[v >> 4];
+      out += kHex[v & 15];
+    }
+    return out;
+  };
+  using ddprun::rendezvous::HmacSha256;
+  CHECK(hex(HmacSha256(std::string(20, '\x0b'), "Hi There")) ==
+        "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
+  CHECK(hex(HmacSha256("Jefe", "what do ya want for nothing?")) ==
+        "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+  // A key longer than the block is hashed first.
+  CHECK(hex(HmacSha256(std::string(131, '\xaa'),
+                       "Test Using Larger Than Block-Size Key - Hash Key First")) ==
+        "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+}
+
+TEST_CASE("DigestsEqual compares whole strings", "[sha256]") {
+  using ddprun::rendezvous::DigestsEqual;
+  CHECK(DigestsEqual("abc", "abc"));
+  CHECK_FALSE(DigestsEqual("abc", "abd"));
+  CHECK_FALSE(DigestsEqual("abc", "ab"));
+  CHECK(DigestsEqual("", ""));
 }

@@ -1,10 +1,10 @@
-// SHA-256 as FIPS 180-4 section 6.2 states it (sha256.h).
-#include "ddprun/launcher/check/sha256.h"
+// SHA-256 as FIPS 180-4 section 6.2 states it, and HMAC-SHA256 (sha256.h).
+#include "ddprun/rendezvous/common/sha256.h"
 
 #include <algorithm>
 #include <cstring>
 
-namespace ddprun::launcher {
+namespace ddprun::rendezvous {
 namespace {
 
 constexpr std::uint32_t kK[64] = {
@@ -80,7 +80,7 @@ void Sha256::Update(const void* data, std::size_t size) {
   buffered_ = size;
 }
 
-std::string Sha256::HexDigest() {
+Sha256Digest Sha256::Digest() {
   const std::uint64_t bits = total_bytes_ * 8;
   // Padding: 0x80, zeros up to 56 mod 64, then the length in bits (big endian).
   unsigned char pad[72] = {0x80};
@@ -89,11 +89,20 @@ std::string Sha256::HexDigest() {
   const std::uint64_t keep = total_bytes_;
   Update(pad, pad_len + 8);
   total_bytes_ = keep;
+  Sha256Digest out;
+  for (int i = 0; i < 8; ++i) {
+    for (int b = 0; b < 4; ++b) out[4 * i + b] = static_cast<std::uint8_t>(h_[i] >> (24 - 8 * b));
+  }
+  return out;
+}
+
+std::string Sha256::HexDigest() {
   static constexpr char kHex[] = "0123456789abcdef";
   std::string hex;
   hex.reserve(64);
-  for (std::uint32_t v : h_) {
-    for (int shift = 28; shift >= 0; shift -= 4) hex += kHex[(v >> shift) & 15];
+  for (std::uint8_t v : Digest()) {
+    hex += kHex[v >> 4];
+    hex += kHex[v & 15];
   }
   return hex;
 }
@@ -104,4 +113,38 @@ std::string Sha256Hex(std::string_view data) {
   return sha.HexDigest();
 }
 
-}  // namespace ddprun::launcher
+Sha256Digest HmacSha256(std::string_view key, std::string_view message) {
+  // RFC 2104: H((K ^ opad) || H((K ^ ipad) || message)), K padded to the
+  // block size (hashed first when longer).
+  unsigned char block[64] = {};
+  if (key.size() > sizeof block) {
+    Sha256 k;
+    k.Update(key.data(), key.size());
+    const Sha256Digest d = k.Digest();
+    std::memcpy(block, d.data(), d.size());
+  } else {
+    std::memcpy(block, key.data(), key.size());
+  }
+  unsigned char pad[64];
+  for (std::size_t i = 0; i < sizeof pad; ++i) pad[i] = block[i] ^ 0x36;
+  Sha256 inner;
+  inner.Update(pad, sizeof pad);
+  inner.Update(message.data(), message.size());
+  const Sha256Digest inner_digest = inner.Digest();
+  for (std::size_t i = 0; i < sizeof pad; ++i) pad[i] = block[i] ^ 0x5c;
+  Sha256 outer;
+  outer.Update(pad, sizeof pad);
+  outer.Update(inner_digest.data(), inner_digest.size());
+  return outer.Digest();
+}
+
+bool DigestsEqual(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  }
+  return diff == 0;
+}
+
+}  // namespace ddprun::rendezvous
