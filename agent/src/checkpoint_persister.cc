@@ -83,9 +83,54 @@ bool ReadWhole(const std::string& path, std::string* out) {
   return !in.bad();
 }
 
-// The step folders of DIR and what their manifests say. Problems (a
-// manifest that does not parse, an entry that is not ddprun's) are named
-// in *problems, one line each.
+// What the manifests in DIR/step-<step> say (only that folder's files are
+// read). Problems (a manifest that does not parse, an entry that is not
+// ddprun's) are named in *problems, one line each.
+StepInfo ScanStep(const std::string& dir, std::int64_t step, std::vector<std::string>* problems) {
+  StepInfo info;
+  const std::string name = absl::StrCat("step-", step);
+  for (const std::string& file : List(absl::StrCat(dir, "/", name))) {
+    if (!absl::StartsWith(file, "manifest-") || !absl::EndsWith(file, ".json")) continue;
+    const std::string path = absl::StrCat(dir, "/", name, "/", file);
+    std::string text;
+    Json m = ReadWhole(path, &text) ? Json::parse(text, nullptr, false) : Json();
+    bool ok = m.is_object() && m.value("format", "") == kManifestFormat && m.contains("step") &&
+              m["step"].is_number_integer() && m["step"].get<std::int64_t>() == step &&
+              m.contains("world_size") && m["world_size"].is_number_integer() &&
+              m.contains("ranks") && m["ranks"].is_object();
+    const int world = ok ? m["world_size"].get<int>() : -1;
+    ok = ok && world > 0 && (info.world_size < 0 || info.world_size == world);
+    std::map<int, RankEntry> ranks;
+    if (ok) {
+      for (const auto& [key, e] : m["ranks"].items()) {
+        int r = -1;
+        if (!absl::SimpleAtoi(key, &r) || r < 0 || r >= world || !e.is_object() ||
+            !e.contains("file") || !e["file"].is_string() || !e.contains("size") ||
+            !e["size"].is_number_unsigned() || !e.contains("crc32") ||
+            !e["crc32"].is_number_unsigned() || e["file"].get<std::string>() != RankFile(r)) {
+          ok = false;
+          break;
+        }
+        ranks[r] = {e["file"].get<std::string>(), e["size"].get<std::uint64_t>(),
+                    e["crc32"].get<std::uint32_t>()};
+      }
+    }
+    if (!ok) {
+      if (problems) {
+        problems->push_back(absl::StrCat("refusing ", path, ": not a ddprun manifest of step ",
+                                         step, " (format \"", kManifestFormat,
+                                         "\", world_size, ranks)"));
+      }
+      continue;
+    }
+    info.world_size = world;
+    info.ranks.merge(ranks);
+  }
+  return info;
+}
+
+// The step folders of DIR and what their manifests say (ScanStep), with
+// what is not a step folder named in *problems.
 std::map<std::int64_t, StepInfo> ScanDir(const std::string& dir,
                                          std::vector<std::string>* problems) {
   std::map<std::int64_t, StepInfo> steps;
@@ -99,45 +144,19 @@ std::map<std::int64_t, StepInfo> ScanDir(const std::string& dir,
       }
       continue;
     }
-    StepInfo& info = steps[step];
-    for (const std::string& file : List(absl::StrCat(dir, "/", name))) {
-      if (!absl::StartsWith(file, "manifest-") || !absl::EndsWith(file, ".json")) continue;
-      const std::string path = absl::StrCat(dir, "/", name, "/", file);
-      std::string text;
-      Json m = ReadWhole(path, &text) ? Json::parse(text, nullptr, false) : Json();
-      bool ok = m.is_object() && m.value("format", "") == kManifestFormat && m.contains("step") &&
-                m["step"].is_number_integer() && m["step"].get<std::int64_t>() == step &&
-                m.contains("world_size") && m["world_size"].is_number_integer() &&
-                m.contains("ranks") && m["ranks"].is_object();
-      const int world = ok ? m["world_size"].get<int>() : -1;
-      ok = ok && world > 0 && (info.world_size < 0 || info.world_size == world);
-      std::map<int, RankEntry> ranks;
-      if (ok) {
-        for (const auto& [key, e] : m["ranks"].items()) {
-          int r = -1;
-          if (!absl::SimpleAtoi(key, &r) || r < 0 || r >= world || !e.is_object() ||
-              !e.contains("file") || !e["file"].is_string() || !e.contains("size") ||
-              !e["size"].is_number_unsigned() || !e.contains("crc32") ||
-              !e["crc32"].is_number_unsigned() || e["file"].get<std::string>() != RankFile(r)) {
-            ok = false;
-            break;
-          }
-          ranks[r] = {e["file"].get<std::string>(), e["size"].get<std::uint64_t>(),
-                      e["crc32"].get<std::uint32_t>()};
-        }
-      }
-      if (!ok) {
-        if (problems) {
-          problems->push_back(absl::StrCat("refusing ", path, ": not a ddprun manifest of step ",
-                                           step, " (format \"", kManifestFormat,
-                                           "\", world_size, ranks)"));
-        }
-        continue;
-      }
-      info.world_size = world;
-      info.ranks.merge(ranks);
-    }
+    steps[step] = ScanStep(dir, step, problems);
   }
+  return steps;
+}
+
+// The step numbers of DIR's step folders, oldest first; nothing is read.
+std::vector<std::int64_t> StepFolders(const std::string& dir) {
+  std::vector<std::int64_t> steps;
+  for (const std::string& name : List(dir)) {
+    std::int64_t step = 0;
+    if (ParseStepName(name, &step)) steps.push_back(step);
+  }
+  std::sort(steps.begin(), steps.end());
   return steps;
 }
 
@@ -351,12 +370,13 @@ CheckpointPersister::Outcome CheckpointPersister::PersistNewest(bool flushing) {
   failed_step_ = kNone;
   if (failing_) log_(absl::StrCat("--ckpt_dir: step ", step, " persisted to ", dir_));
   failing_ = false;
-  const std::map<std::int64_t, StepInfo> steps = ScanDir(dir_, nullptr);
-  if (auto it = steps.find(step); it != steps.end() && it->second.Complete()) Prune(step);
+  // Only this step's manifests are read (every node's, to know whether the
+  // step is complete): the files of other steps are never read here.
+  if (ScanStep(dir_, step, nullptr).Complete()) Prune(step);
   // This node's own files beyond its last two steps go too, so a directory
   // no other node writes to (no step ever complete) does not grow.
   if (previous_written_ != kNone && previous_written_ < step) {
-    for (const auto& [old, info] : steps) {
+    for (const std::int64_t old : StepFolders(dir_)) {
       if (old >= previous_written_) break;
       const std::string old_folder = StepDir(dir_, old);
       for (int r = first; r <= last; ++r)
