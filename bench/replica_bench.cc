@@ -13,8 +13,11 @@
 //
 // Each rank's bytes carry a CRC-32C, as workers with the SDK library
 // record them; --crc32 1 gives zlib's CRC-32 instead (Python without it).
+// --encrypt 0|1 (default: the job's default, --ckpt_encrypt) sends every
+// connection in plaintext or in AES-256-GCM records (docs/security.md).
 //
 // Usage: replica_bench [--mib N (256)] [--ranks R (2)] [--reps K (5)] [--crc32 0|1]
+//                      [--encrypt 0|1]
 // Prints the median of K runs of each in GB/s (10^9 bytes per second).
 #include <algorithm>
 #include <chrono>
@@ -44,11 +47,13 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-std::unique_ptr<ReplicaService> Service(std::uint64_t limit, CheckpointMemory* memory) {
+std::unique_ptr<ReplicaService> Service(std::uint64_t limit, CheckpointMemory* memory,
+                                        bool encrypt) {
   ReplicaService::Options o;
   o.job_id = "bench";
   o.host = "127.0.0.1";
   o.limit_bytes = limit;
+  o.encrypt = encrypt;
   auto s = std::make_unique<ReplicaService>(
       o, memory, [](const std::string& m) { std::fprintf(stderr, "%s\n", m.c_str()); });
   if (!s->Start().ok()) std::exit(1);
@@ -62,11 +67,13 @@ int main(int argc, char** argv) {
   std::uint64_t mib = 256;
   int ranks = 2, reps = 5;
   bool zlib_crc = false;
+  bool encrypt = ReplicaService::Options{}.encrypt;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--mib")) mib = std::strtoull(argv[i + 1], nullptr, 10);
     if (!std::strcmp(argv[i], "--ranks")) ranks = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--crc32")) zlib_crc = std::atoi(argv[i + 1]) != 0;
+    if (!std::strcmp(argv[i], "--encrypt")) encrypt = std::atoi(argv[i + 1]) != 0;
   }
   const std::uint64_t bytes = mib << 20;
   const double total = static_cast<double>(bytes) * ranks;
@@ -78,7 +85,7 @@ int main(int argc, char** argv) {
   }
   CheckpointMemory memory(bytes), restored(bytes);
   if (!memory.Ensure(ranks).ok() || !restored.Ensure(ranks).ok()) return 1;
-  auto receiver = Service(bytes, nullptr);
+  auto receiver = Service(bytes, nullptr, encrypt);
 
   Header h;
   h.op = Op::kPut;
@@ -100,7 +107,7 @@ int main(int argc, char** argv) {
     h.step = r;
     auto t0 = Clock::now();
     if (absl::Status st = ReplicaService::Put(receiver->endpoint(), h, views,
-                                              Clock::now() + std::chrono::seconds(120));
+                                              Clock::now() + std::chrono::seconds(120), encrypt);
         !st.ok()) {
       std::fprintf(stderr, "put: %s\n", std::string(st.message()).c_str());
       return 1;
@@ -110,7 +117,7 @@ int main(int argc, char** argv) {
     t0 = Clock::now();
     std::vector<CheckpointMemory::SeedSlot> slots;
     auto f = ReplicaService::Fetch(receiver->endpoint(), "bench", "tok", 1, h.seat, bytes,
-                                   Clock::now() + std::chrono::seconds(120),
+                                   Clock::now() + std::chrono::seconds(120), encrypt,
                                    [&](int j, std::uint64_t size) -> absl::StatusOr<char*> {
                                      auto slot = restored.BeginSeed(j, size);
                                      if (!slot.ok()) return slot.status();
@@ -138,7 +145,7 @@ int main(int argc, char** argv) {
     }
   }
   // The sender: a fresh step each run, committed into the checkpoint memory.
-  auto node = Service(bytes, &memory);
+  auto node = Service(bytes, &memory, encrypt);
   for (int r = 0; r < reps; ++r) {
     const std::int64_t step = 1000 + r;
     for (int j = 0; j < ranks; ++j) {
@@ -152,8 +159,9 @@ int main(int argc, char** argv) {
     sender.push_back(total / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9);
     node->SetRound(1, "tok", "");
   }
-  std::printf("replica transfer on loopback, %d ranks x %llu MiB, median of %d:\n", ranks,
-              static_cast<unsigned long long>(mib), reps);
+  std::printf("replica transfer on loopback, %d ranks x %llu MiB, median of %d, %s:\n", ranks,
+              static_cast<unsigned long long>(mib), reps,
+              encrypt ? "encrypted (AES-256-GCM)" : "plaintext");
   std::printf("  put     %.2f GB/s  (Put from memory into the receiver's memfds)\n", Median(put));
   std::printf(
       "  sender  %.2f GB/s  (background sender: committed slots sent straight from memory)\n",

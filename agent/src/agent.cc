@@ -466,6 +466,7 @@ class Agent::Impl {
     ro.host = advertised_host_;
     ro.limit_bytes = options_.ckpt_shm_limit;
     ro.bandwidth = options_.ckpt_bandwidth;
+    ro.encrypt = JobPolicyNow().ckpt_encrypt != 0;
     // Fenced by the round the workers were last spawned in, like the
     // persister: it logs from its own threads.
     replicas_ = std::make_unique<ReplicaService>(

@@ -71,40 +71,66 @@ std::string NewNonce() {
   return n;
 }
 
-std::string EncodeChallenge(std::string_view server_nonce) {
-  return std::string(kChallengeMagic, sizeof kChallengeMagic) + std::string(server_nonce);
+std::string EncodeChallenge(std::string_view server_nonce, bool encrypt) {
+  return std::string(encrypt ? kChallengeMagicEncrypted : kChallengeMagic, 8) +
+         std::string(server_nonce);
 }
 
-absl::StatusOr<std::string> ParseChallenge(std::string_view bytes) {
-  if (bytes.size() != kChallengeBytes ||
-      std::memcmp(bytes.data(), kChallengeMagic, sizeof kChallengeMagic) != 0) {
+absl::StatusOr<std::string> ParseChallenge(std::string_view bytes, bool* encrypt) {
+  if (bytes.size() != kChallengeBytes) {
+    return absl::InvalidArgumentError("not a ddprun replica server (no challenge)");
+  }
+  if (std::memcmp(bytes.data(), kChallengeMagic, 8) == 0) {
+    *encrypt = false;
+  } else if (std::memcmp(bytes.data(), kChallengeMagicEncrypted, 8) == 0) {
+    *encrypt = true;
+  } else {
     return absl::InvalidArgumentError("not a ddprun replica server (no challenge)");
   }
   return std::string(bytes.substr(sizeof kChallengeMagic));
 }
 
 std::string Proof(std::string_view role, std::string_view token, std::string_view job_id,
-                  std::string_view server_nonce, std::string_view client_nonce) {
+                  std::string_view server_nonce, std::string_view client_nonce, bool encrypt) {
   std::string msg = "ddprun replica " + std::string(role);
   msg.push_back('\0');
   PutString(&msg, job_id);
   PutString(&msg, server_nonce);
   PutString(&msg, client_nonce);
+  if (encrypt) PutString(&msg, "aes-256-gcm");
   const rendezvous::Sha256Digest mac = rendezvous::HmacSha256(token, msg);
   return std::string(reinterpret_cast<const char*>(mac.data()), mac.size());
 }
 
-std::string EncodeHello(std::string_view client_nonce, std::string_view proof) {
-  return std::string(kMagic, sizeof kMagic) + std::string(client_nonce) + std::string(proof);
+std::string EncodeHello(std::string_view client_nonce, std::string_view proof, bool encrypt) {
+  return std::string(encrypt ? kHelloMagicEncrypted : kMagic, 8) + std::string(client_nonce) +
+         std::string(proof);
 }
 
-absl::Status ParseHello(std::string_view bytes, std::string* client_nonce, std::string* proof) {
-  if (bytes.size() != kHelloBytes || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) {
+absl::Status ParseHello(std::string_view bytes, std::string* client_nonce, std::string* proof,
+                        bool* encrypt) {
+  const bool plain = bytes.size() == kHelloBytes && std::memcmp(bytes.data(), kMagic, 8) == 0;
+  const bool sealed =
+      bytes.size() == kHelloBytes && std::memcmp(bytes.data(), kHelloMagicEncrypted, 8) == 0;
+  if (!plain && !sealed) {
     return absl::InvalidArgumentError("not a ddprun replica client of this version (bad magic)");
   }
+  *encrypt = sealed;
   *client_nonce = std::string(bytes.substr(sizeof kMagic, kNonceBytes));
   *proof = std::string(bytes.substr(sizeof kMagic + kNonceBytes));
   return absl::OkStatus();
+}
+
+std::string EncryptionMismatch(std::string_view peer, bool this_encrypts) {
+  return this_encrypts
+             ? absl::StrCat(std::string(peer),
+                            " sends the replica channel in plaintext and this node encrypts it "
+                            "(--ckpt_encrypt 1); run every node with the same ddprun, or start "
+                            "the job with --ckpt_encrypt 0")
+             : absl::StrCat(std::string(peer),
+                            " encrypts the replica channel and this node does not "
+                            "(--ckpt_encrypt 0, the job's); run every node with the same ddprun "
+                            "and --ckpt_encrypt");
 }
 
 bool ProofHolds(std::string_view want, std::string_view got) {

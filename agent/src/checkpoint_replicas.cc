@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "ddprun/agent/background_priority.h"
+#include "ddprun/agent/replica_channel.h"
 #include "ddprun/rendezvous/common/checkpoint_checksum.h"
 #include "ddprun/rendezvous/common/checkpoint_layout.h"
 #include "ddprun/rendezvous/common/debug_log.h"
@@ -46,53 +47,67 @@ void WideBuffers(int fd) {
 }
 
 // The reply's status and message.
-absl::Status ReadReply(int fd, ReplicaService::Clock::time_point deadline) {
+absl::Status ReadReply(replica::Channel& ch, ReplicaService::Clock::time_point deadline) {
   char fixed[replica::kReplyFixedBytes];
-  if (absl::Status st = net::RecvExact(fd, fixed, sizeof fixed, deadline); !st.ok()) return st;
+  if (absl::Status st = ch.Recv(fixed, sizeof fixed, deadline); !st.ok()) return st;
   bool ok = false;
   auto len = replica::ParseReplyFixed(std::string_view(fixed, sizeof fixed), &ok);
   if (!len.ok()) return absl::UnavailableError(len.status().message());
   std::string msg(*len, '\0');
-  if (absl::Status st = net::RecvExact(fd, msg.data(), msg.size(), deadline); !st.ok()) return st;
+  if (absl::Status st = ch.Recv(msg.data(), msg.size(), deadline); !st.ok()) return st;
   if (!ok) return absl::FailedPreconditionError(msg);
   return absl::OkStatus();
 }
 
 // The client's side of the handshake (checkpoint_replica_wire.h): proves
 // the job's secret and checks the server's proof before anything else is
-// sent. A refusal is FailedPrecondition with the server's line; a server
-// without the secret is PermissionDenied.
-absl::Status ProveToServer(int fd, const std::string& endpoint, const std::string& job_id,
-                           const std::string& token, ReplicaService::Clock::time_point deadline) {
+// sent, then (`encrypt`) encrypts the channel. A refusal is
+// FailedPrecondition with the server's line, as is a server that does not
+// encrypt when this end does or the other way round; a server without the
+// secret is PermissionDenied.
+absl::Status ProveToServer(replica::Channel& ch, const std::string& endpoint,
+                           const std::string& job_id, const std::string& token, bool encrypt,
+                           ReplicaService::Clock::time_point deadline) {
   char challenge[replica::kChallengeBytes];
-  if (absl::Status st = net::RecvExact(fd, challenge, sizeof challenge, deadline); !st.ok()) {
-    return st;
-  }
-  auto server_nonce = replica::ParseChallenge(std::string_view(challenge, sizeof challenge));
+  if (absl::Status st = ch.Recv(challenge, sizeof challenge, deadline); !st.ok()) return st;
+  bool server_encrypts = false;
+  auto server_nonce =
+      replica::ParseChallenge(std::string_view(challenge, sizeof challenge), &server_encrypts);
   if (!server_nonce.ok()) {
     return absl::PermissionDeniedError(
         absl::StrCat(endpoint, " is ", server_nonce.status().message()));
   }
+  // The library first: without it this end says so before it asks anything.
+  if (encrypt) DDPRUN_RETURN_IF_ERROR(replica::LoadCipherLibrary());
   const std::string client_nonce = replica::NewNonce();
   const std::string hello = replica::EncodeHello(
-      client_nonce, replica::Proof("client", token, job_id, *server_nonce, client_nonce));
-  if (absl::Status st = net::SendAll(fd, hello, deadline); !st.ok()) return st;
-  if (absl::Status st = ReadReply(fd, deadline); !st.ok()) return st;
+      client_nonce, replica::Proof("client", token, job_id, *server_nonce, client_nonce, encrypt),
+      encrypt);
+  if (absl::Status st = ch.Send(hello, deadline); !st.ok()) return st;
+  // A server of the other setting refuses (its line names both).
+  if (absl::Status st = ReadReply(ch, deadline); !st.ok()) return st;
   char proof[replica::kProofBytes];
-  if (absl::Status st = net::RecvExact(fd, proof, sizeof proof, deadline); !st.ok()) return st;
-  if (!replica::ProofHolds(replica::Proof("server", token, job_id, *server_nonce, client_nonce),
-                           std::string_view(proof, sizeof proof))) {
+  if (absl::Status st = ch.Recv(proof, sizeof proof, deadline); !st.ok()) return st;
+  if (!replica::ProofHolds(
+          replica::Proof("server", token, job_id, *server_nonce, client_nonce, server_encrypts),
+          std::string_view(proof, sizeof proof))) {
     return absl::PermissionDeniedError(
         absl::StrCat(endpoint, " did not prove this job's secret (not an agent of job ", job_id,
                      "); nothing was sent to it"));
   }
-  return absl::OkStatus();
+  if (server_encrypts != encrypt) {
+    return absl::FailedPreconditionError(replica::EncryptionMismatch(endpoint, encrypt));
+  }
+  if (!encrypt) return absl::OkStatus();
+  const replica::ChannelKeys keys =
+      replica::DeriveChannelKeys(token, job_id, *server_nonce, client_nonce);
+  return ch.Encrypt(keys.client_to_server, keys.server_to_client);
 }
 
 // Connects to `endpoint` and proves the job's secret (ProveToServer).
-absl::StatusOr<net::UniqueFd> Dial(const std::string& endpoint, const std::string& job_id,
-                                   const std::string& token,
-                                   ReplicaService::Clock::time_point deadline) {
+absl::StatusOr<replica::Channel> Dial(const std::string& endpoint, const std::string& job_id,
+                                      const std::string& token, bool encrypt,
+                                      ReplicaService::Clock::time_point deadline) {
   auto hp = rendezvous::ParseHostPort(endpoint);
   if (!hp.ok()) return hp.status();
   auto addrs = net::ResolveTcp(hp->host, hp->port);
@@ -102,8 +117,9 @@ absl::StatusOr<net::UniqueFd> Dial(const std::string& endpoint, const std::strin
     auto fd = net::ConnectTcp(a, deadline);
     if (fd.ok()) {
       WideBuffers(fd->get());
-      DDPRUN_RETURN_IF_ERROR(ProveToServer(fd->get(), endpoint, job_id, token, deadline));
-      return fd;
+      replica::Channel ch(*std::move(fd), endpoint);
+      DDPRUN_RETURN_IF_ERROR(ProveToServer(ch, endpoint, job_id, token, encrypt, deadline));
+      return ch;
     }
     last = fd.status();
   }
@@ -252,7 +268,7 @@ void ReplicaService::AcceptLoop() {
 }
 
 void ReplicaService::Serve(int fd, std::string peer, std::uint64_t id) {
-  net::UniqueFd owned(fd);
+  replica::Channel ch(net::UniqueFd(fd), peer);
   WideBuffers(fd);
   const auto deadline = Clock::now() + kIoTimeout;
   // A peer that connects and says nothing holds a slot kHeaderTimeout only.
@@ -266,7 +282,7 @@ void ReplicaService::Serve(int fd, std::string peer, std::uint64_t id) {
   }
   const std::string fence = rendezvous::Fence(options_.job_id, round);
   auto refuse = [&](const std::string& why, bool reply) {
-    if (reply) (void)net::SendAll(fd, replica::EncodeReply(false, why), deadline);
+    if (reply) (void)ch.Send(replica::EncodeReply(false, why), deadline);
     LogLimited(absl::StrCat("--ckpt_replicas: dropped a connection from ", peer, ": ", why));
   };
   auto done = [&] {
@@ -278,51 +294,75 @@ void ReplicaService::Serve(int fd, std::string peer, std::uint64_t id) {
   // The handshake (checkpoint_replica_wire.h): nothing is read or held for
   // a peer that does not prove the job's secret.
   const std::string server_nonce = replica::NewNonce();
-  if (absl::Status st = net::SendAll(fd, replica::EncodeChallenge(server_nonce), header_deadline);
+  const bool encrypt = options_.encrypt;
+  if (absl::Status st = ch.Send(replica::EncodeChallenge(server_nonce, encrypt), header_deadline);
       !st.ok()) {
     refuse(std::string(st.message()), false);
     return done();
   }
   char hello[replica::kHelloBytes];
-  if (absl::Status st = net::RecvExact(fd, hello, sizeof hello, header_deadline); !st.ok()) {
+  if (absl::Status st = ch.Recv(hello, sizeof hello, header_deadline); !st.ok()) {
     refuse(std::string(st.message()), false);
     return done();
   }
   std::string client_nonce, proof;
-  if (absl::Status st =
-          replica::ParseHello(std::string_view(hello, sizeof hello), &client_nonce, &proof);
+  bool client_encrypts = false;
+  if (absl::Status st = replica::ParseHello(std::string_view(hello, sizeof hello), &client_nonce,
+                                            &proof, &client_encrypts);
       !st.ok()) {
     refuse(std::string(st.message()), false);
     return done();
   }
   if (token.empty()) {  // before this node's first round (SetRound)
-    (void)net::SendAll(
-        fd, replica::EncodeReply(false, absl::StrCat(fence, "this node is in no round yet")),
-        header_deadline);
+    (void)ch.Send(replica::EncodeReply(false, absl::StrCat(fence, "this node is in no round yet")),
+                  header_deadline);
     return done();
   }
-  if (!replica::ProofHolds(
-          replica::Proof("client", token, options_.job_id, server_nonce, client_nonce), proof)) {
+  if (!replica::ProofHolds(replica::Proof("client", token, options_.job_id, server_nonce,
+                                          client_nonce, client_encrypts),
+                           proof)) {
     const std::string why =
         absl::StrCat(fence, "not an agent of this job (it did not prove the job's secret)");
-    (void)net::SendAll(fd, replica::EncodeReply(false, why), header_deadline);
+    (void)ch.Send(replica::EncodeReply(false, why), header_deadline);
     LogLimited(absl::StrCat("--ckpt_replicas: refused a connection from ", peer,
                             ": it did not prove the job's secret (not an agent of this job)"));
     return done();
   }
-  if (absl::Status st = net::SendAll(
-          fd,
+  // An agent of this job with the other setting (another ddprun version):
+  // refused, both ends told which.
+  absl::Status keyed;
+  if (client_encrypts != encrypt) {
+    keyed = absl::FailedPreconditionError(replica::EncryptionMismatch(peer, encrypt));
+  } else if (encrypt) {
+    keyed = replica::LoadCipherLibrary();  // its line names the fix
+  }
+  if (!keyed.ok()) {
+    (void)ch.Send(replica::EncodeReply(false, absl::StrCat(fence, keyed.message())),
+                  header_deadline);
+    LogLimited(
+        absl::StrCat("--ckpt_replicas: refused a connection from ", peer, ": ", keyed.message()));
+    return done();
+  }
+  if (absl::Status st = ch.Send(
           replica::EncodeReply(true, "") +
-              replica::Proof("server", token, options_.job_id, server_nonce, client_nonce),
+              replica::Proof("server", token, options_.job_id, server_nonce, client_nonce, encrypt),
           header_deadline);
       !st.ok()) {
     refuse(std::string(st.message()), false);
     return done();
   }
+  if (encrypt) {
+    const replica::ChannelKeys keys =
+        replica::DeriveChannelKeys(token, options_.job_id, server_nonce, client_nonce);
+    if (absl::Status st = ch.Encrypt(keys.server_to_client, keys.client_to_server); !st.ok()) {
+      refuse(std::string(st.message()), false);
+      return done();
+    }
+  }
   char prefix[replica::kPrefixBytes];
   Op op = Op::kPut;
   absl::StatusOr<std::uint32_t> len = absl::UnavailableError("");
-  if (absl::Status st = net::RecvExact(fd, prefix, sizeof prefix, header_deadline); !st.ok()) {
+  if (absl::Status st = ch.Recv(prefix, sizeof prefix, header_deadline); !st.ok()) {
     refuse(std::string(st.message()), false);
     return done();
   }
@@ -332,7 +372,7 @@ void ReplicaService::Serve(int fd, std::string peer, std::uint64_t id) {
     return done();
   }
   std::string body(*len, '\0');
-  if (absl::Status st = net::RecvExact(fd, body.data(), body.size(), header_deadline); !st.ok()) {
+  if (absl::Status st = ch.Recv(body.data(), body.size(), header_deadline); !st.ok()) {
     refuse(std::string(st.message()), false);
     return done();
   }
@@ -340,8 +380,7 @@ void ReplicaService::Serve(int fd, std::string peer, std::uint64_t id) {
   if (!h.ok()) {
     if (absl::IsResourceExhausted(h.status())) {
       // Too large: one line per seat until one of it fits again.
-      (void)net::SendAll(fd, replica::EncodeReply(false, std::string(h.status().message())),
-                         deadline);
+      (void)ch.Send(replica::EncodeReply(false, std::string(h.status().message())), deadline);
       bool first = false;
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -374,11 +413,15 @@ void ReplicaService::Serve(int fd, std::string peer, std::uint64_t id) {
     for (int j = 0; j < h->seat.local_ranks; ++j) {
       const std::uint64_t n = h->sizes[static_cast<std::size_t>(j)];
       if (n == 0) continue;
-      if (absl::Status st = net::RecvExact(fd, (*r)->data(j), n, deadline); !st.ok()) {
+      if (absl::Status st = ch.Recv((*r)->data(j), n, deadline); !st.ok()) {
         // The sender stopped midway (its worker saved over the slot): the
-        // partial replica is dropped, the seat's older one stays.
+        // partial replica is dropped, the seat's older one stays. A record
+        // that fails its tag says so.
         DDPRUN_DEBUG_LOG(kAgent) << fence << "replica of step " << h->step << " from " << peer
                                  << " cut short: " << st.message();
+        if (absl::IsDataLoss(st) || absl::IsInvalidArgument(st)) {
+          LogLimited(std::string(st.message()));
+        }
         store_.Abandon(*std::move(r));
         return done();
       }
@@ -388,7 +431,7 @@ void ReplicaService::Serve(int fd, std::string peer, std::uint64_t id) {
       std::lock_guard<std::mutex> lock(mu_);
       refused_large_ = false;
     }
-    (void)net::SendAll(fd, replica::EncodeReply(true, ""), deadline);
+    (void)ch.Send(replica::EncodeReply(true, ""), deadline);
     DDPRUN_DEBUG_LOG(kAgent) << fence << "holds the replica of step " << h->step << " of "
                              << Ranks(h->seat) << " from " << peer;
     return done();
@@ -396,8 +439,7 @@ void ReplicaService::Serve(int fd, std::string peer, std::uint64_t id) {
   // kGet: the seat's replica, as a kPut of this round.
   std::shared_ptr<const HeldReplica> held = store_.Find(h->seat);
   if (held == nullptr) {
-    (void)net::SendAll(
-        fd,
+    (void)ch.Send(
         replica::EncodeReply(false, absl::StrCat(fence, "no replica of ", Ranks(h->seat), " here")),
         deadline);
     return done();
@@ -408,11 +450,9 @@ void ReplicaService::Serve(int fd, std::string peer, std::uint64_t id) {
   put.sizes = held->sizes();
   put.crcs = held->crcs();
   put.kinds = held->kinds();
-  absl::Status st =
-      net::SendAll(fd, replica::EncodeReply(true, "") + replica::EncodeRequest(put), deadline);
+  absl::Status st = ch.Send(replica::EncodeReply(true, "") + replica::EncodeRequest(put), deadline);
   for (int j = 0; st.ok() && j < put.seat.local_ranks; ++j) {
-    st = net::SendAll(fd, std::string_view(held->data(j), put.sizes[static_cast<std::size_t>(j)]),
-                      deadline);
+    st = ch.Send(std::string_view(held->data(j), put.sizes[static_cast<std::size_t>(j)]), deadline);
   }
   DDPRUN_DEBUG_LOG(kAgent) << fence << "sent the replica of step " << put.step << " of "
                            << Ranks(put.seat) << " to " << peer << ": "
@@ -424,20 +464,18 @@ void ReplicaService::Serve(int fd, std::string peer, std::uint64_t id) {
 
 absl::Status ReplicaService::Put(const std::string& endpoint, const Header& h,
                                  const std::vector<std::string_view>& data,
-                                 Clock::time_point deadline) {
-  auto fd = Dial(endpoint, h.job_id, h.token, deadline);
-  if (!fd.ok()) return fd.status();
-  if (absl::Status st = net::SendAll(fd->get(), replica::EncodeRequest(h), deadline); !st.ok()) {
-    return st;
-  }
+                                 Clock::time_point deadline, bool encrypt) {
+  auto ch = Dial(endpoint, h.job_id, h.token, encrypt, deadline);
+  if (!ch.ok()) return ch.status();
+  if (absl::Status st = ch->Send(replica::EncodeRequest(h), deadline); !st.ok()) return st;
   for (std::string_view d : data) {
-    if (absl::Status st = net::SendAll(fd->get(), d, deadline); !st.ok()) {
+    if (absl::Status st = ch->Send(d, deadline); !st.ok()) {
       // A refusal sent before the data (too large): the reply says why.
-      absl::Status reply = ReadReply(fd->get(), deadline);
+      absl::Status reply = ReadReply(*ch, deadline);
       return reply.ok() ? st : reply;
     }
   }
-  return ReadReply(fd->get(), deadline);
+  return ReadReply(*ch, deadline);
 }
 
 absl::StatusOr<FetchedReplica> ReplicaService::Fetch(const std::string& endpoint,
@@ -445,9 +483,9 @@ absl::StatusOr<FetchedReplica> ReplicaService::Fetch(const std::string& endpoint
                                                      const std::string& token, std::int64_t round,
                                                      const replica::Seat& seat,
                                                      std::uint64_t limit_bytes,
-                                                     Clock::time_point deadline) {
+                                                     Clock::time_point deadline, bool encrypt) {
   std::vector<std::string> bytes(static_cast<std::size_t>(std::max(seat.local_ranks, 0)));
-  auto out = Fetch(endpoint, job_id, token, round, seat, limit_bytes, deadline,
+  auto out = Fetch(endpoint, job_id, token, round, seat, limit_bytes, deadline, encrypt,
                    [&](int j, std::uint64_t size) -> absl::StatusOr<char*> {
                      bytes[static_cast<std::size_t>(j)].resize(size);
                      return bytes[static_cast<std::size_t>(j)].data();
@@ -459,11 +497,11 @@ absl::StatusOr<FetchedReplica> ReplicaService::Fetch(const std::string& endpoint
 absl::StatusOr<FetchedReplica> ReplicaService::Fetch(
     const std::string& endpoint, const std::string& job_id, const std::string& token,
     std::int64_t round, const replica::Seat& seat, std::uint64_t limit_bytes,
-    Clock::time_point deadline, const FetchSink& sink) {
-  auto fd = Dial(endpoint, job_id, token, deadline);
-  if (!fd.ok()) {
-    if (absl::IsFailedPrecondition(fd.status())) return absl::NotFoundError(fd.status().message());
-    return fd.status();
+    Clock::time_point deadline, bool encrypt, const FetchSink& sink) {
+  auto ch = Dial(endpoint, job_id, token, encrypt, deadline);
+  if (!ch.ok()) {
+    if (absl::IsFailedPrecondition(ch.status())) return absl::NotFoundError(ch.status().message());
+    return ch.status();
   }
   Header get;
   get.op = Op::kGet;
@@ -471,24 +509,18 @@ absl::StatusOr<FetchedReplica> ReplicaService::Fetch(
   get.token = token;
   get.round = round;
   get.seat = seat;
-  if (absl::Status st = net::SendAll(fd->get(), replica::EncodeRequest(get), deadline); !st.ok()) {
-    return st;
-  }
-  if (absl::Status st = ReadReply(fd->get(), deadline); !st.ok()) {
+  if (absl::Status st = ch->Send(replica::EncodeRequest(get), deadline); !st.ok()) return st;
+  if (absl::Status st = ReadReply(*ch, deadline); !st.ok()) {
     if (absl::IsFailedPrecondition(st)) return absl::NotFoundError(st.message());
     return st;
   }
   char prefix[replica::kPrefixBytes];
-  if (absl::Status st = net::RecvExact(fd->get(), prefix, sizeof prefix, deadline); !st.ok()) {
-    return st;
-  }
+  if (absl::Status st = ch->Recv(prefix, sizeof prefix, deadline); !st.ok()) return st;
   Op op = Op::kGet;
   auto len = replica::ParsePrefix(std::string_view(prefix, sizeof prefix), &op);
   if (!len.ok()) return len.status();
   std::string body(*len, '\0');
-  if (absl::Status st = net::RecvExact(fd->get(), body.data(), body.size(), deadline); !st.ok()) {
-    return st;
-  }
+  if (absl::Status st = ch->Recv(body.data(), body.size(), deadline); !st.ok()) return st;
   auto h = replica::ParseHeader(op, body, limit_bytes);
   if (!h.ok()) return h.status();
   if (op != Op::kPut || h->seat != seat || h->job_id != job_id || h->round != round) {
@@ -509,9 +541,7 @@ absl::StatusOr<FetchedReplica> ReplicaService::Fetch(
     std::uint32_t crc = 0;
     for (std::uint64_t at = 0; at < n;) {
       const std::uint64_t piece = std::min<std::uint64_t>(kFetchPiece, n - at);
-      if (absl::Status st = net::RecvExact(fd->get(), *dst + at, piece, deadline); !st.ok()) {
-        return st;
-      }
+      if (absl::Status st = ch->Recv(*dst + at, piece, deadline); !st.ok()) return st;
       crc = checkpoint_checksum::SnapshotChecksumUpdate(h->kinds[i], crc, *dst + at, piece);
       at += piece;
     }
@@ -526,7 +556,8 @@ absl::StatusOr<FetchedReplica> ReplicaService::Fetch(
 
 // ------------------------------------------------------------------ sender
 
-absl::StatusOr<bool> ReplicaService::SendSlot(int fd, int local_rank, const CommittedSnapshot& s,
+absl::StatusOr<bool> ReplicaService::SendSlot(replica::Channel& ch, int local_rank,
+                                              const CommittedSnapshot& s,
                                               Clock::time_point deadline) {
   if (s.size == 0) return true;
   const int mem = memory_->fd(local_rank);
@@ -543,7 +574,7 @@ absl::StatusOr<bool> ReplicaService::SendSlot(int fd, int local_rank, const Comm
   for (std::size_t off = 0; st.ok() && off < s.size; off += chunk) {
     const std::size_t len = std::min(chunk, s.size - off);
     send_pace_.Take(len);
-    st = net::SendAll(fd, std::string_view(static_cast<const char*>(p) + off, len), deadline);
+    st = ch.Send(std::string_view(static_cast<const char*>(p) + off, len), deadline);
   }
   ::munmap(p, s.size);
   if (!st.ok()) return st;
@@ -637,24 +668,23 @@ void ReplicaService::SendNewest() {
     h.kinds.push_back(s.checksum_kind);
   }
   const auto deadline = Clock::now() + kIoTimeout;
-  auto fd = Dial(successor, options_.job_id, token, deadline);
-  absl::Status st =
-      fd.ok() ? net::SendAll(fd->get(), replica::EncodeRequest(h), deadline) : fd.status();
+  auto ch = Dial(successor, options_.job_id, token, options_.encrypt, deadline);
+  absl::Status st = ch.ok() ? ch->Send(replica::EncodeRequest(h), deadline) : ch.status();
   // One local rank at a time, sent straight from its slot, which must still
   // hold the same commit afterwards (a save marks the record "writing"
   // before it touches the bytes): else the connection is dropped, the
   // receiver discards the partial replica, and the next poll tries again.
   // The receiver's Fetch checks every rank's CRC-32 at restore.
   for (int j = 0; st.ok() && j < n; ++j) {
-    absl::StatusOr<bool> same = SendSlot(fd->get(), j, pick[j], deadline);
+    absl::StatusOr<bool> same = SendSlot(*ch, j, pick[j], deadline);
     if (!same.ok()) {
       st = same.status();
       break;
     }
     if (!*same) return;  // saved over: the next poll
   }
-  if (st.ok() || fd.ok()) {
-    absl::Status reply = ReadReply(fd->get(), deadline);
+  if (st.ok() || ch.ok()) {
+    absl::Status reply = ReadReply(*ch, deadline);
     if (st.ok() || absl::IsFailedPrecondition(reply)) st = reply;
   }
   sent_to_ = successor;

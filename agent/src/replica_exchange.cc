@@ -132,15 +132,15 @@ void ExchangeReplicas(ReplicaService& service, CheckpointMemory& memory,
       } else {
         // Received straight into each rank's memory, committed once checked.
         std::vector<CheckpointMemory::SeedSlot> slots;
-        auto fetched =
-            ReplicaService::Fetch(holder, job_id, a.store_token, a.round, mine, memory.limit(),
-                                  ReplicaService::Clock::now() + ReplicaService::kIoTimeout,
-                                  [&](int j, std::uint64_t size) -> absl::StatusOr<char*> {
-                                    auto slot = memory.BeginSeed(j, size);
-                                    if (!slot.ok()) return slot.status();
-                                    slots.push_back(*std::move(slot));
-                                    return slots.back().data();
-                                  });
+        auto fetched = ReplicaService::Fetch(
+            holder, job_id, a.store_token, a.round, mine, memory.limit(),
+            ReplicaService::Clock::now() + ReplicaService::kIoTimeout, service.encrypt(),
+            [&](int j, std::uint64_t size) -> absl::StatusOr<char*> {
+              auto slot = memory.BeginSeed(j, size);
+              if (!slot.ok()) return slot.status();
+              slots.push_back(*std::move(slot));
+              return slots.back().data();
+            });
         st = fetched.status();
         if (fetched.ok()) step = fetched->step;
         for (int j = 0; st.ok() && j < mine.local_ranks; ++j) {

@@ -85,6 +85,7 @@ JobPolicy FromProto(const pb::JobPolicy& p) {
   s.restart_policy = p.restart_policy() == pb::RESTART_POLICY_INPLACE ? RestartPolicy::kInplace
                                                                       : RestartPolicy::kJob;
   s.ckpt_replicas = p.ckpt_replicas();
+  s.ckpt_encrypt = p.ckpt_encrypt();
   return s;
 }
 
@@ -107,6 +108,7 @@ void ToProto(const JobPolicy& s, pb::JobPolicy* p) {
   p->set_restart_policy(s.restart_policy == RestartPolicy::kInplace ? pb::RESTART_POLICY_INPLACE
                                                                     : pb::RESTART_POLICY_JOB);
   p->set_ckpt_replicas(s.ckpt_replicas);
+  p->set_ckpt_encrypt(s.ckpt_encrypt);
 }
 
 JoinSpec FromProto(const pb::JoinRequest& p) {

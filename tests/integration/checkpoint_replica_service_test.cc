@@ -45,12 +45,16 @@ struct Lines {
   }
 };
 
+// The job's --ckpt_encrypt by default (the cases below run with it).
+constexpr bool kEncrypt = ReplicaService::Options{}.encrypt;
+
 std::unique_ptr<ReplicaService> Serve(Lines& lines, std::uint64_t limit,
-                                      CheckpointMemory* memory = nullptr) {
+                                      CheckpointMemory* memory = nullptr, bool encrypt = kEncrypt) {
   ReplicaService::Options o;
   o.job_id = "job1";
   o.host = "127.0.0.1";
   o.limit_bytes = limit;
+  o.encrypt = encrypt;
   auto s = std::make_unique<ReplicaService>(o, memory, lines.Fn());
   REQUIRE(s->Start().ok());
   s->SetRound(2, "tok", "");
@@ -78,15 +82,16 @@ Header PutOf(const std::vector<std::string>& data, std::int64_t step = 5) {
 }
 
 absl::Status PutAll(const std::string& endpoint, const Header& h,
-                    const std::vector<std::string>& data) {
+                    const std::vector<std::string>& data, bool encrypt = kEncrypt) {
   std::vector<std::string_view> views(data.begin(), data.end());
-  return ReplicaService::Put(endpoint, h, views, Clock::now() + std::chrono::seconds(10));
+  return ReplicaService::Put(endpoint, h, views, Clock::now() + std::chrono::seconds(10), encrypt);
 }
 
 absl::StatusOr<FetchedReplica> FetchSeat(const std::string& endpoint, std::int64_t round,
-                                         const std::string& token = "tok") {
+                                         const std::string& token = "tok",
+                                         bool encrypt = kEncrypt) {
   return ReplicaService::Fetch(endpoint, "job1", token, round, Seat{2, 2, 4}, 1 << 20,
-                               Clock::now() + std::chrono::seconds(10));
+                               Clock::now() + std::chrono::seconds(10), encrypt);
 }
 
 // A loopback port nothing listens on (bound, then closed).
@@ -165,7 +170,7 @@ TEST_CASE("replica service: put, fetch and the fence", "[integration][replica]")
   }
   SECTION("a seat not held is NotFound") {
     auto none = ReplicaService::Fetch(server->endpoint(), "job1", "tok", 2, Seat{0, 2, 4}, 1 << 20,
-                                      Clock::now() + std::chrono::seconds(10));
+                                      Clock::now() + std::chrono::seconds(10), kEncrypt);
     CHECK(absl::IsNotFound(none.status()));
     CHECK(std::string(none.status().message()) ==
           "[job job1 round 2] no replica of ranks 0-1 here");
@@ -212,8 +217,10 @@ TEST_CASE(
   // tries to push a replica.
   const int fd = Connect(port);
   const std::string challenge = ReadUpTo(fd, replica::kChallengeBytes);
-  REQUIRE(replica::ParseChallenge(challenge).ok());
-  const std::string forged = replica::EncodeHello(replica::NewNonce(), std::string(32, 'f'));
+  bool encrypt = false;
+  REQUIRE(replica::ParseChallenge(challenge, &encrypt).ok());
+  const std::string forged =
+      replica::EncodeHello(replica::NewNonce(), std::string(32, 'f'), encrypt);
   Header h = PutOf({"forged", "forged"}, 9);
   const std::string request = forged + replica::EncodeRequest(h) + "forgedforged";
   REQUIRE(::write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size()));
@@ -265,7 +272,7 @@ TEST_CASE("replica service: a server without the job's secret gets no snapshot",
     if (c < 0) return;
     timeval tv{10, 0};
     ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    const std::string challenge = replica::EncodeChallenge(replica::NewNonce());
+    const std::string challenge = replica::EncodeChallenge(replica::NewNonce(), kEncrypt);
     (void)!::write(c, challenge.data(), challenge.size());
     received = ReadUpTo(c, replica::kHelloBytes);
     const std::string answer = replica::EncodeReply(true, "") + std::string(32, 's');

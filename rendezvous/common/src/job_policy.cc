@@ -67,6 +67,10 @@ std::vector<PolicyDifference> PolicyDifferences(const JobPolicy& asked, const Jo
     out.push_back(
         {"ckpt_replicas", std::to_string(asked.ckpt_replicas), std::to_string(job.ckpt_replicas)});
   }
+  if (asked.ckpt_encrypt != job.ckpt_encrypt) {
+    out.push_back(
+        {"ckpt_encrypt", std::to_string(asked.ckpt_encrypt), std::to_string(job.ckpt_encrypt)});
+  }
   return out;
 }
 

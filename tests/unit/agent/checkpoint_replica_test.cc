@@ -86,36 +86,49 @@ TEST_CASE("replica wire: the handshake proves the job's secret without sending i
   const std::string ns = replica::NewNonce(), nc = replica::NewNonce();
   CHECK(ns.size() == replica::kNonceBytes);
   CHECK(ns != nc);  // 128 random bits each
-  auto back = replica::ParseChallenge(replica::EncodeChallenge(ns));
+  bool encrypt = false;
+  auto back = replica::ParseChallenge(replica::EncodeChallenge(ns, false), &encrypt);
   REQUIRE(back.ok());
   CHECK(*back == ns);
-  CHECK_FALSE(replica::ParseChallenge("HTTP/1.1 200 OK\r\n\r\n1234").ok());
+  CHECK_FALSE(encrypt);
+  // An end that encrypts says so in its magic (--ckpt_encrypt).
+  back = replica::ParseChallenge(replica::EncodeChallenge(ns, true), &encrypt);
+  REQUIRE(back.ok());
+  CHECK(*back == ns);
+  CHECK(encrypt);
+  CHECK_FALSE(replica::ParseChallenge("HTTP/1.1 200 OK\r\n\r\n1234", &encrypt).ok());
 
-  const std::string client = replica::Proof("client", "tok", "job1", ns, nc);
+  const std::string client = replica::Proof("client", "tok", "job1", ns, nc, false);
   CHECK(client.size() == replica::kProofBytes);
-  const std::string hello = replica::EncodeHello(nc, client);
+  const std::string hello = replica::EncodeHello(nc, client, false);
   REQUIRE(hello.size() == replica::kHelloBytes);
   CHECK(hello.find("tok") == std::string::npos);
   std::string got_nonce, got_proof;
-  REQUIRE(replica::ParseHello(hello, &got_nonce, &got_proof).ok());
+  REQUIRE(replica::ParseHello(hello, &got_nonce, &got_proof, &encrypt).ok());
   CHECK(got_nonce == nc);
+  CHECK_FALSE(encrypt);
   CHECK(replica::ProofHolds(client, got_proof));
-  // Each input changes the proof: another token, job, role or nonce.
+  REQUIRE(
+      replica::ParseHello(replica::EncodeHello(nc, client, true), &got_nonce, &got_proof, &encrypt)
+          .ok());
+  CHECK(encrypt);
+  // Each input changes the proof: another token, job, role, nonce or setting.
   for (const std::string& other :
-       {replica::Proof("client", "tok2", "job1", ns, nc),
-        replica::Proof("client", "tok", "job2", ns, nc),
-        replica::Proof("server", "tok", "job1", ns, nc),
-        replica::Proof("client", "tok", "job1", nc, ns),
-        replica::Proof("client", "tok", "job1", ns, replica::NewNonce())}) {
+       {replica::Proof("client", "tok2", "job1", ns, nc, false),
+        replica::Proof("client", "tok", "job2", ns, nc, false),
+        replica::Proof("server", "tok", "job1", ns, nc, false),
+        replica::Proof("client", "tok", "job1", nc, ns, false),
+        replica::Proof("client", "tok", "job1", ns, replica::NewNonce(), false),
+        replica::Proof("client", "tok", "job1", ns, nc, true)}) {
     CHECK_FALSE(replica::ProofHolds(client, other));
   }
   CHECK_FALSE(replica::ProofHolds(client, client.substr(1)));
   // An older client (DDPREPL2) or garbage is not a hello.
   std::string old = hello;
   old[7] = '2';
-  CHECK_THAT(std::string(replica::ParseHello(old, &got_nonce, &got_proof).message()),
+  CHECK_THAT(std::string(replica::ParseHello(old, &got_nonce, &got_proof, &encrypt).message()),
              Catch::Contains("bad magic"));
-  CHECK_FALSE(replica::ParseHello(hello.substr(1), &got_nonce, &got_proof).ok());
+  CHECK_FALSE(replica::ParseHello(hello.substr(1), &got_nonce, &got_proof, &encrypt).ok());
 }
 TEST_CASE("replica wire: garbage and lies are refused by name", "[unit][replica]") {
   Op op = Op::kPut;

@@ -1198,6 +1198,17 @@ TEST_CASE("--ckpt_replicas is a JobPolicy field: 0 by default", "[unit]") {
   CHECK_THAT(Err({"--ckpt_replicas", "2", S().Path("train.py")}), Contains("0 or 1"));
 }
 
+TEST_CASE("--ckpt_encrypt is a JobPolicy field: 1 by default", "[unit]") {
+  CHECK(Ok({S().Path("train.py")}).options.policy.ckpt_encrypt == 1);
+  CHECK(Ok({"--ckpt_encrypt", "0", S().Path("train.py")}).options.policy.ckpt_encrypt == 0);
+  Env env = BaseEnv();
+  env["PET_CKPT_ENCRYPT"] = "0";
+  CHECK(Ok({S().Path("train.py")}, env).options.policy.ckpt_encrypt == 0);
+  CHECK_THAT(Err({"--ckpt_encrypt", "yes", S().Path("train.py")}), Contains("0 or 1"));
+  env["PET_CKPT_ENCRYPT"] = "2";
+  CHECK_THAT(Err({S().Path("train.py")}, env), Contains("PET_CKPT_ENCRYPT"));
+}
+
 TEST_CASE("--ckpt_bandwidth: bytes per second, 0 (no limit) by default", "[unit]") {
   CHECK(Ok({S().Path("train.py")}).options.ckpt_bandwidth == 0);
   CHECK(Ok({"--ckpt_bandwidth", "256MiB", S().Path("train.py")}).options.ckpt_bandwidth ==

@@ -16,6 +16,13 @@
 // a stranger's server learns nothing and gets no snapshot; a stranger's
 // client is refused before it can push or read a replica.
 //
+// With --ckpt_encrypt 1 (the job's) the magics are "DDPRAUTE" and
+// "DDPREPLE", each proof also covers "aes-256-gcm", and once the server's
+// proof holds every byte both ways is in AES-256-GCM records under keys
+// derived from the token and both nonces (replica_cipher.h,
+// replica_channel.h). An end that encrypts refuses one that does not, and
+// the other way round, with a line naming both settings.
+//
 // A request is then a 16-byte prefix, a header, then (kPut) the data:
 //
 //   prefix   magic "DDPREPL3", u32 op (1 put, 2 get), u32 header length
@@ -41,6 +48,9 @@ namespace ddprun::agent::replica {
 
 inline constexpr char kMagic[8] = {'D', 'D', 'P', 'R', 'E', 'P', 'L', '3'};
 inline constexpr char kChallengeMagic[8] = {'D', 'D', 'P', 'R', 'A', 'U', 'T', 'H'};
+// The magics of an end that encrypts (--ckpt_encrypt 1).
+inline constexpr char kChallengeMagicEncrypted[8] = {'D', 'D', 'P', 'R', 'A', 'U', 'T', 'E'};
+inline constexpr char kHelloMagicEncrypted[8] = {'D', 'D', 'P', 'R', 'E', 'P', 'L', 'E'};
 inline constexpr std::size_t kNonceBytes = 16;
 inline constexpr std::size_t kProofBytes = 32;
 inline constexpr std::size_t kChallengeBytes = 8 + kNonceBytes;
@@ -80,17 +90,23 @@ struct Header {
 
 // The handshake (above). A nonce: kNonceBytes from the kernel's random source.
 std::string NewNonce();
-// The server's first bytes, and its nonce back from them (InvalidArgument:
-// not a replica server).
-std::string EncodeChallenge(std::string_view server_nonce);
-absl::StatusOr<std::string> ParseChallenge(std::string_view bytes);
-// What `role` ("client" or "server") proves: HMAC-SHA256 under the token.
+// The server's first bytes, and its nonce and whether it encrypts back from
+// them (InvalidArgument: not a replica server).
+std::string EncodeChallenge(std::string_view server_nonce, bool encrypt);
+absl::StatusOr<std::string> ParseChallenge(std::string_view bytes, bool* encrypt);
+// What `role` ("client" or "server") proves: HMAC-SHA256 under the token
+// (covering "aes-256-gcm" too when the connection is to be encrypted).
 std::string Proof(std::string_view role, std::string_view token, std::string_view job_id,
-                  std::string_view server_nonce, std::string_view client_nonce);
-// The client's answer to a challenge, and its nonce and proof back from
-// kHelloBytes (InvalidArgument: not a replica client, e.g. an older ddprun).
-std::string EncodeHello(std::string_view client_nonce, std::string_view proof);
-absl::Status ParseHello(std::string_view bytes, std::string* client_nonce, std::string* proof);
+                  std::string_view server_nonce, std::string_view client_nonce, bool encrypt);
+// The client's answer to a challenge, and its nonce, proof and whether it
+// encrypts back from kHelloBytes (InvalidArgument: not a replica client,
+// e.g. an older ddprun).
+std::string EncodeHello(std::string_view client_nonce, std::string_view proof, bool encrypt);
+absl::Status ParseHello(std::string_view bytes, std::string* client_nonce, std::string* proof,
+                        bool* encrypt);
+// The line an end that encrypts (`this_encrypts`) or not gives about a peer
+// that does the other (`peer`: its address).
+std::string EncryptionMismatch(std::string_view peer, bool this_encrypts);
 // Whether `got` is the proof `want`, in constant time.
 bool ProofHolds(std::string_view want, std::string_view got);
 

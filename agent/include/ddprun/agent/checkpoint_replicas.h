@@ -45,6 +45,8 @@
 #include "ddprun/agent/checkpoint_memory.h"
 #include "ddprun/agent/checkpoint_replica_store.h"
 #include "ddprun/agent/checkpoint_replica_wire.h"
+#include "ddprun/agent/replica_channel.h"
+#include "ddprun/rendezvous/common/job_policy.h"
 
 namespace ddprun::agent {
 
@@ -79,6 +81,10 @@ class ReplicaService {
     std::string host;               // the advertised address to bind
     std::uint64_t limit_bytes = 0;  // --ckpt_shm_limit: the largest snapshot held
     std::uint64_t bandwidth = 0;    // --ckpt_bandwidth: the sender's bytes/s (0: no limit)
+    // --ckpt_encrypt (the job's): every connection, both ways, in
+    // AES-256-GCM records after its handshake (replica_channel.h); a peer
+    // of the other setting is refused.
+    bool encrypt = rendezvous::JobPolicy{}.ckpt_encrypt != 0;
   };
 
   // `memory` (may be null: serve only) outlives this object.
@@ -94,6 +100,7 @@ class ReplicaService {
   // host:port this node's server listens on.
   std::string endpoint() const { return endpoint_; }
   ReplicaStore& store() { return store_; }
+  bool encrypt() const { return options_.encrypt; }
 
   // The round's fence (requests of another round, job or token are
   // refused) and where this node's snapshots go ("": nowhere).
@@ -105,18 +112,21 @@ class ReplicaService {
   std::int64_t sent_step() const { return sent_step_.load(); }
 
   // Sends one replica (`data`: one span per local rank, as h.sizes) and
-  // waits for the answer. A refusal is FailedPrecondition with the peer's
-  // line; transport errors Unavailable or DeadlineExceeded.
+  // waits for the answer, over a channel encrypted when `encrypt` (the
+  // job's --ckpt_encrypt; the peer's must be the same). A refusal is
+  // FailedPrecondition with the peer's line; transport errors Unavailable or
+  // DeadlineExceeded; a record that fails its tag DataLoss.
   static absl::Status Put(const std::string& endpoint, const replica::Header& h,
-                          const std::vector<std::string_view>& data, Clock::time_point deadline);
+                          const std::vector<std::string_view>& data, Clock::time_point deadline,
+                          bool encrypt);
   // Fetches the replica of `seat` from `endpoint`. NotFound with the
   // holder's line when it holds none or refuses (fence); DataLoss when a rank's bytes do not match
   // their CRC-32.
   static absl::StatusOr<FetchedReplica> Fetch(const std::string& endpoint,
                                               const std::string& job_id, const std::string& token,
                                               std::int64_t round, const replica::Seat& seat,
-                                              std::uint64_t limit_bytes,
-                                              Clock::time_point deadline);
+                                              std::uint64_t limit_bytes, Clock::time_point deadline,
+                                              bool encrypt);
   // Where Fetch puts local rank j's `size` bytes: memory valid until Fetch
   // returns (the restore's: the rank's checkpoint memory, so the bytes are
   // received in place, checked piece by piece as they arrive, and never
@@ -126,7 +136,7 @@ class ReplicaService {
                                               const std::string& job_id, const std::string& token,
                                               std::int64_t round, const replica::Seat& seat,
                                               std::uint64_t limit_bytes, Clock::time_point deadline,
-                                              const FetchSink& sink);
+                                              bool encrypt, const FetchSink& sink);
 
  private:
   void AcceptLoop();
@@ -135,7 +145,7 @@ class ReplicaService {
   void SendNewest();
   // Sends local rank's committed slot `s` from its memory; false when the
   // slot no longer holds that commit afterwards (saved over meanwhile).
-  absl::StatusOr<bool> SendSlot(int fd, int local_rank, const CommittedSnapshot& s,
+  absl::StatusOr<bool> SendSlot(replica::Channel& ch, int local_rank, const CommittedSnapshot& s,
                                 Clock::time_point deadline);
   // Every local rank's gate open (false) or closed with nothing
   // acknowledged; the caller holds mu_.

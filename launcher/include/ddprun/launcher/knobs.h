@@ -334,6 +334,14 @@ inline constexpr Knob kKnobs[] = {
              "(job-wide: the first node's value holds, another node's is told so)",
      .min = 0, .max = 1, .what = "0 or 1",
      .dest = kInPolicy<&rendezvous::JobPolicy::ckpt_replicas>},
+    {.name = "ckpt_encrypt", .yaml_key = "checkpoint.encrypt", .type = ValueType::kCount,
+     .default_value = rendezvous::kDefaultCkptEncrypt,
+     .default_text = rendezvous::kDefaultCkptEncrypt, .metavar = "0|1", .group = kGroupJob,
+     .help = "With --ckpt_replicas 1: 1 encrypts the replicas between agents (AES-256-GCM, "
+             "keys from the job's secret; libcrypto.so.3 is loaded then), 0 sends them in "
+             "plaintext, authenticated (job-wide: the first node's value holds)",
+     .min = 0, .max = 1, .what = "0 or 1",
+     .dest = kInPolicy<&rendezvous::JobPolicy::ckpt_encrypt>},
     {.name = "ckpt_bandwidth", .yaml_key = "checkpoint.bandwidth", .type = ValueType::kBytes,
      .default_value = "0", .default_text = "0", .metavar = "BYTES",
      .group = kGroupJob,

@@ -51,6 +51,15 @@ TEST_CASE("a node that asks for another ckpt_replicas is told", "[job_policy]") 
         "the same --ckpt_replicas on every node");
 }
 
+TEST_CASE("a node that asks for another ckpt_encrypt is told", "[job_policy]") {
+  CHECK(JobPolicy{}.ckpt_encrypt == 1);
+  JobPolicy asked;
+  asked.ckpt_encrypt = 0;
+  CHECK(PolicyWarning("this node", asked, JobPolicy{}) ==
+        "this node asked ckpt_encrypt=0, the job runs with 1 (the first node's); pass "
+        "the same --ckpt_encrypt on every node");
+}
+
 TEST_CASE("the same policy differs in nothing", "[job_policy]") {
   CHECK(PolicyDifferences(JobPolicy{}, JobPolicy{}).empty());
   CHECK(PolicyWarning("this node", JobPolicy{}, JobPolicy{}).empty());

@@ -18,6 +18,7 @@ TEST_CASE("JobPolicy survives the proto both ways", "[proto_convert][job_policy]
   s.policy.on_hang = OnHang::kAbort;
   s.policy.restart_policy = RestartPolicy::kInplace;
   s.policy.ckpt_replicas = 1;
+  s.policy.ckpt_encrypt = 0;  // not its default: the field crosses
   pb::JoinRequest p = ToProto(s);
   REQUIRE(p.has_policy());
   CHECK(FromProto(p).policy == s.policy);

@@ -52,6 +52,7 @@ inline constexpr char kDefaultHangTimeout[] = "300";
 inline constexpr char kDefaultOnHang[] = "report";
 inline constexpr char kDefaultRestartPolicy[] = "job";
 inline constexpr char kDefaultCkptReplicas[] = "0";
+inline constexpr char kDefaultCkptEncrypt[] = "1";
 
 consteval OnHang DefaultOnHang(std::string_view text) {
   if (text == "report") return OnHang::kReport;
@@ -87,6 +88,10 @@ struct JobPolicy {
   // to the next node's agent (docs/checkpoint.md, "Peer replicas"); 0, off.
   // Job-wide, since a node sends to and restores from its neighbours.
   int ckpt_replicas = static_cast<int>(DefaultNumber(kDefaultCkptReplicas));
+  // --ckpt_encrypt: 1, the replicas cross between agents in AES-256-GCM
+  // records under per-connection keys (docs/security.md); 0, in plaintext
+  // (authenticated either way). Job-wide, since both ends must agree.
+  int ckpt_encrypt = static_cast<int>(DefaultNumber(kDefaultCkptEncrypt));
 
   bool operator==(const JobPolicy&) const = default;
 };

@@ -1,0 +1,116 @@
+// The replica channel's encryption (--ckpt_encrypt, docs/security.md, "The
+// checkpoint replica port"): the keys and the AES-256-GCM records, no
+// sockets (replica_channel.h carries them).
+//
+// bin/ddprun links no libcrypto (docs/launch.md): LoadCipherLibrary opens
+// libcrypto.so.3 with dlopen on the first encrypted replica connection, so
+// only a job with --ckpt_replicas 1 and --ckpt_encrypt 1 pays for it.
+//
+// Keys: after the handshake (checkpoint_replica_wire.h) both ends derive,
+// with HKDF-SHA256 (RFC 5869) from the job's store token, salted with the
+// server's and the client's fresh nonces, one key per direction
+// (DeriveChannelKeys). No key is used on two connections or both ways.
+//
+// A record: u32 n (little-endian, 1..kMaxRecordBytes), n bytes of
+// AES-256-GCM ciphertext, its 16-byte tag. The 4 length bytes are the
+// record's associated data; its 12-byte nonce is 4 zero bytes and the
+// direction's record count (big-endian u64), so a record that is replayed,
+// reordered, dropped or cut fails its tag. A record's plaintext is used
+// only after its tag held.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace ddprun::agent::replica {
+
+inline constexpr std::size_t kKeyBytes = 32;
+inline constexpr std::size_t kIvBytes = 12;
+inline constexpr std::size_t kTagBytes = 16;
+inline constexpr std::size_t kRecordHeaderBytes = 4;
+// A sender's records carry at most this many bytes; a receiver refuses a
+// longer one before it reads it.
+inline constexpr std::uint32_t kMaxRecordBytes = 1 << 20;
+
+// Loads libcrypto.so.3 once per process (later calls return the first
+// answer). FailedPrecondition with one line naming the library, dlerror()
+// and the fix when it does not load or lacks a function.
+absl::Status LoadCipherLibrary();
+
+// HKDF-SHA256 (RFC 5869): `length` (at most 255 x 32) bytes from `ikm`.
+std::string HkdfSha256(std::string_view ikm, std::string_view salt, std::string_view info,
+                       std::size_t length);
+
+// The two keys of one connection: HKDF-SHA256 of the token, salted with the
+// server's then the client's nonce, each direction's info naming it and the
+// job.
+struct ChannelKeys {
+  std::string client_to_server;
+  std::string server_to_client;
+};
+ChannelKeys DeriveChannelKeys(std::string_view token, std::string_view job_id,
+                              std::string_view server_nonce, std::string_view client_nonce);
+
+// AES-256-GCM under one key (libcrypto's EVP interface). Not thread-safe.
+class Aes256Gcm {
+ public:
+  // `key`: kKeyBytes. FailedPrecondition when libcrypto does not load
+  // (LoadCipherLibrary), InvalidArgument for a key of another size.
+  static absl::StatusOr<std::unique_ptr<Aes256Gcm>> Create(std::string_view key);
+  ~Aes256Gcm();
+  Aes256Gcm(const Aes256Gcm&) = delete;
+  Aes256Gcm& operator=(const Aes256Gcm&) = delete;
+
+  // Encrypts `n` bytes of `in` into `out` (which may be `in`) under `iv`
+  // (kIvBytes), authenticating `aad` too; writes the tag (kTagBytes).
+  absl::Status Seal(std::string_view iv, std::string_view aad, const char* in, std::size_t n,
+                    char* out, char* tag);
+  // Decrypts `n` bytes of `in` into `out` (which may be `in`). DataLoss when
+  // `tag` does not hold: then `out` holds nothing to use.
+  absl::Status Open(std::string_view iv, std::string_view aad, const char* in, std::size_t n,
+                    char* out, const char* tag);
+
+ private:
+  explicit Aes256Gcm(void* ctx, std::string key);
+  void* ctx_;  // EVP_CIPHER_CTX
+  std::string key_;
+};
+
+// One direction's records (the layout above): the sender's Sealer and the
+// receiver's Opener count records from 0 on their own.
+class RecordSealer {
+ public:
+  static absl::StatusOr<std::unique_ptr<RecordSealer>> Create(std::string_view key);
+  // Appends the record of `n` (1..kMaxRecordBytes) bytes of `plain` to `out`.
+  absl::Status Seal(const char* plain, std::size_t n, std::string* out);
+
+ private:
+  explicit RecordSealer(std::unique_ptr<Aes256Gcm> gcm) : gcm_(std::move(gcm)) {}
+  std::unique_ptr<Aes256Gcm> gcm_;
+  std::uint64_t next_ = 0;
+};
+
+class RecordOpener {
+ public:
+  static absl::StatusOr<std::unique_ptr<RecordOpener>> Create(std::string_view key);
+  // The ciphertext's length from a record's header (kRecordHeaderBytes).
+  // InvalidArgument for 0 or more than kMaxRecordBytes.
+  static absl::StatusOr<std::uint32_t> Length(const char* header);
+  // Decrypts the next record's `n` bytes of ciphertext in place, checking
+  // its tag over its header; DataLoss when it does not hold (the record was
+  // altered, replayed, reordered, or sealed under another key).
+  absl::Status Open(const char* header, char* data, std::size_t n, const char* tag);
+
+ private:
+  explicit RecordOpener(std::unique_ptr<Aes256Gcm> gcm) : gcm_(std::move(gcm)) {}
+  std::unique_ptr<Aes256Gcm> gcm_;
+  std::uint64_t next_ = 0;
+};
+
+}  // namespace ddprun::agent::replica
