@@ -121,16 +121,11 @@ absl::Status ParseHello(std::string_view bytes, std::string* client_nonce, std::
   return absl::OkStatus();
 }
 
-std::string EncryptionMismatch(std::string_view peer, bool this_encrypts) {
-  return this_encrypts
-             ? absl::StrCat(std::string(peer),
-                            " sends the replica channel in plaintext and this node encrypts it "
-                            "(--ckpt_encrypt 1); run every node with the same ddprun, or start "
-                            "the job with --ckpt_encrypt 0")
-             : absl::StrCat(std::string(peer),
-                            " encrypts the replica channel and this node does not "
-                            "(--ckpt_encrypt 0, the job's); run every node with the same ddprun "
-                            "and --ckpt_encrypt");
+std::string EncryptionMismatch(std::string_view plain_end, std::string_view encrypting_end) {
+  return absl::StrCat(std::string(plain_end), " does not encrypt the replica channel and ",
+                      std::string(encrypting_end),
+                      " does (--ckpt_encrypt 1); run the same ddprun on every node (an older one "
+                      "does not encrypt), or start the job with --ckpt_encrypt 0");
 }
 
 bool ProofHolds(std::string_view want, std::string_view got) {

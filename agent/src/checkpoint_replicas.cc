@@ -95,8 +95,10 @@ absl::Status ProveToServer(replica::Channel& ch, const std::string& endpoint,
         absl::StrCat(endpoint, " did not prove this job's secret (not an agent of job ", job_id,
                      "); nothing was sent to it"));
   }
-  if (server_encrypts != encrypt) {
-    return absl::FailedPreconditionError(replica::EncryptionMismatch(endpoint, encrypt));
+  if (server_encrypts != encrypt) {  // a server that did not refuse it itself
+    return absl::FailedPreconditionError(encrypt
+                                             ? replica::EncryptionMismatch(endpoint, "this node")
+                                             : replica::EncryptionMismatch("this node", endpoint));
   }
   if (!encrypt) return absl::OkStatus();
   const replica::ChannelKeys keys =
@@ -332,15 +334,15 @@ void ReplicaService::Serve(int fd, std::string peer, std::uint64_t id) {
   // refused, both ends told which.
   absl::Status keyed;
   if (client_encrypts != encrypt) {
-    keyed = absl::FailedPreconditionError(replica::EncryptionMismatch(peer, encrypt));
+    keyed = absl::FailedPreconditionError(encrypt ? replica::EncryptionMismatch(peer, endpoint_)
+                                                  : replica::EncryptionMismatch(endpoint_, peer));
   } else if (encrypt) {
     keyed = replica::LoadCipherLibrary();  // its line names the fix
   }
   if (!keyed.ok()) {
     (void)ch.Send(replica::EncodeReply(false, absl::StrCat(fence, keyed.message())),
                   header_deadline);
-    LogLimited(
-        absl::StrCat("--ckpt_replicas: refused a connection from ", peer, ": ", keyed.message()));
+    LogLimited(absl::StrCat("--ckpt_replicas: refused a connection: ", keyed.message()));
     return done();
   }
   if (absl::Status st = ch.Send(

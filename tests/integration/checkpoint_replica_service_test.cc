@@ -4,7 +4,8 @@
 // nothing (the handshake, docs/security.md); a replica larger than the receiver's --ckpt_shm_limit
 // is refused in one line; garbage connections are dropped with at most one line a second and the
 // server goes on; the sender thread streams a node's newest committed step from its checkpoint
-// memory to its successor.
+// memory to its successor; with --ckpt_encrypt, nothing crosses in the clear (a relay
+// reads the wire), an altered record is refused, and ends of different settings refuse each other.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -382,6 +383,166 @@ TEST_CASE("replica service: the sender streams the newest committed step to the 
   REQUIRE(Eventually([&] { return !lines.Get().empty(); }));
   CHECK(memory.ReplicaGate(0) == 0);
   CHECK(lines.Get()[0].find("saves do not wait for the replica meanwhile") != std::string::npos);
+}
+
+// A TCP relay in this process between replica clients and the service at
+// `target`: it copies each connection both ways and keeps every byte that
+// crossed; `flip_at` >= 0 flips one bit of that byte of each connection's
+// client-to-server stream (an attacker on the path).
+class Relay {
+ public:
+  explicit Relay(const std::string& target, long flip_at = -1)
+      : target_port_(PortOf(target)), flip_at_(flip_at) {
+    listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(listener_ >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(listener_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(listener_, 4) == 0);
+    socklen_t len = sizeof a;
+    REQUIRE(::getsockname(listener_, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    endpoint_ = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+    accept_ = std::thread([this] { AcceptLoop(); });
+  }
+  ~Relay() {
+    ::shutdown(listener_, SHUT_RDWR);
+    accept_.join();
+    for (std::thread& t : pumps_) t.join();
+    ::close(listener_);
+  }
+  const std::string& endpoint() const { return endpoint_; }
+  // Everything that crossed, both directions.
+  std::string Seen() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return seen_;
+  }
+
+ private:
+  void AcceptLoop() {
+    for (;;) {
+      const int c = ::accept(listener_, nullptr, nullptr);
+      if (c < 0) return;
+      const int s = Connect(target_port_);
+      timeval tv{10, 0};  // a pump never waits longer for a byte
+      ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+      pumps_.emplace_back([this, c, s] { Pump(c, s, flip_at_); });
+      pumps_.emplace_back([this, c, s] { Pump(s, c, -1); });
+    }
+  }
+  // Copies from -> to until the end of `from`, then ends `to`'s writes.
+  void Pump(int from, int to, long flip_at) {
+    char buf[1 << 16];
+    long at = 0;
+    for (;;) {
+      const ssize_t r = ::read(from, buf, sizeof buf);
+      if (r <= 0) break;
+      if (flip_at >= at && flip_at < at + r) buf[flip_at - at] ^= 0x01;
+      at += r;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        seen_.append(buf, static_cast<std::size_t>(r));
+      }
+      if (::write(to, buf, static_cast<std::size_t>(r)) != r) break;
+    }
+    ::shutdown(to, SHUT_WR);
+    ::shutdown(from, SHUT_RD);
+  }
+
+  int target_port_;
+  long flip_at_;
+  int listener_ = -1;
+  std::string endpoint_;
+  std::thread accept_;
+  std::vector<std::thread> pumps_;  // AcceptLoop's own until it returns
+  std::mutex mu_;
+  std::string seen_;
+};
+
+// A snapshot whose bytes are easy to find on the wire.
+std::string Pattern(std::size_t n) {
+  std::string out;
+  while (out.size() < n) out += "WEIGHTS-IN-THE-CLEAR-";
+  out.resize(n);
+  return out;
+}
+
+TEST_CASE(
+    "replica service: encrypted, no snapshot byte, header or job id crosses in the clear and the "
+    "restore is bit-identical; in plaintext the relay reads them",
+    "[integration][replica][security]") {
+  const bool encrypt = GENERATE(true, false);
+  INFO("--ckpt_encrypt " << encrypt);
+  Lines lines;
+  auto server = Serve(lines, 1 << 20, nullptr, encrypt);
+  const std::vector<std::string> data{Pattern(300000), "rank three: WEIGHTS-IN-THE-CLEAR-"};
+  std::string seen;
+  {
+    Relay relay(server->endpoint());
+    REQUIRE(PutAll(relay.endpoint(), PutOf(data), data, encrypt).ok());
+    auto got = FetchSeat(relay.endpoint(), 2, "tok", encrypt);
+    REQUIRE(got.ok());
+    CHECK(got->step == 5);
+    CHECK(got->bytes == data);  // bit-identical after both ways through the relay
+    seen = relay.Seen();
+  }
+  // Both snapshots went out (put) and came back (fetch).
+  CHECK(seen.size() > 2 * (data[0].size() + data[1].size()));
+  CHECK((seen.find("WEIGHTS-IN-THE-CLEAR-") == std::string::npos) == encrypt);
+  CHECK((seen.find("job1") == std::string::npos) == encrypt);
+  CHECK((seen.find("DDPREPL3") == std::string::npos) == encrypt);  // the request's prefix
+  CHECK(seen.find("tok") == std::string::npos);                    // never, either way
+  CHECK(lines.Get().empty());
+}
+
+TEST_CASE(
+    "replica service: a record altered on the way is refused in one line naming the peer; the "
+    "held replica stays",
+    "[integration][replica][security]") {
+  Lines lines;
+  auto server = Serve(lines, 1 << 20, nullptr, true);
+  const std::vector<std::string> data{"rank two at step 5", "rank three at step 5"};
+  REQUIRE(PutAll(server->endpoint(), PutOf(data), data, true).ok());
+  // One bit of the client's stream, past its hello: inside the snapshot's
+  // records.
+  Relay relay(server->endpoint(), static_cast<long>(replica::kHelloBytes) + 5000);
+  const std::vector<std::string> next{Pattern(100000), Pattern(100000)};
+  CHECK_FALSE(PutAll(relay.endpoint(), PutOf(next, 6), next, true).ok());
+  REQUIRE(Eventually([&] { return !lines.Get().empty(); }));
+  const std::string line = lines.Get()[0];
+  CHECK(line.rfind("--ckpt_encrypt: a record from 127.0.0.1:", 0) == 0);
+  CHECK(line.find("failed its authentication") != std::string::npos);
+  CHECK(line.find('\n') == std::string::npos);
+  // Nothing of the altered replica is held or served.
+  auto held = FetchSeat(server->endpoint(), 2, "tok", true);
+  REQUIRE(held.ok());
+  CHECK(held->step == 5);
+  CHECK(held->bytes == data);
+}
+
+TEST_CASE(
+    "replica service: an end that encrypts and one that does not refuse each other in one line "
+    "naming both",
+    "[integration][replica][security]") {
+  Lines lines;
+  const bool server_encrypts = GENERATE(true, false);
+  auto server = Serve(lines, 1 << 20, nullptr, server_encrypts);
+  const std::vector<std::string> data{"a", "b"};
+  absl::Status st = PutAll(server->endpoint(), PutOf(data), data, !server_encrypts);
+  REQUIRE(absl::IsFailedPrecondition(st));
+  const std::string msg(st.message());
+  INFO(msg);
+  CHECK(msg.rfind("[job job1 round 2] 127.0.0.1:", 0) == 0);
+  CHECK(msg.find("does not encrypt the replica channel and 127.0.0.1:") != std::string::npos);
+  CHECK(msg.find("(--ckpt_encrypt 1); run the same ddprun on every node") != std::string::npos);
+  CHECK(server->store().All().empty());
+  auto fetched = FetchSeat(server->endpoint(), 2, "tok", !server_encrypts);
+  CHECK(absl::IsNotFound(fetched.status()));
+  CHECK(std::string(fetched.status().message()).find("does not encrypt") != std::string::npos);
+  REQUIRE(Eventually([&] { return !lines.Get().empty(); }));
+  CHECK(lines.Get()[0].rfind("--ckpt_replicas: refused a connection: 127.0.0.1:", 0) == 0);
+  // The same setting on both ends goes on.
+  CHECK(PutAll(server->endpoint(), PutOf(data), data, server_encrypts).ok());
 }
 
 }  // namespace

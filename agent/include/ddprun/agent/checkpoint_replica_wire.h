@@ -104,9 +104,9 @@ std::string Proof(std::string_view role, std::string_view token, std::string_vie
 std::string EncodeHello(std::string_view client_nonce, std::string_view proof, bool encrypt);
 absl::Status ParseHello(std::string_view bytes, std::string* client_nonce, std::string* proof,
                         bool* encrypt);
-// The line an end that encrypts (`this_encrypts`) or not gives about a peer
-// that does the other (`peer`: its address).
-std::string EncryptionMismatch(std::string_view peer, bool this_encrypts);
+// The line about two ends of which one does not encrypt and the other
+// does (each named by its address), whichever end says it.
+std::string EncryptionMismatch(std::string_view plain_end, std::string_view encrypting_end);
 // Whether `got` is the proof `want`, in constant time.
 bool ProofHolds(std::string_view want, std::string_view got);
 
