@@ -266,6 +266,8 @@ TEST_CASE(
   const std::string a_err = a.Err();
   REQUIRE(std::regex_search(a_err, m, std::regex("listens for it on 127\\.0\\.0\\.1:(\\d+)")));
   const int replica_port = std::stoi(m[1]);
+  CHECK(a_err.find("; replicas cross encrypted (AES-256-GCM)") !=
+        std::string::npos);  // the default
   for (int i = 0; i < 5; ++i) SendGarbage("127.0.0.1", replica_port, "GET / HTTP/1.0\r\n\r\n");
   SendGarbage("127.0.0.1", replica_port, std::string("DDPREPL1\x01\0\0\0\xff\xff\xff\x7f", 16));
   REQUIRE(WaitForErr(a, "--ckpt_replicas: dropped a connection from 127.0.0.1:", 10));
