@@ -181,12 +181,15 @@ absl::StatusOr<std::unique_ptr<RecordSealer>> RecordSealer::Create(std::string_v
 }
 
 absl::Status RecordSealer::Seal(const char* plain, std::size_t n, std::string* out) {
+  const std::size_t at = out->size();
+  out->resize(at + kRecordHeaderBytes + n + kTagBytes);
+  return Seal(plain, n, out->data() + at);
+}
+
+absl::Status RecordSealer::Seal(const char* plain, std::size_t n, char* p) {
   if (n == 0 || n > kMaxRecordBytes) {
     return absl::InvalidArgumentError(absl::StrCat("a record of ", n, " bytes"));
   }
-  const std::size_t at = out->size();
-  out->resize(at + kRecordHeaderBytes + n + kTagBytes);
-  char* p = out->data() + at;
   const auto len = static_cast<std::uint32_t>(n);
   std::memcpy(p, &len, kRecordHeaderBytes);  // little-endian hosts only (as the wire)
   return gcm_->Seal(RecordIv(next_++), std::string_view(p, kRecordHeaderBytes), plain, n,

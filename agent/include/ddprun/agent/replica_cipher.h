@@ -89,6 +89,8 @@ class RecordSealer {
   static absl::StatusOr<std::unique_ptr<RecordSealer>> Create(std::string_view key);
   // Appends the record of `n` (1..kMaxRecordBytes) bytes of `plain` to `out`.
   absl::Status Seal(const char* plain, std::size_t n, std::string* out);
+  // Writes it to `out`, which has room for kRecordHeaderBytes + n + kTagBytes.
+  absl::Status Seal(const char* plain, std::size_t n, char* out);
 
  private:
   explicit RecordSealer(std::unique_ptr<Aes256Gcm> gcm) : gcm_(std::move(gcm)) {}
