@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -40,11 +41,13 @@ void Load() {
   const std::string fix =
       "install OpenSSL 3's library (Debian and Ubuntu: libssl3) on this node, or run the job "
       "with --ckpt_encrypt 0 (the replica channel then crosses the network in plaintext)";
-  void* lib = ::dlopen(kLibrary, RTLD_NOW | RTLD_LOCAL);
+  const char* test_file = std::getenv(kEnvTestCryptoLibrary);
+  const std::string file = test_file != nullptr ? test_file : kLibrary;
+  void* lib = ::dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {
     const char* why = ::dlerror();
     status = absl::FailedPreconditionError(
-        absl::StrCat("--ckpt_encrypt: cannot load ", kLibrary, " (", why ? why : "unknown error",
+        absl::StrCat("--ckpt_encrypt: cannot load ", file, " (", why ? why : "unknown error",
                      "), which encrypts the checkpoint replicas; ", fix));
     return;
   }
@@ -70,7 +73,7 @@ void Load() {
   sym(&g_evp.ctx_ctrl, "EVP_CIPHER_CTX_ctrl");
   if (missing) {
     status = absl::FailedPreconditionError(
-        absl::StrCat("--ckpt_encrypt: ", kLibrary, " has no ", which, " (not OpenSSL 3); ", fix));
+        absl::StrCat("--ckpt_encrypt: ", file, " has no ", which, " (not OpenSSL 3); ", fix));
   }
 }
 

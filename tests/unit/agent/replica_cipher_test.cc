@@ -5,7 +5,12 @@
 // another key fails its tag.
 #include "ddprun/agent/replica_cipher.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -177,6 +182,51 @@ TEST_CASE("replica cipher: records open in order under their key, and nothing el
     std::memcpy(bad.data(), &huge, 4);
     CHECK(absl::IsInvalidArgument(OpenAll(k.client_to_server, bad).status()));
   }
+}
+
+// Run by LoadLineIn in a fresh process: LoadCipherLibrary's answer.
+TEST_CASE("replica cipher child: LoadCipherLibrary's line", "[.][replica_child]") {
+  const absl::Status st = LoadCipherLibrary();
+  std::printf("LINE:%s\n", st.ok() ? "ok" : std::string(st.message()).c_str());
+}
+
+// LoadCipherLibrary's answer in a fresh process (this program, the hidden
+// case above) with `file` as the library: the answer is per process.
+std::string LoadLineIn(const char* file) {
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::setenv(kEnvTestCryptoLibrary, file, 1);
+    ::dup2(fds[1], STDOUT_FILENO);
+    ::execl("/proc/self/exe", "unit_agent_tests", "[replica_child]", nullptr);
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  std::string out;
+  char buf[4096];
+  for (ssize_t r; (r = ::read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, r);
+  ::close(fds[0]);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  const std::size_t at = out.find("LINE:");
+  REQUIRE(at != std::string::npos);
+  return out.substr(at + 5, out.find('\n', at) - at - 5);
+}
+
+TEST_CASE("replica cipher: without libcrypto, one line names the library and the fix",
+          "[unit][replica][security]") {
+  const std::string none = LoadLineIn("libcrypto-not-here.so.3");
+  CHECK(none.rfind("--ckpt_encrypt: cannot load libcrypto-not-here.so.3 (", 0) == 0);
+  CHECK(none.find("install OpenSSL 3's library (Debian and Ubuntu: libssl3) on this node, or run "
+                  "the job with --ckpt_encrypt 0") != std::string::npos);
+  CHECK(none.find('\n') == std::string::npos);
+  // A library that loads but is not OpenSSL 3 (libz: no EVP functions).
+  const std::string other = LoadLineIn("libz.so.1");
+  CHECK(other.rfind("--ckpt_encrypt: libz.so.1 has no EVP_CIPHER_CTX_new (not OpenSSL 3); ", 0) ==
+        0);
+  CHECK(LoadLineIn("libcrypto.so.3") == "ok");
 }
 
 }  // namespace

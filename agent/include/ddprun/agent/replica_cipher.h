@@ -42,6 +42,9 @@ inline constexpr std::uint32_t kMaxRecordBytes = 1 << 20;
 // answer). FailedPrecondition with one line naming the library, dlerror()
 // and the fix when it does not load or lacks a function.
 absl::Status LoadCipherLibrary();
+// Test hook (docs/security.md): the file LoadCipherLibrary opens instead,
+// so that a test sees the line of a node without libcrypto.
+inline constexpr char kEnvTestCryptoLibrary[] = "DDPRUN_CKPT_TEST_CRYPTO_LIBRARY";
 
 // HKDF-SHA256 (RFC 5869): `length` (at most 255 x 32) bytes from `ikm`.
 std::string HkdfSha256(std::string_view ikm, std::string_view salt, std::string_view info,
