@@ -131,25 +131,32 @@ absl::StatusOr<std::unique_ptr<Aes256Gcm>> Aes256Gcm::Create(std::string_view ke
     return absl::InvalidArgumentError(
         absl::StrCat("an AES-256 key of ", key.size(), " bytes (", kKeyBytes, " needed)"));
   }
-  void* ctx = g_evp.ctx_new();
-  if (ctx == nullptr) return absl::ResourceExhaustedError("EVP_CIPHER_CTX_new failed");
-  return std::unique_ptr<Aes256Gcm>(new Aes256Gcm(ctx, std::string(key)));
+  void* enc = g_evp.ctx_new();
+  void* dec = g_evp.ctx_new();
+  auto gcm = std::unique_ptr<Aes256Gcm>(new Aes256Gcm(enc, dec));
+  if (enc == nullptr || dec == nullptr ||
+      g_evp.encrypt_init(enc, g_evp.aes_256_gcm(), nullptr, U(key.data()), nullptr) != 1 ||
+      g_evp.decrypt_init(dec, g_evp.aes_256_gcm(), nullptr, U(key.data()), nullptr) != 1) {
+    return absl::InternalError("AES-256-GCM set-up failed in libcrypto");
+  }
+  return gcm;
 }
 
-Aes256Gcm::Aes256Gcm(void* ctx, std::string key) : ctx_(ctx), key_(std::move(key)) {}
-
-Aes256Gcm::~Aes256Gcm() { g_evp.ctx_free(ctx_); }
+Aes256Gcm::~Aes256Gcm() {
+  if (enc_ != nullptr) g_evp.ctx_free(enc_);
+  if (dec_ != nullptr) g_evp.ctx_free(dec_);
+}
 
 absl::Status Aes256Gcm::Seal(std::string_view iv, std::string_view aad, const char* in,
                              std::size_t n, char* out, char* tag) {
   int len = 0;
   if (iv.size() != kIvBytes || n > static_cast<std::size_t>(INT32_MAX) ||
-      g_evp.encrypt_init(ctx_, g_evp.aes_256_gcm(), nullptr, U(key_.data()), U(iv.data())) != 1 ||
-      (!aad.empty() && g_evp.encrypt_update(ctx_, nullptr, &len, U(aad.data()),
+      g_evp.encrypt_init(enc_, nullptr, nullptr, nullptr, U(iv.data())) != 1 ||
+      (!aad.empty() && g_evp.encrypt_update(enc_, nullptr, &len, U(aad.data()),
                                             static_cast<int>(aad.size())) != 1) ||
-      (n > 0 && g_evp.encrypt_update(ctx_, U(out), &len, U(in), static_cast<int>(n)) != 1) ||
-      g_evp.encrypt_final(ctx_, U(out) + n, &len) != 1 ||
-      g_evp.ctx_ctrl(ctx_, kCtrlGcmGetTag, static_cast<int>(kTagBytes), tag) != 1) {
+      (n > 0 && g_evp.encrypt_update(enc_, U(out), &len, U(in), static_cast<int>(n)) != 1) ||
+      g_evp.encrypt_final(enc_, U(out) + n, &len) != 1 ||
+      g_evp.ctx_ctrl(enc_, kCtrlGcmGetTag, static_cast<int>(kTagBytes), tag) != 1) {
     return absl::InternalError("AES-256-GCM encryption failed in libcrypto");
   }
   return absl::OkStatus();
@@ -161,15 +168,15 @@ absl::Status Aes256Gcm::Open(std::string_view iv, std::string_view aad, const ch
   char tag_copy[kTagBytes];
   std::memcpy(tag_copy, tag, kTagBytes);
   if (iv.size() != kIvBytes || n > static_cast<std::size_t>(INT32_MAX) ||
-      g_evp.decrypt_init(ctx_, g_evp.aes_256_gcm(), nullptr, U(key_.data()), U(iv.data())) != 1 ||
-      (!aad.empty() && g_evp.decrypt_update(ctx_, nullptr, &len, U(aad.data()),
+      g_evp.decrypt_init(dec_, nullptr, nullptr, nullptr, U(iv.data())) != 1 ||
+      (!aad.empty() && g_evp.decrypt_update(dec_, nullptr, &len, U(aad.data()),
                                             static_cast<int>(aad.size())) != 1) ||
-      (n > 0 && g_evp.decrypt_update(ctx_, U(out), &len, U(in), static_cast<int>(n)) != 1) ||
-      g_evp.ctx_ctrl(ctx_, kCtrlGcmSetTag, static_cast<int>(kTagBytes), tag_copy) != 1) {
+      (n > 0 && g_evp.decrypt_update(dec_, U(out), &len, U(in), static_cast<int>(n)) != 1) ||
+      g_evp.ctx_ctrl(dec_, kCtrlGcmSetTag, static_cast<int>(kTagBytes), tag_copy) != 1) {
     return absl::InternalError("AES-256-GCM decryption failed in libcrypto");
   }
   // The tag is checked here, over everything above.
-  if (g_evp.decrypt_final(ctx_, U(out) + n, &len) != 1) {
+  if (g_evp.decrypt_final(dec_, U(out) + n, &len) != 1) {
     return absl::DataLossError("its AES-256-GCM tag does not hold");
   }
   return absl::OkStatus();

@@ -80,9 +80,10 @@ class Aes256Gcm {
                     char* out, const char* tag);
 
  private:
-  explicit Aes256Gcm(void* ctx, std::string key);
-  void* ctx_;  // EVP_CIPHER_CTX
-  std::string key_;
+  Aes256Gcm(void* enc, void* dec) : enc_(enc), dec_(dec) {}
+  // EVP_CIPHER_CTXs keyed once (the key schedule); each call sets its nonce.
+  void* enc_;
+  void* dec_;
 };
 
 // One direction's records (the layout above): the sender's Sealer and the
