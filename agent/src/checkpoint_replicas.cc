@@ -77,8 +77,6 @@ absl::Status ProveToServer(replica::Channel& ch, const std::string& endpoint,
     return absl::PermissionDeniedError(
         absl::StrCat(endpoint, " is ", server_nonce.status().message()));
   }
-  // The library first: without it this end says so before it asks anything.
-  if (encrypt) DDPRUN_RETURN_IF_ERROR(replica::LoadCipherLibrary());
   const std::string client_nonce = replica::NewNonce();
   const std::string hello = replica::EncodeHello(
       client_nonce, replica::Proof("client", token, job_id, *server_nonce, client_nonce, encrypt),
@@ -110,6 +108,11 @@ absl::Status ProveToServer(replica::Channel& ch, const std::string& endpoint,
 absl::StatusOr<replica::Channel> Dial(const std::string& endpoint, const std::string& job_id,
                                       const std::string& token, bool encrypt,
                                       ReplicaService::Clock::time_point deadline) {
+  // The library first: without it this end says so (its line names the fix)
+  // and the peer sees no connection. Not a refusal: the sender tries again.
+  if (absl::Status st = encrypt ? replica::LoadCipherLibrary() : absl::OkStatus(); !st.ok()) {
+    return absl::UnavailableError(st.message());
+  }
   auto hp = rendezvous::ParseHostPort(endpoint);
   if (!hp.ok()) return hp.status();
   auto addrs = net::ResolveTcp(hp->host, hp->port);
@@ -333,16 +336,26 @@ void ReplicaService::Serve(int fd, std::string peer, std::uint64_t id) {
   // An agent of this job with the other setting (another ddprun version):
   // refused, both ends told which.
   absl::Status keyed;
+  bool first_no_cipher = false;
   if (client_encrypts != encrypt) {
     keyed = absl::FailedPreconditionError(encrypt ? replica::EncryptionMismatch(peer, endpoint_)
                                                   : replica::EncryptionMismatch(endpoint_, peer));
   } else if (encrypt) {
     keyed = replica::LoadCipherLibrary();  // its line names the fix
+    if (!keyed.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      first_no_cipher = !said_no_cipher_;
+      said_no_cipher_ = true;
+    }
   }
   if (!keyed.ok()) {
     (void)ch.Send(replica::EncodeReply(false, absl::StrCat(fence, keyed.message())),
                   header_deadline);
-    LogLimited(absl::StrCat("--ckpt_replicas: refused a connection: ", keyed.message()));
+    if (client_encrypts != encrypt) {
+      LogLimited(absl::StrCat("--ckpt_replicas: refused a connection: ", keyed.message()));
+    } else if (first_no_cipher) {  // the same every time: said once
+      log_(absl::StrCat("--ckpt_replicas: refusing every replica: ", keyed.message()));
+    }
     return done();
   }
   if (absl::Status st = ch.Send(

@@ -177,6 +177,7 @@ class ReplicaService {
   Clock::time_point last_line_{};
   int suppressed_ = 0;
   bool refused_large_ = false;  // a too large replica: said once until one fits
+  bool said_no_cipher_ = false;  // --ckpt_encrypt without libcrypto: said once
   bool reassert_ = false;       // SetRound closed the gates; the sender restores them
 
   // The sender's own.
