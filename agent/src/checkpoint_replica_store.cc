@@ -81,65 +81,114 @@ absl::StatusOr<std::string> HeldReplica::Read(int j) const {
 
 absl::StatusOr<std::shared_ptr<HeldReplica>> ReplicaStore::Begin(const replica::Header& put) {
   auto r = std::make_shared<HeldReplica>(put.seat, put.step, put.sizes, put.crcs, put.kinds);
-  std::shared_ptr<HeldReplica> spare;
+  std::shared_ptr<HeldReplica> reuse, evicted;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = spare_.find(put.seat);
-    if (it != spare_.end()) {
-      spare = std::move(it->second);
-      spare_.erase(it);
+    auto it = seats_.find(put.seat);
+    if (it != seats_.end()) {
+      SeatReplicas& seat = it->second;
+      // The older of the two goes now: the seat keeps two replicas' memory,
+      // the newest and the arriving one.
+      evicted = std::move(seat.previous);
+      // Only the store's own reference (Find and All copy under mu_): no
+      // reader can be reading its bytes while they are overwritten.
+      if (evicted != nullptr && evicted.use_count() == 1) {
+        reuse = std::move(evicted);
+      } else if (seat.spare != nullptr) {
+        reuse = std::move(seat.spare);
+      }
     }
   }
-  if (spare != nullptr && r->TakeMemory(*spare)) return r;
-  spare.reset();  // other sizes: freed before the new memory is allocated
+  if (reuse != nullptr && r->TakeMemory(*reuse)) return r;
+  reuse.reset();  // other sizes: freed before the new memory is allocated
+  evicted.reset();
   if (absl::Status st = r->Allocate(); !st.ok()) return st;
   return r;
 }
 
-void ReplicaStore::KeepSpare(std::shared_ptr<HeldReplica> r) {
-  // Only the store's own reference (Find and All copy under mu_): no reader
-  // can be reading its bytes while they are overwritten.
-  if (r != nullptr && r.use_count() == 1 && spare_.count(r->seat()) == 0) {
-    const replica::Seat seat = r->seat();
-    spare_[seat] = std::move(r);
-  }
+void ReplicaStore::KeepSpare(SeatReplicas& seat, std::shared_ptr<HeldReplica> r) {
+  if (r != nullptr && r.use_count() == 1 && seat.spare == nullptr) seat.spare = std::move(r);
 }
 
 void ReplicaStore::Abandon(std::shared_ptr<HeldReplica> r) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (held_.count(r->seat()) != 0) KeepSpare(std::move(r));
+  auto it = seats_.find(r->seat());
+  if (it != seats_.end() && it->second.newest != nullptr && it->second.previous == nullptr) {
+    KeepSpare(it->second, std::move(r));
+  }
 }
 
 void ReplicaStore::Commit(std::shared_ptr<HeldReplica> r) {
+  std::shared_ptr<HeldReplica> dropped;  // freed after mu_ is released
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = held_.find(r->seat());
-  if (it != held_.end() && it->second->step() > r->step()) return;  // a newer one arrived first
-  const replica::Seat seat = r->seat();
-  std::shared_ptr<HeldReplica> replaced = std::move(held_[seat]);
-  held_[seat] = std::move(r);
-  KeepSpare(std::move(replaced));
-  received_at_[seat] = ++counter_;
-  while (held_.size() > kMaxSeats) {
-    auto oldest = received_at_.begin();
-    for (auto i = received_at_.begin(); i != received_at_.end(); ++i) {
-      if (i->second < oldest->second) oldest = i;
+  SeatReplicas& seat = seats_[r->seat()];
+  if (seat.newest != nullptr && seat.newest->step() > r->step()) {
+    // A newer one arrived first (an older round's slow transfer, say).
+    if (seat.previous == nullptr) KeepSpare(seat, std::move(r));
+    return;
+  }
+  dropped = std::move(seat.previous);
+  if (seat.newest != nullptr && seat.newest->step() == r->step()) {
+    seat.previous = std::move(dropped);  // the same step sent again: it replaces the newest
+    dropped = std::move(seat.newest);
+  } else {
+    seat.previous = std::move(seat.newest);
+  }
+  seat.newest = std::move(r);
+  if (seat.previous != nullptr) {
+    seat.spare.reset();  // two replicas held: no third memory
+  } else {
+    KeepSpare(seat, std::move(dropped));
+  }
+  seat.received_at = ++counter_;
+  for (;;) {
+    auto oldest = seats_.end();
+    std::size_t held = 0;
+    for (auto i = seats_.begin(); i != seats_.end(); ++i) {
+      if (i->second.newest == nullptr) continue;
+      ++held;
+      if (oldest == seats_.end() || i->second.received_at < oldest->second.received_at) oldest = i;
     }
-    held_.erase(oldest->first);
-    spare_.erase(oldest->first);
-    received_at_.erase(oldest);
+    if (held <= kMaxSeats) break;
+    seats_.erase(oldest);
   }
 }
 
 std::shared_ptr<const HeldReplica> ReplicaStore::Find(const replica::Seat& seat) const {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = held_.find(seat);
-  return it == held_.end() ? nullptr : it->second;
+  auto it = seats_.find(seat);
+  return it == seats_.end() ? nullptr : it->second.newest;
+}
+
+std::shared_ptr<const HeldReplica> ReplicaStore::Find(const replica::Seat& seat,
+                                                      std::int64_t step) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = seats_.find(seat);
+  if (it == seats_.end()) return nullptr;
+  for (const auto& r : {it->second.newest, it->second.previous}) {
+    if (r != nullptr && r->step() == step) return r;
+  }
+  return nullptr;
+}
+
+std::vector<std::shared_ptr<const HeldReplica>> ReplicaStore::FindAll(
+    const replica::Seat& seat) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::shared_ptr<const HeldReplica>> out;
+  auto it = seats_.find(seat);
+  if (it == seats_.end()) return out;
+  if (it->second.previous != nullptr) out.push_back(it->second.previous);
+  if (it->second.newest != nullptr) out.push_back(it->second.newest);
+  return out;
 }
 
 std::vector<std::shared_ptr<const HeldReplica>> ReplicaStore::All() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::shared_ptr<const HeldReplica>> out;
-  for (const auto& [seat, r] : held_) out.push_back(r);
+  for (const auto& [seat, r] : seats_) {
+    if (r.previous != nullptr) out.push_back(r.previous);
+    if (r.newest != nullptr) out.push_back(r.newest);
+  }
   return out;
 }
 

@@ -393,12 +393,18 @@ void ReplicaService::Serve(int fd, std::string peer, std::uint64_t id) {
                              << Ranks(h->seat) << " from " << peer;
     return done();
   }
-  // kGet: the seat's replica, as a kPut of this round.
-  std::shared_ptr<const HeldReplica> held = store_.Find(h->seat);
+  // kGet: the seat's replica (of the step asked for, or its newest), as a
+  // kPut of this round.
+  std::shared_ptr<const HeldReplica> held =
+      h->step == replica::kNewestStep ? store_.Find(h->seat) : store_.Find(h->seat, h->step);
   if (held == nullptr) {
     (void)net::SendAll(
         fd,
-        replica::EncodeReply(false, absl::StrCat(fence, "no replica of ", Ranks(h->seat), " here")),
+        replica::EncodeReply(false, absl::StrCat(fence, "no replica of ", Ranks(h->seat),
+                                                 h->step == replica::kNewestStep
+                                                     ? std::string()
+                                                     : absl::StrCat(" at step ", h->step),
+                                                 " here")),
         deadline);
     return done();
   }
@@ -459,7 +465,7 @@ absl::StatusOr<FetchedReplica> ReplicaService::Fetch(const std::string& endpoint
 absl::StatusOr<FetchedReplica> ReplicaService::Fetch(
     const std::string& endpoint, const std::string& job_id, const std::string& token,
     std::int64_t round, const replica::Seat& seat, std::uint64_t limit_bytes,
-    Clock::time_point deadline, const FetchSink& sink) {
+    Clock::time_point deadline, const FetchSink& sink, std::int64_t step) {
   auto fd = Dial(endpoint, job_id, token, deadline);
   if (!fd.ok()) {
     if (absl::IsFailedPrecondition(fd.status())) return absl::NotFoundError(fd.status().message());
@@ -471,6 +477,7 @@ absl::StatusOr<FetchedReplica> ReplicaService::Fetch(
   get.token = token;
   get.round = round;
   get.seat = seat;
+  get.step = step;
   if (absl::Status st = net::SendAll(fd->get(), replica::EncodeRequest(get), deadline); !st.ok()) {
     return st;
   }
@@ -491,7 +498,8 @@ absl::StatusOr<FetchedReplica> ReplicaService::Fetch(
   }
   auto h = replica::ParseHeader(op, body, limit_bytes);
   if (!h.ok()) return h.status();
-  if (op != Op::kPut || h->seat != seat || h->job_id != job_id || h->round != round) {
+  if (op != Op::kPut || h->seat != seat || h->job_id != job_id || h->round != round ||
+      (step != replica::kNewestStep && h->step != step)) {
     return absl::InvalidArgumentError(absl::StrCat(endpoint, " answered with another replica"));
   }
   FetchedReplica out;

@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "ddprun/agent/checkpoint_replica_store.h"
 #include "ddprun/agent/checkpoint_replica_wire.h"
@@ -230,6 +231,73 @@ TEST_CASE("replica store: complete replicas only, the newest step per seat", "[u
   CHECK(store.All().size() == ReplicaStore::kMaxSeats);
   CHECK(store.Find(seat) == nullptr);
   CHECK(store.Find(Seat{0, 1, 1})->Read(0)->empty());
+}
+
+// Steps held for a seat, oldest first.
+std::vector<std::int64_t> Steps(const ReplicaStore& store, const Seat& seat) {
+  std::vector<std::int64_t> out;
+  for (const auto& r : store.FindAll(seat)) out.push_back(r->step());
+  return out;
+}
+
+// docs/checkpoint.md, "Replica lag": a save waits only for the replica of
+// the snapshot before its newest, so a restore needs the seat's last two;
+// the older goes when a transfer begins, so a seat holds two replicas'
+// memory (two complete, or the newest and the arriving one), never three.
+TEST_CASE(
+    "replica store: the newest two replicas per seat; the older one goes when a transfer "
+    "begins",
+    "[unit][replica]") {
+  ReplicaStore store;
+  const Seat seat{2, 2, 4};
+  const std::string a(8192, 'a'), b(8192, 'b');
+  store.Commit(Filled(store, seat, 1, {a, b}));
+  CHECK(Steps(store, seat) == std::vector<std::int64_t>{1});
+  store.Commit(Filled(store, seat, 2, {b, a}));
+  CHECK(Steps(store, seat) == std::vector<std::int64_t>{1, 2});
+  CHECK(store.Find(seat)->step() == 2);
+  CHECK(*store.Find(seat, 1)->Read(0) == a);  // both complete and readable
+  CHECK(*store.Find(seat, 2)->Read(0) == b);
+  CHECK(store.All().size() == 2);
+  const char* step1 = store.Find(seat, 1)->data(0);
+
+  // Step 3 begins: step 1 is evicted and its memory receives step 3; step 2
+  // stays the seat's newest complete one until step 3 is.
+  auto r3 = Filled(store, seat, 3, {a, a});
+  CHECK(r3->data(0) == step1);
+  CHECK(Steps(store, seat) == std::vector<std::int64_t>{2});
+  CHECK(store.Find(seat, 1) == nullptr);
+  store.Commit(r3);
+  CHECK(Steps(store, seat) == std::vector<std::int64_t>{2, 3});
+
+  // A transfer cut short (step 5): the newest stays; the one before it had
+  // gone at the begin. The next transfer takes the abandoned memory.
+  auto r5 = Filled(store, seat, 5, {b, b});
+  const char* abandoned = r5->data(0);
+  store.Abandon(std::move(r5));
+  CHECK(Steps(store, seat) == std::vector<std::int64_t>{3});
+  auto r6 = Filled(store, seat, 6, {b, a});
+  CHECK(r6->data(0) == abandoned);
+  store.Commit(r6);
+  CHECK(Steps(store, seat) == std::vector<std::int64_t>{3, 6});  // a step skipped: still two
+
+  // The same step sent again replaces the newest; the previous one stays.
+  store.Commit(Filled(store, seat, 6, {a, b}));
+  CHECK(Steps(store, seat) == std::vector<std::int64_t>{6});  // begin evicted step 3
+  CHECK(*store.Find(seat, 6)->Read(0) == a);
+  // An older step arriving after a newer one is not kept.
+  store.Commit(Filled(store, seat, 7, {a, a}));
+  store.Commit(Filled(store, seat, 4, {b, b}));
+  CHECK(Steps(store, seat) == std::vector<std::int64_t>{7});
+  // A reader of the evicted replica keeps its bytes; its memory is not reused.
+  store.Commit(Filled(store, seat, 8, {b, b}));
+  auto reader = store.Find(seat, 7);
+  REQUIRE(reader != nullptr);
+  auto r9 = Filled(store, seat, 9, {b, a});
+  CHECK(r9->data(0) != reader->data(0));
+  CHECK(*reader->Read(0) == a);
+  store.Commit(r9);
+  CHECK(Steps(store, seat) == std::vector<std::int64_t>{8, 9});
 }
 
 TEST_CASE("replica store: a replaced replica's memory is reused, never under a reader",
