@@ -247,7 +247,7 @@ def main():
                 for step in set(per[0]) & set(per[1]):
                     ends.setdefault(step, max(per[0][step], per[1][step]))
 
-            rows.append(("replica (--ckpt_replicas 1, 2 nodes; save waits for its replica)",) +
+            rows.append(("replica (--ckpt_replicas 1, 2 nodes; save waits for the previous step's replica)",) +
                         run_job("replica", cmds, renv, out, watch))
             # The same without the wait (docs/checkpoint.md, "Replica lag"):
             # the replica is asynchronous, as before the wait existed.
