@@ -314,14 +314,16 @@ def _await_replica(mem, generation, step):
         if waited >= limit:
             print("%s ddprun.checkpoint.save: the replica of the step before %d was not "
                   "acknowledged by the next node within %s=%g s; returning without it, so a loss "
-                  "of this node now may leave no step in common (docs/checkpoint.md, \"Replica lag\"); check the "
+                  "of this node now may leave no step in common (docs/checkpoint.md, "
+                  "\"Replica lag\"); check the "
                   "next node or raise %s" % (_fence(), step, _REPLICA_WAIT, limit, _REPLICA_WAIT),
                   file=sys.stderr, flush=True)
             return
         if not noticed and waited >= _REPLICA_WAIT_NOTICE:
             noticed = True
             print("%s ddprun.checkpoint.save: step %d is saved here and waits for the replica of "
-                  "the step before it to reach the next node (up to %s=%g s)" % (_fence(), step, _REPLICA_WAIT, limit),
+                  "the step before it to reach the next node (up to %s=%g s)"
+                  % (_fence(), step, _REPLICA_WAIT, limit),
                   file=sys.stderr, flush=True)
 
 
