@@ -14,9 +14,11 @@
 
 namespace ddprun::agent {
 
-HeldReplica::HeldReplica(replica::Seat seat, std::int64_t step, std::vector<std::uint64_t> sizes,
-                         std::vector<std::uint32_t> crcs, std::vector<std::uint32_t> kinds)
+HeldReplica::HeldReplica(replica::Seat seat, std::int64_t round, std::int64_t step,
+                         std::vector<std::uint64_t> sizes, std::vector<std::uint32_t> crcs,
+                         std::vector<std::uint32_t> kinds)
     : seat_(seat),
+      round_(round),
       step_(step),
       sizes_(std::move(sizes)),
       crcs_(std::move(crcs)),
@@ -79,29 +81,63 @@ absl::StatusOr<std::string> HeldReplica::Read(int j) const {
   return bytes;
 }
 
+namespace {
+
+// a is newer than (round, step): a later round, or the same round and a
+// later step.
+bool NewerThan(const HeldReplica& a, std::int64_t round, std::int64_t step) {
+  return a.round() > round || (a.round() == round && a.step() > step);
+}
+
+// h belongs to a timeline the job left: an earlier round than (round, step)
+// and a step at or after it.
+bool Stale(const std::shared_ptr<HeldReplica>& h, std::int64_t round, std::int64_t step) {
+  return h != nullptr && h->round() < round && h->step() >= step;
+}
+
+}  // namespace
+
+void ReplicaStore::DropStale(SeatReplicas& seat, std::int64_t round, std::int64_t step,
+                             std::vector<std::shared_ptr<HeldReplica>>& out) {
+  if (Stale(seat.previous, round, step)) out.push_back(std::move(seat.previous));
+  if (Stale(seat.newest, round, step)) {
+    out.push_back(std::move(seat.newest));
+    seat.newest = std::move(seat.previous);
+  }
+}
+
 absl::StatusOr<std::shared_ptr<HeldReplica>> ReplicaStore::Begin(const replica::Header& put) {
-  auto r = std::make_shared<HeldReplica>(put.seat, put.step, put.sizes, put.crcs, put.kinds);
-  std::shared_ptr<HeldReplica> reuse, evicted;
+  auto r =
+      std::make_shared<HeldReplica>(put.seat, put.round, put.step, put.sizes, put.crcs, put.kinds);
+  std::vector<std::shared_ptr<HeldReplica>> evicted;  // freed after mu_ is released
+  std::shared_ptr<HeldReplica> spare;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = seats_.find(put.seat);
     if (it != seats_.end()) {
       SeatReplicas& seat = it->second;
-      // The older of the two goes now: the seat keeps two replicas' memory,
-      // the newest and the arriving one.
-      evicted = std::move(seat.previous);
-      // Only the store's own reference (Find and All copy under mu_): no
-      // reader can be reading its bytes while they are overwritten.
-      if (evicted != nullptr && evicted.use_count() == 1) {
-        reuse = std::move(evicted);
-      } else if (seat.spare != nullptr) {
-        reuse = std::move(seat.spare);
+      DropStale(seat, put.round, put.step, evicted);
+      // A newer replica begins: the older of the two goes now, so the seat
+      // keeps two replicas' memory, the newest and the arriving one. An
+      // older or equal one (sent again) evicts nothing.
+      if (seat.newest != nullptr && seat.previous != nullptr &&
+          !NewerThan(*seat.newest, put.round, put.step) &&
+          !(seat.newest->round() == put.round && seat.newest->step() == put.step)) {
+        evicted.push_back(std::move(seat.previous));
       }
+      bool reusable = false;
+      for (const auto& e : evicted) reusable = reusable || e.use_count() == 1;
+      if (!reusable) spare = std::move(seat.spare);
     }
   }
-  if (reuse != nullptr && r->TakeMemory(*reuse)) return r;
-  reuse.reset();  // other sizes: freed before the new memory is allocated
-  evicted.reset();
+  // Only the store's own reference (Find and All copy under mu_): no reader
+  // can be reading an evicted replica's bytes while they are overwritten.
+  for (auto& e : evicted) {
+    if (e.use_count() == 1 && r->TakeMemory(*e)) return r;
+  }
+  if (spare != nullptr && r->TakeMemory(*spare)) return r;
+  evicted.clear();  // other sizes: freed before the new memory is allocated
+  spare.reset();
   if (absl::Status st = r->Allocate(); !st.ok()) return st;
   return r;
 }
@@ -118,27 +154,28 @@ void ReplicaStore::Abandon(std::shared_ptr<HeldReplica> r) {
   }
 }
 
-void ReplicaStore::Commit(std::shared_ptr<HeldReplica> r) {
-  std::shared_ptr<HeldReplica> dropped;  // freed after mu_ is released
+bool ReplicaStore::Commit(std::shared_ptr<HeldReplica> r) {
+  std::vector<std::shared_ptr<HeldReplica>> dropped;  // freed after mu_ is released
   std::lock_guard<std::mutex> lock(mu_);
   SeatReplicas& seat = seats_[r->seat()];
-  if (seat.newest != nullptr && seat.newest->step() > r->step()) {
+  if (seat.newest != nullptr && NewerThan(*seat.newest, r->round(), r->step())) {
     // A newer one arrived first (an older round's slow transfer, say).
     if (seat.previous == nullptr) KeepSpare(seat, std::move(r));
-    return;
+    return false;
   }
-  dropped = std::move(seat.previous);
-  if (seat.newest != nullptr && seat.newest->step() == r->step()) {
-    seat.previous = std::move(dropped);  // the same step sent again: it replaces the newest
-    dropped = std::move(seat.newest);
+  DropStale(seat, r->round(), r->step(), dropped);
+  if (seat.newest != nullptr && seat.newest->round() == r->round() &&
+      seat.newest->step() == r->step()) {
+    dropped.push_back(std::move(seat.newest));  // the same step sent again: it replaces the newest
   } else {
+    if (seat.previous != nullptr) dropped.push_back(std::move(seat.previous));
     seat.previous = std::move(seat.newest);
   }
   seat.newest = std::move(r);
   if (seat.previous != nullptr) {
     seat.spare.reset();  // two replicas held: no third memory
   } else {
-    KeepSpare(seat, std::move(dropped));
+    for (auto& d : dropped) KeepSpare(seat, std::move(d));
   }
   seat.received_at = ++counter_;
   for (;;) {
@@ -152,6 +189,7 @@ void ReplicaStore::Commit(std::shared_ptr<HeldReplica> r) {
     if (held <= kMaxSeats) break;
     seats_.erase(oldest);
   }
+  return true;
 }
 
 std::shared_ptr<const HeldReplica> ReplicaStore::Find(const replica::Seat& seat) const {

@@ -383,7 +383,10 @@ void ReplicaService::Serve(int fd, std::string peer, std::uint64_t id) {
         return done();
       }
     }
-    store_.Commit(*std::move(r));
+    if (!store_.Commit(*std::move(r))) {
+      DDPRUN_DEBUG_LOG(kAgent) << fence << "replica of step " << h->step << " from " << peer
+                               << " not kept: the seat holds a newer one";
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       refused_large_ = false;

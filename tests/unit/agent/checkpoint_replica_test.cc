@@ -181,9 +181,10 @@ TEST_CASE("replica wire: garbage and lies are refused by name", "[unit][replica]
 
 // Fills a begun replica with these bytes per rank (as the server's receive).
 std::shared_ptr<HeldReplica> Filled(ReplicaStore& store, Seat seat, std::int64_t step,
-                                    const std::vector<std::string>& bytes) {
+                                    const std::vector<std::string>& bytes, std::int64_t round = 3) {
   Header h = PutHeader(step);
   h.seat = seat;
+  h.round = round;
   h.sizes.clear();
   h.crcs.clear();
   h.kinds.clear();
@@ -281,14 +282,15 @@ TEST_CASE(
   store.Commit(r6);
   CHECK(Steps(store, seat) == std::vector<std::int64_t>{3, 6});  // a step skipped: still two
 
-  // The same step sent again replaces the newest; the previous one stays.
-  store.Commit(Filled(store, seat, 6, {a, b}));
-  CHECK(Steps(store, seat) == std::vector<std::int64_t>{6});  // begin evicted step 3
+  // The same step sent again replaces the newest; the previous one stays
+  // (its begin evicted nothing).
+  CHECK(store.Commit(Filled(store, seat, 6, {a, b})));
+  CHECK(Steps(store, seat) == std::vector<std::int64_t>{3, 6});
   CHECK(*store.Find(seat, 6)->Read(0) == a);
-  // An older step arriving after a newer one is not kept.
-  store.Commit(Filled(store, seat, 7, {a, a}));
-  store.Commit(Filled(store, seat, 4, {b, b}));
-  CHECK(Steps(store, seat) == std::vector<std::int64_t>{7});
+  // An older step arriving after a newer one is not kept, and evicts nothing.
+  CHECK(store.Commit(Filled(store, seat, 7, {a, a})));
+  CHECK_FALSE(store.Commit(Filled(store, seat, 4, {b, b})));
+  CHECK(Steps(store, seat) == std::vector<std::int64_t>{6, 7});
   // A reader of the evicted replica keeps its bytes; its memory is not reused.
   store.Commit(Filled(store, seat, 8, {b, b}));
   auto reader = store.Find(seat, 7);
@@ -298,6 +300,47 @@ TEST_CASE(
   CHECK(*reader->Read(0) == a);
   store.Commit(r9);
   CHECK(Steps(store, seat) == std::vector<std::int64_t>{8, 9});
+}
+
+// A job that went back to an older step (a restart that resumed from
+// --ckpt_dir, say) puts that step again in a later round: what the seat held
+// from the earlier round at or after it belongs to the timeline the job left
+// and is never offered to a restore; what it held before it stays.
+TEST_CASE("replica store: a later round's older step replaces the earlier round's later steps",
+          "[unit][replica]") {
+  ReplicaStore store;
+  const Seat seat{2, 2, 4};
+  const std::string a(4096, 'a'), b(4096, 'b'), c(4096, 'c');
+  store.Commit(Filled(store, seat, 8, {a, a}, /*round=*/3));
+  store.Commit(Filled(store, seat, 9, {b, b}, /*round=*/3));
+  REQUIRE(Steps(store, seat) == std::vector<std::int64_t>{8, 9});
+
+  // Round 4 resumed from step 5 and puts step 6: both are stale from its
+  // begin, and step 6 is the seat's only replica once complete.
+  auto r6 = Filled(store, seat, 6, {c, c}, /*round=*/4);
+  CHECK(Steps(store, seat).empty());
+  CHECK(store.Commit(r6));
+  CHECK(Steps(store, seat) == std::vector<std::int64_t>{6});
+  CHECK(*store.Find(seat, 6)->Read(0) == c);
+  CHECK(store.Find(seat, 9) == nullptr);
+  // Round 4 goes on: 7, then 8 (a new 8, not round 3's).
+  CHECK(store.Commit(Filled(store, seat, 7, {a, b}, 4)));
+  CHECK(store.Commit(Filled(store, seat, 8, {b, a}, 4)));
+  CHECK(Steps(store, seat) == std::vector<std::int64_t>{7, 8});
+  CHECK(*store.Find(seat, 8)->Read(0) == b);
+
+  // Round 3's slow transfer of step 12 completing after round 4's puts is
+  // older than them, whatever its step: not kept.
+  CHECK_FALSE(store.Commit(Filled(store, seat, 12, {c, c}, 3)));
+  CHECK(Steps(store, seat) == std::vector<std::int64_t>{7, 8});
+
+  // Round 5 resumed from step 7 (held by every node) and puts step 8 again:
+  // round 4's step 8 is stale, its step 7 stays as the previous one.
+  CHECK(store.Commit(Filled(store, seat, 8, {c, a}, 5)));
+  CHECK(Steps(store, seat) == std::vector<std::int64_t>{7, 8});
+  CHECK(store.Find(seat, 8)->round() == 5);
+  CHECK(*store.Find(seat, 8)->Read(0) == c);
+  CHECK(store.Find(seat, 7)->round() == 4);
 }
 
 TEST_CASE("replica store: a replaced replica's memory is reused, never under a reader",

@@ -40,8 +40,9 @@ namespace ddprun::agent {
 // One complete replica: the snapshots of a seat's local ranks at one step.
 class HeldReplica {
  public:
-  HeldReplica(replica::Seat seat, std::int64_t step, std::vector<std::uint64_t> sizes,
-              std::vector<std::uint32_t> crcs, std::vector<std::uint32_t> kinds);
+  HeldReplica(replica::Seat seat, std::int64_t round, std::int64_t step,
+              std::vector<std::uint64_t> sizes, std::vector<std::uint32_t> crcs,
+              std::vector<std::uint32_t> kinds);
   ~HeldReplica();
   HeldReplica(const HeldReplica&) = delete;
   HeldReplica& operator=(const HeldReplica&) = delete;
@@ -54,6 +55,8 @@ class HeldReplica {
   // then overwritten; `from` is left without memory); false otherwise.
   bool TakeMemory(HeldReplica& from);
   const replica::Seat& seat() const { return seat_; }
+  // The round whose sender put it (the job's rendezvous round).
+  std::int64_t round() const { return round_; }
   std::int64_t step() const { return step_; }
   const std::vector<std::uint64_t>& sizes() const { return sizes_; }
   const std::vector<std::uint32_t>& crcs() const { return crcs_; }
@@ -66,6 +69,7 @@ class HeldReplica {
 
  private:
   replica::Seat seat_;
+  std::int64_t round_;
   std::int64_t step_;
   std::vector<std::uint64_t> sizes_;
   std::vector<std::uint32_t> crcs_;
@@ -78,14 +82,22 @@ class ReplicaStore {
  public:
   static constexpr std::size_t kMaxSeats = 2;
 
+  // Replicas are ordered by (round, step): a later round's replica is newer
+  // than any of an earlier round. A replica of an earlier round whose step
+  // is at or after an arriving replica's step is stale (the job went back to
+  // an older step in between, so it belongs to a timeline the job left): it
+  // goes when that replica begins, and is never offered to a restore again.
+  //
   // A replica ready to be filled (not visible until Commit). Evicts the
-  // older of the seat's two complete replicas; its memory (or the seat's
-  // spare) is reused when it has the arriving replica's sizes.
+  // stale ones and, when the arriving replica is newer than the seat's
+  // newest, the older of its two complete replicas; the evicted memory (or
+  // the seat's spare) is reused when it has the arriving replica's sizes.
   absl::StatusOr<std::shared_ptr<HeldReplica>> Begin(const replica::Header& put);
   // Makes a filled replica its seat's newest (the newest so far becomes the
-  // previous one), unless the seat's newest is of a later step (a newer one
-  // arrived first); one of the same step is replaced.
-  void Commit(std::shared_ptr<HeldReplica> r);
+  // previous one; stale ones go), unless the seat's newest is newer (a
+  // newer one arrived first): then false and nothing changes. One of the
+  // same round and step replaces the newest.
+  bool Commit(std::shared_ptr<HeldReplica> r);
   // A replica that Begin gave and that was not filled (the sender stopped):
   // its memory becomes the seat's spare.
   void Abandon(std::shared_ptr<HeldReplica> r);
@@ -111,6 +123,10 @@ class ReplicaStore {
   // Keeps `r`'s memory as the seat's spare unless it has one or a reader
   // holds `r` (mu_ held).
   static void KeepSpare(SeatReplicas& seat, std::shared_ptr<HeldReplica> r);
+  // Moves the seat's stale replicas (Stale above, against an arriving
+  // replica of (round, step)) to `out`; the newest left stays the newest.
+  static void DropStale(SeatReplicas& seat, std::int64_t round, std::int64_t step,
+                        std::vector<std::shared_ptr<HeldReplica>>& out);
 
   std::map<replica::Seat, SeatReplicas> seats_;
   std::uint64_t counter_ = 0;
