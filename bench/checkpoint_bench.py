@@ -18,23 +18,31 @@ GiB. The ratios are torch's time over ddprun's. After load, a write to
 every page of the loaded state is timed too: load maps tensors of 1 MiB
 and more copy-on-write, so that is where their pages are copied.
 
+Beside each wall time: the CPU seconds (user + system, getrusage of the
+worker process, all its threads) that the call took, per GiB, the slower
+rank's. That figure does not grow with the machine's load as the wall time
+does, so a run on a busy machine can be judged: a wall time close to the CPU
+time is CPU-bound work that other processes slowed; a wall time well above it
+waited (for the disk, for the agent, for a core).
+
     python3 bench/checkpoint_bench.py [--size 256MiB] [--reps 3] [--build build] [--dir /tmp]
     python3 bench/checkpoint_bench.py --size 1GiB          # the docs' figure
 """
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from ckpt_bench_common import (DEFAULT_BUILD, job_env, load_average, parse_size, python_exec,
+                               write_worker)
+
 GIB = 1 << 30
 
 WORKER = r'''
-import json, os, signal, statistics, sys, time
+import json, os, resource, signal, statistics, sys, time
 import torch
 import ddprun.checkpoint as ckpt
 
@@ -48,14 +56,25 @@ while left > 0:
     state["t%03d" % i] = torch.full((n // 4,), float(rank + i))
     left -= n
     i += 1
-res = {}
-def clock(f):
-    t = time.perf_counter(); r = f(); return time.perf_counter() - t, r
+res, cpu = {}, {}
+def cpu_now():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+def clock(f, name=None):
+    """(wall seconds, result) of f(); its CPU seconds go to cpu[name]."""
+    t, c = time.perf_counter(), cpu_now()
+    r = f()
+    if name:
+        cpu[name] = cpu_now() - c
+    return time.perf_counter() - t, r
 
 if attempt == "0":
     assert ckpt.load() is None
     res["save_first"] = max(clock(lambda s=s: ckpt.save(state, s))[0] for s in (0, 1))
-    res["save"] = [clock(lambda s=s: ckpt.save(state, s))[0] for s in range(2, reps + 2)]
+    res["save"], res["save_cpu"] = [], []
+    for s in range(2, reps + 2):
+        res["save"].append(clock(lambda: ckpt.save(state, s), "save")[0])
+        res["save_cpu"].append(cpu["save"])
     json.dump(res, open(os.path.join(out, "save%d.json" % rank), "w"))
     # Both ranks saved; then rank 1 dies (kill -9) and the job restarts.
     while not all(os.path.exists(os.path.join(out, "save%d.json" % r)) for r in (0, 1)):
@@ -64,7 +83,7 @@ if attempt == "0":
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(600)  # stopped by the agent
 del state
-t, got = clock(ckpt.load)
+t, got = clock(ckpt.load, "load")
 step, loaded = got
 res["load"], res["step"] = t, step
 # Which path the package took: one pass with the SDK library's CRC-32C, or
@@ -76,8 +95,8 @@ assert all(float(v[0]) == rank + int(k[1:]) for k, v in loaded.items())
 # of every 4 KiB page of the loaded state, values unchanged.
 res["first_write"], _ = clock(lambda: [v.view(-1)[::1024].add_(0) for v in loaded.values()])
 path = os.path.join(folder, "torch_rank%d.pt" % rank)
-res["torch_save"], _ = clock(lambda: (torch.save(loaded, path), os.sync()))
-res["torch_load_warm"], _ = clock(lambda: torch.load(path))
+res["torch_save"], _ = clock(lambda: (torch.save(loaded, path), os.sync()), "torch_save")
+res["torch_load_warm"], _ = clock(lambda: torch.load(path), "torch_load_warm")
 fd = os.open(path, os.O_RDONLY)
 os.fsync(fd)
 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # this file out of the page cache
@@ -88,37 +107,25 @@ try:
     res["drop_caches"] = "echo 1 > /proc/sys/vm/drop_caches"
 except OSError as e:
     res["drop_caches"] = "posix_fadvise(DONTNEED) only (drop_caches: %s)" % e.strerror
-res["torch_load_cold"], _ = clock(lambda: torch.load(path))
+res["torch_load_cold"], _ = clock(lambda: torch.load(path), "torch_load_cold")
 os.unlink(path)
+res["cpu"] = cpu
 json.dump(res, open(os.path.join(out, "load%d.json" % rank), "w"))
 '''
-
-
-def parse_size(text):
-    m = re.fullmatch(r"(\d+)\s*([KMG]i?B?)?", text.strip())
-    if not m:
-        raise SystemExit("--size: %r is not a size like 256MiB or 1GiB" % text)
-    scale = {"": 1, None: 1}.get(m.group(2), None)
-    if scale is None:
-        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2)[0]]
-    return int(m.group(1)) * scale
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="256MiB", help="state per rank (default 256MiB; 1GiB for the docs)")
     ap.add_argument("--reps", type=int, default=3, help="saves after the first (median)")
-    ap.add_argument("--build", default=os.path.join(HERE, "..", "build"))
+    ap.add_argument("--build", default=DEFAULT_BUILD)
     ap.add_argument("--dir", default=tempfile.gettempdir(), help="where torch.save writes")
     args = ap.parse_args()
     size = parse_size(args.size)
     build = os.path.abspath(args.build)
-    python = os.environ.get("PYTHON_EXEC", "/usr/bin/python3")
     with tempfile.TemporaryDirectory() as tmp:
-        script = os.path.join(tmp, "worker.py")
-        with open(script, "w") as f:
-            f.write(WORKER)
-        env = dict(os.environ, PYTHON_EXEC=python, PYTHONPATH=os.path.join(build, "python"))
+        script = write_worker(tmp, WORKER)
+        env = job_env(build, python_exec())
         limit = "%dMiB" % ((size >> 20) + 64)
         cmd = [os.path.join(build, "bin", "ddprun"), "--nproc_per_node=2", "--max_restarts=1",
                "--ckpt_shm_limit=" + limit, script, tmp, str(size), str(args.reps), args.dir]
@@ -133,26 +140,36 @@ def main():
     def per_gib(values):
         return max(values) / gib
 
+    def cpu_per_gib(name):
+        return per_gib([l["cpu"][name] for l in loads])
+
+    # (row, wall s/GiB, CPU s/GiB or None)
     rows = [
         ("ddprun.checkpoint.save, first of each slot (pages allocated)",
-         per_gib([s["save_first"] for s in saves])),
+         per_gib([s["save_first"] for s in saves]), None),
         ("ddprun.checkpoint.save, median of %d later" % args.reps,
-         per_gib([statistics.median(s["save"]) for s in saves])),
-        ("ddprun.checkpoint.load after kill -9 of rank 1", per_gib([l["load"] for l in loads])),
+         per_gib([statistics.median(s["save"]) for s in saves]),
+         per_gib([statistics.median(s["save_cpu"]) for s in saves])),
+        ("ddprun.checkpoint.load after kill -9 of rank 1", per_gib([l["load"] for l in loads]),
+         cpu_per_gib("load")),
         ("  then a first write to every page of what it returned",
-         per_gib([l.get("first_write", 0) for l in loads])),
-        ("torch.save to %s (+ sync)" % args.dir, per_gib([l["torch_save"] for l in loads])),
-        ("torch.load, file in the page cache", per_gib([l["torch_load_warm"] for l in loads])),
-        ("torch.load, file dropped from the page cache", per_gib([l["torch_load_cold"] for l in loads])),
+         per_gib([l.get("first_write", 0) for l in loads]), None),
+        ("torch.save to %s (+ sync)" % args.dir, per_gib([l["torch_save"] for l in loads]),
+         cpu_per_gib("torch_save")),
+        ("torch.load, file in the page cache", per_gib([l["torch_load_warm"] for l in loads]),
+         cpu_per_gib("torch_load_warm")),
+        ("torch.load, file dropped from the page cache",
+         per_gib([l["torch_load_cold"] for l in loads]), cpu_per_gib("torch_load_cold")),
     ]
     print("2 ranks x %.3f GiB of float32 tensors each (%s); seconds per GiB, the slower rank"
           % (gib, args.size))
     print("loaded step %d; cache: %s" % (loads[0]["step"], loads[0]["drop_caches"]))
     print("copy and checksum: %s" % ("one pass, CRC-32C (libddprun_worker_sdk.so)"
                                      if loads[0].get("one_pass") else "memmove, then zlib.crc32"))
-    print("load average: %s" % open("/proc/loadavg").read().split()[:3])
-    for name, v in rows:
-        print("  %-60s %8.3f s/GiB" % (name, v))
+    print(load_average())
+    print("  %-60s %8s %14s" % ("", "wall", "CPU (user+sys)"))
+    for name, wall, cpu in rows:
+        print("  %-60s %8.3f %8s s/GiB" % (name, wall, "-" if cpu is None else "%.3f" % cpu))
     save, load = rows[1][1], rows[2][1]
     print("ratios (torch / ddprun): save %.1fx, load warm %.1fx, load cold %.1fx"
           % (rows[4][1] / save, rows[5][1] / load, rows[6][1] / load))

@@ -36,7 +36,6 @@ import glob
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -44,7 +43,8 @@ import tempfile
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from ckpt_bench_common import (DEFAULT_BUILD, free_port, job_env, load_average, parse_size,
+                               python_exec, write_worker)
 
 WORKER = r'''
 import json, os, sys, time
@@ -88,20 +88,6 @@ for n in range((saves + 1) * every):
 json.dump({"steps": steps, "saved": saved}, open(os.path.join(out, "rank%d.json" % rank), "w"))
 dist.destroy_process_group()
 '''
-
-
-def parse_size(text):
-    m = re.fullmatch(r"(\d+)\s*([KMG]i?B?)?", text.strip())
-    if not m:
-        raise SystemExit("--size: %r is not a size like 256MiB or 1GiB" % text)
-    scale = 1 if not m.group(2) else {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2)[0]]
-    return int(m.group(1)) * scale
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def watch_dir(folder, ends, stop):
@@ -185,14 +171,14 @@ def main():
     ap.add_argument("--size", default="256MiB", help="state per worker (default 256MiB)")
     ap.add_argument("--saves", type=int, default=4, help="saves per job (default 4)")
     ap.add_argument("--every", type=int, default=40, help="steps between saves (default 40)")
-    ap.add_argument("--build", default=os.path.join(HERE, "..", "build"))
+    ap.add_argument("--build", default=DEFAULT_BUILD)
     ap.add_argument("--ckpt_bandwidth", default=None,
                     help="passed to every ddprun as --ckpt_bandwidth=VALUE (default: not "
                          "passed, ddprun's default)")
     args = ap.parse_args()
     size = parse_size(args.size)
     build = os.path.abspath(args.build)
-    python = os.environ.get("PYTHON_EXEC", "/usr/bin/python3")
+    python = python_exec()
     ddprun = os.path.join(build, "bin", "ddprun")
     limit = "--ckpt_shm_limit=%dMiB" % ((size >> 20) + 64)
     if args.ckpt_bandwidth is not None:
@@ -201,10 +187,8 @@ def main():
         limit = [limit]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        script = os.path.join(tmp, "worker.py")
-        with open(script, "w") as f:
-            f.write(WORKER)
-        env = dict(os.environ, PYTHON_EXEC=python, PYTHONPATH=os.path.join(build, "python"))
+        script = write_worker(tmp, WORKER)
+        env = job_env(build, python)
         wargs = [script, None, str(size), str(args.saves), str(args.every)]
 
         out = os.path.join(tmp, "persist")
@@ -247,7 +231,7 @@ def main():
                 for step in set(per[0]) & set(per[1]):
                     ends.setdefault(step, max(per[0][step], per[1][step]))
 
-            rows.append(("replica (--ckpt_replicas 1, 2 nodes; save waits for its replica)",) +
+            rows.append(("replica (--ckpt_replicas 1, 2 nodes; save waits for the previous step's replica)",) +
                         run_job("replica", cmds, renv, out, watch))
             # The same without the wait (docs/checkpoint.md, "Replica lag"):
             # the replica is asynchronous, as before the wait existed.
@@ -266,7 +250,7 @@ def main():
           "%s of state per worker, "
           "saved every %d steps, %d saves; --ckpt_bandwidth %s" % (
               args.size, args.every, args.saves, args.ckpt_bandwidth or "not passed"))
-    print("load average: %s" % open("/proc/loadavg").read().split()[:3])
+    print(load_average())
     print("| background work | its duration (median) | save blocks (median) | steps during / "
           "without | median step during | median step without | slowdown |")
     print("|---|---|---|---|---|---|---|")

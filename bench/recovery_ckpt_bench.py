@@ -27,13 +27,12 @@ restarted processes' `import torch` and init_process_group on both sides.
 import argparse
 import json
 import os
-import re
-import socket
 import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from ckpt_bench_common import (DEFAULT_BUILD, HERE, free_port, job_env, load_average, parse_size,
+                               python_exec, write_worker)
 
 WORKER = r'''
 import json, os, signal, sys, time
@@ -91,20 +90,6 @@ dist.destroy_process_group()
 '''
 
 
-def parse_size(text):
-    m = re.fullmatch(r"(\d+)\s*([KMG]i?B?)?", text.strip())
-    if not m:
-        raise SystemExit("--size: %r is not a size like 256MiB or 1GiB" % text)
-    scale = 1 if not m.group(2) else {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2)[0]]
-    return int(m.group(1)) * scale
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(name, cmd, env, out):
     r = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        timeout=1800)
@@ -122,19 +107,17 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="1GiB", help="state per rank (default 1GiB)")
     ap.add_argument("--kill_at", type=int, default=2, help="the step rank 1 dies at (default 2)")
-    ap.add_argument("--build", default=os.path.join(HERE, "..", "build"))
+    ap.add_argument("--build", default=DEFAULT_BUILD)
     ap.add_argument("--dir", default=tempfile.gettempdir(), help="where torch.save writes")
     args = ap.parse_args()
     size = parse_size(args.size)
     build = os.path.abspath(args.build)
-    python = os.environ.get("PYTHON_EXEC", "/usr/bin/python3")
+    python = python_exec()
     steps = args.kill_at + 2
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
-        script = os.path.join(tmp, "worker.py")
-        with open(script, "w") as f:
-            f.write(WORKER)
-        env = dict(os.environ, PYTHON_EXEC=python, PYTHONPATH=os.path.join(build, "python"))
+        script = write_worker(tmp, WORKER)
+        env = job_env(build, python)
         for name in ("ddprun", "torchrun"):
             out = os.path.join(tmp, name)
             os.mkdir(out)
@@ -151,7 +134,7 @@ def main():
     d, t = rows["ddprun"], rows["torchrun"]
     print("2 ranks x %s of float32 state (gloo), checkpoint every step, rank 1 kill -9 at step %d"
           % (args.size, args.kill_at))
-    print("load average: %s" % open("/proc/loadavg").read().split()[:3])
+    print(load_average())
     print("| | ddprun + ddprun.checkpoint | torchrun + torch.save/torch.load | ratio |")
     print("|---|---|---|---|")
     print("| kill -9 to the first step after it done (slower rank) | %.2f s | %.2f s | %.1fx |"

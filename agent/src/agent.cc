@@ -41,6 +41,7 @@
 #include "ddprun/agent/worker_env.h"
 #include "ddprun/agent/worker_group.h"
 #include "ddprun/agent/worker_logs.h"
+#include "ddprun/rendezvous/common/checkpoint_layout.h"
 #include "ddprun/rendezvous/common/debug_log.h"
 #include "ddprun/rendezvous/common/errors.h"
 #include "ddprun/rendezvous/common/exit_codes.h"
@@ -477,6 +478,10 @@ class Agent::Impl {
           std::fflush(stderr);
         });
     DDPRUN_RETURN_IF_ERROR(replicas_->Start());
+    // Three slots per worker: a save waits only for the previous snapshot's
+    // replica while the newest travels (docs/checkpoint.md, "Replica lag").
+    // Before the first spawn creates the memory (this is the first assignment).
+    checkpoints_->set_slots(static_cast<int>(checkpoint_layout::kSlotsWithReplicas));
     Log(
         absl::StrCat("--ckpt_replicas: this node keeps the replica of the previous node's "
                      "checkpoint and listens for it on ",

@@ -16,6 +16,7 @@
 #include "ddprun/agent/process_launcher.h"
 #include "ddprun/rendezvous/common/checkpoint_checksum.h"
 #include "ddprun/rendezvous/common/checkpoint_layout.h"
+#include "ddprun/rendezvous/common/status_macros.h"
 #include "ddprun/rendezvous/common/worker_env_names.h"
 
 namespace ddprun::agent {
@@ -61,11 +62,22 @@ bool PwriteAll(int fd, const void* buf, std::size_t n, off_t offset) {
 }  // namespace
 
 CheckpointMemory::CheckpointMemory(std::uint64_t limit_bytes)
-    : limit_(limit_bytes), capacity_((limit_bytes + kPage - 1) / kPage * kPage) {}
+    : limit_(limit_bytes),
+      capacity_((limit_bytes + kPage - 1) / kPage * kPage),
+      slots_(static_cast<int>(layout::kSlotsPlain)) {}
 
 CheckpointMemory::~CheckpointMemory() {
   for (void* h : headers_) ::munmap(h, layout::kHeaderBytes);
   for (int fd : fds_) ::close(fd);
+}
+
+void CheckpointMemory::set_slots(int slots) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DDPRUN_CHECK(fds_.empty()) << "set_slots after the memory was created";
+  DDPRUN_CHECK(slots >= static_cast<int>(layout::kSlotsPlain) &&
+               slots <= static_cast<int>(layout::kMaxSlots))
+      << "slots " << slots;
+  slots_ = slots;
 }
 
 int CheckpointMemory::size() const {
@@ -87,12 +99,15 @@ absl::Status CheckpointMemory::Ensure(int local_ranks) {
     const std::string name = absl::StrCat("ddprun-ckpt-", rank);
     const int fd = ::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) return fail("memfd_create", fd);
-    if (::ftruncate(fd, static_cast<off_t>(layout::kHeaderBytes + 2 * capacity_)) != 0) {
+    if (::ftruncate(fd, static_cast<off_t>(layout::kHeaderBytes +
+                                           static_cast<std::uint64_t>(slots_) * capacity_)) != 0) {
       return fail("ftruncate", fd);
     }
     unsigned char header[layout::kSlotRecordsOffset] = {};
     std::memcpy(header + layout::kMagicOffset, layout::kMagic, sizeof layout::kMagic);
     std::memcpy(header + layout::kVersionOffset, &layout::kVersion, sizeof layout::kVersion);
+    const std::uint32_t slots = static_cast<std::uint32_t>(slots_);
+    std::memcpy(header + layout::kSlotsOffset, &slots, sizeof slots);
     std::memcpy(header + layout::kCapacityOffset, &capacity_, sizeof capacity_);
     std::memcpy(header + layout::kLimitOffset, &limit_, sizeof limit_);
     if (!PwriteAll(fd, header, sizeof header, 0)) return fail("writing the header", fd);
@@ -118,7 +133,7 @@ std::vector<CommittedSnapshot> CheckpointMemory::Committed(int local_rank) const
   std::vector<std::pair<std::uint64_t, CommittedSnapshot>> found;  // by generation
   const int f = fd(local_rank);
   if (f < 0) return {};
-  for (int slot = 0; slot < layout::kSlots; ++slot) {
+  for (int slot = 0; slot < slots_; ++slot) {
     unsigned char rec[layout::kSlotRecordBytes];
     if (!PreadAll(f, rec, sizeof rec, static_cast<off_t>(layout::SlotRecordOffset(slot)))) {
       continue;
@@ -179,7 +194,7 @@ absl::StatusOr<std::string> CheckpointMemory::ReadCommitted(int local_rank,
                                                             const CommittedSnapshot& s,
                                                             std::string reuse) const {
   const int f = fd(local_rank);
-  if (f < 0 || s.slot < 0 || s.slot >= layout::kSlots || s.size > capacity_) {
+  if (f < 0 || s.slot < 0 || s.slot >= slots_ || s.size > capacity_) {
     return absl::InvalidArgumentError(absl::StrCat("no snapshot of local rank ", local_rank));
   }
   std::string bytes = std::move(reuse);
@@ -206,14 +221,14 @@ absl::StatusOr<std::string> CheckpointMemory::ReadCommitted(int local_rank,
 }
 
 absl::Status CheckpointMemory::Seed(int local_rank, std::int64_t step, int rank, int world_size,
-                                    const std::string& bytes) {
+                                    const std::string& bytes, int slot_index) {
   if (bytes.size() > limit_) {
     return absl::ResourceExhaustedError(absl::StrCat("the snapshot of step ", step, " needs ",
                                                      bytes.size(),
                                                      " bytes, more than --ckpt_shm_limit (", limit_,
                                                      " bytes per worker); raise --ckpt_shm_limit"));
   }
-  auto slot = BeginSeed(local_rank, bytes.size());
+  auto slot = BeginSeed(local_rank, bytes.size(), slot_index);
   if (!slot.ok()) return slot.status();
   const std::uint32_t crc = checkpoint_checksum::CopyCrc32c(
       0, slot->data(), bytes.data(), bytes.size(), checkpoint_checksum::DefaultCopyThreads());
@@ -221,19 +236,31 @@ absl::Status CheckpointMemory::Seed(int local_rank, std::int64_t step, int rank,
 }
 
 absl::StatusOr<CheckpointMemory::SeedSlot> CheckpointMemory::BeginSeed(int local_rank,
-                                                                       std::uint64_t size) {
+                                                                       std::uint64_t size,
+                                                                       int slot) {
   const int f = fd(local_rank);
   if (f < 0)
     return absl::InvalidArgumentError(absl::StrCat("no memory for local rank ", local_rank));
+  if (slot < 0 || slot >= slots_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("no slot ", slot, " in the checkpoint memory (", slots_, " slots)"));
+  }
   if (size > limit_) {
     return absl::ResourceExhaustedError(
         absl::StrCat("a snapshot of ", size, " bytes is more than --ckpt_shm_limit (", limit_,
                      " bytes per worker); raise "
                      "--ckpt_shm_limit"));
   }
-  Clear(local_rank);  // first, so a failure below leaves nothing loadable
-  if (size == 0) return SeedSlot(f, nullptr, 0);
-  const off_t at = static_cast<off_t>(layout::SlotDataOffset(0, capacity_));
+  // First, so a failure below leaves nothing loadable (slot 0: nothing at
+  // all; a later slot: not this one).
+  if (slot == 0) {
+    Clear(local_rank);
+  } else {
+    const unsigned char empty[layout::kSlotRecordBytes] = {};
+    (void)PwriteAll(f, empty, sizeof empty, static_cast<off_t>(layout::SlotRecordOffset(slot)));
+  }
+  if (size == 0) return SeedSlot(f, slot, nullptr, 0);
+  const off_t at = static_cast<off_t>(layout::SlotDataOffset(slot, capacity_));
   auto fail = [&](const char* what) {
     return absl::ResourceExhaustedError(absl::StrCat(what, " the checkpoint memory of local rank ",
                                                      local_rank, ": ", std::strerror(errno)));
@@ -241,11 +268,11 @@ absl::StatusOr<CheckpointMemory::SeedSlot> CheckpointMemory::BeginSeed(int local
   if (::fallocate(f, 0, at, static_cast<off_t>(size)) != 0) return fail("allocating");
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, f, at);
   if (p == MAP_FAILED) return fail("mapping");
-  return SeedSlot(f, static_cast<char*>(p), size);
+  return SeedSlot(f, slot, static_cast<char*>(p), size);
 }
 
 CheckpointMemory::SeedSlot::SeedSlot(SeedSlot&& o) noexcept
-    : fd_(o.fd_), data_(o.data_), size_(o.size_) {
+    : fd_(o.fd_), slot_(o.slot_), data_(o.data_), size_(o.size_) {
   o.data_ = nullptr;
 }
 
@@ -257,7 +284,7 @@ absl::Status CheckpointMemory::SeedSlot::Commit(std::int64_t step, int rank, int
                                                 std::uint32_t crc, std::uint32_t checksum_kind) {
   unsigned char rec[layout::kSlotRecordBytes] = {};
   const std::uint32_t state = layout::kSlotCommitted;
-  const std::uint64_t generation = 1;
+  const std::uint64_t generation = static_cast<std::uint64_t>(slot_) + 1;  // oldest in slot 0
   const std::int32_t r = rank, w = world_size;
   std::memcpy(rec + layout::kCrcOffset, &crc, sizeof crc);
   std::memcpy(rec + layout::kGenerationOffset, &generation, sizeof generation);
@@ -267,7 +294,7 @@ absl::Status CheckpointMemory::SeedSlot::Commit(std::int64_t step, int rank, int
   std::memcpy(rec + layout::kWorldSizeOffset, &w, sizeof w);
   std::memcpy(rec + layout::kChecksumKindOffset, &checksum_kind, sizeof checksum_kind);
   std::memcpy(rec + layout::kStateOffset, &state, sizeof state);
-  if (!PwriteAll(fd_, rec, sizeof rec, static_cast<off_t>(layout::SlotRecordOffset(0)))) {
+  if (!PwriteAll(fd_, rec, sizeof rec, static_cast<off_t>(layout::SlotRecordOffset(slot_)))) {
     return absl::InternalError(
         absl::StrCat("writing a checkpoint memory's record: ", std::strerror(errno)));
   }
@@ -285,7 +312,7 @@ void CheckpointMemory::Clear(int local_rank) {
   const int f = fd(local_rank);
   if (f < 0) return;
   unsigned char rec[layout::kSlotRecordBytes] = {};
-  for (int slot = 0; slot < layout::kSlots; ++slot) {
+  for (int slot = 0; slot < slots_; ++slot) {
     (void)PwriteAll(f, rec, sizeof rec, static_cast<off_t>(layout::SlotRecordOffset(slot)));
   }
   std::lock_guard<std::mutex> lock(mu_);

@@ -14,9 +14,11 @@
 
 namespace ddprun::agent {
 
-HeldReplica::HeldReplica(replica::Seat seat, std::int64_t step, std::vector<std::uint64_t> sizes,
-                         std::vector<std::uint32_t> crcs, std::vector<std::uint32_t> kinds)
+HeldReplica::HeldReplica(replica::Seat seat, std::int64_t round, std::int64_t step,
+                         std::vector<std::uint64_t> sizes, std::vector<std::uint32_t> crcs,
+                         std::vector<std::uint32_t> kinds)
     : seat_(seat),
+      round_(round),
       step_(step),
       sizes_(std::move(sizes)),
       crcs_(std::move(crcs)),
@@ -79,67 +81,152 @@ absl::StatusOr<std::string> HeldReplica::Read(int j) const {
   return bytes;
 }
 
+namespace {
+
+// a is newer than (round, step): a later round, or the same round and a
+// later step.
+bool NewerThan(const HeldReplica& a, std::int64_t round, std::int64_t step) {
+  return a.round() > round || (a.round() == round && a.step() > step);
+}
+
+// h belongs to a timeline the job left: an earlier round than (round, step)
+// and a step at or after it.
+bool Stale(const std::shared_ptr<HeldReplica>& h, std::int64_t round, std::int64_t step) {
+  return h != nullptr && h->round() < round && h->step() >= step;
+}
+
+}  // namespace
+
+void ReplicaStore::DropStale(SeatReplicas& seat, std::int64_t round, std::int64_t step,
+                             std::vector<std::shared_ptr<HeldReplica>>& out) {
+  if (Stale(seat.previous, round, step)) out.push_back(std::move(seat.previous));
+  if (Stale(seat.newest, round, step)) {
+    out.push_back(std::move(seat.newest));
+    seat.newest = std::move(seat.previous);
+  }
+}
+
 absl::StatusOr<std::shared_ptr<HeldReplica>> ReplicaStore::Begin(const replica::Header& put) {
-  auto r = std::make_shared<HeldReplica>(put.seat, put.step, put.sizes, put.crcs, put.kinds);
+  auto r =
+      std::make_shared<HeldReplica>(put.seat, put.round, put.step, put.sizes, put.crcs, put.kinds);
+  std::vector<std::shared_ptr<HeldReplica>> evicted;  // freed after mu_ is released
   std::shared_ptr<HeldReplica> spare;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = spare_.find(put.seat);
-    if (it != spare_.end()) {
-      spare = std::move(it->second);
-      spare_.erase(it);
+    auto it = seats_.find(put.seat);
+    if (it != seats_.end()) {
+      SeatReplicas& seat = it->second;
+      DropStale(seat, put.round, put.step, evicted);
+      // A newer replica begins: the older of the two goes now, so the seat
+      // keeps two replicas' memory, the newest and the arriving one. An
+      // older or equal one (sent again) evicts nothing.
+      if (seat.newest != nullptr && seat.previous != nullptr &&
+          !NewerThan(*seat.newest, put.round, put.step) &&
+          !(seat.newest->round() == put.round && seat.newest->step() == put.step)) {
+        evicted.push_back(std::move(seat.previous));
+      }
+      bool reusable = false;
+      for (const auto& e : evicted) reusable = reusable || e.use_count() == 1;
+      if (!reusable) spare = std::move(seat.spare);
     }
   }
+  // Only the store's own reference (Find and All copy under mu_): no reader
+  // can be reading an evicted replica's bytes while they are overwritten.
+  for (auto& e : evicted) {
+    if (e.use_count() == 1 && r->TakeMemory(*e)) return r;
+  }
   if (spare != nullptr && r->TakeMemory(*spare)) return r;
-  spare.reset();  // other sizes: freed before the new memory is allocated
+  evicted.clear();  // other sizes: freed before the new memory is allocated
+  spare.reset();
   if (absl::Status st = r->Allocate(); !st.ok()) return st;
   return r;
 }
 
-void ReplicaStore::KeepSpare(std::shared_ptr<HeldReplica> r) {
-  // Only the store's own reference (Find and All copy under mu_): no reader
-  // can be reading its bytes while they are overwritten.
-  if (r != nullptr && r.use_count() == 1 && spare_.count(r->seat()) == 0) {
-    const replica::Seat seat = r->seat();
-    spare_[seat] = std::move(r);
-  }
+void ReplicaStore::KeepSpare(SeatReplicas& seat, std::shared_ptr<HeldReplica> r) {
+  if (r != nullptr && r.use_count() == 1 && seat.spare == nullptr) seat.spare = std::move(r);
 }
 
 void ReplicaStore::Abandon(std::shared_ptr<HeldReplica> r) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (held_.count(r->seat()) != 0) KeepSpare(std::move(r));
+  auto it = seats_.find(r->seat());
+  if (it != seats_.end() && it->second.newest != nullptr && it->second.previous == nullptr) {
+    KeepSpare(it->second, std::move(r));
+  }
 }
 
-void ReplicaStore::Commit(std::shared_ptr<HeldReplica> r) {
+bool ReplicaStore::Commit(std::shared_ptr<HeldReplica> r) {
+  std::vector<std::shared_ptr<HeldReplica>> dropped;  // freed after mu_ is released
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = held_.find(r->seat());
-  if (it != held_.end() && it->second->step() > r->step()) return;  // a newer one arrived first
-  const replica::Seat seat = r->seat();
-  std::shared_ptr<HeldReplica> replaced = std::move(held_[seat]);
-  held_[seat] = std::move(r);
-  KeepSpare(std::move(replaced));
-  received_at_[seat] = ++counter_;
-  while (held_.size() > kMaxSeats) {
-    auto oldest = received_at_.begin();
-    for (auto i = received_at_.begin(); i != received_at_.end(); ++i) {
-      if (i->second < oldest->second) oldest = i;
-    }
-    held_.erase(oldest->first);
-    spare_.erase(oldest->first);
-    received_at_.erase(oldest);
+  SeatReplicas& seat = seats_[r->seat()];
+  if (seat.newest != nullptr && NewerThan(*seat.newest, r->round(), r->step())) {
+    // A newer one arrived first (an older round's slow transfer, say).
+    if (seat.previous == nullptr) KeepSpare(seat, std::move(r));
+    return false;
   }
+  DropStale(seat, r->round(), r->step(), dropped);
+  if (seat.newest != nullptr && seat.newest->round() == r->round() &&
+      seat.newest->step() == r->step()) {
+    dropped.push_back(std::move(seat.newest));  // the same step sent again: it replaces the newest
+  } else {
+    if (seat.previous != nullptr) dropped.push_back(std::move(seat.previous));
+    seat.previous = std::move(seat.newest);
+  }
+  seat.newest = std::move(r);
+  if (seat.previous != nullptr) {
+    seat.spare.reset();  // two replicas held: no third memory
+  } else {
+    for (auto& d : dropped) KeepSpare(seat, std::move(d));
+  }
+  seat.received_at = ++counter_;
+  for (;;) {
+    auto oldest = seats_.end();
+    std::size_t held = 0;
+    for (auto i = seats_.begin(); i != seats_.end(); ++i) {
+      if (i->second.newest == nullptr) continue;
+      ++held;
+      if (oldest == seats_.end() || i->second.received_at < oldest->second.received_at) oldest = i;
+    }
+    if (held <= kMaxSeats) break;
+    seats_.erase(oldest);
+  }
+  return true;
 }
 
 std::shared_ptr<const HeldReplica> ReplicaStore::Find(const replica::Seat& seat) const {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = held_.find(seat);
-  return it == held_.end() ? nullptr : it->second;
+  auto it = seats_.find(seat);
+  return it == seats_.end() ? nullptr : it->second.newest;
+}
+
+std::shared_ptr<const HeldReplica> ReplicaStore::Find(const replica::Seat& seat,
+                                                      std::int64_t step) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = seats_.find(seat);
+  if (it == seats_.end()) return nullptr;
+  for (const auto& r : {it->second.newest, it->second.previous}) {
+    if (r != nullptr && r->step() == step) return r;
+  }
+  return nullptr;
+}
+
+std::vector<std::shared_ptr<const HeldReplica>> ReplicaStore::FindAll(
+    const replica::Seat& seat) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::shared_ptr<const HeldReplica>> out;
+  auto it = seats_.find(seat);
+  if (it == seats_.end()) return out;
+  if (it->second.previous != nullptr) out.push_back(it->second.previous);
+  if (it->second.newest != nullptr) out.push_back(it->second.newest);
+  return out;
 }
 
 std::vector<std::shared_ptr<const HeldReplica>> ReplicaStore::All() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::shared_ptr<const HeldReplica>> out;
-  for (const auto& [seat, r] : held_) out.push_back(r);
+  for (const auto& [seat, r] : seats_) {
+    if (r.previous != nullptr) out.push_back(r.previous);
+    if (r.newest != nullptr) out.push_back(r.newest);
+  }
   return out;
 }
 

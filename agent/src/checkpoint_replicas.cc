@@ -441,7 +441,10 @@ void ReplicaService::Serve(int fd, std::string peer, std::uint64_t id) {
         return done();
       }
     }
-    store_.Commit(*std::move(r));
+    if (!store_.Commit(*std::move(r))) {
+      DDPRUN_DEBUG_LOG(kAgent) << fence << "replica of step " << h->step << " from " << peer
+                               << " not kept: the seat holds a newer one";
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       refused_large_ = false;
@@ -451,11 +454,17 @@ void ReplicaService::Serve(int fd, std::string peer, std::uint64_t id) {
                              << Ranks(h->seat) << " from " << peer;
     return done();
   }
-  // kGet: the seat's replica, as a kPut of this round.
-  std::shared_ptr<const HeldReplica> held = store_.Find(h->seat);
+  // kGet: the seat's replica (of the step asked for, or its newest), as a
+  // kPut of this round.
+  std::shared_ptr<const HeldReplica> held =
+      h->step == replica::kNewestStep ? store_.Find(h->seat) : store_.Find(h->seat, h->step);
   if (held == nullptr) {
     (void)ch.Send(
-        replica::EncodeReply(false, absl::StrCat(fence, "no replica of ", Ranks(h->seat), " here")),
+        replica::EncodeReply(false, absl::StrCat(fence, "no replica of ", Ranks(h->seat),
+                                                 h->step == replica::kNewestStep
+                                                     ? std::string()
+                                                     : absl::StrCat(" at step ", h->step),
+                                                 " here")),
         deadline);
     return done();
   }
@@ -512,7 +521,7 @@ absl::StatusOr<FetchedReplica> ReplicaService::Fetch(const std::string& endpoint
 absl::StatusOr<FetchedReplica> ReplicaService::Fetch(
     const std::string& endpoint, const std::string& job_id, const std::string& token,
     std::int64_t round, const replica::Seat& seat, std::uint64_t limit_bytes,
-    Clock::time_point deadline, bool encrypt, const FetchSink& sink) {
+    Clock::time_point deadline, bool encrypt, const FetchSink& sink, std::int64_t step) {
   auto ch = Dial(endpoint, job_id, token, encrypt, deadline);
   if (!ch.ok()) {
     if (absl::IsFailedPrecondition(ch.status())) return absl::NotFoundError(ch.status().message());
@@ -524,6 +533,7 @@ absl::StatusOr<FetchedReplica> ReplicaService::Fetch(
   get.token = token;
   get.round = round;
   get.seat = seat;
+  get.step = step;
   if (absl::Status st = ch->Send(replica::EncodeRequest(get), deadline); !st.ok()) return st;
   if (absl::Status st = ReadReply(*ch, deadline); !st.ok()) {
     if (absl::IsFailedPrecondition(st)) return absl::NotFoundError(st.message());
@@ -538,7 +548,8 @@ absl::StatusOr<FetchedReplica> ReplicaService::Fetch(
   if (absl::Status st = ch->Recv(body.data(), body.size(), deadline); !st.ok()) return st;
   auto h = replica::ParseHeader(op, body, limit_bytes);
   if (!h.ok()) return h.status();
-  if (op != Op::kPut || h->seat != seat || h->job_id != job_id || h->round != round) {
+  if (op != Op::kPut || h->seat != seat || h->job_id != job_id || h->round != round ||
+      (step != replica::kNewestStep && h->step != step)) {
     return absl::InvalidArgumentError(absl::StrCat(endpoint, " answered with another replica"));
   }
   FetchedReplica out;

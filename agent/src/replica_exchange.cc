@@ -98,68 +98,95 @@ void ExchangeReplicas(ReplicaService& service, CheckpointMemory& memory,
   }
   {
     // The newest replica of this seat newer than the node's own memory: the
-    // one this node holds, else another's.
-    std::shared_ptr<const HeldReplica> local = service.store().Find(mine);
+    // one this node holds, else another's. Its holder keeps the seat's newest
+    // two; both are restored (the older into slot 0), since the survivors may
+    // hold the older one and not the newest (docs/checkpoint.md, "Replica
+    // lag"), and load() agrees on the newest step every rank holds.
+    const std::vector<std::shared_ptr<const HeldReplica>> local = service.store().FindAll(mine);
     std::int64_t best = own_newest;
     std::string holder;
-    if (local && local->step() > best) {
-      best = local->step();
+    std::vector<std::int64_t> steps;  // the holder's steps of this seat, ascending
+    if (!local.empty() && local.back()->step() > best) {
+      best = local.back()->step();
       holder = service.endpoint();
+      for (const auto& r : local) steps.push_back(r->step());
     }
     for (std::size_t g = 0; g < offers.size(); ++g) {
       if (static_cast<int>(g) == a.group_rank) continue;
+      std::vector<std::int64_t> theirs;
       for (const auto& [seat, step] : offers[g].held) {
-        if (seat == mine && step > best) {
-          best = step;
-          holder = offers[g].endpoint;
-        }
+        if (seat == mine) theirs.push_back(step);
+      }
+      if (theirs.empty()) continue;
+      std::sort(theirs.begin(), theirs.end());
+      if (theirs.back() > best) {
+        best = theirs.back();
+        holder = offers[g].endpoint;
+        steps = std::move(theirs);
       }
     }
+    // At most one step per slot, the newest ones.
+    const std::size_t slots = static_cast<std::size_t>(memory.slots());
+    if (steps.size() > slots) steps.erase(steps.begin(), steps.end() - slots);
     if (!holder.empty()) {
-      std::int64_t step = best;
+      std::vector<std::int64_t> restored;
       absl::Status st;
       if (holder == service.endpoint()) {
-        std::vector<std::string> bytes;
-        for (int j = 0; st.ok() && j < mine.local_ranks; ++j) {
-          auto b = local->Read(j);
-          st = b.status();
-          if (b.ok()) bytes.push_back(*std::move(b));
-        }
-        for (int j = 0; st.ok() && j < mine.local_ranks; ++j) {
-          st = memory.Seed(j, step, a.base_rank + j, a.world_size,
-                           bytes[static_cast<std::size_t>(j)]);
+        for (std::size_t i = 0; st.ok() && i < local.size(); ++i) {
+          const HeldReplica& r = *local[i];
+          std::vector<std::string> bytes;
+          for (int j = 0; st.ok() && j < mine.local_ranks; ++j) {
+            auto b = r.Read(j);
+            st = b.status();
+            if (b.ok()) bytes.push_back(*std::move(b));
+          }
+          for (int j = 0; st.ok() && j < mine.local_ranks; ++j) {
+            st = memory.Seed(j, r.step(), a.base_rank + j, a.world_size,
+                             bytes[static_cast<std::size_t>(j)], static_cast<int>(i));
+          }
+          if (st.ok()) restored.push_back(r.step());
         }
       } else {
-        // Received straight into each rank's memory, committed once checked.
-        std::vector<CheckpointMemory::SeedSlot> slots;
-        auto fetched = ReplicaService::Fetch(
-            holder, job_id, a.store_token, a.round, mine, memory.limit(),
-            ReplicaService::Clock::now() + ReplicaService::kIoTimeout, service.encrypt(),
-            [&](int j, std::uint64_t size) -> absl::StatusOr<char*> {
-              auto slot = memory.BeginSeed(j, size);
-              if (!slot.ok()) return slot.status();
-              slots.push_back(*std::move(slot));
-              return slots.back().data();
-            });
-        st = fetched.status();
-        if (fetched.ok()) step = fetched->step;
-        for (int j = 0; st.ok() && j < mine.local_ranks; ++j) {
-          const auto i = static_cast<std::size_t>(j);
-          st = slots[i].Commit(step, a.base_rank + j, a.world_size, fetched->crcs[i],
-                               fetched->kinds[i]);
+        for (std::size_t i = 0; st.ok() && i < steps.size(); ++i) {
+          // Received straight into each rank's memory, committed once checked.
+          std::vector<CheckpointMemory::SeedSlot> slot_of;
+          auto fetched = ReplicaService::Fetch(
+              holder, job_id, a.store_token, a.round, mine, memory.limit(),
+              ReplicaService::Clock::now() + ReplicaService::kIoTimeout, service.encrypt(),
+              [&](int j, std::uint64_t size) -> absl::StatusOr<char*> {
+                auto slot = memory.BeginSeed(j, size, static_cast<int>(i));
+                if (!slot.ok()) return slot.status();
+                slot_of.push_back(*std::move(slot));
+                return slot_of.back().data();
+              },
+              steps[i]);
+          st = fetched.status();
+          for (int j = 0; st.ok() && j < mine.local_ranks; ++j) {
+            const auto k = static_cast<std::size_t>(j);
+            st = slot_of[k].Commit(fetched->step, a.base_rank + j, a.world_size, fetched->crcs[k],
+                                   fetched->kinds[k]);
+          }
+          if (st.ok()) restored.push_back(fetched->step);
         }
       }
-      if (st.ok()) {
-        log(absl::StrCat("--ckpt_replicas: restored step ", step, " of ", RanksText(mine),
-                         " from the replica held by ", holder, " (nothing read from storage",
-                         own_newest >= 0 ? absl::StrCat("; this node's own memory held step ",
-                                                        own_newest, " of them, older")
-                                         : "",
-                         ")"));
+      if (st.ok() && !restored.empty()) {
+        std::string before;
+        if (restored.size() > 1) {
+          std::vector<std::int64_t> older(restored.begin(), restored.end() - 1);
+          before = absl::StrCat("with step ", absl::StrJoin(older, " and step "), " before it; ");
+        }
+        log(absl::StrCat(
+            "--ckpt_replicas: restored step ", restored.back(), " of ", RanksText(mine),
+            " from the replica held by ", holder, " (", before, "nothing read from storage",
+            own_newest >= 0
+                ? absl::StrCat("; this node's own memory held step ", own_newest, " of them, older")
+                : "",
+            ")"));
       } else {
         for (int j = 0; j < mine.local_ranks; ++j) memory.Clear(j);
         log(absl::StrCat("--ckpt_replicas: cannot restore ", RanksText(mine),
-                         " from the replica held by ", holder, ": ", st.message(),
+                         " from the replica held by ", holder, ": ",
+                         st.ok() ? "it holds none any more" : st.message(),
                          "; these workers start without it"));
       }
     }

@@ -7,9 +7,10 @@ interrupted.
   momentum) after every step.
 - The batch of step s on rank r is drawn from a generator seeded with (s, r).
 - Gradients are reduced by a DDP communication hook that all-gathers each
-  bucket and adds the ranks' copies in rank order: the sum is the same bits
-  however DDP lays out its buckets (the first step after a start uses another
-  layout than the rest, and a resumed run starts at any step).
+  bucket and adds the ranks' copies in rank order
+  (tests/fixtures/ordered_sum.py): the sum is the same bits however DDP lays
+  out its buckets (the first step after a start uses another layout than the
+  rest, and a resumed run starts at any step).
 
 Under --restart_policy=inplace (the worker has DDPRUN_INPLACE_FD) train()
 runs inside ddprun.inprocess.run: when a peer fails, a survivor destroys its
@@ -28,6 +29,7 @@ Environment (set by bench/chaos/chaos.py):
 import faulthandler
 import json
 import os
+import sys
 import time
 
 import torch
@@ -37,31 +39,16 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import ddprun.checkpoint as ckpt
 import ddprun.inprocess
 
+# The hook is shared with tests/fixtures/inplace_ddp.py; this script runs from
+# the repository (chaos.py starts it as bench/chaos/chaos_ddp.py).
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests",
+                                "fixtures"))
+from ordered_sum import ordered_sum_hook  # noqa: E402
+
 
 def log(f, line):
     f.write(line + "\n")
     f.flush()
-
-
-def ordered_sum_hook(_, bucket):
-    """Sum of the ranks' gradients in rank order, divided by the world size."""
-    world = dist.get_world_size()
-    t = bucket.buffer()
-    parts = [torch.empty_like(t) for _ in range(world)]
-    fut = dist.all_gather(parts, t, async_op=True).get_future()
-
-    def reduce(f):
-        # f.value() raises when the all-gather failed (a peer died): without
-        # it the step would go on with a partial gather and the rank could
-        # commit a step its peers never reached. all_gather wrote into
-        # `parts` (the future's value differs across torch versions).
-        f.value()
-        total = parts[0].clone()
-        for p in parts[1:]:
-            total += p
-        return total.div_(world)
-
-    return fut.then(reduce)
 
 
 def final_params(model):

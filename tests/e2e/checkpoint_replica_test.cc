@@ -1,14 +1,16 @@
 // --ckpt_replicas 1 with real processes (issue 28 part 3): two agents as two
 // nodes on loopback addresses under a real ddprund, a torch DDP (gloo)
 // script saving every step; node B, whose replica sender is slowed by the
-// test hook, is killed with -9 right after its newest save; a hot spare C
-// takes B's seat, restores B's snapshot from A's replica (there is no
-// --ckpt_dir at all), which B's save of that step waited for, and both
-// ranks resume at that step, ending bit-identical with a run without the
-// fault. A
-// peer sending garbage to A's replica port meanwhile changes nothing. With
-// three nodes and the middle one killed, the ranks shift and every seat is
-// restored from the replica that holds it (one of them the node's own).
+// test hook, is killed with -9 while its survivor A is a save ahead of it
+// and A holds only the replica B's last save waited for (the one before its
+// newest step); a hot spare C takes B's seat, restores B's snapshots from
+// A's replicas (there is no --ckpt_dir at all), and both ranks resume at
+// the step A still holds in its third slot, ending bit-identical with a run
+// without the fault. A peer sending garbage to A's replica port meanwhile
+// changes nothing. With three nodes and the middle one killed while a
+// survivor is a save behind it, the spare restores both replicas its
+// successor keeps and every rank resumes at the older one
+// (docs/checkpoint.md, "Replica lag").
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -43,8 +45,12 @@ using ddprun::test::checkpoint::WorkerEnv;
 // kTrainScript's DDP training, with one log per rank per node appended
 // across rounds, in $REPLICA_TEST_OUT ("resumed <step> <digest>", "saved <step> <digest>",
 // "final <digest>"), and, on the node given REPLICA_TEST_HOLD_AT=K, rank
-// REPLICA_TEST_HOLD_RANK (default 1) holding after it saved step K (until the
-// test kills its node). With REPLICA_TEST_FLAT=1 the gradients are summed by
+// REPLICA_TEST_HOLD_RANK (default 1) holding after it saved step K (with
+// REPLICA_TEST_HOLD_BEFORE_SAVE=1: after step K's all-reduce, before its
+// save, and only in a worker that did not resume) until the test kills its
+// node or its agent stops it. REPLICA_TEST_STEP_MS=MS lengthens each step
+// by MS (its compute), so that a replica sender always picks each step
+// before the next one is committed. With REPLICA_TEST_FLAT=1 the gradients are summed by
 // one all_reduce of their concatenation in parameter order instead of DDP's
 // buckets: the order of gloo's sums then depends only on the world size, so
 // a run with three ranks whose processes were replaced ends bit-identical
@@ -57,6 +63,8 @@ import ddprun.checkpoint as ckpt
 out, steps = os.environ["REPLICA_TEST_OUT"], int(sys.argv[1])
 hold_at = int(os.environ.get("REPLICA_TEST_HOLD_AT", "-1"))
 hold_rank = int(os.environ.get("REPLICA_TEST_HOLD_RANK", "1"))
+hold_before = os.environ.get("REPLICA_TEST_HOLD_BEFORE_SAVE") == "1"
+step_s = float(os.environ.get("REPLICA_TEST_STEP_MS", "0")) / 1000
 flat = os.environ.get("REPLICA_TEST_FLAT") == "1"
 rank = int(os.environ["RANK"])
 dist.init_process_group("gloo")
@@ -64,6 +72,12 @@ torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
 ddp = model if flat else torch.nn.parallel.DistributedDataParallel(model)
 opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+def hold():
+    deadline = time.monotonic() + 120   # the test kills this node long before
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+    sys.exit(1)
 
 def digest():
     h = hashlib.sha256()
@@ -97,21 +111,23 @@ for step in range(start, steps):
             p.grad.copy_(grads[at:at + p.numel()].view_as(p))
             at += p.numel()
     opt.step()
+    if step == hold_at and rank == hold_rank and hold_before and resumed is None:
+        hold()
+    time.sleep(step_s)  # a longer step: its compute
     ckpt.save({"model": model.state_dict(), "opt": opt.state_dict()}, step)
     log.write("saved %d %s\n" % (step, digest()))
-    if step == hold_at and rank == hold_rank:
-        deadline = time.monotonic() + 120   # the test kills this node long before
-        while time.monotonic() < deadline:
-            time.sleep(0.05)
-        sys.exit(1)
+    if step == hold_at and rank == hold_rank and not hold_before:
+        hold()
 log.write("final %s\n" % digest())
 dist.destroy_process_group()
 )";
 
 constexpr int kSteps = 8;
 constexpr int kHoldAt = 3;
-// The slow sender of the two-node case: longer than B's first four steps
-// take, so without the save's wait nothing of B's reaches A before B's loss.
+// The slow sender of the two-node case: each of B's replicas leaves this
+// long after B committed its step, far longer than a step takes, so a save
+// of B's waits for the previous step's replica and the newest one is on its
+// way whenever B is killed.
 constexpr int kSlowSendMs = 1000;
 
 // The value after "<word> <step> " in a rank's log (the last such line).
@@ -204,8 +220,9 @@ std::int64_t AccessTimeNs(const std::string& path) {
 }  // namespace
 
 TEST_CASE(
-    "ckpt_replicas: kill -9 of a node whose replica sender is slow; a hot spare restores its "
-    "seat from the peer replica and both ranks resume bit-identical",
+    "ckpt_replicas: kill -9 of a node whose replica sender is slow while its survivor is a save "
+    "ahead; a hot spare restores its seat from the peer replicas and both ranks resume "
+    "bit-identical at the step the survivor keeps in its third slot",
     "[e2e][checkpoint][replicas]") {
   if (!TorchAvailable()) return SkipCase("e2e", kPython + " cannot import torch");
   Harness h;
@@ -221,25 +238,35 @@ TEST_CASE(
   };
   // A's agent says (DDPRUN_DEBUG=agent) when it holds a replica. B's
   // sender is slow (the test hook: each replica waits kSlowSendMs before it
-  // goes), as a loaded link would be: B's saves outrun it unless each
-  // returns only once its step is replicated (docs/checkpoint.md, "Replica
-  // lag"); without that wait A held no replica of B's at B's loss, and the
-  // job started over.
+  // goes), as a loaded link would be, and B's rank 1 holds after step 3's
+  // all-reduce, before its save: B returned from save(2), which waited for
+  // the replica of step 1 (docs/checkpoint.md, "Replica lag"); step 2's is
+  // still on its way. A's rank 0 saves step 3 meanwhile: A holds steps 1, 2
+  // and 3 and A's store B's replicas of steps 0 and 1. Step 1 is then the
+  // only step both hold: in A's third slot (with two slots A holds 2 and 3,
+  // and the job starts over), and in the replica before B's newest.
+  constexpr int kLast = kHoldAt - 2;  // the newest replica of B's at its loss
   Proc& a = node("A", 1, {{"DDPRUN_DEBUG", "agent"}});
+  // B's steps take 200 ms more: its sender, done with a step, picks the
+  // next one before B commits the one after it (it sends the newest
+  // committed step, and would skip one otherwise).
   Proc& b = node("B", 2,
                  {{"REPLICA_TEST_HOLD_AT", std::to_string(kHoldAt)},
+                  {"REPLICA_TEST_HOLD_BEFORE_SAVE", "1"},
+                  {"REPLICA_TEST_STEP_MS", "200"},
                   {"DDPRUN_CKPT_TEST_REPLICA_DELAY_MS", std::to_string(kSlowSendMs)}});
   const std::string a_out = h.dir() + "/A_out", b_out = h.dir() + "/B_out",
                     c_out = h.dir() + "/C_out";
-  // B's rank 1 holds after saving step 3; A holds its replica already.
+  // A's rank 0 saved step 3: B's rank 1 holds before its save of step 3.
   const std::string saved = "saved " + std::to_string(kHoldAt) + " ";
   const auto t_hold = Clock::now();
-  while (ReadFile(b_out + "/rank1.txt").find(saved) == std::string::npos &&
-         SecondsSince(t_hold) < 60 && !b.exit) {
+  while (ReadFile(a_out + "/rank0.txt").find(saved) == std::string::npos &&
+         SecondsSince(t_hold) < 60 && !b.exit && !a.exit) {
     SleepMs(20);
   }
   INFO("A stderr:\n" << a.Err() << "\nB stderr:\n" << b.Err());
-  REQUIRE(ReadFile(b_out + "/rank1.txt").find(saved) != std::string::npos);
+  REQUIRE(ReadFile(a_out + "/rank0.txt").find(saved) != std::string::npos);
+  CHECK(WaitForErr(a, "holds the replica of step " + std::to_string(kLast) + " of rank 1", 10));
   // The replica is in memory only A's agent holds (ddprun and its orphan
   // guard, which shares its descriptors), never a worker.
   const std::set<pid_t> holders = ReplicaHolders(h);
@@ -249,16 +276,19 @@ TEST_CASE(
     INFO("holder " << pid << ": " << cmd);
     CHECK(cmd.rfind(Ddprun(), 0) == 0);
   }
-  // A spare joins the running round, without --ckpt_replicas (the job's
-  // value, the first node's, holds for it, and it is told so), and B is lost
-  // while the replica of its step 3 is still on its way.
+  // B is lost while the replica of its step 2 is still on its way (the
+  // sender's kSlowSendMs, from B's return from save(2)); a spare then joins,
+  // without --ckpt_replicas (the job's value, the first node's, holds for
+  // it, and it is told so).
+  REQUIRE(::kill(b.pid, SIGKILL) == 0);
+  const std::string a_at_kill = a.Err();
+  CHECK(h.Wait(b, 10) == 128 + SIGKILL);
+  CHECK(a_at_kill.find("holds the replica of step " + std::to_string(kLast + 1) + " of rank 1") ==
+        std::string::npos);
   Proc& c = node("C", 3, {}, /*ask_replicas=*/false);
 
-  // C joins as a hot spare of the full round, or, if B's loss is seen
-  // first, as the node the re-forming round waits for: C takes B's seat
-  // either way (group ranks follow the hosts: 127.0.0.1, then 127.0.0.3).
-  REQUIRE(::kill(b.pid, SIGKILL) == 0);
-  CHECK(h.Wait(b, 10) == 128 + SIGKILL);
+  // C joins as the node the re-forming round waits for, and takes B's seat
+  // (group ranks follow the hosts: 127.0.0.1, then 127.0.0.3).
 
   // Garbage on A's replica port: each connection dropped, at most a line a
   // second, and the job goes on.
@@ -280,23 +310,27 @@ TEST_CASE(
   INFO("A stderr:\n" << a.Err() << "\nC stderr:\n" << c.Err());
   CHECK(c.Err().find("this node asked ckpt_replicas=0, the job runs with 1 (the first node's); "
                      "pass the same --ckpt_replicas on every node") != std::string::npos);
-  // C restored B's seat from A's replica; no --ckpt_dir was given at all.
-  // B's save of step 3 returned only once A held its replica: step 3.
+  // C restored B's seat from A's replicas, steps 0 and 1; no --ckpt_dir was
+  // given at all. B's save of step 2 returned once A held step 1's.
   const std::string c_err = c.Err();
   REQUIRE(std::regex_search(
       c_err, m,
       std::regex("--ckpt_replicas: restored step (\\d+) of rank 1 from the replica held by "
                  "127\\.0\\.0\\.1:" +
-                 std::to_string(replica_port) + " \\(nothing read from storage\\)")));
+                 std::to_string(replica_port) +
+                 " \\(with step (\\d+) before it; nothing read from storage\\)")));
   const int restored = std::stoi(m[1]);
-  CHECK(restored == kHoldAt);
+  CHECK(restored == kLast);
+  CHECK(std::stoi(m[2]) == kLast - 1);
   const std::string a_log = ReadFile(a_out + "/rank0.txt");
   const std::string b_log = ReadFile(b_out + "/rank1.txt");
   const std::string c_log = ReadFile(c_out + "/rank1.txt");
   INFO("A rank 0:\n" << a_log << "B rank 1:\n" << b_log << "C rank 1:\n" << c_log);
-  const std::string k = std::to_string(restored);
-  // Both resume at the step B had replicated, with what was saved there.
+  const std::string k = std::to_string(kLast);
+  // Both resume at step 1, which A kept in its third slot, with what was
+  // saved there; A had saved two steps more.
   REQUIRE_FALSE(Field(b_log, "saved " + k).empty());
+  CHECK(Field(b_log, "saved " + std::to_string(kHoldAt)).empty());
   CHECK(Field(c_log, "resumed " + k) == Field(b_log, "saved " + k));
   CHECK(Field(a_log, "resumed " + k) == Field(a_log, "saved " + k));
   CHECK(Field(c_log, "saved " + std::to_string(kHoldAt + 1)).size() == 64);
@@ -347,14 +381,18 @@ TEST_CASE(
   CHECK(one.Err().find("cannot") == std::string::npos);
 }
 
-// Three nodes, the middle one lost: the group ranks shift (A 127.0.0.1, C
-// 127.0.0.3 and the spare S 127.0.0.4 become 0, 1, 2), so C restores B's
-// seat (rank 1) from the replica it holds itself, and S restores C's old
-// seat (rank 2) from the replica A holds: every rank resumes at the step
-// B had replicated, with the bytes saved there.
+// Three nodes, the middle one lost while a survivor is a save behind it:
+// B's rank 1 holds after saving step 3 and C's rank 2 after step 3's
+// all-reduce, before its save; C holds B's replica of step 3 and the one
+// before it (step 2, or step 1 when B's sender skipped step 2 under load:
+// it sends the newest committed step). The survivors keep their seats (A
+// rank 0, C rank 2) and the spare S takes B's, restoring both replicas from
+// C: the older one is the newest step every rank holds (C never saved 3),
+// so all resume there, with the bytes saved there. A receiver that kept
+// only B's newest replica (3) leaves no step in common.
 TEST_CASE(
-    "ckpt_replicas: three nodes, the middle one killed; the survivors keep their seats and "
-    "the spare's is restored from the replica",
+    "ckpt_replicas: three nodes, the middle one killed while a survivor is a save behind; "
+    "the spare restores the two replicas its successor keeps and all resume at the older",
     "[e2e][checkpoint][replicas]") {
   if (!TorchAvailable()) return SkipCase("e2e", kPython + " cannot import torch");
   Harness h;
@@ -365,11 +403,14 @@ TEST_CASE(
   Proc& a = ReplicaNode(h, script, port, "three", 3, "A", 1, debug);
   Proc& b = ReplicaNode(h, script, port, "three", 3, "B", 2,
                         {{"REPLICA_TEST_HOLD_AT", std::to_string(kHoldAt)}});
-  Proc& c = ReplicaNode(h, script, port, "three", 3, "C", 3, debug);
+  EnvList c_env = debug;
+  c_env.insert(c_env.end(), {{"REPLICA_TEST_HOLD_AT", std::to_string(kHoldAt)},
+                             {"REPLICA_TEST_HOLD_RANK", "2"},
+                             {"REPLICA_TEST_HOLD_BEFORE_SAVE", "1"}});
+  Proc& c = ReplicaNode(h, script, port, "three", 3, "C", 3, c_env);
   const std::string k = std::to_string(kHoldAt);
-  // A holds C's replica (rank 2), C holds B's (rank 1), both of step 3.
-  const bool held = WaitForErr(a, "holds the replica of step " + k + " of rank 2", 120) &&
-                    WaitForErr(c, "holds the replica of step " + k + " of rank 1", 30);
+  // C holds B's (rank 1) replicas of steps 2 and 3.
+  const bool held = WaitForErr(c, "holds the replica of step " + k + " of rank 1", 120);
   INFO("A stderr:\n" << a.Err() << "\nC stderr:\n" << c.Err());
   REQUIRE(held);
   Proc& s = ReplicaNode(h, script, port, "three", 3, "S", 4, {});
@@ -386,6 +427,14 @@ TEST_CASE(
   CHECK(c.Err().find("--ckpt_replicas: restored") == std::string::npos);
   CHECK(s.Err().find("--ckpt_replicas: restored step " + k +
                      " of rank 1 from the replica held by " + "127.0.0.3:") != std::string::npos);
+  std::smatch m;
+  const std::string s_err = s.Err();
+  REQUIRE(std::regex_search(s_err, m,
+                            std::regex("of rank 1 from the replica held by 127\\.0\\.0\\.3:\\d+ "
+                                       "\\(with step (\\d+) before it; nothing read from "
+                                       "storage\\)")));
+  const std::string k1 = m[1];
+  CHECK((std::stoi(k1) == kHoldAt - 1 || std::stoi(k1) == kHoldAt - 2));
   const std::string dir = h.dir();
   const std::string b_rank1 = ReadFile(dir + "/B_out/rank1.txt");
   const std::string c_rank2 = ReadFile(dir + "/C_out/rank2.txt");
@@ -393,9 +442,9 @@ TEST_CASE(
   const std::string s_rank1 = ReadFile(dir + "/S_out/rank1.txt");
   INFO("B rank 1:\n" << b_rank1 << "C rank 2:\n" << c_rank2 << "S rank 1:\n" << s_rank1);
   REQUIRE_FALSE(Field(b_rank1, "saved " + k).empty());
-  CHECK(Field(a_rank0, "resumed " + k) == Field(a_rank0, "saved " + k));
-  CHECK(Field(s_rank1, "resumed " + k) == Field(b_rank1, "saved " + k));
-  CHECK(Field(c_rank2, "resumed " + k) == Field(c_rank2, "saved " + k));
+  CHECK(Field(a_rank0, "resumed " + k1) == Field(a_rank0, "saved " + k1));
+  CHECK(Field(s_rank1, "resumed " + k1) == Field(b_rank1, "saved " + k1));
+  CHECK(Field(c_rank2, "resumed " + k1) == Field(c_rank2, "saved " + k1));
   // Every rank trained on from there and ends with the same parameters. Not
   // compared with a run without the fault, unlike the two-node case: with
   // three ranks the order of gloo's ring sums follows DDP's bucket layout,

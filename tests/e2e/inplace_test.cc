@@ -60,6 +60,37 @@ bool AllRanksPast(const std::string& out, int restart, int step) {
   return ranks.size() == kRanks;
 }
 
+// The environment of a run of the script writing into `out`, plus `extra`.
+EnvList ScriptEnv(const std::string& out, const EnvList& extra = {}) {
+  EnvList env{{"PYTHON_EXEC", kPython}, {"PYTHONPATH", kPythonDir}, {"OUT_DIR", out}};
+  env.insert(env.end(), extra.begin(), extra.end());
+  return env;
+}
+
+// Each rank called train() twice, the second time from step `resumed_at`:
+// rank `replaced` in a new process, every other rank in the one it had.
+void CheckReplacedAlone(const std::vector<std::vector<Attempt>>& by_rank, int replaced,
+                        int resumed_at) {
+  REQUIRE(by_rank.size() == kRanks);
+  for (int rank = 0; rank < kRanks; ++rank) {
+    const std::vector<Attempt>& a = by_rank[rank];
+    INFO("rank " << rank);
+    REQUIRE(a.size() == 2);
+    CHECK(a[1].start == resumed_at);
+    if (rank == replaced) {
+      CHECK(a[1].pid != a[0].pid);  // the failed rank: a new process
+    } else {
+      CHECK(a[1].pid == a[0].pid);  // a survivor: the same process
+    }
+  }
+}
+
+std::vector<std::vector<Attempt>> AttemptsByRank(const std::string& out) {
+  std::vector<std::vector<Attempt>> v;
+  for (int rank = 0; rank < kRanks; ++rank) v.push_back(Attempts(out, rank));
+  return v;
+}
+
 struct Run {
   std::string out;
   std::string console;
@@ -69,8 +100,7 @@ Run Train(Harness& h, const std::string& name, const std::vector<std::string>& f
           const EnvList& extra) {
   Run r;
   r.out = h.MakeDir(name);
-  EnvList env{{"PYTHON_EXEC", kPython}, {"PYTHONPATH", kPythonDir}, {"OUT_DIR", r.out}};
-  env.insert(env.end(), extra.begin(), extra.end());
+  const EnvList env = ScriptEnv(r.out, extra);
   std::vector<std::string> args{"--nproc_per_node=" + std::to_string(kRanks), "--rdzv_id=" + name};
   args.insert(args.end(), flags.begin(), flags.end());
   args.push_back(kScript);
@@ -130,8 +160,8 @@ KillRun RunKill(Harness& h, const std::string& name, const std::vector<std::stri
   const Run run = Train(h, name, flags, {{"KILL_RANK", "1"}, {"KILL_AT", "5"}, {"ENV_DUMP", "1"}});
   KillRun k;
   k.console = run.console;
+  k.attempts = AttemptsByRank(run.out);
   for (int rank = 0; rank < kRanks; ++rank) {
-    k.attempts.push_back(Attempts(run.out, rank));
     k.attempts_text += ReadFile(run.out + "/rank" + std::to_string(rank) + ".attempts");
   }
   k.params = ReadFile(run.out + "/params.bin");
@@ -158,20 +188,12 @@ TEST_CASE(
   const KillRun& run = WarmKill(h);
   INFO(run.console);
   INFO(run.attempts_text);
-  for (int rank = 0; rank < kRanks; ++rank) {
-    const std::vector<Attempt>& a = run.attempts[rank];
-    INFO("rank " << rank);
-    REQUIRE(a.size() == 2);
+  // Every rank resumes after step 4, the newest step all four committed.
+  CheckReplacedAlone(run.attempts, 1, 5);
+  for (const std::vector<Attempt>& a : run.attempts) {
     CHECK(a[0].restart == 0);
     CHECK(a[0].start == 0);
     CHECK(a[1].restart == 1);
-    // Every rank resumes from step 4, the newest step all four committed.
-    CHECK(a[1].start == 5);
-    if (rank == 1) {
-      CHECK(a[1].pid != a[0].pid);  // the failed rank: a new process
-    } else {
-      CHECK(a[1].pid == a[0].pid);  // a survivor: the same process
-    }
   }
   CHECK(run.params == clean);
   // The survivors' lines, and the budget's "in place".
@@ -275,9 +297,8 @@ TEST_CASE(
   const std::string out = h.MakeDir("nodes");
   // Slower steps (the parameters do not depend on them): room for the
   // second fault before the job ends.
-  const EnvList env{{"PYTHON_EXEC", kPython}, {"PYTHONPATH", kPythonDir}, {"OUT_DIR", out},
-                    {"KILL_RANK", "1"},       {"KILL_AT", "5"},           {"STEP_S", "0.3"},
-                    {"EVENTS", "1"}};
+  const EnvList env =
+      ScriptEnv(out, {{"KILL_RANK", "1"}, {"KILL_AT", "5"}, {"STEP_S", "0.3"}, {"EVENTS", "1"}});
   auto node_args = [&](int i) {
     return std::vector<std::string>{"--nnodes=2",
                                     "--nproc_per_node=2",
@@ -355,18 +376,7 @@ TEST_CASE(
       {"--restart_policy=inplace", "--max_restarts=2", "--on_hang=restart", "--hang_timeout=25"},
       {{"HANG_RANK", "1"}, {"HANG_AT", "5"}});
   INFO(run.console);
-  for (int rank = 0; rank < kRanks; ++rank) {
-    const std::vector<Attempt> a = Attempts(run.out, rank);
-    INFO("rank " << rank << ":\n"
-                 << ReadFile(run.out + "/rank" + std::to_string(rank) + ".attempts"));
-    REQUIRE(a.size() == 2);
-    CHECK(a[1].start == 5);
-    if (rank == 1) {
-      CHECK(a[1].pid != a[0].pid);
-    } else {
-      CHECK(a[1].pid == a[0].pid);
-    }
-  }
+  CheckReplacedAlone(AttemptsByRank(run.out), 1, 5);
   CHECK_THAT(run.console, Catch::Contains("hung: no progress for --hang_timeout"));
   CHECK_THAT(run.console, Catch::Contains("in place: worker rank 1 (pid"));
   CHECK_THAT(run.console, Catch::Contains("wait inside a PyTorch collective"));
@@ -383,12 +393,8 @@ TEST_CASE(
   const int port = h.StartDaemon("ddprund", &daemon);
   const std::string out = h.MakeDir("lost");
   std::vector<Proc*> nodes;
+  const EnvList env = ScriptEnv(out, {{"STEPS", "300"}, {"EVENTS", "1"}});
   for (int i = 0; i < 2; ++i) {
-    const EnvList env{{"PYTHON_EXEC", kPython},
-                      {"PYTHONPATH", kPythonDir},
-                      {"OUT_DIR", out},
-                      {"STEPS", "300"},
-                      {"EVENTS", "1"}};
     nodes.push_back(
         &h.StartDdprun("node" + std::to_string(i),
                        {"--nnodes=1:2", "--nproc_per_node=2", "--node_rank=" + std::to_string(i),

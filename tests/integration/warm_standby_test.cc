@@ -17,9 +17,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <thread>
 
+#include "support/process_helpers.h"
 #include "support/skip.h"
 
 namespace ddprun::agent {
@@ -40,13 +40,6 @@ bool WaitFor(F done) {
   return done();
 }
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 struct Dir {
   Dir() {
     char t[] = "/tmp/ddprun_warm_test_XXXXXX";
@@ -55,6 +48,17 @@ struct Dir {
   }
   ~Dir() { fs::remove_all(path); }
   std::string path;
+};
+
+// A standby that imports `modules`, over the real launcher, and the lines it
+// said (each the agent would print).
+struct SaidStandby {
+  explicit SaidStandby(const std::string& modules)
+      : launcher(MakeBoostProcessLauncher()),
+        standby(*launcher, modules, [this](const std::string& m) { said.push_back(m); }) {}
+  std::unique_ptr<ProcessLauncher> launcher;
+  std::vector<std::string> said;
+  WarmStandby standby;
 };
 
 SpawnSpec Like(const std::string& dir) {
@@ -85,9 +89,8 @@ TEST_CASE(
   REQUIRE(held >= 0);
   REQUIRE(::pwrite(held, "hello", 5, 0) == 5);
 
-  auto launcher = MakeBoostProcessLauncher();
-  std::vector<std::string> said;
-  WarmStandby standby(*launcher, "warm_gate", [&](const std::string& m) { said.push_back(m); });
+  SaidStandby s("warm_gate");
+  WarmStandby& standby = s.standby;
   REQUIRE(standby.Start(Like(dir.path), {held}).ok());
   REQUIRE(standby.Alive());
   const pid_t pid = standby.pid();
@@ -112,11 +115,11 @@ TEST_CASE(
   }
   std::optional<ExitStatus> exit;
   REQUIRE(WaitFor([&] { return (exit = (*child)->Poll()).has_value(); }));
-  INFO(ReadAll(dir.path + "/out.log"));
+  INFO(test::ReadFile(dir.path + "/out.log"));
   CHECK(exit->ok());
-  CHECK(ReadAll(dir.path + "/out.log") ==
+  CHECK(test::ReadFile(dir.path + "/out.log") ==
         "rank 3 argv ['--lr=0.1'] main __main__ fd hello True gate imported\n");
-  CHECK(said.empty());
+  CHECK(s.said.empty());
   ::close(held);
 }
 
@@ -127,10 +130,9 @@ TEST_CASE(
   if (::access(kPython.c_str(), X_OK) != 0)
     return test::SkipCase("integration", kPython + " missing");
   Dir dir;
-  auto launcher = MakeBoostProcessLauncher();
-  std::vector<std::string> said;
-  WarmStandby standby(*launcher, "json,no_such_module_xyz",
-                      [&](const std::string& m) { said.push_back(m); });
+  SaidStandby s("json,no_such_module_xyz");
+  WarmStandby& standby = s.standby;
+  const std::vector<std::string>& said = s.said;
   REQUIRE(standby.Start(Like(dir.path), {}).ok());
   const pid_t pid = standby.pid();
   REQUIRE(WaitFor([&] { return standby.Ready(); }));

@@ -105,6 +105,7 @@ class Memory {
   }
 
   unsigned char* base() const { return base_; }
+  int slots() const { return slots_; }
   std::uint64_t capacity() const { return capacity_; }
   std::uint64_t limit() const { return limit_; }
   unsigned char* slot_data(int slot) const {
@@ -186,14 +187,18 @@ class Memory {
                                     " does not hold checkpoint memory of version ",
                                     layout::kVersion, "; use the ddprun this SDK came with"));
     }
+    std::uint32_t slots = 0;
+    std::memcpy(&slots, base_ + layout::kSlotsOffset, 4);
     std::memcpy(&capacity_, base_ + layout::kCapacityOffset, 8);
     std::memcpy(&limit_, base_ + layout::kLimitOffset, 8);
     const std::uint64_t size = st.st_size;
-    if (capacity_ > (size - layout::kHeaderBytes) / layout::kSlots || limit_ > capacity_) {
+    if (slots < layout::kSlotsPlain || slots > layout::kMaxSlots ||
+        capacity_ > (size - layout::kHeaderBytes) / slots || limit_ > capacity_) {
       throw StateError(absl::StrCat(Fence(), who, ": ", ddprun::kEnvCkptFd, "=", text,
                                     " has a header that does not fit its size; use the ddprun "
                                     "this SDK came with"));
     }
+    slots_ = static_cast<int>(slots);
   }
 
   std::uint32_t* StateWord(int slot) const {
@@ -205,21 +210,22 @@ class Memory {
   }
 
   unsigned char* base_ = nullptr;
+  int slots_ = 0;  // from the header: 2, or 3 with --ckpt_replicas 1
   std::uint64_t capacity_ = 0;
   std::uint64_t limit_ = 0;
 };
 
-// The test hook: this rank dies (SIGKILL) halfway through copying `step`,
-// on the first attempt only.
 // With --ckpt_replicas 1, returns once the next node acknowledged the
-// replica of the snapshot just committed (`generation`, `step`) or a newer
-// one, or the agent opened the gate (no successor, or it cannot send to
-// it), or DDPRUN_CKPT_REPLICA_WAIT passed (then one line on stderr says so;
-// docs/checkpoint.md, "Replica lag").
+// replica of this rank's previous snapshot (`generation`, committed before
+// the one of `step`, whose transfer overlapped this step) or a newer one, or
+// the agent opened the gate (no successor, or it cannot send to it), or
+// DDPRUN_CKPT_REPLICA_WAIT passed (then one line on stderr says so;
+// docs/checkpoint.md, "Replica lag"). Generation 0 (no previous snapshot):
+// at once.
 void AwaitReplica(const Memory& mem, std::uint64_t generation, std::int64_t step) {
   auto done = [&] {
     const std::uint64_t gate = mem.ReplicaGate();
-    return gate == 0 || gate - 1 >= generation;
+    return generation == 0 || gate == 0 || gate - 1 >= generation;
   };
   if (done()) return;
   double limit_s = layout::kDefaultReplicaWaitSeconds;
@@ -242,10 +248,10 @@ void AwaitReplica(const Memory& mem, std::uint64_t generation, std::int64_t step
     const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
     if (waited >= limit_s) {
       std::fprintf(stderr,
-                   "%sddp::checkpoint::Save: the replica of step %lld was not acknowledged by "
-                   "the next node within %s=%g s; returning without it, so a loss of this node "
-                   "now may leave no step in common (docs/checkpoint.md, \"Replica lag\"); "
-                   "check the next node or raise %s\n",
+                   "%sddp::checkpoint::Save: the replica of the step before %lld was not "
+                   "acknowledged by the next node within %s=%g s; returning without it, so a "
+                   "loss of this node now may leave no step in common (docs/checkpoint.md, "
+                   "\"Replica lag\"); check the next node or raise %s\n",
                    Fence().c_str(), static_cast<long long>(step), layout::kEnvReplicaWait, limit_s,
                    layout::kEnvReplicaWait);
       return;
@@ -253,13 +259,15 @@ void AwaitReplica(const Memory& mem, std::uint64_t generation, std::int64_t step
     if (!noticed && waited >= layout::kReplicaWaitNoticeSeconds) {
       noticed = true;
       std::fprintf(stderr,
-                   "%sddp::checkpoint::Save: step %lld is saved here and waits for its replica "
-                   "to reach the next node (up to %s=%g s)\n",
+                   "%sddp::checkpoint::Save: step %lld is saved here and waits for the replica "
+                   "of the step before it to reach the next node (up to %s=%g s)\n",
                    Fence().c_str(), static_cast<long long>(step), layout::kEnvReplicaWait, limit_s);
     }
   }
 }
 
+// The test hook: this rank dies (SIGKILL) halfway through copying `step`,
+// on the first attempt only.
 bool DieInSave(std::int64_t step) {
   const std::string spec = Env(layout::kEnvTestDieInSave);
   if (spec.empty() || Env("TORCHELASTIC_RESTART_COUNT", "0") != "0") return false;
@@ -464,16 +472,25 @@ void Save(std::int64_t step, const std::vector<Span>& spans) {
                      " bytes per worker); raise --ckpt_shm_limit (or PET_CKPT_SHM_LIMIT) or save "
                      "less"));
   }
-  // The slot that does not hold the newest committed snapshot.
-  const Record records[2] = {mem.record(0), mem.record(1)};
-  int newest = -1;
-  std::uint64_t generation = 0;
-  for (int s = 0; s < layout::kSlots; ++s) {
-    if (records[s].state != layout::kSlotCommitted) continue;
-    if (newest < 0 || records[s].generation > records[newest].generation) newest = s;
-    generation = std::max(generation, records[s].generation);
+  // The oldest slot: one not committed (empty, or a save cut short) first,
+  // else the committed one of the lowest generation; never the newest.
+  int slot = -1;
+  bool slot_free = false;
+  std::uint64_t slot_generation = 0;
+  std::uint64_t generation = 0;  // the newest committed one's
+  for (int s = 0; s < mem.slots(); ++s) {
+    const Record r = mem.record(s);
+    if (r.state != layout::kSlotCommitted) {
+      if (!slot_free) slot = s;
+      slot_free = true;
+      continue;
+    }
+    generation = std::max(generation, r.generation);
+    if (!slot_free && (slot < 0 || r.generation < slot_generation)) {
+      slot = s;
+      slot_generation = r.generation;
+    }
   }
-  const int slot = newest < 0 ? 0 : 1 - newest;
   mem.SetState(slot, layout::kSlotWriting);  // from here the slot is not loadable
   unsigned char* base = mem.slot_data(slot);
   const std::uint64_t tree_len = tree.size();
@@ -503,7 +520,7 @@ void Save(std::int64_t step, const std::vector<Span>& spans) {
   rec.world_size = static_cast<std::int32_t>(EnvInt("WORLD_SIZE", 1));
   mem.WriteRecord(slot, rec);
   mem.SetState(slot, layout::kSlotCommitted);  // the commit: last
-  AwaitReplica(mem, rec.generation, step);
+  AwaitReplica(mem, generation, step);         // the previous snapshot's replica
 }
 
 std::optional<Snapshot> Load() {
@@ -525,7 +542,7 @@ std::optional<Snapshot> Load() {
   const std::int32_t world = static_cast<std::int32_t>(EnvInt("WORLD_SIZE", 1));
   int slot = -1;
   Record rec;
-  for (int s = 0; s < layout::kSlots; ++s) {
+  for (int s = 0; s < mem.slots(); ++s) {
     const Record r = mem.record(s);
     if (r.state == layout::kSlotCommitted && r.step == step && r.rank == rank &&
         r.world_size == world && (slot < 0 || r.generation > rec.generation)) {

@@ -11,22 +11,14 @@
 #include <vector>
 
 #include "ddprun/rendezvous/store/store.h"
-#include "gloo/transport/tcp/device.h"
 #include "gloo_loop_ticker.h"
 #include "gloo_ops.h"
 #include "group_factory.h"
+#include "support/gloo_loopback.h"
 
 using namespace std::chrono_literals;
 
-namespace {
-
-std::shared_ptr<gloo::transport::Device> LoopbackDevice() {
-  gloo::transport::tcp::attr attr;
-  attr.hostname = "127.0.0.1";
-  return gloo::transport::tcp::CreateDevice(attr);
-}
-
-}  // namespace
+using ::ddprun::test::LoopbackDevice;
 
 TEST_CASE("ConnectMeshes: one exchange forms every rank's meshes and a subset's", "[integration]") {
   constexpr int kWorld = 4;

@@ -20,6 +20,7 @@
 
 #include "agent_fakes.h"
 #include "ddprun/rendezvous/common/exit_codes.h"
+#include "run_agent.h"
 #include "support/capture_stderr.h"
 
 namespace ddprun::agent {
@@ -41,35 +42,6 @@ AgentOptions Options(int nproc, int max_restarts) {
   o.grace_period_s = 2;
   o.command = {"train", "--local=${local_rank}"};
   return o;
-}
-
-struct Result {
-  int rc;
-  double seconds;  // simulated
-  std::string err;
-};
-
-// One agent in `world`; `setup` may script the session and the queue before
-// the agent runs.
-Result RunAgent(SimWorld& world, AgentOptions o,
-                const std::function<void(InProcessSession&)>& setup = {}) {
-  BlockAgentSignals();
-  auto session = std::make_unique<InProcessSession>(o.job_id, world.clock, world.queue);
-  if (setup) setup(*session);
-  CaptureStderr cap;
-  const TimePoint t0 = world.clock.Now();
-  int rc;
-  {
-    AgentDeps deps;
-    deps.launcher = std::make_unique<LauncherRef>(world.launcher);
-    deps.session = std::move(session);
-    deps.clock = &world.clock;
-    deps.events = &world.queue;
-    Agent agent(std::move(o), std::move(deps));
-    rc = agent.Run();
-  }
-  const double s = std::chrono::duration<double>(world.clock.Now() - t0).count();
-  return Result{rc, s, cap.text()};
 }
 
 TEST_CASE("Agent: every worker exits 0 -> exit 0", "[unit][agent]") {

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstring>
 
@@ -144,6 +145,65 @@ TEST_CASE("checkpoint memory: the steps every local rank committed as its rank",
   // saved under the old one counts, the workers start fresh.
   CHECK(mem.CommonSteps(2, 2, 4).empty());
   CHECK(mem.CommonSteps(2, 0, 3).empty());
+}
+
+// --ckpt_replicas 1 (docs/checkpoint.md, "Replica lag"): three slots, the
+// count in the header for every reader; a restore seeds a seat's two
+// replicas, the older into slot 0, and load's steps include both.
+TEST_CASE("checkpoint memory: three slots with replicas, the count in the header", "[unit]") {
+  CheckpointMemory plain(100'000);
+  REQUIRE(plain.Ensure(1).ok());
+  std::uint32_t slots = 0;
+  REQUIRE(::pread(plain.fd(0), &slots, 4, layout::kSlotsOffset) == 4);
+  CHECK(slots == layout::kSlotsPlain);
+  std::uint32_t version = 0;
+  REQUIRE(::pread(plain.fd(0), &version, 4, layout::kVersionOffset) == 4);
+  CHECK(version == 3);
+
+  CheckpointMemory mem(100'000);
+  mem.set_slots(static_cast<int>(layout::kSlotsWithReplicas));
+  REQUIRE(mem.Ensure(2).ok());
+  struct stat st {};
+  REQUIRE(::fstat(mem.fd(1), &st) == 0);
+  CHECK(static_cast<std::uint64_t>(st.st_size) == layout::kHeaderBytes + 3 * 102'400);
+  REQUIRE(::pread(mem.fd(1), &slots, 4, layout::kSlotsOffset) == 4);
+  CHECK(slots == 3);
+  // Three committed saves of each rank, one cut short on rank 1.
+  for (int j = 0; j < 2; ++j) {
+    WriteRecord(mem.fd(j), 0, layout::kSlotCommitted, 4, 4, j, 2);
+    WriteRecord(mem.fd(j), 1, layout::kSlotCommitted, 5, 5, j, 2);
+    WriteRecord(mem.fd(j), 2, layout::kSlotCommitted, 6, 6, j, 2);
+  }
+  auto c = mem.Committed(0);
+  REQUIRE(c.size() == 3);
+  CHECK(c[0].step == 6);
+  CHECK(c[2].step == 4);
+  CHECK(c[0].slot == 2);
+  CHECK(mem.CommonSteps(2, 0, 2) == std::vector<std::int64_t>{4, 5, 6});
+  WriteRecord(mem.fd(1), 2, layout::kSlotWriting, 6, 6, 1, 2);
+  CHECK(mem.CommonSteps(2, 0, 2) == std::vector<std::int64_t>{4, 5});
+  // A slot's bytes read back from the third slot.
+  const std::string bytes(5000, 'z');
+  REQUIRE(mem.Seed(0, 9, 0, 2, bytes, 2).ok());
+  c = mem.Committed(0);
+  auto third = std::find_if(c.begin(), c.end(), [](const auto& s) { return s.slot == 2; });
+  REQUIRE(third != c.end());
+  CHECK(third->step == 9);
+  auto read = mem.ReadCommitted(0, *third);
+  REQUIRE(read.ok());
+  CHECK(*read == bytes);
+
+  // The restore of two replicas: slot 0 clears every record first, slot 1
+  // only its own; generations follow the slots, the newest highest.
+  REQUIRE(mem.Seed(0, 7, 0, 2, "older").ok());
+  REQUIRE(mem.Seed(0, 8, 0, 2, "newer", 1).ok());
+  c = mem.Committed(0);
+  REQUIRE(c.size() == 2);
+  CHECK(c[0].step == 8);
+  CHECK(c[0].generation == 2);
+  CHECK(c[1].step == 7);
+  CHECK(c[1].generation == 1);
+  CHECK_FALSE(mem.Seed(0, 9, 0, 2, "x", 3).ok());  // no slot 3
 }
 
 TEST_CASE("checkpoint memory: the spawn inherits the descriptor and its variables", "[unit]") {

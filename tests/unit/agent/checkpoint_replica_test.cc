@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "ddprun/agent/checkpoint_replica_store.h"
 #include "ddprun/agent/checkpoint_replica_wire.h"
@@ -193,9 +194,10 @@ TEST_CASE("replica wire: garbage and lies are refused by name", "[unit][replica]
 
 // Fills a begun replica with these bytes per rank (as the server's receive).
 std::shared_ptr<HeldReplica> Filled(ReplicaStore& store, Seat seat, std::int64_t step,
-                                    const std::vector<std::string>& bytes) {
+                                    const std::vector<std::string>& bytes, std::int64_t round = 3) {
   Header h = PutHeader(step);
   h.seat = seat;
+  h.round = round;
   h.sizes.clear();
   h.crcs.clear();
   h.kinds.clear();
@@ -243,6 +245,115 @@ TEST_CASE("replica store: complete replicas only, the newest step per seat", "[u
   CHECK(store.All().size() == ReplicaStore::kMaxSeats);
   CHECK(store.Find(seat) == nullptr);
   CHECK(store.Find(Seat{0, 1, 1})->Read(0)->empty());
+}
+
+// Steps held for a seat, oldest first.
+std::vector<std::int64_t> Steps(const ReplicaStore& store, const Seat& seat) {
+  std::vector<std::int64_t> out;
+  for (const auto& r : store.FindAll(seat)) out.push_back(r->step());
+  return out;
+}
+
+// docs/checkpoint.md, "Replica lag": a save waits only for the replica of
+// the snapshot before its newest, so a restore needs the seat's last two;
+// the older goes when a transfer begins, so a seat holds two replicas'
+// memory (two complete, or the newest and the arriving one), never three.
+TEST_CASE(
+    "replica store: the newest two replicas per seat; the older one goes when a transfer "
+    "begins",
+    "[unit][replica]") {
+  ReplicaStore store;
+  const Seat seat{2, 2, 4};
+  const std::string a(8192, 'a'), b(8192, 'b');
+  store.Commit(Filled(store, seat, 1, {a, b}));
+  CHECK(Steps(store, seat) == std::vector<std::int64_t>{1});
+  store.Commit(Filled(store, seat, 2, {b, a}));
+  CHECK(Steps(store, seat) == std::vector<std::int64_t>{1, 2});
+  CHECK(store.Find(seat)->step() == 2);
+  CHECK(*store.Find(seat, 1)->Read(0) == a);  // both complete and readable
+  CHECK(*store.Find(seat, 2)->Read(0) == b);
+  CHECK(store.All().size() == 2);
+  const char* step1 = store.Find(seat, 1)->data(0);
+
+  // Step 3 begins: step 1 is evicted and its memory receives step 3; step 2
+  // stays the seat's newest complete one until step 3 is.
+  auto r3 = Filled(store, seat, 3, {a, a});
+  CHECK(r3->data(0) == step1);
+  CHECK(Steps(store, seat) == std::vector<std::int64_t>{2});
+  CHECK(store.Find(seat, 1) == nullptr);
+  store.Commit(r3);
+  CHECK(Steps(store, seat) == std::vector<std::int64_t>{2, 3});
+
+  // A transfer cut short (step 5): the newest stays; the one before it had
+  // gone at the begin. The next transfer takes the abandoned memory.
+  auto r5 = Filled(store, seat, 5, {b, b});
+  const char* abandoned = r5->data(0);
+  store.Abandon(std::move(r5));
+  CHECK(Steps(store, seat) == std::vector<std::int64_t>{3});
+  auto r6 = Filled(store, seat, 6, {b, a});
+  CHECK(r6->data(0) == abandoned);
+  store.Commit(r6);
+  CHECK(Steps(store, seat) == std::vector<std::int64_t>{3, 6});  // a step skipped: still two
+
+  // The same step sent again replaces the newest; the previous one stays
+  // (its begin evicted nothing).
+  CHECK(store.Commit(Filled(store, seat, 6, {a, b})));
+  CHECK(Steps(store, seat) == std::vector<std::int64_t>{3, 6});
+  CHECK(*store.Find(seat, 6)->Read(0) == a);
+  // An older step arriving after a newer one is not kept, and evicts nothing.
+  CHECK(store.Commit(Filled(store, seat, 7, {a, a})));
+  CHECK_FALSE(store.Commit(Filled(store, seat, 4, {b, b})));
+  CHECK(Steps(store, seat) == std::vector<std::int64_t>{6, 7});
+  // A reader of the evicted replica keeps its bytes; its memory is not reused.
+  store.Commit(Filled(store, seat, 8, {b, b}));
+  auto reader = store.Find(seat, 7);
+  REQUIRE(reader != nullptr);
+  auto r9 = Filled(store, seat, 9, {b, a});
+  CHECK(r9->data(0) != reader->data(0));
+  CHECK(*reader->Read(0) == a);
+  store.Commit(r9);
+  CHECK(Steps(store, seat) == std::vector<std::int64_t>{8, 9});
+}
+
+// A job that went back to an older step (a restart that resumed from
+// --ckpt_dir, say) puts that step again in a later round: what the seat held
+// from the earlier round at or after it belongs to the timeline the job left
+// and is never offered to a restore; what it held before it stays.
+TEST_CASE("replica store: a later round's older step replaces the earlier round's later steps",
+          "[unit][replica]") {
+  ReplicaStore store;
+  const Seat seat{2, 2, 4};
+  const std::string a(4096, 'a'), b(4096, 'b'), c(4096, 'c');
+  store.Commit(Filled(store, seat, 8, {a, a}, /*round=*/3));
+  store.Commit(Filled(store, seat, 9, {b, b}, /*round=*/3));
+  REQUIRE(Steps(store, seat) == std::vector<std::int64_t>{8, 9});
+
+  // Round 4 resumed from step 5 and puts step 6: both are stale from its
+  // begin, and step 6 is the seat's only replica once complete.
+  auto r6 = Filled(store, seat, 6, {c, c}, /*round=*/4);
+  CHECK(Steps(store, seat).empty());
+  CHECK(store.Commit(r6));
+  CHECK(Steps(store, seat) == std::vector<std::int64_t>{6});
+  CHECK(*store.Find(seat, 6)->Read(0) == c);
+  CHECK(store.Find(seat, 9) == nullptr);
+  // Round 4 goes on: 7, then 8 (a new 8, not round 3's).
+  CHECK(store.Commit(Filled(store, seat, 7, {a, b}, 4)));
+  CHECK(store.Commit(Filled(store, seat, 8, {b, a}, 4)));
+  CHECK(Steps(store, seat) == std::vector<std::int64_t>{7, 8});
+  CHECK(*store.Find(seat, 8)->Read(0) == b);
+
+  // Round 3's slow transfer of step 12 completing after round 4's puts is
+  // older than them, whatever its step: not kept.
+  CHECK_FALSE(store.Commit(Filled(store, seat, 12, {c, c}, 3)));
+  CHECK(Steps(store, seat) == std::vector<std::int64_t>{7, 8});
+
+  // Round 5 resumed from step 7 (held by every node) and puts step 8 again:
+  // round 4's step 8 is stale, its step 7 stays as the previous one.
+  CHECK(store.Commit(Filled(store, seat, 8, {c, a}, 5)));
+  CHECK(Steps(store, seat) == std::vector<std::int64_t>{7, 8});
+  CHECK(store.Find(seat, 8)->round() == 5);
+  CHECK(*store.Find(seat, 8)->Read(0) == c);
+  CHECK(store.Find(seat, 7)->round() == 4);
 }
 
 TEST_CASE("replica store: a replaced replica's memory is reused, never under a reader",

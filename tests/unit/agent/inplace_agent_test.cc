@@ -18,13 +18,12 @@
 #include "ddprun/agent/inplace_blocks.h"
 #include "ddprun/rendezvous/common/exit_codes.h"
 #include "ddprun/rendezvous/common/inplace_layout.h"
-#include "support/capture_stderr.h"
+#include "run_agent.h"
 
 namespace ddprun::agent {
 namespace {
 
 using namespace testing;  // NOLINT: the fakes
-using ::ddprun::test::CaptureStderr;
 namespace layout = ::ddprun::inplace_layout;
 
 AgentOptions Options(int nproc) {
@@ -75,28 +74,22 @@ class WorkerBlock {
   unsigned char* base_ = nullptr;
 };
 
-struct Result {
-  int rc;
-  std::string err;
-};
+// Maps spawn `index`'s block and registers the worker (pid 100000) 10 ms
+// later, as ddprun.inprocess.run does once it starts; returns the block.
+std::shared_ptr<WorkerBlock> RegistersSoon(SimWorld& world, int index = 0) {
+  auto block = std::make_shared<WorkerBlock>(world.rec.spawns[index]);
+  world.queue.After(milliseconds(10), [block] { block->Register(100000); });
+  return block;
+}
 
-Result RunAgent(SimWorld& world, AgentOptions o,
-                const std::function<void(InProcessSession&)>& setup = {}) {
-  BlockAgentSignals();
-  auto session = std::make_unique<InProcessSession>(o.job_id, world.clock, world.queue);
-  if (setup) setup(*session);
-  CaptureStderr cap;
-  int rc;
-  {
-    AgentDeps deps;
-    deps.launcher = std::make_unique<LauncherRef>(world.launcher);
-    deps.session = std::move(session);
-    deps.clock = &world.clock;
-    deps.events = &world.queue;
-    Agent agent(std::move(o), std::move(deps));
-    rc = agent.Run();
-  }
-  return Result{rc, cap.text()};
+// One node of an elastic job of one or two nodes whose round closes 1 s
+// after the first node joined.
+AgentOptions ElasticOfTwo() {
+  AgentOptions o = Options(1);
+  o.min_nodes = 1;
+  o.max_nodes = 2;
+  o.policy.last_call_timeout_s = 1;
+  return o;
 }
 
 // What a survivor saw of its block after the failure.
@@ -116,8 +109,7 @@ TEST_CASE("Agent inplace: a registered survivor keeps its process and gets the n
   // rank 1) exits 3 at 100 ms; its replacement (spawn 2) exits 0 later.
   world.script = [&](int index, int local, int restart) -> absl::StatusOr<Behaviour> {
     if (index == 0) {
-      auto block = std::make_shared<WorkerBlock>(world.rec.spawns[0]);
-      world.queue.After(milliseconds(10), [block] { block->Register(100000); });
+      auto block = RegistersSoon(world);
       // Once re-formed (the simulated rendezvous forms the round at once):
       // one break, the round's variables ready.
       world.queue.After(milliseconds(300), [block, &seen] {
@@ -177,8 +169,7 @@ TEST_CASE(
   SimWorld world;
   world.script = [&](int index, int local, int restart) -> absl::StatusOr<Behaviour> {
     if (index == 0) {
-      auto block = std::make_shared<WorkerBlock>(world.rec.spawns[0]);
-      world.queue.After(milliseconds(10), [block] { block->Register(100000); });
+      RegistersSoon(world);
       return Runs();  // stuck: never acknowledges
     }
     if (restart == 0) return local == 1 ? ExitsAfter(100, 3) : Runs();
@@ -208,8 +199,7 @@ TEST_CASE(
   SimWorld world;
   world.script = [&](int index, int local, int restart) -> absl::StatusOr<Behaviour> {
     if (index == 0) {
-      auto block = std::make_shared<WorkerBlock>(world.rec.spawns[0]);
-      world.queue.After(milliseconds(10), [block] { block->Register(100000); });
+      RegistersSoon(world);
       return ExitsAfter(300, 1);  // after the re-form, never acknowledged
     }
     if (restart == 0) return local == 1 ? ExitsAfter(100, 3) : Runs();
@@ -242,16 +232,12 @@ TEST_CASE(
     "agent is folded into that recovery and spends no restart",
     "[unit][agent][inplace]") {
   SimWorld world;
-  AgentOptions o = Options(1);
-  o.min_nodes = 1;
-  o.max_nodes = 2;
-  o.policy.last_call_timeout_s = 1;
+  AgentOptions o = ElasticOfTwo();
   o.policy.max_restarts = 1;
   std::string phantom;
   world.script = [&](int index, int, int) -> absl::StatusOr<Behaviour> {
     if (index == 0) {
-      auto block = std::make_shared<WorkerBlock>(world.rec.spawns[0]);
-      world.queue.After(milliseconds(10), [block] { block->Register(100000); });
+      RegistersSoon(world);
       return ExitsAfter(1000, 1);  // its peer on the other node is gone
     }
     if (index == 1) {  // the next round: a failure of its own (killed)
@@ -287,14 +273,10 @@ TEST_CASE(
     "within the window",
     "[unit][agent][inplace]") {
   SimWorld world;
-  AgentOptions o = Options(1);
-  o.min_nodes = 1;
-  o.max_nodes = 2;
-  o.policy.last_call_timeout_s = 1;
+  AgentOptions o = ElasticOfTwo();
   world.script = [&](int index, int, int) -> absl::StatusOr<Behaviour> {
     if (index == 0) {
-      auto block = std::make_shared<WorkerBlock>(world.rec.spawns[0]);
-      world.queue.After(milliseconds(10), [block] { block->Register(100000); });
+      RegistersSoon(world);
       return ExitsAfter(1000, 1);
     }
     return ExitsAfter(100, 0);
@@ -320,8 +302,7 @@ TEST_CASE(
   o.min_nodes = o.max_nodes = 2;
   world.script = [&](int index, int local, int) -> absl::StatusOr<Behaviour> {
     if (index == 0) {
-      auto block = std::make_shared<WorkerBlock>(world.rec.spawns[0]);
-      world.queue.After(milliseconds(10), [block] { block->Register(100000); });
+      RegistersSoon(world);
       return Runs();
     }
     return local == 1 ? ExitsAfter(500, 3) : Runs();

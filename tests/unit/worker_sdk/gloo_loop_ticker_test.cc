@@ -8,17 +8,13 @@
 #include <chrono>
 #include <thread>
 
-#include "gloo/transport/tcp/device.h"
+#include "support/gloo_loopback.h"
 
 using namespace std::chrono_literals;
 
-namespace {
+using ::ddprun::test::LoopbackDevice;
 
-std::shared_ptr<gloo::transport::Device> LoopbackDevice() {
-  gloo::transport::tcp::attr attr;
-  attr.hostname = "127.0.0.1";
-  return gloo::transport::tcp::CreateDevice(attr);
-}
+namespace {
 
 // Waits (at most 10 s) until the loop has called the ticker `n` more times.
 bool TurnsBy(const ddp::detail::LoopTicker& ticker, std::uint64_t n) {

@@ -18,8 +18,9 @@
 // worker (DDPRUN_CKPT_FD): they survive the worker's death, and the worker
 // that replaces it finds them. The previous snapshot is not touched while
 // the new one is written. With --ckpt_replicas 1, Save returns once the next
-// node also holds the replica of this step (at most DDPRUN_CKPT_REPLICA_WAIT
-// seconds; docs/checkpoint.md, "Replica lag"). Load returns the newest
+// node also holds the replica of this rank's previous step (sent while this
+// step computed; at most DDPRUN_CKPT_REPLICA_WAIT seconds; docs/checkpoint.md,
+// "Replica lag"). Load returns the newest
 // step that every rank of the job committed, the same step on every rank; every rank must call it,
 // at start, before its first Save. A snapshot saved here loads in Python as
 // a dict of `bytes`, and a Python snapshot whose top level is a dict of

@@ -42,8 +42,10 @@ __all__ = ["save", "load", "wait", "load_dir", "Error", "UnsupportedError"]
 
 # The layout (rendezvous/common/include/ddprun/rendezvous/common/checkpoint_layout.h).
 _MAGIC = b"DDPCKPT1"
-_VERSION = 2
+_VERSION = 3
 _HEADER_BYTES = 4096
+_SLOTS_OFFSET = 12  # u32: the slot count, 2 (3 with --ckpt_replicas 1)
+_MIN_SLOTS, _MAX_SLOTS = 2, 3
 _CAPACITY_OFFSET = 16
 _LIMIT_OFFSET = 24
 _REPLICA_GATE_OFFSET = 32  # u64, written by the agent: 0 open, else 1 + the acknowledged generation
@@ -138,7 +140,12 @@ class _Memory:
                 struct.unpack_from("<I", self.mm, 8)[0] != _VERSION:
             raise Error("ddprun.checkpoint: DDPRUN_CKPT_FD=%s does not hold checkpoint memory of "
                         "version %d; use the ddprun this package came with" % (text, _VERSION))
+        self.slots = struct.unpack_from("<I", self.mm, _SLOTS_OFFSET)[0]
         self.capacity, self.limit = struct.unpack_from("<QQ", self.mm, _CAPACITY_OFFSET)
+        if not _MIN_SLOTS <= self.slots <= _MAX_SLOTS or \
+                self.capacity > (size - _HEADER_BYTES) // self.slots or self.limit > self.capacity:
+            raise Error("ddprun.checkpoint: DDPRUN_CKPT_FD=%s has a header that does not fit its "
+                        "size; use the ddprun this package came with" % text)
         self.fd = fd
         self._anchor = ctypes.c_char.from_buffer(self.mm)  # the mapping lives as long as the process
         self.address = ctypes.addressof(self._anchor)
@@ -283,11 +290,13 @@ def _replica_wait_seconds():
 
 def _await_replica(mem, generation, step):
     """With --ckpt_replicas 1, returns once the next node acknowledged the
-    replica of the snapshot just committed (`generation`, `step`) or a newer
-    one, or the agent opened the gate (no successor, or it cannot send to
-    it), or DDPRUN_CKPT_REPLICA_WAIT passed (then one line says so)."""
+    replica of this rank's previous snapshot (`generation`, committed before
+    the one of `step`, whose transfer overlapped this step) or a newer one,
+    or the agent opened the gate (no successor, or it cannot send to it), or
+    DDPRUN_CKPT_REPLICA_WAIT passed (then one line says so). Generation 0 (no
+    previous snapshot): at once."""
     gate = mem.replica_gate()
-    if gate == 0 or gate - 1 >= generation:
+    if generation == 0 or gate == 0 or gate - 1 >= generation:
         return
     limit = _replica_wait_seconds()
     if limit == 0:
@@ -303,16 +312,18 @@ def _await_replica(mem, generation, step):
             return
         waited = time.monotonic() - t0
         if waited >= limit:
-            print("%s ddprun.checkpoint.save: the replica of step %d was not acknowledged by the "
-                  "next node within %s=%g s; returning without it, so a loss of this node now "
-                  "may leave no step in common (docs/checkpoint.md, \"Replica lag\"); check the "
+            print("%s ddprun.checkpoint.save: the replica of the step before %d was not "
+                  "acknowledged by the next node within %s=%g s; returning without it, so a loss "
+                  "of this node now may leave no step in common (docs/checkpoint.md, "
+                  "\"Replica lag\"); check the "
                   "next node or raise %s" % (_fence(), step, _REPLICA_WAIT, limit, _REPLICA_WAIT),
                   file=sys.stderr, flush=True)
             return
         if not noticed and waited >= _REPLICA_WAIT_NOTICE:
             noticed = True
-            print("%s ddprun.checkpoint.save: step %d is saved here and waits for its replica to "
-                  "reach the next node (up to %s=%g s)" % (_fence(), step, _REPLICA_WAIT, limit),
+            print("%s ddprun.checkpoint.save: step %d is saved here and waits for the replica of "
+                  "the step before it to reach the next node (up to %s=%g s)"
+                  % (_fence(), step, _REPLICA_WAIT, limit),
                   file=sys.stderr, flush=True)
 
 
@@ -322,8 +333,9 @@ def save(state, step):
     Returns True once the copy is committed: the snapshot then survives this
     process's death. The slot of the previous snapshot is not touched, so a
     save cut short leaves it loadable. With --ckpt_replicas 1 it returns once
-    the next node also holds the replica of this step (at most
-    DDPRUN_CKPT_REPLICA_WAIT seconds; docs/checkpoint.md, "Replica lag").
+    the next node also holds the replica of this rank's previous step (sent
+    while this step computed; at most DDPRUN_CKPT_REPLICA_WAIT seconds;
+    docs/checkpoint.md, "Replica lag").
     With --ckpt_every N, a step that is
     not a multiple of N is not saved: save returns False at once, without
     looking at `state`. Raises UnsupportedError naming the key path of an
@@ -349,11 +361,14 @@ def save(state, step):
                     "--ckpt_shm_limit (%s, %d bytes per worker); raise --ckpt_shm_limit (or "
                     "PET_CKPT_SHM_LIMIT) or save less" % (step, _size(total), total,
                                                           _size(mem.limit), mem.limit))
-    records = [mem.record(s) for s in (0, 1)]
-    committed = [s for s in (0, 1) if records[s][0] == _COMMITTED]
-    newest = max(committed, key=lambda s: records[s][2]) if committed else 1
-    slot = 1 - newest
-    generation = max([records[s][2] for s in committed] or [0]) + 1
+    # The oldest slot: one not committed (empty, or a save cut short) first,
+    # else the committed one of the lowest generation; never the newest.
+    records = [mem.record(s) for s in range(mem.slots)]
+    committed = [s for s in range(mem.slots) if records[s][0] == _COMMITTED]
+    free = [s for s in range(mem.slots) if records[s][0] != _COMMITTED]
+    slot = free[0] if free else min(committed, key=lambda s: records[s][2])
+    previous = max([records[s][2] for s in committed] or [0])
+    generation = previous + 1
     _privatize(slot)  # loaded tensors still mapped over this slot keep what load returned
     mem.set_state(slot, _WRITING)  # from here the slot is not loadable until committed
     base = mem.data_offset(slot)
@@ -395,7 +410,7 @@ def save(state, step):
     rec = _RECORDS_OFFSET + slot * _RECORD_BYTES
     _RECORD.pack_into(mm, rec, _WRITING, crc, generation, step, total, rank, world, kind)
     mem.set_state(slot, _COMMITTED)  # the commit: last, one aligned 4-byte store
-    _await_replica(mem, generation, step)
+    _await_replica(mem, previous, step)  # the previous snapshot's replica
     return True
 
 
@@ -613,7 +628,7 @@ def load():
     step = max(steps)
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    found = [(rec[2], s, rec) for s, rec in ((s, mem.record(s)) for s in (0, 1))
+    found = [(rec[2], s, rec) for s, rec in ((s, mem.record(s)) for s in range(mem.slots))
              if rec[0] == _COMMITTED and rec[3] == step and rec[5] == rank and rec[6] == world]
     if not found:
         raise Error("ddprun.checkpoint.load: the snapshot of step %d is no longer in this worker's "

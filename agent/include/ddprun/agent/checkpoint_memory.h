@@ -5,7 +5,8 @@
 // again, and it is freed with the agent and its workers: there is no path,
 // nothing in /dev/shm, and only processes holding the descriptor reach it.
 //
-// The memory is sized 4096 + 2 * limit bytes and sealed against growing and
+// The memory is sized 4096 + S * limit bytes (S slots: 2, or 3 with
+// --ckpt_replicas 1, set_slots; checkpoint_layout.h) and sealed against growing and
 // shrinking (F_SEAL_GROW | F_SEAL_SHRINK), so a snapshot cannot exceed
 // --ckpt_shm_limit even by a worker that ignores the layout; tmpfs allocates
 // pages only when written. The agent reads the commit records
@@ -50,6 +51,11 @@ class CheckpointMemory {
   CheckpointMemory(const CheckpointMemory&) = delete;
   CheckpointMemory& operator=(const CheckpointMemory&) = delete;
 
+  // The slots of each memory (checkpoint_layout.h: kSlotsPlain, or
+  // kSlotsWithReplicas under --ckpt_replicas 1), written into its header.
+  // Only before the first Ensure: every rank's memory has the same count.
+  void set_slots(int slots);
+  int slots() const { return slots_; }
   // Creates the memory of local ranks [0, local_ranks) not created yet.
   // An error names the rank and the cause (memfd_create, sealing).
   absl::Status Ensure(int local_ranks);
@@ -81,19 +87,23 @@ class CheckpointMemory {
   // previous result reads into memory already in use, not fresh pages.
   absl::StatusOr<std::string> ReadCommitted(int local_rank, const CommittedSnapshot& s,
                                             std::string reuse = {}) const;
-  // Writes `bytes` (a snapshot in format 1) into slot 0 of a local rank's
-  // memory as committed step `step` of RANK `rank` in a job of `world_size`
-  // ranks, replacing whatever the memory held: the persisted snapshot a job
-  // resumes from. Only while no worker of that rank runs. An error names the
-  // size and --ckpt_shm_limit when it does not fit.
+  // Writes `bytes` (a snapshot in format 1) into slot `slot` of a local
+  // rank's memory as committed step `step` of RANK `rank` in a job of
+  // `world_size` ranks, with generation slot + 1: the persisted snapshot a
+  // job resumes from (slot 0), or the replicas a lost node's seat is
+  // restored from, oldest in slot 0. Slot 0 replaces whatever the memory
+  // held (every record cleared first); a later slot only its own. Only while
+  // no worker of that rank runs. An error names the size and
+  // --ckpt_shm_limit when it does not fit.
   absl::Status Seed(int local_rank, std::int64_t step, int rank, int world_size,
-                    const std::string& bytes);
+                    const std::string& bytes, int slot = 0);
 
-  // Seed without the copy: slot 0 of a local rank's memory, cleared (nothing
-  // loadable) and mapped for the snapshot's `size` bytes to be written in
-  // place (a replica received straight into it), then committed with the
-  // checksum its sender stated, already checked by the writer. Its pages are
-  // allocated and mapped up front, so writing them takes no page faults.
+  // Seed without the copy: slot `slot` of a local rank's memory, cleared as
+  // Seed clears (nothing loadable) and mapped for the snapshot's `size`
+  // bytes to be written in place (a replica received straight into it),
+  // then committed with the checksum its sender stated, already checked by
+  // the writer, and generation slot + 1. Its pages are allocated and mapped
+  // up front, so writing them takes no page faults.
   class SeedSlot {
    public:
     SeedSlot(SeedSlot&& o) noexcept;
@@ -105,13 +115,15 @@ class CheckpointMemory {
 
    private:
     friend class CheckpointMemory;
-    SeedSlot(int fd, char* data, std::uint64_t size) : fd_(fd), data_(data), size_(size) {}
+    SeedSlot(int fd, int slot, char* data, std::uint64_t size)
+        : fd_(fd), slot_(slot), data_(data), size_(size) {}
     int fd_;
+    int slot_;
     char* data_;  // null for an empty snapshot
     std::uint64_t size_;
   };
-  absl::StatusOr<SeedSlot> BeginSeed(int local_rank, std::uint64_t size);
-  // Empties both slots' records of a local rank: nothing loadable.
+  absl::StatusOr<SeedSlot> BeginSeed(int local_rank, std::uint64_t size, int slot = 0);
+  // Empties every slot's record of a local rank: nothing loadable.
   void Clear(int local_rank);
 
   // The replica gate of a local rank's memory (checkpoint_layout.h,
@@ -134,6 +146,7 @@ class CheckpointMemory {
  private:
   std::uint64_t limit_;     // --ckpt_shm_limit
   std::uint64_t capacity_;  // bytes per slot: the limit rounded up to a page
+  int slots_;               // per memory (set_slots)
   // The gate word of each local rank's memory, in a mapping of its header.
   std::uint64_t* GateWord(int local_rank) const;
 

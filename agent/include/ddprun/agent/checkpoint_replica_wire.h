@@ -27,7 +27,8 @@
 //
 //   prefix   magic "DDPREPL3", u32 op (1 put, 2 get), u32 header length
 //   header   u32 n + job id, i64 round,
-//            i32 base rank, i32 local ranks, i32 world size, i64 step,
+//            i32 base rank, i32 local ranks, i32 world size, i64 step
+//            (kGet: the step asked for, or kNewestStep),
 //            local ranks x (u64 size, u32 checksum, u32 its kind)
 //   data     the snapshots of the local ranks, back to back (kPut only)
 //
@@ -62,6 +63,8 @@ inline constexpr std::uint32_t kMaxIdBytes = 1024;
 inline constexpr int kMaxLocalRanks = 1024;
 
 enum class Op : std::uint32_t { kPut = 1, kGet = 2 };
+// A kGet's step for the seat's newest replica (a holder keeps the newest two).
+inline constexpr std::int64_t kNewestStep = -1;
 
 // The ranks of one node's snapshot: RANK base_rank .. base_rank +
 // local_ranks - 1 of a job of world_size ranks. A replica is held per seat.
@@ -81,7 +84,7 @@ struct Header {
   std::string token;
   std::int64_t round = 0;
   Seat seat;
-  std::int64_t step = 0;             // kPut: the snapshots' step; kGet: 0
+  std::int64_t step = 0;  // kPut: the snapshots' step; kGet: the step asked for, or kNewestStep
   std::vector<std::uint64_t> sizes;  // kPut: one per local rank
   std::vector<std::uint32_t> crcs;   // kPut: the checksum of each, as its commit record says
   std::vector<std::uint32_t> kinds;  // kPut: its kind (checkpoint_layout::ChecksumKind)

@@ -119,9 +119,10 @@ class ReplicaService {
   static absl::Status Put(const std::string& endpoint, const replica::Header& h,
                           const std::vector<std::string_view>& data, Clock::time_point deadline,
                           bool encrypt);
-  // Fetches the replica of `seat` from `endpoint`. NotFound with the
-  // holder's line when it holds none or refuses (fence); DataLoss when a rank's bytes do not match
-  // their CRC-32.
+  // Fetches the newest replica of `seat` from `endpoint` (the sink's
+  // overload: the one of `step`, or the newest with replica::kNewestStep).
+  // NotFound with the holder's line when it holds none or refuses (fence);
+  // DataLoss when a rank's bytes do not match their CRC-32.
   static absl::StatusOr<FetchedReplica> Fetch(const std::string& endpoint,
                                               const std::string& job_id, const std::string& token,
                                               std::int64_t round, const replica::Seat& seat,
@@ -136,7 +137,8 @@ class ReplicaService {
                                               const std::string& job_id, const std::string& token,
                                               std::int64_t round, const replica::Seat& seat,
                                               std::uint64_t limit_bytes, Clock::time_point deadline,
-                                              bool encrypt, const FetchSink& sink);
+                                              bool encrypt, const FetchSink& sink,
+                                              std::int64_t step = replica::kNewestStep);
 
  private:
   void AcceptLoop();

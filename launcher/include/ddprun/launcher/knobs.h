@@ -312,7 +312,8 @@ inline constexpr Knob kKnobs[] = {
     {.name = "ckpt_shm_limit", .type = ValueType::kBytes, .default_value = "16GiB",
      .default_text = "16GiB", .metavar = "BYTES", .group = kGroupJob,
      .help = "Largest checkpoint one worker may save with ddprun.checkpoint.save (memory the "
-             "agent owns, two slots per worker, used as written); 0: no checkpoint memory",
+             "agent owns, two slots per worker, three with --ckpt_replicas 1, used as "
+             "written); 0: no checkpoint memory",
      .dest = kInOptions<&agent::AgentOptions::ckpt_shm_limit>},
     {.name = "ckpt_dir", .yaml_key = "checkpoint.dir", .type = ValueType::kText,
      .default_text = "none", .metavar = "DIR", .group = kGroupJob,

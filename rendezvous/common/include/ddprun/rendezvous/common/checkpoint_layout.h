@@ -2,18 +2,21 @@
 // the contract between the agent, which creates it and reads its commit
 // records, and the worker side (worker_sdk/python/ddprun/checkpoint.py),
 // and the SDK's C++ and C API (worker_sdk/src/checkpoint.cc), which write
-// it. Version 2 (1 had no checksum kind: every record was zlib's CRC-32);
-// every integer little-endian.
+// it. Version 3 (2 had no slot count: always two slots; 1 had no checksum
+// kind: every record was zlib's CRC-32); every integer little-endian.
 //
-//   [0, 4096)                        header: magic, version, slot capacity,
-//                                    two slot records
-//   [4096, 4096 + capacity)          slot 0's snapshot bytes
-//   [4096 + capacity, + 2*capacity)  slot 1's snapshot bytes
+//   [0, 4096)                            header: magic, version, slot count
+//                                        S, slot capacity, S slot records
+//   [4096 + s*capacity, + capacity)      slot s's snapshot bytes, s < S
 //
-// A save writes the slot that does not hold the newest committed snapshot:
-// its record's state goes to kSlotWriting first, the bytes and the record
-// after, and kSlotCommitted last. A writer that dies midway leaves that slot
-// kSlotWriting and the other one untouched, so a snapshot is never torn.
+// S is 2, or 3 with --ckpt_replicas 1 (docs/checkpoint.md, "Replica lag"):
+// the agent writes it when it creates the memory, and every reader and
+// writer takes it from the header. A save writes the oldest slot (an empty
+// or cut-short one first, else the committed one of the lowest generation),
+// never the newest committed one: its record's state goes to kSlotWriting
+// first, the bytes and the record after, and kSlotCommitted last. A writer
+// that dies midway leaves that slot kSlotWriting and the others untouched,
+// so a snapshot is never torn.
 #pragma once
 
 #include <cstdint>
@@ -21,17 +24,23 @@
 namespace ddprun::checkpoint_layout {
 
 inline constexpr char kMagic[8] = {'D', 'D', 'P', 'C', 'K', 'P', 'T', '1'};
-inline constexpr std::uint32_t kVersion = 2;
+inline constexpr std::uint32_t kVersion = 3;
 inline constexpr std::uint64_t kHeaderBytes = 4096;
-inline constexpr int kSlots = 2;
+// Slots per memory: two without replicas, three with --ckpt_replicas 1 (a
+// save then waits only for the previous snapshot's replica while the newest
+// one travels; docs/checkpoint.md, "Replica lag"). Readers refuse others.
+inline constexpr std::uint32_t kSlotsPlain = 2;
+inline constexpr std::uint32_t kSlotsWithReplicas = 3;
+inline constexpr std::uint32_t kMaxSlots = 3;
 
 // Header fields (byte offsets).
 inline constexpr std::uint64_t kMagicOffset = 0;         // char[8]
 inline constexpr std::uint64_t kVersionOffset = 8;       // u32
+inline constexpr std::uint64_t kSlotsOffset = 12;        // u32: the slot count S
 inline constexpr std::uint64_t kCapacityOffset = 16;     // u64: bytes per slot
 inline constexpr std::uint64_t kLimitOffset = 24;        // u64: --ckpt_shm_limit, as given
 inline constexpr std::uint64_t kReplicaGateOffset = 32;  // u64: the replica gate, below
-inline constexpr std::uint64_t kSlotRecordsOffset = 64;  // kSlots records
+inline constexpr std::uint64_t kSlotRecordsOffset = 64;  // S records
 inline constexpr std::uint64_t kSlotRecordBytes = 64;
 
 // One slot record (offsets inside it).
@@ -61,10 +70,12 @@ inline constexpr std::uint64_t SlotDataOffset(int slot, std::uint64_t capacity) 
 // written by the agent with one aligned 8-byte store, read by a save after
 // its commit. 0: saves do not wait (no successor, or sending to it fails).
 // Otherwise 1 + the generation of this rank's newest snapshot whose replica
-// the successor acknowledged (1: none yet). A save returns once the gate
-// reaches the generation it committed or opens, or after
-// DDPRUN_CKPT_REPLICA_WAIT seconds (default below; then one line says so):
-// so a node enters its next step only with its newest step replicated.
+// the successor acknowledged (1: none yet). A save that committed
+// generation g returns once the gate reaches g - 1 (the snapshot committed
+// before it, whose transfer overlapped this step; nothing when g is 1) or
+// opens, or after DDPRUN_CKPT_REPLICA_WAIT seconds (default below; then one
+// line says so): so a node enters step n + 1 only with step n - 1
+// replicated, and the successor keeps its last two replicas.
 inline constexpr double kDefaultReplicaWaitSeconds = 60;
 inline constexpr const char* kEnvReplicaWait = "DDPRUN_CKPT_REPLICA_WAIT";
 // After this long a waiting save says once that it waits, and for what.
