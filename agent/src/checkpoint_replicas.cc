@@ -459,13 +459,12 @@ void ReplicaService::Serve(int fd, std::string peer, std::uint64_t id) {
   std::shared_ptr<const HeldReplica> held =
       h->step == replica::kNewestStep ? store_.Find(h->seat) : store_.Find(h->seat, h->step);
   if (held == nullptr) {
-    (void)ch.Send(
-        replica::EncodeReply(false, absl::StrCat(fence, "no replica of ", Ranks(h->seat),
-                                                 h->step == replica::kNewestStep
-                                                     ? std::string()
-                                                     : absl::StrCat(" at step ", h->step),
-                                                 " here")),
-        deadline);
+    (void)ch.Send(replica::EncodeReply(false, absl::StrCat(fence, "no replica of ", Ranks(h->seat),
+                                                           h->step == replica::kNewestStep
+                                                               ? std::string()
+                                                               : absl::StrCat(" at step ", h->step),
+                                                           " here")),
+                  deadline);
     return done();
   }
   Header put = *h;
