@@ -28,6 +28,9 @@ rm -rf "$out" && mkdir -p "$out/bin" "$out/lib"
 for f in "${bins[@]}"; do
   strip -o "$out/bin/$f" "$B/bin/$f"
 done
+# The workers' Python package (ddprun.checkpoint, ...): ddprun puts ../python beside its bin/ on
+# their PYTHONPATH (agent/src/monitoring.cc).
+tar -C "$B" --exclude=__pycache__ -cf - python | tar -C "$out" -xf -
 # ddprun loads its gRPC half from ../lib beside its bin/ (agent/include/ddprun/agent/grpc_module.h).
 strip -o "$out/lib/libddprun_grpc.so" "$B/lib/libddprun_grpc.so"
 # Every shared library they load, except glibc's, the driver's and NCCL.

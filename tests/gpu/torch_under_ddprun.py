@@ -6,7 +6,8 @@
 Cases: DDP on NCCL at world size 1 on the GPU (NCCL takes one rank per GPU) and
 on Gloo at 2 and 4 ranks on the CPUs, each with env:// and tcp:// init; a
 torchelastic @record error file in ddprun's failure report; a restart after a
-worker failure. NCCL cases report themselves skipped when torch sees no GPU.
+worker failure; ddprun.checkpoint of CUDA tensors across a kill -9. NCCL and
+CUDA cases report themselves skipped when torch sees no GPU.
 Prints one line per case and closes with "N passed, N failed, N skipped";
 exits non-zero when any case failed.
 """
@@ -94,6 +95,29 @@ def restart_case(ddprun):
     report("restart after a worker failure", ok, f"ddprun exited {rc}, results {files}", out, err)
 
 
+def checkpoint_case(ddprun, device="cuda"):
+    """ddprun.checkpoint of CUDA tensors: saved, the worker killed -9, loaded
+    back by the restarted worker on its device, bit for bit (torch_worker.py
+    ckpt). device="cpu" runs the same checks where torch sees no GPU."""
+    import torch
+    name = f"ddprun.checkpoint of {device} tensors across a kill -9"
+    if device == "cuda" and not torch.cuda.is_available():
+        results["skipped"] += 1
+        print(f"SKIP {name}: torch sees no CUDA device", flush=True)
+        return
+    d = tempfile.mkdtemp(prefix="ddprun_torch2_")
+    env = {"DDPRUN_TEST_CKPT_DEVICE": "cpu"} if device == "cpu" else {}
+    os.environ.update(env)
+    try:
+        rc, out, err = run(ddprun, ["--nproc_per_node=1", "--max_restarts=1", WORKER, "ckpt", d])
+    finally:
+        for k in env:
+            os.environ.pop(k)
+    path = os.path.join(d, "ckpt.1")
+    said = open(path).read().strip() if os.path.exists(path) else "no result file"
+    report(name, rc == 0 and said.startswith("ok"), f"ddprun exited {rc}: {said}", out, err)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ddprun", default=os.path.join(ROOT, "build", "bin", "ddprun"))
@@ -108,6 +132,7 @@ def main():
             ddp_case(args.ddprun, "gloo", world, init)
     record_case(args.ddprun)
     restart_case(args.ddprun)
+    checkpoint_case(args.ddprun)
     print(f"{results['passed']} passed, {results['failed']} failed, "
           f"{results['skipped']} skipped", flush=True)
     sys.exit(1 if results["failed"] else 0)
