@@ -17,6 +17,7 @@
 #include "ddprun/rendezvous/tls_credentials.h"
 #include "ddprun/rendezvous/tls_probe.h"
 #include "ddprun/v1/ddprun.grpc.pb.h"
+#include "tcp_user_timeout.h"
 
 namespace ddprun::rendezvous {
 namespace {
@@ -38,9 +39,16 @@ std::chrono::system_clock::time_point DeadlineAfter(Duration d) {
 // open call, and (gRPC 1.51, chttp2's maybe_initiate_ping) never more than
 // once a second whatever `time` says: a silent peer is found 0.5-1.5 s after
 // it went silent with a timeout of 500 ms.
+//
+// `link_ms`, when set, separates the two things a late answer can mean
+// (tcp_user_timeout.h). The ping's bytes unacknowledged by the peer's kernel
+// for `link_ms`: the host or the link is gone, and the connection fails then.
+// Acknowledged but not answered: the peer process is busy, and it has
+// `timeout` to answer. Unset, gRPC uses `timeout` for both.
 struct Keepalive {
   int time_ms;
   int timeout_ms;
+  int link_ms = 0;
 };
 // An agent's channel when it lists replicas (SilenceTimeout::kFailover): its
 // Join stream is how it learns that its replica is gone, so the answer is due
@@ -50,8 +58,14 @@ struct Keepalive {
 constexpr Keepalive kFailoverKeepalive{1000, 500};
 // Every other channel: agents of one ddprund or of an agent-hosted rendezvous,
 // `ddprun status`, workers' store calls (GrpcStore, whose calls have deadlines
-// and move on to the next replica by themselves).
-constexpr Keepalive kPatientKeepalive{1000, 1000};
+// and move on to the next replica by themselves). A lost host or a cut link
+// is noticed as before, 1-2 s after it went silent (`link_ms`). A daemon
+// that is alive but slow to answer the ping (10,000 strangers connecting to
+// it on a loaded machine, docs/security.md) gets 20 s, gRPC's default: with
+// one rendezvous there is nowhere else to go, and an agent that dropped its
+// stream would be counted as a lost node (docs/ha.md, "The agents'
+// keepalive").
+constexpr Keepalive kPatientKeepalive{1000, 20000, 1000};
 
 // Whether a channel keeps gRPC's retry filter. It retries nothing of ours on
 // its own (no retry policy), but transparently re-sends a call that a
@@ -72,6 +86,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const TlsC
   args.SetMaxSendMessageSize(kMaxMessageBytes);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, keepalive.time_ms);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, keepalive.timeout_ms);
+  if (keepalive.link_ms > 0) SetTcpUserTimeout(args, keepalive.link_ms);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   // No bandwidth-delay-product probing: gRPC would send a PING whenever data

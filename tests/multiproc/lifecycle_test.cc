@@ -167,6 +167,39 @@ TEST_CASE("ddprund SIGTERMed and restarted mid-job with --state_dir: the round g
   DaemonRestartMidJob(SIGTERM);
 }
 
+// A ddprund that is alive but does not answer for 3 s (SIGSTOP: its kernel
+// still acknowledges every segment, as when 10,000 strangers connect to it on
+// a loaded machine, docs/security.md) delays the agent's keepalive answer
+// past 1 s. The agent must not take that for a lost link: had it dropped its
+// stream, ddprund would count the node as lost when it runs again, and this
+// job, with no restart allowed, would end (`cannot re-attach: ... the job is
+// closed`).
+TEST_CASE(
+    "ddprund stopped for 3 s (alive, answering nothing): the agent keeps its stream, the "
+    "round goes on",
+    "[multiproc]") {
+  Harness h;
+  Proc* daemon = nullptr;
+  const int port = h.StartDaemon("ddprund", &daemon);
+  const std::string pids = h.PidDir("pids");
+  const std::string out = h.MakeDir("out");
+  Proc& agent = h.StartDdprun(
+      "node", JobFlags(port, "stopped", "1", "join_timeout=20", 0),
+      {{"FIXTURE_PIDFILE_DIR", pids}, {"FIXTURE_OUT_DIR", out}, {"FIXTURE_SLEEP_MS", "4500"}});
+  const std::vector<pid_t> workers = h.WaitForPids(pids, 2, 20);
+  REQUIRE(::kill(daemon->pid, SIGSTOP) == 0);
+  SleepMs(3000);  // the length of the stop is the test, not a synchronisation
+  REQUIRE(::kill(daemon->pid, SIGCONT) == 0);
+  const int rc = h.Wait(agent, 15);
+  INFO("agent stderr:\n" << agent.Err() << "\nddprund stderr:\n" << daemon->Err());
+  CHECK(rc == 0);
+  CHECK(agent.Err().find("lost the rendezvous") == std::string::npos);
+  CHECK(ReadPids(pids).size() == 2);  // one round, each worker started once
+  for (const Record& r : ReadRecords(out)) CHECK(r.Int("restart_count") == 0);
+  h.RequireAllGone(workers, 2);
+  h.StopDaemon(*daemon);
+}
+
 // Issue 33 item 00: ddprund SIGKILLed while a job gathers (one of its two
 // nodes joined) and restarted on its --state_dir: the joined agent joins the
 // same endpoint again, the second node joins, and the job runs.
