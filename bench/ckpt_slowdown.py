@@ -132,7 +132,13 @@ def classify(results, ends):
             last[step] = max(last.get(step, t_end), t_end)
     windows = [(last[s], ends[s]) for s in last if s in ends and s >= 2]
     excluded = [(first[s], last[s]) for s in last]
-    excluded += [(last[s], ends.get(s, last[s] + 60)) for s in last if s < 2]
+    # A step the background skipped (the persister or sender took a newer
+    # one: warm-up saves 0 and 1 come back to back) ends with the next step
+    # it finished; not with the run, which would leave no step of either kind.
+    def end_of(s):
+        later = [ends[t] for t in ends if t >= s]
+        return min(later) if later else last[s] + 60
+    excluded += [(last[s], end_of(s)) for s in last if s < 2]
     during, without = [], []
     for r in results:
         for t, dt, has_save in r["steps"]:
@@ -231,7 +237,8 @@ def main():
                 for step in set(per[0]) & set(per[1]):
                     ends.setdefault(step, max(per[0][step], per[1][step]))
 
-            rows.append(("replica (--ckpt_replicas 1, 2 nodes; save waits for the previous step's replica)",) +
+            rows.append(("replica (--ckpt_replicas 1, 2 nodes; save waits for the previous "
+                         "step's replica)",) +
                         run_job("replica", cmds, renv, out, watch))
             # The same without the wait (docs/checkpoint.md, "Replica lag"):
             # the replica is asynchronous, as before the wait existed.
