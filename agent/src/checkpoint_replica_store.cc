@@ -89,6 +89,12 @@ bool NewerThan(const HeldReplica& a, std::int64_t round, std::int64_t step) {
   return a.round() > round || (a.round() == round && a.step() > step);
 }
 
+// a is older than (round, step): an earlier round, or the same round and
+// an earlier step.
+bool OlderThan(const HeldReplica& a, std::int64_t round, std::int64_t step) {
+  return a.round() < round || (a.round() == round && a.step() < step);
+}
+
 // h belongs to a timeline the job left: an earlier round than (round, step)
 // and a step at or after it.
 bool Stale(const std::shared_ptr<HeldReplica>& h, std::int64_t round, std::int64_t step) {
@@ -121,8 +127,7 @@ absl::StatusOr<std::shared_ptr<HeldReplica>> ReplicaStore::Begin(const replica::
       // keeps two replicas' memory, the newest and the arriving one. An
       // older or equal one (sent again) evicts nothing.
       if (seat.newest != nullptr && seat.previous != nullptr &&
-          !NewerThan(*seat.newest, put.round, put.step) &&
-          !(seat.newest->round() == put.round && seat.newest->step() == put.step)) {
+          OlderThan(*seat.newest, put.round, put.step)) {
         evicted.push_back(std::move(seat.previous));
       }
       bool reusable = false;
