@@ -228,6 +228,7 @@ absl::Status CheckpointMemory::Seed(int local_rank, std::int64_t step, int rank,
                                                      " bytes, more than --ckpt_shm_limit (", limit_,
                                                      " bytes per worker); raise --ckpt_shm_limit"));
   }
+  if (slot_index == 0 && fd(local_rank) >= 0) Clear(local_rank);  // replaces what it held
   auto slot = BeginSeed(local_rank, bytes.size(), slot_index);
   if (!slot.ok()) return slot.status();
   const std::uint32_t crc = checkpoint_checksum::CopyCrc32c(
@@ -251,14 +252,9 @@ absl::StatusOr<CheckpointMemory::SeedSlot> CheckpointMemory::BeginSeed(int local
                      " bytes per worker); raise "
                      "--ckpt_shm_limit"));
   }
-  // First, so a failure below leaves nothing loadable (slot 0: nothing at
-  // all; a later slot: not this one).
-  if (slot == 0) {
-    Clear(local_rank);
-  } else {
-    const unsigned char empty[layout::kSlotRecordBytes] = {};
-    (void)PwriteAll(f, empty, sizeof empty, static_cast<off_t>(layout::SlotRecordOffset(slot)));
-  }
+  // First, so a failure below leaves nothing loadable in this slot.
+  const unsigned char empty[layout::kSlotRecordBytes] = {};
+  (void)PwriteAll(f, empty, sizeof empty, static_cast<off_t>(layout::SlotRecordOffset(slot)));
   if (size == 0) return SeedSlot(f, slot, nullptr, 0);
   const off_t at = static_cast<off_t>(layout::SlotDataOffset(slot, capacity_));
   auto fail = [&](const char* what) {

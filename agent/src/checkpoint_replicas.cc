@@ -147,6 +147,9 @@ ReplicaService::ReplicaService(Options options, CheckpointMemory* memory, LogFn 
   if (const char* ms = std::getenv(checkpoint_layout::kEnvTestReplicaDelayMs); ms != nullptr) {
     test_delay_ = std::chrono::milliseconds(std::strtol(ms, nullptr, 10));
   }
+  if (const char* on = std::getenv(checkpoint_layout::kEnvTestReplicaCorruptOlder); on != nullptr) {
+    test_corrupt_older_ = std::string_view(on) == "1";
+  }
 }
 
 ReplicaService::~ReplicaService() { Stop(); }
@@ -474,8 +477,18 @@ void ReplicaService::Serve(int fd, std::string peer, std::uint64_t id) {
   put.crcs = held->crcs();
   put.kinds = held->kinds();
   absl::Status st = ch.Send(replica::EncodeReply(true, "") + replica::EncodeRequest(put), deadline);
+  // The test hook: the first byte of a replica older than the seat's newest
+  // goes out flipped, so the restore's checksum refuses it.
+  bool spoil = test_corrupt_older_ && held != store_.Find(h->seat);
   for (int j = 0; st.ok() && j < put.seat.local_ranks; ++j) {
-    st = ch.Send(std::string_view(held->data(j), put.sizes[static_cast<std::size_t>(j)]), deadline);
+    std::string_view bytes(held->data(j), put.sizes[static_cast<std::size_t>(j)]);
+    if (spoil && !bytes.empty()) {
+      const char flipped = static_cast<char>(bytes[0] ^ 1);
+      st = ch.Send(std::string_view(&flipped, 1), deadline);
+      bytes.remove_prefix(1);
+      spoil = false;
+    }
+    if (st.ok()) st = ch.Send(bytes, deadline);
   }
   DDPRUN_DEBUG_LOG(kAgent) << fence << "sent the replica of step " << put.step << " of "
                            << Ranks(put.seat) << " to " << peer << ": "

@@ -8,14 +8,17 @@
 //     rank>" = "<replica host:port>;<seat and step of each held replica>",
 //     and read every node's key (a deadline: kExchangeTimeout).
 //  3. Restore: when no step is common to this node's local ranks (a spare,
-//     an elastic re-join), the newest replica of its seat (RANK base ..
-//     base + local - 1 of WORLD_SIZE) is fetched from the node that holds it
-//     (or taken from this node's own store) and seeded into the checkpoint
-//     memory, as --ckpt_dir's resume does; nothing is read from storage.
+//     an elastic re-join), the replicas of its seat (RANK base .. base +
+//     local - 1 of WORLD_SIZE) that the node holding the newest one offered
+//     are fetched from it (or taken from this node's own store), newest
+//     first, and seeded into the checkpoint memory, as --ckpt_dir's resume
+//     does; nothing is read from storage. Each replica stands alone: one
+//     that cannot be fetched is one line and is not offered to load(); the
+//     others are.
 //  4. The successor (group rank + 1 mod nodes) receives this node's
 //     snapshots from now on.
-// Every failure is one line and leaves the round without replicas (the
-// workers start as they would without them). Main thread.
+// Every other failure is one line and leaves the round without replicas
+// (the workers start as they would without them). Main thread.
 #ifndef DDPRUN_AGENT_SRC_REPLICA_EXCHANGE_H_
 #define DDPRUN_AGENT_SRC_REPLICA_EXCHANGE_H_
 

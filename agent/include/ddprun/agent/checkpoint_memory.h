@@ -98,12 +98,14 @@ class CheckpointMemory {
   absl::Status Seed(int local_rank, std::int64_t step, int rank, int world_size,
                     const std::string& bytes, int slot = 0);
 
-  // Seed without the copy: slot `slot` of a local rank's memory, cleared as
-  // Seed clears (nothing loadable) and mapped for the snapshot's `size`
-  // bytes to be written in place (a replica received straight into it),
-  // then committed with the checksum its sender stated, already checked by
-  // the writer, and generation slot + 1. Its pages are allocated and mapped
-  // up front, so writing them takes no page faults.
+  // Seed without the copy: slot `slot` of a local rank's memory, its record
+  // cleared (the slot holds nothing loadable; the other slots are left as
+  // they are, so a restore clears the memory first and may fill its slots in
+  // any order) and mapped for the snapshot's `size` bytes to be written in
+  // place (a replica received straight into it), then committed with the
+  // checksum its sender stated, already checked by the writer, and
+  // generation slot + 1. Its pages are allocated and mapped up front, so
+  // writing them takes no page faults.
   class SeedSlot {
    public:
     SeedSlot(SeedSlot&& o) noexcept;

@@ -189,6 +189,7 @@ class ReplicaService {
   // What sent_to_ acknowledged, per local rank: (memory epoch, generation).
   std::vector<std::pair<std::uint64_t, std::uint64_t>> acked_;
   std::chrono::milliseconds test_delay_{0};  // kEnvTestReplicaDelayMs
+  bool test_corrupt_older_ = false;          // kEnvTestReplicaCorruptOlder
   Clock::time_point retry_at_{};
   bool send_failing_ = false;
   std::atomic<std::int64_t> sent_step_{-1};

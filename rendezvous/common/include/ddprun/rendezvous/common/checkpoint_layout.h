@@ -101,5 +101,9 @@ inline constexpr const char* kEnvTestDieInSave = "DDPRUN_CKPT_TEST_DIE_IN_SAVE";
 // Test hook read by the agent's replica sender (docs/checkpoint.md, "Test
 // hook"): milliseconds it sleeps before each replica it sends, a slow link.
 inline constexpr const char* kEnvTestReplicaDelayMs = "DDPRUN_CKPT_TEST_REPLICA_DELAY_MS";
+// Test hook read by the agent's replica server (docs/checkpoint.md, "Test
+// hook"): when "1", a replica it sends to a restore that is not its seat's
+// newest goes out with its first byte flipped (what it holds is intact).
+inline constexpr const char* kEnvTestReplicaCorruptOlder = "DDPRUN_CKPT_TEST_REPLICA_CORRUPT_OLDER";
 
 }  // namespace ddprun::checkpoint_layout
