@@ -463,7 +463,9 @@ TEST_CASE(
 // seat and restores it from the replica A holds (A is C's successor), with
 // the same bytes; its own --ckpt_dir holds a complete copy of C's persisted
 // snapshots, which it must not read (the replica comes first): the files'
-// access times, on a tmpfs mounted with strictatime, do not move. Every rank
+// access times, on a tmpfs mounted with strictatime, do not move. A sends
+// the older of its two replicas corrupt (the test hook): the spare refuses
+// that one by its checksum and restores the newer one alone. Every rank
 // ends bit-identical with a run without the fault (gradients summed in one
 // fixed layout: REPLICA_TEST_FLAT).
 TEST_CASE(
@@ -490,6 +492,9 @@ TEST_CASE(
   const std::string k = std::to_string(kHoldAt);
   EnvList a_env = flat, c_env = flat;
   a_env.push_back({"DDPRUN_DEBUG", "agent"});
+  // A corrupts the older replica it sends to a restore (the test hook): the
+  // spare refuses it and restores the newer one alone.
+  a_env.push_back({"DDPRUN_CKPT_TEST_REPLICA_CORRUPT_OLDER", "1"});
   c_env.push_back({"REPLICA_TEST_HOLD_AT", k});
   c_env.push_back({"REPLICA_TEST_HOLD_RANK", "2"});
   Proc& a = ReplicaNode(h, script, port, "spare3", 3, "A", 1, a_env, dirs + "/A");
@@ -530,8 +535,19 @@ TEST_CASE(
     CHECK(rc == 0);
   }
   INFO("S stderr:\n" << s.Err());
-  CHECK(s.Err().find("--ckpt_replicas: restored step " + k +
-                     " of rank 2 from the replica held by 127.0.0.1:") != std::string::npos);
+  // The older replica failed its checksum: one fenced line naming A, the
+  // rank, the step and the cause; step 3 alone was restored.
+  std::smatch m;
+  const std::string s_err = s.Err();
+  REQUIRE(std::regex_search(
+      s_err, m,
+      std::regex(
+          "\\[job spare3 round \\d+\\] --ckpt_replicas: cannot restore step (\\d+) of rank 2 "
+          "from the replica held by (127\\.0\\.0\\.1:\\d+): the replica of step \\1 of rank 2 "
+          "from \\2 does not match its checksum; that step is not offered to load\\(\\)")));
+  CHECK(std::stoi(m[1]) < kHoldAt);
+  CHECK(s_err.find("--ckpt_replicas: restored step " + k + " of rank 2 from the replica held by " +
+                   std::string(m[2]) + " (nothing read from storage)") != std::string::npos);
   const std::string dir = h.dir();
   const std::string c_rank2 = ReadFile(dir + "/C_out/rank2.txt");
   const std::string s_rank2 = ReadFile(dir + "/S_out/rank2.txt");
