@@ -204,6 +204,19 @@ TEST_CASE("checkpoint memory: three slots with replicas, the count in the header
   CHECK(c[1].step == 7);
   CHECK(c[1].generation == 1);
   CHECK_FALSE(mem.Seed(0, 9, 0, 2, "x", 3).ok());  // no slot 3
+  // Written in place, slot 0 clears only its own record (a restore clears
+  // the memory first and fills the newest slot first).
+  auto older = mem.BeginSeed(0, 5, 0);
+  REQUIRE(older.ok());
+  c = mem.Committed(0);
+  REQUIRE(c.size() == 1);
+  CHECK(c[0].step == 8);
+  std::memcpy(older->data(), "older", 5);
+  REQUIRE(older->Commit(6, 0, 2, 0, layout::kChecksumCrc32c).ok());
+  c = mem.Committed(0);
+  REQUIRE(c.size() == 2);
+  CHECK(c[0].step == 8);
+  CHECK(c[1].step == 6);
 }
 
 TEST_CASE("checkpoint memory: the spawn inherits the descriptor and its variables", "[unit]") {
