@@ -140,7 +140,7 @@ std::string HkdfSha256(std::string_view ikm, std::string_view salt, std::string_
 ChannelKeys DeriveChannelKeys(std::string_view token, std::string_view job_id,
                               std::string_view shared_secret, const Transcript& transcript) {
   // Every part has a fixed size but the token, which comes last.
-  const std::string ikm = std::string(shared_secret) + std::string(token);
+  std::string ikm = std::string(shared_secret) + std::string(token);
   const std::string salt = transcript.server_nonce + transcript.client_nonce +
                            transcript.server_public + transcript.client_public;
   auto key = [&](std::string_view direction) {
@@ -149,7 +149,9 @@ ChannelKeys DeriveChannelKeys(std::string_view token, std::string_view job_id,
     info += job_id;
     return HkdfSha256(ikm, salt, info, kKeyBytes);
   };
-  return ChannelKeys{key("client->server"), key("server->client")};
+  ChannelKeys keys{key("client->server"), key("server->client")};
+  Wipe(&ikm);
+  return keys;
 }
 
 void Wipe(std::string* secret) {
