@@ -7,10 +7,14 @@
 // memory to its successor; with --ckpt_encrypt, nothing crosses in the clear (a relay
 // reads the wire), an altered record is refused, and ends of different settings refuse each other;
 // an X25519 public key altered on the way is refused by name, and a recorded connection does not
-// open with the job's token (forward secrecy).
+// open with the job's token (forward secrecy); a receiving node without libcrypto (a child
+// process) refuses in one line naming the fix.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -651,6 +655,99 @@ TEST_CASE(
     char* p = copy.data() + replica::kRecordHeaderBytes;
     CHECK(absl::IsDataLoss((*opener)->Open(copy.data(), p, *n, p + *n)));
   }
+}
+
+// Run by the case below in a fresh process whose LoadCipherLibrary finds no
+// libcrypto (kEnvTestCryptoLibrary): an encrypting server; prints its
+// endpoint, serves until its stdin ends, then prints the lines it logged.
+TEST_CASE("child process: an encrypting replica server without libcrypto",
+          "[.][replica_nocrypto_child]") {
+  Lines lines;
+  auto server = Serve(lines, 1 << 20, nullptr, true);
+  std::printf("ENDPOINT:%s\n", server->endpoint().c_str());
+  std::fflush(stdout);
+  char c;
+  while (::read(STDIN_FILENO, &c, 1) > 0) {
+  }
+  // The refusal is logged after its reply was sent.
+  (void)Eventually([&] {
+    for (const std::string& line : lines.Get()) {
+      if (line.find("refusing every replica") != std::string::npos) return true;
+    }
+    return false;
+  });
+  for (const std::string& line : lines.Get()) std::printf("LOG:%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+TEST_CASE(
+    "replica service: a receiving node without libcrypto refuses in one line naming the fix; "
+    "its challenge's key is zeros and the sender is told the same line",
+    "[integration][replica][security]") {
+  int out[2], in[2];
+  REQUIRE(::pipe(out) == 0);
+  REQUIRE(::pipe(in) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::setenv(replica::kEnvTestCryptoLibrary, "libcrypto-not-here.so.3", 1);
+    ::dup2(out[1], STDOUT_FILENO);
+    ::dup2(in[0], STDIN_FILENO);
+    ::close(out[0]);
+    ::close(in[1]);
+    ::execl("/proc/self/exe", "integration_tests", "[replica_nocrypto_child]", nullptr);
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  ::close(in[0]);
+  // Reads the child's output until `what` is in it, it ends, or 10 s pass
+  // without a byte.
+  std::string got;
+  auto read_until = [&](const std::string& what) {
+    pollfd p{out[0], POLLIN, 0};
+    while (got.find(what) == std::string::npos && ::poll(&p, 1, 10000) > 0) {
+      char buf[4096];
+      const ssize_t r = ::read(out[0], buf, sizeof buf);
+      if (r <= 0) break;
+      got.append(buf, static_cast<std::size_t>(r));
+    }
+  };
+  read_until("\n");
+  const std::size_t at = got.find("ENDPOINT:");
+  absl::Status st = absl::UnknownError("the child printed no endpoint");
+  std::string challenge;
+  if (at != std::string::npos) {
+    const std::string endpoint = got.substr(at + 9, got.find('\n', at) - at - 9);
+    const int fd = Connect(PortOf(endpoint));
+    challenge = ReadUpTo(fd, replica::kChallengeBytes + replica::kChallengeKeyBytes);
+    ::close(fd);
+    const std::vector<std::string> data{"a", "b"};
+    st = PutAll(endpoint, PutOf(data), data, true);
+  }
+  ::close(in[1]);  // the child prints its lines and ends
+  read_until("libcrypto-not-here.so.3 (");
+  ::close(out[0]);
+  int status = 0;
+  const bool ended = Eventually([&] { return ::waitpid(pid, &status, WNOHANG) == pid; });
+  if (!ended) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+  }
+  INFO(got);
+  REQUIRE(challenge.size() == replica::kChallengeBytes + replica::kChallengeKeyBytes);
+  bool encrypt = false;
+  CHECK(replica::ParseChallenge(challenge.substr(0, replica::kChallengeBytes), &encrypt).ok());
+  CHECK(encrypt);
+  CHECK(challenge.substr(replica::kChallengeBytes) ==
+        std::string(replica::kChallengeKeyBytes, '\0'));
+  REQUIRE(absl::IsFailedPrecondition(st));
+  const std::string msg(st.message());
+  CHECK(msg.rfind("[job job1 round 2] --ckpt_encrypt: cannot load libcrypto-not-here.so.3 (", 0) ==
+        0);
+  CHECK(msg.find("install OpenSSL 3's library (Debian and Ubuntu: libssl3) on this node, or run "
+                 "the job with --ckpt_encrypt 0") != std::string::npos);
+  CHECK(got.find("LOG:--ckpt_replicas: refusing every replica: --ckpt_encrypt: cannot load "
+                 "libcrypto-not-here.so.3") != std::string::npos);
 }
 
 }  // namespace
