@@ -16,10 +16,15 @@
 // --encrypt 0|1 (default: the job's default, --ckpt_encrypt) sends every
 // connection in plaintext or in AES-256-GCM records (docs/security.md);
 // encrypted, it first prints the record layer's own speed on one core.
+// Then the cost of a connection: the median of H puts of one byte per rank
+// (connect, handshake, request, reply), and encrypted, the X25519 exchange's
+// own work.
 //
 // Usage: replica_bench [--mib N (256)] [--ranks R (2)] [--reps K (5)] [--crc32 0|1]
-//                      [--encrypt 0|1]
+//                      [--encrypt 0|1] [--handshakes H (200)]
 // Prints the median of K runs of each in GB/s (10^9 bytes per second).
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -44,6 +49,14 @@ using ddprun::agent::replica::Op;
 using ddprun::agent::replica::Seat;
 using Clock = std::chrono::steady_clock;
 
+// User and system CPU seconds of this process (all its threads).
+double ProcessCpuSeconds() {
+  rusage ru{};
+  ::getrusage(RUSAGE_SELF, &ru);
+  auto s = [](const timeval& tv) { return tv.tv_sec + tv.tv_usec / 1e6; };
+  return s(ru.ru_utime) + s(ru.ru_stime);
+}
+
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -67,7 +80,7 @@ std::unique_ptr<ReplicaService> Service(std::uint64_t limit, CheckpointMemory* m
 
 int main(int argc, char** argv) {
   std::uint64_t mib = 256;
-  int ranks = 2, reps = 5;
+  int ranks = 2, reps = 5, handshakes = 200;
   bool zlib_crc = false;
   bool encrypt = ReplicaService::Options{}.encrypt;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -76,6 +89,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--crc32")) zlib_crc = std::atoi(argv[i + 1]) != 0;
     if (!std::strcmp(argv[i], "--encrypt")) encrypt = std::atoi(argv[i + 1]) != 0;
+    if (!std::strcmp(argv[i], "--handshakes")) handshakes = std::atoi(argv[i + 1]);
   }
   const std::uint64_t bytes = mib << 20;
   const double total = static_cast<double>(bytes) * ranks;
@@ -107,7 +121,15 @@ int main(int argc, char** argv) {
     // The record layer alone on one core, no sockets: what each end's
     // AES-256-GCM costs.
     namespace rc = ddprun::agent::replica;
-    const rc::ChannelKeys keys = rc::DeriveChannelKeys("tok", "bench", "nonce-s", "nonce-c");
+    auto a = rc::KeyExchange::Create();
+    auto b = rc::KeyExchange::Create();
+    if (!a.ok() || !b.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(a.status().message()).c_str());
+      return 1;
+    }
+    const rc::Transcript t{"nonce-s", "nonce-c", (*b)->public_key(), (*a)->public_key()};
+    const rc::ChannelKeys keys =
+        rc::DeriveChannelKeys("tok", "bench", *(*a)->SharedSecret((*b)->public_key()), t);
     auto sealer = rc::RecordSealer::Create(keys.client_to_server);
     auto opener = rc::RecordOpener::Create(keys.client_to_server);
     if (!sealer.ok() || !opener.ok()) {
@@ -130,6 +152,57 @@ int main(int argc, char** argv) {
     std::printf("record layer, one core, %llu MiB: seal %.2f GB/s, open %.2f GB/s\n",
                 static_cast<unsigned long long>(mib), d.size() / seal_s / 1e9,
                 d.size() / open_s / 1e9);
+  }
+
+  {
+    // The handshake, per connection: a put of one byte per rank (connect,
+    // handshake, request, reply), `handshakes` times, to a seat of its own;
+    // encrypted, first the X25519 work alone (what both ends add: two key
+    // pairs and two shared secrets).
+    namespace rc = ddprun::agent::replica;
+    std::vector<double> x25519_us, put_us;
+    for (int i = 0; encrypt && i < handshakes; ++i) {
+      const auto t0 = Clock::now();
+      auto a = rc::KeyExchange::Create();
+      auto b = rc::KeyExchange::Create();
+      if (!a.ok() || !b.ok() || !(*a)->SharedSecret((*b)->public_key()).ok() ||
+          !(*b)->SharedSecret((*a)->public_key()).ok()) {
+        return 1;
+      }
+      x25519_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    }
+    Header small = h;
+    small.seat = Seat{ranks, ranks, 2 * ranks};
+    small.sizes.assign(static_cast<std::size_t>(ranks), 1);
+    small.crcs.clear();
+    for (int j = 0; j < ranks; ++j) {
+      small.crcs.push_back(ddprun::checkpoint_checksum::SnapshotChecksum(small.kinds[0], "x", 1));
+    }
+    const std::vector<std::string_view> one(static_cast<std::size_t>(ranks), "x");
+    const double cpu0 = ProcessCpuSeconds();
+    for (int i = 0; i < handshakes; ++i) {
+      small.step = i;
+      const auto t0 = Clock::now();
+      if (absl::Status st = ReplicaService::Put(receiver->endpoint(), small, one,
+                                                Clock::now() + std::chrono::seconds(10), encrypt);
+          !st.ok()) {
+        std::fprintf(stderr, "put of one byte: %s\n", std::string(st.message()).c_str());
+        return 1;
+      }
+      put_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    }
+    if (handshakes > 0) {
+      // Both ends run in this process: its CPU time is theirs together.
+      const double cpu_us = (ProcessCpuSeconds() - cpu0) / handshakes * 1e6;
+      std::printf(
+          "one connection (put of 1 byte x %d ranks), median of %d: %.0f us, CPU of both ends "
+          "%.0f us%s\n",
+          ranks, handshakes, Median(put_us), cpu_us, encrypt ? "" : " (plaintext)");
+    }
+    if (!x25519_us.empty()) {
+      std::printf("  of which X25519, both ends (2 key pairs, 2 shared secrets): %.0f us\n",
+                  Median(x25519_us));
+    }
   }
 
   std::vector<double> put, sender, fetch;

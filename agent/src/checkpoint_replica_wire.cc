@@ -71,9 +71,12 @@ std::string NewNonce() {
   return n;
 }
 
-std::string EncodeChallenge(std::string_view server_nonce, bool encrypt) {
-  return std::string(encrypt ? kChallengeMagicEncrypted : kChallengeMagic, 8) +
-         std::string(server_nonce);
+std::string EncodeChallenge(std::string_view server_nonce, bool encrypt,
+                            std::string_view server_public) {
+  std::string out = std::string(encrypt ? kChallengeMagicEncrypted : kChallengeMagic, 8) +
+                    std::string(server_nonce);
+  if (encrypt) out += server_public;
+  return out;
 }
 
 absl::StatusOr<std::string> ParseChallenge(std::string_view bytes, bool* encrypt) {
@@ -84,6 +87,10 @@ absl::StatusOr<std::string> ParseChallenge(std::string_view bytes, bool* encrypt
     *encrypt = false;
   } else if (std::memcmp(bytes.data(), kChallengeMagicEncrypted, 8) == 0) {
     *encrypt = true;
+  } else if (std::memcmp(bytes.data(), kChallengeMagicEncryptedOlder, 8) == 0) {
+    return absl::InvalidArgumentError(
+        "an older ddprun's replica server (it encrypts without the X25519 exchange); run the "
+        "same ddprun on every node");
   } else {
     return absl::InvalidArgumentError("not a ddprun replica server (no challenge)");
   }
@@ -100,6 +107,27 @@ std::string Proof(std::string_view role, std::string_view token, std::string_vie
   if (encrypt) PutString(&msg, "aes-256-gcm");
   const rendezvous::Sha256Digest mac = rendezvous::HmacSha256(token, msg);
   return std::string(reinterpret_cast<const char*>(mac.data()), mac.size());
+}
+
+std::string KeyProof(std::string_view role, std::string_view token, std::string_view job_id,
+                     const Transcript& t) {
+  std::string msg = "ddprun replica x25519 " + std::string(role);
+  msg.push_back('\0');
+  PutString(&msg, job_id);
+  PutString(&msg, t.server_nonce);
+  PutString(&msg, t.client_nonce);
+  PutString(&msg, t.server_public);
+  PutString(&msg, t.client_public);
+  const rendezvous::Sha256Digest mac = rendezvous::HmacSha256(token, msg);
+  return std::string(reinterpret_cast<const char*>(mac.data()), mac.size());
+}
+
+std::string KeyExchangeAltered(std::string_view client, std::string_view server) {
+  return absl::StrCat(
+      "the X25519 key exchange between ", std::string(client), " and ", std::string(server),
+      " was altered on the way (the public keys that arrived are not the ones the job's secret "
+      "proved: someone on the path changed them); the connection is refused and no request or "
+      "snapshot crossed it");
 }
 
 std::string EncodeHello(std::string_view client_nonce, std::string_view proof, bool encrypt) {

@@ -61,10 +61,11 @@ absl::Status ReadReply(replica::Channel& ch, ReplicaService::Clock::time_point d
 
 // The client's side of the handshake (checkpoint_replica_wire.h): proves
 // the job's secret and checks the server's proof before anything else is
-// sent, then (`encrypt`) encrypts the channel. A refusal is
-// FailedPrecondition with the server's line, as is a server that does not
-// encrypt when this end does or the other way round; a server without the
-// secret is PermissionDenied.
+// sent, then (`encrypt`) encrypts the channel under keys from this
+// connection's X25519 exchange. A refusal is FailedPrecondition with the
+// server's line, as is a server that does not encrypt when this end does or
+// the other way round; a server without the secret, or whose key proof does
+// not hold (the exchange altered on the way), is PermissionDenied.
 absl::Status ProveToServer(replica::Channel& ch, const std::string& endpoint,
                            const std::string& job_id, const std::string& token, bool encrypt,
                            ReplicaService::Clock::time_point deadline) {
@@ -77,17 +78,35 @@ absl::Status ProveToServer(replica::Channel& ch, const std::string& endpoint,
     return absl::PermissionDeniedError(
         absl::StrCat(endpoint, " is ", server_nonce.status().message()));
   }
-  const std::string client_nonce = replica::NewNonce();
-  const std::string hello = replica::EncodeHello(
-      client_nonce, replica::Proof("client", token, job_id, *server_nonce, client_nonce, encrypt),
-      encrypt);
+  replica::Transcript t;
+  t.server_nonce = *server_nonce;
+  t.client_nonce = replica::NewNonce();
+  if (server_encrypts) {  // read whatever this end does, to answer in step
+    t.server_public.resize(replica::kChallengeKeyBytes);
+    if (absl::Status st = ch.Recv(t.server_public.data(), t.server_public.size(), deadline);
+        !st.ok()) {
+      return st;
+    }
+  }
+  std::unique_ptr<replica::KeyExchange> kx;
+  if (encrypt) {
+    auto made = replica::KeyExchange::Create();
+    if (!made.ok()) return absl::UnavailableError(made.status().message());
+    kx = *std::move(made);
+    t.client_public = kx->public_key();
+  }
+  std::string hello = replica::EncodeHello(
+      t.client_nonce,
+      replica::Proof("client", token, job_id, t.server_nonce, t.client_nonce, encrypt), encrypt);
+  if (encrypt) hello += t.client_public + replica::KeyProof("client", token, job_id, t);
   if (absl::Status st = ch.Send(hello, deadline); !st.ok()) return st;
-  // A server of the other setting refuses (its line names both).
+  // A server of the other setting refuses (its line names both), as does
+  // one that saw other public keys than this end's proof covers.
   if (absl::Status st = ReadReply(ch, deadline); !st.ok()) return st;
   char proof[replica::kProofBytes];
   if (absl::Status st = ch.Recv(proof, sizeof proof, deadline); !st.ok()) return st;
   if (!replica::ProofHolds(
-          replica::Proof("server", token, job_id, *server_nonce, client_nonce, server_encrypts),
+          replica::Proof("server", token, job_id, t.server_nonce, t.client_nonce, server_encrypts),
           std::string_view(proof, sizeof proof))) {
     return absl::PermissionDeniedError(
         absl::StrCat(endpoint, " did not prove this job's secret (not an agent of job ", job_id,
@@ -99,9 +118,22 @@ absl::Status ProveToServer(replica::Channel& ch, const std::string& endpoint,
                                              : replica::EncryptionMismatch("this node", endpoint));
   }
   if (!encrypt) return absl::OkStatus();
-  const replica::ChannelKeys keys =
-      replica::DeriveChannelKeys(token, job_id, *server_nonce, client_nonce);
-  return ch.Encrypt(keys.client_to_server, keys.server_to_client);
+  if (absl::Status st = ch.Recv(proof, sizeof proof, deadline); !st.ok()) return st;
+  if (!replica::ProofHolds(replica::KeyProof("server", token, job_id, t),
+                           std::string_view(proof, sizeof proof))) {
+    return absl::PermissionDeniedError(replica::KeyExchangeAltered("this node", endpoint));
+  }
+  auto secret = kx->SharedSecret(t.server_public);
+  if (!secret.ok()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(endpoint, " sent ", secret.status().message(), "; nothing was sent to it"));
+  }
+  replica::ChannelKeys keys = replica::DeriveChannelKeys(token, job_id, *secret, t);
+  const absl::Status st = ch.Encrypt(keys.client_to_server, keys.server_to_client);
+  replica::Wipe(&*secret);
+  replica::Wipe(&keys.client_to_server);
+  replica::Wipe(&keys.server_to_client);
+  return st;
 }
 
 // Connects to `endpoint` and proves the job's secret (ProveToServer).
@@ -301,9 +333,21 @@ void ReplicaService::Serve(int fd, std::string peer, std::uint64_t id) {
   };
   // The handshake (checkpoint_replica_wire.h): nothing is read or held for
   // a peer that does not prove the job's secret.
-  const std::string server_nonce = replica::NewNonce();
+  // Encrypting, this connection's X25519 key pair: without libcrypto the
+  // challenge carries zeros and the client is refused below with the line
+  // that names the fix (kx's status).
+  replica::Transcript t;
+  t.server_nonce = replica::NewNonce();
   const bool encrypt = options_.encrypt;
-  if (absl::Status st = ch.Send(replica::EncodeChallenge(server_nonce, encrypt), header_deadline);
+  absl::StatusOr<std::unique_ptr<replica::KeyExchange>> kx =
+      encrypt ? replica::KeyExchange::Create()
+              : absl::StatusOr<std::unique_ptr<replica::KeyExchange>>(nullptr);
+  if (encrypt) {
+    t.server_public =
+        kx.ok() ? (*kx)->public_key() : std::string(replica::kChallengeKeyBytes, '\0');
+  }
+  if (absl::Status st = ch.Send(replica::EncodeChallenge(t.server_nonce, encrypt, t.server_public),
+                                header_deadline);
       !st.ok()) {
     refuse(std::string(st.message()), false);
     return done();
@@ -313,21 +357,31 @@ void ReplicaService::Serve(int fd, std::string peer, std::uint64_t id) {
     refuse(std::string(st.message()), false);
     return done();
   }
-  std::string client_nonce, proof;
+  std::string proof;
   bool client_encrypts = false;
-  if (absl::Status st = replica::ParseHello(std::string_view(hello, sizeof hello), &client_nonce,
+  if (absl::Status st = replica::ParseHello(std::string_view(hello, sizeof hello), &t.client_nonce,
                                             &proof, &client_encrypts);
       !st.ok()) {
     refuse(std::string(st.message()), false);
     return done();
+  }
+  std::string key_proof;
+  if (client_encrypts) {  // read whatever this end does, to answer in step
+    std::string key_part(replica::kHelloKeyBytes, '\0');
+    if (absl::Status st = ch.Recv(key_part.data(), key_part.size(), header_deadline); !st.ok()) {
+      refuse(std::string(st.message()), false);
+      return done();
+    }
+    t.client_public = key_part.substr(0, replica::kPublicKeyBytes);
+    key_proof = key_part.substr(replica::kPublicKeyBytes);
   }
   if (token.empty()) {  // before this node's first round (SetRound)
     (void)ch.Send(replica::EncodeReply(false, absl::StrCat(fence, "this node is in no round yet")),
                   header_deadline);
     return done();
   }
-  if (!replica::ProofHolds(replica::Proof("client", token, options_.job_id, server_nonce,
-                                          client_nonce, client_encrypts),
+  if (!replica::ProofHolds(replica::Proof("client", token, options_.job_id, t.server_nonce,
+                                          t.client_nonce, client_encrypts),
                            proof)) {
     const std::string why =
         absl::StrCat(fence, "not an agent of this job (it did not prove the job's secret)");
@@ -344,35 +398,55 @@ void ReplicaService::Serve(int fd, std::string peer, std::uint64_t id) {
     keyed = absl::FailedPreconditionError(encrypt ? replica::EncryptionMismatch(peer, endpoint_)
                                                   : replica::EncryptionMismatch(endpoint_, peer));
   } else if (encrypt) {
-    keyed = replica::LoadCipherLibrary();  // its line names the fix
+    keyed = kx.status();  // without libcrypto, its line names the fix
     if (!keyed.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
       first_no_cipher = !said_no_cipher_;
       said_no_cipher_ = true;
     }
   }
+  // The public keys that arrived must be the ones the client proved: else
+  // someone on the path substituted theirs (checkpoint_replica_wire.h).
+  absl::StatusOr<std::string> secret = absl::InternalError("");
+  if (keyed.ok() && encrypt) {
+    if (!replica::ProofHolds(replica::KeyProof("client", token, options_.job_id, t), key_proof)) {
+      const std::string why = replica::KeyExchangeAltered(peer, endpoint_);
+      (void)ch.Send(replica::EncodeReply(false, absl::StrCat(fence, why)), header_deadline);
+      LogLimited(absl::StrCat("--ckpt_replicas: refused a connection from ", peer, ": ", why));
+      return done();
+    }
+    secret = (*kx)->SharedSecret(t.client_public);
+    if (!secret.ok()) {
+      keyed = absl::InvalidArgumentError(
+          absl::StrCat(peer, " sent ", secret.status().message(), "; the connection is refused"));
+    }
+  }
   if (!keyed.ok()) {
     (void)ch.Send(replica::EncodeReply(false, absl::StrCat(fence, keyed.message())),
                   header_deadline);
-    if (client_encrypts != encrypt) {
+    if (client_encrypts != encrypt || absl::IsInvalidArgument(keyed)) {
       LogLimited(absl::StrCat("--ckpt_replicas: refused a connection: ", keyed.message()));
     } else if (first_no_cipher) {  // the same every time: said once
       log_(absl::StrCat("--ckpt_replicas: refusing every replica: ", keyed.message()));
     }
     return done();
   }
-  if (absl::Status st = ch.Send(
-          replica::EncodeReply(true, "") +
-              replica::Proof("server", token, options_.job_id, server_nonce, client_nonce, encrypt),
-          header_deadline);
-      !st.ok()) {
+  std::string accept =
+      replica::EncodeReply(true, "") +
+      replica::Proof("server", token, options_.job_id, t.server_nonce, t.client_nonce, encrypt);
+  if (encrypt) accept += replica::KeyProof("server", token, options_.job_id, t);
+  if (absl::Status st = ch.Send(accept, header_deadline); !st.ok()) {
     refuse(std::string(st.message()), false);
     return done();
   }
   if (encrypt) {
-    const replica::ChannelKeys keys =
-        replica::DeriveChannelKeys(token, options_.job_id, server_nonce, client_nonce);
-    if (absl::Status st = ch.Encrypt(keys.server_to_client, keys.client_to_server); !st.ok()) {
+    replica::ChannelKeys keys = replica::DeriveChannelKeys(token, options_.job_id, *secret, t);
+    const absl::Status st = ch.Encrypt(keys.server_to_client, keys.client_to_server);
+    kx->reset();  // the private key goes now, not with the connection
+    replica::Wipe(&*secret);
+    replica::Wipe(&keys.client_to_server);
+    replica::Wipe(&keys.server_to_client);
+    if (!st.ok()) {
       refuse(std::string(st.message()), false);
       return done();
     }

@@ -19,7 +19,6 @@ absl::Status Channel::Encrypt(std::string_view send_key, std::string_view recv_k
   if (!opener.ok()) return opener.status();
   sealer_ = *std::move(sealer);
   opener_ = *std::move(opener);
-  out_.resize(kRecordHeaderBytes + kMaxRecordBytes + kTagBytes);
   return absl::OkStatus();
 }
 
@@ -27,6 +26,11 @@ absl::Status Channel::Send(std::string_view data, TimePoint deadline) {
   if (!encrypted()) return net::SendAll(fd_.get(), data, deadline);
   for (std::size_t at = 0; at < data.size();) {
     const std::size_t n = std::min<std::size_t>(kMaxRecordBytes, data.size() - at);
+    // Grown to the largest record sent yet: a connection of small messages
+    // (a handshake's reply, a refusal) never touches a whole record's room.
+    if (out_.size() < kRecordHeaderBytes + n + kTagBytes) {
+      out_.resize(kRecordHeaderBytes + n + kTagBytes);
+    }
     if (absl::Status st = sealer_->Seal(data.data() + at, n, out_.data()); !st.ok()) return st;
     const std::string_view record(out_.data(), kRecordHeaderBytes + n + kTagBytes);
     if (absl::Status st = net::SendAll(fd_.get(), record, deadline); !st.ok()) return st;

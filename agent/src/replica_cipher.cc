@@ -27,9 +27,23 @@ struct Evp {
   int (*encrypt_final)(void*, unsigned char*, int*);
   int (*decrypt_final)(void*, unsigned char*, int*);
   int (*ctx_ctrl)(void*, int, int, void*);
+  // X25519 (EVP_PKEY).
+  void* (*pkey_ctx_new_id)(int, void*);
+  void* (*pkey_ctx_new)(void*, void*);
+  void (*pkey_ctx_free)(void*);
+  int (*keygen_init)(void*);
+  int (*keygen)(void*, void**);
+  void* (*new_raw_public_key)(int, void*, const unsigned char*, std::size_t);
+  void* (*new_raw_private_key)(int, void*, const unsigned char*, std::size_t);
+  int (*get_raw_public_key)(const void*, unsigned char*, std::size_t*);
+  int (*derive_init)(void*);
+  int (*derive_set_peer)(void*, void*);
+  int (*derive)(void*, unsigned char*, std::size_t*);
+  void (*pkey_free)(void*);
 };
 constexpr int kCtrlGcmGetTag = 0x10;  // EVP_CTRL_GCM_GET_TAG
 constexpr int kCtrlGcmSetTag = 0x11;  // EVP_CTRL_GCM_SET_TAG
+constexpr int kPkeyX25519 = 1034;     // EVP_PKEY_X25519 (NID_X25519)
 
 std::once_flag g_once;
 Evp g_evp;
@@ -71,6 +85,18 @@ void Load() {
   sym(&g_evp.encrypt_final, "EVP_EncryptFinal_ex");
   sym(&g_evp.decrypt_final, "EVP_DecryptFinal_ex");
   sym(&g_evp.ctx_ctrl, "EVP_CIPHER_CTX_ctrl");
+  sym(&g_evp.pkey_ctx_new_id, "EVP_PKEY_CTX_new_id");
+  sym(&g_evp.pkey_ctx_new, "EVP_PKEY_CTX_new");
+  sym(&g_evp.pkey_ctx_free, "EVP_PKEY_CTX_free");
+  sym(&g_evp.keygen_init, "EVP_PKEY_keygen_init");
+  sym(&g_evp.keygen, "EVP_PKEY_keygen");
+  sym(&g_evp.new_raw_public_key, "EVP_PKEY_new_raw_public_key");
+  sym(&g_evp.new_raw_private_key, "EVP_PKEY_new_raw_private_key");
+  sym(&g_evp.get_raw_public_key, "EVP_PKEY_get_raw_public_key");
+  sym(&g_evp.derive_init, "EVP_PKEY_derive_init");
+  sym(&g_evp.derive_set_peer, "EVP_PKEY_derive_set_peer");
+  sym(&g_evp.derive, "EVP_PKEY_derive");
+  sym(&g_evp.pkey_free, "EVP_PKEY_free");
   if (missing) {
     status = absl::FailedPreconditionError(
         absl::StrCat("--ckpt_encrypt: ", file, " has no ", which, " (not OpenSSL 3); ", fix));
@@ -112,15 +138,99 @@ std::string HkdfSha256(std::string_view ikm, std::string_view salt, std::string_
 }
 
 ChannelKeys DeriveChannelKeys(std::string_view token, std::string_view job_id,
-                              std::string_view server_nonce, std::string_view client_nonce) {
-  const std::string salt = std::string(server_nonce) + std::string(client_nonce);
+                              std::string_view shared_secret, const Transcript& transcript) {
+  // Every part has a fixed size but the token, which comes last.
+  std::string ikm = std::string(shared_secret) + std::string(token);
+  const std::string salt = transcript.server_nonce + transcript.client_nonce +
+                           transcript.server_public + transcript.client_public;
   auto key = [&](std::string_view direction) {
-    std::string info = absl::StrCat("ddprun replica aes-256-gcm ", std::string(direction));
+    std::string info = absl::StrCat("ddprun replica x25519 aes-256-gcm ", std::string(direction));
     info.push_back('\0');
     info += job_id;
-    return HkdfSha256(token, salt, info, kKeyBytes);
+    return HkdfSha256(ikm, salt, info, kKeyBytes);
   };
-  return ChannelKeys{key("client->server"), key("server->client")};
+  ChannelKeys keys{key("client->server"), key("server->client")};
+  Wipe(&ikm);
+  return keys;
+}
+
+void Wipe(std::string* secret) {
+  volatile char* p = secret->data();
+  for (std::size_t i = 0; i < secret->size(); ++i) p[i] = 0;
+}
+
+// ------------------------------------------------------------------ X25519
+
+namespace {
+
+// The public half of `pkey` (kPublicKeyBytes), or "" when libcrypto fails.
+std::string RawPublicKey(void* pkey) {
+  std::string out(kPublicKeyBytes, '\0');
+  std::size_t len = out.size();
+  if (g_evp.get_raw_public_key(pkey, U(out.data()), &len) != 1 || len != kPublicKeyBytes) {
+    return "";
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<KeyExchange>> KeyExchange::Create() {
+  if (absl::Status st = LoadCipherLibrary(); !st.ok()) return st;
+  void* ctx = g_evp.pkey_ctx_new_id(kPkeyX25519, nullptr);
+  void* pkey = nullptr;
+  const bool made = ctx != nullptr && g_evp.keygen_init(ctx) == 1 &&
+                    g_evp.keygen(ctx, &pkey) == 1 && pkey != nullptr;
+  if (ctx != nullptr) g_evp.pkey_ctx_free(ctx);
+  if (!made) return absl::InternalError("X25519 key generation failed in libcrypto");
+  std::string pub = RawPublicKey(pkey);
+  auto kx = std::unique_ptr<KeyExchange>(new KeyExchange(pkey, std::move(pub)));
+  if (kx->public_key_.empty()) return absl::InternalError("X25519 public key export failed");
+  return kx;
+}
+
+absl::StatusOr<std::unique_ptr<KeyExchange>> KeyExchange::FromPrivateKey(
+    std::string_view private_key) {
+  if (absl::Status st = LoadCipherLibrary(); !st.ok()) return st;
+  if (private_key.size() != kPublicKeyBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("an X25519 private key of ", private_key.size(),
+                                                   " bytes (", kPublicKeyBytes, " needed)"));
+  }
+  void* pkey =
+      g_evp.new_raw_private_key(kPkeyX25519, nullptr, U(private_key.data()), private_key.size());
+  if (pkey == nullptr) return absl::InternalError("X25519 private key import failed");
+  std::string pub = RawPublicKey(pkey);
+  auto kx = std::unique_ptr<KeyExchange>(new KeyExchange(pkey, std::move(pub)));
+  if (kx->public_key_.empty()) return absl::InternalError("X25519 public key export failed");
+  return kx;
+}
+
+KeyExchange::~KeyExchange() {
+  if (pkey_ != nullptr) g_evp.pkey_free(pkey_);
+}
+
+absl::StatusOr<std::string> KeyExchange::SharedSecret(std::string_view peer_public) const {
+  if (peer_public.size() != kPublicKeyBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("an X25519 public key of ", peer_public.size(),
+                                                   " bytes (", kPublicKeyBytes, " needed)"));
+  }
+  void* peer =
+      g_evp.new_raw_public_key(kPkeyX25519, nullptr, U(peer_public.data()), peer_public.size());
+  if (peer == nullptr) return absl::InvalidArgumentError("an X25519 public key libcrypto refuses");
+  void* ctx = g_evp.pkey_ctx_new(pkey_, nullptr);
+  std::string secret(kSharedSecretBytes, '\0');
+  std::size_t len = secret.size();
+  // libcrypto refuses a peer key whose secret is all zeros (RFC 7748, 6.1).
+  const bool derived = ctx != nullptr && g_evp.derive_init(ctx) == 1 &&
+                       g_evp.derive_set_peer(ctx, peer) == 1 &&
+                       g_evp.derive(ctx, U(secret.data()), &len) == 1 && len == kSharedSecretBytes;
+  if (ctx != nullptr) g_evp.pkey_ctx_free(ctx);
+  g_evp.pkey_free(peer);
+  if (!derived || secret == std::string(kSharedSecretBytes, '\0')) {
+    return absl::InvalidArgumentError(
+        "an X25519 public key that gives no shared secret (a low-order point)");
+  }
+  return secret;
 }
 
 // ------------------------------------------------------------------ GCM

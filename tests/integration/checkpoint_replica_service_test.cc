@@ -5,10 +5,16 @@
 // is refused in one line; garbage connections are dropped with at most one line a second and the
 // server goes on; the sender thread streams a node's newest committed step from its checkpoint
 // memory to its successor; with --ckpt_encrypt, nothing crosses in the clear (a relay
-// reads the wire), an altered record is refused, and ends of different settings refuse each other.
+// reads the wire), an altered record is refused, and ends of different settings refuse each other;
+// an X25519 public key altered on the way is refused by name, and a recorded connection does not
+// open with the job's token (forward secrecy); a receiving node without libcrypto (a child
+// process) refuses in one line naming the fix.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -21,6 +27,7 @@
 
 #include "ddprun/agent/checkpoint_memory.h"
 #include "ddprun/agent/checkpoint_replicas.h"
+#include "ddprun/agent/replica_cipher.h"
 
 namespace ddprun::agent {
 namespace {
@@ -220,8 +227,9 @@ TEST_CASE(
   const std::string challenge = ReadUpTo(fd, replica::kChallengeBytes);
   bool encrypt = false;
   REQUIRE(replica::ParseChallenge(challenge, &encrypt).ok());
-  const std::string forged =
-      replica::EncodeHello(replica::NewNonce(), std::string(32, 'f'), encrypt);
+  if (encrypt) REQUIRE(ReadUpTo(fd, replica::kChallengeKeyBytes).size() == 32);
+  std::string forged = replica::EncodeHello(replica::NewNonce(), std::string(32, 'f'), encrypt);
+  if (encrypt) forged += std::string(replica::kHelloKeyBytes, 'k');  // a key and its proof
   Header h = PutOf({"forged", "forged"}, 9);
   const std::string request = forged + replica::EncodeRequest(h) + "forgedforged";
   REQUIRE(::write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size()));
@@ -268,14 +276,17 @@ TEST_CASE("replica service: a server without the job's secret gets no snapshot",
   REQUIRE(::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len) == 0);
   const std::string endpoint = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
   std::string received;
+  // The client's hello: encrypting, its public key and key proof follow.
+  const std::size_t kHello = replica::kHelloBytes + (kEncrypt ? replica::kHelloKeyBytes : 0);
   std::thread forged([&] {
     const int c = ::accept(listener, nullptr, nullptr);
     if (c < 0) return;
     timeval tv{10, 0};
     ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    const std::string challenge = replica::EncodeChallenge(replica::NewNonce(), kEncrypt);
+    const std::string challenge = replica::EncodeChallenge(
+        replica::NewNonce(), kEncrypt, std::string(replica::kPublicKeyBytes, 'p'));
     (void)!::write(c, challenge.data(), challenge.size());
-    received = ReadUpTo(c, replica::kHelloBytes);
+    received = ReadUpTo(c, kHello);
     const std::string answer = replica::EncodeReply(true, "") + std::string(32, 's');
     (void)!::write(c, answer.data(), answer.size());
     received += ReadUpTo(c, 1 << 20);  // until the sender closes
@@ -290,9 +301,9 @@ TEST_CASE("replica service: a server without the job's secret gets no snapshot",
         endpoint +
             " did not prove this job's secret (not an agent of job job1); nothing was "
             "sent to it");
-  // It got the sender's hello (a nonce and a proof it cannot reuse), and no
-  // header, token or snapshot byte.
-  CHECK(received.size() == replica::kHelloBytes);
+  // It got the sender's hello (a nonce and proofs it cannot reuse, a public
+  // key), and no header, token or snapshot byte.
+  CHECK(received.size() == kHello);
   CHECK(received.find("tok") == std::string::npos);
   CHECK(received.find("secret snapshot") == std::string::npos);
 }
@@ -388,11 +399,12 @@ TEST_CASE("replica service: the sender streams the newest committed step to the 
 // A TCP relay in this process between replica clients and the service at
 // `target`: it copies each connection both ways and keeps every byte that
 // crossed; `flip_at` >= 0 flips one bit of that byte of each connection's
-// client-to-server stream (an attacker on the path).
+// client-to-server stream (`to_client`: server-to-client), an attacker on
+// the path.
 class Relay {
  public:
-  explicit Relay(const std::string& target, long flip_at = -1)
-      : target_port_(PortOf(target)), flip_at_(flip_at) {
+  explicit Relay(const std::string& target, long flip_at = -1, bool to_client = false)
+      : target_port_(PortOf(target)), flip_at_(flip_at), flip_to_client_(to_client) {
     listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
     REQUIRE(listener_ >= 0);
     sockaddr_in a{};
@@ -417,6 +429,11 @@ class Relay {
     std::lock_guard<std::mutex> lock(mu_);
     return seen_;
   }
+  // What crossed one way (every connection's, in the order they came).
+  std::string Seen(bool to_server) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return to_server ? to_server_ : to_client_;
+  }
 
  private:
   void AcceptLoop() {
@@ -426,12 +443,12 @@ class Relay {
       const int s = Connect(target_port_);
       timeval tv{10, 0};  // a pump never waits longer for a byte
       ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-      pumps_.emplace_back([this, c, s] { Pump(c, s, flip_at_); });
-      pumps_.emplace_back([this, c, s] { Pump(s, c, -1); });
+      pumps_.emplace_back([this, c, s] { Pump(c, s, flip_to_client_ ? -1 : flip_at_, true); });
+      pumps_.emplace_back([this, c, s] { Pump(s, c, flip_to_client_ ? flip_at_ : -1, false); });
     }
   }
   // Copies from -> to until the end of `from`, then ends `to`'s writes.
-  void Pump(int from, int to, long flip_at) {
+  void Pump(int from, int to, long flip_at, bool to_server) {
     char buf[1 << 16];
     long at = 0;
     for (;;) {
@@ -442,6 +459,7 @@ class Relay {
       {
         std::lock_guard<std::mutex> lock(mu_);
         seen_.append(buf, static_cast<std::size_t>(r));
+        (to_server ? to_server_ : to_client_).append(buf, static_cast<std::size_t>(r));
       }
       // MSG_NOSIGNAL: the server may close first (a record it refused), and
       // SIGPIPE would end the whole test program.
@@ -453,12 +471,14 @@ class Relay {
 
   int target_port_;
   long flip_at_;
+  bool flip_to_client_;
   int listener_ = -1;
   std::string endpoint_;
   std::thread accept_;
   std::vector<std::thread> pumps_;  // AcceptLoop's own until it returns
   std::mutex mu_;
   std::string seen_;
+  std::string to_server_, to_client_;
 };
 
 // A snapshot whose bytes are easy to find on the wire.
@@ -511,7 +531,8 @@ TEST_CASE(
   REQUIRE(PutAll(server->endpoint(), PutOf(data), data, true).ok());
   // One bit of the client's stream, past its hello: inside the snapshot's
   // records.
-  Relay relay(server->endpoint(), static_cast<long>(replica::kHelloBytes) + 5000);
+  Relay relay(server->endpoint(),
+              static_cast<long>(replica::kHelloBytes + replica::kHelloKeyBytes) + 5000);
   const std::vector<std::string> next{Pattern(100000), Pattern(100000)};
   CHECK_FALSE(PutAll(relay.endpoint(), PutOf(next, 6), next, true).ok());
   REQUIRE(Eventually([&] { return !lines.Get().empty(); }));
@@ -549,6 +570,184 @@ TEST_CASE(
   CHECK(lines.Get()[0].rfind("--ckpt_replicas: refused a connection: 127.0.0.1:", 0) == 0);
   // The same setting on both ends goes on.
   CHECK(PutAll(server->endpoint(), PutOf(data), data, server_encrypts).ok());
+}
+
+TEST_CASE(
+    "replica service: an X25519 public key altered on the way, either way, is refused in one line "
+    "naming both ends; nothing crosses and the held replica stays",
+    "[integration][replica][security]") {
+  const bool client_key = GENERATE(true, false);
+  INFO((client_key ? "the client's public key" : "the server's public key"));
+  Lines lines;
+  auto server = Serve(lines, 1 << 20, nullptr, true);
+  const std::vector<std::string> data{"rank two at step 5", "rank three at step 5"};
+  REQUIRE(PutAll(server->endpoint(), PutOf(data), data, true).ok());
+  // One bit of the client's public key (after its hello) or of the
+  // server's (after its challenge).
+  const long at = static_cast<long>(client_key ? replica::kHelloBytes : replica::kChallengeBytes);
+  std::string to_server;
+  absl::Status st;
+  {
+    Relay relay(server->endpoint(), at + 3, /*to_client=*/!client_key);
+    st = PutAll(relay.endpoint(), PutOf({"forged two", "forged three"}, 6),
+                {"forged two", "forged three"}, true);
+    to_server = relay.Seen(true);
+  }
+  REQUIRE(absl::IsFailedPrecondition(st));
+  const std::string msg(st.message());
+  INFO(msg);
+  CHECK(msg.rfind("[job job1 round 2] the X25519 key exchange between 127.0.0.1:", 0) == 0);
+  CHECK(msg.find(" and " + server->endpoint() + " was altered on the way") != std::string::npos);
+  CHECK(msg.find('\n') == std::string::npos);
+  REQUIRE(Eventually([&] { return !lines.Get().empty(); }));
+  const std::string line = lines.Get()[0];
+  CHECK(line.rfind("--ckpt_replicas: refused a connection from 127.0.0.1:", 0) == 0);
+  CHECK(line.find("was altered on the way") != std::string::npos);
+  // The client sent its hello and nothing after it.
+  CHECK(to_server.size() == replica::kHelloBytes + replica::kHelloKeyBytes);
+  auto held = FetchSeat(server->endpoint(), 2, "tok", true);
+  REQUIRE(held.ok());
+  CHECK(held->step == 5);
+  CHECK(held->bytes == data);
+}
+
+TEST_CASE(
+    "replica service: a recorded connection does not open with the job's token: its keys need "
+    "the X25519 secret, gone with the connection",
+    "[integration][replica][security]") {
+  Lines lines;
+  auto server = Serve(lines, 1 << 20, nullptr, true);
+  const std::vector<std::string> data{Pattern(5000), "rank three: WEIGHTS-IN-THE-CLEAR-"};
+  std::string to_server, to_client;
+  {
+    Relay relay(server->endpoint());
+    REQUIRE(PutAll(relay.endpoint(), PutOf(data), data, true).ok());
+    to_server = relay.Seen(true);
+    to_client = relay.Seen(false);
+  }
+  // What crossed in the clear: the transcript.
+  REQUIRE(to_client.size() > replica::kChallengeBytes + replica::kChallengeKeyBytes);
+  const std::size_t first_record = replica::kHelloBytes + replica::kHelloKeyBytes;
+  REQUIRE(to_server.size() > first_record + replica::kRecordHeaderBytes);
+  const replica::Transcript t{to_client.substr(8, replica::kNonceBytes),
+                              to_server.substr(8, replica::kNonceBytes),
+                              to_client.substr(replica::kChallengeBytes, replica::kPublicKeyBytes),
+                              to_server.substr(replica::kHelloBytes, replica::kPublicKeyBytes)};
+  // The client's first record is the request's prefix and header.
+  std::string record = to_server.substr(first_record);
+  auto n = replica::RecordOpener::Length(record.data());
+  REQUIRE(n.ok());
+  CHECK(*n == replica::EncodeRequest(PutOf(data)).size());
+  REQUIRE(record.size() >= replica::kRecordHeaderBytes + *n + replica::kTagBytes);
+  // Whoever recorded it and learned the token: the keys of the ddprun before
+  // the exchange (the token salted with the nonces), and the token with the
+  // whole transcript in the secret's place.
+  const std::string before = replica::HkdfSha256(
+      "tok", t.server_nonce + t.client_nonce,
+      std::string("ddprun replica aes-256-gcm client->server\0job1", 46), replica::kKeyBytes);
+  for (const std::string& key :
+       {before, replica::DeriveChannelKeys("tok", "job1", "", t).client_to_server,
+        replica::DeriveChannelKeys("tok", "job1", t.server_public, t).client_to_server,
+        replica::DeriveChannelKeys("tok", "job1", t.client_public, t).client_to_server}) {
+    auto opener = replica::RecordOpener::Create(key);
+    REQUIRE(opener.ok());
+    std::string copy = record;
+    char* p = copy.data() + replica::kRecordHeaderBytes;
+    CHECK(absl::IsDataLoss((*opener)->Open(copy.data(), p, *n, p + *n)));
+  }
+}
+
+// Run by the case below in a fresh process whose LoadCipherLibrary finds no
+// libcrypto (kEnvTestCryptoLibrary): an encrypting server; prints its
+// endpoint, serves until its stdin ends, then prints the lines it logged.
+TEST_CASE("child process: an encrypting replica server without libcrypto",
+          "[.][replica_nocrypto_child]") {
+  Lines lines;
+  auto server = Serve(lines, 1 << 20, nullptr, true);
+  std::printf("ENDPOINT:%s\n", server->endpoint().c_str());
+  std::fflush(stdout);
+  char c;
+  while (::read(STDIN_FILENO, &c, 1) > 0) {
+  }
+  // The refusal is logged after its reply was sent.
+  (void)Eventually([&] {
+    for (const std::string& line : lines.Get()) {
+      if (line.find("refusing every replica") != std::string::npos) return true;
+    }
+    return false;
+  });
+  for (const std::string& line : lines.Get()) std::printf("LOG:%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+TEST_CASE(
+    "replica service: a receiving node without libcrypto refuses in one line naming the fix; "
+    "its challenge's key is zeros and the sender is told the same line",
+    "[integration][replica][security]") {
+  int out[2], in[2];
+  REQUIRE(::pipe(out) == 0);
+  REQUIRE(::pipe(in) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::setenv(replica::kEnvTestCryptoLibrary, "libcrypto-not-here.so.3", 1);
+    ::dup2(out[1], STDOUT_FILENO);
+    ::dup2(in[0], STDIN_FILENO);
+    ::close(out[0]);
+    ::close(in[1]);
+    ::execl("/proc/self/exe", "integration_tests", "[replica_nocrypto_child]", nullptr);
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  ::close(in[0]);
+  // Reads the child's output until `what` is in it, it ends, or 10 s pass
+  // without a byte.
+  std::string got;
+  auto read_until = [&](const std::string& what) {
+    pollfd p{out[0], POLLIN, 0};
+    while (got.find(what) == std::string::npos && ::poll(&p, 1, 10000) > 0) {
+      char buf[4096];
+      const ssize_t r = ::read(out[0], buf, sizeof buf);
+      if (r <= 0) break;
+      got.append(buf, static_cast<std::size_t>(r));
+    }
+  };
+  read_until("\n");
+  const std::size_t at = got.find("ENDPOINT:");
+  absl::Status st = absl::UnknownError("the child printed no endpoint");
+  std::string challenge;
+  if (at != std::string::npos) {
+    const std::string endpoint = got.substr(at + 9, got.find('\n', at) - at - 9);
+    const int fd = Connect(PortOf(endpoint));
+    challenge = ReadUpTo(fd, replica::kChallengeBytes + replica::kChallengeKeyBytes);
+    ::close(fd);
+    const std::vector<std::string> data{"a", "b"};
+    st = PutAll(endpoint, PutOf(data), data, true);
+  }
+  ::close(in[1]);  // the child prints its lines and ends
+  read_until("libcrypto-not-here.so.3 (");
+  ::close(out[0]);
+  int status = 0;
+  const bool ended = Eventually([&] { return ::waitpid(pid, &status, WNOHANG) == pid; });
+  if (!ended) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+  }
+  INFO(got);
+  REQUIRE(challenge.size() == replica::kChallengeBytes + replica::kChallengeKeyBytes);
+  bool encrypt = false;
+  CHECK(replica::ParseChallenge(challenge.substr(0, replica::kChallengeBytes), &encrypt).ok());
+  CHECK(encrypt);
+  CHECK(challenge.substr(replica::kChallengeBytes) ==
+        std::string(replica::kChallengeKeyBytes, '\0'));
+  REQUIRE(absl::IsFailedPrecondition(st));
+  const std::string msg(st.message());
+  CHECK(msg.rfind("[job job1 round 2] --ckpt_encrypt: cannot load libcrypto-not-here.so.3 (", 0) ==
+        0);
+  CHECK(msg.find("install OpenSSL 3's library (Debian and Ubuntu: libssl3) on this node, or run "
+                 "the job with --ckpt_encrypt 0") != std::string::npos);
+  CHECK(got.find("LOG:--ckpt_replicas: refusing every replica: --ckpt_encrypt: cannot load "
+                 "libcrypto-not-here.so.3") != std::string::npos);
 }
 
 }  // namespace

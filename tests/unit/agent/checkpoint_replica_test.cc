@@ -92,12 +92,23 @@ TEST_CASE("replica wire: the handshake proves the job's secret without sending i
   REQUIRE(back.ok());
   CHECK(*back == ns);
   CHECK_FALSE(encrypt);
-  // An end that encrypts says so in its magic (--ckpt_encrypt).
-  back = replica::ParseChallenge(replica::EncodeChallenge(ns, true), &encrypt);
+  // An end that encrypts says so in its magic (--ckpt_encrypt), and its
+  // X25519 public key follows.
+  const std::string ps(replica::kPublicKeyBytes, 'P');
+  const std::string sealed = replica::EncodeChallenge(ns, true, ps);
+  REQUIRE(sealed.size() == replica::kChallengeBytes + replica::kChallengeKeyBytes);
+  CHECK(sealed.substr(replica::kChallengeBytes) == ps);
+  back = replica::ParseChallenge(sealed.substr(0, replica::kChallengeBytes), &encrypt);
   REQUIRE(back.ok());
   CHECK(*back == ns);
   CHECK(encrypt);
   CHECK_FALSE(replica::ParseChallenge("HTTP/1.1 200 OK\r\n\r\n1234", &encrypt).ok());
+  // An encrypting server of the ddprun before the X25519 exchange is named.
+  std::string older = sealed.substr(0, replica::kChallengeBytes);
+  older[7] = 'E';
+  CHECK(std::string(replica::ParseChallenge(older, &encrypt).status().message()) ==
+        "an older ddprun's replica server (it encrypts without the X25519 exchange); run the "
+        "same ddprun on every node");
 
   const std::string client = replica::Proof("client", "tok", "job1", ns, nc, false);
   CHECK(client.size() == replica::kProofBytes);
@@ -124,6 +135,27 @@ TEST_CASE("replica wire: the handshake proves the job's secret without sending i
     CHECK_FALSE(replica::ProofHolds(client, other));
   }
   CHECK_FALSE(replica::ProofHolds(client, client.substr(1)));
+  // The key proof covers the whole transcript: a public key changed on the
+  // way (or a nonce, the token, the job or the role) and it does not hold.
+  const replica::Transcript t{ns, nc, ps, std::string(replica::kPublicKeyBytes, 'c')};
+  const std::string key_proof = replica::KeyProof("client", "tok", "job1", t);
+  CHECK(key_proof.size() == replica::kProofBytes);
+  CHECK(replica::ProofHolds(key_proof, replica::KeyProof("client", "tok", "job1", t)));
+  for (int field = 0; field < 4; ++field) {
+    replica::Transcript altered = t;
+    std::string* f[] = {&altered.server_nonce, &altered.client_nonce, &altered.server_public,
+                        &altered.client_public};
+    (*f[field])[5] ^= 0x01;
+    CHECK_FALSE(
+        replica::ProofHolds(key_proof, replica::KeyProof("client", "tok", "job1", altered)));
+  }
+  CHECK_FALSE(replica::ProofHolds(key_proof, replica::KeyProof("client", "tok2", "job1", t)));
+  CHECK_FALSE(replica::ProofHolds(key_proof, replica::KeyProof("client", "tok", "job2", t)));
+  CHECK_FALSE(replica::ProofHolds(key_proof, replica::KeyProof("server", "tok", "job1", t)));
+  CHECK(replica::KeyExchangeAltered("10.0.0.9:51234", "10.0.0.8:40211") ==
+        "the X25519 key exchange between 10.0.0.9:51234 and 10.0.0.8:40211 was altered on the way "
+        "(the public keys that arrived are not the ones the job's secret proved: someone on the "
+        "path changed them); the connection is refused and no request or snapshot crossed it");
   // An older client (DDPREPL2) or garbage is not a hello.
   std::string old = hello;
   old[7] = '2';

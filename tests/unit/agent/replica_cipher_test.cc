@@ -1,8 +1,11 @@
 // The replica channel's encryption (replica_cipher.h), no sockets: AES-256-GCM
 // against the GCM specification's test cases (McGrew and Viega, the NIST
-// submission: cases 15 and 16), HKDF-SHA256 against RFC 5869, and the
-// record layer: a record altered, replayed, reordered or opened under
-// another key fails its tag.
+// submission: cases 15 and 16), HKDF-SHA256 against RFC 5869, X25519
+// against RFC 7748, and the record layer: a record altered, replayed,
+// reordered or opened under another key fails its tag. Forward secrecy: the
+// keys depend on each connection's X25519 secret, so equal nonces and token
+// give other keys, and records sealed under them do not open with what the
+// token and a recorded transcript give.
 #include "ddprun/agent/replica_cipher.h"
 
 #include <sys/wait.h>
@@ -25,6 +28,14 @@ std::string Hex(std::string_view hex) {
   }
   return out;
 }
+
+// A transcript of fixed fields (the channel's keys' salt).
+Transcript Script() {
+  return Transcript{"server nonce 16b", "client nonce 16b", std::string(kPublicKeyBytes, 'S'),
+                    std::string(kPublicKeyBytes, 'C')};
+}
+std::string SealAll(std::string_view key, const std::vector<std::string>& texts);
+absl::StatusOr<std::vector<std::string>> OpenAll(std::string_view key, std::string wire);
 
 const std::string kKey = Hex("feffe9928665731c6d6a8f9467308308feffe9928665731c6d6a8f9467308308");
 const std::string kIv = Hex("cafebabefacedbaddecaf888");
@@ -92,18 +103,133 @@ TEST_CASE("replica cipher: HKDF-SHA256 gives RFC 5869's test case 1; each direct
       HkdfSha256(Hex("0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b"),
                  Hex("000102030405060708090a0b0c"), Hex("f0f1f2f3f4f5f6f7f8f9"), 42) ==
       Hex("3cb25f25faacd57a90434f64d0362f2a2d2d0a90cf1a5a4c5db02d56ecc4c5bf34007208d5b887185865"));
-  const ChannelKeys k = DeriveChannelKeys("tok", "job1", "server nonce 16b", "client nonce 16b");
+  const std::string secret(kSharedSecretBytes, 's');
+  const ChannelKeys k = DeriveChannelKeys("tok", "job1", secret, Script());
   CHECK(k.client_to_server.size() == kKeyBytes);
   CHECK(k.server_to_client.size() == kKeyBytes);
   CHECK(k.client_to_server != k.server_to_client);
-  // Another token, job or nonce: other keys.
+  // Another token, job, secret, nonce or public key: other keys.
+  auto with = [](int field) {
+    Transcript t = Script();
+    std::string* f[] = {&t.server_nonce, &t.client_nonce, &t.server_public, &t.client_public};
+    (*f[field])[0] ^= 1;
+    return t;
+  };
   for (const ChannelKeys& o :
-       {DeriveChannelKeys("tok2", "job1", "server nonce 16b", "client nonce 16b"),
-        DeriveChannelKeys("tok", "job2", "server nonce 16b", "client nonce 16b"),
-        DeriveChannelKeys("tok", "job1", "server nonce 16c", "client nonce 16b"),
-        DeriveChannelKeys("tok", "job1", "server nonce 16b", "client nonce 16c")}) {
+       {DeriveChannelKeys("tok2", "job1", secret, Script()),
+        DeriveChannelKeys("tok", "job2", secret, Script()),
+        DeriveChannelKeys("tok", "job1", std::string(kSharedSecretBytes, 't'), Script()),
+        DeriveChannelKeys("tok", "job1", secret, with(0)),
+        DeriveChannelKeys("tok", "job1", secret, with(1)),
+        DeriveChannelKeys("tok", "job1", secret, with(2)),
+        DeriveChannelKeys("tok", "job1", secret, with(3))}) {
     CHECK(o.client_to_server != k.client_to_server);
     CHECK(o.server_to_client != k.server_to_client);
+  }
+}
+
+TEST_CASE("replica cipher: X25519 gives RFC 7748's test vectors; both ends the same secret",
+          "[unit][replica][security]") {
+  // RFC 7748, section 6.1: Alice's and Bob's key pairs and their secret.
+  auto alice = KeyExchange::FromPrivateKey(
+      Hex("77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a"));
+  auto bob = KeyExchange::FromPrivateKey(
+      Hex("5dab087e624a8a4b79e17f8b83800ee66f3bb1292618b6fd1c2f8b27ff88e0eb"));
+  REQUIRE(alice.ok());
+  REQUIRE(bob.ok());
+  CHECK((*alice)->public_key() ==
+        Hex("8520f0098930a754748b7ddcb43ef75a0dbf3a0d26381af4eba4a98eaa9b4e6a"));
+  CHECK((*bob)->public_key() ==
+        Hex("de9edb7d7b7dc1b4d35b61c2ece435373f8343c85b78674dadfc7e146f882b4f"));
+  const std::string shared =
+      Hex("4a5d9d5ba4ce2de1728e3bf480350f25e07e21c947d19e3376f09b3c1e161742");
+  CHECK(*(*alice)->SharedSecret((*bob)->public_key()) == shared);
+  CHECK(*(*bob)->SharedSecret((*alice)->public_key()) == shared);
+  // Fresh pairs: new public keys each time, the same secret at both ends.
+  auto a = KeyExchange::Create();
+  auto b = KeyExchange::Create();
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  CHECK((*a)->public_key().size() == kPublicKeyBytes);
+  CHECK((*a)->public_key() != (*b)->public_key());
+  CHECK(*(*a)->SharedSecret((*b)->public_key()) == *(*b)->SharedSecret((*a)->public_key()));
+  // A key of another size, or a low-order point (the all-zero secret), is
+  // refused by name.
+  CHECK(absl::IsInvalidArgument((*a)->SharedSecret("short").status()));
+  const absl::Status zero = (*a)->SharedSecret(std::string(kPublicKeyBytes, '\0')).status();
+  CHECK(absl::IsInvalidArgument(zero));
+  CHECK(std::string(zero.message()).find("low-order point") != std::string::npos);
+  CHECK(absl::IsInvalidArgument(KeyExchange::FromPrivateKey("short").status()));
+}
+
+// One connection's handshake at both ends, as checkpoint_replicas.cc runs
+// it, with the nonces given: the keys each end derives.
+struct Connection {
+  Transcript transcript;
+  ChannelKeys client, server;
+};
+Connection Handshake(std::string_view token, std::string_view ns, std::string_view nc) {
+  auto server = KeyExchange::Create();
+  auto client = KeyExchange::Create();
+  REQUIRE(server.ok());
+  REQUIRE(client.ok());
+  Connection c;
+  c.transcript = Transcript{std::string(ns), std::string(nc), (*server)->public_key(),
+                            (*client)->public_key()};
+  auto at_client = (*client)->SharedSecret(c.transcript.server_public);
+  auto at_server = (*server)->SharedSecret(c.transcript.client_public);
+  REQUIRE(at_client.ok());
+  REQUIRE(at_server.ok());
+  c.client = DeriveChannelKeys(token, "job1", *at_client, c.transcript);
+  c.server = DeriveChannelKeys(token, "job1", *at_server, c.transcript);
+  return c;
+}
+
+TEST_CASE(
+    "replica cipher: two connections with the same token and the same nonces get different keys "
+    "(each from its own X25519 secret); both ends of one get the same",
+    "[unit][replica][security]") {
+  const Connection one = Handshake("tok", "server nonce 16b", "client nonce 16b");
+  const Connection two = Handshake("tok", "server nonce 16b", "client nonce 16b");
+  CHECK(one.client.client_to_server == one.server.client_to_server);
+  CHECK(one.client.server_to_client == one.server.server_to_client);
+  CHECK(one.client.client_to_server != two.client.client_to_server);
+  CHECK(one.client.server_to_client != two.client.server_to_client);
+  // Even over the first connection's whole transcript (its nonces and
+  // public keys), the second one's secret gives other keys: the keys hang
+  // on the secret, not only on what crossed the wire.
+  auto other = KeyExchange::Create();
+  REQUIRE(other.ok());
+  const ChannelKeys swapped = DeriveChannelKeys(
+      "tok", "job1", *(*other)->SharedSecret(one.transcript.server_public), one.transcript);
+  CHECK(swapped.client_to_server != one.client.client_to_server);
+}
+
+TEST_CASE(
+    "replica cipher: a recorded connection does not open with the token and its transcript "
+    "alone",
+    "[unit][replica][security]") {
+  const Connection c = Handshake("tok", "server nonce 16b", "client nonce 16b");
+  const std::vector<std::string> texts{"DDPREPL3 header", "the weights"};
+  const std::string wire = SealAll(c.client.client_to_server, texts);
+  // The server's key opens it (the check can pass)...
+  auto opened = OpenAll(c.server.client_to_server, wire);
+  REQUIRE(opened.ok());
+  CHECK(*opened == texts);
+  // ...and nothing that someone who recorded the connection and learned the
+  // token can compute does: keys from the token with the recorded transcript
+  // in place of the secret, or none, or the token alone salted with the
+  // nonces (the keys before the X25519 exchange).
+  const Transcript& t = c.transcript;
+  for (const std::string& guess :
+       {DeriveChannelKeys("tok", "job1", "", t).client_to_server,
+        DeriveChannelKeys("tok", "job1", std::string(kSharedSecretBytes, '\0'), t).client_to_server,
+        DeriveChannelKeys("tok", "job1", t.server_public, t).client_to_server,
+        DeriveChannelKeys("tok", "job1", t.client_public, t).client_to_server,
+        HkdfSha256("tok", t.server_nonce + t.client_nonce,
+                   std::string("ddprun replica aes-256-gcm client->server\0job1", 46),
+                   kKeyBytes)}) {
+    CHECK(absl::IsDataLoss(OpenAll(guess, wire).status()));
   }
 }
 
@@ -139,7 +265,8 @@ absl::StatusOr<std::vector<std::string>> OpenAll(std::string_view key, std::stri
 
 TEST_CASE("replica cipher: records open in order under their key, and nothing else opens",
           "[unit][replica][security]") {
-  const ChannelKeys k = DeriveChannelKeys("tok", "job1", "server nonce 16b", "client nonce 16b");
+  const ChannelKeys k =
+      DeriveChannelKeys("tok", "job1", std::string(kSharedSecretBytes, 's'), Script());
   const std::vector<std::string> texts{"DDPREPL3 header", std::string(kMaxRecordBytes, 'w'),
                                        "the last record"};
   const std::string wire = SealAll(k.client_to_server, texts);
@@ -166,8 +293,10 @@ TEST_CASE("replica cipher: records open in order under their key, and nothing el
   }
   SECTION("the other direction's key, or another connection's") {
     CHECK(absl::IsDataLoss(OpenAll(k.server_to_client, wire).status()));
+    Transcript t = Script();
+    t.client_nonce = "client nonce 16X";
     const ChannelKeys other =
-        DeriveChannelKeys("tok", "job1", "server nonce 16b", "client nonce 16X");
+        DeriveChannelKeys("tok", "job1", std::string(kSharedSecretBytes, 's'), t);
     CHECK(absl::IsDataLoss(OpenAll(other.client_to_server, wire).status()));
   }
   SECTION("a record replayed, or records reordered") {

@@ -16,12 +16,29 @@
 // a stranger's server learns nothing and gets no snapshot; a stranger's
 // client is refused before it can push or read a replica.
 //
-// With --ckpt_encrypt 1 (the job's) the magics are "DDPRAUTE" and
-// "DDPREPLE", each proof also covers "aes-256-gcm", and once the server's
-// proof holds every byte both ways is in AES-256-GCM records under keys
-// derived from the token and both nonces (replica_cipher.h,
-// replica_channel.h). An end that encrypts refuses one that does not, and
-// the other way round, with a line naming both settings.
+// With --ckpt_encrypt 1 (the job's) the magics are "DDPRAUTX" and
+// "DDPREPLX", each proof also covers "aes-256-gcm", and each end adds a
+// fresh X25519 public key (RFC 7748; its private half lives only as long as
+// the connection's handshake):
+//
+//   server   "DDPRAUTX", Ns, Ps (32 bytes)
+//   client   "DDPREPLX", Nc, Proof("client", ...), Pc (32 bytes),
+//            KeyProof("client", ...)
+//   server   a reply: refused, or ok, Proof("server", ...),
+//            KeyProof("server", ...)
+//
+// KeyProof(role) is HMAC-SHA256(token, "ddprun replica x25519 " role, job
+// id, Ns, Nc, Ps, Pc): each end checks that the public keys it sent and
+// received are the ones the other end proved with the job's secret, so
+// someone on the path without the token cannot substitute their own (the
+// server refuses, naming the alteration: KeyExchangeAltered). Once both
+// hold, every byte both ways is in AES-256-GCM records under keys derived
+// from the X25519 shared secret, the token and the whole transcript
+// (replica_cipher.h, replica_channel.h): whoever records the connection and
+// later learns the token still lacks the shared secret (forward secrecy).
+// An end that encrypts refuses one that does not, and the other way round,
+// with a line naming both settings; a client names a server of the ddprun
+// before this exchange ("DDPRAUTE": encrypted without it) as older.
 //
 // A request is then a 16-byte prefix, a header, then (kPut) the data:
 //
@@ -49,13 +66,22 @@ namespace ddprun::agent::replica {
 
 inline constexpr char kMagic[8] = {'D', 'D', 'P', 'R', 'E', 'P', 'L', '3'};
 inline constexpr char kChallengeMagic[8] = {'D', 'D', 'P', 'R', 'A', 'U', 'T', 'H'};
-// The magics of an end that encrypts (--ckpt_encrypt 1).
-inline constexpr char kChallengeMagicEncrypted[8] = {'D', 'D', 'P', 'R', 'A', 'U', 'T', 'E'};
-inline constexpr char kHelloMagicEncrypted[8] = {'D', 'D', 'P', 'R', 'E', 'P', 'L', 'E'};
+// The magics of an end that encrypts (--ckpt_encrypt 1), with the X25519
+// exchange.
+inline constexpr char kChallengeMagicEncrypted[8] = {'D', 'D', 'P', 'R', 'A', 'U', 'T', 'X'};
+inline constexpr char kHelloMagicEncrypted[8] = {'D', 'D', 'P', 'R', 'E', 'P', 'L', 'X'};
+// The challenge of an encrypting server of the ddprun before it (keys from
+// the token alone): recognised only to name it.
+inline constexpr char kChallengeMagicEncryptedOlder[8] = {'D', 'D', 'P', 'R', 'A', 'U', 'T', 'E'};
 inline constexpr std::size_t kNonceBytes = 16;
 inline constexpr std::size_t kProofBytes = 32;
 inline constexpr std::size_t kChallengeBytes = 8 + kNonceBytes;
 inline constexpr std::size_t kHelloBytes = 8 + kNonceBytes + kProofBytes;
+// An X25519 public key; what an encrypting end sends after its challenge
+// (Ps) or its hello (Pc, then its KeyProof).
+inline constexpr std::size_t kPublicKeyBytes = 32;
+inline constexpr std::size_t kChallengeKeyBytes = kPublicKeyBytes;
+inline constexpr std::size_t kHelloKeyBytes = kPublicKeyBytes + kProofBytes;
 inline constexpr std::size_t kPrefixBytes = 16;
 // Bounds on what a peer may claim before anything is allocated.
 inline constexpr std::uint32_t kMaxHeaderBytes = 64 * 1024;
@@ -93,9 +119,12 @@ struct Header {
 
 // The handshake (above). A nonce: kNonceBytes from the kernel's random source.
 std::string NewNonce();
-// The server's first bytes, and its nonce and whether it encrypts back from
-// them (InvalidArgument: not a replica server).
-std::string EncodeChallenge(std::string_view server_nonce, bool encrypt);
+// The server's first bytes (when `encrypt`, followed by `server_public`),
+// and back from the first kChallengeBytes its nonce and whether it encrypts
+// (then kChallengeKeyBytes of its public key follow). InvalidArgument: not
+// a replica server, or an encrypting one of an older ddprun (named so).
+std::string EncodeChallenge(std::string_view server_nonce, bool encrypt,
+                            std::string_view server_public = {});
 absl::StatusOr<std::string> ParseChallenge(std::string_view bytes, bool* encrypt);
 // What `role` ("client" or "server") proves: HMAC-SHA256 under the token
 // (covering "aes-256-gcm" too when the connection is to be encrypted).
@@ -103,10 +132,26 @@ std::string Proof(std::string_view role, std::string_view token, std::string_vie
                   std::string_view server_nonce, std::string_view client_nonce, bool encrypt);
 // The client's answer to a challenge, and its nonce, proof and whether it
 // encrypts back from kHelloBytes (InvalidArgument: not a replica client,
-// e.g. an older ddprun).
+// e.g. an older ddprun). An encrypting client then sends kHelloKeyBytes: its
+// public key and its KeyProof.
 std::string EncodeHello(std::string_view client_nonce, std::string_view proof, bool encrypt);
 absl::Status ParseHello(std::string_view bytes, std::string* client_nonce, std::string* proof,
                         bool* encrypt);
+// What an encrypted connection's handshake exchanged in the clear: the
+// input of KeyProof and of the channel's keys (replica::DeriveChannelKeys).
+struct Transcript {
+  std::string server_nonce;
+  std::string client_nonce;
+  std::string server_public;  // X25519, kPublicKeyBytes
+  std::string client_public;
+};
+// What `role` proves over an encrypted connection's public keys:
+// HMAC-SHA256 under the token over the whole transcript.
+std::string KeyProof(std::string_view role, std::string_view token, std::string_view job_id,
+                     const Transcript& t);
+// The line of an end whose KeyProof check failed: the keys of the exchange
+// between `client` and `server` were altered on the way.
+std::string KeyExchangeAltered(std::string_view client, std::string_view server);
 // The line about two ends of which one does not encrypt and the other
 // does (each named by its address), whichever end says it.
 std::string EncryptionMismatch(std::string_view plain_end, std::string_view encrypting_end);

@@ -6,10 +6,14 @@
 // libcrypto.so.3 with dlopen on the first encrypted replica connection, so
 // only a job with --ckpt_replicas 1 and --ckpt_encrypt 1 pays for it.
 //
-// Keys: after the handshake (checkpoint_replica_wire.h) both ends derive,
-// with HKDF-SHA256 (RFC 5869) from the job's store token, salted with the
-// server's and the client's fresh nonces, one key per direction
-// (DeriveChannelKeys). No key is used on two connections or both ways.
+// Keys: in the handshake (checkpoint_replica_wire.h) each end makes a fresh
+// X25519 key pair (KeyExchange) and sends its public half, proved with the
+// job's store token. Both ends then derive, with HKDF-SHA256 (RFC 5869)
+// from the X25519 shared secret and the token, salted with the transcript
+// (both nonces, both public keys), one key per direction
+// (DeriveChannelKeys). No key is used on two connections or both ways, and
+// none can be derived again once the handshake's private keys are gone:
+// the token and a recording of the connection are not enough.
 //
 // A record: u32 n (little-endian, 1..kMaxRecordBytes), n bytes of
 // AES-256-GCM ciphertext, its 16-byte tag. The 4 length bytes are the
@@ -27,6 +31,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "ddprun/agent/checkpoint_replica_wire.h"
 
 namespace ddprun::agent::replica {
 
@@ -50,15 +55,48 @@ inline constexpr char kEnvTestCryptoLibrary[] = "DDPRUN_CKPT_TEST_CRYPTO_LIBRARY
 std::string HkdfSha256(std::string_view ikm, std::string_view salt, std::string_view info,
                        std::size_t length);
 
-// The two keys of one connection: HKDF-SHA256 of the token, salted with the
-// server's then the client's nonce, each direction's info naming it and the
-// job.
+// An X25519 key pair (RFC 7748) for one connection's handshake. The private
+// half stays inside libcrypto and is freed with this object.
+class KeyExchange {
+ public:
+  // A fresh key pair. FailedPrecondition when libcrypto does not load
+  // (LoadCipherLibrary's line).
+  static absl::StatusOr<std::unique_ptr<KeyExchange>> Create();
+  // Test seam: the pair of a given private key (kPublicKeyBytes; RFC 7748's
+  // test vectors).
+  static absl::StatusOr<std::unique_ptr<KeyExchange>> FromPrivateKey(std::string_view private_key);
+  ~KeyExchange();
+  KeyExchange(const KeyExchange&) = delete;
+  KeyExchange& operator=(const KeyExchange&) = delete;
+
+  // kPublicKeyBytes: what this end sends.
+  const std::string& public_key() const { return public_key_; }
+  // The shared secret (kSharedSecretBytes) with the peer's public key.
+  // InvalidArgument for a key of another size, or one that gives no secret
+  // (a low-order point: the result would be all zeros).
+  absl::StatusOr<std::string> SharedSecret(std::string_view peer_public) const;
+
+ private:
+  KeyExchange(void* pkey, std::string public_key)
+      : pkey_(pkey), public_key_(std::move(public_key)) {}
+  void* pkey_;  // EVP_PKEY
+  std::string public_key_;
+};
+inline constexpr std::size_t kSharedSecretBytes = 32;
+
+// Overwrites `secret`'s bytes with zeros (a shared secret or a key the
+// handshake no longer needs), in a way the compiler keeps.
+void Wipe(std::string* secret);
+
+// The two keys of one connection: HKDF-SHA256 of the X25519 shared secret
+// then the token, salted with the transcript (Ns, Nc, Ps, Pc), each
+// direction's info naming it and the job.
 struct ChannelKeys {
   std::string client_to_server;
   std::string server_to_client;
 };
 ChannelKeys DeriveChannelKeys(std::string_view token, std::string_view job_id,
-                              std::string_view server_nonce, std::string_view client_nonce);
+                              std::string_view shared_secret, const Transcript& transcript);
 
 // AES-256-GCM under one key (libcrypto's EVP interface). Not thread-safe.
 class Aes256Gcm {

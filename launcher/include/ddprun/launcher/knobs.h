@@ -339,7 +339,8 @@ inline constexpr Knob kKnobs[] = {
      .default_value = rendezvous::kDefaultCkptEncrypt,
      .default_text = rendezvous::kDefaultCkptEncrypt, .metavar = "0|1", .group = kGroupJob,
      .help = "With --ckpt_replicas 1: 1 encrypts the replicas between agents (AES-256-GCM, "
-             "keys from the job's secret; libcrypto.so.3 is loaded then), 0 sends them in "
+             "keys from an X25519 exchange per connection and the job's secret; "
+             "libcrypto.so.3 is loaded then), 0 sends them in "
              "plaintext, authenticated (job-wide: the first node's value holds)",
      .min = 0, .max = 1, .what = "0 or 1",
      .dest = kInPolicy<&rendezvous::JobPolicy::ckpt_encrypt>},
