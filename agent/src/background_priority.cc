@@ -30,18 +30,6 @@ cpu_set_t ToSet(const std::vector<int>& cpus) {
   return set;
 }
 
-// The calling thread's affinity as a list.
-std::vector<int> OwnCpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  std::vector<int> cpus;
-  if (::sched_getaffinity(0, sizeof set, &set) != 0) return cpus;
-  for (int c = 0; c < CPU_SETSIZE; ++c) {
-    if (CPU_ISSET(c, &set)) cpus.push_back(c);
-  }
-  return cpus;
-}
-
 }  // namespace
 
 void LowerThreadPriority() { (void)SetNice(kBackgroundNice); }
@@ -52,7 +40,7 @@ absl::Status BackgroundThreads::SetCpus(std::vector<int> cpus) {
   std::lock_guard<std::mutex> lock(mu_);
   if (cpus == cpus_) return absl::OkStatus();
   cpus_ = std::move(cpus);
-  applied_ = cpus_.empty() ? OwnCpus() : cpus_;
+  applied_ = cpus_.empty() ? ReadAffinity() : cpus_;
   if (applied_.empty()) return absl::OkStatus();
   const cpu_set_t set = ToSet(applied_);
   absl::Status first;
@@ -80,7 +68,9 @@ BackgroundThreads::Member::Member(BackgroundThreads* owner, const char* name)
   // Before the first SetCpus the thread keeps the affinity it inherited.
   if (owner_->applied_.empty()) return;
   const cpu_set_t set = ToSet(owner_->applied_);
-  (void)::sched_setaffinity(0, sizeof set, &set);  // SetCpus reports refusals
+  // Best effort: a set the kernel refuses was refused when SetCpus moved
+  // the members present, and said then.
+  (void)::sched_setaffinity(0, sizeof set, &set);
 }
 
 BackgroundThreads::Member::~Member() {
