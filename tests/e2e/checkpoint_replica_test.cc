@@ -570,7 +570,9 @@ TEST_CASE(
 // snapshots, which it must not read (the replica comes first): the files'
 // access times, on a tmpfs mounted with strictatime, do not move. Every rank
 // ends bit-identical with a run without the fault (gradients summed in one
-// fixed layout: REPLICA_TEST_FLAT).
+// fixed layout: REPLICA_TEST_FLAT). A runs with --cpu_bind core: mid-job its
+// background checkpoint threads run only where its worker is not bound
+// (CheckBackgroundCpus).
 TEST_CASE(
     "ckpt_replicas: three nodes, the last one killed; a hot spare restores its seat from the "
     "replica, reads nothing from --ckpt_dir and ends bit-identical",
