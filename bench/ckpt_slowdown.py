@@ -28,8 +28,17 @@ any worker as "without"; the slowdown is the ratio of the median step
 times, minus one. Both kinds come from the same run and the
 same processes, interleaved, so the machine's load affects both alike.
 
+--cpu_bind VALUE is passed to every ddprun: with core, each agent binds its
+worker to all cores but the last and runs its background checkpoint threads
+on the CPUs left (docs/checkpoint.md, "Background priority"). The replica
+jobs' two "nodes" are two agents on this one host, so both bind their worker
+to the same CPUs and both agents' threads share the CPUs left. Each row gives
+the CPUs the workers ran on (their own affinity), those of the agents'
+background threads (from each agent's line; "all" when not confined) and the
+load average when the job ended.
+
     python3 bench/ckpt_slowdown.py [--size 256MiB] [--saves 4] [--every 40] [--build build]
-                                   [--ckpt_bandwidth 64MiB]
+                                   [--ckpt_bandwidth 64MiB] [--cpu_bind core]
 """
 import argparse
 import glob
@@ -53,6 +62,7 @@ import ddprun.checkpoint as ckpt
 
 out, size, saves, every = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 rank = int(os.environ["RANK"])
+cpus = sorted(os.sched_getaffinity(0))  # the worker's own affinity (--cpu_bind)
 torch.set_num_threads(1)
 dist.init_process_group("gloo")  # the workers step in lockstep, as in data-parallel training
 chunk, state, i = 64 << 20, {}, 0
@@ -85,7 +95,7 @@ for n in range((saves + 1) * every):
         steps.append((t, time.time() - t, True))   # holds a save: neither kind
     else:
         steps.append((t, time.time() - t, False))
-json.dump({"steps": steps, "saved": saved}, open(os.path.join(out, "rank%d.json" % rank), "w"))
+json.dump({"steps": steps, "saved": saved, "cpus": cpus}, open(os.path.join(out, "rank%d.json" % rank), "w"))
 dist.destroy_process_group()
 '''
 
@@ -154,6 +164,33 @@ def classify(results, ends):
     return during, without, [e - b for b, e in windows], blocked
 
 
+def cpu_list(cpus):
+    """[0, 1, 2, 5] -> "0-2,5"."""
+    parts, cpus = [], sorted(cpus)
+    i = 0
+    while i < len(cpus):
+        j = i
+        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
+            j += 1
+        parts.append("%d-%d" % (cpus[i], cpus[j]) if j > i else "%d" % cpus[i])
+        i = j + 1
+    return ",".join(parts)
+
+
+def placement(results, logs):
+    """"workers <CPUs> / background <CPUs>": each worker's affinity as it
+    saw it, each agent's background threads as its line says ("all": not
+    confined; "shared": the workers hold every CPU)."""
+    workers = sorted({cpu_list(r["cpus"]) for r in results})
+    background = []
+    for path in logs:
+        text = open(path).read()
+        m = re.search(r"checkpoint: the background threads \([^)]*\) run on CPU\(s\) (\S+),", text)
+        background.append(m.group(1) if m else
+                          "shared" if "is free of workers" in text else "all")
+    return "workers %s / background %s" % (" + ".join(workers), " + ".join(sorted(set(background))))
+
+
 def run_job(name, cmds, env, out, watch):
     stop = threading.Event()
     ends = {}
@@ -169,7 +206,8 @@ def run_job(name, cmds, env, out, watch):
         text = "".join(open(l.name).read()[-3000:] for l in logs)
         sys.exit("the %s job failed (exits %s):\n%s" % (name, rcs, text))
     results = [json.load(open(f)) for f in sorted(glob.glob(os.path.join(out, "rank*.json")))]
-    return classify(results, ends)
+    load = open("/proc/loadavg").read().split()[0]
+    return classify(results, ends) + (placement(results, [l.name for l in logs]), load)
 
 
 def main():
@@ -181,6 +219,9 @@ def main():
     ap.add_argument("--ckpt_bandwidth", default=None,
                     help="passed to every ddprun as --ckpt_bandwidth=VALUE (default: not "
                          "passed, ddprun's default)")
+    ap.add_argument("--cpu_bind", default=None,
+                    help="passed to every ddprun as --cpu_bind=VALUE (default: not passed, "
+                         "ddprun's default)")
     args = ap.parse_args()
     size = parse_size(args.size)
     build = os.path.abspath(args.build)
@@ -191,6 +232,8 @@ def main():
         limit = [limit, "--ckpt_bandwidth=" + args.ckpt_bandwidth]
     else:
         limit = [limit]
+    if args.cpu_bind is not None:
+        limit.append("--cpu_bind=" + args.cpu_bind)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         script = write_worker(tmp, WORKER)
@@ -255,23 +298,26 @@ def main():
             daemon.wait()
     print("fixed compute per step (24 single-threaded 256x256 matmuls, a small all_reduce); "
           "%s of state per worker, "
-          "saved every %d steps, %d saves; --ckpt_bandwidth %s" % (
-              args.size, args.every, args.saves, args.ckpt_bandwidth or "not passed"))
+          "saved every %d steps, %d saves; --ckpt_bandwidth %s; --cpu_bind %s; %d CPUs "
+          "(this host's affinity: %s)" % (
+              args.size, args.every, args.saves, args.ckpt_bandwidth or "not passed",
+              args.cpu_bind or "not passed", os.cpu_count(), cpu_list(os.sched_getaffinity(0))))
     print(load_average())
-    print("| background work | its duration (median) | save blocks (median) | steps during / "
-          "without | median step during | median step without | slowdown |")
-    print("|---|---|---|---|---|---|---|")
-    for name, during, without, windows, blocked in rows:
+    print("| background work | CPUs | its duration (median) | save blocks (median) | "
+          "steps during / without | median step during | median step without | slowdown | "
+          "load at its end |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, during, without, windows, blocked, cpus, load in rows:
         held = "%.3f s" % statistics.median(blocked) if blocked else "-"
         if not during or not without:
-            print("| %s | %s | %s | %d / %d | - | - | (no steps to compare) |"
-                  % (name, "%.2f s" % statistics.median(windows) if windows else "-", held,
-                     len(during), len(without)))
+            print("| %s | %s | %s | %s | %d / %d | - | - | (no steps to compare) | %s |"
+                  % (name, cpus, "%.2f s" % statistics.median(windows) if windows else "-", held,
+                     len(during), len(without), load))
             continue
         d, w = statistics.median(during), statistics.median(without)
-        print("| %s | %.2f s | %s | %d / %d | %.1f ms | %.1f ms | %+.1f %% |"
-              % (name, statistics.median(windows), held, len(during), len(without), d * 1e3,
-                 w * 1e3, (d / w - 1) * 100))
+        print("| %s | %s | %.2f s | %s | %d / %d | %.1f ms | %.1f ms | %+.1f %% | %s |"
+              % (name, cpus, statistics.median(windows), held, len(during), len(without), d * 1e3,
+                 w * 1e3, (d / w - 1) * 100, load))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "ddprun/agent/background_priority.h"
 #include "ddprun/agent/checkpoint_memory.h"
 #include "ddprun/agent/checkpoint_persister.h"
 #include "ddprun/agent/checkpoint_replicas.h"
@@ -173,7 +174,7 @@ class Agent::Impl {
               std::fputs(line.c_str(), stderr);
               std::fflush(stderr);
             },
-            options_.ckpt_bandwidth);
+            options_.ckpt_bandwidth, &background_);
       }
     }
   }
@@ -468,6 +469,7 @@ class Agent::Impl {
     ro.limit_bytes = options_.ckpt_shm_limit;
     ro.bandwidth = options_.ckpt_bandwidth;
     ro.encrypt = JobPolicyNow().ckpt_encrypt != 0;
+    ro.background = &background_;
     // Fenced by the round the workers were last spawned in, like the
     // persister: it logs from its own threads.
     replicas_ = std::make_unique<ReplicaService>(
@@ -581,7 +583,10 @@ class Agent::Impl {
     if (file_timer_) in.timer_file = file_timer_->path();
     // The launcher checked the policy against this node at start; the mask
     // may have changed since, so a plan that fails now fails the spawn.
-    auto plan = PlanCpuBinding(options_.cpu_bind, a.local_world_size, ReadCpuTopology);
+    // With background checkpoint threads, a core is left for them when
+    // there are more than workers (cpu_binding.h).
+    const bool spare_core = persister_ != nullptr || replicas_ != nullptr;
+    auto plan = PlanCpuBinding(options_.cpu_bind, a.local_world_size, ReadCpuTopology, spare_core);
     if (!plan.ok()) {
       Log(absl::StrCat("--cpu_bind: ", plan.status().message()));
       return false;
@@ -629,6 +634,9 @@ class Agent::Impl {
       if (!SpawnOne(j)) return false;
       if (!kept.empty() || a.restart_count > 0) restarted.push_back(a.base_rank + j);
     }
+    // Every worker runs with the round's binding now (a CPU the kernel
+    // refused failed its spawn above).
+    ConfineBackgroundThreads();
     if (!awaiting_ack_.empty()) {
       ack_due_ = clock_.Now() + kInplaceAckTimeout;
       std::vector<int> ranks;
@@ -1112,6 +1120,39 @@ class Agent::Impl {
     return absl::StrCat("ddprun:   checkpoint: step ", *newest,
                         " was committed in memory and ends with this job; --ckpt_dir DIR keeps "
                         "it for a job started again\n");
+  }
+
+  // The background checkpoint threads (background_priority.h) onto the CPUs
+  // of this agent's affinity that no worker of the round's binding
+  // (spawn_plan_) is bound to; all of them when it binds nothing or every
+  // CPU (said once). Main thread, after the round's workers started.
+  void ConfineBackgroundThreads() {
+    if (persister_ == nullptr && replicas_ == nullptr) return;
+    const BackgroundCpuSet set =
+        spawn_plan_.empty() ? BackgroundCpuSet{} : BackgroundCpus(ReadAffinity(), spawn_plan_);
+    const std::vector<int> before = background_.cpus();
+    if (absl::Status st = background_.SetCpus(set.cpus); !st.ok() && !said_background_refused_) {
+      Log(absl::StrCat("checkpoint: ", st.message(),
+                       "; the background threads run where they were"));
+      said_background_refused_ = true;
+    }
+    if (set.workers_take_all && !said_background_shared_) {
+      Log(absl::StrCat(
+          "checkpoint: no CPU this node's ddprun may use (", FormatCpuList(ReadAffinity()),
+          ") is free of workers, so the background checkpoint threads share the workers' CPUs "
+          "and may slow the steps; "
+          "run fewer workers than cores (or let ddprun use more CPUs) to keep a core for them"));
+      said_background_shared_ = true;
+    }
+    if (!set.cpus.empty() && set.cpus != before) {
+      std::vector<std::string> names;
+      if (persister_) names.push_back(kPersistThreadName);
+      if (replicas_)
+        names.insert(names.end(), {kSendThreadName, kAcceptThreadName, kReceiveThreadName});
+      Log(absl::StrCat("checkpoint: the background threads (", absl::StrJoin(names, ", "),
+                       ") run on CPU(s) ", FormatCpuList(set.cpus),
+                       ", which no worker is bound to"));
+    }
   }
 
   // --numa_binding: each worker on its GPU's NUMA node; without an NVIDIA
@@ -1857,6 +1898,11 @@ class Agent::Impl {
   // TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (WorkersHostStore): worker rank 0
   // hosts the TCPStore on a port this node offers at each join.
   bool workers_host_store_ = false;
+  // The persister's and the replica service's threads and their CPUs;
+  // before them, so it outlives them.
+  BackgroundThreads background_;
+  bool said_background_shared_ = false;   // ConfineBackgroundThreads' line, once
+  bool said_background_refused_ = false;  // the same
   // The workers' checkpoint memory (--ckpt_shm_limit > 0), for the agent's
   // whole life: snapshots outlive the workers' rounds.
   std::unique_ptr<CheckpointMemory> checkpoints_;

@@ -242,8 +242,12 @@ absl::Status MakeDir(const std::string& path) {
 }  // namespace
 
 CheckpointPersister::CheckpointPersister(std::string dir, const CheckpointMemory* memory, LogFn log,
-                                         std::uint64_t bandwidth)
-    : dir_(std::move(dir)), memory_(memory), log_(std::move(log)), pace_(bandwidth) {}
+                                         std::uint64_t bandwidth, BackgroundThreads* background)
+    : dir_(std::move(dir)),
+      memory_(memory),
+      log_(std::move(log)),
+      background_(background),
+      pace_(bandwidth) {}
 
 CheckpointPersister::~CheckpointPersister() {
   {
@@ -263,6 +267,7 @@ absl::Status CheckpointPersister::Start() {
 }
 
 void CheckpointPersister::Loop() {
+  const BackgroundThreads::Member member(background_, kPersistThreadName);
   LowerThreadPriority();  // background_priority.h: a flush, which the job waits for, asks for 0
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {

@@ -273,6 +273,7 @@ void ReplicaService::LogLimited(const std::string& msg) {
 // ------------------------------------------------------------------ server
 
 void ReplicaService::AcceptLoop() {
+  const BackgroundThreads::Member member(options_.background, kAcceptThreadName);
   for (;;) {
     pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     if (::poll(fds, 2, -1) < 0 && errno != EINTR) return;
@@ -308,6 +309,7 @@ void ReplicaService::AcceptLoop() {
 }
 
 void ReplicaService::Serve(int fd, std::string peer, std::uint64_t id) {
+  const BackgroundThreads::Member member(options_.background, kReceiveThreadName);
   replica::Channel ch(net::UniqueFd(fd), peer);
   WideBuffers(fd);
   const auto deadline = Clock::now() + kIoTimeout;
@@ -697,6 +699,7 @@ absl::StatusOr<bool> ReplicaService::SendSlot(replica::Channel& ch, int local_ra
 }
 
 void ReplicaService::SendLoop() {
+  const BackgroundThreads::Member member(options_.background, kSendThreadName);
   LowerThreadPriority();
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <fstream>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -75,20 +76,42 @@ CpuTopology ReadCpuTopology() {
   return t;
 }
 
+std::vector<int> ReadAffinity() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+  }
+  return cpus;
+}
+
 absl::StatusOr<std::vector<std::vector<int>>> PlanCpuBinding(
-    CpuBind policy, int nproc, absl::FunctionRef<CpuTopology()> read_topology) {
+    CpuBind policy, int nproc, absl::FunctionRef<CpuTopology()> read_topology, bool spare_core) {
   if (policy == CpuBind::kNone) return std::vector<std::vector<int>>{};
-  return PlanCpuBinding(policy, nproc, read_topology());
+  return PlanCpuBinding(policy, nproc, read_topology(), spare_core);
 }
 
 absl::StatusOr<std::vector<std::vector<int>>> PlanCpuBinding(CpuBind policy, int nproc,
-                                                             const CpuTopology& topology) {
-  const int cores = static_cast<int>(topology.cores.size());
+                                                             const CpuTopology& whole,
+                                                             bool spare_core) {
+  int cores = static_cast<int>(whole.cores.size());
   if (nproc <= 0 || cores == 0 || policy == CpuBind::kNone) return std::vector<std::vector<int>>{};
   if (policy == CpuBind::kAuto) {
     if (nproc < 2 || nproc > cores) return std::vector<std::vector<int>>{};
     policy = CpuBind::kCore;
   }
+  // The last core stays free for the agent's background checkpoint threads.
+  CpuTopology kept;
+  const bool spare = spare_core && cores > nproc;
+  if (spare) {
+    kept = whole;
+    kept.cores.pop_back();
+    kept.core_numa.pop_back();
+    --cores;
+  }
+  const CpuTopology& topology = spare ? kept : whole;
   std::vector<std::vector<int>> plan(static_cast<std::size_t>(nproc));
   if (policy == CpuBind::kCore) {
     if (nproc > cores) {
@@ -124,6 +147,27 @@ absl::StatusOr<std::vector<std::vector<int>>> PlanCpuBinding(CpuBind policy, int
     std::sort(plan[i].begin(), plan[i].end());
   }
   return plan;
+}
+
+BackgroundCpuSet BackgroundCpus(const std::vector<int>& agent_cpus,
+                                const std::vector<std::vector<int>>& plan) {
+  BackgroundCpuSet out;
+  if (plan.empty()) return out;
+  std::set<int> bound;
+  for (const std::vector<int>& cpus : plan) {
+    if (cpus.empty()) {  // an unbound worker may run on any CPU
+      out.workers_take_all = true;
+      return out;
+    }
+    bound.insert(cpus.begin(), cpus.end());
+  }
+  for (int c : agent_cpus) {
+    if (bound.count(c) == 0) out.cpus.push_back(c);
+  }
+  std::sort(out.cpus.begin(), out.cpus.end());
+  out.cpus.erase(std::unique(out.cpus.begin(), out.cpus.end()), out.cpus.end());
+  out.workers_take_all = out.cpus.empty();
+  return out;
 }
 
 std::string FormatCpuList(const std::vector<int>& cpus) {

@@ -26,9 +26,11 @@
 #include <map>
 #include <regex>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "ddprun/agent/cpu_binding.h"
 #include "e2e/checkpoint_support.h"
 #include "support/job_processes.h"
 #include "support/process_helpers.h"
@@ -215,6 +217,109 @@ std::int64_t AccessTimeNs(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return -1;
   return static_cast<std::int64_t>(st.st_atim.tv_sec) * 1000000000 + st.st_atim.tv_nsec;
+}
+
+// "0-3,8" (a Cpus_allowed_list) -> {0, 1, 2, 3, 8}.
+std::set<int> ParseCpus(const std::string& list) {
+  std::set<int> cpus;
+  std::stringstream ss(list);
+  std::string part;
+  while (std::getline(ss, part, ',')) {
+    const auto dash = part.find('-');
+    const int lo = std::stoi(part.substr(0, dash));
+    const int hi = dash == std::string::npos ? lo : std::stoi(part.substr(dash + 1));
+    for (int c = lo; c <= hi; ++c) cpus.insert(c);
+  }
+  return cpus;
+}
+
+// The Cpus_allowed_list of a /proc/<pid> or /proc/<pid>/task/<tid> folder.
+std::set<int> CpusAllowed(const std::string& dir) {
+  for (const std::string& line : Lines(ReadFile(dir + "/status"))) {
+    const std::string key = "Cpus_allowed_list:";
+    if (line.rfind(key, 0) == 0) {
+      const auto at = line.find_first_not_of(" \t", key.size());
+      return ParseCpus(at == std::string::npos ? "" : line.substr(at));
+    }
+  }
+  return {};
+}
+
+// The agent's background checkpoint threads (comm "ckpt-..."), by name, each
+// thread's CPUs.
+std::map<std::string, std::vector<std::set<int>>> CheckpointThreads(pid_t agent) {
+  std::map<std::string, std::vector<std::set<int>>> threads;
+  const std::string task = "/proc/" + std::to_string(agent) + "/task";
+  for (const std::string& tid : ListDir(task)) {
+    std::string comm = ReadFile(task + "/" + tid + "/comm");
+    if (!comm.empty() && comm.back() == '\n') comm.pop_back();
+    if (comm.rfind("ckpt-", 0) == 0) threads[comm].push_back(CpusAllowed(task + "/" + tid));
+  }
+  return threads;
+}
+
+// `agent` runs with --cpu_bind core, one worker, --ckpt_dir and
+// --ckpt_replicas 1, mid-job: its worker is bound to all cores but the last,
+// and each of its background checkpoint threads (named in /proc, a receive
+// thread held open by a connection that says nothing) runs on the CPUs the
+// worker is not bound to (docs/checkpoint.md, "Background priority").
+void CheckBackgroundCpus(Proc& agent) {
+  const std::string err = agent.Err();
+  std::smatch m;
+  REQUIRE(std::regex_search(err, m, std::regex("listens for it on 127\\.0\\.0\\.1:(\\d+)")));
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  struct Close {
+    int fd;
+    ~Close() { ::close(fd); }
+  } close_fd{fd};
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(std::stoi(m[1])));
+  REQUIRE(::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr) == 1);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  pid_t worker = -1;
+  for (pid_t p : Descendants(agent.pid)) {
+    if (ReadFile("/proc/" + std::to_string(p) + "/cmdline").find("train.py") != std::string::npos)
+      worker = p;
+  }
+  REQUIRE(worker > 0);
+  const std::set<int> worker_cpus = CpusAllowed("/proc/" + std::to_string(worker));
+  const std::vector<std::string> names{"ckpt-persist", "ckpt-send", "ckpt-accept", "ckpt-recv"};
+  std::map<std::string, std::vector<std::set<int>>> threads;
+  for (const auto t0 = Clock::now(); SecondsSince(t0) < 10; SleepMs(20)) {
+    threads = CheckpointThreads(agent.pid);
+    if (threads.size() == names.size()) break;
+  }
+  for (const std::string& name : names) {
+    INFO(name);
+    REQUIRE(threads.count(name) == 1);
+  }
+  const auto topology = ddprun::agent::ReadCpuTopology();
+  if (topology.cores.size() < 2) {
+    // One core: the worker has it all, the threads share it, said once.
+    WARN(
+        "SKIPPED [e2e]: the background threads' CPUs: fewer than 2 usable cores, so no core "
+        "is left for them (the agent's line is checked instead)");
+    CHECK(err.find("is free of workers, so the background checkpoint threads share") !=
+          std::string::npos);
+    return;
+  }
+  std::set<int> spare;
+  for (const auto& core : topology.cores) spare.insert(core.begin(), core.end());
+  const std::vector<int> last = topology.cores.back();
+  INFO("worker on " << ddprun::agent::FormatCpuList({worker_cpus.begin(), worker_cpus.end()}));
+  for (int c : last) CHECK(worker_cpus.count(c) == 0);
+  for (int c : worker_cpus) spare.erase(c);
+  REQUIRE_FALSE(spare.empty());
+  for (const auto& [name, sets] : threads) {
+    for (const std::set<int>& cpus : sets) {
+      INFO(name << " on " << ddprun::agent::FormatCpuList({cpus.begin(), cpus.end()}));
+      CHECK(cpus == spare);
+    }
+  }
+  CHECK(err.find("run on CPU(s) " + ddprun::agent::FormatCpuList({spare.begin(), spare.end()}) +
+                 ", which no worker is bound to") != std::string::npos);
 }
 
 }  // namespace
@@ -467,7 +572,9 @@ TEST_CASE(
 // the older of its two replicas corrupt (the test hook): the spare refuses
 // that one by its checksum and restores the newer one alone. Every rank
 // ends bit-identical with a run without the fault (gradients summed in one
-// fixed layout: REPLICA_TEST_FLAT).
+// fixed layout: REPLICA_TEST_FLAT). A runs with --cpu_bind core: mid-job its
+// background checkpoint threads run only where its worker is not bound
+// (CheckBackgroundCpus).
 TEST_CASE(
     "ckpt_replicas: three nodes, the last one killed; a hot spare restores its seat from the "
     "replica, reads nothing from --ckpt_dir and ends bit-identical",
@@ -495,6 +602,7 @@ TEST_CASE(
   // A corrupts the older replica it sends to a restore (the test hook): the
   // spare refuses it and restores the newer one alone.
   a_env.push_back({"DDPRUN_CKPT_TEST_REPLICA_CORRUPT_OLDER", "1"});
+  a_env.push_back({"PET_CPU_BIND", "core"});  // CheckBackgroundCpus
   c_env.push_back({"REPLICA_TEST_HOLD_AT", k});
   c_env.push_back({"REPLICA_TEST_HOLD_RANK", "2"});
   Proc& a = ReplicaNode(h, script, port, "spare3", 3, "A", 1, a_env, dirs + "/A");
@@ -511,6 +619,7 @@ TEST_CASE(
   INFO("A stderr:\n" << a.Err() << "\nC stderr:\n" << c.Err());
   REQUIRE(ready);
   REQUIRE(fs::exists(c_step / "rank-00002.safetensors"));
+  CheckBackgroundCpus(a);
   // S's directory: a copy of C's, a resume S could read but must not; the
   // files are also linked from `seen` so their access times outlive any
   // clean-up of S's persister.

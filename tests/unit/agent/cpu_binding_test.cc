@@ -102,6 +102,47 @@ TEST_CASE("cpu_bind=numa: workers spread over the nodes in order", "[unit]") {
   CHECK(*PlanCpuBinding(CpuBind::kNuma, 2, Topo(2)) == Plan{{0, 1}, {0, 1}});
 }
 
+TEST_CASE("spare core: with background checkpoint threads the last core is left unbound",
+          "[unit]") {
+  // More cores than workers: the workers share all but the last core.
+  CHECK(*PlanCpuBinding(CpuBind::kCore, 1, Topo(2), true) == Plan{{0}});
+  CHECK(*PlanCpuBinding(CpuBind::kCore, 2, Topo(8), true) == Plan{{0, 1, 2}, {3, 4, 5, 6}});
+  CHECK(*PlanCpuBinding(CpuBind::kCore, 2, Topo(4, 2), true) == Plan{{0, 4}, {1, 2, 5, 6}});
+  CHECK(*PlanCpuBinding(CpuBind::kAuto, 2, Topo(3), true) == Plan{{0}, {1}});
+  CHECK(*PlanCpuBinding(CpuBind::kNuma, 2, Topo(8, 1, 2), true) == Plan{{0, 1, 2, 3}, {4, 5, 6}});
+  // As many workers as cores: each keeps its own core, none is spared.
+  CHECK(*PlanCpuBinding(CpuBind::kCore, 2, Topo(2), true) == Plan{{0}, {1}});
+  CHECK(*PlanCpuBinding(CpuBind::kAuto, 2, Topo(2), true) == Plan{{0}, {1}});
+  // auto with one worker, and none, still bind nothing.
+  CHECK(PlanCpuBinding(CpuBind::kAuto, 1, Topo(2), true)->empty());
+  CHECK(PlanCpuBinding(CpuBind::kNone, 1, Topo(2), true)->empty());
+}
+
+TEST_CASE("BackgroundCpus: the agent's CPUs no worker is bound to; none left: the whole set",
+          "[unit]") {
+  // One worker on CPU 0 of 0-1: the threads on 1.
+  BackgroundCpuSet s = BackgroundCpus({0, 1}, Plan{{0}});
+  CHECK(s.cpus == std::vector<int>{1});
+  CHECK_FALSE(s.workers_take_all);
+  s = BackgroundCpus({0, 1, 2, 3, 4, 5, 6, 7}, Plan{{0, 4}, {1, 2, 5, 6}});
+  CHECK(s.cpus == std::vector<int>{3, 7});
+  // A CPU the agent may not use is never handed out.
+  CHECK(BackgroundCpus({0, 1, 2}, Plan{{0}, {1}}).cpus == std::vector<int>{2});
+  // Every CPU bound: no confinement (the whole set), said by the agent.
+  s = BackgroundCpus({0, 1}, Plan{{0}, {1}});
+  CHECK(s.cpus.empty());
+  CHECK(s.workers_take_all);
+  // A worker left unbound (--numa_binding without its GPU's node) may run
+  // anywhere: the same.
+  s = BackgroundCpus({0, 1, 2, 3}, Plan{{0}, {}});
+  CHECK(s.cpus.empty());
+  CHECK(s.workers_take_all);
+  // Nothing bound: nothing confined, nothing to say.
+  s = BackgroundCpus({0, 1}, Plan{});
+  CHECK(s.cpus.empty());
+  CHECK_FALSE(s.workers_take_all);
+}
+
 TEST_CASE("CPU lists are written as ranges", "[unit]") {
   CHECK(FormatCpuList({0, 1, 2, 3, 8}) == "0-3,8");
   CHECK(FormatCpuList({1}) == "1");

@@ -31,6 +31,7 @@
 #include <string>
 #include <thread>
 
+#include "ddprun/agent/background_priority.h"
 #include "ddprun/agent/bandwidth_limit.h"
 #include "ddprun/agent/checkpoint_memory.h"
 
@@ -44,9 +45,11 @@ class CheckpointPersister {
 
   // `memory` outlives this object. `bandwidth`: the background writes'
   // bytes per second (--ckpt_bandwidth; 0: no limit); from a Flush or
-  // RequestFlush until it is served nothing is paced.
+  // RequestFlush until it is served nothing is paced. `background` (may be
+  // null; outlives this object): the thread, "ckpt-persist", joins it and
+  // runs on its CPUs.
   CheckpointPersister(std::string dir, const CheckpointMemory* memory, LogFn log,
-                      std::uint64_t bandwidth = 0);
+                      std::uint64_t bandwidth = 0, BackgroundThreads* background = nullptr);
   ~CheckpointPersister();  // stops the thread; a write in progress is abandoned
   CheckpointPersister(const CheckpointPersister&) = delete;
   CheckpointPersister& operator=(const CheckpointPersister&) = delete;
@@ -82,6 +85,7 @@ class CheckpointPersister {
   const std::string dir_;
   const CheckpointMemory* memory_;
   LogFn log_;
+  BackgroundThreads* background_;
   BandwidthLimit pace_;  // Take: the thread's; Lift: under mu_
   std::thread thread_;
   std::mutex mu_;

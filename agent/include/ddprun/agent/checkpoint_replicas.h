@@ -41,6 +41,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "ddprun/agent/background_priority.h"
 #include "ddprun/agent/bandwidth_limit.h"
 #include "ddprun/agent/checkpoint_memory.h"
 #include "ddprun/agent/checkpoint_replica_store.h"
@@ -85,6 +86,11 @@ class ReplicaService {
     // AES-256-GCM records after its handshake (replica_channel.h); a peer
     // of the other setting is refused.
     bool encrypt = rendezvous::JobPolicy{}.ckpt_encrypt != 0;
+    // The agent's (may be null; outlives the service): the acceptor
+    // ("ckpt-accept"), the sender ("ckpt-send") and each connection's
+    // thread ("ckpt-recv": receives a replica or serves a fetch) join it
+    // and run on its CPUs (background_priority.h).
+    BackgroundThreads* background = nullptr;
   };
 
   // `memory` (may be null: serve only) outlives this object.

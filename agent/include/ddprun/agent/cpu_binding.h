@@ -14,6 +14,11 @@
 //         when they would have to.
 // "Cores ddprun may use": the CPUs of ddprun's own affinity mask (taskset,
 // cgroups' cpusets), grouped by physical core (SMT siblings together).
+// With `spare_core` (the agent runs background checkpoint threads:
+// --ckpt_dir, --ckpt_replicas 1) and more such cores than workers, core and
+// numa (auto as core) plan over all but the last core, which no worker is
+// bound to: the agent's background checkpoint threads run there
+// (BackgroundCpus; docs/checkpoint.md, "Background priority").
 //
 // The plan is a pure function of the policy, the worker count and a
 // CpuTopology (tests/unit/agent/cpu_binding_test.cc); ReadCpuTopology reads
@@ -52,16 +57,40 @@ struct CpuTopology {
 // This process's usable CPUs, grouped by core and NUMA node.
 CpuTopology ReadCpuTopology();
 
+// The calling thread's affinity (sched_getaffinity), in CPU order.
+std::vector<int> ReadAffinity();
+
 // The CPUs of each local rank (nproc entries), or an empty plan: bind
 // nothing. An error (one line, naming the flag and the fix) when the policy
 // cannot be met: core with more workers than cores.
+// `spare_core`: leave the last core to the agent's background checkpoint
+// threads when there are more cores than workers (above).
 absl::StatusOr<std::vector<std::vector<int>>> PlanCpuBinding(CpuBind policy, int nproc,
-                                                             const CpuTopology& topology);
+                                                             const CpuTopology& topology,
+                                                             bool spare_core = false);
 // The same, reading the topology only when the policy needs one: never for
 // `none` (the default), where reading sysfs would cost 7 system calls or the
 // host's probe for nothing.
 absl::StatusOr<std::vector<std::vector<int>>> PlanCpuBinding(
-    CpuBind policy, int nproc, absl::FunctionRef<CpuTopology()> read_topology);
+    CpuBind policy, int nproc, absl::FunctionRef<CpuTopology()> read_topology,
+    bool spare_core = false);
+
+// Where the agent's background checkpoint threads run (background_priority.h)
+// while its workers are bound by `plan` (PlanCpuBinding's or --numa_binding's:
+// a CPU list per local rank, an empty one for a rank left unbound).
+struct BackgroundCpuSet {
+  // The CPUs of the agent's affinity that no worker is bound to; empty: no
+  // confinement (the agent's whole affinity).
+  std::vector<int> cpus;
+  // The plan binds the workers to every CPU of the agent's affinity (or
+  // leaves one unbound, free to use any): `cpus` is empty, the threads
+  // share the workers' CPUs, and the agent says so once.
+  bool workers_take_all = false;
+};
+// `agent_cpus`: the agent's affinity (ReadAffinity). An empty plan (nothing
+// bound) confines nothing and is not workers_take_all.
+BackgroundCpuSet BackgroundCpus(const std::vector<int>& agent_cpus,
+                                const std::vector<std::vector<int>>& plan);
 
 // "0-3,8" for {0, 1, 2, 3, 8}.
 std::string FormatCpuList(const std::vector<int>& cpus);
