@@ -83,12 +83,13 @@ absl::Status Daemon::Build() {
 
   // One line for a stall a person would notice (a loaded host's shorter ones
   // still hold seats, silently but for the dashboard's events), at most one
-  // every kStallLinePeriod.
+  // every kStallLinePeriod; ddprund's own (an agent hosting the rendezvous
+  // holds seats too, but its flags are not ddprund's).
   stall_watch_ =
       std::make_unique<StallWatch>([this, last = std::chrono::steady_clock::time_point()](
                                        std::chrono::steady_clock::duration length) mutable {
         const auto now = std::chrono::steady_clock::now();
-        if (length < kStallLineMin || now - last < kStallLinePeriod) return;
+        if (!own_table_ || length < kStallLineMin || now - last < kStallLinePeriod) return;
         last = now;
         std::fprintf(stderr,
                      "ddprund: this process was stalled for %.1f s (stopped, swapped out or "
