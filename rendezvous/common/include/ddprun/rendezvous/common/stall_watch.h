@@ -28,7 +28,7 @@ inline constexpr std::chrono::milliseconds kStallThreshold{250};
 // Streams the server finds broken up to this long after a stall ended still
 // count as broken by it: the agents dropped them during the stall, and the
 // server reads the news from its backlog once it runs again.
-inline constexpr std::chrono::seconds kStallAftermath{5};
+inline constexpr std::chrono::seconds kStallAftermath{2};
 
 class StallWatch {
  public:
