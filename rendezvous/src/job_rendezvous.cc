@@ -286,7 +286,7 @@ absl::StatusOr<std::string> JobRendezvous::Resume(const JoinSpec& spec,
   if (state_ == State::kRunning && spec.resume_round == round_) {
     auto it = members_.find(node_id);
     if (it != members_.end()) {
-      it->second.detached_since.reset();
+      it->second.reattach_by.reset();
       for (std::size_t i = 0; i < assigned_ids_.size(); ++i) {
         if (assigned_ids_[i] == node_id) out->push_back({node_id, AssignmentFor(i)});
       }
@@ -476,13 +476,25 @@ void JobRendezvous::NodeLost(const std::string& node_id, std::vector<Delivery>* 
   HandleDeparture(node_id, "agent " + node_id + " was lost", out);
 }
 
+std::optional<TimePoint> JobRendezvous::NodeDetached(const std::string& node_id, Duration hold,
+                                                     std::vector<Delivery>* out) {
+  auto it = members_.find(node_id);
+  if (state_ != State::kRunning || it == members_.end() || it->second.done) {
+    NodeLost(node_id, out);
+    return std::nullopt;
+  }
+  const TimePoint by = clock_.Now() + hold;
+  it->second.reattach_by = by;
+  return by;
+}
+
 void JobRendezvous::Tick(std::vector<Delivery>* out) {
   const TimePoint now = clock_.Now();
   if (state_ == State::kRunning) {
-    // Restored members that did not re-attach in time are lost.
+    // Detached members that did not re-attach in time are lost.
     std::vector<std::string> gone;
     for (const auto& [id, m] : members_) {
-      if (m.detached_since && now - *m.detached_since >= reattach_timeout_) gone.push_back(id);
+      if (m.reattach_by && now >= *m.reattach_by) gone.push_back(id);
     }
     for (const auto& id : gone) {
       if (state_ == State::kRunning) NodeLost(id, out);
@@ -533,9 +545,7 @@ std::optional<TimePoint> JobRendezvous::NextDeadline() const {
   if (state_ == State::kRunning) {
     std::optional<TimePoint> next;
     for (const auto& [id, m] : members_) {
-      if (!m.detached_since) continue;
-      TimePoint t = *m.detached_since + reattach_timeout_;
-      if (!next || t < *next) next = t;
+      if (m.reattach_by && (!next || *m.reattach_by < *next)) next = m.reattach_by;
     }
     return next;
   }
@@ -630,7 +640,6 @@ std::unique_ptr<JobRendezvous> JobRendezvous::Restore(const JobSnapshot& snap, c
   job->failures_ = snap.failures;
   job->close_reason_ = snap.close_reason;
   job->close_success_ = snap.close_success;
-  job->reattach_timeout_ = reattach_timeout;
   job->version_ = 1;
   const TimePoint now = clock.Now();
   if (snap.state == "closed") {
@@ -640,7 +649,7 @@ std::unique_ptr<JobRendezvous> JobRendezvous::Restore(const JobSnapshot& snap, c
     job->state_ = State::kRunning;
     for (const auto& m : snap.members) {
       Member member{m.spec, now, m.done, std::nullopt};
-      if (!m.done) member.detached_since = now;
+      if (!m.done) member.reattach_by = now + reattach_timeout;
       if (m.spec.requested_rank >= 0) job->rank_holders_[m.spec.requested_rank] = m.node_id;
       job->members_.emplace(m.node_id, std::move(member));
     }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "absl/strings/str_cat.h"
 #include "ddprun/rendezvous/common/debug_log.h"
 #include "ddprun/rendezvous/common/errors.h"
 #include "ddprun/rendezvous/common/host_port.h"
@@ -232,7 +233,7 @@ absl::Status JobTable::Report(const std::string& job_id, const std::string& node
 }
 
 void JobTable::StreamLost(const std::string& job_id, const std::string& node_id,
-                          const EventSink* sink) {
+                          const EventSink* sink, Duration hold) {
   Batch batch;
   std::optional<TimePoint> deadline;
   {
@@ -245,10 +246,24 @@ void JobTable::StreamLost(const std::string& job_id, const std::string& node_id,
     if (s == job.sinks.end() || s->second.get() != sink) return;  // a stale stream
     job.sinks.erase(s);
     const Before before{job.rdzv->state(), job.rdzv->round()};
-    DDPRUN_DEBUG_LOG(kRdzv) << Fence(job_id, job.rdzv->round()) << "lost node " << node_id;
     std::vector<Delivery> out;
-    job.rdzv->NodeLost(node_id, &out);
-    SettleLocked(job, before, out, "lost", "node " + node_id + " lost (its stream broke)", &batch);
+    std::optional<TimePoint> held;
+    if (hold > Duration::zero()) {
+      held = job.rdzv->NodeDetached(node_id, hold, &out);
+    } else {
+      job.rdzv->NodeLost(node_id, &out);
+    }
+    if (held) {
+      const std::string what = absl::StrCat(
+          "node ", node_id, "'s stream broke while this server was stalled; its seat is held ",
+          std::chrono::duration<double>(hold).count(), " s for it to re-attach");
+      DDPRUN_DEBUG_LOG(kRdzv) << Fence(job_id, job.rdzv->round()) << what;
+      SettleLocked(job, before, out, "detached", what, &batch);
+    } else {
+      DDPRUN_DEBUG_LOG(kRdzv) << Fence(job_id, job.rdzv->round()) << "lost node " << node_id;
+      SettleLocked(job, before, out, "lost", "node " + node_id + " lost (its stream broke)",
+                   &batch);
+    }
     if (NeverRanAndEmptyLocked(job)) {
       // Its only node left before the job ever ran: nothing to keep, so it is
       // not listed until its join timeout (issue 33 item 8); an agent that
@@ -257,6 +272,7 @@ void JobTable::StreamLost(const std::string& job_id, const std::string& node_id,
                  ClosedError(Fence(job_id, 0) + "the job's last node left before it ran"));
     } else {
       deadline = NewDeadlineLocked(job);
+      if (held && (!deadline || *held < *deadline)) deadline = held;
     }
   }
   Finish(batch, deadline);

@@ -217,7 +217,8 @@ class JoinCall final {
       if (clean) {
         impl_->backend().table().Unregister(job, node, sink_.get());
       } else {
-        impl_->backend().table().StreamLost(job, node, sink_.get());
+        ServiceBackend& backend = impl_->backend();
+        backend.table().StreamLost(job, node, sink_.get(), backend.LostStreamHold());
       }
     }
     delete this;

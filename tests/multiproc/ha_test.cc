@@ -88,6 +88,47 @@ TEST_CASE(
   h.StopDaemon(*replicas[next].proc);
 }
 
+// A leader alive but answering nothing (SIGSTOP: its kernel still takes the
+// bytes) for longer than its agents' keepalive answer (500 ms with a replica
+// list) and shorter than its lease: the agents drop their streams, find no
+// other replica leading, and re-attach to it when it runs again. It must hold
+// their seats (docs/ha.md, "A stalled ddprund"): counted as lost nodes, this
+// job, with no restart allowed, would end.
+TEST_CASE(
+    "ha: the leader stopped for 1.5 s (past the agents' keepalive, within its lease): the "
+    "agents re-attach to it and the round goes on",
+    "[multiproc][ha]") {
+  if (!EtcdAvailable()) return SkipCase("multiproc", "no /usr/bin/etcd (etcd-server)");
+  Harness h;
+  EtcdCluster etcd(h, 1);
+  // TTL 5: the stop must not cost the leader its lease.
+  std::vector<Replica> replicas{StartReplica(h, "r0", etcd, {}, "5"),
+                                StartReplica(h, "r1", etcd, {}, "5")};
+  const int leader = WaitLeader(replicas, 10);
+  REQUIRE(leader >= 0);
+  const std::string pids = h.PidDir("pids");
+  const std::string out = h.MakeDir("out");
+  const std::vector<Proc*> agents = StartTwoNodeJob(
+      h, {Endpoints(replicas), Endpoints(replicas)}, "stall",
+      {{"FIXTURE_PIDFILE_DIR", pids}, {"FIXTURE_OUT_DIR", out}, {"FIXTURE_SLEEP_MS", "3500"}}, "0");
+  const std::vector<pid_t> workers = h.WaitForPids(pids, 4, 20);
+  Proc& lead = *replicas[leader].proc;
+  REQUIRE(::kill(lead.pid, SIGSTOP) == 0);
+  SleepMs(1500);  // the length of the stop is the test, not a synchronisation
+  REQUIRE(::kill(lead.pid, SIGCONT) == 0);
+  for (Proc* a : agents) {
+    const int rc = h.Wait(*a, 20);
+    INFO(a->name << " stderr:\n" << a->Err() << "\nleader stderr:\n" << lead.Err());
+    CHECK(rc == 0);
+    CHECK(a->Err().find("re-attached to the rendezvous; the round goes on") != std::string::npos);
+  }
+  CHECK(ReadPids(pids).size() == 4);  // one round, each worker started once
+  for (const Record& r : ReadRecords(out)) CHECK(r.Int("restart_count") == 0);
+  CHECK(WaitLeader(replicas, 1) == leader);  // it kept its lease
+  h.RequireAllGone(workers, 2);
+  for (Replica& r : replicas) h.StopDaemon(*r.proc);
+}
+
 TEST_CASE("ha: two agents failing at once, each starting at a different replica: one restart",
           "[multiproc][ha]") {
   if (!EtcdAvailable()) return SkipCase("multiproc", "no /usr/bin/etcd (etcd-server)");

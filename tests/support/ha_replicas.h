@@ -17,10 +17,12 @@ struct Replica {
 };
 
 inline Replica StartReplica(Harness& h, const std::string& name, const EtcdCluster& etcd,
-                            const std::vector<std::string>& extra = {}) {
+                            const std::vector<std::string>& extra = {},
+                            const std::string& lease_ttl = "2") {
   Replica r;
   // TTL 2 (the default): a loaded CI machine must not depose a healthy leader.
-  std::vector<std::string> flags{"--etcd_endpoints", etcd.endpoints(), "--etcd_lease_ttl", "2"};
+  std::vector<std::string> flags{"--etcd_endpoints", etcd.endpoints(), "--etcd_lease_ttl",
+                                 lease_ttl};
   flags.insert(flags.end(), extra.begin(), extra.end());
   r.port = h.StartDaemon(name, &r.proc, flags);
   return r;

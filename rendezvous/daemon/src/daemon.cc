@@ -81,7 +81,30 @@ absl::Status Daemon::Build() {
         clock_, [this] { return table_->NextDeadline(); }, [this] { table_->Tick(); });
   }
 
+  // One line for a stall a person would notice (a loaded host's shorter ones
+  // still hold seats, silently but for the dashboard's events), at most one
+  // every kStallLinePeriod; ddprund's own (an agent hosting the rendezvous
+  // holds seats too, but its flags are not ddprund's).
+  stall_watch_ =
+      std::make_unique<StallWatch>([this, last = std::chrono::steady_clock::time_point()](
+                                       std::chrono::steady_clock::duration length) mutable {
+        const auto now = std::chrono::steady_clock::now();
+        if (!own_table_ || length < kStallLineMin || now - last < kStallLinePeriod) return;
+        last = now;
+        std::fprintf(stderr,
+                     "ddprund: this process was stalled for %.1f s (stopped, swapped out or "
+                     "starved of CPU); agents whose streams broke meanwhile keep their seats "
+                     "for --reattach_timeout (%g s) to re-attach\n",
+                     std::chrono::duration<double>(length).count(),
+                     std::chrono::duration<double>(opts_.reattach_timeout).count());
+        std::fflush(stderr);
+      });
   return absl::OkStatus();
+}
+
+Duration Daemon::LostStreamHold() const {
+  return stall_watch_ && stall_watch_->StalledRecently() ? opts_.reattach_timeout
+                                                         : Duration::zero();
 }
 
 absl::Status Daemon::Serve(int port) {

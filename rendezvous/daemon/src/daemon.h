@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "ddprun/rendezvous/common/deadline_timer.h"
+#include "ddprun/rendezvous/common/stall_watch.h"
 #include "ddprun/rendezvous/daemon/server.h"
 #include "ddprun/rendezvous/ha/etcd_client.h"
 #include "ddprun/rendezvous/ha/etcd_election.h"
@@ -31,6 +32,10 @@
 #include "ddprun/rendezvous/rendezvous_services.h"
 
 namespace ddprun::rendezvous {
+
+// A stall this long gets ddprund's line (stall_watch.h), at most one a period.
+inline constexpr Duration kStallLineMin = std::chrono::seconds(1);
+inline constexpr Duration kStallLinePeriod = std::chrono::seconds(10);
 
 class Daemon final : public ServiceBackend {
  public:
@@ -65,6 +70,9 @@ class Daemon final : public ServiceBackend {
   TimePoint Now() const override { return clock_.Now(); }
   absl::Status Gate() const override;
   std::vector<JobStatus> StandbyStatus(const std::string& job_id) const override;
+  // --reattach_timeout while the stall watch says this process was just
+  // stalled (docs/ha.md, "A stalled ddprund"), zero otherwise.
+  Duration LostStreamHold() const override;
 
  private:
   absl::Status StartEtcd();
@@ -91,9 +99,10 @@ class Daemon final : public ServiceBackend {
   // cleared before election_ goes).
   std::atomic<const EtcdElection*> election_view_{nullptr};
   std::atomic<bool> serving_{true};
-  std::unique_ptr<JobTable> own_table_;   // unless opts_.table is given
-  JobTable* table_ = nullptr;             // own_table_ or opts_.table
-  std::unique_ptr<DeadlineTimer> timer_;  // before the services: calls notify it
+  std::unique_ptr<JobTable> own_table_;      // unless opts_.table is given
+  JobTable* table_ = nullptr;                // own_table_ or opts_.table
+  std::unique_ptr<DeadlineTimer> timer_;     // before the services: calls notify it
+  std::unique_ptr<StallWatch> stall_watch_;  // LostStreamHold()
   // Monitoring: the hub's one-second ticker (series points, hang deadlines)
   // and the HTTP port.
   std::unique_ptr<HubTicker> ticker_;

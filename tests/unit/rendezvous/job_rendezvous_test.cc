@@ -383,6 +383,71 @@ TEST_CASE("restore: a member that does not re-attach in time is lost", "[unit]")
   CHECK(job->round() == 1);
 }
 
+// A stream broken while the server was stalled (docs/ha.md, "A stalled
+// ddprund"): the member keeps its seat for the hold, the others hear nothing.
+TEST_CASE("a detached member re-attaches into its round within the hold; late, it is lost",
+          "[unit]") {
+  Fixture f;
+  auto a = f.Join(Spec("h1", 1));
+  auto b = f.Join(Spec("h2", 2));
+  REQUIRE(Of<Assignment>(f.out).size() == 2);
+  f.out.clear();
+  const auto by = f.job.NodeDetached(b, std::chrono::seconds(5), &f.out);
+  REQUIRE(by.has_value());
+  CHECK(*by == f.clock.Now() + std::chrono::seconds(5));
+  CHECK(f.out.empty());  // a is not told anything
+  CHECK(f.job.NextDeadline() == by);
+  auto rs = Spec("h2", 2);
+  rs.resume_round = 0;
+  rs.resume_node_id = b;
+  SECTION("back within the hold: the same assignment, the round goes on") {
+    f.clock.Advance(std::chrono::seconds(4));
+    REQUIRE(f.job.Join(rs, &f.out).ok());
+    auto as = Of<Assignment>(f.out);
+    REQUIRE(as.size() == 1);
+    CHECK(as[0].first == b);
+    CHECK(as[0].second.round == 0);
+    CHECK(as[0].second.group_rank == 1);
+    CHECK_FALSE(f.job.NextDeadline().has_value());
+    f.clock.Advance(std::chrono::seconds(2));
+    f.out.clear();
+    f.job.Tick(&f.out);
+    CHECK(f.out.empty());
+    CHECK(f.job.round() == 0);
+  }
+  SECTION("not back: lost at the hold's end; its late resume is fenced by the round") {
+    f.clock.Advance(std::chrono::seconds(5));
+    f.job.Tick(&f.out);
+    auto r = Of<RestartRound>(f.out);
+    REQUIRE(r.size() == 1);
+    CHECK(r[0].first == a);
+    CHECK_FALSE(r[0].second.counts_as_failure);
+    CHECK(f.job.round() == 1);
+    f.out.clear();
+    REQUIRE(f.job.Join(rs, &f.out).ok());
+    auto late = Of<RestartRound>(f.out);
+    REQUIRE(late.size() == 1);
+    CHECK(late[0].second.next_round == 1);
+    CHECK(Of<Assignment>(f.out).empty());
+  }
+}
+
+TEST_CASE("NodeDetached outside a running round, or of a finished member, is NodeLost", "[unit]") {
+  Fixture f;
+  auto a = f.Join(Spec("h1", 1));
+  CHECK_FALSE(f.job.NodeDetached(a, std::chrono::seconds(5), &f.out).has_value());
+  CHECK_FALSE(f.job.HasNode(a));  // removed from the gathering round
+  a = f.Join(Spec("h1", 1));
+  auto b = f.Join(Spec("h2", 2));
+  REQUIRE(f.job.state() == JobRendezvous::State::kRunning);
+  REQUIRE(f.job.Report(a, 0, Outcome::kSucceeded, {}, &f.out).ok());
+  f.out.clear();
+  CHECK_FALSE(f.job.NodeDetached(a, std::chrono::seconds(5), &f.out).has_value());
+  CHECK(f.out.empty());
+  CHECK_FALSE(f.job.NextDeadline().has_value());
+  (void)b;
+}
+
 TEST_CASE("resume for a round that is over gets RestartRound", "[unit]") {
   Fixture f;
   auto a = f.Join(Spec("h1", 1));

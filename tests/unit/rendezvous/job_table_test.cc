@@ -210,6 +210,29 @@ TEST_CASE("JobTable: a change the journal refuses is not delivered; its members 
   CHECK(f.journal.jobs.at("j").snapshot.state == "running");
 }
 
+TEST_CASE("JobTable: a stream lost with a hold keeps the seat; the timer learns the hold's end",
+          "[unit]") {
+  Fixture f;
+  auto a = f.Join(Spec("j", "10.0.0.1"));
+  auto b = f.Join(Spec("j", "10.0.0.2"));
+  const std::size_t a_events = a->events.size();
+  f.notified.clear();
+  f.table->StreamLost("j", b->bound_node, b.get(), 3s);
+  CHECK(a->events.size() == a_events);  // the survivor is told nothing
+  REQUIRE(f.notified.size() == 1);
+  CHECK(f.notified[0] == f.clock.Now() + 3s);
+  // b's agent re-attaches into round 0 on a new stream: its assignment again.
+  JoinSpec resume = Spec("j", "10.0.0.2");
+  resume.resume_round = 0;
+  resume.resume_node_id = b->bound_node;
+  auto again = f.Join(resume);
+  CHECK(AssignmentOf(*again).round == 0);
+  f.clock.Advance(4s);
+  f.table->Tick();
+  CHECK(a->events.size() == a_events);
+  CHECK(f.table->Status("j").at(0).round == 0);
+}
+
 TEST_CASE("JobTable: CheckStoreValue asks the journal; without one every value fits", "[unit]") {
   Fixture f;
   f.journal.max_value = 10;

@@ -36,6 +36,11 @@
 //     members detached. An agent re-attaches with a resumed Join and gets
 //     its Assignment again; a member not back within the reattach timeout is
 //     lost (6). A resumed Join for a round that is over gets RestartRound.
+//  9. A stream that broke because the server itself could not answer (it was
+//     stalled: NodeDetached) detaches its running member the same way, for
+//     the caller's hold, instead of losing it (6) at once. A resumed Join is
+//     fenced by job (the table's key) and round: only the same node of the
+//     running round gets its seat back.
 #pragma once
 
 #include <map>
@@ -109,6 +114,15 @@ class JobRendezvous {
                       const std::string& cause = "");
   // The node's stream broke without a report.
   void NodeLost(const std::string& node_id, std::vector<Delivery>* out);
+  // The node's stream broke while the server could not answer its agent (a
+  // stalled ddprund, stall_watch.h): a running member that has not finished
+  // keeps its seat, detached, until `hold` passes (then it is lost, as by
+  // NodeLost); a resumed Join of the same round within it carries on (8).
+  // Any other node (gathering round, spare, finished member) is NodeLost.
+  // Returns the end of the hold, for the caller's timer; nullopt when the
+  // node was not held.
+  std::optional<TimePoint> NodeDetached(const std::string& node_id, Duration hold,
+                                        std::vector<Delivery>* out);
   // Applies deadlines (last call, join timeout).
   void Tick(std::vector<Delivery>* out);
   // The earliest pending deadline (O(members): for a timer's wake-up).
@@ -151,8 +165,8 @@ class JobRendezvous {
   struct Member {
     JoinSpec spec;
     TimePoint joined_at;
-    bool done = false;                        // reported SUCCEEDED this round
-    std::optional<TimePoint> detached_since;  // restored, stream not back yet
+    bool done = false;                     // reported SUCCEEDED this round
+    std::optional<TimePoint> reattach_by;  // detached (restored, or NodeDetached): lost then
   };
   Assignment AssignmentFor(std::size_t group_rank) const;
   absl::StatusOr<std::string> Resume(const JoinSpec& spec, std::vector<Delivery>* out);
@@ -208,8 +222,7 @@ class JobRendezvous {
   QuarantinePolicy quarantine_;
   std::map<std::string, int> host_failures_;            // failure reports per host
   std::map<std::string, TimePoint> quarantined_until_;  // host -> end of cooldown
-  Duration reattach_timeout_{};
-  std::vector<WorkerFailure> failures_;  // every failure so far, first first
+  std::vector<WorkerFailure> failures_;                 // every failure so far, first first
   std::string close_reason_;
   bool close_success_ = false;
 };

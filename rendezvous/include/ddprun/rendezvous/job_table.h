@@ -59,7 +59,8 @@ class EventSink {
 struct JobTableOptions {
   const Clock* clock = &SystemClock::Get();
   QuarantinePolicy quarantine;
-  // How long a restored member has to re-attach before it counts as lost.
+  // How long a restored member, or one whose stream broke while the server
+  // was stalled, has to re-attach before it counts as lost.
   Duration reattach_timeout = kDefaultReattachTimeout;
   std::size_t max_jobs = kDefaultMaxJobs;
   // Duration::max(): closed jobs are kept as long as the table (ddprun's
@@ -104,9 +105,13 @@ class JobTable {
   absl::Status Report(const std::string& job_id, const std::string& node_id, std::int64_t round,
                       Outcome outcome, std::vector<WorkerFailure> failures,
                       const std::string& cause = "");
-  // The node's stream broke without a terminal event: the node is lost.
+  // The node's stream broke without a terminal event: the node is lost, or,
+  // with a `hold` (the server was stalled, so the agent may have dropped the
+  // stream because of it), a running member keeps its seat for that long to
+  // re-attach with a resumed Join (JobRendezvous::NodeDetached).
   // Ignored unless sink is the node's current stream (a stale stream).
-  void StreamLost(const std::string& job_id, const std::string& node_id, const EventSink* sink);
+  void StreamLost(const std::string& job_id, const std::string& node_id, const EventSink* sink,
+                  Duration hold = Duration::zero());
   // The node's stream ended after its terminal event: forget the sink.
   void Unregister(const std::string& job_id, const std::string& node_id, const EventSink* sink);
   // A snapshot of one job (job_id) or of every job (""), in job id order.

@@ -36,6 +36,11 @@ class ServiceBackend {
   // Every job (or the one named) as a process that does not serve sees it
   // (a standby reads etcd); `Status` answers with it when Gate() refuses.
   virtual std::vector<JobStatus> StandbyStatus(const std::string& job_id) const = 0;
+  // How long the seat of a node whose Join stream just broke is held for its
+  // agent to re-attach (JobTable::StreamLost): zero (lost at once) unless
+  // this process was just stalled, when the agent may have dropped the
+  // stream because nothing answered its keepalive.
+  virtual Duration LostStreamHold() const = 0;
 
  protected:
   ~ServiceBackend() = default;
