@@ -12,6 +12,7 @@
 // what it observed, and the test checks the results on the main thread.
 #pragma once
 
+#include <csignal>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -33,6 +34,11 @@ class ThreadRanks {
   ThreadRanks(int world, ddp::InitOptions options)
       : store_(std::make_shared<ddprun::rendezvous::InMemoryStore>()), groups_(world) {
     options.backend = ddp::Backend::kGloo;
+    // A worker's ddp::Init ignores SIGPIPE (process_group.cc,
+    // IgnoreSigpipeIfDefault) before Gloo writes to a socket a dead peer
+    // closed; ConnectBackend does not, so the harness does it for the test
+    // process: otherwise a survivor's write to a rank that left kills it.
+    ::signal(SIGPIPE, SIG_IGN);
     Each([&](int r) {
       auto backend = ddp::detail::ValueOrThrow(ddp::detail::ConnectBackend(
           ddp::detail::LocalWorkerInfo(r, world), options, store_, "ddp/pg0/"));
